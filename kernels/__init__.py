@@ -1,0 +1,1 @@
+"""Hand-written Numba CUDA kernels, installed as ``refconv.kernels``."""

@@ -1,0 +1,7 @@
+"""refconv: channel/filter, sample and spatial parallelism for CNN training.
+
+A readable reference implementation of Dryden et al., "Channel and filter
+parallelism for large-scale CNN training" (SC '19).  See docs/index.md.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,56 @@
+"""The one array-module helper: NumPy on the CPU, CuPy on a real GPU.
+
+Every place in refconv that must know whether an array lives on the host or on
+a device asks this module; nothing else imports cupy.
+"""
+
+import functools
+
+import numpy
+
+
+@functools.lru_cache(maxsize=1)
+def _cupy():
+    """CuPy when a real GPU is usable, else None (``import cupy`` alone proves nothing)."""
+    try:
+        import cupy
+    except Exception:  # not installed, or a broken CUDA install
+        return None
+    try:
+        return cupy if cupy.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def gpu_available():
+    """True when CuPy is installed and a real CUDA device answers."""
+    return _cupy() is not None
+
+
+def is_device_array(x):
+    """True for a CuPy array (or any object exposing ``__cuda_array_interface__``)."""
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def array_module(x):
+    """``cupy`` for a device array, ``numpy`` otherwise (the array-API idiom)."""
+    if is_device_array(x):
+        cp = _cupy()
+        if cp is None:
+            raise ValueError("x: got a device array but no usable GPU/CuPy is present")
+        return cp
+    return numpy
+
+
+def to_host(x):
+    """A NumPy copy (or the array itself) of a host or device array."""
+    if is_device_array(x):
+        return _cupy().asnumpy(x)
+    return numpy.asarray(x)
+
+
+def synchronize(x=None):
+    """Wait for the current device stream, so MPI may read or write device memory."""
+    cp = _cupy()
+    if cp is not None:
+        cp.cuda.get_current_stream().synchronize()
