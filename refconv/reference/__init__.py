@@ -1,0 +1,37 @@
+"""The serial NumPy reference: every layer of a CNN, forward and backward.
+
+Everything distributed in refconv is checked against these functions, and the
+vectorised convolution is also the CPU compute path.  NCHW layout, float32 and
+float64, PyTorch semantics.  See docs/reference.md.
+"""
+
+from refconv.reference.conv import (
+    col2im,
+    conv2d_backward_bias,
+    conv2d_backward_data,
+    conv2d_backward_filter,
+    conv2d_forward,
+    im2col,
+)
+from refconv.reference.layers import (
+    avg_pool2d_backward,
+    avg_pool2d_forward,
+    batch_norm_backward,
+    batch_norm_forward,
+    global_avg_pool_backward,
+    global_avg_pool_forward,
+    linear_backward,
+    linear_forward,
+    max_pool2d_backward,
+    max_pool2d_forward,
+    pool_geometry,
+    relu_backward,
+    relu_forward,
+    softmax_cross_entropy_backward,
+    softmax_cross_entropy_forward,
+    update_running_stats,
+)
+from refconv.reference._checks import conv_geometry
+from refconv.reference import conv_loops as loops
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,98 @@
+"""Argument checks shared by the reference operations.
+
+Every check raises ``ValueError`` whose message names the argument and says
+what was expected, e.g. ``"stride: expected positive integers, got (0, 1)"``.
+"""
+
+import numbers
+
+import numpy
+
+FLOAT_DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float64))
+
+
+def pair(value, name, *, minimum):
+    """Normalise an int or an (h, w) pair to a tuple of two ints >= minimum."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = (int(value), int(value))
+    try:
+        h, w = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected an int or an (h, w) pair of ints, got {value!r}") from None
+    for v in (h, w):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise ValueError(f"{name}: expected an int or an (h, w) pair of ints, got {value!r}")
+    if h < minimum or w < minimum:
+        what = "positive" if minimum == 1 else "non-negative"
+        raise ValueError(f"{name}: expected {what} integers, got {(int(h), int(w))}")
+    return int(h), int(w)
+
+
+def array(x, name, ndim):
+    """Check that ``x`` has ``ndim`` dims and a float32/float64 dtype."""
+    if not hasattr(x, "ndim") or not hasattr(x, "dtype"):
+        raise ValueError(f"{name}: expected an array, got {type(x).__name__}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(x.shape)}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name}: expected float32 or float64, got {x.dtype}")
+    return x
+
+
+def same_dtype(**arrays):
+    """All named arrays (None ignored) share one dtype; returns it."""
+    named = {k: v for k, v in arrays.items() if v is not None}
+    dtypes = {str(v.dtype) for v in named.values()}
+    if len(dtypes) > 1:
+        listing = ", ".join(f"{k}={v.dtype}" for k, v in named.items())
+        raise ValueError(f"mixed dtypes: expected one dtype for all arrays, got {listing}")
+    return next(iter(named.values())).dtype
+
+
+def shape4(shape, name):
+    """A 4-tuple of positive ints (an NCHW or FCKhKw shape)."""
+    try:
+        shape = tuple(int(s) for s in shape)
+    except TypeError:
+        raise ValueError(f"{name}: expected a 4-tuple of ints, got {shape!r}") from None
+    if len(shape) != 4 or min(shape) < 1:
+        raise ValueError(f"{name}: expected 4 positive sizes, got {shape}")
+    return shape
+
+
+def conv_output_size(size, kernel, stride, padding, dilation, dim):
+    """The output length of one spatial dim, as torch.nn.functional.conv2d computes it."""
+    span = dilation * (kernel - 1) + 1
+    if size + 2 * padding < span:
+        raise ValueError(
+            f"kernel: the dilated kernel spans {span} along {dim} but the padded input "
+            f"is only {size + 2 * padding} long (input {size} + 2*padding {padding})"
+        )
+    return (size + 2 * padding - span) // stride + 1
+
+
+def conv_geometry(x_shape, w_shape, stride, padding, dilation, groups):
+    """Validate a convolution and return its normalised parameters.
+
+    Returns ``(stride, padding, dilation, groups, (Ho, Wo))``.
+    """
+    N, C, H, W = x_shape
+    F, Cg, Kh, Kw = w_shape
+    stride = pair(stride, "stride", minimum=1)
+    padding = pair(padding, "padding", minimum=0)
+    dilation = pair(dilation, "dilation", minimum=1)
+    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 1:
+        raise ValueError(f"groups: expected a positive int, got {groups!r}")
+    groups = int(groups)
+    if C % groups:
+        raise ValueError(f"groups: {groups} does not divide the input channels C={C}")
+    if F % groups:
+        raise ValueError(f"groups: {groups} does not divide the output channels F={F}")
+    if Cg != C // groups:
+        raise ValueError(
+            f"w: expected w.shape[1] = C/groups = {C // groups} input channels per group, "
+            f"got w.shape = {tuple(w_shape)} for x.shape = {tuple(x_shape)}"
+        )
+    Ho = conv_output_size(H, Kh, stride[0], padding[0], dilation[0], "H")
+    Wo = conv_output_size(W, Kw, stride[1], padding[1], dilation[1], "W")
+    return stride, padding, dilation, groups, (Ho, Wo)
