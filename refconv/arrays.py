@@ -42,6 +42,12 @@ def array_module(x):
     return numpy
 
 
+def device_module():
+    """The array module of device arrays: CuPy on a real GPU, NumPy under the CUDA simulator."""
+    cp = _cupy()
+    return numpy if cp is None else cp
+
+
 def to_host(x):
     """A NumPy copy (or the array itself) of a host or device array."""
     if is_device_array(x):

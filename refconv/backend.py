@@ -1,0 +1,234 @@
+"""Compute backends: where a layer's local arithmetic runs.
+
+One small interface, two implementations:
+
+- ``numpy``: the reference's vectorised path (:mod:`refconv.reference`), on the CPU.
+- ``cuda``: the hand-written Numba CUDA kernels (:mod:`refconv.kernels`) on device
+  arrays.  On a real GPU those are CuPy arrays; under Numba's CUDA simulator
+  (``NUMBA_ENABLE_CUDASIM=1``) they are NumPy arrays.
+
+``get_backend("auto")`` picks ``cuda`` only when a real GPU is present
+(``cupy.cuda.is_available()``), never because ``import cupy`` succeeded.
+
+Distributed layers call only these methods for compute, and only
+:mod:`refconv.collectives` for communication.
+"""
+
+import functools
+import os
+
+import numpy
+
+from refconv import arrays
+from refconv import reference as ref
+
+BACKENDS = ("auto", "numpy", "cuda")
+
+
+class NumpyBackend:
+    """The CPU path: the reference's vectorised operations."""
+
+    name = "numpy"
+    xp = numpy
+
+    # -- data movement between host and this backend's arrays
+    def asarray(self, x, dtype=None):
+        return numpy.asarray(arrays.to_host(x), dtype=dtype)
+
+    def to_host(self, x):
+        return arrays.to_host(x)
+
+    def zeros(self, shape, dtype):
+        return numpy.zeros(shape, dtype=dtype)
+
+    # -- convolution
+    def conv2d_forward(self, x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1):
+        return ref.conv2d_forward(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    def conv2d_backward_data(self, dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1):
+        return ref.conv2d_backward_data(dy, w, x_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    def conv2d_backward_filter(self, x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1):
+        return ref.conv2d_backward_filter(x, dy, w_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    def bias_add(self, y, b):
+        """``y + b`` broadcast over ``(N, F, H, W)``, in place."""
+        y += b.reshape(1, -1, 1, 1)
+        return y
+
+    def bias_grad(self, dy):
+        return ref.conv2d_backward_bias(dy)
+
+    # -- elementwise and pooling
+    def relu_forward(self, x):
+        return ref.relu_forward(x)
+
+    def relu_backward(self, dy, x):
+        return ref.relu_backward(dy, x)
+
+    def max_pool2d_forward(self, x, kernel_size, stride=None, padding=0):
+        return ref.max_pool2d_forward(x, kernel_size, stride, padding)
+
+    def max_pool2d_backward(self, dy, argmax, x_shape, kernel_size, stride=None, padding=0):
+        return ref.max_pool2d_backward(dy, argmax, x_shape, kernel_size, stride, padding)
+
+    def avg_pool2d_forward(self, x, kernel_size, stride=None, padding=0):
+        return ref.avg_pool2d_forward(x, kernel_size, stride, padding)
+
+    def avg_pool2d_backward(self, dy, x_shape, kernel_size, stride=None, padding=0):
+        return ref.avg_pool2d_backward(dy, x_shape, kernel_size, stride, padding)
+
+    # -- batch normalization, split so that the sums can be allreduced in between
+    def batch_norm_sums(self, x):
+        """Per-channel ``(sum x, sum x^2)`` over ``(N, H, W)``: two ``(C,)`` arrays."""
+        return x.sum(axis=(0, 2, 3)), (x * x).sum(axis=(0, 2, 3))
+
+    def batch_norm_apply(self, x, mean, invstd, gamma, beta):
+        """``y = (x - mean) * invstd * gamma + beta`` per channel."""
+        scale = (invstd * gamma).reshape(1, -1, 1, 1)
+        return ((x - mean.reshape(1, -1, 1, 1)) * scale + beta.reshape(1, -1, 1, 1)).astype(x.dtype, copy=False)
+
+    def batch_norm_grad_sums(self, dy, x, mean, invstd):
+        """Per-channel ``(sum dy, sum dy * xhat)``: the partial ``dbeta`` and ``dgamma``."""
+        xhat = (x - mean.reshape(1, -1, 1, 1)) * invstd.reshape(1, -1, 1, 1)
+        return dy.sum(axis=(0, 2, 3)), (dy * xhat).sum(axis=(0, 2, 3))
+
+    def batch_norm_backward_apply(self, dy, x, mean, invstd, gamma, dbeta, dgamma, count):
+        """``dx = gamma * invstd / M * (M dy - dbeta - xhat dgamma)`` with the global sums."""
+        c = lambda v: v.reshape(1, -1, 1, 1)  # noqa: E731  (per-channel broadcast)
+        xhat = (x - c(mean)) * c(invstd)
+        dx = c(gamma * invstd / count) * (count * dy - c(dbeta) - xhat * c(dgamma))
+        return dx.astype(x.dtype, copy=False)
+
+    # -- packing for the collectives: contiguous slabs and strips
+    def pack_channels(self, x, start, stop):
+        """``x[:, start:stop]`` as a contiguous array (a channel slab)."""
+        return numpy.ascontiguousarray(x[:, start:stop])
+
+    def unpack_channels(self, dst, src, start, *, accumulate=False):
+        """Write (or add) ``src`` into ``dst[:, start:start + src.shape[1]]``."""
+        view = dst[:, start:start + src.shape[1]]
+        if accumulate:
+            view += src
+        else:
+            view[...] = src
+        return dst
+
+    def pack_rows(self, x, start, stop):
+        """``x[:, :, start:stop]`` as a contiguous array (a halo strip)."""
+        return numpy.ascontiguousarray(x[:, :, start:stop])
+
+    def unpack_rows(self, dst, src, start, *, accumulate=False):
+        """Write (or add) ``src`` into ``dst[:, :, start:start + src.shape[2]]``."""
+        view = dst[:, :, start:start + src.shape[2]]
+        if accumulate:
+            view += src
+        else:
+            view[...] = src
+        return dst
+
+    def __repr__(self):
+        return f"<refconv backend {self.name}>"
+
+
+class CudaBackend(NumpyBackend):
+    """The hand-written Numba CUDA kernels (``refconv.kernels``) on device arrays.
+
+    ``version`` selects the convolution kernels: 1 (direct) or 2 (tiled).
+    """
+
+    name = "cuda"
+
+    def __init__(self, version=2):
+        from refconv import kernels  # imported lazily: it pulls in numba.cuda
+
+        self.k = kernels
+        self.version = version
+        self.xp = arrays.device_module()
+
+    def asarray(self, x, dtype=None):
+        return self.xp.asarray(arrays.to_host(x), dtype=dtype)
+
+    def zeros(self, shape, dtype):
+        return self.xp.zeros(shape, dtype=dtype)
+
+    def conv2d_forward(self, x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1):
+        return self.k.conv2d_forward(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups, version=self.version)
+
+    def conv2d_backward_data(self, dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1):
+        return self.k.conv2d_backward_data(dy, w, x_shape, stride=stride, padding=padding, dilation=dilation, groups=groups, version=self.version)
+
+    def conv2d_backward_filter(self, x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1):
+        return self.k.conv2d_backward_filter(x, dy, w_shape, stride=stride, padding=padding, dilation=dilation, groups=groups, version=self.version)
+
+    def bias_add(self, y, b):
+        return self.k.bias_add(y, b)
+
+    def bias_grad(self, dy):
+        return self.k.bias_grad(dy)
+
+    def relu_forward(self, x):
+        return self.k.relu_forward(x)
+
+    def relu_backward(self, dy, x):
+        return self.k.relu_backward(dy, x)
+
+    def max_pool2d_forward(self, x, kernel_size, stride=None, padding=0):
+        return self.k.max_pool2d_forward(x, kernel_size, stride, padding)
+
+    def max_pool2d_backward(self, dy, argmax, x_shape, kernel_size, stride=None, padding=0):
+        return self.k.max_pool2d_backward(dy, argmax, x_shape, kernel_size, stride, padding)
+
+    def avg_pool2d_forward(self, x, kernel_size, stride=None, padding=0):
+        return self.k.avg_pool2d_forward(x, kernel_size, stride, padding)
+
+    def avg_pool2d_backward(self, dy, x_shape, kernel_size, stride=None, padding=0):
+        return self.k.avg_pool2d_backward(dy, x_shape, kernel_size, stride, padding)
+
+    def batch_norm_sums(self, x):
+        return self.k.batch_norm_sums(x)
+
+    def batch_norm_apply(self, x, mean, invstd, gamma, beta):
+        return self.k.batch_norm_apply(x, mean, invstd, gamma, beta)
+
+    def batch_norm_grad_sums(self, dy, x, mean, invstd):
+        return self.k.batch_norm_grad_sums(dy, x, mean, invstd)
+
+    def batch_norm_backward_apply(self, dy, x, mean, invstd, gamma, dbeta, dgamma, count):
+        return self.k.batch_norm_backward_apply(dy, x, mean, invstd, gamma, dbeta, dgamma, count)
+
+    def pack_channels(self, x, start, stop):
+        return self.k.pack_channels(x, start, stop)
+
+    def unpack_channels(self, dst, src, start, *, accumulate=False):
+        return self.k.unpack_channels(dst, src, start, accumulate=accumulate)
+
+    def pack_rows(self, x, start, stop):
+        return self.k.pack_rows(x, start, stop)
+
+    def unpack_rows(self, dst, src, start, *, accumulate=False):
+        return self.k.unpack_rows(dst, src, start, accumulate=accumulate)
+
+
+def cuda_usable():
+    """True on a real GPU, or under Numba's CUDA simulator."""
+    return arrays.gpu_available() or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def get_backend(name="auto", version=2):
+    """The backend called ``name``: ``"numpy"``, ``"cuda"`` or ``"auto"``."""
+    if isinstance(name, NumpyBackend):
+        return name
+    if name not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {name!r}")
+    if name == "auto":
+        name = "cuda" if arrays.gpu_available() else "numpy"
+    if name == "numpy":
+        return NumpyBackend()
+    if not cuda_usable():
+        raise ValueError(
+            "backend: 'cuda' needs a real GPU with CuPy (pip install refconv[cuda12]) or "
+            "Numba's CUDA simulator (set NUMBA_ENABLE_CUDASIM=1 before numba is imported)"
+        )
+    return CudaBackend(version)
