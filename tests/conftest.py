@@ -1,0 +1,26 @@
+"""Test-session setup: run CUDA kernels under Numba's simulator unless a real GPU is present.
+
+This must happen before numba is first imported, hence at the very top.
+"""
+
+import os
+
+
+def _real_gpu():
+    try:
+        import cupy
+
+        return bool(cupy.cuda.is_available())
+    except Exception:
+        return False
+
+
+if "NUMBA_ENABLE_CUDASIM" not in os.environ:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if _real_gpu() else "1"
+
+from hypothesis import settings  # noqa: E402
+
+from refconv.testing.profiles import register_profiles  # noqa: E402
+
+register_profiles()
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
