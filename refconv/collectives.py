@@ -1,0 +1,409 @@
+"""Every MPI data movement in refconv goes through this module.
+
+Arrays may be NumPy or CuPy; results have the array module of the inputs.
+Non-contiguous inputs are packed first, and the device stream is synchronized
+before MPI touches device memory.  When the MPI library is CUDA-aware (see
+``cuda_aware``) device buffers go to MPI directly, otherwise they are staged
+through host memory.
+
+=====================  =============  ==========================================
+function               MPI call       ``stats`` bytes recorded (per rank)
+=====================  =============  ==========================================
+``allreduce``          Allreduce      the full buffer
+``reduce_scatter``     Reduce_scatter the full input buffer (all ranks' blocks)
+``allgather``          Allgatherv     the full output buffer
+``sendrecv``           Sendrecv       bytes sent (0 towards PROC_NULL)  [kind "halo"]
+``exchange``           Isend/Irecv    bytes sent to other ranks         [kind "halo"]
+``alltoallv``          Alltoallv      bytes sent to other ranks (not self)
+``bcast``              Bcast          the buffer
+``scatter``            Scatterv       the block this rank receives
+``gather``             Gatherv        the block this rank contributes
+=====================  =============  ==========================================
+
+``elements`` is bytes / itemsize.  The figures are buffer sizes by definition,
+not wire traffic: a size-1 communicator records the same figures (with
+``comm_size=1``) and makes no MPI call.
+"""
+
+import contextlib
+import ctypes
+import dataclasses
+import functools
+import os
+
+import numpy
+from mpi4py import MPI
+from mpi4py.util.dtlib import from_numpy_dtype
+
+from refconv import arrays
+
+_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+
+
+# -- statistics --------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Record:
+    kind: str        # "allreduce", "reduce_scatter", "allgather", "halo", "alltoallv", ...
+    comm_size: int
+    elements: int
+    bytes: int
+
+
+class Region:
+    """The records of one ``stats.recording()`` region."""
+
+    def __init__(self):
+        self.records = []
+
+    def summary(self):
+        return _summarize(self.records)
+
+
+def _summarize(records):
+    out = {}
+    for r in records:
+        s = out.setdefault(r.kind, {"calls": 0, "elements": 0, "bytes": 0})
+        s["calls"] += 1
+        s["elements"] += r.elements
+        s["bytes"] += r.bytes
+    return out
+
+
+class CommStats:
+    """Exact, deterministic counts of the calls made through this module."""
+
+    def __init__(self):
+        self.records = []
+        self._regions = []
+
+    def reset(self):
+        self.records.clear()
+
+    def add(self, kind, comm_size, elements, nbytes):
+        rec = Record(kind, int(comm_size), int(elements), int(nbytes))
+        self.records.append(rec)
+        for region in self._regions:
+            region.records.append(rec)
+
+    def summary(self):
+        """kind -> {"calls", "elements", "bytes"} over all records since reset()."""
+        return _summarize(self.records)
+
+    @contextlib.contextmanager
+    def recording(self):
+        """``with stats.recording() as region: ...`` then ``region.summary()``."""
+        region = Region()
+        self._regions.append(region)
+        try:
+            yield region
+        finally:
+            self._regions.remove(region)
+
+
+stats = CommStats()
+
+
+# -- CUDA-aware detection and staging ----------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def cuda_aware():
+    """True when device buffers may be handed to MPI directly.
+
+    REFCONV_CUDA_AWARE=0|1 decides if set; otherwise MPIX_Query_cuda_support()
+    of the libmpi this process loaded (found in /proc/self/maps), False if absent.
+    """
+    env = os.environ.get("REFCONV_CUDA_AWARE")
+    if env in ("0", "1"):
+        return env == "1"
+    for path in _loaded_libmpi():
+        try:
+            query = ctypes.CDLL(path).MPIX_Query_cuda_support
+        except (OSError, AttributeError):
+            continue
+        query.restype = ctypes.c_int
+        return bool(query())
+    return False
+
+
+def _loaded_libmpi():
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libmpi" in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if os.path.basename(p).startswith("libmpi"))
+
+
+def _to_mpi(x):
+    """A contiguous buffer MPI may read: x itself, or a host copy when staging."""
+    xp = arrays.array_module(x)
+    x = xp.ascontiguousarray(x)
+    if arrays.is_device_array(x):
+        arrays.synchronize()
+        if not cuda_aware():
+            return arrays.to_host(x)
+    return x
+
+
+def _empty(shape, dtype, like):
+    """A receive buffer: on the host when staging, else with ``like``'s module."""
+    if arrays.is_device_array(like) and cuda_aware():
+        return arrays.array_module(like).empty(shape, dtype)
+    return numpy.empty(shape, dtype)
+
+
+def _from_mpi(buf, like):
+    """Back to ``like``'s array module after MPI has written ``buf``."""
+    if arrays.is_device_array(like):
+        if arrays.is_device_array(buf):
+            arrays.synchronize()
+            return buf
+        return arrays.array_module(like).asarray(buf)
+    return buf
+
+
+def _spec(buf, counts=None, displs=None):
+    t = from_numpy_dtype(buf.dtype)
+    if counts is None:
+        return [buf, t]
+    return [buf, (list(counts), list(displs)), t]
+
+
+def _displs(counts):
+    return [int(d) for d in numpy.concatenate([[0], numpy.cumsum(counts)[:-1]])]
+
+
+def _check_counts(comm, counts, length, what):
+    counts = [int(c) for c in counts]
+    if len(counts) != comm.Get_size():
+        raise ValueError(f"{what}: counts has {len(counts)} entries but the communicator "
+                         f"has {comm.Get_size()} ranks")
+    if any(c < 0 for c in counts) or sum(counts) != length:
+        raise ValueError(f"{what}: counts {counts} must be >= 0 and sum to {length}")
+    return counts
+
+
+# -- collectives -----------------------------------------------------------------
+def allreduce(comm, x, op="sum"):
+    """A new array: the elementwise ``op`` ("sum", "prod", "max", "min") of every rank's x."""
+    stats.add("allreduce", comm.Get_size(), x.size, x.nbytes)
+    if comm.Get_size() == 1:
+        return arrays.array_module(x).array(x, copy=True)
+    send = _to_mpi(x)
+    recv = _empty(send.shape, send.dtype, x)
+    comm.Allreduce(_spec(send), _spec(recv), op=_OPS[op])
+    return _from_mpi(recv, x)
+
+
+def allreduce_(comm, x, op="sum"):
+    """In-place allreduce of a contiguous array; returns x."""
+    out = allreduce(comm, x, op)
+    x[...] = out
+    return x
+
+
+def reduce_scatter(comm, x, counts, axis=0):
+    """Sum x (the full buffer) over ranks; return this rank's block along ``axis``.
+
+    counts[i] is the length along ``axis`` of rank i's block; blocks are consecutive.
+    """
+    counts = _check_counts(comm, counts, x.shape[axis], "reduce_scatter")
+    stats.add("reduce_scatter", comm.Get_size(), x.size, x.nbytes)
+    xp = arrays.array_module(x)
+    packed = xp.moveaxis(x, axis, 0)            # (L, ...rest): block i is a row range
+    rest = packed.shape[1:]
+    inner = int(numpy.prod(rest, dtype=numpy.int64))
+    me = comm.Get_rank()
+    if comm.Get_size() == 1:
+        return xp.array(x, copy=True)
+    send = _to_mpi(packed)
+    recv = _empty((counts[me],) + rest, send.dtype, x)
+    comm.Reduce_scatter(_spec(send), _spec(recv), [c * inner for c in counts], op=MPI.SUM)
+    out = _from_mpi(recv, x)
+    return xp.ascontiguousarray(xp.moveaxis(out, 0, axis))
+
+
+def allgather(comm, x, counts, axis=0):
+    """Concatenate every rank's x along ``axis``; counts[i] = rank i's length there."""
+    xp = arrays.array_module(x)
+    total = sum(int(c) for c in counts)
+    counts = _check_counts(comm, counts, total, "allgather")
+    me = comm.Get_rank()
+    if x.shape[axis] != counts[me]:
+        raise ValueError(f"allgather: x has length {x.shape[axis]} along axis {axis} "
+                         f"but counts[{me}] = {counts[me]}")
+    packed = xp.moveaxis(x, axis, 0)
+    rest = packed.shape[1:]
+    inner = int(numpy.prod(rest, dtype=numpy.int64))
+    stats.add("allgather", comm.Get_size(), total * inner, total * inner * x.itemsize)
+    if comm.Get_size() == 1:
+        return xp.array(x, copy=True)
+    send = _to_mpi(packed)
+    recv = _empty((total,) + rest, send.dtype, x)
+    el = [c * inner for c in counts]
+    comm.Allgatherv(_spec(send), _spec(recv, el, _displs(el)))
+    out = _from_mpi(recv, x)
+    return xp.ascontiguousarray(xp.moveaxis(out, 0, axis))
+
+
+def sendrecv(comm, sendbuf, dest, recvshape, source, *, tag=0, dtype=None, like=None):
+    """Send ``sendbuf`` to ``dest`` while receiving ``recvshape`` from ``source``.
+
+    Either side may be MPI.PROC_NULL (a missing neighbour): then ``sendbuf`` may
+    be None, and the result is None when ``source`` is PROC_NULL.  dtype defaults
+    to sendbuf's; ``like`` picks the array module when sendbuf is None.
+    """
+    like = sendbuf if sendbuf is not None else like
+    dtype = numpy.dtype(dtype if dtype is not None else sendbuf.dtype)
+    nsent = 0 if dest == MPI.PROC_NULL else int(sendbuf.size)
+    stats.add("halo", comm.Get_size(), nsent, nsent * dtype.itemsize)
+    send = None if dest == MPI.PROC_NULL else _to_mpi(sendbuf)
+    if source == MPI.PROC_NULL:
+        recv = None
+    else:
+        recv = _empty(tuple(recvshape), dtype, like)
+    if send is None:
+        send = numpy.empty(0, dtype)
+    recv_spec = _spec(recv) if recv is not None else _spec(numpy.empty(0, dtype))
+    comm.Sendrecv(_spec(send), dest, tag, recv_spec, source, tag)
+    return None if recv is None else _from_mpi(recv, like)
+
+
+def exchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None):
+    """Many point-to-point messages at once (halos reaching past the nearest neighbour).
+
+    sends: {dest rank: array}; recv_shapes: {source rank: shape}.  Returns
+    {source rank: array}.  A message to oneself is copied without MPI.
+    """
+    dtype = numpy.dtype(dtype)
+    me = comm.Get_rank()
+    if like is None and sends:
+        like = next(iter(sends.values()))
+    nsent = sum(int(a.size) for r, a in sends.items() if r != me)
+    stats.add("halo", comm.Get_size(), nsent, nsent * dtype.itemsize)
+    out, requests, staged = {}, [], {}
+    for src, shape in sorted(recv_shapes.items()):
+        if src == me:
+            continue
+        staged[src] = _empty(tuple(shape), dtype, like)
+        requests.append(comm.Irecv(_spec(staged[src]), src, tag))
+    keep = []
+    for dest, a in sorted(sends.items()):
+        if dest == me:
+            continue
+        buf = _to_mpi(a.astype(dtype, copy=False))
+        keep.append(buf)
+        requests.append(comm.Isend(_spec(buf), dest, tag))
+    MPI.Request.Waitall(requests)
+    for src, buf in staged.items():
+        out[src] = _from_mpi(buf, like)
+    if me in recv_shapes:
+        xp = arrays.array_module(sends[me])
+        out[me] = xp.array(sends[me], dtype=dtype, copy=True).reshape(tuple(recv_shapes[me]))
+    return out
+
+
+def alltoallv(comm, send_blocks, recv_shapes, dtype=None):
+    """Uneven all-to-all: send_blocks[q] goes to rank q; returns the list of
+    blocks received, block r from rank r with shape recv_shapes[r]."""
+    size, me = comm.Get_size(), comm.Get_rank()
+    if len(send_blocks) != size or len(recv_shapes) != size:
+        raise ValueError(f"alltoallv: need one send block and one recv shape per rank ({size}); "
+                         f"got {len(send_blocks)} and {len(recv_shapes)}")
+    like = send_blocks[0]
+    xp = arrays.array_module(like)
+    dtype = numpy.dtype(dtype if dtype is not None else like.dtype)
+    scounts = [int(b.size) for b in send_blocks]
+    nsent = sum(c for q, c in enumerate(scounts) if q != me)
+    stats.add("alltoallv", size, nsent, nsent * dtype.itemsize)
+    rcounts = [int(numpy.prod(s, dtype=numpy.int64)) for s in recv_shapes]
+    if size == 1:
+        return [xp.array(send_blocks[0], dtype=dtype, copy=True).reshape(tuple(recv_shapes[0]))]
+    flat = xp.concatenate([xp.ravel(b).astype(dtype, copy=False) for b in send_blocks])
+    send = _to_mpi(flat)
+    recv = _empty(sum(rcounts), dtype, like)
+    comm.Alltoallv(_spec(send, scounts, _displs(scounts)), _spec(recv, rcounts, _displs(rcounts)))
+    recv = _from_mpi(recv, like)
+    d = _displs(rcounts)
+    return [recv[d[r]:d[r] + rcounts[r]].reshape(tuple(recv_shapes[r])) for r in range(size)]
+
+
+def _bcast_meta(comm, x, root):
+    """(shape, dtype, on device) of root's array, known to every rank."""
+    meta = None
+    if comm.Get_rank() == root:
+        meta = (tuple(x.shape), numpy.dtype(x.dtype).str, arrays.is_device_array(x))
+    return comm.bcast(meta, root=root)
+
+
+def _new(shape, dtype, on_device):
+    if on_device:
+        import cupy  # only reached when root holds a device array
+        return cupy.empty(shape, dtype)
+    return numpy.empty(shape, dtype)
+
+
+def bcast(comm, x, root=0):
+    """Root's x on every rank.  Non-roots pass None: shape, dtype and array module
+    come from root in a small pickled message (not recorded)."""
+    if comm.Get_size() == 1:
+        stats.add("bcast", 1, x.size, x.nbytes)
+        return arrays.array_module(x).array(x, copy=True)
+    shape, dt, dev = _bcast_meta(comm, x, root)
+    dt = numpy.dtype(dt)
+    n = int(numpy.prod(shape, dtype=numpy.int64))
+    stats.add("bcast", comm.Get_size(), n, n * dt.itemsize)
+    like = x if comm.Get_rank() == root else _new((0,), dt, dev)
+    buf = _to_mpi(x) if comm.Get_rank() == root else _empty(shape, dt, like)
+    comm.Bcast(_spec(buf), root=root)
+    return _from_mpi(buf, like)
+
+
+def scatter(comm, blocks, shape, root=0):
+    """Root's blocks[r] to rank r (Scatterv).  ``shape``: this rank's block shape."""
+    me = comm.Get_rank()
+    shape = tuple(shape)
+    if comm.Get_size() == 1:
+        meta = (blocks[0].dtype, arrays.is_device_array(blocks[0]))
+    else:
+        meta = comm.bcast((numpy.dtype(blocks[0].dtype).str, arrays.is_device_array(blocks[0]))
+                          if me == root else None, root=root)
+    dt, dev = numpy.dtype(meta[0]), meta[1]
+    n = int(numpy.prod(shape, dtype=numpy.int64))
+    stats.add("scatter", comm.Get_size(), n, n * dt.itemsize)
+    like = blocks[0] if me == root else _new((0,), dt, dev)
+    if comm.Get_size() == 1:
+        return arrays.array_module(like).array(blocks[0], copy=True).reshape(shape)
+    recv = _empty(shape, dt, like)
+    if me == root:
+        xp = arrays.array_module(like)
+        counts = [int(b.size) for b in blocks]
+        send = _to_mpi(xp.concatenate([xp.ravel(b) for b in blocks]))
+        comm.Scatterv(_spec(send, counts, _displs(counts)), _spec(recv), root=root)
+    else:
+        comm.Scatterv(None, _spec(recv), root=root)
+    return _from_mpi(recv, like)
+
+
+def gather(comm, x, shapes, root=0):
+    """Every rank's x to root (Gatherv): a list, block r of shape shapes[r], on root;
+    None elsewhere."""
+    me = comm.Get_rank()
+    stats.add("gather", comm.Get_size(), x.size, x.nbytes)
+    xp = arrays.array_module(x)
+    if comm.Get_size() == 1:
+        return [xp.array(x, copy=True).reshape(tuple(shapes[0]))]
+    send = _to_mpi(x)
+    counts = [int(numpy.prod(s, dtype=numpy.int64)) for s in shapes]
+    if me != root:
+        comm.Gatherv(_spec(send), None, root=root)
+        return None
+    recv = _empty(sum(counts), send.dtype, x)
+    comm.Gatherv(_spec(send), _spec(recv, counts, _displs(counts)), root=root)
+    recv = _from_mpi(recv, x)
+    d = _displs(counts)
+    return [recv[d[r]:d[r] + counts[r]].reshape(tuple(shapes[r])) for r in range(len(shapes))]
+
+
+def barrier(comm):
+    """comm.Barrier() (not recorded)."""
+    comm.Barrier()

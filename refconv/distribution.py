@@ -1,0 +1,257 @@
+"""How a 4-D tensor (NCHW activations, FCKhKw weights) is laid out on a ProcessGrid.
+
+Each tensor dim is either replicated (``None``), split into contiguous blocks over
+one grid axis (``"channel"``), or split in the general way by a ``Split``: the dim
+is cut into ``nblocks`` ``numpy.array_split`` blocks and the rank with coordinate
+``c`` on ``axis`` holds the blocks ``blocks_of(c)``, concatenated in that order.
+
+Stationary-W (ALGORITHMS.md section 4) needs the general case.  With
+``P_c = p_f * p_c'`` and channel coordinate ``c = a * p_c' + b``::
+
+    Split.stationary_w_filters(P_c, p_f)   F: blocks a*p_c' .. a*p_c'+p_c'-1  (contiguous)
+    Split.stationary_w_channels(P_c, p_f)  C: blocks b, p_c'+b, 2p_c'+b, ...  (p_f pieces)
+
+so the weight of rank (a, b) is ``w[F_a, C_b]`` with ::
+
+    Distribution(grid, (F, C, Kh, Kw), (Split.stationary_w_filters(P_c, p_f),
+                                        Split.stationary_w_channels(P_c, p_f), None, None),
+                 names=("F", "C", "Kh", "Kw"))
+
+Moving data between distributions is in ``refconv.scatter``.
+"""
+
+import numpy
+
+from refconv.grid import AXES
+
+
+def block_range(length, parts, index):
+    """(start, stop) of block ``index`` of ``length`` split ``parts`` ways.
+
+    numpy.array_split semantics: the first ``length % parts`` blocks get one extra.
+    """
+    if parts < 1:
+        raise ValueError(f"block_range: parts must be >= 1, got {parts}")
+    if not 0 <= index < parts:
+        raise ValueError(f"block_range: index must be in [0, {parts}), got {index}")
+    base, extra = divmod(length, parts)
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
+
+
+class Split:
+    """Split a dim over grid ``axis`` into ``nblocks`` blocks (default: the axis size);
+    coordinate ``c`` holds blocks ``blocks_of(c)``: a callable, or a sequence indexed
+    by coordinate (default: block ``c`` alone)."""
+
+    def __init__(self, axis, nblocks=None, blocks_of=None):
+        if axis not in AXES:
+            raise ValueError(f"Split: unknown axis {axis!r}; axes are {AXES}")
+        self.axis = axis
+        self.nblocks = nblocks
+        if blocks_of is not None and not callable(blocks_of):
+            blocks_of = tuple(tuple(int(j) for j in b) for b in blocks_of)
+        self.blocks_of = blocks_of
+
+    @classmethod
+    def block(cls, axis):
+        """Contiguous blocks, one per coordinate of ``axis``."""
+        return cls(axis)
+
+    @classmethod
+    def stationary_w_filters(cls, P_c, p_f):
+        """F of Stationary-W: coordinate a*p_c'+b holds F blocks a*p_c' .. a*p_c'+p_c'-1."""
+        p_cp = _factor(P_c, p_f)
+        return cls("channel", P_c, [[(c // p_cp) * p_cp + j for j in range(p_cp)]
+                                    for c in range(P_c)])
+
+    @classmethod
+    def stationary_w_channels(cls, P_c, p_f):
+        """C of Stationary-W: coordinate a*p_c'+b holds C blocks b, p_c'+b, ..., (p_f-1)p_c'+b."""
+        p_cp = _factor(P_c, p_f)
+        return cls("channel", P_c, [[k * p_cp + c % p_cp for k in range(p_f)]
+                                    for c in range(P_c)])
+
+    def table(self, axis_size):
+        """blocks_of tabulated for coordinates 0..axis_size-1, and nblocks."""
+        nblocks = axis_size if self.nblocks is None else self.nblocks
+        if self.blocks_of is None:
+            return nblocks, tuple((c,) for c in range(axis_size))
+        if callable(self.blocks_of):
+            return nblocks, tuple(tuple(int(j) for j in self.blocks_of(c))
+                                  for c in range(axis_size))
+        return nblocks, self.blocks_of
+
+    def __eq__(self, other):
+        return (isinstance(other, Split) and (self.axis, self.nblocks, self.blocks_of)
+                == (other.axis, other.nblocks, other.blocks_of))
+
+    def __hash__(self):
+        return hash((self.axis, self.nblocks))
+
+    def __repr__(self):
+        if self.nblocks is None and self.blocks_of is None:
+            return f"Split.block({self.axis!r})"
+        return f"Split({self.axis!r}, {self.nblocks!r}, {self.blocks_of!r})"
+
+
+def _factor(P_c, p_f):
+    if p_f < 1 or P_c % p_f:
+        raise ValueError(f"Split: p_f={p_f} must divide P_c={P_c}")
+    return P_c // p_f
+
+
+class Distribution:
+    """Layout of a 4-D global tensor on a grid of shape ``grid_shape``.
+
+    ``Distribution(grid_or_shape, global_shape, dims, names=("N", "C", "H", "W"))``;
+    ``dims[d]`` is None, an axis name, or a Split.  Every rank's block must be
+    non-empty in every dim.
+    """
+
+    def __init__(self, grid_shape, global_shape, dims, names=("N", "C", "H", "W")):
+        grid_shape = tuple(getattr(grid_shape, "shape", grid_shape))
+        global_shape = tuple(int(n) for n in global_shape)
+        if len(grid_shape) != 4 or any(int(p) < 1 for p in grid_shape):
+            raise ValueError(f"Distribution: grid_shape must be 4 sizes >= 1, got {grid_shape}")
+        if len(global_shape) != 4 or len(dims) != 4 or len(names) != 4:
+            raise ValueError(f"Distribution: need 4 sizes, 4 dims and 4 names; got "
+                             f"{global_shape}, {dims}, {names}")
+        self.grid_shape = tuple(int(p) for p in grid_shape)
+        self.global_shape = global_shape
+        self.names = tuple(names)
+        self.dims = tuple(Split.block(d) if isinstance(d, str) else d for d in dims)
+        self._axis = []      # per dim: the grid axis index, or None
+        self._tables = []    # per dim: per coordinate, tuple of (start, stop) pieces
+        self._blocks = []    # per dim: (nblocks, per coordinate the block indices), or None
+        for d, (spec, length, name) in enumerate(zip(self.dims, global_shape, names)):
+            if spec is None:
+                if length < 1:
+                    raise ValueError(f"Distribution: dim {name} has length {length}; need >= 1")
+                self._axis.append(None)
+                self._blocks.append(None)
+                self._tables.append(((0, length),))
+                continue
+            if not isinstance(spec, Split):
+                raise ValueError(f"Distribution: dims[{d}] must be None, an axis name "
+                                 f"{AXES} or a Split, got {spec!r}")
+            a = AXES.index(spec.axis)
+            nblocks, table = spec.table(self.grid_shape[a])
+            if len(table) != self.grid_shape[a]:
+                raise ValueError(f"Distribution: dim {name}: blocks_of has {len(table)} "
+                                 f"entries but axis {spec.axis} has {self.grid_shape[a]}")
+            if nblocks > length:
+                raise ValueError(f"dim {name} of length {length} cannot be split {nblocks} "
+                                 f"ways: rank block would be empty")
+            for c, blocks in enumerate(table):
+                if (not blocks or len(set(blocks)) != len(blocks)
+                        or any(not 0 <= j < nblocks for j in blocks)):
+                    raise ValueError(f"Distribution: dim {name}: coordinate {c} holds blocks "
+                                     f"{blocks}; need a non-empty list of distinct block "
+                                     f"indices within [0, {nblocks})")
+            missing = set(range(nblocks)) - {j for b in table for j in b}
+            if missing:
+                raise ValueError(f"Distribution: dim {name}: blocks {sorted(missing)} "
+                                 f"are held by no coordinate")
+            self._axis.append(a)
+            self._blocks.append((nblocks, table))
+            self._tables.append(tuple(_merge([block_range(length, nblocks, j) for j in b])
+                                      for b in table))
+        self._key = (self.grid_shape, self.global_shape,
+                     tuple(zip(self._axis, self._tables)))
+
+    # -- convenience constructors ----------------------------------------------------------
+    @classmethod
+    def activations(cls, grid, shape, *, channel_split=True):
+        """NCHW: N over sample, C over channel (or replicated), H over height, W over width."""
+        return cls(grid, shape, ("sample", "channel" if channel_split else None,
+                                 "height", "width"))
+
+    @classmethod
+    def replicated(cls, grid, shape, names=("N", "C", "H", "W")):
+        return cls(grid, shape, (None, None, None, None), names)
+
+    # -- per-rank layout ---------------------------------------------------------------------
+    def coords_of(self, rank_or_coords):
+        if isinstance(rank_or_coords, (tuple, list)):
+            return tuple(rank_or_coords)
+        coords, rank = [], int(rank_or_coords)
+        for p in reversed(self.grid_shape):
+            coords.append(rank % p)
+            rank //= p
+        return tuple(reversed(coords))
+
+    def pieces(self, rank_or_coords, dim):
+        """This rank's (start, stop) ranges of dim ``dim``, in local order (adjacent merged)."""
+        a = self._axis[dim]
+        if a is None:
+            return list(self._tables[dim][0:1])
+        return list(self._tables[dim][self.coords_of(rank_or_coords)[a]])
+
+    def axis_of(self, dim):
+        """Grid axis index that splits ``dim``, or None when replicated."""
+        return self._axis[dim]
+
+    def blocks(self, dim):
+        """(nblocks, per coordinate the tuple of block indices held), or None if replicated."""
+        return self._blocks[dim]
+
+    def table(self, dim):
+        """Per coordinate of the dim's axis, its pieces (one entry when replicated)."""
+        return self._tables[dim]
+
+    def local_shape(self, rank_or_coords):
+        return tuple(sum(e - s for s, e in self.pieces(rank_or_coords, d)) for d in range(4))
+
+    def index(self, rank_or_coords, xp=numpy):
+        """Indices of the local block in the global array: 4 slices when every dim is
+        one piece, else an ``xp.ix_`` tuple of index arrays."""
+        pieces = [self.pieces(rank_or_coords, d) for d in range(4)]
+        if all(len(p) == 1 for p in pieces):
+            return tuple(slice(p[0][0], p[0][1]) for p in pieces)
+        return xp.ix_(*[xp.concatenate([xp.arange(s, e) for s, e in p]) for p in pieces])
+
+    def extract(self, global_array, rank_or_coords):
+        """The local block of ``rank_or_coords`` (a contiguous copy)."""
+        self._check_global(global_array)
+        xp = _xp(global_array)
+        return xp.array(global_array[self.index(rank_or_coords, xp)], copy=True, order="C")
+
+    def insert(self, global_array, local, rank_or_coords):
+        """Write ``local`` into its place in ``global_array``."""
+        self._check_global(global_array)
+        if tuple(local.shape) != self.local_shape(rank_or_coords):
+            raise ValueError(f"insert: local has shape {tuple(local.shape)} but rank "
+                             f"{rank_or_coords} holds {self.local_shape(rank_or_coords)}")
+        global_array[self.index(rank_or_coords, _xp(global_array))] = local
+
+    def _check_global(self, a):
+        if tuple(a.shape) != self.global_shape:
+            raise ValueError(f"global array has shape {tuple(a.shape)}; "
+                             f"this distribution is of {self.global_shape}")
+
+    def __eq__(self, other):
+        return isinstance(other, Distribution) and self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __repr__(self):
+        dims = ", ".join(f"{n}:{d!r}" for n, d in zip(self.names, self.dims))
+        return (f"Distribution(grid_shape={self.grid_shape}, "
+                f"global_shape={self.global_shape}, dims=({dims}))")
+
+
+def _merge(pieces):
+    out = []
+    for s, e in pieces:
+        if out and out[-1][1] == s:
+            out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return tuple(out)
+
+
+def _xp(a):
+    from refconv.arrays import array_module
+    return array_module(a)

@@ -1,0 +1,202 @@
+"""Moving a distributed 4-D tensor: scatter, gather, allgather, redistribute.
+
+All communication goes through ``refconv.collectives``:
+
+==================  ==============================  =================================
+function            collective                      result
+==================  ==============================  =================================
+``scatter``         Scatterv from root              this rank's block
+``gather``          Gatherv to root                 the global array on root, else None
+``allgather``       Allgatherv                      the global array on every rank
+``redistribute``    Alltoallv (the "shuffle")       this rank's block under dst_dist
+==================  ==============================  =================================
+
+Replicated data is sent once: each global element has exactly one *owner*, the
+rank that holds it with coordinate 0 on every grid axis the distribution does
+not use, and, on each axis it does use, the lowest coordinate holding that
+element's blocks.  Only owners send in gather, allgather and redistribute.
+"""
+
+import itertools
+
+import numpy
+
+from refconv import collectives
+from refconv.arrays import array_module
+from refconv.distribution import block_range
+
+
+def _segments(dist, coords, dim):
+    """[(global start, global stop, local start)] of every block ``coords`` holds in dim."""
+    length = dist.global_shape[dim]
+    if dist.blocks(dim) is None:
+        return [(0, length, 0)]
+    nblocks, table = dist.blocks(dim)
+    out, local = [], 0
+    for j in table[coords[dist.axis_of(dim)]]:
+        s, e = block_range(length, nblocks, j)
+        out.append((s, e, local))
+        local += e - s
+    return out
+
+
+def owned_boxes(dist, rank):
+    """Boxes of global elements ``rank`` owns: a list of 4-tuples of
+    (global start, global stop, local start), one per dim."""
+    coords = dist.coords_of(rank)
+    per_axis = []          # per grid axis: list of {dim: segment} cells owned
+    for a in range(4):
+        dims = [d for d in range(4) if dist.axis_of(d) == a]
+        if not dims:
+            if coords[a] != 0:
+                return []
+            continue
+        tables = {d: dist.blocks(d)[1] for d in dims}
+        cells = []
+        for combo in itertools.product(*[tables[d][coords[a]] for d in dims]):
+            owner = min(c for c in range(dist.grid_shape[a])
+                        if all(j in tables[d][c] for d, j in zip(dims, combo)))
+            if owner == coords[a]:
+                cells.append(dict(zip(dims, combo)))
+        per_axis.append((dims, cells))
+    segments = [{s[0]: s for s in _segments(dist, coords, d)} for d in range(4)]
+    boxes = []
+    for choice in itertools.product(*[cells for _, cells in per_axis]):
+        box = [None] * 4
+        for cell in choice:
+            for d, j in cell.items():
+                nblocks = dist.blocks(d)[0]
+                box[d] = segments[d][block_range(dist.global_shape[d], nblocks, j)[0]]
+        for d in range(4):
+            if box[d] is None:               # replicated dim
+                box[d] = (0, dist.global_shape[d], 0)
+        boxes.append(tuple(box))
+    return boxes
+
+
+def _box_size(box):
+    return int(numpy.prod([e - s for s, e, _ in box]))
+
+
+def _local_slices(box):
+    return tuple(slice(l, l + e - s) for s, e, l in box)
+
+
+def _global_slices(box):
+    return tuple(slice(s, e) for s, e, _ in box)
+
+
+def _pack(local, boxes, xp):
+    if not boxes:
+        return xp.empty(0, local.dtype)
+    return xp.concatenate([xp.ravel(local[_local_slices(b)]) for b in boxes])
+
+
+def _unpack_global(out, flat, boxes):
+    offset = 0
+    for b in boxes:
+        n = _box_size(b)
+        out[_global_slices(b)] = flat[offset:offset + n].reshape([e - s for s, e, _ in b])
+        offset += n
+
+
+def _check(local, dist, grid):
+    if tuple(dist.grid_shape) != tuple(grid.shape):
+        raise ValueError(f"distribution is for a grid of shape {dist.grid_shape}, "
+                         f"the grid has shape {grid.shape}")
+    if local is not None and tuple(local.shape) != dist.local_shape(grid.rank):
+        raise ValueError(f"local block has shape {tuple(local.shape)}; rank {grid.rank} "
+                         f"holds {dist.local_shape(grid.rank)} under {dist}")
+
+
+def scatter(global_array, dist, grid, root=0):
+    """Root's global array -> this rank's block (root reads ``global_array``;
+    other ranks may pass None)."""
+    _check(None, dist, grid)
+    blocks = None
+    if grid.rank == root:
+        blocks = [dist.extract(global_array, r) for r in range(grid.size)]
+    return collectives.scatter(grid.comm, blocks, dist.local_shape(grid.rank), root=root)
+
+
+def gather(local, dist, grid, root=0):
+    """Every rank's block -> the global array on root; None on the other ranks."""
+    _check(local, dist, grid)
+    xp = array_module(local)
+    boxes = [owned_boxes(dist, r) for r in range(grid.size)]
+    sizes = [(sum(_box_size(b) for b in bx),) for bx in boxes]
+    parts = collectives.gather(grid.comm, _pack(local, boxes[grid.rank], xp), sizes, root=root)
+    if parts is None:
+        return None
+    out = xp.empty(dist.global_shape, local.dtype)
+    for flat, bx in zip(parts, boxes):
+        _unpack_global(out, flat, bx)
+    return out
+
+
+def allgather(local, dist, grid):
+    """Every rank's block -> the global array on every rank (one Allgatherv)."""
+    _check(local, dist, grid)
+    xp = array_module(local)
+    boxes = [owned_boxes(dist, r) for r in range(grid.size)]
+    counts = [sum(_box_size(b) for b in bx) for bx in boxes]
+    flat = collectives.allgather(grid.comm, _pack(local, boxes[grid.rank], xp), counts)
+    out = xp.empty(dist.global_shape, local.dtype)
+    offset = 0
+    for n, bx in zip(counts, boxes):
+        _unpack_global(out, flat[offset:offset + n], bx)
+        offset += n
+    return out
+
+
+def _plan(src_boxes, dst, q):
+    """Pieces rank r sends to q: [(src local slices, dst local slices)] in a fixed order."""
+    coords = dst.coords_of(q)
+    dst_segs = [_segments(dst, coords, d) for d in range(4)]
+    plan = []
+    for box in src_boxes:
+        per_dim = []
+        for (s, e, ls), segs in zip(box, dst_segs):
+            hits = []
+            for ds, de, dl in segs:
+                lo, hi = max(s, ds), min(e, de)
+                if lo < hi:
+                    hits.append((slice(ls + lo - s, ls + hi - s), slice(dl + lo - ds, dl + hi - ds)))
+            per_dim.append(hits)
+        for combo in itertools.product(*per_dim):
+            plan.append((tuple(c[0] for c in combo), tuple(c[1] for c in combo)))
+    return plan
+
+
+def _plan_size(plan):
+    return sum(int(numpy.prod([sl.stop - sl.start for sl in src])) for src, _ in plan)
+
+
+def redistribute(local, src_dist, dst_dist, grid):
+    """This rank's block under ``src_dist`` -> its block under ``dst_dist`` (same global
+    shape), with one uneven all-to-all.  Each element is sent once, by its owner."""
+    _check(local, src_dist, grid)
+    _check(None, dst_dist, grid)
+    if src_dist.global_shape != dst_dist.global_shape:
+        raise ValueError(f"redistribute: global shapes differ: {src_dist.global_shape} "
+                         f"vs {dst_dist.global_shape}")
+    xp = array_module(local)
+    me = grid.rank
+    mine = owned_boxes(src_dist, me)
+    sends = []
+    for q in range(grid.size):
+        plan = _plan(mine, dst_dist, q)
+        sends.append(xp.concatenate([xp.ravel(local[s]) for s, _ in plan]) if plan
+                     else xp.empty(0, local.dtype))
+    incoming = [_plan(owned_boxes(src_dist, r), dst_dist, me) for r in range(grid.size)]
+    received = collectives.alltoallv(grid.comm, sends, [(_plan_size(p),) for p in incoming],
+                                     dtype=local.dtype)
+    out = xp.empty(dst_dist.local_shape(me), local.dtype)
+    for flat, plan in zip(received, incoming):
+        offset = 0
+        for _, dst in plan:
+            shape = [sl.stop - sl.start for sl in dst]
+            n = int(numpy.prod(shape))
+            out[dst] = flat[offset:offset + n].reshape(shape)
+            offset += n
+    return out
