@@ -1,115 +1,100 @@
-"""Hypothesis strategies that draw valid problems, reusable outside refconv's tests.
+"""Reusable Hypothesis strategies for convolution problems.
 
-Every strategy builds a valid problem by construction (no ``assume``): the
-spatial size is drawn *after* the kernel, dilation and padding, starting from
-the smallest input the dilated kernel fits in, so the output is never empty.
-
-    >>> from hypothesis import given
-    >>> @given(conv_problems(), dtypes())
-    ... def test_something(problem, dtype): ...
+Every strategy here builds valid cases by construction (no ``assume``), so
+drawn examples are never thrown away.  Users property-testing a new
+decomposition draw from the same strategies as refconv's own tests.
 """
 
-from dataclasses import dataclass
+import dataclasses
 
 import numpy
 from hypothesis import strategies as st
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ConvProblem:
-    """One 2-D convolution: ``x (N, C, H, W)``, ``w (F, C/groups, Kh, Kw)``."""
+    """One convolution: shapes, geometry and dtype (NCHW, weights ``F x C/groups x Kh x Kw``)."""
 
-    x_shape: tuple
-    w_shape: tuple
-    stride: tuple
-    padding: tuple
-    dilation: tuple
-    groups: int
+    N: int
+    C: int
+    F: int
+    H: int
+    W: int
+    Kh: int
+    Kw: int
+    stride: tuple = (1, 1)
+    padding: tuple = (0, 0)
+    dilation: tuple = (1, 1)
+    groups: int = 1
+    dtype: str = "float64"
 
     @property
-    def kwargs(self):
-        """The keyword arguments every conv2d function takes."""
-        return dict(stride=self.stride, padding=self.padding, dilation=self.dilation, groups=self.groups)
+    def x_shape(self):
+        return (self.N, self.C, self.H, self.W)
+
+    @property
+    def w_shape(self):
+        return (self.F, self.C // self.groups, self.Kh, self.Kw)
 
     @property
     def out_hw(self):
-        """``(Ho, Wo)`` as torch.nn.functional.conv2d computes it."""
-        return tuple(
-            (self.x_shape[2 + a] + 2 * self.padding[a] - self.dilation[a] * (self.w_shape[2 + a] - 1) - 1)
-            // self.stride[a] + 1
-            for a in range(2)
+        size = lambda L, K, s, p, d: (L + 2 * p - d * (K - 1) - 1) // s + 1  # noqa: E731
+        return (
+            size(self.H, self.Kh, self.stride[0], self.padding[0], self.dilation[0]),
+            size(self.W, self.Kw, self.stride[1], self.padding[1], self.dilation[1]),
         )
 
     @property
     def y_shape(self):
-        return (self.x_shape[0], self.w_shape[0], *self.out_hw)
+        return (self.N, self.F, *self.out_hw)
 
+    @property
+    def geometry(self):
+        """Keyword arguments for the conv functions."""
+        return dict(stride=self.stride, padding=self.padding, dilation=self.dilation, groups=self.groups)
 
-def dtypes():
-    """float32 or float64."""
-    return st.sampled_from([numpy.dtype(numpy.float32), numpy.dtype(numpy.float64)])
+    def arrays(self, seed=0):
+        """Random ``(x, w, b, dy)`` of this problem's shapes and dtype."""
+        rng = numpy.random.default_rng(seed)
+        draw = lambda shape: rng.standard_normal(shape).astype(self.dtype)  # noqa: E731
+        return draw(self.x_shape), draw(self.w_shape), draw((self.F,)), draw(self.y_shape)
 
 
 @st.composite
-def conv_problems(draw, *, max_batch=2, max_group_channels=3, max_groups=2, max_kernel=3,
-                  max_stride=2, max_dilation=2, max_padding=2, max_extra=4):
-    """A valid convolution; each spatial size is the smallest that fits plus up to ``max_extra``."""
-    groups = draw(st.integers(1, max_groups))
-    Cg = draw(st.integers(1, max_group_channels))
-    Fg = draw(st.integers(1, max_group_channels))
-    N = draw(st.integers(1, max_batch))
-    kernel, stride, padding, dilation, size = [], [], [], [], []
-    for _ in range(2):  # H, then W
-        k = draw(st.integers(1, max_kernel))
-        d = draw(st.integers(1, max_dilation))
-        p = draw(st.integers(0, max_padding))
-        s = draw(st.integers(1, max_stride))
-        smallest = max(1, d * (k - 1) + 1 - 2 * p)
-        kernel.append(k)
-        dilation.append(d)
-        padding.append(p)
-        stride.append(s)
-        size.append(draw(st.integers(smallest, smallest + max_extra)))
+def spatial_dim(draw, *, max_kernel=3, max_stride=2, max_padding=2, max_dilation=2, max_extra=4, min_out=1):
+    """One spatial dim: ``(length, kernel, stride, padding, dilation)`` with output >= ``min_out``."""
+    k = draw(st.integers(1, max_kernel))
+    s = draw(st.integers(1, max_stride))
+    p = draw(st.integers(0, max_padding))
+    d = draw(st.integers(1, max_dilation)) if k > 1 else 1
+    span = d * (k - 1) + 1
+    shortest = max(1, span - 2 * p + s * (min_out - 1))
+    length = draw(st.integers(shortest, shortest + max_extra))
+    return length, k, s, p, d
+
+
+@st.composite
+def conv_problems(
+    draw,
+    *,
+    max_batch=2,
+    max_channels=4,
+    max_kernel=3,
+    max_extra=4,
+    groups=True,
+    dtypes=("float64",),
+    min_out=1,
+    min_batch=1,
+    min_channels=1,
+):
+    """Draw a :class:`ConvProblem`; channel counts are multiples of the drawn groups."""
+    g = draw(st.integers(1, 2)) if groups else 1
+    C = g * draw(st.integers(max(1, -(-min_channels // g)), max(1, max_channels // g)))
+    F = g * draw(st.integers(max(1, -(-min_channels // g)), max(1, max_channels // g)))
+    H, Kh, sh, ph, dh = draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra, min_out=min_out))
+    W, Kw, sw, pw, dw = draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra, min_out=min_out))
     return ConvProblem(
-        x_shape=(N, groups * Cg, size[0], size[1]),
-        w_shape=(groups * Fg, Cg, kernel[0], kernel[1]),
-        stride=tuple(stride),
-        padding=tuple(padding),
-        dilation=tuple(dilation),
-        groups=groups,
+        N=draw(st.integers(min_batch, max_batch)), C=C, F=F, H=H, W=W, Kh=Kh, Kw=Kw,
+        stride=(sh, sw), padding=(ph, pw), dilation=(dh, dw), groups=g,
+        dtype=draw(st.sampled_from(dtypes)),
     )
-
-
-@dataclass(frozen=True)
-class PoolProblem:
-    """One 2-D pooling: ``x (N, C, H, W)`` with a ``kernel`` window."""
-
-    x_shape: tuple
-    kernel: tuple
-    stride: tuple
-    padding: tuple
-
-
-@st.composite
-def pool_problems(draw, *, max_batch=2, max_channels=3, max_kernel=3, max_stride=3, max_extra=4):
-    """A valid pooling; padding is at most half the kernel, as PyTorch requires."""
-    N = draw(st.integers(1, max_batch))
-    C = draw(st.integers(1, max_channels))
-    kernel, stride, padding, size = [], [], [], []
-    for _ in range(2):
-        k = draw(st.integers(1, max_kernel))
-        p = draw(st.integers(0, k // 2))
-        kernel.append(k)
-        padding.append(p)
-        stride.append(draw(st.integers(1, max_stride)))
-        size.append(draw(st.integers(max(1, k - 2 * p), max(1, k - 2 * p) + max_extra)))
-    return PoolProblem((N, C, size[0], size[1]), tuple(kernel), tuple(stride), tuple(padding))
-
-
-def arrays(shape, dtype, seed):
-    """A reproducible standard-normal array (Hypothesis draws the seed, NumPy the values)."""
-    return numpy.random.default_rng(seed).standard_normal(shape).astype(dtype)
-
-
-def seeds():
-    return st.integers(0, 2**32 - 1)
