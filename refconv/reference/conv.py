@@ -119,8 +119,8 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     cols = im2col(x, (Kh, Kw), stride, padding, dilation, out_hw)
     cols = cols.reshape(N, G, Cg * Kh * Kw, Ho * Wo)
     dy_g = dy.reshape(N, G, Fg, Ho * Wo)
-    # Sum over samples and output pixels in one contraction per group.
-    dw = numpy.einsum("ngfp,ngkp->gfk", dy_g, cols, optimize=True)  # (G, Fg, CgKK)
+    # One matmul per sample and group contracts the output pixels; then sum the samples.
+    dw = numpy.matmul(dy_g, cols.transpose(0, 1, 3, 2)).sum(axis=0)  # (G, Fg, CgKK)
     return dw.reshape(F, Cg, Kh, Kw)
 
 

@@ -1,0 +1,74 @@
+"""Cross-check the reference against PyTorch, where PyTorch is installed.
+
+CI does not install PyTorch, so there these tests are reported as skipped (not
+passed).  Developers run them with ``pip install torch`` in the venv.
+"""
+
+import numpy
+import pytest
+from hypothesis import given, settings
+
+from refconv import reference as ref
+from refconv.testing.strategies import conv_problems
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def t(a):
+    return torch.tensor(a, requires_grad=True)
+
+
+@settings(max_examples=60)
+@given(conv_problems(max_channels=6, max_kernel=4))
+def test_conv_matches_torch(problem):
+    x, w, b, dy = problem.arrays(seed=3)
+    g = problem.geometry
+    xt, wt, bt = t(x), t(w), t(b)
+    yt = F.conv2d(xt, wt, bt, **g)
+    yt.backward(torch.tensor(dy))
+    numpy.testing.assert_allclose(ref.conv2d_forward(x, w, b, **g), yt.detach().numpy(), rtol=1e-10, atol=1e-10)
+    numpy.testing.assert_allclose(ref.conv2d_backward_data(dy, w, x.shape, **g), xt.grad.numpy(), rtol=1e-10, atol=1e-10)
+    numpy.testing.assert_allclose(ref.conv2d_backward_filter(x, dy, w.shape, **g), wt.grad.numpy(), rtol=1e-10, atol=1e-10)
+    numpy.testing.assert_allclose(ref.conv2d_backward_bias(dy), bt.grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("k, s, p", [(2, None, 0), (3, 2, 1), (3, 1, 1), (2, 3, 1)])
+def test_pooling_matches_torch(k, s, p):
+    rng = numpy.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 7, 6))
+    for kind in ("max", "avg"):
+        xt = t(x)
+        yt = (F.max_pool2d if kind == "max" else F.avg_pool2d)(xt, k, s, p)
+        dy = rng.standard_normal(tuple(yt.shape))
+        yt.backward(torch.tensor(dy))
+        if kind == "max":
+            y, arg = ref.max_pool2d_forward(x, k, s, p)
+            dx = ref.max_pool2d_backward(dy, arg, x.shape, k, s, p)
+        else:
+            y = ref.avg_pool2d_forward(x, k, s, p)
+            dx = ref.avg_pool2d_backward(dy, x.shape, k, s, p)
+        numpy.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-12)
+        numpy.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-12)
+
+
+def test_batch_norm_and_cross_entropy_match_torch():
+    rng = numpy.random.default_rng(1)
+    x, gamma, beta = rng.standard_normal((4, 3, 5, 5)), rng.standard_normal(3), rng.standard_normal(3)
+    dy = rng.standard_normal(x.shape)
+    rm, rv = numpy.zeros(3), numpy.ones(3)
+    xt, gt, bt = t(x), t(gamma), t(beta)
+    rmt, rvt = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    yt = F.batch_norm(xt, rmt, rvt, gt, bt, training=True, momentum=0.1, eps=1e-5)
+    yt.backward(torch.tensor(dy))
+    y, saved = ref.batch_norm_forward(x, gamma, beta, running_mean=rm, running_var=rv)
+    dx, dgamma, dbeta = ref.batch_norm_backward(dy, x, gamma, saved)
+    for ours, theirs in [(y, yt.detach()), (dx, xt.grad), (dgamma, gt.grad), (dbeta, bt.grad), (rm, rmt), (rv, rvt)]:
+        numpy.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-10, atol=1e-12)
+    logits, labels = rng.standard_normal((6, 4)), rng.integers(0, 4, 6)
+    lt = t(logits)
+    loss_t = F.cross_entropy(lt, torch.tensor(labels))
+    loss_t.backward()
+    loss, probs = ref.softmax_cross_entropy_forward(logits, labels)
+    assert loss == pytest.approx(loss_t.item(), rel=1e-12)
+    numpy.testing.assert_allclose(ref.softmax_cross_entropy_backward(probs, labels), lt.grad.numpy(), rtol=1e-10)
