@@ -1,0 +1,86 @@
+"""The one ``assert_close``, and collective asserts for multi-rank tests.
+
+Tolerance grows with the length of the reduction that produced ``actual``
+(a sum of L terms carries about sqrt(L) roundings)::
+
+    rtol = 8 * sqrt(reduction_length) * eps(dtype)        (default)
+    atol = rtol                                            (default)
+
+On a mismatch the message gives both shapes and the first mismatching indices
+with their values.
+
+In a multi-rank test every rank must reach the same verdict, or the ranks fall
+out of step (one raises, the others wait in the next collective).  Use
+``collective_assert_close(comm, ...)`` or ``assert_all_ranks(comm, ok, message)``:
+they allgather each rank's verdict and raise AssertionError on EVERY rank if
+any rank failed, naming the failing ranks and their messages.
+"""
+
+import math
+
+import numpy
+
+from refconv.arrays import to_host
+
+EPS_FACTOR = 8.0
+
+
+def _message(actual, expected, rtol, atol, reduction_length, name, show=5):
+    a, e = to_host(actual), to_host(expected)
+    label = f"{name}: " if name else ""
+    if a.shape != e.shape:
+        return f"{label}shape mismatch: actual {a.shape} vs expected {e.shape}"
+    bad = ~numpy.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+    if not bad.any():
+        return None
+    idx = numpy.argwhere(bad)
+    lines = [f"{label}{len(idx)} of {a.size} elements differ (shape {a.shape}, "
+             f"rtol={rtol:.3g}, atol={atol:.3g}, reduction_length={reduction_length}); first:"]
+    for i in idx[:show]:
+        i = tuple(int(k) for k in i)
+        lines.append(f"  {i}: actual {a[i]!r} expected {e[i]!r} diff {abs(a[i] - e[i])!r}")
+    return "\n".join(lines)
+
+
+def default_tolerance(dtype, reduction_length=1):
+    """(rtol, atol) for results of a reduction of ``reduction_length`` terms."""
+    dtype = numpy.dtype(dtype)
+    eps = numpy.finfo(dtype).eps if dtype.kind in "fc" else 0.0
+    tol = EPS_FACTOR * math.sqrt(max(1, reduction_length)) * float(eps)
+    return tol, tol
+
+
+def assert_close(actual, expected, *, rtol=None, atol=None, reduction_length=1, name=""):
+    """Raise AssertionError unless ``actual`` matches ``expected`` within tolerance."""
+    msg = close_message(actual, expected, rtol=rtol, atol=atol,
+                        reduction_length=reduction_length, name=name)
+    if msg is not None:
+        raise AssertionError(msg)
+
+
+def close_message(actual, expected, *, rtol=None, atol=None, reduction_length=1, name=""):
+    """None when close, else the mismatch description assert_close would raise."""
+    dtype = numpy.result_type(getattr(actual, "dtype", numpy.float64),
+                              getattr(expected, "dtype", numpy.float64))
+    drtol, datol = default_tolerance(dtype, reduction_length)
+    rtol = drtol if rtol is None else rtol
+    atol = datol if atol is None else atol
+    return _message(actual, expected, rtol, atol, reduction_length, name)
+
+
+def assert_all_ranks(comm, ok, message=""):
+    """Collective: AssertionError on every rank of ``comm`` if ``ok`` is False on any."""
+    verdicts = comm.allgather((bool(ok), "" if ok else str(message)))
+    failed = [r for r, (good, _) in enumerate(verdicts) if not good]
+    if failed:
+        text = "\n".join(f"rank {r}: {verdicts[r][1]}" for r in failed)
+        raise AssertionError(f"failed on rank(s) {failed} of {comm.Get_size()}:\n{text}")
+
+
+def collective_assert_close(comm, actual, expected, **kwargs):
+    """assert_close on every rank, reported on every rank (see assert_all_ranks)."""
+    try:
+        msg = close_message(actual, expected, **kwargs)
+    except Exception as exc:  # a crash in the comparison must not desynchronise ranks
+        msg = f"comparison raised {exc!r}"
+    assert_all_ranks(comm, msg is None, msg)

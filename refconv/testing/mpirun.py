@@ -1,0 +1,302 @@
+"""The multi-rank test harness: write ``@mpi_test`` functions, pytest runs them under mpiexec.
+
+Writing a test
+--------------
+Put it in ``tests/mpi/test_<topic>.py``: a plain function, no arguments, using
+``MPI.COMM_WORLD``; every rank runs the same body::
+
+    from mpi4py import MPI
+    from hypothesis import given, strategies as st
+    from refconv.testing.mpirun import mpi_test
+    from refconv.testing.asserts import collective_assert_close
+
+    @mpi_test(sizes=(1, 2, 3, 4), timeout=60)
+    def test_allreduce_sums():
+        comm = MPI.COMM_WORLD
+        x = numpy.full(5, comm.rank + 1.0)
+        expected = numpy.full(5, comm.size * (comm.size + 1) / 2)   # derived from the size
+        collective_assert_close(comm, allreduce(comm, x), expected)
+
+    @mpi_test(sizes=(2, 4))
+    @given(n=st.integers(1, 9))          # Hypothesis inside: profile "mpi" is derandomized,
+    def test_drawn(n): ...               # so every rank draws the same examples
+
+Rules: every rank calls every collective; a check on per-rank data must be a
+collective assert (``refconv.testing.asserts``) so that all ranks fail in the
+same example and stay in step; do not call MPI at import time.
+
+Running
+-------
+``pytest tests/test_mpi.py`` makes one item per (test, size), e.g.
+``tests/test_mpi.py::test_mpi[collectives::test_allgather-4]`` (select with
+``-k``).  All selected items of one (file, size) run in ONE launch::
+
+    mpiexec -n K python -m mpi4py -m refconv.testing.mpirun tests/mpi/test_x.py --size K [--only a,b]
+
+which you may also type by hand.  On each rank the runner imports the file,
+loads the Hypothesis profile "mpi", and runs the tests registered for size K in
+definition order.  Rank 0 prints ``@@refconv-mpi START <name>`` before a test
+and ``@@refconv-mpi PASS <name>`` once every rank finished it (barrier).  An
+exception prints ``@@refconv-mpi FAIL <name> rank <r>`` and the traceback, then
+``MPI.COMM_WORLD.Abort(1)`` ends the job in seconds.  A watchdog thread prints
+``rank r: TIMEOUT in test <name>`` and exits after ``timeout`` seconds.
+
+The pytest side (``run_file``) reports the aborted test failed with the
+captured output (naming the rank), then re-launches the remaining tests of the
+batch with ``--only`` so they still get real results.  The launch itself has a
+timeout of the sum of the tests' timeouts plus ``SLACK_S``.  No mpiexec is a
+failure, never a skip.  mpiexec is looked up next to ``sys.executable`` first,
+then on PATH.  The environment gets OMP_NUM_THREADS=1, OPENBLAS_NUM_THREADS=1,
+NUMBA_ENABLE_CUDASIM=1 (unless set) and HYPOTHESIS_PROFILE=mpi.
+
+``python -m refconv.testing.mpirun --list FILE...`` prints the registered tests
+as JSON without initialising MPI (pytest collects through it).
+"""
+
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+MARK = "@@refconv-mpi"
+SLACK_S = 30.0
+DEFAULT_SIZES = (1, 2, 3, 4)
+_MARKER = re.compile(re.escape(MARK) + r" (START|PASS|FAIL) (\S+)")
+
+
+def mpi_test(fn=None, *, sizes=DEFAULT_SIZES, timeout=60):
+    """Register ``fn`` as a multi-rank test for the world sizes ``sizes``.
+
+    Needs no MPI: it only tags the function (``fn.mpi_sizes``, ``fn.mpi_timeout``).
+    """
+    def tag(f):
+        f.mpi_sizes = tuple(int(s) for s in sizes)
+        f.mpi_timeout = float(timeout)
+        return f
+    return tag(fn) if fn is not None else tag
+
+
+def _import(path):
+    path = os.path.abspath(path)
+    directory = os.path.dirname(path)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    name = "refconv_mpi_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _registered(module):
+    """(name, fn) of the module's @mpi_test functions in definition order."""
+    return [(n, f) for n, f in vars(module).items()
+            if callable(f) and hasattr(f, "mpi_sizes")
+            and getattr(f, "__module__", None) == module.__name__]
+
+
+# -- rank side ------------------------------------------------------------------------------------
+def _say(text):
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _watchdog(rank, name, timeout, done):
+    if not done.wait(timeout):
+        _say(f"rank {rank}: TIMEOUT in test {name} after {timeout:g} s")
+        sys.stderr.flush()
+        os._exit(3)
+
+
+def run_rank(path, size, only=None):
+    """Body of one rank: run the tests of ``path`` registered for ``size``."""
+    from hypothesis import settings
+    from mpi4py import MPI
+
+    from refconv.testing.profiles import register_profiles
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    if comm.Get_size() != size:
+        _say(f"{MARK} FAIL <launch> rank {rank}\nworld size is {comm.Get_size()}, "
+             f"--size says {size}")
+        comm.Abort(1)
+    register_profiles()
+    settings.load_profile("mpi")
+    try:
+        tests = _registered(_import(path))
+    except BaseException:
+        _say(f"{MARK} FAIL <import> rank {rank}\n{traceback.format_exc()}")
+        comm.Abort(1)
+    tests = [(n, f) for n, f in tests
+             if size in f.mpi_sizes and (only is None or n in only)]
+    for name, fn in tests:
+        if rank == 0:
+            _say(f"{MARK} START {name}")
+        done = threading.Event()
+        threading.Thread(target=_watchdog, args=(rank, name, fn.mpi_timeout, done),
+                         daemon=True).start()
+        try:
+            fn()
+        except BaseException:
+            _say(f"{MARK} FAIL {name} rank {rank}\n"
+                 + "".join(f"[rank {rank}] {line}\n"
+                           for line in traceback.format_exc().rstrip().splitlines()))
+            sys.stderr.flush()
+            comm.Abort(1)
+        comm.Barrier()
+        done.set()
+        if rank == 0:
+            _say(f"{MARK} PASS {name}")
+
+
+# -- launcher side --------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class MpiTest:
+    path: str
+    name: str
+    sizes: tuple
+    timeout: float
+
+
+@dataclasses.dataclass
+class Outcome:
+    passed: bool
+    output: str = ""
+    wall_s: float = 0.0
+
+
+def list_tests(paths):
+    """{path: [MpiTest]} or {path: error text}, listed in a subprocess without MPI."""
+    paths = [os.path.abspath(p) for p in paths]
+    if not paths:
+        return {}
+    proc = subprocess.run([sys.executable, "-m", "refconv.testing.mpirun", "--list", *paths],
+                          capture_output=True, text=True, env=_env(), timeout=120)
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARK + " LIST "):
+            listed = json.loads(line[len(MARK) + 6:])
+            return {p: ([MpiTest(p, *t) for t in v] if isinstance(v, list) else v)
+                    for p, v in listed.items()}
+    return {p: f"listing failed (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+            for p in paths}
+
+
+def _list_main(paths):
+    import mpi4py
+    mpi4py.rc.initialize = False        # importing test modules must not start MPI
+    mpi4py.rc.finalize = False
+    out = {}
+    for p in paths:
+        try:
+            out[p] = [(n, list(f.mpi_sizes), f.mpi_timeout) for n, f in _registered(_import(p))]
+        except BaseException:
+            out[p] = traceback.format_exc()
+    _say(f"{MARK} LIST {json.dumps(out)}")
+
+
+def find_mpiexec():
+    """mpiexec next to sys.executable, else on PATH, else None."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(here, os.X_OK):
+        return here
+    return shutil.which("mpiexec")
+
+
+def _env():
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    env.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+    env["HYPOTHESIS_PROFILE"] = "mpi"
+    return env
+
+
+def launch(path, size, names, timeout):
+    """One mpiexec launch of ``names`` from ``path``: (returncode or None on timeout, output)."""
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        raise FileNotFoundError(
+            "no mpiexec next to sys.executable or on PATH: install the MPI wheel "
+            "(pip install mpich, or refconv[test]) to run the multi-rank tests")
+    cmd = [mpiexec, "-n", str(size), sys.executable, "-m", "mpi4py",
+           "-m", "refconv.testing.mpirun", os.path.abspath(path), "--size", str(size),
+           "--only", ",".join(names)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=_env(), start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return None, out + f"\n[harness] launch killed after {timeout:g} s\n"
+
+
+def run_file(path, size, tests):
+    """Run ``tests`` (MpiTest list, definition order) of ``path`` at ``size``.
+
+    Returns {name: Outcome}.  A launch that aborts marks its current test failed
+    and re-launches the rest, until every test has a result.
+    """
+    results, pending = {}, list(tests)
+    while pending:
+        names = [t.name for t in pending]
+        t0 = time.monotonic()
+        try:
+            rc, out = launch(path, size, names, sum(t.timeout for t in pending) + SLACK_S)
+        except FileNotFoundError as exc:
+            return {n: Outcome(False, str(exc)) for n in names} | results
+        wall = time.monotonic() - t0
+        passed, started, failed = set(), None, None
+        for kind, name in _MARKER.findall(out):
+            if kind == "PASS":
+                passed.add(name)
+            elif kind == "START":
+                started = name
+            elif kind == "FAIL" and failed is None:
+                failed = name
+        for n in names:
+            if n in passed:
+                results[n] = Outcome(True, "", wall)
+        rest = [t for t in pending if t.name not in passed]
+        if not rest:
+            break
+        if rc == 0:         # clean exit yet not all passed: cannot happen unless output was lost
+            culprit = rest[0].name
+        else:
+            culprit = failed if failed in names else (started if started in names and
+                                                      started not in passed else rest[0].name)
+        if failed in ("<import>", "<launch>"):
+            return results | {t.name: Outcome(False, out, wall) for t in rest}
+        results[culprit] = Outcome(False, f"[harness] launch of {names} at size {size} "
+                                          f"exited with rc={rc} during {culprit}\n{out}", wall)
+        pending = [t for t in rest if t.name != culprit]
+    return results
+
+
+def _main(argv):
+    if argv[:1] == ["--list"]:
+        _list_main([os.path.abspath(p) for p in argv[1:]])
+        return
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m mpi4py -m refconv.testing.mpirun")
+    parser.add_argument("file")
+    parser.add_argument("--size", type=int, required=True)
+    parser.add_argument("--only", default=None, help="comma-separated test names")
+    args = parser.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else None
+    run_rank(args.file, args.size, only)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -1,0 +1,122 @@
+"""Run the multi-rank tests of tests/mpi/ under mpiexec (see refconv.testing.mpirun).
+
+One item per (test, world size), e.g. ``test_mpi[collectives::test_allgather-4]``.
+The selected items of one (file, size) share one mpiexec launch, made when the
+first of them runs and cached for the rest.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+from refconv.testing import mpirun
+
+HERE = pathlib.Path(__file__).parent
+FILES = sorted(str(p) for p in (HERE / "mpi").glob("test_*.py"))
+LISTED = mpirun.list_tests(FILES)
+
+
+def _cases():
+    cases = []
+    for path, tests in LISTED.items():
+        stem = pathlib.Path(path).stem.removeprefix("test_")
+        if isinstance(tests, str):      # the module failed to import: one failing item
+            cases.append(pytest.param((path, "<import>", 0), id=f"{stem}::<import>"))
+            continue
+        for t in tests:
+            for size in t.sizes:
+                cases.append(pytest.param((path, t.name, size), id=f"{stem}::{t.name}-{size}"))
+    return cases
+
+
+_RESULTS = {}
+
+
+def _batch(request, path, size):
+    """Outcomes of every selected test of (path, size), launching once per batch."""
+    if (path, size) not in _RESULTS:
+        selected = {item.callspec.params["case"][1] for item in request.session.items
+                    if getattr(item, "callspec", None) and "case" in item.callspec.params
+                    and item.callspec.params["case"][0] == path
+                    and item.callspec.params["case"][2] == size}
+        tests = [t for t in LISTED[path] if size in t.sizes and t.name in selected]
+        _RESULTS[(path, size)] = mpirun.run_file(path, size, tests)
+    return _RESULTS[(path, size)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", _cases())
+def test_mpi(case, request):
+    path, name, size = case
+    if name == "<import>":
+        pytest.fail(f"cannot list {path}:\n{LISTED[path]}")
+    outcome = _batch(request, path, size)[name]
+    if not outcome.passed:
+        pytest.fail(f"{name} at {size} ranks failed:\n{outcome.output}", pytrace=False)
+
+
+# -- the harness and failure behaviour themselves -------------------------------------------------
+FIXTURES = HERE / "harness_fixtures"
+
+
+@pytest.mark.mpi
+def test_harness_reports_failed_rank_and_continues():
+    path = str(FIXTURES / "failing_tests.py")
+    tests = [t for t in mpirun.list_tests([path])[path] if 2 in t.sizes]
+    assert [t.name for t in tests] == ["test_passes_first", "test_fails_on_rank_1",
+                                       "test_passes_after", "test_hangs_on_rank_0",
+                                       "test_passes_last"]
+    t0 = time.monotonic()
+    out = mpirun.run_file(path, 2, tests)
+    wall = time.monotonic() - t0
+    assert out["test_passes_first"].passed
+    assert not out["test_fails_on_rank_1"].passed
+    assert "FAIL test_fails_on_rank_1 rank 1" in out["test_fails_on_rank_1"].output
+    assert "deliberate failure on rank 1" in out["test_fails_on_rank_1"].output
+    assert out["test_passes_after"].passed
+    assert not out["test_hangs_on_rank_0"].passed
+    assert "rank 0: TIMEOUT in test test_hangs_on_rank_0" in out["test_hangs_on_rank_0"].output
+    assert out["test_passes_last"].passed
+    assert wall < 40, f"harness took {wall:.1f} s"
+
+
+@pytest.mark.mpi
+def test_harness_missing_mpiexec_fails(monkeypatch):
+    monkeypatch.setattr(mpirun, "find_mpiexec", lambda: None)
+    t = mpirun.MpiTest("x.py", "test_x", (2,), 5.0)
+    out = mpirun.run_file("x.py", 2, [t])
+    assert not out["test_x"].passed and "no mpiexec" in out["test_x"].output
+
+
+def _mpiexec(n, *args, timeout=60):
+    cmd = [mpirun.find_mpiexec(), "-n", str(n), sys.executable, *args]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpirun._env())
+    return proc, time.monotonic() - t0
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("runner", [[], ["-m", "mpi4py"]], ids=["abort_hook", "mpi4py_runner"])
+def test_rank_raising_before_collective_ends_job(runner):
+    proc, wall = _mpiexec(3, *runner, str(FIXTURES / "raise_on_rank1.py"), timeout=60)
+    assert proc.returncode != 0
+    assert wall < 10, f"job took {wall:.1f} s to end"
+    text = proc.stdout + proc.stderr
+    assert "rank 1 raises here" in text
+    if not runner:
+        assert "[rank 1]" in text
+
+
+@pytest.mark.mpi
+def test_bad_grid_raises_same_error_on_every_rank():
+    proc, _ = _mpiexec(4, str(FIXTURES / "bad_grid.py"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 4, proc.stdout
+    messages = {line.split(": ", 1)[1] for line in lines}
+    assert messages == {"grid: sample*channel*height*width = 6 but the communicator has "
+                        "4 ranks; choose sizes whose product is 4"}
