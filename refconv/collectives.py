@@ -33,7 +33,6 @@ import os
 
 import numpy
 from mpi4py import MPI
-from mpi4py.util.dtlib import from_numpy_dtype
 
 from refconv import arrays
 
@@ -162,10 +161,10 @@ def _from_mpi(buf, like):
 
 
 def _spec(buf, counts=None, displs=None):
-    t = from_numpy_dtype(buf.dtype)
+    """An mpi4py buffer spec; mpi4py infers the MPI datatype from the buffer."""
     if counts is None:
-        return [buf, t]
-    return [buf, (list(counts), list(displs)), t]
+        return buf
+    return [buf, (list(counts), list(displs))]
 
 
 def _displs(counts):

@@ -1,0 +1,139 @@
+"""Every wrapper in refconv.collectives, uneven counts, expected values derived from the size."""
+
+import numpy
+from mpi4py import MPI
+
+from refconv import collectives as coll
+from refconv.testing.asserts import assert_all_ranks, collective_assert_close
+from refconv.testing.mpirun import mpi_test
+
+ALL = (1, 2, 3, 4, 8)
+
+
+def _world():
+    comm = MPI.COMM_WORLD
+    return comm, comm.Get_rank(), comm.Get_size()
+
+
+@mpi_test(sizes=ALL)
+def test_allreduce_sum_max_noncontiguous():
+    comm, r, p = _world()
+    base = numpy.arange(24, dtype=numpy.float64).reshape(4, 6)
+    x = base * (r + 1)
+    collective_assert_close(comm, coll.allreduce(comm, x), base * p * (p + 1) / 2)
+    collective_assert_close(comm, coll.allreduce(comm, x, op="max"), base * p)
+    y = coll.allreduce(comm, x[:, ::2])            # packed first
+    collective_assert_close(comm, y, base[:, ::2] * p * (p + 1) / 2)
+    z = x.copy()
+    coll.allreduce_(comm, z)
+    collective_assert_close(comm, z, base * p * (p + 1) / 2)
+
+
+@mpi_test(sizes=ALL)
+def test_reduce_scatter_uneven_any_axis():
+    comm, r, p = _world()
+    counts = [i % 3 + 1 for i in range(p)]           # uneven: 1, 2, 3, 1, ...
+    L = sum(counts)
+    start = sum(counts[:r])
+    base = numpy.arange(3 * L * 2, dtype=numpy.float32).reshape(3, L, 2)
+    out = coll.reduce_scatter(comm, base * (r + 1), counts, axis=1)
+    collective_assert_close(comm, out, base[:, start:start + counts[r]] * (p * (p + 1) / 2),
+                            reduction_length=p)
+    out0 = coll.reduce_scatter(comm, base.transpose(1, 0, 2) * (r + 1), counts, axis=0)
+    collective_assert_close(comm, out0, base.transpose(1, 0, 2)[start:start + counts[r]]
+                            * (p * (p + 1) / 2), reduction_length=p)
+
+
+@mpi_test(sizes=ALL)
+def test_allgather_uneven():
+    comm, r, p = _world()
+    counts = [q + 1 for q in range(p)]
+    x = numpy.full((2, r + 1, 3), r, dtype=numpy.int64)
+    out = coll.allgather(comm, x, counts, axis=1)
+    expected = numpy.concatenate([numpy.full((2, q + 1, 3), q) for q in range(p)], axis=1)
+    assert_all_ranks(comm, numpy.array_equal(out, expected), f"got {out}")
+    # a zero-length block is allowed
+    counts = [0 if q == 0 else 2 for q in range(p)]
+    y = coll.allgather(comm, numpy.full((counts[r],), r, numpy.int32), counts)
+    assert_all_ranks(comm, numpy.array_equal(y, numpy.repeat(numpy.arange(p), counts)), str(y))
+
+
+@mpi_test(sizes=ALL)
+def test_sendrecv_chain_with_proc_null():
+    comm, r, p = _world()
+    up = r - 1 if r > 0 else MPI.PROC_NULL
+    down = r + 1 if r < p - 1 else MPI.PROC_NULL
+    # each rank sends its bottom strip down and receives the strip of the rank above
+    strip = numpy.full((2, 3), float(r))
+    got = coll.sendrecv(comm, strip, down, (2, 3), up, tag=7)
+    if r == 0:
+        ok = got is None
+    else:
+        ok = numpy.array_equal(got, numpy.full((2, 3), r - 1.0))
+    assert_all_ranks(comm, ok, f"rank {r} got {got}")
+
+
+@mpi_test(sizes=ALL)
+def test_exchange_reaches_two_neighbours():
+    comm, r, p = _world()
+    peers = [q for q in (r - 2, r - 1, r, r + 1, r + 2) if 0 <= q < p]
+    sends = {q: numpy.full((q + 1,), 100 * r + q, numpy.float64) for q in peers}
+    got = coll.exchange(comm, sends, {q: (r + 1,) for q in peers}, numpy.float64)
+    ok = sorted(got) == peers and all(
+        numpy.array_equal(got[q], numpy.full((r + 1,), 100 * q + r)) for q in peers)
+    assert_all_ranks(comm, ok, f"got {got}")
+
+
+@mpi_test(sizes=ALL)
+def test_alltoallv_uneven():
+    comm, r, p = _world()
+    send = [numpy.full((r + 1, q + 1), 10 * r + q, numpy.float32) for q in range(p)]
+    got = coll.alltoallv(comm, send, [(s + 1, r + 1) for s in range(p)])
+    ok = all(numpy.array_equal(got[s], numpy.full((s + 1, r + 1), 10 * s + r)) for s in range(p))
+    assert_all_ranks(comm, ok, f"got {got}")
+
+
+@mpi_test(sizes=ALL)
+def test_bcast_scatter_gather():
+    comm, r, p = _world()
+    root = p - 1
+    x = numpy.arange(7.0) if r == root else None
+    got = coll.bcast(comm, x, root=root)
+    assert_all_ranks(comm, numpy.array_equal(got, numpy.arange(7.0)), str(got))
+    blocks = [numpy.full((q + 1, 2), q, numpy.int16) for q in range(p)] if r == root else None
+    mine = coll.scatter(comm, blocks, (r + 1, 2), root=root)
+    assert_all_ranks(comm, mine.dtype == numpy.int16 and numpy.array_equal(
+        mine, numpy.full((r + 1, 2), r)), str(mine))
+    back = coll.gather(comm, mine, [(q + 1, 2) for q in range(p)], root=root)
+    if r == root:
+        ok = all(numpy.array_equal(back[q], numpy.full((q + 1, 2), q)) for q in range(p))
+    else:
+        ok = back is None
+    assert_all_ranks(comm, ok, str(back))
+
+
+@mpi_test(sizes=ALL)
+def test_stats_exact_figures():
+    comm, r, p = _world()
+    counts = [q + 1 for q in range(p)]
+    L = sum(counts)
+    with coll.stats.recording() as region:
+        coll.allreduce(comm, numpy.zeros(10, numpy.float32))                      # 40 B
+        coll.reduce_scatter(comm, numpy.zeros((L, 3)), counts)                    # 24 L B
+        coll.allgather(comm, numpy.zeros((r + 1, 3), numpy.float32), counts)      # 12 L B
+        down = r + 1 if r < p - 1 else MPI.PROC_NULL
+        up = r - 1 if r > 0 else MPI.PROC_NULL
+        coll.sendrecv(comm, numpy.zeros(5), down, (5,), up)                       # 40 B or 0
+        coll.alltoallv(comm, [numpy.zeros(q + 1, numpy.int32) for q in range(p)],
+                       [(r + 1,)] * p)                                            # not self
+    s = region.summary()
+    expected = {
+        "allreduce": {"calls": 1, "elements": 10, "bytes": 40},
+        "reduce_scatter": {"calls": 1, "elements": 3 * L, "bytes": 24 * L},
+        "allgather": {"calls": 1, "elements": 3 * L, "bytes": 12 * L},
+        "halo": {"calls": 1, "elements": 5 if r < p - 1 else 0, "bytes": 40 if r < p - 1 else 0},
+        "alltoallv": {"calls": 1, "elements": L - (r + 1), "bytes": 4 * (L - (r + 1))},
+    }
+    assert_all_ranks(comm, s == expected, f"summary {s} != {expected}")
+    assert_all_ranks(comm, all(rec.comm_size == p for rec in region.records), "comm_size")
+    assert_all_ranks(comm, coll.stats.records[-5:] == region.records, "global records")
