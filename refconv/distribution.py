@@ -20,6 +20,8 @@ so the weight of rank (a, b) is ``w[F_a, C_b]`` with ::
 Moving data between distributions is in ``refconv.scatter``.
 """
 
+import itertools
+
 import numpy
 
 from refconv.grid import AXES
@@ -157,8 +159,24 @@ class Distribution:
             self._blocks.append((nblocks, table))
             self._tables.append(tuple(_merge([block_range(length, nblocks, j) for j in b])
                                       for b in table))
+        self._check_shared_axes()
         self._key = (self.grid_shape, self.global_shape,
                      tuple(zip(self._axis, self._tables)))
+
+    def _check_shared_axes(self):
+        """Dims split over one axis (F and C of Stationary-W) must still cover every
+        combination of their blocks."""
+        for a in range(4):
+            dims = [d for d in range(4) if self._axis[d] == a]
+            if len(dims) < 2:
+                continue
+            held = {cell for c in range(self.grid_shape[a])
+                    for cell in itertools.product(*[self._blocks[d][1][c] for d in dims])}
+            for cell in itertools.product(*[range(self._blocks[d][0]) for d in dims]):
+                if cell not in held:
+                    names = " and ".join(self.names[d] for d in dims)
+                    raise ValueError(f"Distribution: dims {names} are both split over axis "
+                                     f"{AXES[a]} and no rank holds their blocks {cell}")
 
     # -- convenience constructors ----------------------------------------------------------
     @classmethod
