@@ -1,1 +1,39 @@
-"""Hand-written Numba CUDA kernels, installed as ``refconv.kernels``."""
+"""Hand-written Numba CUDA kernels, installed as ``refconv.kernels``.
+
+Device arrays in, device arrays out: CuPy arrays on a real GPU, NumPy arrays
+under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` before numba is first
+imported).  Every function checks its arguments as ``refconv.reference`` does
+and raises the same ``ValueError``.  The convolutions come in two versions,
+``version=1`` (direct, for reading) and ``version=2`` (tiled implicit GEMM, for
+speed); see docs/kernels.md.
+
+    conv_forward.py           conv2d_forward
+    conv_backward_data.py     conv2d_backward_data
+    conv_backward_filter.py   conv2d_backward_filter
+    elementwise.py            bias_add, bias_grad, relu_forward, relu_backward
+    batch_norm.py             batch_norm_sums, batch_norm_apply, batch_norm_grad_sums, batch_norm_backward_apply
+    pooling.py                max_pool2d_forward/backward, avg_pool2d_forward/backward
+    pack.py                   pack_channels, unpack_channels, pack_rows, unpack_rows
+    _launch.py                tile constants, launch geometry, shared index device functions
+"""
+
+from .batch_norm import batch_norm_apply, batch_norm_backward_apply, batch_norm_grad_sums, batch_norm_sums
+from .conv_backward_data import conv2d_backward_data
+from .conv_backward_filter import conv2d_backward_filter
+from .conv_forward import conv2d_forward
+from .elementwise import bias_add, bias_grad, relu_backward, relu_forward
+from .pack import pack_channels, pack_rows, unpack_channels, unpack_rows
+from .pooling import avg_pool2d_backward, avg_pool2d_forward, max_pool2d_backward, max_pool2d_forward
+
+VERSIONS = (1, 2)
+
+__all__ = [
+    "VERSIONS",
+    "avg_pool2d_backward", "avg_pool2d_forward",
+    "batch_norm_apply", "batch_norm_backward_apply", "batch_norm_grad_sums", "batch_norm_sums",
+    "bias_add", "bias_grad",
+    "conv2d_backward_data", "conv2d_backward_filter", "conv2d_forward",
+    "max_pool2d_backward", "max_pool2d_forward",
+    "pack_channels", "pack_rows", "unpack_channels", "unpack_rows",
+    "relu_backward", "relu_forward",
+]

@@ -1,0 +1,104 @@
+"""Launch geometry and index helpers shared by every kernel in ``refconv.kernels``.
+
+Host side: tile constants and small functions that turn a problem size into
+``(blocks, threads)`` with ceil-division.  Device side: the index arithmetic
+(splitting a flat index into coordinates, the stride/padding/dilation map
+between input and output pixels), written once and called from every kernel.
+
+Arrays: the public functions take and return *device arrays*: CuPy arrays on a
+real GPU, NumPy arrays under Numba's CUDA simulator.  ``refconv.arrays`` decides
+which; nothing here imports cupy.
+"""
+
+from numba import cuda
+
+from refconv import arrays
+
+# ---------------------------------------------------------------- tile constants
+# Elementwise and reduction kernels: one thread per element, 256 per block.
+BLOCK_1D = 256
+
+# Tiled (version 2) convolution kernels: implicit GEMM C[M, N] = A[M, K] @ B[K, N].
+# A block of THREADS x THREADS threads computes a TILE_M x TILE_N tile of C; each
+# thread owns a MICRO x MICRO register micro-tile of it, strided by THREADS so that
+# neighbouring threads touch neighbouring columns of shared memory (no bank
+# conflicts) and neighbouring output pixels (coalesced stores).
+THREADS = 16
+MICRO = 4
+TILE_M = THREADS * MICRO  # 64 rows of C per block
+TILE_N = THREADS * MICRO  # 64 columns of C per block
+TILE_K = 16  # depth of one shared-memory stage
+# One padding column in the shared tiles: a tile written column-wise then does not
+# send every store of a warp to the same bank.
+PAD = 1
+# Tile elements each thread copies into shared memory per stage.
+LOADS_A = TILE_K * TILE_M // (THREADS * THREADS)  # 4
+LOADS_B = TILE_K * TILE_N // (THREADS * THREADS)  # 4
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+def grid_1d(n):
+    """``(blocks, threads)`` for one thread per element of ``n``."""
+    return max(1, ceil_div(n, BLOCK_1D)), BLOCK_1D
+
+
+def gemm_grid(M, N, depth=1):
+    """``(blocks, threads)`` covering a ``M x N`` GEMM with ``depth`` independent slices (groups, K-splits)."""
+    return (max(1, ceil_div(M, TILE_M)), max(1, ceil_div(N, TILE_N)), depth), (THREADS, THREADS)
+
+
+def xp():
+    """The device array module: CuPy on a real GPU, NumPy under the simulator."""
+    return arrays.device_module()
+
+
+def contiguous(a):
+    """``a`` as a C-contiguous device array (a no-op when it already is one)."""
+    return xp().ascontiguousarray(a)
+
+
+# ------------------------------------------------------------ device index helpers
+
+
+@cuda.jit(device=True)
+def split2(index, inner):
+    """``index`` -> ``(index // inner, index % inner)``: a flat index into (outer, inner) coordinates."""
+    return index // inner, index % inner
+
+
+@cuda.jit(device=True)
+def split3(index, middle, inner):
+    """``index`` -> ``(a, b, c)`` with ``index = (a * middle + b) * inner + c``."""
+    return index // (middle * inner), (index // inner) % middle, index % inner
+
+
+@cuda.jit(device=True)
+def split4(index, d1, d2, d3):
+    """``index`` -> ``(a, b, c, d)`` in a ``(*, d1, d2, d3)`` C-ordered array."""
+    rest, d = index // d3, index % d3
+    rest, c = rest // d2, rest % d2
+    return rest // d1, rest % d1, c, d
+
+
+@cuda.jit(device=True)
+def input_pixel(out, tap, stride, padding, dilation):
+    """The input coordinate that output ``out`` reads through kernel tap ``tap`` (may be outside)."""
+    return out * stride - padding + tap * dilation
+
+
+@cuda.jit(device=True)
+def output_pixel(inp, tap, stride, padding, dilation, size_out):
+    """The output coordinate that reads input ``inp`` through tap ``tap``, or -1 if none does.
+
+    Inverts :func:`input_pixel`: ``inp + padding - tap * dilation`` must be a
+    non-negative multiple of ``stride`` below ``stride * size_out``.  Taps that
+    fail land between output pixels (stride > 1) or off the output, and are skipped.
+    """
+    shifted = inp + padding - tap * dilation
+    if shifted < 0 or shifted % stride != 0:
+        return -1
+    out = shifted // stride
+    return out if out < size_out else -1

@@ -1,0 +1,201 @@
+"""Convolution backward-filter: ``dw (F, C/groups, Kh, Kw)`` from ``x (N, C, H, W)`` and ``dy (N, F, Ho, Wo)``.
+
+Versions (same arguments, same results; select with ``version=``):
+
+1. direct: one thread per ``dw`` element, a loop over all ``N*Ho*Wo`` output pixels.
+2. tiled implicit GEMM: ``dW[f, q] = sum_p dY[f, p] X[p, q]`` with ``q = (c, i, j)``,
+   ``p = (n, oh, ow)``; the same 64 x 64 tiles, 16-deep shared-memory stages and
+   4 x 4 register micro-tiles as the forward kernel.  The reduction ``K = N*Ho*Wo``
+   is long and the output small, so the reduction is split across ``splits``
+   blocks (split-K) that add their partial tiles into ``dw`` atomically.
+
+Checked against ``refconv.reference.conv2d_backward_filter`` by
+``tests/test_kernels.py``.  Benchmark: ``python -m refconv.bench kernels``.
+"""
+
+import functools
+
+from numba import cuda
+
+from ._launch import (
+    LOADS_A, LOADS_B, MICRO, PAD, THREADS, TILE_K, TILE_M, TILE_N,
+    ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
+)
+from .conv_forward import check_version
+from refconv.reference import _checks
+from refconv.reference.conv import _check_dy, _conv_args
+
+# Split-K: aim for about this many blocks in flight (a few per SM of a large GPU),
+# but give every split at least MIN_TILES_PER_SPLIT stages of work.
+TARGET_BLOCKS = 512
+MIN_TILES_PER_SPLIT = 8
+
+
+@cuda.jit
+def backward_filter_direct(x, dy, dw, sh, sw, ph, pw, dh, dww, groups):
+    """Version 1.  Thread ``t`` computes ``dw.flat[t]``; no shared memory; float64 accumulator.
+
+    (``dww`` is the horizontal dilation: ``dw`` names the output here.)
+    """
+    index = cuda.grid(1)
+    if index >= dw.size:
+        return
+    N, C, H, W = x.shape
+    Ho, Wo = dy.shape[2], dy.shape[3]
+    F, Cg, Kh, Kw = dw.shape
+    f, c, i, j = split4(index, Cg, Kh, Kw)
+    c_x = (f // (F // groups)) * Cg + c  # the input channel this weight reads
+    acc = 0.0
+    for n in range(N):
+        for oh in range(Ho):
+            ih = input_pixel(oh, i, sh, ph, dh)
+            if ih < 0 or ih >= H:
+                continue
+            for ow in range(Wo):
+                iw = input_pixel(ow, j, sw, pw, dww)
+                if 0 <= iw < W:
+                    acc += dy[n, f, oh, ow] * x[n, c_x, ih, iw]
+    dw[f, c, i, j] = acc
+
+
+@functools.cache
+def backward_filter_tiled(dtype):
+    """Version 2, compiled for ``dtype``.
+
+    GEMM per group ``g``: ``M = F/groups`` rows ``f``, ``N_gemm = C/groups*Kh*Kw``
+    columns ``q = (c, i, j)``, depth ``K = N*Ho*Wo`` with ``p = (n, oh, ow)``.
+    ``blockIdx.z = g * splits + s``: block slice ``s`` covers depth
+    ``[s * k_split, (s + 1) * k_split)``.  Shared memory per stage:
+    ``a_tile[kk, ff] = dy[n, f, oh, ow]`` (neighbouring threads read neighbouring
+    ``p``) and ``b_tile[kk, qq] = x[n, c, oh*s - p + i*d, ow*s - p + j*d]`` (zero
+    in the padding).  Thread ``(tx, ty)`` accumulates rows ``tx + 16 ii`` and
+    columns ``ty + 16 jj``; with ``splits > 1`` it adds them into ``dw`` with
+    ``cuda.atomic.add`` (``dw`` starts at zero).
+    """
+
+    @cuda.jit
+    def kernel(x, dy, dw, sh, sw, ph, pw, dh, dww, groups, splits, k_split):
+        # x: (N, C, H, W); dy: (N, F, Ho, Wo); dw: (F, Cg, Kh, Kw)
+        N, C, H, W = x.shape
+        Ho, Wo = dy.shape[2], dy.shape[3]
+        F, Cg, Kh, Kw = dw.shape
+        Fg = F // groups
+        Q = Cg * Kh * Kw
+        K = N * Ho * Wo
+        g = cuda.blockIdx.z // splits
+        k_begin = (cuda.blockIdx.z % splits) * k_split
+        k_end = min(K, k_begin + k_split)
+        f0 = cuda.blockIdx.x * TILE_M
+        q0 = cuda.blockIdx.y * TILE_N
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        t = ty * THREADS + tx
+        zero = dtype(0)
+
+        a_tile = cuda.shared.array((TILE_K, TILE_M + PAD), dtype)
+        b_tile = cuda.shared.array((TILE_K, TILE_N + PAD), dtype)
+        acc = cuda.local.array((MICRO, MICRO), dtype)
+        a_reg = cuda.local.array(MICRO, dtype)
+        b_reg = cuda.local.array(MICRO, dtype)
+        for ii in range(MICRO):
+            for jj in range(MICRO):
+                acc[ii, jj] = zero
+
+        # A (dy) is contiguous along p: neighbouring threads take neighbouring p.
+        a_k = t % TILE_K
+        a_f = t // TILE_K
+        # B (x): this thread's column q = (c, i, j) is fixed; decompose it once.
+        b_q = t % TILE_N
+        b_k = t // TILE_N
+        q = q0 + b_q
+        c, i, j = split3(q, Kh, Kw)
+
+        for tile in range((k_end - k_begin + TILE_K - 1) // TILE_K):
+            k0 = k_begin + tile * TILE_K
+            for load in range(LOADS_A):
+                ff = a_f + load * (THREADS * THREADS // TILE_K)
+                f = f0 + ff
+                p = k0 + a_k
+                value = zero
+                if f < Fg and p < k_end:
+                    n, oh, ow = split3(p, Ho, Wo)
+                    value = dy[n, g * Fg + f, oh, ow]
+                a_tile[a_k, ff] = value
+            for load in range(LOADS_B):
+                kk = b_k + load * (THREADS * THREADS // TILE_N)
+                p = k0 + kk
+                value = zero
+                if q < Q and p < k_end:
+                    n, oh, ow = split3(p, Ho, Wo)
+                    ih = input_pixel(oh, i, sh, ph, dh)
+                    iw = input_pixel(ow, j, sw, pw, dww)
+                    if 0 <= ih < H and 0 <= iw < W:
+                        value = x[n, g * Cg + c, ih, iw]
+                b_tile[kk, b_q] = value
+            cuda.syncthreads()
+
+            for kk in range(TILE_K):
+                for ii in range(MICRO):
+                    a_reg[ii] = a_tile[kk, tx + ii * THREADS]
+                for jj in range(MICRO):
+                    b_reg[jj] = b_tile[kk, ty + jj * THREADS]
+                for ii in range(MICRO):
+                    for jj in range(MICRO):
+                        acc[ii, jj] += a_reg[ii] * b_reg[jj]
+            cuda.syncthreads()
+
+        for ii in range(MICRO):
+            f = f0 + tx + ii * THREADS
+            if f < Fg:
+                for jj in range(MICRO):
+                    qo = q0 + ty + jj * THREADS
+                    if qo < Q:
+                        co, io, jo = split3(qo, Kh, Kw)
+                        if splits == 1:
+                            dw[g * Fg + f, co, io, jo] = acc[ii, jj]
+                        else:
+                            cuda.atomic.add(dw, (g * Fg + f, co, io, jo), acc[ii, jj])
+
+    return kernel
+
+
+def choose_splits(blocks, K):
+    """``(splits, k_split)``: how many slices to cut the depth ``K`` into, and each slice's depth."""
+    splits = max(1, min(ceil_div(TARGET_BLOCKS, blocks), ceil_div(K, TILE_K * MIN_TILES_PER_SPLIT)))
+    k_split = ceil_div(ceil_div(K, splits), TILE_K) * TILE_K
+    return ceil_div(K, k_split), k_split
+
+
+def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, version=2, splits=None):
+    """``dw (F, C/g, Kh, Kw) = w_shape`` from ``x (N, C, H, W)`` and ``dy (N, F, Ho, Wo)``, on device arrays.
+
+    Same arguments, semantics and errors as ``refconv.reference.conv2d_backward_filter``.
+    ``splits`` (version 2 only) fixes the split-K factor; by default it is chosen
+    from the problem size (:func:`choose_splits`).
+    """
+    _checks.array(x, "x", 4)
+    _checks.array(dy, "dy", 4)
+    _checks.same_dtype(x=x, dy=dy)
+    w_shape = _checks.shape4(w_shape, "w_shape")
+    (sh, sw), (ph, pw), (dh, dw_), groups, out_hw = _conv_args(x.shape, w_shape, stride, padding, dilation, groups)
+    _check_dy(dy, x.shape, w_shape, out_hw)
+    check_version(version)
+    N, C, H, W = x.shape
+    F, Cg, Kh, Kw = w_shape
+    x, dy = contiguous(x), contiguous(dy)
+    if version == 1:
+        dw = xp().empty(w_shape, dtype=x.dtype)
+        blocks, threads = grid_1d(dw.size)
+        backward_filter_direct[blocks, threads](x, dy, dw, sh, sw, ph, pw, dh, dw_, groups)
+        return dw
+    dw = xp().zeros(w_shape, dtype=x.dtype)  # zeros: split-K slices add into it
+    K = N * out_hw[0] * out_hw[1]
+    (bx, by, _), threads = gemm_grid(F // groups, Cg * Kh * Kw)
+    if splits is None:
+        splits, k_split = choose_splits(bx * by * groups, K)
+    else:
+        k_split = ceil_div(ceil_div(K, splits), TILE_K) * TILE_K
+        splits = ceil_div(K, k_split)
+    blocks = (bx, by, groups * splits)
+    backward_filter_tiled(x.dtype.type)[blocks, threads](x, dy, dw, sh, sw, ph, pw, dh, dw_, groups, splits, k_split)
+    return dw

@@ -1,0 +1,185 @@
+"""Convolution forward: ``y (N, F, Ho, Wo) = conv2d(x (N, C, H, W), w (F, C/groups, Kh, Kw))``.
+
+Versions (same arguments, same results; select with ``version=``):
+
+1. direct: one thread per output element, a plain loop over ``C/groups x Kh x Kw``.
+2. tiled implicit GEMM: ``Y[m, f] = sum_k X[m, k] W[k, f]`` with ``m = (n, oh, ow)``,
+   ``k = (c, i, j)``; 64 x 64 output tiles, 16-deep shared-memory stages of the
+   im2col'd input (gathered on the fly, never materialised) and of the weights,
+   and a 4 x 4 register micro-tile per thread.
+
+Both are checked against ``refconv.reference.conv2d_forward`` by
+``tests/test_kernels.py``.  Benchmark: ``python -m refconv.bench kernels``.
+"""
+
+import functools
+
+from numba import cuda
+
+from ._launch import (
+    LOADS_A, LOADS_B, MICRO, PAD, THREADS, TILE_K, TILE_M, TILE_N,
+    contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
+)
+from refconv.reference import _checks
+from refconv.reference.conv import _conv_args
+
+
+@cuda.jit
+def forward_direct(x, w, y, sh, sw, ph, pw, dh, dw, groups):
+    """Version 1.  Thread ``t`` computes ``y.flat[t]``; no shared memory.
+
+    Accumulates in float64 (version 2 accumulates in the input dtype, as cuDNN does).
+    """
+    index = cuda.grid(1)
+    if index >= y.size:
+        return
+    _, C, H, W = x.shape
+    F, Cg, Kh, Kw = w.shape
+    n, f, oh, ow = split4(index, F, y.shape[2], y.shape[3])
+    c0 = (f // (F // groups)) * Cg  # first input channel of f's group
+    acc = 0.0
+    for c in range(Cg):
+        for i in range(Kh):
+            ih = input_pixel(oh, i, sh, ph, dh)
+            if ih < 0 or ih >= H:
+                continue  # the tap reads zero padding
+            for j in range(Kw):
+                iw = input_pixel(ow, j, sw, pw, dw)
+                if 0 <= iw < W:
+                    acc += x[n, c0 + c, ih, iw] * w[f, c, i, j]
+    y[n, f, oh, ow] = acc
+
+
+@functools.cache
+def forward_tiled(dtype):
+    """Version 2, compiled for ``dtype`` (shared and register tiles need it at compile time).
+
+    GEMM per group ``g = blockIdx.z``: ``M = N*Ho*Wo`` rows ``m = (n, oh, ow)``,
+    ``N_gemm = F/groups`` columns ``f``, depth ``K = C/groups*Kh*Kw`` with
+    ``k = (c, i, j)``.  Block ``(bx, by)`` owns rows ``64 bx ..`` and columns ``64 by ..``.
+
+    Shared memory per stage: ``a_tile[kk, mm] = x[n, c, oh*s - p + i*d, ow*s - p + j*d]``
+    (zero where that pixel is padding or the row/depth is past the end) and
+    ``b_tile[kk, ff] = w[f, k]``.  Thread ``(tx, ty)`` then accumulates rows
+    ``tx + 16 ii`` and columns ``ty + 16 jj`` (``ii, jj < 4``) in registers, and
+    finally writes them with bounds guards.
+    """
+
+    @cuda.jit
+    def kernel(x, w2, y, Kh, Kw, sh, sw, ph, pw, dh, dw, groups):
+        # x: (N, C, H, W); w2: (F, Cg*Kh*Kw), the weights flattened; y: (N, F, Ho, Wo)
+        N, C, H, W = x.shape
+        Ho, Wo = y.shape[2], y.shape[3]
+        F, K = w2.shape
+        Fg, Cg = F // groups, C // groups
+        M = N * Ho * Wo
+        g = cuda.blockIdx.z
+        m0 = cuda.blockIdx.x * TILE_M
+        f0 = cuda.blockIdx.y * TILE_N
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        t = ty * THREADS + tx
+        zero = dtype(0)
+
+        a_tile = cuda.shared.array((TILE_K, TILE_M + PAD), dtype)
+        b_tile = cuda.shared.array((TILE_K, TILE_N + PAD), dtype)
+        acc = cuda.local.array((MICRO, MICRO), dtype)
+        a_reg = cuda.local.array(MICRO, dtype)
+        b_reg = cuda.local.array(MICRO, dtype)
+        for ii in range(MICRO):
+            for jj in range(MICRO):
+                acc[ii, jj] = zero
+
+        # The A element this thread loads always sits in tile row a_m: neighbouring
+        # threads take neighbouring output pixels (coalesced reads of x).  Its
+        # (n, oh, ow) and the top-left input pixel are computed once, outside the K loop.
+        a_m = t % TILE_M
+        a_k = t // TILE_M
+        m = m0 + a_m
+        n, oh, ow = split3(m, Ho, Wo)
+        ih0 = input_pixel(oh, 0, sh, ph, dh)
+        iw0 = input_pixel(ow, 0, sw, pw, dw)
+        # The B element: neighbouring threads take neighbouring k (coalesced reads of w).
+        b_k = t % TILE_K
+        b_f = t // TILE_K
+
+        for tile in range((K + TILE_K - 1) // TILE_K):
+            k0 = tile * TILE_K
+            for load in range(LOADS_A):
+                kk = a_k + load * (THREADS * THREADS // TILE_M)
+                k = k0 + kk
+                value = zero
+                if m < M and k < K:
+                    c, i, j = split3(k, Kh, Kw)
+                    ih = ih0 + i * dh
+                    iw = iw0 + j * dw
+                    if 0 <= ih < H and 0 <= iw < W:
+                        value = x[n, g * Cg + c, ih, iw]
+                a_tile[kk, a_m] = value
+            for load in range(LOADS_B):
+                ff = b_f + load * (THREADS * THREADS // TILE_K)
+                f = f0 + ff
+                k = k0 + b_k
+                value = zero
+                if f < Fg and k < K:
+                    value = w2[g * Fg + f, k]
+                b_tile[b_k, ff] = value
+            cuda.syncthreads()
+
+            for kk in range(TILE_K):
+                for ii in range(MICRO):
+                    a_reg[ii] = a_tile[kk, tx + ii * THREADS]
+                for jj in range(MICRO):
+                    b_reg[jj] = b_tile[kk, ty + jj * THREADS]
+                for ii in range(MICRO):
+                    for jj in range(MICRO):
+                        acc[ii, jj] += a_reg[ii] * b_reg[jj]
+            cuda.syncthreads()
+
+        for ii in range(MICRO):
+            m = m0 + tx + ii * THREADS
+            if m < M:
+                n, oh, ow = split3(m, Ho, Wo)
+                for jj in range(MICRO):
+                    f = f0 + ty + jj * THREADS
+                    if f < Fg:
+                        y[n, g * Fg + f, oh, ow] = acc[ii, jj]
+
+    return kernel
+
+
+def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, version=2):
+    """``y = conv2d(x, w) + b`` on device arrays: ``(N, C, H, W), (F, C/g, Kh, Kw), (F,)`` -> ``(N, F, Ho, Wo)``.
+
+    Same arguments, semantics and errors as ``refconv.reference.conv2d_forward``.
+    """
+    _checks.array(x, "x", 4)
+    _checks.array(w, "w", 4)
+    if b is not None:
+        _checks.array(b, "b", 1)
+        if b.shape[0] != w.shape[0]:
+            raise ValueError(f"b: expected shape ({w.shape[0]},) to match F of w, got {tuple(b.shape)}")
+    _checks.same_dtype(x=x, w=w, b=b)
+    (sh, sw), (ph, pw), (dh, dw), groups, (Ho, Wo) = _conv_args(x.shape, w.shape, stride, padding, dilation, groups)
+    check_version(version)
+    N, C, H, W = x.shape
+    F, Cg, Kh, Kw = w.shape
+    x, w = contiguous(x), contiguous(w)
+    y = xp().empty((N, F, Ho, Wo), dtype=x.dtype)
+    if version == 1:
+        blocks, threads = grid_1d(y.size)
+        forward_direct[blocks, threads](x, w, y, sh, sw, ph, pw, dh, dw, groups)
+    else:
+        blocks, threads = gemm_grid(N * Ho * Wo, F // groups, groups)
+        w2 = w.reshape(F, Cg * Kh * Kw)
+        forward_tiled(x.dtype.type)[blocks, threads](x, w2, y, Kh, Kw, sh, sw, ph, pw, dh, dw, groups)
+    if b is not None:
+        from .elementwise import bias_add
+
+        bias_add(y, b)
+    return y
+
+
+def check_version(version):
+    if version not in (1, 2):
+        raise ValueError(f"version: expected 1 (direct) or 2 (tiled), got {version!r}")
