@@ -38,7 +38,7 @@ def _message(actual, expected, rtol, atol, reduction_length, name, show=5):
              f"rtol={rtol:.3g}, atol={atol:.3g}, reduction_length={reduction_length}); first:"]
     for i in idx[:show]:
         i = tuple(int(k) for k in i)
-        lines.append(f"  {i}: actual {a[i]!r} expected {e[i]!r} diff {abs(a[i] - e[i])!r}")
+        lines.append(f"  {i}: actual {a[i]} expected {e[i]} diff {abs(a[i] - e[i])}")
     return "\n".join(lines)
 
 
