@@ -194,9 +194,16 @@ def allreduce(comm, x, op="sum"):
 
 
 def allreduce_(comm, x, op="sum"):
-    """In-place allreduce of a contiguous array; returns x."""
-    out = allreduce(comm, x, op)
-    x[...] = out
+    """In-place allreduce (MPI.IN_PLACE, no new buffer) of a contiguous array; returns x."""
+    contiguous = x.flags.c_contiguous
+    if comm.Get_size() == 1 or not contiguous or (arrays.is_device_array(x) and not cuda_aware()):
+        out = allreduce(comm, x, op)            # records the call itself
+        x[...] = out
+        return x
+    stats.add("allreduce", comm.Get_size(), x.size, x.nbytes)
+    if arrays.is_device_array(x):
+        arrays.synchronize()
+    comm.Allreduce(MPI.IN_PLACE, x, op=_OPS[op])
     return x
 
 
