@@ -1,0 +1,134 @@
+"""Halo exchange for spatially split activations (ALGORITHMS.md section 3).
+
+A rank owns input rows ``[h0, h1)`` and columns ``[w0, w1)`` of ``x`` and output
+rows ``[o0, o1)`` (columns likewise) of ``y``.  The output rows read the input
+window
+
+    [o0*s - p,  (o1 - 1)*s - p + d*(K - 1) + 1)
+
+which may start before row 0 or end past the image (zero padding), and may reach
+past the nearest neighbour.  :class:`Halo` computes those windows exactly for
+every rank of the spatial group and moves the pieces:
+
+- ``extend(x_loc)``: ``(n, c, h, w)`` -> ``(n, c, h_win, w_win)``, the window with
+  pieces received from their owners and zeros outside the image; the local
+  convolution (or pooling) then runs with ``padding=0``.
+- ``reduce(dx_win)``: the adjoint, ``(n, c, h_win, w_win)`` -> ``(n, c, h, w)``:
+  each piece is sent back to its owner and added there.
+
+When the spatial group has one rank, no message is sent: the window is the
+zero-padded local block.
+"""
+
+import dataclasses
+
+from refconv import collectives
+from refconv.distribution import block_range
+
+
+def input_window(o0, o1, kernel, stride, padding, dilation):
+    """The (unclipped) input range ``[lo, hi)`` that output range ``[o0, o1)`` reads."""
+    return o0 * stride - padding, (o1 - 1) * stride - padding + dilation * (kernel - 1) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Box:
+    """A rectangle of rows ``[h0, h1)`` and columns ``[w0, w1)``."""
+
+    h0: int
+    h1: int
+    w0: int
+    w1: int
+
+    def intersect(self, other):
+        box = Box(max(self.h0, other.h0), min(self.h1, other.h1), max(self.w0, other.w0), min(self.w1, other.w1))
+        return box if box.h0 < box.h1 and box.w0 < box.w1 else None
+
+    def slices(self, origin):
+        """Slices of this box inside an array whose element (0, 0) is ``origin``'s corner."""
+        return (slice(self.h0 - origin.h0, self.h1 - origin.h0), slice(self.w0 - origin.w0, self.w1 - origin.w0))
+
+    @property
+    def shape(self):
+        return (self.h1 - self.h0, self.w1 - self.w0)
+
+
+class Halo:
+    """Windows and halo pieces of every rank of a ``P_H x P_W`` spatial group.
+
+    ``in_hw``, ``out_hw``: global input and output sizes; ``kernel``, ``stride``,
+    ``padding``, ``dilation``: ``(h, w)`` pairs.  ``comm``: the spatial group
+    (``grid.sub_comm(("height", "width"))``), ranked ``h * P_W + w``.
+    """
+
+    def __init__(self, comm, grid_hw, in_hw, out_hw, kernel, stride, padding, dilation):
+        self.comm = comm
+        self.P_H, self.P_W = grid_hw
+        self.owned = []  # per spatial rank: the input Box it owns
+        self.window = []  # per spatial rank: the input Box its outputs read (unclipped)
+        for h in range(self.P_H):
+            for w in range(self.P_W):
+                (h0, h1), (w0, w1) = block_range(in_hw[0], self.P_H, h), block_range(in_hw[1], self.P_W, w)
+                (o0, o1), (q0, q1) = block_range(out_hw[0], self.P_H, h), block_range(out_hw[1], self.P_W, w)
+                lo_h, hi_h = input_window(o0, o1, kernel[0], stride[0], padding[0], dilation[0])
+                lo_w, hi_w = input_window(q0, q1, kernel[1], stride[1], padding[1], dilation[1])
+                self.owned.append(Box(h0, h1, w0, w1))
+                self.window.append(Box(lo_h, hi_h, lo_w, hi_w))
+        self.me = comm.Get_rank()
+
+    @property
+    def window_shape(self):
+        """``(h_win, w_win)`` of this rank's window."""
+        return self.window[self.me].shape
+
+    def _plan(self, sender, receiver):
+        """The part of ``sender``'s owned block that lies in ``receiver``'s window."""
+        return self.owned[sender].intersect(self.window[receiver])
+
+    def extend(self, x_loc, xp):
+        """``x_loc (n, c, h, w)`` -> the window ``(n, c, h_win, w_win)``, zeros outside the image."""
+        n, c = x_loc.shape[:2]
+        me, own, win = self.me, self.owned[self.me], self.window[self.me]
+        x_win = xp.zeros((n, c) + win.shape, dtype=x_loc.dtype)  # (n, c, h_win, w_win)
+        if self.comm.Get_size() == 1:
+            piece = own.intersect(win)
+            if piece is not None:
+                x_win[(slice(None), slice(None)) + piece.slices(win)] = x_loc[(slice(None), slice(None)) + piece.slices(own)]
+            return x_win
+        sends, recv_shapes, pieces = {}, {}, {}
+        for r in range(self.comm.Get_size()):
+            out_piece = self._plan(me, r)  # rows of mine that rank r reads
+            if out_piece is not None:
+                sends[r] = x_loc[(slice(None), slice(None)) + out_piece.slices(own)]
+            in_piece = self._plan(r, me)  # rows of rank r that I read
+            if in_piece is not None:
+                recv_shapes[r] = (n, c) + in_piece.shape
+                pieces[r] = in_piece
+        received = collectives.exchange(self.comm, sends, recv_shapes, x_loc.dtype, like=x_loc)
+        for r, piece in pieces.items():
+            x_win[(slice(None), slice(None)) + piece.slices(win)] = received[r]
+        return x_win
+
+    def reduce(self, dx_win, xp):
+        """The adjoint of :meth:`extend`: ``(n, c, h_win, w_win)`` -> ``(n, c, h, w)``, pieces summed at their owners."""
+        n, c = dx_win.shape[:2]
+        me, own, win = self.me, self.owned[self.me], self.window[self.me]
+        dx_loc = xp.zeros((n, c) + own.shape, dtype=dx_win.dtype)  # (n, c, h, w)
+        if self.comm.Get_size() == 1:
+            piece = own.intersect(win)
+            if piece is not None:
+                dx_loc[(slice(None), slice(None)) + piece.slices(own)] += dx_win[(slice(None), slice(None)) + piece.slices(win)]
+            return dx_loc
+        sends, recv_shapes, pieces = {}, {}, {}
+        for r in range(self.comm.Get_size()):
+            back = self._plan(r, me)  # my window rows owned by rank r: their gradient goes home
+            if back is not None:
+                sends[r] = dx_win[(slice(None), slice(None)) + back.slices(win)]
+            home = self._plan(me, r)  # my rows in rank r's window: r sends their gradient
+            if home is not None:
+                recv_shapes[r] = (n, c) + home.shape
+                pieces[r] = home
+        received = collectives.exchange(self.comm, sends, recv_shapes, dx_win.dtype, like=dx_win)
+        for r, piece in pieces.items():
+            dx_loc[(slice(None), slice(None)) + piece.slices(own)] += received[r]
+        return dx_loc
