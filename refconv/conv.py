@@ -237,6 +237,10 @@ class DistConv2d:
     def gradients(self):
         return {"weight": self.weight_grad, **({"bias": self.bias_grad} if self.has_bias else {})}
 
+    def parameter_distributions(self):
+        """Layout of each parameter viewed as a 4-D tensor (the bias as ``F x 1 x 1 x 1``)."""
+        return {"weight": self.weight_distribution, **({"bias": self.bias_distribution} if self.has_bias else {})}
+
     # -- forward and backward ----------------------------------------------------------------
     def _check_local(self, a, shape, name):
         if tuple(a.shape) != tuple(shape):

@@ -85,11 +85,12 @@ class Halo:
         """The part of ``sender``'s owned block that lies in ``receiver``'s window."""
         return self.owned[sender].intersect(self.window[receiver])
 
-    def extend(self, x_loc, xp):
-        """``x_loc (n, c, h, w)`` -> the window ``(n, c, h_win, w_win)``, zeros outside the image."""
+    def extend(self, x_loc, xp, fill=0.0):
+        """``x_loc (n, c, h, w)`` -> the window ``(n, c, h_win, w_win)``; ``fill`` outside the image
+        (0 for convolution and average pooling, ``-inf`` for max pooling)."""
         n, c = x_loc.shape[:2]
         me, own, win = self.me, self.owned[self.me], self.window[self.me]
-        x_win = xp.zeros((n, c) + win.shape, dtype=x_loc.dtype)  # (n, c, h_win, w_win)
+        x_win = xp.full((n, c) + win.shape, fill, dtype=x_loc.dtype)  # (n, c, h_win, w_win)
         if self.comm.Get_size() == 1:
             piece = own.intersect(win)
             if piece is not None:
