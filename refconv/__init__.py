@@ -5,3 +5,6 @@ parallelism for large-scale CNN training" (SC '19).  See docs/index.md.
 """
 
 __version__ = "0.1.0"
+from refconv.grid import ProcessGrid
+from refconv.distribution import Distribution, Split, block_range
+from refconv.scatter import scatter, gather, allgather, redistribute  # functions shadow the module name; `from refconv.scatter import ...` still works
