@@ -1,0 +1,278 @@
+"""Training data: where images come from, and how a global batch is cut into rank blocks.
+
+Sources (all return NCHW float images ``x`` and int64 labels ``y``)::
+
+    load_digits()    the 1797 8x8 handwritten digits shipped in refconv/data/digits.npz
+                     (copied once from scikit-learn by scripts/make_digits_npz.py;
+                     nothing is downloaded), normalised and upsampled to 16x16
+    load_npz(path)   a user's file with arrays x (N x C x H x W floats) and y (N ints),
+                     validated with a ValueError that names the problem
+    synthetic(...)   large learnable images for scaling runs: a class pattern plus
+                     noise, each sample drawn from its own seed, made on demand
+
+Loading (no communication: every rank computes the same global batch)::
+
+    for x_b, y_b in batches(x, y, B, seed=s, epoch=e):     # same order on every rank
+        x_loc = shard_batch(x_b, dist, grid)               # dist.extract(x_b, grid.rank)
+        y_loc = shard_labels(y_b, grid)                    # block n of B over P_N
+
+``x_loc`` is this rank's block under ``dist`` (by default
+``Distribution.activations(grid, x_b.shape)``: N over sample, C over channel, H
+over height, W over width); ``y_loc`` the labels of its samples.
+"""
+
+import importlib.resources
+import io
+import os
+import zipfile
+
+import numpy
+
+from refconv.distribution import Distribution, block_range
+
+__all__ = ["load_digits", "load_npz", "split", "synthetic", "SyntheticImages",
+           "batches", "num_batches", "shard_batch", "shard_labels"]
+
+
+# -- the bundled digits ---------------------------------------------------------------------
+def _digits_raw():
+    """(x uint8 (1797, 1, 8, 8) in 0..16, y int64 (1797,)) from the installed package."""
+    resource = importlib.resources.files(__name__).joinpath("digits.npz")
+    with resource.open("rb") as f, numpy.load(io.BytesIO(f.read())) as z:
+        return z["x"], z["y"]
+
+
+def load_digits(*, upsample=2, test_fraction=0.2, seed=0, dtype=numpy.float32):
+    """The digits, ready to train on: ``(x_train, y_train, x_test, y_test)``.
+
+    x: ``(n, 1, 8*upsample, 8*upsample)`` of ``dtype``: grey levels / 16, then
+    standardised with the training set's mean and standard deviation, then
+    upsampled by repeating each pixel ``upsample`` times in H and W (nearest
+    neighbour; 16x16 by default, so there is room for spatial splits).
+    y: int64 in 0..9.  The split is stratified per class and fixed by ``seed``.
+    """
+    upsample = _positive_int(upsample, "upsample")
+    x, y = _digits_raw()
+    x = x.astype(numpy.float64) / 16.0
+    x_train, y_train, x_test, y_test = split(x, y, test_fraction, seed=seed)
+    mean, std = x_train.mean(), x_train.std()
+    out = []
+    for part in (x_train, x_test):
+        part = (part - mean) / std
+        part = part.repeat(upsample, axis=2).repeat(upsample, axis=3)
+        out.append(numpy.ascontiguousarray(part, dtype=dtype))
+    return out[0], y_train, out[1], y_test
+
+
+def split(x, y, test_fraction=0.2, *, seed=0, stratify=True):
+    """``(x_train, y_train, x_test, y_test)``: a deterministic split by ``seed``.
+
+    With ``stratify`` each class gives ``round(test_fraction * count)`` samples to
+    the test set, so both sets keep the class proportions.  Samples keep their
+    original order within each set.
+    """
+    if not 0.0 <= float(test_fraction) < 1.0:
+        raise ValueError(f"test_fraction: expected a number in [0, 1), got {test_fraction!r}")
+    y = numpy.asarray(y)
+    if len(x) != len(y):
+        raise ValueError(f"split: x has {len(x)} samples but y has {len(y)}")
+    rng = numpy.random.default_rng(seed)
+    groups = [numpy.flatnonzero(y == k) for k in numpy.unique(y)] if stratify \
+        else [numpy.arange(len(y))]
+    test = []
+    for members in groups:
+        take = int(round(test_fraction * len(members)))
+        test.append(rng.permutation(members)[:take])
+    is_test = numpy.zeros(len(y), dtype=bool)
+    is_test[numpy.concatenate(test)] = True
+    return x[~is_test], y[~is_test], x[is_test], y[is_test]
+
+
+# -- a user's file -----------------------------------------------------------------------------
+def load_npz(path, *, dtype=numpy.float32, num_classes=None):
+    """``(x, y)`` from an .npz with ``x`` (N x C x H x W, floats) and ``y`` (N ints >= 0).
+
+    Every problem is a ValueError naming the file and what would be right: a
+    missing or unreadable file, a missing array, a wrong shape or dtype, NaN or
+    inf in x, a label < 0 or >= ``num_classes`` (when given), no samples.
+    x is returned as ``dtype``, y as int64.
+    """
+    where = f"data file {os.fspath(path)!r}"
+    if not os.path.exists(path):
+        raise ValueError(f"{where} does not exist")
+    if os.path.isdir(path):
+        raise ValueError(f"{where} is a directory; expected an .npz file")
+    try:
+        z = numpy.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{where} is not a readable .npz archive ({exc}); save it with "
+                         f"numpy.savez(path, x=images, y=labels)") from None
+    if not isinstance(z, numpy.lib.npyio.NpzFile):
+        raise ValueError(f"{where} holds a single array (.npy), not the named arrays x and y; "
+                         f"save with numpy.savez(path, x=images, y=labels)")
+    with z:
+        missing = [k for k in ("x", "y") if k not in z.files]
+        if missing:
+            raise ValueError(f"{where} has no array {' or '.join(missing)} (it holds "
+                             f"{sorted(z.files)}); save with numpy.savez(path, x=images, y=labels)")
+        try:
+            x, y = z["x"], z["y"]
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+            raise ValueError(f"{where}: cannot read x and y ({exc}); object arrays and "
+                             f"damaged archives are refused") from None
+    return _check_xy(x, y, where, dtype, num_classes)
+
+
+def _check_xy(x, y, where, dtype, num_classes):
+    if x.ndim != 4:
+        hint = " (one channel? use x[:, None])" if x.ndim == 3 else ""
+        raise ValueError(f"{where}: x must be 4-D N x C x H x W, got shape {x.shape}{hint}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{where}: x has zero samples; need at least one")
+    if 0 in x.shape:
+        raise ValueError(f"{where}: x has an empty dimension, shape {x.shape}")
+    if x.dtype.kind != "f":
+        raise ValueError(f"{where}: x must hold floats, got dtype {x.dtype}; convert "
+                         f"(e.g. images.astype(numpy.float32) / 255) before saving")
+    if y.ndim != 1:
+        raise ValueError(f"{where}: y must be 1-D (one label per sample), got shape {y.shape}")
+    if y.dtype.kind not in "iu":
+        raise ValueError(f"{where}: y must hold integer class labels, got dtype {y.dtype}")
+    if len(y) != len(x):
+        raise ValueError(f"{where}: x has {len(x)} samples but y has {len(y)} labels")
+    finite = numpy.isfinite(x)
+    if not finite.all():
+        first = tuple(int(i) for i in numpy.argwhere(~finite)[0])
+        raise ValueError(f"{where}: x has {int((~finite).sum())} NaN or inf values "
+                         f"(first at index {first})")
+    if (y < 0).any():
+        raise ValueError(f"{where}: y has negative labels (first at index "
+                         f"{int(numpy.flatnonzero(y < 0)[0])}); labels must be 0..num_classes-1")
+    if num_classes is not None and (y >= num_classes).any():
+        raise ValueError(f"{where}: y has label {int(y.max())} but num_classes = {num_classes}; "
+                         f"labels must be 0..{num_classes - 1}")
+    return numpy.ascontiguousarray(x, dtype=dtype), y.astype(numpy.int64)
+
+
+# -- synthetic images for scaling runs ---------------------------------------------------------
+def synthetic(n, channels, height, width, num_classes, *, seed=0, dtype=numpy.float32,
+              noise=1.0):
+    """``(x, y)``: ``n`` learnable images of ``channels x height x width``.
+
+    ``y`` (int64, length n) is drawn from ``seed``.  ``x`` is a
+    :class:`SyntheticImages`: a lazy ``(n, C, H, W)`` array whose samples are
+    generated only when indexed (``x[idx]``, ``x[a:b]``, ``numpy.asarray(x)``),
+    each from its own seed, so any subset is the same whoever asks for it.
+    """
+    for name, v in (("n", n), ("channels", channels), ("height", height), ("width", width),
+                    ("num_classes", num_classes)):
+        _positive_int(v, name)
+    y = numpy.random.default_rng([seed, 0]).integers(0, num_classes, size=n).astype(numpy.int64)
+    return SyntheticImages(y, (channels, height, width), num_classes, seed, dtype, noise), y
+
+
+class SyntheticImages:
+    """Lazy images: sample i = pattern[y_i] + noise * N(0, 1) drawn from seed (seed, 1, i).
+
+    The class pattern is separable, ``a[k, c] * cos(2 pi (f_h[k,c] h/H + phi_h))
+    * cos(2 pi (f_w[k,c] w/W + phi_w))``, so it costs O(C (H + W)) to describe even
+    for very large images; its frequencies and phases come from ``seed``.
+    """
+
+    def __init__(self, labels, chw, num_classes, seed, dtype, noise):
+        self.labels = labels
+        self.shape = (len(labels),) + tuple(int(s) for s in chw)
+        self.dtype = numpy.dtype(dtype)
+        self.ndim = 4
+        self.seed, self.noise = seed, float(noise)
+        C, H, W = self.shape[1:]
+        rng = numpy.random.default_rng([seed, 2])
+        f = rng.integers(1, 4, size=(2, num_classes, C))            # low frequencies
+        phase = rng.uniform(0, 1, size=(2, num_classes, C))
+        self._rows = numpy.cos(2 * numpy.pi * (f[0, :, :, None] * numpy.arange(H) / H
+                                                + phase[0, :, :, None]))   # (K, C, H)
+        self._cols = numpy.cos(2 * numpy.pi * (f[1, :, :, None] * numpy.arange(W) / W
+                                                + phase[1, :, :, None]))   # (K, C, W)
+        self._amp = rng.choice([-2.0, 2.0], size=(num_classes, C))
+
+    def __len__(self):
+        return self.shape[0]
+
+    def sample(self, i):
+        """Sample ``i`` as a ``(C, H, W)`` array."""
+        i = int(i)
+        k = self.labels[i]
+        pattern = self._amp[k][:, None, None] * self._rows[k][:, :, None] * self._cols[k][:, None, :]
+        noise = numpy.random.default_rng([self.seed, 1, i]).standard_normal(self.shape[1:])
+        return (pattern + self.noise * noise).astype(self.dtype)
+
+    def __getitem__(self, index):
+        if isinstance(index, tuple):
+            raise TypeError("SyntheticImages: index the sample dim only (x[i], x[idx], x[a:b])")
+        if numpy.ndim(index) == 0 and not isinstance(index, slice):
+            return self.sample(numpy.arange(len(self))[index])
+        picked = numpy.arange(len(self))[index]
+        out = numpy.empty((len(picked),) + self.shape[1:], self.dtype)
+        for j, i in enumerate(picked):
+            out[j] = self.sample(i)
+        return out
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
+
+    def __repr__(self):
+        return f"SyntheticImages(shape={self.shape}, dtype={self.dtype}, seed={self.seed})"
+
+
+# -- batches and rank blocks -------------------------------------------------------------------
+def num_batches(n, batch_size, *, drop_last=False):
+    """How many batches ``batches`` yields for ``n`` samples."""
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def batches(x, y, batch_size, *, seed=0, epoch=0, shuffle=True, drop_last=False, start=0):
+    """Yield global ``(x_batch, y_batch)`` pairs, the same on every rank.
+
+    The order is ``numpy.random.default_rng([seed, epoch]).permutation(N)`` (or
+    0..N-1 without ``shuffle``): a function of ``seed`` and ``epoch`` only, so
+    ranks agree without talking and a resumed run replays it.  ``start`` skips
+    the first ``start`` batches (resuming mid-epoch).  Each sample appears once
+    per epoch; the last batch is short unless ``drop_last``.
+    """
+    batch_size = _positive_int(batch_size, "batch_size")
+    n = len(x)
+    if len(y) != n:
+        raise ValueError(f"batches: x has {n} samples but y has {len(y)}")
+    order = numpy.random.default_rng([seed, epoch]).permutation(n) if shuffle else numpy.arange(n)
+    for b in range(start, num_batches(n, batch_size, drop_last=drop_last)):
+        idx = order[b * batch_size:(b + 1) * batch_size]
+        yield x[idx], y[idx]
+
+
+def shard_batch(x_batch, dist=None, grid=None):
+    """This rank's block of the global batch ``x_batch`` (N, C, H, W) under ``dist``.
+
+    ``dist`` defaults to ``Distribution.activations(grid, x_batch.shape)``; the
+    block is ``dist.extract(x_batch, grid.rank)``, e.g. ``(n, C/P_c, H/P_H, W/P_W)``.
+    """
+    if grid is None:
+        raise ValueError("shard_batch: pass grid= (the ProcessGrid the model runs on)")
+    if dist is None:
+        dist = Distribution.activations(grid, x_batch.shape)
+    return dist.extract(x_batch, grid.rank)     # x_loc: (n, c, h, w)
+
+
+def shard_labels(y_batch, grid, dist=None):
+    """The labels of this rank's samples: block ``grid.coords[0]`` of ``len(y_batch)``
+    split ``grid.P_N`` ways (or the N pieces of ``dist`` when given)."""
+    if dist is not None:
+        return numpy.concatenate([y_batch[s:e] for s, e in dist.pieces(grid.rank, 0)])
+    start, stop = block_range(len(y_batch), grid.P_N, grid.coords[0])
+    return y_batch[start:stop]                  # y_loc: (n,)
+
+
+def _positive_int(v, name):
+    if isinstance(v, bool) or not isinstance(v, (int, numpy.integer)) or v < 1:
+        raise ValueError(f"{name}: expected a positive int, got {v!r}")
+    return int(v)
