@@ -8,3 +8,4 @@ __version__ = "0.1.0"
 from refconv.grid import ProcessGrid
 from refconv.distribution import Distribution, Split, block_range
 from refconv.scatter import scatter, gather, allgather, redistribute  # functions shadow the module name; `from refconv.scatter import ...` still works
+from refconv.conv import DistConv2d  # noqa: E402

@@ -348,6 +348,13 @@ def _new(shape, dtype, on_device):
     return numpy.empty(shape, dtype)
 
 
+def bcast_object(comm, obj, root=0):
+    """Root's small picklable ``obj`` (a shape, a flag) on every rank; metadata, not recorded."""
+    if comm.Get_size() == 1:
+        return obj
+    return comm.bcast(obj, root=root)
+
+
 def bcast(comm, x, root=0):
     """Root's x on every rank.  Non-roots pass None: shape, dtype and array module
     come from root in a small pickled message (not recorded)."""

@@ -109,9 +109,28 @@ def _check(local, dist, grid):
                          f"holds {dist.local_shape(grid.rank)} under {dist}")
 
 
+def _check_size(local, dist, grid):
+    """Like _check, but the distribution may be of any grid shape over the same ranks:
+    redistribute moves data between layers on different grids of one communicator."""
+    if int(numpy.prod(dist.grid_shape)) != grid.size:
+        raise ValueError(f"distribution is for a grid of shape {dist.grid_shape} "
+                         f"({int(numpy.prod(dist.grid_shape))} ranks), the communicator has {grid.size}")
+    if local is not None and tuple(local.shape) != dist.local_shape(grid.rank):
+        raise ValueError(f"local block has shape {tuple(local.shape)}; rank {grid.rank} "
+                         f"holds {dist.local_shape(grid.rank)} under {dist}")
+
+
 def scatter(global_array, dist, grid, root=0):
     """Root's global array -> this rank's block (root reads ``global_array``;
-    other ranks may pass None)."""
+    other ranks may pass None).
+
+    ``dist`` may also be a layer's unbound input layout (it has ``resolve(shape)``,
+    see :class:`refconv.conv.UnboundInput`): root's ``global_array.shape`` then
+    binds the layer on every rank first.
+    """
+    if hasattr(dist, "resolve"):
+        shape = tuple(global_array.shape) if grid.rank == root else None
+        dist = dist.resolve(collectives.bcast_object(grid.comm, shape, root=root))
     _check(None, dist, grid)
     blocks = None
     if grid.rank == root:
@@ -174,9 +193,14 @@ def _plan_size(plan):
 
 def redistribute(local, src_dist, dst_dist, grid):
     """This rank's block under ``src_dist`` -> its block under ``dst_dist`` (same global
-    shape), with one uneven all-to-all.  Each element is sent once, by its owner."""
-    _check(local, src_dist, grid)
-    _check(None, dst_dist, grid)
+    shape), with one uneven all-to-all.  Each element is sent once, by its owner.
+
+    The two distributions may be of different grid shapes (consecutive layers on
+    different grids); ``grid`` is any grid over the communicator of both: only its
+    ``comm``, ``rank`` and ``size`` are used.  Rank ``r`` has coordinates
+    ``src_dist.coords_of(r)`` in one and ``dst_dist.coords_of(r)`` in the other."""
+    _check_size(local, src_dist, grid)
+    _check_size(None, dst_dist, grid)
     if src_dist.global_shape != dst_dist.global_shape:
         raise ValueError(f"redistribute: global shapes differ: {src_dist.global_shape} "
                          f"vs {dst_dist.global_shape}")

@@ -61,14 +61,16 @@ class ConvProblem:
 
 
 @st.composite
-def spatial_dim(draw, *, max_kernel=3, max_stride=2, max_padding=2, max_dilation=2, max_extra=4, min_out=1):
-    """One spatial dim: ``(length, kernel, stride, padding, dilation)`` with output >= ``min_out``."""
+def spatial_dim(draw, *, max_kernel=3, max_stride=2, max_padding=2, max_dilation=2, max_extra=4, min_out=1,
+                min_length=1):
+    """One spatial dim: ``(length, kernel, stride, padding, dilation)`` with output >= ``min_out``
+    and length >= ``min_length`` (so that a split over that many ranks leaves no block empty)."""
     k = draw(st.integers(1, max_kernel))
     s = draw(st.integers(1, max_stride))
     p = draw(st.integers(0, max_padding))
     d = draw(st.integers(1, max_dilation)) if k > 1 else 1
     span = d * (k - 1) + 1
-    shortest = max(1, span - 2 * p + s * (min_out - 1))
+    shortest = max(min_length, span - 2 * p + s * (min_out - 1))
     length = draw(st.integers(shortest, shortest + max_extra))
     return length, k, s, p, d
 
@@ -86,15 +88,88 @@ def conv_problems(
     min_out=1,
     min_batch=1,
     min_channels=1,
+    min_hw=(1, 1),
 ):
-    """Draw a :class:`ConvProblem`; channel counts are multiples of the drawn groups."""
+    """Draw a :class:`ConvProblem`; channel counts are multiples of the drawn groups.
+
+    ``min_batch``, ``min_channels`` and ``min_hw`` (for input and output alike) let a
+    caller ask for sizes that split over a grid without empty blocks.
+    """
     g = draw(st.integers(1, 2)) if groups else 1
     C = g * draw(st.integers(max(1, -(-min_channels // g)), max(1, max_channels // g)))
     F = g * draw(st.integers(max(1, -(-min_channels // g)), max(1, max_channels // g)))
-    H, Kh, sh, ph, dh = draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra, min_out=min_out))
-    W, Kw, sw, pw, dw = draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra, min_out=min_out))
+    H, Kh, sh, ph, dh = draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra,
+                                         min_out=max(min_out, min_hw[0]), min_length=min_hw[0]))
+    W, Kw, sw, pw, dw = draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra,
+                                         min_out=max(min_out, min_hw[1]), min_length=min_hw[1]))
     return ConvProblem(
-        N=draw(st.integers(min_batch, max_batch)), C=C, F=F, H=H, W=W, Kh=Kh, Kw=Kw,
+        N=draw(st.integers(min_batch, max(min_batch, max_batch))), C=C, F=F, H=H, W=W, Kh=Kh, Kw=Kw,
         stride=(sh, sw), padding=(ph, pw), dilation=(dh, dw), groups=g,
         dtype=draw(st.sampled_from(dtypes)),
     )
+
+
+# ------------------------------------------------------------------ grids and distributed cases
+
+AXES = ("sample", "channel", "height", "width")
+ALGORITHMS = ("stationary-x", "stationary-y", "stationary-w")
+
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@st.composite
+def grid_shapes(draw, world_size, *, axes=AXES):
+    """A factorization ``(P_N, P_c, P_H, P_W)`` of ``world_size``; axes not in ``axes`` stay 1."""
+    shape, left = [], world_size
+    for k, axis in enumerate(AXES):
+        if axis not in axes:
+            shape.append(1)
+            continue
+        later = [a for a in AXES[k + 1:] if a in axes]
+        p = left if not later else draw(st.sampled_from(_divisors(left)))
+        shape.append(p)
+        left //= p
+    if left != 1:  # the last allowed axis took the rest above unless none was allowed
+        raise ValueError(f"grid_shapes: axes {axes} cannot factor {world_size}")
+    return tuple(shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistConvCase:
+    """A convolution problem, a grid shape and a channel algorithm that fit together."""
+
+    problem: ConvProblem
+    grid_shape: tuple
+    algorithm: str
+    filter_groups: int = None
+
+    def grid_kwargs(self):
+        return dict(zip(AXES, self.grid_shape))
+
+    def layer_kwargs(self):
+        """Keyword arguments of :class:`refconv.DistConv2d` for this case (without ``grid``)."""
+        p = self.problem
+        return dict(stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.groups,
+                    algorithm=self.algorithm, filter_groups=self.filter_groups, dtype=p.dtype)
+
+
+@st.composite
+def dist_conv_cases(draw, world_size, *, algorithms=ALGORITHMS, axes=AXES, dtypes=("float64",),
+                    max_channels=5, max_extra=3, grid_shape=None):
+    """Draw a :class:`DistConvCase` for ``world_size`` ranks.
+
+    Sizes are at least the number of ranks along their axis, so no block is empty,
+    and uneven blocks arise whenever a size is not a multiple of its split.
+    Grouped convolutions are drawn only when channels are not split.
+    """
+    shape = grid_shape or draw(grid_shapes(world_size, axes=axes))
+    P_N, P_c, P_H, P_W = shape
+    algorithm = draw(st.sampled_from(algorithms))
+    filter_groups = draw(st.sampled_from(_divisors(P_c))) if algorithm == "stationary-w" else None
+    problem = draw(conv_problems(
+        max_batch=P_N + 1, min_batch=P_N, max_channels=max(max_channels, P_c + 1), min_channels=P_c,
+        groups=P_c == 1, dtypes=dtypes, min_hw=(P_H, P_W), max_extra=max_extra,
+    ))
+    return DistConvCase(problem, shape, algorithm, filter_groups)

@@ -1,0 +1,103 @@
+"""Check a distributed layer against the serial reference, on every rank.
+
+``check_layer(layer, problem)`` drives any layer-like object through the
+protocol of :class:`refconv.DistConv2d`:
+
+- ``layer.grid`` (a :class:`refconv.ProcessGrid`), ``layer.set_global_parameters(w, b)``,
+- ``layer.bind(x_shape)`` (optional), ``layer.input_distribution``, ``layer.output_distribution``,
+- ``layer.forward(x_loc) -> y_loc``, ``layer.backward(dy_loc) -> dx_loc``,
+- ``layer.global_parameter_grads() -> (dw, db)``.
+
+Every rank draws the same global ``x, w, b, dy`` from ``seed``, takes its blocks,
+runs the layer, allgathers ``y`` and ``dx``, and compares ``y, dx, dw, db`` with
+:mod:`refconv.reference`.  The tolerance grows with each result's reduction
+length; a mismatch raises AssertionError on every rank, naming the ranks, the
+tensor and the first mismatching indices (so all ranks stay in step).
+"""
+
+import numpy
+
+from refconv import reference as ref
+from refconv.arrays import to_host
+from refconv.scatter import allgather
+from refconv.testing.asserts import assert_all_ranks, close_message
+
+
+def reduction_lengths(problem):
+    """How many products each result sums: ``y``, ``dx``, ``dw``, ``db``."""
+    p = problem
+    Ho, Wo = p.out_hw
+    return {
+        "y": p.C // p.groups * p.Kh * p.Kw,
+        "dx": p.F // p.groups * p.Kh * p.Kw,
+        "dw": p.N * Ho * Wo,
+        "db": p.N * Ho * Wo,
+    }
+
+
+def expected_results(problem, x, w, b, dy):
+    """The serial reference's ``y, dx, dw, db``."""
+    g = problem.geometry
+    return {
+        "y": ref.conv2d_forward(x, w, b, **g),
+        "dx": ref.conv2d_backward_data(dy, w, x.shape, **g),
+        "dw": ref.conv2d_backward_filter(x, dy, w.shape, **g),
+        "db": ref.conv2d_backward_bias(dy),
+    }
+
+
+def run_layer(layer, problem, seed=0):
+    """Run ``layer`` on the global arrays drawn from ``seed``; returns ``(actual, expected)`` dicts."""
+    grid = layer.grid
+    x, w, b, dy = problem.arrays(seed)
+    layer.set_global_parameters(w, b)
+    if hasattr(layer, "bind"):
+        layer.bind(x.shape)
+    backend = getattr(layer, "backend", None)
+    to_device = backend.asarray if backend is not None else numpy.asarray
+    x_loc = to_device(layer.input_distribution.extract(x, grid.rank))
+    y_loc = layer.forward(x_loc)
+    dy_loc = to_device(layer.output_distribution.extract(dy, grid.rank))
+    dx_loc = layer.backward(dy_loc)
+    dw, db = layer.global_parameter_grads()
+    actual = {
+        "y": allgather(y_loc, layer.output_distribution, grid),
+        "dx": allgather(dx_loc, layer.input_distribution, grid),
+        "dw": dw,
+        "db": db,
+    }
+    return actual, expected_results(problem, x, w, b, dy)
+
+
+def check_layer(layer, problem, *, seed=0, rtol=None, atol=None):
+    """Assert, on every rank, that ``layer`` computes what the serial reference does.
+
+    ``rtol``/``atol`` default to the reduction-aware tolerance of
+    :func:`refconv.testing.asserts.default_tolerance`; float32 problems get a
+    looser default (the reference then runs in float32 too).
+    """
+    comm = layer.grid.comm
+    try:
+        actual, expected = run_layer(layer, problem, seed)
+        lengths = reduction_lengths(problem)
+        problems = []
+        for name in ("y", "dx", "dw", "db"):
+            if actual[name] is None and expected[name] is not None and name == "db":
+                continue  # a layer without bias
+            kw = dict(reduction_length=lengths[name], name=name)
+            if rtol is not None:
+                kw["rtol"] = rtol
+            if atol is not None:
+                kw["atol"] = atol
+            if problem.dtype == "float32" and rtol is None:
+                kw["rtol"] = kw["atol"] = 1e-4 * max(1.0, numpy.sqrt(lengths[name]) / 4)
+            msg = close_message(to_host(actual[name]), expected[name], **kw)
+            if msg:
+                problems.append(msg)
+        message = "\n".join(problems)
+    except Exception as exc:  # report a crash on one rank on every rank instead of hanging
+        import traceback
+
+        message = f"raised {exc!r}\n{traceback.format_exc()}"
+    assert_all_ranks(comm, not message, f"{layer!r} on {problem}:\n{message}")
+    return True

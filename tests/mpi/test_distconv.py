@@ -1,0 +1,191 @@
+"""DistConv2d against the serial reference, for drawn problems, grids and algorithms.
+
+Every rank draws the same examples (Hypothesis profile "mpi"); the checks of
+refconv.testing.check are collective.
+"""
+
+import numpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mpi4py import MPI
+
+from refconv import collectives
+from refconv.conv import DistConv2d
+from refconv.grid import ProcessGrid
+from refconv.testing.asserts import assert_all_ranks, collective_assert_close
+from refconv.testing.check import check_layer, run_layer
+from refconv.testing.mpirun import mpi_test
+from refconv.testing.strategies import ConvProblem, dist_conv_cases
+
+SIZES = (1, 2, 3, 4)
+EXAMPLES = 25
+
+comm = MPI.COMM_WORLD
+
+
+def build(case, **extra):
+    grid = ProcessGrid(comm, **case.grid_kwargs())
+    return DistConv2d(case.problem.C, case.problem.F, (case.problem.Kh, case.problem.Kw), grid=grid,
+                      backend="numpy", **case.layer_kwargs(), **extra)
+
+
+def _drawn_test(algorithm):
+    @settings(max_examples=EXAMPLES)
+    @given(st.data())
+    def test(data):
+        case = data.draw(dist_conv_cases(comm.size, algorithms=(algorithm,)))
+        layer = build(case)
+        check_layer(layer, case.problem)
+        layer.grid.free()
+
+    return test
+
+
+test_stationary_x_drawn = mpi_test(sizes=SIZES, timeout=120)(_drawn_test("stationary-x"))
+test_stationary_y_drawn = mpi_test(sizes=SIZES, timeout=120)(_drawn_test("stationary-y"))
+test_stationary_w_drawn = mpi_test(sizes=SIZES, timeout=120)(_drawn_test("stationary-w"))
+
+
+@mpi_test(sizes=(2, 4), timeout=120)
+@settings(max_examples=10)
+@given(st.data())
+def test_float32_every_algorithm(data):
+    case = data.draw(dist_conv_cases(comm.size, dtypes=("float32",)))
+    layer = build(case)
+    check_layer(layer, case.problem)
+    layer.grid.free()
+
+
+@mpi_test(sizes=(8,), timeout=180)
+def test_hybrids_at_eight_ranks():
+    """sample x channel x height hybrids, Stationary-W with p_f = 2 among them."""
+    problem = ConvProblem(N=3, C=7, F=9, H=7, W=5, Kh=3, Kw=3, stride=(1, 2), padding=(1, 1), dilation=(2, 1))
+    for shape, algorithm, p_f in [
+        ((2, 2, 2, 1), "stationary-x", None),
+        ((2, 2, 2, 1), "stationary-y", None),
+        ((2, 2, 2, 1), "stationary-w", 2),
+        ((1, 4, 2, 1), "stationary-w", 2),
+        ((2, 4, 1, 1), "stationary-w", 2),
+        ((1, 2, 2, 2), "stationary-x", None),
+        ((2, 1, 4, 1), "stationary-x", None),
+    ]:
+        grid = ProcessGrid(comm, **dict(zip(("sample", "channel", "height", "width"), shape)))
+        layer = DistConv2d(problem.C, problem.F, 3, stride=problem.stride, padding=problem.padding,
+                           dilation=problem.dilation, grid=grid, algorithm=algorithm, filter_groups=p_f,
+                           backend="numpy", dtype=numpy.float64)
+        check_layer(layer, problem)
+        grid.free()
+
+
+@mpi_test(sizes=(1, 2, 4), timeout=60)
+def test_grouped_convolution_sample_and_spatial():
+    """groups > 1 with sample and height splits (no channel split)."""
+    problem = ConvProblem(N=comm.size + 1, C=4, F=6, H=6, W=5, Kh=3, Kw=3, padding=(1, 1), groups=2)
+    for shape in {(comm.size, 1, 1, 1), (1, 1, comm.size, 1)}:
+        grid = ProcessGrid(comm, **dict(zip(("sample", "channel", "height", "width"), shape)))
+        layer = DistConv2d(4, 6, 3, padding=1, groups=2, grid=grid, backend="numpy", dtype=numpy.float64)
+        check_layer(layer, problem)
+        grid.free()
+
+
+@mpi_test(sizes=(4,), timeout=60)
+def test_halo_reaching_past_the_nearest_neighbour():
+    """Dilation 3 on 2-row blocks: a rank's window spans several neighbours' rows."""
+    problem = ConvProblem(N=1, C=2, F=3, H=9, W=4, Kh=3, Kw=2, padding=(3, 0), dilation=(3, 1))
+    grid = ProcessGrid(comm, height=4)
+    layer = DistConv2d(2, 3, (3, 2), padding=(3, 0), dilation=(3, 1), grid=grid, backend="numpy", dtype=numpy.float64)
+    layer.bind(problem.x_shape)
+    window = layer._algo.local.halo.window
+    owned = layer._algo.local.halo.owned
+    reach = max(sum(1 for o in owned if o.intersect(win) is not None) for win in window)
+    assert_all_ranks(comm, reach >= 3, f"expected a window spanning >= 3 owners, got {reach}")
+    check_layer(layer, problem)
+    grid.free()
+
+
+def _equivalent(case_a, case_b):
+    """Same results and the same communication, kind by kind."""
+    results, records = [], []
+    for case in (case_a, case_b):
+        layer = build(case)
+        collectives.stats.reset()
+        actual, _ = run_layer(layer, case.problem)
+        results.append(actual)
+        records.append(sorted((r.kind, r.comm_size, r.bytes) for r in collectives.stats.records if r.comm_size > 1))
+        layer.grid.free()
+    for name in ("y", "dx", "dw", "db"):
+        collective_assert_close(comm, results[0][name], results[1][name], rtol=0, atol=0, name=name)
+    assert_all_ranks(comm, records[0] == records[1], f"communication differs:\n{records[0]}\n{records[1]}")
+
+
+@mpi_test(sizes=(2, 3, 4), timeout=120)
+@settings(max_examples=10)
+@given(st.data())
+def test_w_with_one_filter_group_is_x_and_with_P_c_is_y(data):
+    case = data.draw(dist_conv_cases(comm.size, algorithms=("stationary-x",), axes=("sample", "channel", "height")))
+    P_c = case.grid_shape[1]
+    W = dict(case.__dict__, algorithm="stationary-w")
+    _equivalent(case, type(case)(**dict(W, filter_groups=1)))
+    _equivalent(type(case)(**dict(case.__dict__, algorithm="stationary-y")), type(case)(**dict(W, filter_groups=P_c)))
+
+
+@mpi_test(sizes=(1, 2, 4), timeout=60)
+def test_errors_are_raised_on_every_rank_at_construction():
+    grid = ProcessGrid(comm, channel=comm.size)
+    messages = []
+    for kwargs, match in [
+        (dict(algorithm="stationary-z"), "algorithm: expected one of"),
+        (dict(algorithm="stationary-w"), "filter_groups: 'stationary-w' needs filter_groups"),
+        (dict(algorithm="stationary-w", filter_groups=3 * comm.size), "filter_groups: expected a divisor"),
+        (dict(stride=0), "stride: expected positive"),
+        (dict(input_shape=(1, 4, 2, 2)), "input_shape: expected C = in_channels"),
+    ]:
+        try:
+            DistConv2d(comm.size * 2, comm.size * 2, 3, grid=grid, backend="numpy", **kwargs)
+            messages.append(f"no error for {kwargs}")
+        except ValueError as exc:
+            if match not in str(exc):
+                messages.append(f"{kwargs}: {exc}")
+    try:  # a channel block would be empty
+        DistConv2d(comm.size - 1 or 1, 4, 3, grid=grid, backend="numpy")
+        if comm.size > 1:
+            messages.append("no error for in_channels < P_c")
+    except ValueError as exc:
+        if "a rank's block would be empty" not in str(exc):
+            messages.append(str(exc))
+    if comm.size > 1:
+        sgrid = ProcessGrid(comm, height=comm.size)
+        try:
+            DistConv2d(2, 2, 3, grid=sgrid, backend="numpy", input_shape=(1, 2, comm.size + 1, 4))
+            messages.append("no error for an empty output row block")
+        except ValueError as exc:
+            if "a rank's block would be empty" not in str(exc):
+                messages.append(str(exc))
+        sgrid.free()
+    everyone = comm.allgather(messages)
+    assert_all_ranks(comm, not messages, "; ".join(messages))
+    assert_all_ranks(comm, all(m == everyone[0] for m in everyone), "ranks disagree")
+    grid.free()
+
+
+@mpi_test(sizes=(1, 4), timeout=60)
+def test_layer_binds_from_scatter_or_from_local_shapes():
+    """Without input_shape: scatter with the unbound input layout binds it; so does forward."""
+    import refconv
+
+    P = comm.size
+    grid = ProcessGrid(comm, sample=min(P, 2), channel=P // min(P, 2))
+    x = numpy.random.default_rng(0).standard_normal((5, 4, 7, 6))
+    ys = []
+    for via_scatter in (True, False):
+        layer = DistConv2d(4, 6, 3, padding=1, grid=grid, algorithm="stationary-y", dtype=numpy.float64, backend="numpy")
+        if via_scatter:
+            x_loc = refconv.scatter(x if comm.rank == 0 else None, layer.input_distribution, grid)
+        else:
+            from refconv.distribution import Distribution
+
+            x_loc = Distribution.activations(grid, x.shape).extract(x, comm.rank)
+        ys.append(refconv.allgather(layer.forward(x_loc), layer.output_distribution, grid))
+        assert_all_ranks(comm, layer.input_distribution.global_shape == x.shape, "bound to the wrong shape")
+    collective_assert_close(comm, ys[0], ys[1], rtol=0, atol=0, name="y")
+    grid.free()

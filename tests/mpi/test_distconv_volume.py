@@ -1,0 +1,114 @@
+"""Communication volume per rank, from CommStats, equals ALGORITHMS.md section 4 exactly.
+
+Expected figures are written from the local block sizes; CommStats records, per
+call, the full (gathered or reduced) buffer ``m`` (see refconv.collectives).
+"""
+
+import numpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mpi4py import MPI
+
+from refconv import collectives
+from refconv.conv import DistConv2d
+from refconv.distribution import block_range
+from refconv.grid import ProcessGrid
+from refconv.testing.asserts import assert_all_ranks
+from refconv.testing.mpirun import mpi_test
+from refconv.testing.strategies import dist_conv_cases
+
+comm = MPI.COMM_WORLD
+
+
+def blk(length, parts, i):
+    s, e = block_range(length, parts, i)
+    return e - s
+
+
+def expected_records(case):
+    """(kind, comm size, bytes) of every call one forward + backward makes, per the formulas."""
+    p, (P_N, P_c, P_H, P_W) = case.problem, case.grid_shape
+    assert P_H == P_W == 1, "spatial halos are checked separately"
+    grid_coords = numpy.unravel_index(comm.rank, case.grid_shape)
+    n_, c_ = int(grid_coords[0]), int(grid_coords[1])
+    isz = numpy.dtype(p.dtype).itemsize
+    n = blk(p.N, P_N, n_)
+    Ho, Wo = p.out_hw
+    KK = p.Kh * p.Kw
+    peers = P_N * P_H * P_W
+    C_i, F_i = blk(p.C, P_c, c_), blk(p.F, P_c, c_)
+    if P_c == 1:  # sample parallelism: replicated weights
+        return sorted([("allreduce", peers, p.F * p.C // p.groups * KK * isz), ("allreduce", peers, p.F * isz)])
+    if case.algorithm == "stationary-x":
+        m = n * p.F * Ho * Wo * isz
+        return sorted([("reduce_scatter", P_c, m), ("allgather", P_c, m),
+                       ("allreduce", peers, p.F * C_i * KK * isz), ("allreduce", peers, F_i * isz)])
+    if case.algorithm == "stationary-y":
+        m = n * p.C * p.H * p.W * isz
+        return sorted([("allgather", P_c, m), ("reduce_scatter", P_c, m),
+                       ("allreduce", peers, F_i * p.C * KK * isz), ("allreduce", peers, F_i * isz)])
+    p_f = case.filter_groups
+    p_cp = P_c // p_f
+    a, b = divmod(c_, p_cp)
+    C_b = sum(blk(p.C, P_c, k * p_cp + b) for k in range(p_f))
+    F_a = sum(blk(p.F, P_c, a * p_cp + j) for j in range(p_cp))
+    x_m, y_m = n * C_b * p.H * p.W * isz, n * F_a * Ho * Wo * isz
+    return sorted([("allgather", p_f, x_m), ("reduce_scatter", p_cp, y_m),      # forward
+                   ("allgather", p_cp, y_m), ("reduce_scatter", p_f, x_m),      # backward
+                   ("allreduce", peers, F_a * C_b * KK * isz), ("allreduce", peers, F_i * isz)])
+
+
+def measured_records(case):
+    grid = ProcessGrid(comm, **case.grid_kwargs())
+    p = case.problem
+    layer = DistConv2d(p.C, p.F, (p.Kh, p.Kw), grid=grid, backend="numpy", input_shape=p.x_shape, **case.layer_kwargs())
+    x, w, b, dy = p.arrays()
+    x_loc = layer.input_distribution.extract(x, grid.rank)
+    dy_loc = layer.output_distribution.extract(dy, grid.rank)
+    with collectives.stats.recording() as region:
+        layer.forward(x_loc)
+        layer.backward(dy_loc)
+    grid.free()
+    return sorted((r.kind, r.comm_size, r.bytes) for r in region.records)
+
+
+@mpi_test(sizes=(1, 2, 3, 4), timeout=120)
+@settings(max_examples=20)
+@given(st.data())
+def test_volume_matches_the_formulas(data):
+    case = data.draw(dist_conv_cases(comm.size, axes=("sample", "channel"), dtypes=("float64", "float32")))
+    expected, measured = expected_records(case), measured_records(case)
+    assert_all_ranks(comm, expected == measured, f"{case}\nexpected {expected}\nmeasured {measured}")
+
+
+@mpi_test(sizes=(4,), timeout=60)
+def test_segmented_allreduce_moves_a_shard_not_the_whole_weight():
+    """X, Y and W with P_c = 4: each rank allreduces F C K K / 4 weights among 1 peer set."""
+    from refconv.testing.strategies import ConvProblem, DistConvCase
+
+    problem = ConvProblem(N=2, C=8, F=8, H=5, W=5, Kh=3, Kw=3, padding=(1, 1))
+    whole = 8 * 8 * 9 * 8
+    for algorithm, p_f in (("stationary-x", None), ("stationary-y", None), ("stationary-w", 2)):
+        case = DistConvCase(problem, (1, 4, 1, 1), algorithm, p_f)
+        allreduced = [r for r in measured_records(case) if r[0] == "allreduce"]
+        weight_bytes = max(r[2] for r in allreduced)
+        assert_all_ranks(comm, weight_bytes * 4 == whole, f"{algorithm}: allreduced {weight_bytes} B, whole weight {whole} B")
+
+
+@mpi_test(sizes=(2, 4), timeout=60)
+def test_halo_volume_same_padding():
+    """Stride 1, K=3, padding 1, H split P_H ways: interior ranks send one row each way."""
+    P_H = comm.size
+    N, C, F, H, W = 2, 3, 4, 4 * P_H, 5
+    grid = ProcessGrid(comm, height=P_H)
+    layer = DistConv2d(C, F, 3, padding=1, grid=grid, backend="numpy", dtype=numpy.float64, input_shape=(N, C, H, W))
+    x = numpy.ones((N, C, H, W))
+    h = grid.coords[2]
+    neighbours = (h > 0) + (h < P_H - 1)
+    with collectives.stats.recording() as region:
+        y_loc = layer.forward(layer.input_distribution.extract(x, grid.rank))
+        layer.backward(numpy.ones_like(y_loc))
+    halo = [r.bytes for r in region.records if r.kind == "halo"]
+    row = N * C * W * 8
+    assert_all_ranks(comm, halo == [neighbours * row, neighbours * row], f"halo records {halo}, row {row} B")
+    grid.free()
