@@ -1,0 +1,361 @@
+"""Sharded checkpoints that reload onto any grid, algorithm or world size.
+
+A checkpoint is a directory::
+
+    shard-00000-of-00004.npz   rank 0's local blocks, each 4-D: "param/<name>" and
+    ...                        "momentum/<name>" (the SGD buffer, sharded like its parameter)
+    manifest.json              written last, by rank 0: the table below
+
+===================  ================================================================
+manifest field       meaning
+===================  ================================================================
+``format``           ``"refconv-checkpoint"``; ``version``: 1
+``world_size``       ranks that saved (one shard file each)
+``step``, ``extra``  the caller's training position (``extra``: any JSON, from rank 0)
+``shards``           per rank: ``file`` and the ``sha256`` of its bytes
+``tensors``          per tensor: ``name``, ``kind`` (param | momentum), ``key`` in the
+                     shards, 4-D ``global_shape``, original ``shape``, ``dtype``,
+                     ``distribution`` (for people), and ``pieces[rank][dim]``: the
+                     (start, stop) ranges of each dim that rank holds (``dist.pieces``)
+===================  ================================================================
+
+Save: every rank writes its shard to a temporary name, fsyncs and ``os.replace``-s it;
+after all ranks agree that every shard is on disk, rank 0 writes the manifest the
+same way.  A directory without ``manifest.json`` is an incomplete checkpoint.
+
+Load: every rank validates the manifest against the model, verifies checksums,
+rebuilds each global tensor from the shards that cover it (shared filesystem) and
+extracts its block under the model's CURRENT distribution: that is the resharding.
+Ranks agree on success through ``refconv.collectives`` before anything is
+assigned, so an error is raised on every rank with the same text and nothing is
+partially loaded.
+"""
+
+import hashlib
+import io
+import json
+import os
+
+import numpy
+
+from refconv import collectives
+from refconv.arrays import array_module, to_host
+from refconv.optim import named_parameters
+
+__all__ = ["save", "load", "CheckpointError", "shard_name", "MANIFEST", "FORMAT", "VERSION"]
+
+FORMAT = "refconv-checkpoint"
+VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be saved or loaded; raised on every rank alike."""
+
+
+def shard_name(rank, size):
+    return f"shard-{rank:05d}-of-{size:05d}.npz"
+
+
+class _Entry:
+    """One tensor to save or load: a parameter or its momentum buffer, on this rank."""
+
+    def __init__(self, name, kind, layer, pname, local):
+        self.name, self.kind, self.key = name, kind, f"{kind}/{name}"
+        self.dist = layer.parameter_distributions()[pname]
+        self.rank = layer.grid.rank
+        self.comm = layer.grid.comm
+        self.local = local                        # the live shard, written in place on load
+
+    def block4(self):
+        """The local shard as its 4-D block of the global tensor, on the host."""
+        return to_host(self.local).reshape(self.dist.local_shape(self.rank))
+
+
+def _entries(model, optimizer):
+    entries = [_Entry(q, "param", layer, p, layer.parameters()[p])
+               for q, layer, p in named_parameters(model)]
+    if not entries:
+        raise CheckpointError("model has no parameters (named_parameters() is empty)")
+    if optimizer is not None:
+        buffers = optimizer.state()
+        entries += [_Entry(q, "momentum", layer, p, buffers[q])
+                    for q, layer, p in optimizer.entries if q in buffers]
+    return entries
+
+
+# -- save ------------------------------------------------------------------------------------
+def save(directory, model, optimizer=None, *, step, extra=None):
+    """Write a checkpoint of ``model`` (and ``optimizer``'s momentum) to ``directory``.
+
+    Collective over the model's communicator.  ``step``: an int; ``extra``: any
+    JSON-serialisable value (numpy scalars and arrays are converted), rank 0's is kept.
+    An existing checkpoint in ``directory`` is replaced.
+    """
+    entries = _entries(model, optimizer)
+    comm = entries[0].comm
+    rank, size = comm.Get_rank(), comm.Get_size()
+    directory = os.fspath(directory)
+
+    error = None
+    try:
+        step = _check_step(step)
+        extra = json.loads(json.dumps(extra, default=_json_default))
+        os.makedirs(directory, exist_ok=True)
+        if rank == 0 and os.path.exists(os.path.join(directory, MANIFEST)):
+            os.remove(os.path.join(directory, MANIFEST))   # mark it incomplete while we write
+    except (TypeError, ValueError, OSError) as exc:
+        error = f"cannot save to {directory!r}: {exc}"
+    _agree(comm, error, "checkpoint.save")
+
+    try:
+        buf = io.BytesIO()
+        numpy.savez(buf, **{e.key: e.block4() for e in entries})
+        blob = buf.getvalue()
+        _write_atomic(os.path.join(directory, shard_name(rank, size)), blob)
+        digest = numpy.frombuffer(hashlib.sha256(blob).digest(), dtype=numpy.uint8).copy()
+    except Exception as exc:                      # any failure must reach every rank
+        error = f"cannot write {shard_name(rank, size)}: {type(exc).__name__}: {exc}"
+    _agree(comm, error, "checkpoint.save")        # every shard is on disk past this point
+    digests = collectives.gather(comm, digest, [(32,)] * size)
+
+    if rank == 0:
+        manifest = {
+            "format": FORMAT, "version": VERSION, "world_size": size, "step": step,
+            "extra": extra,
+            "shards": [{"file": shard_name(r, size), "sha256": bytes(d).hex()}
+                       for r, d in enumerate(digests)],
+            "tensors": [_describe(e, size) for e in entries],
+        }
+        try:
+            _write_atomic(os.path.join(directory, MANIFEST),
+                          _dumps(manifest).encode())
+            _fsync_directory(directory)
+        except OSError as exc:
+            error = f"cannot write {MANIFEST}: {exc}"
+    _agree(comm, error, "checkpoint.save")
+
+
+def _describe(e, size):
+    g = e.dist.global_shape
+    ndim = e.local.ndim
+    original = g[:ndim] if int(numpy.prod(g[:ndim])) == int(numpy.prod(g)) else g
+    return {"name": e.name, "kind": e.kind, "key": e.key, "global_shape": list(g),
+            "shape": list(original), "dtype": numpy.dtype(e.local.dtype).str,
+            "distribution": repr(e.dist),
+            "pieces": [[[list(p) for p in e.dist.pieces(r, d)] for d in range(4)]
+                       for r in range(size)]}
+
+
+def _dumps(manifest):
+    """JSON with one line per top-level field and per shard / tensor entry."""
+    def field(k, v):
+        if isinstance(v, list) and v:
+            return f" {json.dumps(k)}: [\n  " + ",\n  ".join(json.dumps(x) for x in v) + "\n ]"
+        return f" {json.dumps(k)}: {json.dumps(v)}"
+    return "{\n" + ",\n".join(field(k, v) for k, v in manifest.items()) + "\n}\n"
+
+
+def _write_atomic(path, data):
+    """Temp file in the same directory, fsync, then os.replace: all or nothing."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_directory(directory):
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return                                    # not supported here (e.g. Windows)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _json_default(v):
+    if isinstance(v, numpy.generic):
+        return v.item()
+    if isinstance(v, numpy.ndarray):
+        return v.tolist()
+    raise TypeError(f"extra: {type(v).__name__} is not JSON-serialisable")
+
+
+def _check_step(step):
+    if isinstance(step, bool) or not isinstance(step, (int, numpy.integer)) or step < 0:
+        raise ValueError(f"step: expected an int >= 0, got {step!r}")
+    return int(step)
+
+
+# -- load ------------------------------------------------------------------------------------
+def load(directory, model, optimizer=None):
+    """Load ``directory`` into ``model`` (and ``optimizer``); returns ``(step, extra)``.
+
+    Collective.  The checkpoint may come from any grid, algorithm or world size;
+    each rank takes its block under the model's current distributions (values are
+    cast to the current dtype).  Raises CheckpointError on every rank, before
+    changing anything, if the checkpoint is incomplete, corrupt, or does not fit.
+    """
+    entries = _entries(model, optimizer)
+    comm = entries[0].comm
+    directory = os.fspath(directory)
+    error = manifest = blocks = None
+    try:
+        manifest = _read_manifest(directory)
+        blocks = _read_blocks(directory, manifest, entries, comm.Get_rank(), comm.Get_size())
+    except CheckpointError as exc:
+        error = str(exc)
+    except Exception as exc:                      # anything else must not strand the others
+        error = f"{type(exc).__name__}: {exc}"
+    _agree(comm, error, f"checkpoint.load({directory!r})")
+
+    for e in entries:                             # all ranks validated: now assign
+        e.local[...] = array_module(e.local).asarray(blocks[e.key], dtype=e.local.dtype)
+    return manifest["step"], manifest["extra"]
+
+
+def _read_manifest(directory):
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"{directory!r} is not a directory")
+    if not os.path.exists(path):
+        raise CheckpointError(f"incomplete checkpoint: {directory!r} has no {MANIFEST} "
+                              f"(the save did not finish, or this is not a checkpoint)")
+    try:
+        with open(path, "rb") as f:
+            manifest = json.loads(f.read().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{MANIFEST} is not valid JSON ({exc})") from None
+    try:
+        _check_manifest(manifest)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CheckpointError(f"{MANIFEST} is malformed: {exc}") from None
+    return manifest
+
+
+def _check_manifest(m):
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise ValueError(f"format must be {FORMAT!r}")
+    if m["version"] != VERSION:
+        raise ValueError(f"version {m['version']!r}; this refconv reads version {VERSION}")
+    size = m["world_size"]
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {size!r}")
+    _check_step(m["step"])
+    m["extra"]
+    if len(m["shards"]) != size:
+        raise ValueError(f"{len(m['shards'])} shards listed for world_size {size}")
+    for r, s in enumerate(m["shards"]):
+        if s["file"] != shard_name(r, size) or not isinstance(s["sha256"], str):
+            raise ValueError(f"shards[{r}] must be {{'file': {shard_name(r, size)!r}, "
+                             f"'sha256': hex}}, got {s!r}")
+    for t in m["tensors"]:
+        g = t["global_shape"]
+        if len(g) != 4 or not all(isinstance(n, int) and n >= 1 for n in g):
+            raise ValueError(f"{t['name']}: global_shape must be 4 ints >= 1, got {g!r}")
+        numpy.dtype(t["dtype"])
+        if t["kind"] not in ("param", "momentum") or t["key"] != f"{t['kind']}/{t['name']}":
+            raise ValueError(f"{t['name']}: bad kind/key {t['kind']!r}/{t['key']!r}")
+        if len(t["pieces"]) != size:
+            raise ValueError(f"{t['name']}: pieces has {len(t['pieces'])} ranks, not {size}")
+        for rank_pieces in t["pieces"]:
+            for d, pieces in enumerate(rank_pieces):
+                if not pieces or not all(0 <= s < e <= g[d] for s, e in pieces):
+                    raise ValueError(f"{t['name']}: pieces {pieces} outside dim {d} of {g}")
+
+
+def _index(rank_pieces):
+    """numpy.ix_ index of a rank's block from its per-dim (start, stop) pieces."""
+    return numpy.ix_(*[numpy.concatenate([numpy.arange(s, e) for s, e in p])
+                       for p in rank_pieces])
+
+
+def _covering_ranks(t):
+    """Ranks whose blocks together cover tensor ``t`` (greedy in rank order)."""
+    covered = numpy.zeros(t["global_shape"], dtype=bool)
+    ranks = []
+    for r, rank_pieces in enumerate(t["pieces"]):
+        ix = _index(rank_pieces)
+        if not covered[ix].all():
+            covered[ix] = True
+            ranks.append(r)
+    if not covered.all():
+        raise CheckpointError(f"{MANIFEST}: the shards do not cover all of {t['key']}")
+    return ranks
+
+
+def _read_blocks(directory, m, entries, rank, size):
+    """{key: this rank's new local block}, after every check; nothing is assigned here."""
+    tensors = {t["key"]: t for t in m["tensors"]}
+    for e in entries:
+        t = tensors.get(e.key)
+        if t is None:
+            hint = " (saved without an optimizer?)" if e.kind == "momentum" else ""
+            raise CheckpointError(f"checkpoint has no tensor {e.key}{hint}")
+        if tuple(t["global_shape"]) != e.dist.global_shape:
+            raise CheckpointError(f"{e.key}: checkpoint global shape {tuple(t['global_shape'])} "
+                                  f"!= the model's {e.dist.global_shape}")
+    wanted = {e.key for e in entries}
+    unknown = sorted(k for k, t in tensors.items() if t["kind"] == "param" and k not in wanted)
+    if unknown:
+        raise CheckpointError(f"checkpoint has parameters the model lacks: {unknown}")
+
+    plan = {e.key: _covering_ranks(tensors[e.key]) for e in entries}
+    needed = sorted({r for ranks in plan.values() for r in ranks})
+    mine = set(range(rank, m["world_size"], size))   # this rank verifies every size-th shard too
+    shards = {}
+    for r in sorted(set(needed) | mine):
+        name = m["shards"][r]["file"]
+        path = os.path.join(directory, name)
+        if not os.path.exists(path):
+            raise CheckpointError(f"missing shard {name} (rank {r} of {m['world_size']})")
+        with open(path, "rb") as f:
+            blob = f.read()
+        if hashlib.sha256(blob).hexdigest() != m["shards"][r]["sha256"]:
+            raise CheckpointError(f"corrupt shard {name}: its SHA-256 does not match {MANIFEST}")
+        if r in needed:
+            shards[r] = numpy.load(io.BytesIO(blob), allow_pickle=False)
+
+    blocks = {}
+    for e in entries:
+        t = tensors[e.key]
+        global_ = numpy.empty(t["global_shape"], dtype=numpy.dtype(t["dtype"]))
+        for r in plan[e.key]:
+            ix = _index(t["pieces"][r])
+            if e.key not in shards[r].files:
+                raise CheckpointError(f"{m['shards'][r]['file']} lacks {e.key}")
+            block = shards[r][e.key]
+            if block.shape != global_[ix].shape:
+                raise CheckpointError(f"{m['shards'][r]['file']}: {e.key} has shape "
+                                      f"{block.shape}, {MANIFEST} says {global_[ix].shape}")
+            global_[ix] = block
+        blocks[e.key] = e.dist.extract(global_, e.rank).reshape(e.local.shape)
+    return blocks
+
+
+# -- agreement -------------------------------------------------------------------------------
+def _agree(comm, error, what):
+    """Collective: raise CheckpointError on every rank, with the same text, if any rank
+    has an ``error`` (a string; None when fine).  Two allgathers of bytes."""
+    size = comm.Get_size()
+    text = (error or "").encode()
+    lengths = collectives.allgather(comm, numpy.array([len(text)], dtype=numpy.int64), [1] * size)
+    if not lengths.any():
+        return
+    everything = collectives.allgather(comm, numpy.frombuffer(text, dtype=numpy.uint8).copy(),
+                                       [int(n) for n in lengths])
+    offsets = numpy.concatenate([[0], numpy.cumsum(lengths)])
+    by_message = {}
+    for r in range(size):
+        if lengths[r]:
+            msg = bytes(everything[offsets[r]:offsets[r + 1]]).decode()
+            by_message.setdefault(msg, []).append(r)
+    lines = [f"{what} failed"]
+    for msg, ranks in by_message.items():
+        where = "every rank" if len(ranks) == size else f"rank(s) {ranks} of {size}"
+        lines.append(f"  on {where}: {msg}")
+    raise CheckpointError("\n".join(lines))
