@@ -138,7 +138,7 @@ def test_errors_are_raised_on_every_rank_at_construction():
         (dict(algorithm="stationary-w"), "filter_groups: 'stationary-w' needs filter_groups"),
         (dict(algorithm="stationary-w", filter_groups=3 * comm.size), "filter_groups: expected a divisor"),
         (dict(stride=0), "stride: expected positive"),
-        (dict(input_shape=(1, 4, 2, 2)), "input_shape: expected C = in_channels"),
+        (dict(input_shape=(1, 2 * comm.size + 1, 5, 5)), "input_shape: expected C = in_channels"),
     ]:
         try:
             DistConv2d(comm.size * 2, comm.size * 2, 3, grid=grid, backend="numpy", **kwargs)
