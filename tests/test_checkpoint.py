@@ -1,0 +1,207 @@
+"""refconv.checkpoint on one rank: round trip, resume, and every way a checkpoint can be bad."""
+
+import json
+import os
+
+import numpy
+import pytest
+from mpi4py import MPI
+
+from refconv import checkpoint
+from refconv.checkpoint import CheckpointError
+from refconv.conv import DistConv2d
+from refconv.grid import ProcessGrid
+from refconv.optim import SGD
+
+
+class TinyModel:
+    """Two DistConv2d layers and the model protocol: named_parameters()."""
+
+    def __init__(self, grid, *, algorithm="stationary-x", seed=0, out2=2):
+        kw = dict(grid=grid, algorithm=algorithm, dtype=numpy.float64, backend="numpy")
+        self.layers = {"conv1": DistConv2d(4, 6, 3, seed=seed, **kw),
+                       "conv2": DistConv2d(6, out2, 1, seed=seed + 1, **kw)}
+
+    def named_parameters(self):
+        for lname, layer in self.layers.items():
+            for pname in layer.parameters():
+                yield f"{lname}.{pname}", layer, pname
+
+
+def fake_backward(model, scale):
+    """Deterministic gradients (in place of a real backward)."""
+    for i, (_, layer, pname) in enumerate(model.named_parameters()):
+        p = layer.parameters()[pname]
+        setattr(layer, f"{pname}_grad", numpy.full_like(p, scale * (i + 1)) + 0.01 * p)
+
+
+def snapshot(model, opt=None):
+    out = {q: layer.parameters()[p].copy() for q, layer, p in model.named_parameters()}
+    if opt is not None:
+        out.update({"momentum/" + q: b.copy() for q, b in opt.state().items()})
+    return out
+
+
+@pytest.fixture
+def grid():
+    return ProcessGrid(MPI.COMM_SELF)
+
+
+@pytest.fixture
+def saved(tmp_path, grid):
+    model = TinyModel(grid)
+    opt = SGD(model, lr=0.1, momentum=0.9)
+    fake_backward(model, 1.0)
+    opt.step()
+    checkpoint.save(tmp_path / "ck", model, opt, step=1, extra={"epoch": 0, "seed": 5})
+    return tmp_path / "ck", model, opt
+
+
+def test_files_and_manifest(saved):
+    directory, model, _ = saved
+    assert sorted(os.listdir(directory)) == ["manifest.json", "shard-00000-of-00001.npz"]
+    m = json.loads((directory / "manifest.json").read_text())
+    assert m["format"] == "refconv-checkpoint" and m["version"] == 1
+    assert m["world_size"] == 1 and m["step"] == 1 and m["extra"] == {"epoch": 0, "seed": 5}
+    names = [(t["kind"], t["name"]) for t in m["tensors"]]
+    assert names == [("param", "conv1.weight"), ("param", "conv1.bias"), ("param", "conv2.weight"),
+                     ("param", "conv2.bias"), ("momentum", "conv1.weight"),
+                     ("momentum", "conv1.bias"), ("momentum", "conv2.weight"),
+                     ("momentum", "conv2.bias")]
+    bias = m["tensors"][1]
+    assert bias["global_shape"] == [6, 1, 1, 1] and bias["shape"] == [6]
+    assert bias["pieces"] == [[[[0, 6]], [[0, 1]], [[0, 1]], [[0, 1]]]]
+    with numpy.load(directory / "shard-00000-of-00001.npz") as z:
+        assert z["param/conv1.bias"].shape == (6, 1, 1, 1)      # saved as its 4-D block
+
+
+def test_round_trip_restores_params_momentum_step_extra(saved, grid):
+    directory, model, opt = saved
+    other = TinyModel(grid, seed=9)
+    other_opt = SGD(other, lr=0.1, momentum=0.9)
+    weight = other.layers["conv1"].weight
+    step, extra = checkpoint.load(directory, other, other_opt)
+    assert (step, extra) == (1, {"epoch": 0, "seed": 5})
+    assert other.layers["conv1"].weight is weight                # loaded in place
+    want, got = snapshot(model, opt), snapshot(other, other_opt)
+    assert all(numpy.array_equal(want[k], got[k]) for k in want)
+
+
+def test_resume_continues_exactly(tmp_path, grid):
+    """4 steps straight == 2 steps, save, load into a fresh model, 2 steps."""
+    straight = TinyModel(grid)
+    opt = SGD(straight, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    for s in range(4):
+        fake_backward(straight, s + 1.0)
+        opt.step()
+    first = TinyModel(grid)
+    opt1 = SGD(first, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    for s in range(2):
+        fake_backward(first, s + 1.0)
+        opt1.step()
+    checkpoint.save(tmp_path, first, opt1, step=2)
+    resumed = TinyModel(grid, seed=3)
+    opt2 = SGD(resumed, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    step, _ = checkpoint.load(tmp_path, resumed, opt2)
+    for s in range(step, 4):
+        fake_backward(resumed, s + 1.0)
+        opt2.step()
+    want, got = snapshot(straight, opt), snapshot(resumed, opt2)
+    assert all(numpy.array_equal(want[k], got[k]) for k in want)
+
+
+def test_save_again_replaces_and_numpy_extra(saved):
+    directory, model, opt = saved
+    checkpoint.save(directory, model, opt, step=numpy.int64(7),
+                    extra={"rng": numpy.random.default_rng(1).bit_generator.state,
+                           "pos": numpy.int32(3), "arr": numpy.arange(2)})
+    step, extra = checkpoint.load(directory, model, opt)
+    assert step == 7 and extra["pos"] == 3 and extra["arr"] == [0, 1]
+    rng = numpy.random.default_rng()
+    rng.bit_generator.state = extra["rng"]
+    assert rng.random() == numpy.random.default_rng(1).random()
+    assert not [f for f in os.listdir(directory) if ".tmp" in f]
+
+
+def test_load_without_optimizer_and_cast(saved, grid):
+    directory, model, _ = saved
+    other = TinyModel(grid, seed=4)
+    checkpoint.load(directory, other)
+    assert numpy.array_equal(other.layers["conv2"].bias, model.layers["conv2"].bias)
+
+
+def _assert_unchanged_after(model, fn, match):
+    before = snapshot(model)
+    with pytest.raises(CheckpointError, match=match):
+        fn()
+    after = snapshot(model)
+    assert all(numpy.array_equal(before[k], after[k]) for k in before)   # no partial load
+
+
+def test_flipped_byte_is_a_checksum_error(saved, grid):
+    directory, _, _ = saved
+    shard = directory / "shard-00000-of-00001.npz"
+    blob = bytearray(shard.read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    shard.write_bytes(bytes(blob))
+    other = TinyModel(grid, seed=2)
+    _assert_unchanged_after(other, lambda: checkpoint.load(directory, other), "corrupt shard")
+
+
+def test_missing_manifest_is_incomplete(saved, grid):
+    directory, model, _ = saved
+    (directory / "manifest.json").unlink()
+    _assert_unchanged_after(model, lambda: checkpoint.load(directory, model), "incomplete")
+
+
+def test_missing_shard(saved, grid):
+    directory, model, _ = saved
+    (directory / "shard-00000-of-00001.npz").unlink()
+    _assert_unchanged_after(model, lambda: checkpoint.load(directory, model), "missing shard")
+
+
+@pytest.mark.parametrize("tamper,match", [
+    (lambda text: text[:-20], "not valid JSON"),
+    (lambda text: text.replace('"version": 1', '"version": 99'), "version 99"),
+    (lambda text: text.replace('"world_size": 1', '"world_size": 2'), "2 shards|1 shards"),
+    (lambda text: text.replace("shard-00000-of-00001", "../etc/passwd"), "malformed"),
+    (lambda text: text.replace('"global_shape": [6, 4, 3, 3]', '"global_shape": [6, 4, 3]'),
+     "global_shape"),
+    (lambda text: text.replace('"step": 1', '"step": -1'), "step"),
+    (lambda text: "[]", "format"),
+])
+def test_tampered_manifest(saved, tamper, match):
+    directory, model, _ = saved
+    path = directory / "manifest.json"
+    path.write_text(tamper(path.read_text()))
+    _assert_unchanged_after(model, lambda: checkpoint.load(directory, model), match)
+
+
+def test_model_mismatch(saved, grid):
+    directory, _, _ = saved
+    wider = TinyModel(grid, out2=3)
+    _assert_unchanged_after(wider, lambda: checkpoint.load(directory, wider),
+                            r"conv2.weight: checkpoint global shape \(2, 6, 1, 1\) != the model's")
+    bare = TinyModel(grid)
+    checkpoint.save(directory, bare, step=0)                       # no optimizer
+    _assert_unchanged_after(bare, lambda: checkpoint.load(directory, bare, SGD(bare, lr=0.1)),
+                            "no tensor momentum/conv1.weight")
+
+    class Half(TinyModel):
+        def named_parameters(self):
+            return [e for e in super().named_parameters() if e[0].startswith("conv1")]
+
+    half = Half(grid)
+    _assert_unchanged_after(half, lambda: checkpoint.load(directory, half), "model lacks")
+
+
+def test_bad_save_arguments(tmp_path, grid):
+    model = TinyModel(grid)
+    with pytest.raises(CheckpointError, match="step"):
+        checkpoint.save(tmp_path, model, step=-1)
+    with pytest.raises(CheckpointError, match="JSON"):
+        checkpoint.save(tmp_path, model, step=0, extra={"f": object()})
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="cannot save"):
+        checkpoint.save(tmp_path / "file", model, step=0)
+    assert not (tmp_path / "manifest.json").exists()
