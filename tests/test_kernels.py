@@ -1,0 +1,390 @@
+"""refconv.kernels against the serial reference: every kernel, both conv versions, both dtypes.
+
+Runs under Numba's CUDA simulator on a machine without a GPU (tests/conftest.py
+sets NUMBA_ENABLE_CUDASIM=1 there) and unchanged on a real GPU, where the inputs
+become CuPy arrays.  The simulator runs every thread in Python, so problems
+are tiny: a few blocks of 256 threads per launch.  Shapes are still chosen to
+leave partial tiles (M, N and K not multiples of 64, 64, 16), several blocks
+along each GEMM dimension, and every combination of stride, padding,
+dilation and groups.
+"""
+
+import math
+import re
+
+import numpy
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from refconv import kernels
+from refconv import reference as ref
+from refconv.arrays import to_host
+from refconv.backend import NumpyBackend, get_backend
+from refconv.testing.asserts import assert_close
+from refconv.testing.strategies import ConvProblem, conv_problems
+
+DEVICE = get_backend("cuda")  # CuPy arrays on a GPU, NumPy arrays under the simulator
+HOST = NumpyBackend()  # the reference semantics of the non-conv pieces
+VERSIONS = kernels.VERSIONS
+DTYPES = ("float64", "float32")
+FAST = settings(max_examples=10, deadline=None)
+
+
+def dev(*arrays):
+    """Host arrays -> device arrays (a tuple, or one array); always copies, so that
+    in-place kernels cannot write into the host array (under the simulator both are NumPy)."""
+    out = tuple(DEVICE.asarray(numpy.array(a)) for a in arrays)
+    return out if len(out) > 1 else out[0]
+
+
+def check(actual, expected, reduction_length=1, name=""):
+    """float64: 1e-10 relative; float32: grows with sqrt(reduction length), as rounding does."""
+    expected = numpy.asarray(expected)
+    actual = to_host(actual)
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape}, expected {expected.shape}"
+    assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype}, expected {expected.dtype}"
+    if expected.dtype == numpy.float64:
+        tol = 1e-10
+    else:
+        tol = 32 * math.sqrt(reduction_length) * float(numpy.finfo(numpy.float32).eps)
+    assert_close(actual, expected, rtol=tol, atol=tol, reduction_length=reduction_length, name=name)
+
+
+# ------------------------------------------------------------------- convolution
+
+
+def check_conv(problem, version, passes=("forward", "backward_data", "backward_filter"), splits=None):
+    x, w, b, dy = problem.arrays(seed=7)
+    g = problem.geometry
+    N, C, H, W = problem.x_shape
+    F, Cg, Kh, Kw = problem.w_shape
+    Ho, Wo = problem.out_hw
+    x_d, w_d, b_d, dy_d = dev(x, w, b, dy)
+    if "forward" in passes:
+        y = kernels.conv2d_forward(x_d, w_d, b_d, version=version, **g)
+        check(y, ref.conv2d_forward(x, w, b, **g), Cg * Kh * Kw, f"forward v{version}")
+    if "backward_data" in passes:
+        dx = kernels.conv2d_backward_data(dy_d, w_d, x.shape, version=version, **g)
+        check(dx, ref.conv2d_backward_data(dy, w, x.shape, **g), (F // problem.groups) * Kh * Kw, f"backward-data v{version}")
+    if "backward_filter" in passes:
+        extra = {} if splits is None else dict(splits=splits)
+        dw = kernels.conv2d_backward_filter(x_d, dy_d, w.shape, version=version, **g, **extra)
+        check(dw, ref.conv2d_backward_filter(x, dy, w.shape, **g), N * Ho * Wo, f"backward-filter v{version}")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@FAST
+@given(conv_problems(dtypes=DTYPES))
+def test_conv_forward(version, problem):
+    check_conv(problem, version, ["forward"])
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@FAST
+@given(conv_problems(dtypes=DTYPES))
+def test_conv_backward_data(version, problem):
+    check_conv(problem, version, ["backward_data"])
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@FAST
+@given(conv_problems(dtypes=DTYPES))
+def test_conv_backward_filter(version, problem):
+    check_conv(problem, version, ["backward_filter"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", VERSIONS)
+@settings(max_examples=25, deadline=None)
+@given(conv_problems(dtypes=DTYPES, max_batch=2, max_channels=6, max_kernel=4, max_extra=6))
+def test_conv_all_passes_larger(version, problem):
+    check_conv(problem, version)
+
+
+def P(N, C, F, H, W, Kh, Kw, stride=1, padding=0, dilation=1, groups=1, dtype="float64"):
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
+    return ConvProblem(N, C, F, H, W, Kh, Kw, pair(stride), pair(padding), pair(dilation), groups, dtype)
+
+
+EXAMPLES = {
+    "stride2-dilation2": P(1, 2, 3, 9, 8, 3, 3, stride=2, padding=1, dilation=2),
+    "groups2": P(2, 4, 4, 5, 5, 3, 3, padding=1, groups=2, dtype="float32"),
+    "kernel-larger-than-stride": P(1, 2, 2, 7, 7, 3, 3, stride=2),
+    "kernel-smaller-than-stride": P(1, 2, 3, 7, 6, 1, 2, stride=(3, 3), padding=(0, 1)),
+    "1x1": P(2, 3, 5, 4, 3, 1, 1, dtype="float32"),
+    # M = 81 (two row blocks, the second partial), F = 5, K = 27 (two partial depth stages)
+    "no-tile-multiple": P(1, 3, 5, 9, 9, 3, 3, padding=1),
+    # F = 66 > 64: two column blocks in the forward GEMM
+    "two-column-blocks": P(1, 1, 66, 3, 2, 1, 1),
+    # C/g*Kh*Kw = 72 > 64: two column blocks in the backward-filter GEMM
+    "two-filter-column-blocks": P(1, 8, 2, 3, 3, 3, 3, padding=1, dtype="float32"),
+    "asymmetric": P(1, 2, 2, 6, 9, 2, 3, stride=(1, 2), padding=(0, 2), dilation=(2, 1)),
+}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_conv_examples(name, version):
+    check_conv(EXAMPLES[name], version)
+
+
+@pytest.mark.parametrize("splits", [2, 3, 5])
+def test_backward_filter_split_k(splits):
+    # K = N*Ho*Wo = 2*7*5 = 70: 5 stages of 16; the last split may be short or empty of whole stages.
+    check_conv(P(2, 3, 4, 7, 5, 3, 3, padding=1, dtype="float32"), 2, ["backward_filter"], splits=splits)
+
+
+# ----------------------------------------------------- argument errors match the reference
+
+
+def reference_error(fn, *args, **kwargs):
+    with pytest.raises(ValueError) as info:
+        fn(*args, **kwargs)
+    return re.escape(str(info.value))
+
+
+x4, w4 = numpy.zeros((1, 4, 5, 5)), numpy.zeros((2, 2, 3, 3))
+BAD_CONV = {
+    "stride-zero": (x4, w4, dict(stride=0, groups=2)),
+    "negative-padding": (x4, w4, dict(padding=-1, groups=2)),
+    "dilation-pair-of-three": (x4, w4, dict(dilation=(1, 1, 1), groups=2)),
+    "groups-not-dividing": (x4, numpy.zeros((2, 4, 3, 3)), dict(groups=3)),
+    "wrong-w-channels": (x4, w4, dict(groups=1)),
+    "kernel-too-large": (x4, numpy.zeros((2, 4, 7, 7)), {}),
+    "mixed-dtypes": (x4.astype(numpy.float32), numpy.zeros((2, 4, 3, 3)), {}),
+    "int-input": (x4.astype(numpy.int64), numpy.zeros((2, 4, 3, 3)), {}),
+}
+
+
+def raises_like_reference(reference_call, kernel_call):
+    """If ``reference_call()`` raises ValueError, ``kernel_call()`` raises the same; returns whether it did."""
+    try:
+        reference_call()
+    except ValueError as error:
+        with pytest.raises(ValueError, match=re.escape(str(error))):
+            kernel_call()
+        return True
+    return False
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CONV))
+def test_conv_errors_match_reference(name):
+    x, w, kw = BAD_CONV[name]
+    dy = numpy.zeros((1, 2, 3, 3), dtype=x.dtype)
+    x_d, w_d, dy_d = dev(x, w, dy)
+    for version in VERSIONS:
+        raised = [
+            raises_like_reference(lambda: ref.conv2d_forward(x, w, **kw),
+                                  lambda: kernels.conv2d_forward(x_d, w_d, version=version, **kw)),
+            raises_like_reference(lambda: ref.conv2d_backward_data(dy, w, x.shape, **kw),
+                                  lambda: kernels.conv2d_backward_data(dy_d, w_d, x.shape, version=version, **kw)),
+            raises_like_reference(lambda: ref.conv2d_backward_filter(x, dy, w.shape, **kw),
+                                  lambda: kernels.conv2d_backward_filter(x_d, dy_d, w.shape, version=version, **kw)),
+        ]
+        assert any(raised), f"{name}: the reference accepted these arguments in every pass"
+
+
+def test_conv_dy_shape_and_bias_errors_match_reference():
+    x, w, dy = numpy.zeros((1, 2, 5, 5)), numpy.zeros((3, 2, 3, 3)), numpy.zeros((1, 3, 4, 3))
+    x_d, w_d, dy_d = dev(x, w, dy)
+    with pytest.raises(ValueError, match=reference_error(ref.conv2d_backward_data, dy, w, x.shape)):
+        kernels.conv2d_backward_data(dy_d, w_d, x.shape)
+    with pytest.raises(ValueError, match=reference_error(ref.conv2d_backward_filter, x, dy, w.shape)):
+        kernels.conv2d_backward_filter(x_d, dy_d, w.shape)
+    b = numpy.zeros(4)
+    with pytest.raises(ValueError, match=reference_error(ref.conv2d_forward, x, w, b)):
+        kernels.conv2d_forward(x_d, w_d, dev(b))
+
+
+def test_unknown_version():
+    x, w = dev(numpy.zeros((1, 1, 3, 3)), numpy.zeros((1, 1, 1, 1)))
+    with pytest.raises(ValueError, match="version: expected 1 .* or 2"):
+        kernels.conv2d_forward(x, w, version=3)
+
+
+# -------------------------------------------------------------- bias and ReLU
+
+
+def arrays4(draw_shape, dtype, seed):
+    return numpy.random.default_rng(seed).standard_normal(draw_shape).astype(dtype)
+
+
+shapes4 = st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 5), st.integers(1, 5))
+
+
+@FAST
+@given(shapes4, st.sampled_from(DTYPES), st.integers(0, 2**16))
+def test_bias_and_relu(shape, dtype, seed):
+    y, dy = arrays4(shape, dtype, seed), arrays4(shape, dtype, seed + 1)
+    y[..., 0] = 0.0  # the subgradient at exactly 0
+    b = arrays4(shape[1], dtype, seed + 2)
+    y_d, dy_d, b_d = dev(y, dy, b)
+    out = kernels.bias_add(y_d, b_d)
+    assert out is y_d  # in place
+    check(y_d, HOST.bias_add(y.copy(), b), 1, "bias_add")
+    check(kernels.bias_grad(dy_d), ref.conv2d_backward_bias(dy), shape[0] * shape[2] * shape[3], "bias_grad")
+    check(kernels.relu_forward(dy_d), ref.relu_forward(dy), 1, "relu_forward")
+    check(kernels.relu_backward(dy_d, dev(y)), ref.relu_backward(dy, y), 1, "relu_backward")
+
+
+def test_relu_special_values():
+    x = numpy.array([[[[-numpy.inf, numpy.inf, numpy.nan, -0.0, 0.0, -1.0, 2.0]]]])
+    assert numpy.array_equal(to_host(kernels.relu_forward(dev(x))), ref.relu_forward(x), equal_nan=True)
+    dy = numpy.ones_like(x)
+    assert numpy.array_equal(to_host(kernels.relu_backward(dev(dy), dev(x))), ref.relu_backward(dy, x))
+
+
+def test_relu_backward_shape_error_matches_reference():
+    dy, x = numpy.zeros((1, 2, 3, 3)), numpy.zeros((1, 2, 3, 4))
+    with pytest.raises(ValueError, match=reference_error(ref.relu_backward, dy, x)):
+        kernels.relu_backward(*dev(dy, x))
+
+
+# ---------------------------------------------------------- batch normalization
+
+
+@FAST
+@given(shapes4, st.sampled_from(DTYPES), st.integers(0, 2**16))
+def test_batch_norm_pieces(shape, dtype, seed):
+    N, C, H, W = shape
+    rng = numpy.random.default_rng(seed)
+    x, dy = (rng.standard_normal(shape) * 3 + 1).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    mean, gamma, beta = (rng.standard_normal(C).astype(dtype) for _ in range(3))
+    invstd = (rng.random(C) + 0.5).astype(dtype)
+    dbeta, dgamma = rng.standard_normal(C).astype(dtype), rng.standard_normal(C).astype(dtype)
+    count = 2 * N * H * W  # the global count: as if a second rank held as many samples
+    d = dev(x, dy, mean, invstd, gamma, beta, dbeta, dgamma)
+    x_d, dy_d, mean_d, invstd_d, gamma_d, beta_d, dbeta_d, dgamma_d = d
+    L = N * H * W
+    for got, want, name in zip(kernels.batch_norm_sums(x_d), HOST.batch_norm_sums(x), ("sum x", "sum x^2")):
+        check(got, want, L * 10, name)  # x ~ N(1, 9): the sums are larger than the terms' spread
+    for got, want, name in zip(kernels.batch_norm_grad_sums(dy_d, x_d, mean_d, invstd_d),
+                               HOST.batch_norm_grad_sums(dy, x, mean, invstd), ("sum dy", "sum dy xhat")):
+        check(got, want, L * 10, name)
+    check(kernels.batch_norm_apply(x_d, mean_d, invstd_d, gamma_d, beta_d),
+          HOST.batch_norm_apply(x, mean, invstd, gamma, beta), 4, "batch_norm_apply")
+    check(kernels.batch_norm_backward_apply(dy_d, x_d, mean_d, invstd_d, gamma_d, dbeta_d, dgamma_d, count),
+          HOST.batch_norm_backward_apply(dy, x, mean, invstd, gamma, dbeta, dgamma, count), 16, "batch_norm_backward_apply")
+
+
+def test_batch_norm_pieces_recover_the_reference_layer():
+    """sums -> mean, invstd -> apply, and grad sums -> backward apply, compose to ref.batch_norm_*."""
+    rng = numpy.random.default_rng(3)
+    x, dy = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 3, 4, 5))
+    gamma, beta = rng.standard_normal(3), rng.standard_normal(3)
+    y_ref, saved = ref.batch_norm_forward(x, gamma, beta)
+    dx_ref, dgamma_ref, dbeta_ref = ref.batch_norm_backward(dy, x, gamma, saved)
+    x_d, dy_d, gamma_d, beta_d = dev(x, dy, gamma, beta)
+    count = x.size // x.shape[1]
+    s, ss = (to_host(a) for a in kernels.batch_norm_sums(x_d))
+    mean = s / count
+    invstd = 1.0 / numpy.sqrt(ss / count - mean * mean + 1e-5)
+    mean_d, invstd_d = dev(mean, invstd)
+    check(kernels.batch_norm_apply(x_d, mean_d, invstd_d, gamma_d, beta_d), y_ref, count, "y")
+    dbeta, dgamma = kernels.batch_norm_grad_sums(dy_d, x_d, mean_d, invstd_d)
+    check(dbeta, dbeta_ref, count, "dbeta")
+    check(dgamma, dgamma_ref, count, "dgamma")
+    dx = kernels.batch_norm_backward_apply(dy_d, x_d, mean_d, invstd_d, gamma_d, dbeta, dgamma, count)
+    check(dx, dx_ref, count, "dx")
+
+
+def test_batch_norm_channel_vector_error():
+    x = dev(numpy.zeros((1, 3, 2, 2)))
+    v = dev(numpy.zeros(3))
+    with pytest.raises(ValueError, match=re.escape("gamma: expected shape (3,) for C=3 channels, got (2,)")):
+        kernels.batch_norm_apply(x, v, v, dev(numpy.zeros(2)), v)
+
+
+# --------------------------------------------------------------------- pooling
+
+
+@st.composite
+def pool_problems(draw):
+    """``(x_shape, kernel, stride or None, padding)`` valid for PyTorch pooling (padding <= kernel / 2)."""
+    kernel = draw(st.tuples(st.integers(1, 3), st.integers(1, 3)))
+    stride = draw(st.none() | st.tuples(st.integers(1, 3), st.integers(1, 3)))
+    padding = tuple(draw(st.integers(0, k // 2)) for k in kernel)
+    hw = tuple(draw(st.integers(max(1, k - 2 * p), k - 2 * p + 4)) for k, p in zip(kernel, padding))
+    return (draw(st.integers(1, 2)), draw(st.integers(1, 3)), *hw), kernel, stride, padding
+
+
+@FAST
+@given(pool_problems(), st.sampled_from(DTYPES), st.integers(0, 2**16), st.booleans())
+def test_pooling(problem, dtype, seed, ties):
+    x_shape, kernel, stride, padding = problem
+    rng = numpy.random.default_rng(seed)
+    x = rng.standard_normal(x_shape).astype(dtype)
+    if ties:  # few distinct values: windows hold several maxima, and the first must win
+        x = numpy.round(x).astype(dtype)
+    y, argmax = ref.max_pool2d_forward(x, kernel, stride, padding)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    x_d, dy_d = dev(x, dy)
+    y_d, argmax_d = kernels.max_pool2d_forward(x_d, kernel, stride, padding)
+    check(y_d, y, 1, "max_pool2d_forward")
+    assert numpy.array_equal(to_host(argmax_d), argmax) and to_host(argmax_d).dtype == numpy.int64
+    window = kernel[0] * kernel[1]
+    check(kernels.max_pool2d_backward(dy_d, argmax_d, x_shape, kernel, stride, padding),
+          ref.max_pool2d_backward(dy, argmax, x_shape, kernel, stride, padding), window, "max_pool2d_backward")
+    check(kernels.avg_pool2d_forward(x_d, kernel, stride, padding),
+          ref.avg_pool2d_forward(x, kernel, stride, padding), window, "avg_pool2d_forward")
+    check(kernels.avg_pool2d_backward(dy_d, x_shape, kernel, stride, padding),
+          ref.avg_pool2d_backward(dy, x_shape, kernel, stride, padding), window, "avg_pool2d_backward")
+
+
+def test_pooling_errors_match_reference():
+    x = numpy.zeros((1, 1, 4, 4))
+    for args in [(3, 1, 2), (0, None, 0), (5, None, 0)]:
+        with pytest.raises(ValueError, match=reference_error(ref.max_pool2d_forward, x, *args)):
+            kernels.max_pool2d_forward(dev(x), *args)
+        with pytest.raises(ValueError, match=reference_error(ref.avg_pool2d_forward, x, *args)):
+            kernels.avg_pool2d_forward(dev(x), *args)
+
+
+# --------------------------------------------------------------------- packing
+
+
+@FAST
+@given(shapes4, st.sampled_from(DTYPES), st.data())
+def test_pack_unpack(shape, dtype, data):
+    N, C, H, W = shape
+    x = arrays4(shape, dtype, 0)
+    c0 = data.draw(st.integers(0, C), label="c0")
+    c1 = data.draw(st.integers(c0, C), label="c1")
+    h0 = data.draw(st.integers(0, H), label="h0")
+    h1 = data.draw(st.integers(h0, H), label="h1")
+    accumulate = data.draw(st.booleans(), label="accumulate")
+    x_d = dev(x)
+    slab = kernels.pack_channels(x_d, c0, c1)
+    check(slab, HOST.pack_channels(x, c0, c1), 1, "pack_channels")
+    strip = kernels.pack_rows(x_d, h0, h1)
+    check(strip, HOST.pack_rows(x, h0, h1), 1, "pack_rows")
+    dst = arrays4(shape, dtype, 1)
+    dst_d = dev(dst)
+    assert kernels.unpack_channels(dst_d, slab, c0, accumulate=accumulate) is dst_d
+    HOST.unpack_channels(dst, x[:, c0:c1], c0, accumulate=accumulate)
+    check(dst_d, dst, 2, "unpack_channels")
+    assert kernels.unpack_rows(dst_d, strip, h0, accumulate=accumulate) is dst_d
+    HOST.unpack_rows(dst, x[:, :, h0:h1], h0, accumulate=accumulate)
+    check(dst_d, dst, 3, "unpack_rows")
+
+
+def test_pack_errors():
+    x = dev(numpy.zeros((1, 3, 4, 4)))
+    with pytest.raises(ValueError, match=r"start, stop: expected 0 <= start <= stop <= 3"):
+        kernels.pack_channels(x, 2, 4)
+    with pytest.raises(ValueError, match=r"src: expected shape \(1, 2, 4, 4\)"):
+        kernels.unpack_channels(x, dev(numpy.zeros((1, 2, 4, 5))), 0)
+    with pytest.raises(ValueError, match=r"start, stop: expected 0 <= start <= stop <= 4"):
+        kernels.unpack_rows(x, dev(numpy.zeros((1, 3, 2, 4))), 3)
+
+
+# ---------------------------------------------------------------- the backend wires them up
+
+
+def test_cuda_backend_calls_the_kernels():
+    x, w = numpy.ones((1, 2, 4, 4)), numpy.ones((3, 2, 3, 3))
+    for version in VERSIONS:
+        backend = get_backend("cuda", version)
+        y = backend.conv2d_forward(backend.asarray(x), backend.asarray(w), padding=1)
+        check(y, ref.conv2d_forward(x, w, padding=1), 18, f"CudaBackend(version={version})")
