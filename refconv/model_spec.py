@@ -1,0 +1,288 @@
+"""Model specifications: plain dicts (or JSON/YAML files) -> :class:`refconv.model.Model`.
+
+::
+
+    {"in_channels": 1,
+     "defaults": {"grid": {"sample": 2, "channel": 2}, "algorithm": "stationary-x"},
+     "layers": [
+        {"type": "conv", "out": 32, "kernel": 3, "padding": 1},
+        {"type": "batchnorm"}, {"type": "relu"},
+        {"type": "residual", "layers": [...], "shortcut": [...]},    # shortcut optional
+        {"type": "maxpool", "kernel": 2},
+        {"type": "gap"},
+        {"type": "linear", "out": 10}]}
+
+Grids: ``conv`` and ``linear`` run on their own ``"grid"`` or on ``defaults.grid``;
+every other layer runs on its own ``"grid"`` if given, else on the grid its input
+arrives on (so a BatchNorm/ReLU after a conv stays on the conv's grid and nothing
+moves).  ``defaults.grid`` defaults to pure sample parallelism over all ranks.
+``algorithm`` and ``filter_groups`` (per conv, or in defaults) matter only where
+the conv's grid has ``channel > 1``.  Parameterised layers take seeds ``seed,
+seed + 1, ...`` in spec order.  See docs/models.md.
+"""
+
+import json
+import os
+
+import numpy
+
+from refconv.conv import ALGORITHMS, DistConv2d
+from refconv.grid import AXES, ProcessGrid
+from refconv.layers import GlobalAvgPool, Linear, ReLU
+from refconv.model import Model, Residual, Sequential
+from refconv.norm_pool import AvgPool2d, BatchNorm2d, MaxPool2d
+
+_LAYER_KEYS = {
+    "conv": {"out", "kernel", "stride", "padding", "dilation", "groups", "bias", "in", "grid", "algorithm",
+             "filter_groups"},
+    "batchnorm": {"eps", "momentum", "grid"},
+    "relu": {"grid"},
+    "maxpool": {"kernel", "stride", "padding", "grid"},
+    "avgpool": {"kernel", "stride", "padding", "grid"},
+    "gap": {"grid"},
+    "linear": {"out", "bias", "in", "grid"},
+    "residual": {"layers", "shortcut"},
+}
+_REQUIRED = {"conv": ("out", "kernel"), "maxpool": ("kernel",), "avgpool": ("kernel",), "linear": ("out",),
+             "residual": ("layers",)}
+_TOP_KEYS = {"name", "in_channels", "defaults", "layers", "description"}
+_DEFAULT_KEYS = {"grid", "algorithm", "filter_groups"}
+# A layer's "grid" may also name one relative to defaults.grid: "default", or "no-channel"
+# (the channel axis folded into the sample axis: for a first conv with fewer input
+# channels than channel ranks).
+GRID_ALIASES = ("default", "no-channel")
+
+
+# -- presets ---------------------------------------------------------------------------------------
+def _conv(out, kernel, stride=1, padding=0, bias=True):
+    d = {"type": "conv", "out": out, "kernel": kernel}
+    if stride != 1:
+        d["stride"] = stride
+    if padding:
+        d["padding"] = padding
+    if not bias:
+        d["bias"] = False
+    return d
+
+
+def digits_cnn(num_classes=10, in_channels=1):
+    """A small wide CNN for the 16x16 digits (about 29k parameters)."""
+    # The first conv has one input channel: it cannot be split over channels, so it
+    # (and its BN and ReLU) run with the channel ranks folded into the sample axis.
+    layers = [dict(_conv(32, 3, padding=1), grid="no-channel"), {"type": "batchnorm"}, {"type": "relu"},
+              _conv(32, 3, padding=1), {"type": "batchnorm"}, {"type": "relu"}]
+    layers += [{"type": "maxpool", "kernel": 2}, _conv(64, 3, padding=1), {"type": "batchnorm"}, {"type": "relu"},
+               {"type": "gap"}, {"type": "linear", "out": num_classes}]
+    return {"name": "digits-cnn", "in_channels": in_channels, "layers": layers}
+
+
+def resnet50(width=1, num_classes=1000, in_channels=3):
+    """ResNet-50 (torchvision's layout: stride in the 3x3 conv); ``width`` scales the
+    bottleneck's inner channels (2 gives Wide ResNet-50-2)."""
+    bn, relu = {"type": "batchnorm"}, {"type": "relu"}
+    # The stem (3 input channels) runs without a channel split; see digits_cnn.
+    layers = [dict(_conv(64, 7, 2, 3, bias=False), grid="no-channel"), bn, relu,
+              {"type": "maxpool", "kernel": 3, "stride": 2, "padding": 1}]
+    inplanes = 64
+    for planes, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        inner = planes * width
+        for i in range(blocks):
+            s = stride if i == 0 else 1
+            body = [_conv(inner, 1, bias=False), bn, relu, _conv(inner, 3, s, 1, bias=False), bn, relu,
+                    _conv(planes * 4, 1, bias=False), bn]
+            block = {"type": "residual", "layers": body}
+            if s != 1 or inplanes != planes * 4:
+                block["shortcut"] = [_conv(planes * 4, 1, s, bias=False), bn]
+            layers += [block, relu]
+            inplanes = planes * 4
+    layers += [{"type": "gap"}, {"type": "linear", "out": num_classes}]
+    name = "resnet50" if width == 1 else f"resnet50-wide{width}"
+    return {"name": name, "in_channels": in_channels, "layers": layers}
+
+
+PRESETS = {
+    "digits-cnn": digits_cnn,
+    "resnet50": lambda **kw: resnet50(1, **kw),
+    "resnet50-wide2": lambda **kw: resnet50(2, **kw),
+    "resnet50-wide4": lambda **kw: resnet50(4, **kw),
+}
+
+
+def load_spec(spec, **preset_kwargs):
+    """A preset name, a dict, or a path to a ``.json``/``.yaml``/``.yml`` file -> a dict."""
+    if isinstance(spec, dict):
+        return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        raise ValueError(f"spec: expected a preset name {sorted(PRESETS)}, a dict or a JSON/YAML path, got {spec!r}")
+    spec = os.fspath(spec)
+    if spec in PRESETS:
+        return PRESETS[spec](**preset_kwargs)
+    if spec.endswith((".json", ".yaml", ".yml")):
+        if not os.path.exists(spec):
+            raise ValueError(f"spec: file {spec!r} does not exist")
+        with open(spec) as f:
+            if spec.endswith(".json"):
+                return json.load(f)
+            import yaml
+
+            return yaml.safe_load(f)
+    raise ValueError(f"spec: {spec!r} is neither a preset {sorted(PRESETS)} nor a .json/.yaml file")
+
+
+# -- building -------------------------------------------------------------------------------------
+class _Builder:
+    def __init__(self, comm, backend, dtype, seed, serial, defaults):
+        self.comm, self.backend, self.dtype, self.serial = comm, backend, dtype, serial
+        self.seed = seed
+        self.grids = {}
+        self.default_grid = self.grid(defaults.get("grid", {"sample": comm.Get_size()}), "defaults.grid")
+        self.algorithm = defaults.get("algorithm", "stationary-x")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"defaults.algorithm: expected one of {ALGORITHMS}, got {self.algorithm!r}")
+        self.filter_groups = defaults.get("filter_groups")
+
+    def grid(self, spec, where):
+        if self.serial:
+            spec = {}
+        if spec in GRID_ALIASES:
+            if not hasattr(self, "default_grid"):
+                raise ValueError(f"{where}: {spec!r} is relative to defaults.grid; give a dict here")
+            P_N, P_c, P_H, P_W = self.default_grid.shape
+            spec = ({"sample": P_N, "channel": P_c, "height": P_H, "width": P_W} if spec == "default"
+                    else {"sample": P_N * P_c, "height": P_H, "width": P_W})
+        if not isinstance(spec, dict):
+            raise ValueError(f"{where}: expected a dict like {{'sample': 2, 'channel': 2}} or one of "
+                             f"{GRID_ALIASES}, got {spec!r}")
+        bad = set(spec) - set(AXES)
+        if bad:
+            raise ValueError(f"{where}: unknown axis {sorted(bad)[0]!r}; axes are {AXES}")
+        shape = tuple(spec.get(a, 1) for a in AXES)
+        if shape not in self.grids:
+            try:
+                self.grids[shape] = ProcessGrid(self.comm, **dict(zip(AXES, shape)))
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+        return self.grids[shape]
+
+    def next_seed(self):
+        self.seed += 1
+        return self.seed - 1
+
+    def sequence(self, specs, where, grid, channels, kind):
+        """Build a list of layer specs; returns (layers, names, out grid, channels, kind)."""
+        if not isinstance(specs, list) or not specs:
+            raise ValueError(f"{where}: expected a non-empty list of layers, got {specs!r}")
+        layers, names = [], []
+        for i, spec in enumerate(specs):
+            layer, grid, channels, kind = self.layer(spec, f"{where}[{i}]", grid, channels, kind)
+            layers.append(layer)
+            names.append(str(i))
+        return layers, names, grid, channels, kind
+
+    def layer(self, spec, where, grid, channels, kind):
+        if not isinstance(spec, dict) or "type" not in spec:
+            raise ValueError(f"{where}: expected a dict with a 'type' (one of {sorted(_LAYER_KEYS)}), got {spec!r}")
+        t = spec["type"]
+        if t not in _LAYER_KEYS:
+            raise ValueError(f"{where}.type: unknown layer type {t!r}; expected one of {sorted(_LAYER_KEYS)}")
+        bad = set(spec) - _LAYER_KEYS[t] - {"type"}
+        if bad:
+            raise ValueError(f"{where}: unknown key {sorted(bad)[0]!r} for a {t!r} layer; "
+                             f"allowed: {sorted(_LAYER_KEYS[t])}")
+        for key in _REQUIRED.get(t, ()):
+            if key not in spec:
+                raise ValueError(f"{where}: a {t!r} layer needs {key!r}")
+        if kind == "logits":
+            raise ValueError(f"{where}: nothing may follow the 'linear' classifier head (got {t!r})")
+        if kind != "activations" and t not in ("linear", "relu"):
+            raise ValueError(f"{where}: a {t!r} layer cannot follow global average pooling; "
+                             f"only 'linear' (or 'relu') can")
+        common = dict(backend=self.backend, dtype=self.dtype)
+        try:
+            if t == "residual":
+                return self.residual(spec, where, grid, channels, kind)
+            if t in ("conv", "linear"):
+                own = self.grid(spec["grid"], f"{where}.grid") if "grid" in spec else self.default_grid
+            else:
+                own = self.grid(spec["grid"], f"{where}.grid") if "grid" in spec else grid or self.default_grid
+            if "in" in spec and spec["in"] != channels:
+                raise ValueError(f"{where}.in: the input has {channels} channels, got in={spec['in']!r}")
+            if t == "conv":
+                algorithm = spec.get("algorithm", self.algorithm)
+                if algorithm not in ALGORITHMS:
+                    raise ValueError(f"{where}.algorithm: expected one of {ALGORITHMS}, got {algorithm!r}")
+                fg = spec.get("filter_groups", self.filter_groups if algorithm == "stationary-w" else None)
+                if own.P_c == 1:  # no channel split: the algorithm does not apply
+                    algorithm, fg = "stationary-x", None
+                layer = DistConv2d(channels, spec["out"], spec["kernel"], stride=spec.get("stride", 1),
+                                   padding=spec.get("padding", 0), dilation=spec.get("dilation", 1),
+                                   groups=spec.get("groups", 1), bias=spec.get("bias", True), grid=own,
+                                   algorithm=algorithm, filter_groups=fg, seed=self.next_seed(), **common)
+                return layer, own, spec["out"], kind
+            if t == "linear":
+                if kind != "features":
+                    raise ValueError(f"{where}: 'linear' needs features: put a 'gap' layer before it")
+                layer = Linear(channels, spec["out"], grid=own, bias=spec.get("bias", True),
+                               seed=self.next_seed(), **common)
+                return layer, own, spec["out"], "logits"
+            if t == "batchnorm":
+                layer = BatchNorm2d(channels, grid=own, eps=spec.get("eps", 1e-5),
+                                    momentum=spec.get("momentum", 0.1), **common)
+            elif t == "relu":
+                layer = ReLU(grid=own, **common)
+            elif t in ("maxpool", "avgpool"):
+                cls = MaxPool2d if t == "maxpool" else AvgPool2d
+                layer = cls(spec["kernel"], spec.get("stride"), spec.get("padding", 0), grid=own, **common)
+            else:  # gap
+                layer = GlobalAvgPool(grid=own, **common)
+                return layer, own, channels, "features"
+            return layer, own, channels, kind
+        except (ValueError, TypeError) as exc:
+            msg = str(exc)
+            raise ValueError(msg if msg.startswith(where) else f"{where} ({t}): {msg}") from None
+
+    def residual(self, spec, where, grid, channels, kind):
+        grid = grid or self.default_grid
+        body, names, out_grid, out_channels, _ = self.sequence(spec["layers"], f"{where}.layers", grid, channels, kind)
+        shortcut, s_channels = None, channels
+        if spec.get("shortcut"):
+            shortcut, _, _, s_channels, _ = self.sequence(spec["shortcut"], f"{where}.shortcut", grid, channels, kind)
+        if s_channels != out_channels:
+            raise ValueError(f"{where}: the body ends with {out_channels} channels but the shortcut gives "
+                             f"{s_channels}; add a 'shortcut' with a 1x1 conv to {out_channels}")
+        return Residual(body, shortcut, in_grid=grid), out_grid, out_channels, kind
+
+
+def build(spec, *, comm=None, backend="auto", dtype=None, seed=0, serial=False, defaults=None, **preset_kwargs):
+    """The :class:`Model` of ``spec`` (see the module docstring).
+
+    ``defaults`` (a dict with ``grid``/``algorithm``/``filter_groups``) overrides the
+    spec's; ``serial=True`` builds every layer on a 1-rank grid of ``MPI.COMM_SELF``.
+    Raises ValueError naming the bad key or value, identically on every rank.
+    """
+    from mpi4py import MPI
+
+    spec = load_spec(spec, **preset_kwargs)
+    if not isinstance(spec, dict):
+        raise ValueError(f"spec: expected a dict at the top level, got {type(spec).__name__}")
+    bad = set(spec) - _TOP_KEYS
+    if bad:
+        raise ValueError(f"spec: unknown key {sorted(bad)[0]!r}; allowed: {sorted(_TOP_KEYS)}")
+    if "layers" not in spec:
+        raise ValueError("spec: needs 'layers', a list of layer dicts")
+    merged = dict(spec.get("defaults") or {})
+    if not isinstance(merged, dict) or set(merged) - _DEFAULT_KEYS:
+        raise ValueError(f"spec.defaults: expected a dict with keys among {sorted(_DEFAULT_KEYS)}, got {merged!r}")
+    merged.update({k: v for k, v in (defaults or {}).items() if v is not None})
+    in_channels = spec.get("in_channels", 3)
+    if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:
+        raise ValueError(f"spec.in_channels: expected a positive int, got {in_channels!r}")
+    dtype = numpy.dtype(dtype or numpy.float32)
+    comm = MPI.COMM_SELF if serial else (comm or MPI.COMM_WORLD)
+    b = _Builder(comm, backend, dtype, seed, serial, merged)
+    layers, names, _, _, kind = b.sequence(spec["layers"], "layers", None, in_channels, "activations")
+    if kind != "logits":
+        raise ValueError("layers: the last layer must be 'linear' (the classifier head), after a 'gap'")
+    model = Model(Sequential(layers, names=names))
+    model.spec, model.in_channels = spec, in_channels
+    return model

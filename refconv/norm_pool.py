@@ -1,0 +1,175 @@
+"""Batch normalization and pooling on a process grid (ALGORITHMS.md section 5).
+
+=================  ===============================================  ==============================
+layer              forward                                          backward
+=================  ===============================================  ==============================
+``BatchNorm2d``    allreduce of the per-channel sum, then of the     allreduce of (sum dy,
+                   centred sum of squares, over the weight peers     sum dy * xhat) over the
+                   (the sample and spatial peers sharing channels)   weight peers
+``MaxPool2d``      halo exchange (fill ``-inf``), local pooling      local, then halo return
+``AvgPool2d``      halo exchange (fill 0), local pooling             local, then halo return
+=================  ===============================================  ==============================
+
+With channels split, each rank owns the statistics, ``gamma`` and ``beta`` of its
+channels ``C_i`` (viewed as ``(C, 1, 1, 1)`` split over the channel axis).
+"""
+
+import numpy
+
+from refconv import collectives
+from refconv.distribution import Distribution
+from refconv.halo import Halo
+from refconv.layers import Layer, _positive_int
+from refconv.reference.layers import pool_geometry
+
+
+class BatchNorm2d(Layer):
+    """Training-mode batch norm with PyTorch's semantics (``eps=1e-5``, ``momentum=0.1``,
+    biased variance to normalise, unbiased for the running variance).
+
+    ``layer.training = False`` normalises with the running statistics instead.
+    The batch statistics are computed in two passes (mean, then the centred sum of
+    squares), which loses no precision to cancellation, at the cost of a second
+    allreduce of ``C_i`` values.
+    """
+
+    def __init__(self, num_features, *, grid, eps=1e-5, momentum=0.1, backend="auto", dtype=numpy.float32):
+        super().__init__(grid=grid, backend=backend, dtype=dtype)
+        self.num_features = C = _positive_int(num_features, "num_features")
+        if C < grid.P_c:
+            raise ValueError(f"num_features={C} cannot be split over channel={grid.P_c} ranks")
+        self.eps, self.momentum = float(eps), float(momentum)
+        (c0, c1), = self._channel_dist.pieces(grid.rank, 0)
+        C_i = c1 - c0
+        self.weight = self.backend.asarray(numpy.ones(C_i, self.dtype))  # gamma[C_i]
+        self.bias = self.backend.asarray(numpy.zeros(C_i, self.dtype))  # beta[C_i]
+        self.running_mean = self.backend.asarray(numpy.zeros(C_i, self.dtype))
+        self.running_var = self.backend.asarray(numpy.ones(C_i, self.dtype))
+        self.weight_grad = self.bias_grad = None
+
+    @property
+    def _channel_dist(self):
+        return Distribution(self.grid, (self.num_features, 1, 1, 1), ("channel", None, None, None),
+                            names=("C", "-", "-", "-"))
+
+    def _bind(self, shape):
+        if shape[1] != self.num_features:
+            raise ValueError(f"input_shape: {self!r} expects C = {self.num_features}, got {shape}")
+        return shape
+
+    def forward(self, x_loc):
+        # x_loc: (n, C_i, h, w)
+        self._check_local(x_loc, self.input_distribution, "x_loc")
+        N, _, H, W = self._input_shape
+        M = N * H * W  # elements per channel over the global batch
+        if self.training:
+            peers = self.grid.weight_peers_comm
+            s, _ = self.backend.batch_norm_sums(x_loc)
+            mean = collectives.allreduce(peers, s) / M  # (C_i,)
+            _, sq = self.backend.batch_norm_sums(x_loc - mean.reshape(1, -1, 1, 1))
+            var = collectives.allreduce(peers, sq) / M  # (C_i,) biased
+            m = self.momentum
+            self.running_mean *= 1 - m
+            self.running_mean += m * mean
+            self.running_var *= 1 - m
+            self.running_var += m * var * (M / max(M - 1, 1))
+        else:
+            mean, var = self.running_mean, self.running_var
+        invstd = 1.0 / self.xp.sqrt(var + self.eps)
+        self._saved = (x_loc, mean.astype(self.dtype, copy=False), invstd.astype(self.dtype, copy=False))
+        return self.backend.batch_norm_apply(x_loc, self._saved[1], self._saved[2], self.weight, self.bias)
+
+    def backward(self, dy_loc):
+        # dy_loc: (n, C_i, h, w)
+        self._check_local(dy_loc, self.output_distribution, "dy_loc")
+        x_loc, mean, invstd = self._saved
+        N, _, H, W = self._input_shape
+        sdy, sdyx = self.backend.batch_norm_grad_sums(dy_loc, x_loc, mean, invstd)
+        C_i = sdy.shape[0]
+        sums = collectives.allreduce(self.grid.weight_peers_comm, self.xp.concatenate([sdy, sdyx]))
+        self.bias_grad, self.weight_grad = sums[:C_i], sums[C_i:]  # dbeta, dgamma over the global batch
+        return self.backend.batch_norm_backward_apply(dy_loc, x_loc, mean, invstd, self.weight,
+                                                      self.bias_grad, self.weight_grad, N * H * W)
+
+    def parameters(self):
+        return {"weight": self.weight, "bias": self.bias}
+
+    def gradients(self):
+        return {"weight": self.weight_grad, "bias": self.bias_grad}
+
+    def parameter_distributions(self):
+        return {"weight": self._channel_dist, "bias": self._channel_dist}
+
+    def buffers(self):
+        return {"running_mean": self.running_mean, "running_var": self.running_var}
+
+    def buffer_distributions(self):
+        return {"running_mean": self._channel_dist, "running_var": self._channel_dist}
+
+    def __repr__(self):
+        return f"BatchNorm2d({self.num_features}, grid={self.grid.shape})"
+
+
+class _Pool2d(Layer):
+    """Pooling under a spatial split: halo-extend the block to the window its outputs
+    read, then pool the window with ``padding=0`` (as convolution does)."""
+
+    fill = 0.0
+
+    def __init__(self, kernel_size, stride=None, padding=0, *, grid, backend="auto", dtype=numpy.float32):
+        super().__init__(grid=grid, backend=backend, dtype=dtype)
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        pool_geometry((1, 1, 10**6, 10**6), kernel_size, stride, padding)  # validates the arguments now
+        self._halos = {}
+
+    def _bind(self, shape):
+        kernel, stride, padding, out = pool_geometry(shape, self.kernel_size, self.stride, self.padding)
+        self._geometry = kernel, stride
+        if shape[2:] not in self._halos:
+            g = self.grid
+            self._halos[shape[2:]] = Halo(g.sub_comm(("height", "width")), (g.P_H, g.P_W), shape[2:], out,
+                                          kernel, stride, padding, (1, 1))
+        self._halo = self._halos[shape[2:]]
+        return shape[:2] + out
+
+    def forward(self, x_loc):
+        # x_loc: (n, c, h, w)
+        self._check_local(x_loc, self.input_distribution, "x_loc")
+        x_win = self._halo.extend(x_loc, self.xp, fill=self.fill)  # (n, c, h_win, w_win)
+        self._win_shape = x_win.shape
+        return self._pool(x_win)  # (n, c, h', w')
+
+    def backward(self, dy_loc):
+        self._check_local(dy_loc, self.output_distribution, "dy_loc")
+        return self._halo.reduce(self._unpool(dy_loc), self.xp)  # (n, c, h, w)
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, grid={self.grid.shape})")
+
+
+class MaxPool2d(_Pool2d):
+    """Max pooling; the window outside the image is ``-inf``, as in the serial padding."""
+
+    fill = -numpy.inf
+
+    def _pool(self, x_win):
+        kernel, stride = self._geometry
+        y, self._argmax = self.backend.max_pool2d_forward(x_win, kernel, stride, 0)
+        return y
+
+    def _unpool(self, dy):
+        kernel, stride = self._geometry
+        return self.backend.max_pool2d_backward(dy, self._argmax, self._win_shape, kernel, stride, 0)
+
+
+class AvgPool2d(_Pool2d):
+    """Average pooling with the padding counted in the divisor (``count_include_pad=True``)."""
+
+    def _pool(self, x_win):
+        kernel, stride = self._geometry
+        return self.backend.avg_pool2d_forward(x_win, kernel, stride, 0)
+
+    def _unpool(self, dy):
+        kernel, stride = self._geometry
+        return self.backend.avg_pool2d_backward(dy, self._win_shape, kernel, stride, 0)
