@@ -1,0 +1,188 @@
+"""BatchNorm2d, pooling, global average pooling, Linear, the loss and Redistribute
+against the serial reference, on drawn grids (every factorization of the world size).
+
+Every rank draws the same global arrays, runs its block, and the gathered outputs
+and gradients are compared with refconv.reference (collective asserts).
+"""
+
+import numpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mpi4py import MPI
+
+from refconv import reference as ref
+from refconv.grid import ProcessGrid
+from refconv.layers import GlobalAvgPool, Linear, Redistribute, SoftmaxCrossEntropy, layout
+from refconv.norm_pool import AvgPool2d, BatchNorm2d, MaxPool2d
+from refconv.scatter import allgather
+from refconv.testing.asserts import collective_assert_close
+from refconv.testing.mpirun import mpi_test
+from refconv.testing.strategies import grid_shapes
+
+SIZES = (1, 2, 3, 4)
+comm = MPI.COMM_WORLD
+
+
+def _grid(shape):
+    return ProcessGrid(comm, **dict(zip(("sample", "channel", "height", "width"), shape)))
+
+
+def _gathered(local, dist, grid):
+    return allgather(numpy.ascontiguousarray(local), dist, grid)
+
+
+def _channel_vector(v, layer):
+    """A per-channel shard (C_i,) -> the global (C,) vector."""
+    dist = layer.parameter_distributions()["weight"]
+    return _gathered(v.reshape(-1, 1, 1, 1), dist, layer.grid).reshape(-1)
+
+
+@st.composite
+def activations(draw, shape, min_hw=(1, 1)):
+    P_N, P_c, P_H, P_W = shape
+    N = draw(st.integers(P_N, P_N + 2))
+    C = draw(st.integers(P_c, P_c + 3))
+    H = draw(st.integers(max(P_H, min_hw[0]), max(P_H, min_hw[0]) + 4))
+    W = draw(st.integers(max(P_W, min_hw[1]), max(P_W, min_hw[1]) + 4))
+    return N, C, H, W
+
+
+@mpi_test(sizes=SIZES, timeout=120)
+@settings(max_examples=15)
+@given(st.data())
+def test_batchnorm_matches_reference(data):
+    shape = data.draw(grid_shapes(comm.size))
+    x_shape = data.draw(activations(shape))
+    grid = _grid(shape)
+    rng = numpy.random.default_rng(list(x_shape))
+    x = rng.standard_normal(x_shape) * 3 + 1
+    dy = rng.standard_normal(x_shape)
+    C = x_shape[1]
+    gamma, beta = rng.standard_normal(C), rng.standard_normal(C)
+    layer = BatchNorm2d(C, grid=grid, backend="numpy", dtype=numpy.float64).bind(x_shape)
+    dist = layer.input_distribution
+    (c0, c1), = dist.pieces(grid.rank, 1)
+    layer.weight[...], layer.bias[...] = gamma[c0:c1], beta[c0:c1]
+    y_loc = layer.forward(dist.extract(x, grid.rank))
+    dx_loc = layer.backward(layer.output_distribution.extract(dy, grid.rank))
+
+    rm, rv = numpy.zeros(C), numpy.ones(C)
+    y, saved = ref.batch_norm_forward(x, gamma, beta, running_mean=rm, running_var=rv)
+    dx, dgamma, dbeta = ref.batch_norm_backward(dy, x, gamma, saved)
+    M = x_shape[0] * x_shape[2] * x_shape[3]
+    collective_assert_close(comm, _gathered(y_loc, layer.output_distribution, grid), y, reduction_length=M, name="y")
+    collective_assert_close(comm, _gathered(dx_loc, dist, grid), dx, reduction_length=M, name="dx")
+    collective_assert_close(comm, _channel_vector(layer.weight_grad, layer), dgamma, reduction_length=M, name="dgamma")
+    collective_assert_close(comm, _channel_vector(layer.bias_grad, layer), dbeta, reduction_length=M, name="dbeta")
+    collective_assert_close(comm, _channel_vector(layer.running_mean, layer), rm, reduction_length=M, name="running_mean")
+    collective_assert_close(comm, _channel_vector(layer.running_var, layer), rv, reduction_length=M, name="running_var")
+    # eval mode normalises with the running statistics
+    layer.training = False
+    y_eval = _gathered(layer.forward(dist.extract(x, grid.rank)), layer.output_distribution, grid)
+    expected = (x - rm.reshape(1, -1, 1, 1)) / numpy.sqrt(rv.reshape(1, -1, 1, 1) + 1e-5) * gamma.reshape(1, -1, 1, 1) \
+        + beta.reshape(1, -1, 1, 1)
+    collective_assert_close(comm, y_eval, expected, name="y (eval)")
+    grid.free()
+
+
+@st.composite
+def pool_cases(draw, shape):
+    k = draw(st.integers(1, 3))
+    s = draw(st.integers(1, 3))
+    p = draw(st.integers(0, k // 2))
+    _, _, P_H, P_W = shape
+    # the output must have at least P_H rows: H >= (P_H - 1) s + k - 2p
+    need = [max(1, (P - 1) * s + k - 2 * p) for P in (P_H, P_W)]
+    return k, s, p, data_shape(draw, shape, need)
+
+
+def data_shape(draw, shape, min_hw):
+    return draw(activations(shape, min_hw))
+
+
+def _pool_test(cls, fwd, bwd):
+    @settings(max_examples=15)
+    @given(st.data())
+    def test(data):
+        shape = data.draw(grid_shapes(comm.size))
+        k, s, p, x_shape = data.draw(pool_cases(shape))
+        grid = _grid(shape)
+        rng = numpy.random.default_rng(list(x_shape) + [k, s, p])
+        x = rng.standard_normal(x_shape)
+        layer = cls(k, s, p, grid=grid, backend="numpy", dtype=numpy.float64).bind(x_shape)
+        y_loc = layer.forward(layer.input_distribution.extract(x, grid.rank))
+        y_ref, extra = fwd(x, k, s, p)
+        dy = rng.standard_normal(y_ref.shape)
+        dx_loc = layer.backward(layer.output_distribution.extract(dy, grid.rank))
+        collective_assert_close(comm, _gathered(y_loc, layer.output_distribution, grid), y_ref, name="y")
+        collective_assert_close(comm, _gathered(dx_loc, layer.input_distribution, grid), bwd(dy, extra, x.shape, k, s, p),
+                                name="dx")
+        grid.free()
+
+    return test
+
+
+test_maxpool_matches_reference = mpi_test(sizes=SIZES, timeout=120)(_pool_test(
+    MaxPool2d, ref.max_pool2d_forward, ref.max_pool2d_backward))
+test_avgpool_matches_reference = mpi_test(sizes=SIZES, timeout=120)(_pool_test(
+    AvgPool2d, lambda x, k, s, p: (ref.avg_pool2d_forward(x, k, s, p), None),
+    lambda dy, _, shape, k, s, p: ref.avg_pool2d_backward(dy, shape, k, s, p)))
+
+
+@mpi_test(sizes=SIZES, timeout=120)
+@settings(max_examples=10)
+@given(st.data())
+def test_gap_linear_loss_match_reference(data):
+    shape = data.draw(grid_shapes(comm.size))
+    x_shape = data.draw(activations(shape))
+    K = data.draw(st.integers(2, 5))
+    grid = _grid(shape)
+    N, C = x_shape[:2]
+    rng = numpy.random.default_rng(list(x_shape) + [K])
+    x = rng.standard_normal(x_shape)
+    labels = rng.integers(0, K, N)
+    gap = GlobalAvgPool(grid=grid, backend="numpy", dtype=numpy.float64).bind(x_shape)
+    lin = Linear(C, K, grid=grid, backend="numpy", dtype=numpy.float64, seed=3).bind(gap.output_shape)
+    head = SoftmaxCrossEntropy(grid=grid, backend="numpy")
+    f_loc = gap.forward(gap.input_distribution.extract(x, grid.rank))
+    logits = lin.forward(f_loc)
+    (n0, n1), = lin.output_distribution.pieces(grid.rank, 0)
+    loss = head.forward(logits, labels[n0:n1], N)
+    dx_loc = gap.backward(lin.backward(head.backward()))
+
+    f = ref.global_avg_pool_forward(x)
+    w, b = lin.weight, lin.bias
+    z = ref.linear_forward(f, w, b)
+    loss_ref, probs = ref.softmax_cross_entropy_forward(z, labels)
+    dz = ref.softmax_cross_entropy_backward(probs, labels)
+    df, dw, db = ref.linear_backward(dz, f, w)
+    dx = ref.global_avg_pool_backward(df, x_shape)
+    collective_assert_close(comm, numpy.array(loss), numpy.array(loss_ref), reduction_length=N, name="loss")
+    collective_assert_close(comm, logits, z[n0:n1], reduction_length=C, name="logits")
+    collective_assert_close(comm, lin.weight_grad, dw, reduction_length=N, name="dW")
+    collective_assert_close(comm, lin.bias_grad, db, reduction_length=N, name="db")
+    collective_assert_close(comm, _gathered(dx_loc, gap.input_distribution, grid), dx, reduction_length=K, name="dx")
+    grid.free()
+
+
+@mpi_test(sizes=SIZES, timeout=120)
+@settings(max_examples=20)
+@given(st.data())
+def test_redistribute_between_drawn_grids(data):
+    src_shape = data.draw(grid_shapes(comm.size), label="src grid")
+    dst_shape = data.draw(grid_shapes(comm.size), label="dst grid")
+    kind = data.draw(st.sampled_from(("activations", "features")), label="kind")
+    both = tuple(max(a, b) for a, b in zip(src_shape, dst_shape))
+    N, C, H, W = data.draw(activations(both), label="shape")
+    if kind == "features":
+        H = W = 1
+    shape = (N, C, H, W)
+    src, dst = _grid(src_shape), _grid(dst_shape)
+    x = numpy.arange(numpy.prod(shape), dtype=numpy.float64).reshape(shape)
+    layer = Redistribute(src, dst, kind).bind(shape)
+    y_loc = layer.forward(layout(src, shape, kind).extract(x, src.rank))
+    collective_assert_close(comm, y_loc, layout(dst, shape, kind).extract(x, dst.rank), rtol=0, atol=0, name="forward")
+    dx_loc = layer.backward(layout(dst, shape, kind).extract(-x, dst.rank))
+    collective_assert_close(comm, dx_loc, layout(src, shape, kind).extract(-x, src.rank), rtol=0, atol=0, name="backward")
+    src.free()
+    dst.free()
