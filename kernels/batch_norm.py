@@ -84,7 +84,7 @@ def batch_norm_grad_sums(dy, x, mean, invstd):
         raise ValueError(f"dy: expected the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
     _per_channel(x.shape[1], mean=mean, invstd=invstd)
     dtype_ab = numpy.result_type(dy.dtype, x.dtype, mean.dtype, invstd.dtype)
-    return channel_sums(dy, x, contiguous(mean), contiguous(invstd), dtype_ab)
+    return channel_sums(dy, x, mean, invstd, dtype_ab)
 
 
 @cuda.jit

@@ -96,7 +96,7 @@ def test_conv_backward_filter(version, problem):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("version", VERSIONS)
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(conv_problems(dtypes=DTYPES, max_batch=2, max_channels=6, max_kernel=4, max_extra=6))
 def test_conv_all_passes_larger(version, problem):
     check_conv(problem, version)
