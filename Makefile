@@ -17,8 +17,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
+# Distributed training of the digits CNN on 4 ranks (sample=2 x channel=2, Stationary-X),
+# checked step by step against a one-rank replay of its first 5 steps.
+DEMO_ARGS ?= --grid sample=2,channel=2 --algorithm stationary-x --epochs 5 --check-serial 5
+
 demo: setup
-	$(PY) -m refconv.demo
+	OMP_NUM_THREADS=1 $(VENV)/bin/mpiexec -n 4 $(PY) -m mpi4py -m refconv.cli train $(DEMO_ARGS)
 
 test: setup
 	$(PY) -m pytest -q
