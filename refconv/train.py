@@ -17,7 +17,6 @@ statistics; ``resume`` reloads them onto the current grids (any strategy).
 
 import dataclasses
 import math
-import os
 import sys
 import time
 
@@ -300,6 +299,3 @@ def format_summary(result, cfg):
     lines.append(f"  {'total':<16}{'':>8}{total:>14,.0f}")
     return "\n".join(lines)
 
-
-def environment_note():
-    return f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
