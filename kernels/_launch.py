@@ -102,3 +102,22 @@ def output_pixel(inp, tap, stride, padding, dilation, size_out):
         return -1
     out = shifted // stride
     return out if out < size_out else -1
+
+
+@cuda.jit(device=True)
+def multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty):
+    """``acc += a_tile[:, rows] x b_tile[:, cols]`` for this thread's ``MICRO x MICRO`` micro-tile.
+
+    Shared by the three tiled (version 2) convolution kernels: after a stage of
+    ``TILE_K`` is in shared memory, thread ``(tx, ty)`` owns rows ``tx + THREADS*ii``
+    and columns ``ty + THREADS*jj``; each ``kk`` loads ``MICRO`` values of A and of B
+    into registers and does ``MICRO*MICRO`` multiply-adds (an outer product).
+    """
+    for kk in range(TILE_K):
+        for ii in range(MICRO):
+            a_reg[ii] = a_tile[kk, tx + ii * THREADS]
+        for jj in range(MICRO):
+            b_reg[jj] = b_tile[kk, ty + jj * THREADS]
+        for ii in range(MICRO):
+            for jj in range(MICRO):
+                acc[ii, jj] += a_reg[ii] * b_reg[jj]

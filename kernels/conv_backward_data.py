@@ -20,6 +20,7 @@ import functools
 from numba import cuda
 
 from ._launch import (
+    multiply_stage,
     LOADS_A, LOADS_B, MICRO, PAD, THREADS, TILE_K, TILE_M, TILE_N,
     contiguous, gemm_grid, grid_1d, output_pixel, split3, split4, xp,
 )
@@ -124,14 +125,7 @@ def backward_data_tiled(dtype):
                 b_tile[b_k, cc] = value
             cuda.syncthreads()
 
-            for kk in range(TILE_K):
-                for ii in range(MICRO):
-                    a_reg[ii] = a_tile[kk, tx + ii * THREADS]
-                for jj in range(MICRO):
-                    b_reg[jj] = b_tile[kk, ty + jj * THREADS]
-                for ii in range(MICRO):
-                    for jj in range(MICRO):
-                        acc[ii, jj] += a_reg[ii] * b_reg[jj]
+            multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty)
             cuda.syncthreads()
 
         for ii in range(MICRO):

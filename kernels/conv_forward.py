@@ -17,6 +17,7 @@ import functools
 from numba import cuda
 
 from ._launch import (
+    multiply_stage,
     LOADS_A, LOADS_B, MICRO, PAD, THREADS, TILE_K, TILE_M, TILE_N,
     contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
@@ -126,14 +127,7 @@ def forward_tiled(dtype):
                 b_tile[b_k, ff] = value
             cuda.syncthreads()
 
-            for kk in range(TILE_K):
-                for ii in range(MICRO):
-                    a_reg[ii] = a_tile[kk, tx + ii * THREADS]
-                for jj in range(MICRO):
-                    b_reg[jj] = b_tile[kk, ty + jj * THREADS]
-                for ii in range(MICRO):
-                    for jj in range(MICRO):
-                        acc[ii, jj] += a_reg[ii] * b_reg[jj]
+            multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty)
             cuda.syncthreads()
 
         for ii in range(MICRO):
@@ -153,13 +147,7 @@ def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, v
 
     Same arguments, semantics and errors as ``refconv.reference.conv2d_forward``.
     """
-    _checks.array(x, "x", 4)
-    _checks.array(w, "w", 4)
-    if b is not None:
-        _checks.array(b, "b", 1)
-        if b.shape[0] != w.shape[0]:
-            raise ValueError(f"b: expected shape ({w.shape[0]},) to match F of w, got {tuple(b.shape)}")
-    _checks.same_dtype(x=x, w=w, b=b)
+    _checks.forward_arrays(x, w, b)
     (sh, sw), (ph, pw), (dh, dw), groups, (Ho, Wo) = _conv_args(x.shape, w.shape, stride, padding, dilation, groups)
     check_version(version)
     N, C, H, W = x.shape

@@ -49,6 +49,17 @@ def same_dtype(**arrays):
     return next(iter(named.values())).dtype
 
 
+def forward_arrays(x, w, b):
+    """The arrays of a convolution forward: 4-D ``x`` and ``w``, an ``(F,)`` bias, one dtype."""
+    array(x, "x", 4)
+    array(w, "w", 4)
+    if b is not None:
+        array(b, "b", 1)
+        if b.shape[0] != w.shape[0]:
+            raise ValueError(f"b: expected shape ({w.shape[0]},) to match F of w, got {tuple(b.shape)}")
+    same_dtype(x=x, w=w, b=b)
+
+
 def shape4(shape, name):
     """A 4-tuple of positive ints (an NCHW or FCKhKw shape)."""
     try:

@@ -66,13 +66,7 @@ def col2im(cols, x_shape, stride, padding, dilation):
 
 def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1):
     """``y = conv2d(x, w) + b``: ``(N, C, H, W), (F, C/g, Kh, Kw), (F,)`` -> ``(N, F, Ho, Wo)``."""
-    _checks.array(x, "x", 4)
-    _checks.array(w, "w", 4)
-    if b is not None:
-        _checks.array(b, "b", 1)
-        if b.shape[0] != w.shape[0]:
-            raise ValueError(f"b: expected shape ({w.shape[0]},) to match F of w, got {tuple(b.shape)}")
-    _checks.same_dtype(x=x, w=w, b=b)
+    _checks.forward_arrays(x, w, b)
     stride, padding, dilation, groups, (Ho, Wo) = _conv_args(x.shape, w.shape, stride, padding, dilation, groups)
     N, C, _, _ = x.shape
     F, Cg, Kh, Kw = w.shape
