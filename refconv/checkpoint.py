@@ -2,8 +2,9 @@
 
 A checkpoint is a directory::
 
-    shard-00000-of-00004.npz   rank 0's local blocks, each 4-D: "param/<name>" and
-    ...                        "momentum/<name>" (the SGD buffer, sharded like its parameter)
+    shard-00000-of-00004.npz   rank 0's local blocks, each 4-D: "param/<name>",
+    ...                        "buffer/<name>" (e.g. BatchNorm running statistics) and
+                               "momentum/<name>" (the SGD buffer, sharded like its parameter)
     manifest.json              written last, by rank 0: the table below
 
 ===================  ================================================================
@@ -13,7 +14,7 @@ manifest field       meaning
 ``world_size``       ranks that saved (one shard file each)
 ``step``, ``extra``  the caller's training position (``extra``: any JSON, from rank 0)
 ``shards``           per rank: ``file`` and the ``sha256`` of its bytes
-``tensors``          per tensor: ``name``, ``kind`` (param | momentum), ``key`` in the
+``tensors``          per tensor: ``name``, ``kind`` (param | buffer | momentum), ``key`` in the
                      shards, 4-D ``global_shape``, original ``shape``, ``dtype``,
                      ``distribution`` (for people), and ``pieces[rank][dim]``: the
                      (start, stop) ranges of each dim that rank holds (``dist.pieces``)
@@ -58,11 +59,12 @@ def shard_name(rank, size):
 
 
 class _Entry:
-    """One tensor to save or load: a parameter or its momentum buffer, on this rank."""
+    """One tensor to save or load, on this rank: a parameter, its momentum buffer, or a
+    layer buffer such as BatchNorm's running statistics."""
 
-    def __init__(self, name, kind, layer, pname, local):
+    def __init__(self, name, kind, layer, dist, local):
         self.name, self.kind, self.key = name, kind, f"{kind}/{name}"
-        self.dist = layer.parameter_distributions()[pname]
+        self.dist = dist
         self.rank = layer.grid.rank
         self.comm = layer.grid.comm
         self.local = local                        # the live shard, written in place on load
@@ -73,13 +75,16 @@ class _Entry:
 
 
 def _entries(model, optimizer):
-    entries = [_Entry(q, "param", layer, p, layer.parameters()[p])
+    entries = [_Entry(q, "param", layer, layer.parameter_distributions()[p], layer.parameters()[p])
                for q, layer, p in named_parameters(model)]
     if not entries:
         raise CheckpointError("model has no parameters (named_parameters() is empty)")
+    if hasattr(model, "named_buffers"):  # e.g. BatchNorm running statistics
+        entries += [_Entry(q, "buffer", layer, layer.buffer_distributions()[b], layer.buffers()[b])
+                    for q, layer, b in model.named_buffers()]
     if optimizer is not None:
         buffers = optimizer.state()
-        entries += [_Entry(q, "momentum", layer, p, buffers[q])
+        entries += [_Entry(q, "momentum", layer, layer.parameter_distributions()[p], buffers[q])
                     for q, layer, p in optimizer.entries if q in buffers]
     return entries
 
@@ -258,7 +263,7 @@ def _check_manifest(m):
         if len(g) != 4 or not all(isinstance(n, int) and n >= 1 for n in g):
             raise ValueError(f"{t['name']}: global_shape must be 4 ints >= 1, got {g!r}")
         numpy.dtype(t["dtype"])
-        if t["kind"] not in ("param", "momentum") or t["key"] != f"{t['kind']}/{t['name']}":
+        if t["kind"] not in ("param", "buffer", "momentum") or t["key"] != f"{t['kind']}/{t['name']}":
             raise ValueError(f"{t['name']}: bad kind/key {t['kind']!r}/{t['key']!r}")
         if len(t["pieces"]) != size:
             raise ValueError(f"{t['name']}: pieces has {len(t['pieces'])} ranks, not {size}")
@@ -300,7 +305,7 @@ def _read_blocks(directory, m, entries, rank, size):
             raise CheckpointError(f"{e.key}: checkpoint global shape {tuple(t['global_shape'])} "
                                   f"!= the model's {e.dist.global_shape}")
     wanted = {e.key for e in entries}
-    unknown = sorted(k for k, t in tensors.items() if t["kind"] == "param" and k not in wanted)
+    unknown = sorted(k for k, t in tensors.items() if t["kind"] in ("param", "buffer") and k not in wanted)
     if unknown:
         raise CheckpointError(f"checkpoint has parameters the model lacks: {unknown}")
 

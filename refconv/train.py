@@ -90,30 +90,6 @@ def build_model(cfg, *, comm=None, serial=False, in_channels=None, num_classes=N
                            seed=cfg.seed, serial=serial, defaults=defaults, **preset_kwargs)
 
 
-class _BufferView:
-    """Shows a layer's buffers to refconv.checkpoint as if they were parameters."""
-
-    def __init__(self, layer):
-        self.layer, self.grid = layer, layer.grid
-
-    def parameters(self):
-        return self.layer.buffers()
-
-    def parameter_distributions(self):
-        return self.layer.buffer_distributions()
-
-
-class CheckpointView:
-    """The model's parameters and its BatchNorm running statistics, for refconv.checkpoint."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def named_parameters(self):
-        return self.model.named_parameters() + [(f"{q}@buffer", _BufferView(layer), b)
-                                                 for q, layer, b in self.model.named_buffers()]
-
-
 def learning_rate(cfg, step, total_steps):
     """The learning rate of step ``step`` (0-based) of ``total_steps``."""
     if cfg.lr_schedule == "constant":
@@ -188,7 +164,7 @@ def train(cfg, *, comm=None, log=print):
 
         if not cfg.checkpoint_dir:
             raise ValueError("resume: needs checkpoint_dir")
-        global_step, extra = checkpoint.load(cfg.checkpoint_dir, CheckpointView(model), optimizer)
+        global_step, extra = checkpoint.load(cfg.checkpoint_dir, model, optimizer)
         start_epoch, start_batch = divmod(global_step, per_epoch)
         say(f"resumed from {cfg.checkpoint_dir} at step {global_step} (epoch {start_epoch + 1})")
     say(f"model {model.spec.get('name', 'custom')}: {model.num_parameters()} parameters, "
@@ -225,7 +201,7 @@ def train(cfg, *, comm=None, log=print):
         if cfg.checkpoint_dir:
             from refconv import checkpoint
 
-            checkpoint.save(cfg.checkpoint_dir, CheckpointView(model), optimizer, step=global_step,
+            checkpoint.save(cfg.checkpoint_dir, model, optimizer, step=global_step,
                             extra={"epoch": epoch + 1, "seed": cfg.seed})
         if stop:
             break
