@@ -2,9 +2,10 @@
 
 A checkpoint is a directory::
 
-    shard-00000-of-00004.npz   rank 0's local blocks, each 4-D: "param/<name>",
-    ...                        "buffer/<name>" (e.g. BatchNorm running statistics) and
-                               "momentum/<name>" (the SGD buffer, sharded like its parameter)
+    shard-00000-of-00004-step-00000120.npz   rank 0's local blocks, each 4-D: "param/<name>",
+    ...                                      "buffer/<name>" (e.g. BatchNorm running statistics)
+                                             and "momentum/<name>" (the SGD buffer, sharded like
+                                             its parameter)
     manifest.json              written last, by rank 0: the table below
 
 ===================  ================================================================
@@ -20,9 +21,12 @@ manifest field       meaning
                      (start, stop) ranges of each dim that rank holds (``dist.pieces``)
 ===================  ================================================================
 
-Save: every rank writes its shard to a temporary name, fsyncs and ``os.replace``-s it;
-after all ranks agree that every shard is on disk, rank 0 writes the manifest the
-same way.  A directory without ``manifest.json`` is an incomplete checkpoint.
+Save: every rank writes its shard (named with the step, so the files of the current
+checkpoint are never overwritten) to a temporary name, fsyncs and ``os.replace``-s it;
+after all ranks agree that every shard is on disk, rank 0 replaces the manifest the
+same way: that is the commit point.  Then the shards of the previous save are removed.
+A job killed at any moment leaves either the previous checkpoint or the new one,
+never a mixture.  A directory without ``manifest.json`` is an incomplete checkpoint.
 
 Load: every rank validates the manifest against the model, verifies checksums,
 rebuilds each global tensor from the shards that cover it (shared filesystem) and
@@ -54,8 +58,10 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be saved or loaded; raised on every rank alike."""
 
 
-def shard_name(rank, size):
-    return f"shard-{rank:05d}-of-{size:05d}.npz"
+def shard_name(rank, size, step):
+    """Shard files carry the step, so a new save never overwrites the files that the
+    current manifest vouches for: a job killed mid-save keeps its previous checkpoint."""
+    return f"shard-{rank:05d}-of-{size:05d}-step-{step:08d}.npz"
 
 
 class _Entry:
@@ -107,8 +113,6 @@ def save(directory, model, optimizer=None, *, step, extra=None):
         step = _check_step(step)
         extra = json.loads(json.dumps(extra, default=_json_default))
         os.makedirs(directory, exist_ok=True)
-        if rank == 0 and os.path.exists(os.path.join(directory, MANIFEST)):
-            os.remove(os.path.join(directory, MANIFEST))   # mark it incomplete while we write
     except (TypeError, ValueError, OSError) as exc:
         error = f"cannot save to {directory!r}: {exc}"
     _agree(comm, error, "checkpoint.save")
@@ -117,10 +121,10 @@ def save(directory, model, optimizer=None, *, step, extra=None):
         buf = io.BytesIO()
         numpy.savez(buf, **{e.key: e.block4() for e in entries})
         blob = buf.getvalue()
-        _write_atomic(os.path.join(directory, shard_name(rank, size)), blob)
+        _write_atomic(os.path.join(directory, shard_name(rank, size, step)), blob)
         digest = numpy.frombuffer(hashlib.sha256(blob).digest(), dtype=numpy.uint8).copy()
     except Exception as exc:                      # any failure must reach every rank
-        error = f"cannot write {shard_name(rank, size)}: {type(exc).__name__}: {exc}"
+        error = f"cannot write {shard_name(rank, size, step)}: {type(exc).__name__}: {exc}"
     _agree(comm, error, "checkpoint.save")        # every shard is on disk past this point
     digests = collectives.gather(comm, digest, [(32,)] * size)
 
@@ -128,17 +132,25 @@ def save(directory, model, optimizer=None, *, step, extra=None):
         manifest = {
             "format": FORMAT, "version": VERSION, "world_size": size, "step": step,
             "extra": extra,
-            "shards": [{"file": shard_name(r, size), "sha256": bytes(d).hex()}
+            "shards": [{"file": shard_name(r, size, step), "sha256": bytes(d).hex()}
                        for r, d in enumerate(digests)],
             "tensors": [_describe(e, size) for e in entries],
         }
         try:
-            _write_atomic(os.path.join(directory, MANIFEST),
+            _write_atomic(os.path.join(directory, MANIFEST),   # the commit point
                           _dumps(manifest).encode())
             _fsync_directory(directory)
+            _remove_stale_shards(directory, {s["file"] for s in manifest["shards"]})
         except OSError as exc:
             error = f"cannot write {MANIFEST}: {exc}"
     _agree(comm, error, "checkpoint.save")
+
+
+def _remove_stale_shards(directory, keep):
+    """Shards of earlier saves: garbage once the new manifest is in place."""
+    for name in os.listdir(directory):
+        if name.startswith("shard-") and name.endswith(".npz") and name not in keep:
+            os.remove(os.path.join(directory, name))
 
 
 def _describe(e, size):
@@ -255,8 +267,8 @@ def _check_manifest(m):
     if len(m["shards"]) != size:
         raise ValueError(f"{len(m['shards'])} shards listed for world_size {size}")
     for r, s in enumerate(m["shards"]):
-        if s["file"] != shard_name(r, size) or not isinstance(s["sha256"], str):
-            raise ValueError(f"shards[{r}] must be {{'file': {shard_name(r, size)!r}, "
+        if s["file"] != shard_name(r, size, m["step"]) or not isinstance(s["sha256"], str):
+            raise ValueError(f"shards[{r}] must be {{'file': {shard_name(r, size, m['step'])!r}, "
                              f"'sha256': hex}}, got {s!r}")
     for t in m["tensors"]:
         g = t["global_shape"]

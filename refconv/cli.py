@@ -41,36 +41,40 @@ def build_parser():
                     "a progress bar (stderr), the loss and test accuracy per epoch, and a summary of the "
                     "time and bytes communicated per step by kind of collective.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # ArgumentDefaultsHelpFormatter appends "(default: ...)" to every option with help text.
     g = t.add_argument_group("parallel strategy (defaults for every layer; a model file may override per layer)")
     g.add_argument("--grid", type=parse_grid, default=None,
                    help="process grid, e.g. sample=2,channel=2 or sample=2,height=2; the product must be "
-                        "the number of ranks (default: sample=<ranks>)")
+                        "the number of ranks; unset: sample=<ranks>")
     g.add_argument("--algorithm", choices=("stationary-x", "stationary-y", "stationary-w"), default=None,
-                   help="channel/filter algorithm of the convolutions when channel > 1 (default stationary-x)")
+                   help="channel/filter algorithm of the convolutions when channel > 1; unset: stationary-x")
     g.add_argument("--filter-groups", type=int, default=None,
                    help="p_f of stationary-w, a divisor of the channel size")
     m = t.add_argument_group("model and data")
     m.add_argument("--model", default="digits-cnn",
                    help="preset (digits-cnn, resnet50, resnet50-wide2, resnet50-wide4) or a JSON/YAML model file")
     m.add_argument("--data", default=None,
-                   help="an .npz with x (N,C,H,W) and y (N,); 20%% is held out for testing (default: the bundled digits)")
+                   help="an .npz with x (N,C,H,W) and y (N,); 20%% is held out for testing; unset: the bundled digits")
     m.add_argument("--synthetic", action="store_true", help="train on generated images instead (scaling runs)")
     m.add_argument("--synthetic-samples", type=int, default=1024, help="training images with --synthetic")
     m.add_argument("--image-size", type=int, default=32, help="height and width of --synthetic images")
     o = t.add_argument_group("optimisation")
-    o.add_argument("--epochs", type=int, default=4)
+    o.add_argument("--epochs", type=int, default=4, help="passes over the training set")
     o.add_argument("--batch-size", type=int, default=32, help="global batch size (split over the sample axis)")
     o.add_argument("--lr", type=float, default=0.1, help="peak SGD learning rate")
     o.add_argument("--lr-schedule", choices=("cosine", "constant"), default="cosine",
                    help="cosine: decay to 0 over the run")
-    o.add_argument("--momentum", type=float, default=0.9)
-    o.add_argument("--weight-decay", type=float, default=1e-4)
+    o.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    o.add_argument("--weight-decay", type=float, default=1e-4, help="L2 penalty added to each gradient")
     o.add_argument("--seed", type=int, default=0, help="parameters and data order: same seed, same run")
     o.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     r = t.add_argument_group("run")
-    r.add_argument("--backend", choices=("auto", "numpy", "cuda"), default="auto")
-    r.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    r.add_argument("--backend", choices=("auto", "numpy", "cuda"), default="auto",
+                   help="numpy: the CPU path; cuda: the Numba kernels; auto: cuda when a GPU answers")
+    r.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="parameter and activation dtype")
     r.add_argument("--checkpoint-dir", default=None, help="save a checkpoint here after every epoch")
+    r.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                   help="also save every STEPS steps (0: only after each epoch)")
     r.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir "
                                                           "(it may come from another grid or algorithm)")
     r.add_argument("--check-serial", type=int, default=0, metavar="K",
@@ -89,7 +93,8 @@ def train_command(args):
                       image_size=args.image_size, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                       lr_schedule=args.lr_schedule,
                       momentum=args.momentum, weight_decay=args.weight_decay, seed=args.seed, backend=args.backend,
-                      dtype=args.dtype, checkpoint_dir=args.checkpoint_dir, resume=args.resume,
+                      dtype=args.dtype, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                      resume=args.resume,
                       check_serial=args.check_serial, max_steps=args.max_steps, progress=not args.no_progress)
     result = train(cfg)
     from mpi4py import MPI

@@ -50,6 +50,7 @@ class TrainConfig:
     backend: str = "auto"
     dtype: str = "float32"
     checkpoint_dir: str = None
+    checkpoint_every: int = 0             # also save every this many steps (0: only after each epoch)
     resume: bool = False
     check_serial: int = 0
     lr_schedule: str = "cosine"           # "cosine" (to 0 over the run) or "constant"
@@ -88,6 +89,13 @@ def build_model(cfg, *, comm=None, serial=False, in_channels=None, num_classes=N
     defaults = {"grid": cfg.grid, "algorithm": cfg.algorithm, "filter_groups": cfg.filter_groups}
     return Model.from_spec(cfg.model, comm=comm, backend="numpy" if serial else cfg.backend, dtype=cfg.dtype,
                            seed=cfg.seed, serial=serial, defaults=defaults, **preset_kwargs)
+
+
+def _save(cfg, model, optimizer, global_step):
+    """A checkpoint at ``global_step``; the data position follows from it (``divmod(step, per_epoch)``)."""
+    from refconv import checkpoint
+
+    checkpoint.save(cfg.checkpoint_dir, model, optimizer, step=global_step, extra={"seed": cfg.seed})
 
 
 def learning_rate(cfg, step, total_steps):
@@ -189,6 +197,8 @@ def train(cfg, *, comm=None, log=print):
             global_step += 1
             if cfg.progress and rank == 0:
                 _bar(epoch, cfg.epochs, b + 1, per_epoch, loss)
+            if cfg.checkpoint_dir and cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
+                _save(cfg, model, optimizer, global_step)
             if cfg.max_steps is not None and len(losses) >= cfg.max_steps:
                 stop = True
                 break
@@ -198,11 +208,8 @@ def train(cfg, *, comm=None, log=print):
         mean_loss = float(numpy.mean(epoch_losses)) if epoch_losses else float("nan")
         epochs.append({"epoch": epoch + 1, "loss": mean_loss, "accuracy": accuracy})
         say(f"epoch {epoch + 1}/{cfg.epochs}: loss {mean_loss:.4f}, test accuracy {accuracy:.4f}")
-        if cfg.checkpoint_dir:
-            from refconv import checkpoint
-
-            checkpoint.save(cfg.checkpoint_dir, model, optimizer, step=global_step,
-                            extra={"epoch": epoch + 1, "seed": cfg.seed})
+        if cfg.checkpoint_dir and not (cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0):
+            _save(cfg, model, optimizer, global_step)
         if stop:
             break
 

@@ -59,7 +59,7 @@ def saved(tmp_path, grid):
 
 def test_files_and_manifest(saved):
     directory, model, _ = saved
-    assert sorted(os.listdir(directory)) == ["manifest.json", "shard-00000-of-00001.npz"]
+    assert sorted(os.listdir(directory)) == ["manifest.json", "shard-00000-of-00001-step-00000001.npz"]
     m = json.loads((directory / "manifest.json").read_text())
     assert m["format"] == "refconv-checkpoint" and m["version"] == 1
     assert m["world_size"] == 1 and m["step"] == 1 and m["extra"] == {"epoch": 0, "seed": 5}
@@ -71,7 +71,7 @@ def test_files_and_manifest(saved):
     bias = m["tensors"][1]
     assert bias["global_shape"] == [6, 1, 1, 1] and bias["shape"] == [6]
     assert bias["pieces"] == [[[[0, 6]], [[0, 1]], [[0, 1]], [[0, 1]]]]
-    with numpy.load(directory / "shard-00000-of-00001.npz") as z:
+    with numpy.load(directory / "shard-00000-of-00001-step-00000001.npz") as z:
         assert z["param/conv1.bias"].shape == (6, 1, 1, 1)      # saved as its 4-D block
 
 
@@ -140,7 +140,7 @@ def _assert_unchanged_after(model, fn, match):
 
 def test_flipped_byte_is_a_checksum_error(saved, grid):
     directory, _, _ = saved
-    shard = directory / "shard-00000-of-00001.npz"
+    shard = directory / "shard-00000-of-00001-step-00000001.npz"
     blob = bytearray(shard.read_bytes())
     blob[len(blob) // 2] ^= 0x01
     shard.write_bytes(bytes(blob))
@@ -156,7 +156,7 @@ def test_missing_manifest_is_incomplete(saved, grid):
 
 def test_missing_shard(saved, grid):
     directory, model, _ = saved
-    (directory / "shard-00000-of-00001.npz").unlink()
+    (directory / "shard-00000-of-00001-step-00000001.npz").unlink()
     _assert_unchanged_after(model, lambda: checkpoint.load(directory, model), "missing shard")
 
 

@@ -259,3 +259,36 @@ def test_cli_train_two_ranks_with_serial_check_and_resharded_resume(tmp_path):
                        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "resumed" in r.stdout and "epoch 2/2" in r.stdout and "reduce_scatter" in r.stdout
+
+
+def test_a_killed_run_resumes_exactly(tmp_path):
+    """SIGKILL a training process after a periodic checkpoint; resuming reproduces the losses."""
+    import json
+    import os
+    import signal
+    import sys
+    import time
+
+    npz, ckpt = _small_npz(tmp_path), tmp_path / "ckpt"
+    cfg = dict(data=npz, batch_size=16, epochs=40, progress=False, dtype="float64", backend="numpy")
+    run = [sys.executable, "-m", "refconv.cli", "train", "--data", npz, "--batch-size", "16", "--epochs", "40",
+           "--dtype", "float64", "--backend", "numpy", "--no-progress",
+           "--checkpoint-dir", str(ckpt), "--checkpoint-every", "3"]
+    proc = subprocess.Popen(run, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    manifest, deadline, saved = ckpt / "manifest.json", time.monotonic() + 60, 0
+    try:
+        while time.monotonic() < deadline and saved < 6:
+            if manifest.exists():
+                saved = json.loads(manifest.read_text())["step"]
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    step = json.loads(manifest.read_text())["step"]  # whatever the kill left: a whole checkpoint
+    assert step >= 6 and step % 3 == 0
+    quiet = lambda *a, **k: None  # noqa: E731
+    rest = train(TrainConfig(**cfg, checkpoint_dir=str(ckpt), resume=True, max_steps=4), log=quiet)
+    full = train(TrainConfig(**cfg, max_steps=step + 4), log=quiet)
+    assert rest["losses"] == full["losses"][step:]
