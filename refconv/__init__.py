@@ -5,7 +5,9 @@ parallelism for large-scale CNN training" (SC '19).  See docs/index.md.
 """
 
 __version__ = "0.1.0"
-from refconv.grid import ProcessGrid
-from refconv.distribution import Distribution, Split, block_range
-from refconv.scatter import scatter, gather, allgather, redistribute  # functions shadow the module name; `from refconv.scatter import ...` still works
+
+from refconv.grid import ProcessGrid  # noqa: E402
+from refconv.distribution import Distribution, Split, block_range  # noqa: E402
+from refconv.sharding import scatter, gather, allgather, redistribute  # noqa: E402
 from refconv.conv import DistConv2d  # noqa: E402
+from refconv.model import Model  # noqa: E402

@@ -220,7 +220,7 @@ class DistConv2d:
 
     def global_parameter_grads(self):
         """``(dw, db)``: the full gradients, gathered on every rank (``db`` None without bias)."""
-        from refconv.scatter import allgather
+        from refconv.sharding import allgather
 
         if self.weight_grad is None:
             raise ValueError("global_parameter_grads: run backward first")

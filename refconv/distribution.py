@@ -17,7 +17,7 @@ so the weight of rank (a, b) is ``w[F_a, C_b]`` with ::
                                         Split.stationary_w_channels(P_c, p_f), None, None),
                  names=("F", "C", "Kh", "Kw"))
 
-Moving data between distributions is in ``refconv.scatter``.
+Moving data between distributions is in ``refconv.sharding``.
 """
 
 import itertools

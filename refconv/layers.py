@@ -42,7 +42,7 @@ from refconv import collectives
 from refconv.backend import get_backend
 from refconv.distribution import Distribution, block_range
 from refconv.reference import _checks
-from refconv.scatter import redistribute
+from refconv.sharding import redistribute
 
 KINDS = ("activations", "features", "logits")
 

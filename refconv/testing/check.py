@@ -19,7 +19,7 @@ import numpy
 
 from refconv import reference as ref
 from refconv.arrays import to_host
-from refconv.scatter import allgather
+from refconv.sharding import allgather
 from refconv.testing.asserts import assert_all_ranks, close_message
 
 

@@ -13,7 +13,7 @@ from refconv.checkpoint import CheckpointError
 from refconv.conv import DistConv2d
 from refconv.grid import ProcessGrid
 from refconv.optim import SGD
-from refconv.scatter import allgather
+from refconv.sharding import allgather
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.mpirun import mpi_test
 

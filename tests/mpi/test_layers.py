@@ -14,7 +14,7 @@ from refconv import reference as ref
 from refconv.grid import ProcessGrid
 from refconv.layers import GlobalAvgPool, Linear, Redistribute, SoftmaxCrossEntropy, layout
 from refconv.norm_pool import AvgPool2d, BatchNorm2d, MaxPool2d
-from refconv.scatter import allgather
+from refconv.sharding import allgather
 from refconv.testing.asserts import collective_assert_close
 from refconv.testing.mpirun import mpi_test
 from refconv.testing.strategies import grid_shapes
