@@ -182,15 +182,31 @@ def _check_counts(comm, counts, length, what):
 
 
 # -- collectives -----------------------------------------------------------------
-def allreduce(comm, x, op="sum"):
-    """A new array: the elementwise ``op`` ("sum", "prod", "max", "min") of every rank's x."""
+def allreduce(comm, x, op="sum", *, out=None):
+    """The elementwise ``op`` ("sum", "prod", "max", "min") of every rank's x.
+
+    The result is a new array, or ``out`` (same shape and dtype, contiguous) when given:
+    reusing a buffer saves the allocation, which matters for large ones.
+    """
     stats.add("allreduce", comm.Get_size(), x.size, x.nbytes)
+    if out is not None and (tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype):
+        raise ValueError(f"allreduce: out must have x's shape {tuple(x.shape)} and dtype {x.dtype}, "
+                         f"got {tuple(out.shape)} {out.dtype}")
     if comm.Get_size() == 1:
-        return arrays.array_module(x).array(x, copy=True)
+        if out is None:
+            return arrays.array_module(x).array(x, copy=True)
+        out[...] = x
+        return out
     send = _to_mpi(x)
-    recv = _empty(send.shape, send.dtype, x)
+    direct = out is not None and out.flags.c_contiguous and \
+        (not arrays.is_device_array(out) or cuda_aware())
+    recv = out if direct else _empty(send.shape, send.dtype, x)
     comm.Allreduce(_spec(send), _spec(recv), op=_OPS[op])
-    return _from_mpi(recv, x)
+    result = _from_mpi(recv, x)
+    if out is not None and not direct:
+        out[...] = result
+        return out
+    return result
 
 
 def allreduce_(comm, x, op="sum"):

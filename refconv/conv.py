@@ -264,9 +264,9 @@ class DistConv2d:
         self._check_local(dy_loc, self.output_distribution.local_shape(self.grid.rank), "dy_loc")
         dx_loc, dw_loc = self._algo.backward(dy_loc, self.weight)
         peers = self.grid.weight_peers_comm
-        self.weight_grad = collectives.allreduce(peers, dw_loc)  # segmented: one shard per peer set
+        self.weight_grad = collectives.allreduce_(peers, dw_loc)  # segmented: one shard per peer set
         if self.has_bias:
-            self.bias_grad = collectives.allreduce(peers, self.backend.bias_grad(dy_loc))
+            self.bias_grad = collectives.allreduce_(peers, self.backend.bias_grad(dy_loc))
         return dx_loc
 
     def __repr__(self):

@@ -27,6 +27,15 @@ def test_allreduce_sum_max_noncontiguous():
     z = x.copy()
     coll.allreduce_(comm, z)
     collective_assert_close(comm, z, base * p * (p + 1) / 2)
+    out = numpy.full_like(x, numpy.nan)
+    assert_all_ranks(comm, coll.allreduce(comm, x, out=out) is out, "allreduce(out=) must return out")
+    collective_assert_close(comm, out, base * p * (p + 1) / 2)
+    try:
+        coll.allreduce(comm, x, out=numpy.empty((2, 2)))
+        message = "no error for a wrongly shaped out"
+    except ValueError as exc:
+        message = "" if "out must have x's shape" in str(exc) else str(exc)
+    assert_all_ranks(comm, not message, message)
 
 
 @mpi_test(sizes=ALL)
