@@ -54,13 +54,17 @@ class Region:
     def __init__(self):
         self.records = []
 
-    def summary(self):
-        return _summarize(self.records)
+    def summary(self, *, moved_only=False):
+        return _summarize(self.records, moved_only)
 
 
-def _summarize(records):
+def _summarize(records, moved_only=False):
+    """kind -> {"calls", "elements", "bytes"}; ``moved_only`` leaves out calls on
+    one-rank communicators (recorded by definition, but nothing leaves the rank)."""
     out = {}
     for r in records:
+        if moved_only and r.comm_size == 1:
+            continue
         s = out.setdefault(r.kind, {"calls": 0, "elements": 0, "bytes": 0})
         s["calls"] += 1
         s["elements"] += r.elements
@@ -84,9 +88,9 @@ class CommStats:
         for region in self._regions:
             region.records.append(rec)
 
-    def summary(self):
+    def summary(self, *, moved_only=False):
         """kind -> {"calls", "elements", "bytes"} over all records since reset()."""
-        return _summarize(self.records)
+        return _summarize(self.records, moved_only)
 
     @contextlib.contextmanager
     def recording(self):
