@@ -5,7 +5,6 @@
 VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
-RANKS  ?= 4
 
 .PHONY: setup demo test test-fast clean
 
