@@ -96,10 +96,18 @@ def train_command(args):
                       dtype=args.dtype, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       resume=args.resume,
                       check_serial=args.check_serial, max_steps=args.max_steps, progress=not args.no_progress)
-    result = train(cfg)
     from mpi4py import MPI
 
-    if MPI.COMM_WORLD.Get_rank() == 0:
+    comm = MPI.COMM_WORLD
+    try:
+        result = train(cfg)
+    except ValueError as exc:  # bad input (grid, model, data, checkpoint): the message says what to fix
+        prefix = f"[rank {comm.Get_rank()}] " if comm.Get_size() > 1 else ""
+        print(f"{prefix}refconv train: error: {exc}", file=sys.stderr, flush=True)
+        if comm.Get_size() > 1:
+            comm.Abort(2)  # the other ranks may be waiting in a collective
+        return 2
+    if comm.Get_rank() == 0:
         print(format_summary(result, cfg), flush=True)
     return 0
 

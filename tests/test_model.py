@@ -292,3 +292,18 @@ def test_a_killed_run_resumes_exactly(tmp_path):
     rest = train(TrainConfig(**cfg, checkpoint_dir=str(ckpt), resume=True, max_steps=4), log=quiet)
     full = train(TrainConfig(**cfg, max_steps=step + 4), log=quiet)
     assert rest["losses"] == full["losses"][step:]
+
+
+def test_cli_bad_input_under_mpiexec_is_a_clear_error_not_a_hang(tmp_path):
+    import time
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    bad = tmp_path / "bad.npz"
+    bad.write_text("not an archive")
+    for args, message in ((["--grid", "sample=3"], "product is 2"),
+                          (["--data", str(bad)], "is not a readable .npz archive")):
+        t0 = time.monotonic()
+        r = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "refconv.cli", "train",
+                            "--no-progress", *args], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+        assert r.returncode != 0 and time.monotonic() - t0 < 20
+        assert "refconv train: error:" in r.stderr and message in r.stderr, r.stderr
