@@ -32,7 +32,7 @@ from refconv.stationary_w import StationaryW
 from refconv.stationary_x import StationaryX
 from refconv.stationary_y import StationaryY
 
-ALGORITHMS = ("stationary-x", "stationary-y", "stationary-w")
+ALGORITHMS = ("stationary-x", "stationary-y", "stationary-w", "auto")
 _CLASSES = {"sample-spatial": SampleSpatial, "stationary-x": StationaryX, "stationary-y": StationaryY,
             "stationary-w": StationaryW}
 
@@ -68,7 +68,9 @@ class DistConv2d:
 
     ``algorithm`` ("stationary-x", "stationary-y", "stationary-w") matters only when
     ``grid.P_c > 1``; for "stationary-w", ``filter_groups`` is ``p_f`` and must divide
-    ``P_c``.  ``input_shape`` (global ``N, C, H, W``) may be given now, or is bound by
+    ``P_c``.  ``"auto"`` (which needs ``input_shape``) picks the algorithm and ``p_f``
+    with the least predicted communication (:mod:`refconv.cost_model`); the estimates
+    are kept in ``layer.cost_estimates``.  ``input_shape`` (global ``N, C, H, W``) may be given now, or is bound by
     :meth:`bind`, by ``refconv.scatter(x, layer.input_distribution, grid)``, or from the
     local shapes at the first :meth:`forward`.  Parameters start as PyTorch's default
     (uniform in ``+-1/sqrt(fan_in)``), drawn from ``seed`` identically on every rank.
@@ -103,6 +105,22 @@ class DistConv2d:
         for name, length in (("in_channels", in_channels), ("out_channels", out_channels)):
             if length < P_c:
                 raise ValueError(f"{name}={length} cannot be split over channel={P_c} ranks: a rank's block would be empty")
+        self.requested_algorithm = algorithm
+        self.cost_estimates = None
+        if algorithm == "auto":
+            if filter_groups is not None:
+                raise ValueError("filter_groups: algorithm='auto' chooses filter_groups itself; pass None")
+            if input_shape is None:
+                raise ValueError("algorithm: 'auto' needs input_shape=(N, C, H, W) to price the algorithms")
+            if P_c > 1:
+                from refconv.cost_model import choose_algorithm
+
+                shape = _checks.shape4(input_shape, "input_shape")
+                algorithm, filter_groups, self.cost_estimates = choose_algorithm(
+                    shape, out_channels, kernel, grid_shape=grid.shape, stride=self.stride, padding=self.padding,
+                    dilation=self.dilation, bias=bias, itemsize=self.dtype.itemsize)
+            else:
+                algorithm = "stationary-x"  # no channel split: sample/spatial whatever the name
         if algorithm == "stationary-w":
             if filter_groups is None:
                 raise ValueError("filter_groups: 'stationary-w' needs filter_groups (p_f), a divisor of grid.P_c")
@@ -114,7 +132,6 @@ class DistConv2d:
             raise ValueError(f"filter_groups: only 'stationary-w' takes filter_groups, got algorithm={algorithm!r}")
         self.algorithm = algorithm if P_c > 1 else "sample-spatial"
         self._algorithm_class = _CLASSES[self.algorithm]
-        self.requested_algorithm = algorithm
         self.filter_groups = filter_groups
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
         self.w_shape = (self.out_channels, self.in_channels // self.groups) + kernel

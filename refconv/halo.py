@@ -53,6 +53,31 @@ class Box:
         return (self.h1 - self.h0, self.w1 - self.w0)
 
 
+def halo_geometry(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation):
+    """``(owned, window)``: per spatial rank ``h * P_W + w``, the input Box it owns and the
+    (unclipped) input Box its output block reads.  Pure geometry, no communication."""
+    P_H, P_W = grid_hw
+    owned, window = [], []
+    for h in range(P_H):
+        for w in range(P_W):
+            (h0, h1), (w0, w1) = block_range(in_hw[0], P_H, h), block_range(in_hw[1], P_W, w)
+            (o0, o1), (q0, q1) = block_range(out_hw[0], P_H, h), block_range(out_hw[1], P_W, w)
+            lo_h, hi_h = input_window(o0, o1, kernel[0], stride[0], padding[0], dilation[0])
+            lo_w, hi_w = input_window(q0, q1, kernel[1], stride[1], padding[1], dilation[1])
+            owned.append(Box(h0, h1, w0, w1))
+            window.append(Box(lo_h, hi_h, lo_w, hi_w))
+    return owned, window
+
+
+def halo_pixels(owned, window, me):
+    """``(sent, received)``: pixels (per sample and channel) rank ``me`` sends to and receives
+    from the other ranks in :meth:`Halo.extend` (:meth:`Halo.reduce` mirrors them)."""
+    size = lambda box: 0 if box is None else box.shape[0] * box.shape[1]  # noqa: E731
+    others = [r for r in range(len(owned)) if r != me]
+    return (sum(size(owned[me].intersect(window[r])) for r in others),
+            sum(size(owned[r].intersect(window[me])) for r in others))
+
+
 class Halo:
     """Windows and halo pieces of every rank of a ``P_H x P_W`` spatial group.
 
@@ -64,16 +89,7 @@ class Halo:
     def __init__(self, comm, grid_hw, in_hw, out_hw, kernel, stride, padding, dilation):
         self.comm = comm
         self.P_H, self.P_W = grid_hw
-        self.owned = []  # per spatial rank: the input Box it owns
-        self.window = []  # per spatial rank: the input Box its outputs read (unclipped)
-        for h in range(self.P_H):
-            for w in range(self.P_W):
-                (h0, h1), (w0, w1) = block_range(in_hw[0], self.P_H, h), block_range(in_hw[1], self.P_W, w)
-                (o0, o1), (q0, q1) = block_range(out_hw[0], self.P_H, h), block_range(out_hw[1], self.P_W, w)
-                lo_h, hi_h = input_window(o0, o1, kernel[0], stride[0], padding[0], dilation[0])
-                lo_w, hi_w = input_window(q0, q1, kernel[1], stride[1], padding[1], dilation[1])
-                self.owned.append(Box(h0, h1, w0, w1))
-                self.window.append(Box(lo_h, hi_h, lo_w, hi_w))
+        self.owned, self.window = halo_geometry(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation)
         self.me = comm.Get_rank()
 
     @property

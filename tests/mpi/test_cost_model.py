@@ -1,0 +1,54 @@
+"""The cost model predicts, call for call, what CommStats measures: any grid, halos included."""
+
+import numpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mpi4py import MPI
+
+from refconv import collectives
+from refconv.conv import DistConv2d
+from refconv.cost_model import layer_records
+from refconv.grid import ProcessGrid
+from refconv.testing.asserts import assert_all_ranks
+from refconv.testing.mpirun import mpi_test
+from refconv.testing.strategies import dist_conv_cases
+
+comm = MPI.COMM_WORLD
+
+
+@mpi_test(sizes=(1, 2, 3, 4), timeout=120)
+@settings(max_examples=20)
+@given(st.data())
+def test_predicted_calls_equal_measured_calls(data):
+    case = data.draw(dist_conv_cases(comm.size, dtypes=("float32", "float64")))
+    p = case.problem
+    grid = ProcessGrid(comm, **case.grid_kwargs())
+    layer = DistConv2d(p.C, p.F, (p.Kh, p.Kw), grid=grid, backend="numpy", input_shape=p.x_shape, **case.layer_kwargs())
+    x, w, b, dy = p.arrays()
+    with collectives.stats.recording() as region:
+        layer.forward(layer.input_distribution.extract(x, grid.rank))
+        layer.backward(layer.output_distribution.extract(dy, grid.rank))
+    measured = sorted((r.kind, r.comm_size, r.bytes) for r in region.records)
+    predicted = sorted((c.kind, c.comm_size, c.bytes) for c in layer_records(
+        case.algorithm, p.x_shape, p.F, (p.Kh, p.Kw), stride=p.stride, padding=p.padding, dilation=p.dilation,
+        groups=p.groups, grid_shape=case.grid_shape, coords=grid.coords, filter_groups=case.filter_groups,
+        itemsize=numpy.dtype(p.dtype).itemsize))
+    assert_all_ranks(comm, measured == predicted, f"{case}\nmeasured  {measured}\npredicted {predicted}")
+    grid.free()
+
+
+@mpi_test(sizes=(4,), timeout=60)
+def test_auto_picks_the_cheapest_and_computes_the_same():
+    from refconv.testing.check import check_layer
+    from refconv.testing.strategies import ConvProblem
+
+    problem = ConvProblem(N=2, C=8, F=8, H=6, W=6, Kh=3, Kw=3, padding=(1, 1))
+    grid = ProcessGrid(comm, channel=4)
+    layer = DistConv2d(8, 8, 3, padding=1, grid=grid, algorithm="auto", backend="numpy", dtype=numpy.float64,
+                       input_shape=problem.x_shape)
+    best = min(layer.cost_estimates.values())
+    chosen = layer.cost_estimates[(layer.algorithm, layer.filter_groups)]
+    assert_all_ranks(comm, chosen == best and layer.algorithm == "stationary-w" and layer.filter_groups == 2,
+                     f"chose {layer.algorithm} p_f={layer.filter_groups} from {layer.cost_estimates}")
+    check_layer(layer, problem)
+    grid.free()
