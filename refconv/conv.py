@@ -68,7 +68,7 @@ class DistConv2d:
 
     ``algorithm`` ("stationary-x", "stationary-y", "stationary-w") matters only when
     ``grid.P_c > 1``; for "stationary-w", ``filter_groups`` is ``p_f`` and must divide
-    ``P_c``.  ``"auto"`` (which needs ``input_shape``) picks the algorithm and ``p_f``
+    ``P_c`` (default: the largest divisor not above ``sqrt(P_c)``).  ``"auto"`` (which needs ``input_shape``) picks the algorithm and ``p_f``
     with the least predicted communication (:mod:`refconv.cost_model`); the estimates
     are kept in ``layer.cost_estimates``.  ``input_shape`` (global ``N, C, H, W``) may be given now, or is bound by
     :meth:`bind`, by ``refconv.scatter(x, layer.input_distribution, grid)``, or from the
@@ -122,8 +122,8 @@ class DistConv2d:
             else:
                 algorithm = "stationary-x"  # no channel split: sample/spatial whatever the name
         if algorithm == "stationary-w":
-            if filter_groups is None:
-                raise ValueError("filter_groups: 'stationary-w' needs filter_groups (p_f), a divisor of grid.P_c")
+            if filter_groups is None:  # the divisor nearest sqrt(P_c) from below: both collectives ~1/sqrt(P_c)
+                filter_groups = max(d for d in range(1, P_c + 1) if P_c % d == 0 and d * d <= P_c)
             if isinstance(filter_groups, bool) or not isinstance(filter_groups, (int, numpy.integer)) \
                     or filter_groups < 1 or P_c % filter_groups:
                 divisors = [d for d in range(1, P_c + 1) if P_c % d == 0]
@@ -304,3 +304,9 @@ class UnboundInput:
 
     def resolve(self, global_shape):
         return self.layer.bind(global_shape).input_distribution
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # copy, pickle and hasattr probes: the ordinary answer
+            raise AttributeError(name)
+        raise ValueError(f"input_distribution.{name}: the layer has no input shape yet; pass input_shape=, call "
+                         f"bind((N, C, H, W)), or scatter the global input with refconv.scatter first")

@@ -135,7 +135,6 @@ def test_errors_are_raised_on_every_rank_at_construction():
     messages = []
     for kwargs, match in [
         (dict(algorithm="stationary-z"), "algorithm: expected one of"),
-        (dict(algorithm="stationary-w"), "filter_groups: 'stationary-w' needs filter_groups"),
         (dict(algorithm="stationary-w", filter_groups=3 * comm.size), "filter_groups: expected a divisor"),
         (dict(stride=0), "stride: expected positive"),
         (dict(input_shape=(1, 2 * comm.size + 1, 5, 5)), "input_shape: expected C = in_channels"),
@@ -188,4 +187,20 @@ def test_layer_binds_from_scatter_or_from_local_shapes():
         ys.append(refconv.allgather(layer.forward(x_loc), layer.output_distribution, grid))
         assert_all_ranks(comm, layer.input_distribution.global_shape == x.shape, "bound to the wrong shape")
     collective_assert_close(comm, ys[0], ys[1], rtol=0, atol=0, name="y")
+    grid.free()
+
+
+@mpi_test(sizes=(1, 4), timeout=60)
+def test_stationary_w_default_filter_groups_and_unbound_layout_error():
+    """Without filter_groups, W takes the divisor of P_c nearest sqrt(P_c) from below."""
+    grid = ProcessGrid(comm, channel=comm.size)
+    layer = DistConv2d(8, 8, 3, grid=grid, algorithm="stationary-w", backend="numpy")
+    expected = {1: 1, 4: 2}[comm.size]
+    assert_all_ranks(comm, layer.filter_groups == expected, f"filter_groups {layer.filter_groups} != {expected}")
+    try:
+        layer.input_distribution.local_shape(comm.rank)
+        message = "no error for an unbound layout"
+    except ValueError as exc:
+        message = "" if "has no input shape yet" in str(exc) else str(exc)
+    assert_all_ranks(comm, not message, message)
     grid.free()
