@@ -36,6 +36,11 @@ SHAPES = {
     "conv5": (512, 512, 7, 3, 1, 1),
     "conv1": (3, 64, 224, 7, 2, 3),
 }
+# Selectable with --shapes but not run by default: the layer the foundation issue
+# measures the CPU path on (use --batch 32).
+EXTRA_SHAPES = {
+    "foundation": (64, 64, 32, 3, 1, 1),
+}
 QUICK_SHAPES = {
     "quick3x3": (8, 8, 8, 3, 1, 1),
     "quick7x7s2": (3, 8, 16, 7, 2, 3),
@@ -163,10 +168,11 @@ def run_kernels(args):
     on_gpu = arrays.gpu_available()
     shapes = QUICK_SHAPES if args.quick else SHAPES
     if args.shapes:
-        unknown = sorted(set(args.shapes) - set(shapes))
+        known = shapes if args.quick else {**SHAPES, **EXTRA_SHAPES}
+        unknown = sorted(set(args.shapes) - set(known))
         if unknown:
-            raise SystemExit(f"--shapes: unknown {unknown}; expected some of {sorted(shapes)}")
-        shapes = {name: shapes[name] for name in args.shapes}
+            raise SystemExit(f"--shapes: unknown {unknown}; expected some of {sorted(known)}")
+        shapes = {name: known[name] for name in args.shapes}
     batch = args.batch or (2 if args.quick else (32 if on_gpu else 8))
     repeat = args.repeat or (1 if args.quick else (20 if on_gpu else 3))
     rows, notes = [], []
@@ -245,7 +251,7 @@ def build_parser():
     k = sub.add_parser("kernels", help="convolution kernels vs cuDNN (GPU) or torch (CPU)")
     k.add_argument("--quick", action="store_true", help="tiny shapes, one repetition (a smoke test)")
     k.add_argument("--batch", type=int, help="batch size N (default 32 on a GPU, 8 on the CPU, 2 with --quick)")
-    k.add_argument("--shapes", nargs="+", metavar="NAME", help=f"a subset of {list(SHAPES)} (or of the quick shapes)")
+    k.add_argument("--shapes", nargs="+", metavar="NAME", help=f"a subset of {list(SHAPES) + list(EXTRA_SHAPES)} (or of the quick shapes)")
     k.add_argument("--versions", type=int, nargs="+", default=[1, 2], choices=[1, 2], help="kernel versions (GPU)")
     k.add_argument("--repeat", type=int, help="timed repetitions (median reported)")
     k.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
