@@ -440,3 +440,20 @@ def gather(comm, x, shapes, root=0):
 def barrier(comm):
     """comm.Barrier() (not recorded)."""
     comm.Barrier()
+
+
+# -- the job's layout (refconv.device, refconv info; not recorded) ----------------------
+def node_comm(comm):
+    """The ranks of ``comm`` that share this rank's node (a shared-memory split);
+    its rank is the node-local rank.  The caller frees it."""
+    return comm.Split_type(MPI.COMM_TYPE_SHARED)
+
+
+def allgather_object(comm, obj):
+    """Every rank's picklable ``obj``, as a list indexed by rank, on every rank."""
+    return comm.allgather(obj)
+
+
+def library_version():
+    """The MPI library's own version string (``MPI_Get_library_version``)."""
+    return MPI.Get_library_version().strip()
