@@ -1,0 +1,79 @@
+"""What the tutorials share: running a script on MPI ranks from inside a notebook.
+
+A notebook is one process, and MPI ranks are processes, so a multi-rank step is
+written as a small script (a Python string in the notebook), launched with::
+
+    mpiexec -n 4 python -m mpi4py job.py OUT
+
+and its results are read back from files rank 0 wrote into ``OUT`` (``.json``
+or ``.npz``).  ``python -m mpi4py`` makes an exception on one rank abort the
+whole job instead of leaving the others waiting in a collective, and the
+launch has a timeout, so a broken cell fails, it never hangs.  tutorials/README.md
+explains why this and not ipyparallel.
+
+The script sees ``sys.argv[1]``, the folder to write into, and the environment
+of the notebook plus ``OMP_NUM_THREADS=1``, ``OPENBLAS_NUM_THREADS=1`` (one BLAS
+thread per rank) and ``NUMBA_ENABLE_CUDASIM=1`` unless already set.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import numpy
+
+from refconv.testing.mpirun import find_mpiexec
+
+RANKS = 4  # every multi-rank tutorial runs on 4 ranks: fine oversubscribed on a 2-core laptop
+
+
+class Job:
+    """A finished launch: ``output`` (stdout and stderr of all ranks) and the files in ``folder``."""
+
+    def __init__(self, output, folder):
+        self.output = output
+        self.folder = pathlib.Path(folder)
+
+    def json(self, name="result.json"):
+        return json.loads((self.folder / name).read_text())
+
+    def arrays(self, name="result.npz"):
+        with numpy.load(self.folder / name) as data:
+            return dict(data)
+
+
+def run_on_ranks(script, ranks=RANKS, *, timeout=120, show=True):
+    """Run ``script`` (Python source) on ``ranks`` MPI ranks; return a :class:`Job`.
+
+    Raises RuntimeError with the ranks' output when the job exits non-zero or
+    runs past ``timeout`` seconds.  ``show`` prints the output (rank 0's prints, mostly).
+    """
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        raise RuntimeError("no mpiexec next to this Python or on PATH: pip install mpich (or refconv[docs])")
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="refconv-tutorial-"))
+    path = folder / "job.py"
+    path.write_text(textwrap.dedent(script))
+    env = dict(os.environ)
+    for name, value in (("OMP_NUM_THREADS", "1"), ("OPENBLAS_NUM_THREADS", "1"), ("NUMBA_ENABLE_CUDASIM", "1")):
+        env.setdefault(name, value)
+    cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "mpi4py", str(path), str(folder)]
+    # a session of its own, so that a timeout kills mpiexec and every rank with it
+    proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise RuntimeError(f"{path} on {ranks} ranks did not finish in {timeout} s:\n{output}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{path} on {ranks} ranks exited with {proc.returncode}:\n{output}")
+    if show:
+        print(output, end="")
+    return Job(output, folder)
