@@ -12,7 +12,6 @@ function               MPI call       ``stats`` bytes recorded (per rank)
 ``allreduce``          Allreduce      the full buffer
 ``reduce_scatter``     Reduce_scatter the full input buffer (all ranks' blocks)
 ``allgather``          Allgatherv     the full output buffer
-``sendrecv``           Sendrecv       bytes sent (0 towards PROC_NULL)  [kind "halo"]
 ``exchange``           Isend/Irecv    bytes sent to other ranks         [kind "halo"]
 ``alltoallv``          Alltoallv      bytes sent to other ranks (not self)
 ``bcast``              Bcast          the buffer
@@ -23,13 +22,41 @@ function               MPI call       ``stats`` bytes recorded (per rank)
 ``elements`` is bytes / itemsize.  The figures are buffer sizes by definition,
 not wire traffic: a size-1 communicator records the same figures (with
 ``comm_size=1``) and makes no MPI call.
+
+Deadlines.  Every MPI call here runs under the collective timeout: when one call
+waits longer, a watchdog thread prints ONE line (the collective, the
+communicator's name, the shapes, how long this rank waited) and calls
+``MPI.COMM_WORLD.Abort(EXIT_TIMEOUT)``, so a stopped or stuck peer ends the job
+instead of hanging it.  The timeout comes from ``set_timeout(seconds)`` or
+``with timeout(seconds):``, else the environment variable ``REFCONV_TIMEOUT``
+(seconds; 0 or unset: none).  Plain API use has no deadline by default;
+``refconv train`` uses ``--timeout`` (default ``TRAINING_TIMEOUT_S``).
+
+Fault injection (for tests).  ``REFCONV_FAULT=rank:point:action[:n]``, read once
+at import (or ``set_fault``), makes world rank ``rank`` ``kill`` (SIGKILL),
+``stop`` (SIGSTOP) or ``raise`` (``FaultInjected``) itself the ``n``-th time
+(default 1) it reaches ``point``:
+
+- ``startup``: this module's import;
+- a collective kind, just before its MPI call: ``allreduce``, ``reduce_scatter``,
+  ``allgather``, ``halo``, ``alltoallv``, ``bcast``, ``scatter``, ``gather``,
+  ``barrier``, ``object``, ``split``;
+- ``collective``: any of them, so ``n`` counts every MPI call of the run;
+- a point of a checkpoint save (``refconv.checkpoint.FAULT_POINTS``).
+
+Unset, it costs one ``is None`` test per call.
 """
 
 import contextlib
 import ctypes
 import dataclasses
 import functools
+import numbers
 import os
+import signal
+import sys
+import threading
+import time
 
 import numpy
 from mpi4py import MPI
@@ -104,6 +131,177 @@ class CommStats:
 
 
 stats = CommStats()
+
+
+# -- deadlines: the collective watchdog --------------------------------------------------
+TRAINING_TIMEOUT_S = 300.0      # refconv train's default --timeout
+EXIT_TIMEOUT = 124              # the abort code of a timed-out collective (as coreutils timeout)
+
+
+def _check_timeout(seconds, what="timeout"):
+    """seconds > 0, or None for no deadline (0 also means none)."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not seconds >= 0 \
+            or seconds == float("inf"):
+        raise ValueError(f"{what}: expected seconds > 0, or 0 / None for no deadline; got {seconds!r}")
+    return float(seconds) or None
+
+
+def env_timeout(default=None):
+    """REFCONV_TIMEOUT in seconds (0: no deadline) if set, else ``default``."""
+    text = os.environ.get("REFCONV_TIMEOUT", "").strip()
+    if not text:
+        return _check_timeout(default)
+    try:
+        value = float(text)
+    except ValueError:
+        value = text
+    return _check_timeout(value, "REFCONV_TIMEOUT")
+
+
+class _Watchdog:
+    """Watches the MPI call in progress from a daemon thread; aborts the job past its deadline.
+
+    The calling thread only stores and clears ``current``, a tuple (kind, comm, buffers,
+    start time, timeout): no lock, no system call, so the deadline costs well under 5%
+    of a 4 KB allreduce (``python -m refconv.bench.watchdog``).
+    """
+
+    def __init__(self):
+        self.timeout = None
+        self.current = None
+        self._thread = None
+
+    def set(self, seconds):
+        self.timeout = seconds
+        if seconds is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="refconv-watchdog", daemon=True)
+            self._thread.start()
+
+    def __call__(self, kind, comm, buffers):
+        """``with _watchdog(kind, comm, buffers): <one MPI call>``; also the fault hook."""
+        if _fault is not None:
+            _fault.reached(kind, "collective")
+        if self.timeout is not None:
+            self.current = (kind, comm, buffers, time.monotonic(), self.timeout)
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.current = None
+
+    def _watch(self):
+        while True:
+            call = self.current
+            limit = call[4] if call is not None else self.timeout or 20.0
+            time.sleep(min(1.0, max(0.01, limit / 20)))     # fires within 5% of the deadline
+            if call is not None and call is self.current and time.monotonic() - call[3] > call[4]:
+                _abort_timed_out(*call)
+
+
+def _abort_timed_out(kind, comm, buffers, started, timeout):
+    world = MPI.COMM_WORLD
+    waited = time.monotonic() - started
+    sys.stderr.write(f"[rank {world.Get_rank()}] refconv: collective timeout: {kind} on communicator "
+                     f"{comm.Get_name()!r} ({comm.Get_size()} ranks) with {_describe(buffers)}: "
+                     f"this rank waited {waited:.1f} s (timeout {timeout:g} s); aborting the job\n")
+    sys.stderr.flush()
+    world.Abort(EXIT_TIMEOUT)
+
+
+def _describe(buffers):
+    """'send (4, 6) float32, recv (8, 6) float32' from {role: array, or {rank: array}, or shape}."""
+    def one(v):
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k}: {one(a)}" for k, a in sorted(v.items())) + "}"
+        if isinstance(v, (list, tuple)) and v and hasattr(v[0], "shape"):
+            return "[" + ", ".join(one(a) for a in v) + "]"
+        if hasattr(v, "shape"):
+            return f"{tuple(v.shape)} {v.dtype}"
+        return repr(v)
+    return ", ".join(f"{role} {one(v)}" for role, v in buffers.items())
+
+
+_watchdog = _Watchdog()
+
+
+def set_timeout(seconds):
+    """Deadline of every later MPI call made through this module: seconds > 0, or None
+    (also 0) for none.  Set it alike on every rank."""
+    _watchdog.set(_check_timeout(seconds))
+
+
+def get_timeout():
+    """The current deadline in seconds, or None."""
+    return _watchdog.timeout
+
+
+@contextlib.contextmanager
+def timeout(seconds):
+    """``with collectives.timeout(30): ...`` sets the deadline inside the block only."""
+    before = _watchdog.timeout
+    set_timeout(seconds)
+    try:
+        yield
+    finally:
+        _watchdog.set(before)
+
+
+# -- fault injection (tests) ---------------------------------------------------------------
+class FaultInjected(RuntimeError):
+    """Raised by the ``raise`` action of REFCONV_FAULT."""
+
+
+class _Fault:
+    ACTIONS = ("kill", "stop", "raise")
+
+    def __init__(self, spec):
+        parts = spec.split(":")
+        try:
+            rank, self.point, self.action = int(parts[0]), parts[1], parts[2]
+            self.nth = int(parts[3]) if len(parts) == 4 else 1
+        except (IndexError, ValueError):
+            rank = None
+        if rank is None or len(parts) > 4 or self.action not in self.ACTIONS or self.nth < 1:
+            raise ValueError(f"REFCONV_FAULT: expected rank:point:action[:n] with action in "
+                             f"{self.ACTIONS} and n >= 1, e.g. 1:allreduce:stop:3; got {spec!r}")
+        self.mine = rank == MPI.COMM_WORLD.Get_rank()
+        self.count = 0
+
+    def reached(self, *points):
+        """Count this visit of ``points`` (e.g. "allreduce", "collective"); act on the n-th."""
+        if not self.mine or self.point not in points:
+            return
+        self.count += 1
+        if self.count != self.nth:
+            return
+        where = f"{self.point} (visit {self.nth}) on rank {MPI.COMM_WORLD.Get_rank()}"
+        if self.action == "raise":
+            raise FaultInjected(f"REFCONV_FAULT: injected at {where}")
+        sys.stderr.write(f"REFCONV_FAULT: {self.action} at {where}\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL if self.action == "kill" else signal.SIGSTOP)
+
+
+def set_fault(spec):
+    """Inject a fault like REFCONV_FAULT (``"rank:point:action[:n]"``), or None for none."""
+    global _fault
+    _fault = None if spec is None else _Fault(spec)
+
+
+def fault_point(point):
+    """A named point where REFCONV_FAULT may strike (used by refconv.checkpoint)."""
+    if _fault is not None:
+        _fault.reached(point)
+
+
+_fault = None
+set_fault(os.environ.get("REFCONV_FAULT") or None)
+_watchdog.set(env_timeout())
+fault_point("startup")
 
 
 # -- CUDA-aware detection and staging ----------------------------------------------------
@@ -205,7 +403,8 @@ def allreduce(comm, x, op="sum", *, out=None):
     direct = out is not None and out.flags.c_contiguous and \
         (not arrays.is_device_array(out) or cuda_aware())
     recv = out if direct else _empty(send.shape, send.dtype, x)
-    comm.Allreduce(_spec(send), _spec(recv), op=_OPS[op])
+    with _watchdog("allreduce", comm, {"send": send, "recv": recv}):
+        comm.Allreduce(_spec(send), _spec(recv), op=_OPS[op])
     result = _from_mpi(recv, x)
     if out is not None and not direct:
         out[...] = result
@@ -223,7 +422,8 @@ def allreduce_(comm, x, op="sum"):
     stats.add("allreduce", comm.Get_size(), x.size, x.nbytes)
     if arrays.is_device_array(x):
         arrays.synchronize()
-    comm.Allreduce(MPI.IN_PLACE, x, op=_OPS[op])
+    with _watchdog("allreduce", comm, {"in place": x}):
+        comm.Allreduce(MPI.IN_PLACE, x, op=_OPS[op])
     return x
 
 
@@ -243,7 +443,8 @@ def reduce_scatter(comm, x, counts, axis=0):
         return xp.array(x, copy=True)
     send = _to_mpi(packed)
     recv = _empty((counts[me],) + rest, send.dtype, x)
-    comm.Reduce_scatter(_spec(send), _spec(recv), [c * inner for c in counts], op=MPI.SUM)
+    with _watchdog("reduce_scatter", comm, {"send": send, "recv": recv}):
+        comm.Reduce_scatter(_spec(send), _spec(recv), [c * inner for c in counts], op=MPI.SUM)
     out = _from_mpi(recv, x)
     return xp.ascontiguousarray(xp.moveaxis(out, 0, axis))
 
@@ -266,32 +467,10 @@ def allgather(comm, x, counts, axis=0):
     send = _to_mpi(packed)
     recv = _empty((total,) + rest, send.dtype, x)
     el = [c * inner for c in counts]
-    comm.Allgatherv(_spec(send), _spec(recv, el, _displs(el)))
+    with _watchdog("allgather", comm, {"send": send, "recv": recv}):
+        comm.Allgatherv(_spec(send), _spec(recv, el, _displs(el)))
     out = _from_mpi(recv, x)
     return xp.ascontiguousarray(xp.moveaxis(out, 0, axis))
-
-
-def sendrecv(comm, sendbuf, dest, recvshape, source, *, tag=0, dtype=None, like=None):
-    """Send ``sendbuf`` to ``dest`` while receiving ``recvshape`` from ``source``.
-
-    Either side may be MPI.PROC_NULL (a missing neighbour): then ``sendbuf`` may
-    be None, and the result is None when ``source`` is PROC_NULL.  dtype defaults
-    to sendbuf's; ``like`` picks the array module when sendbuf is None.
-    """
-    like = sendbuf if sendbuf is not None else like
-    dtype = numpy.dtype(dtype if dtype is not None else sendbuf.dtype)
-    nsent = 0 if dest == MPI.PROC_NULL else int(sendbuf.size)
-    stats.add("halo", comm.Get_size(), nsent, nsent * dtype.itemsize)
-    send = None if dest == MPI.PROC_NULL else _to_mpi(sendbuf)
-    if source == MPI.PROC_NULL:
-        recv = None
-    else:
-        recv = _empty(tuple(recvshape), dtype, like)
-    if send is None:
-        send = numpy.empty(0, dtype)
-    recv_spec = _spec(recv) if recv is not None else _spec(numpy.empty(0, dtype))
-    comm.Sendrecv(_spec(send), dest, tag, recv_spec, source, tag)
-    return None if recv is None else _from_mpi(recv, like)
 
 
 def exchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None):
@@ -319,7 +498,8 @@ def exchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None):
         buf = _to_mpi(a.astype(dtype, copy=False))
         keep.append(buf)
         requests.append(comm.Isend(_spec(buf), dest, tag))
-    MPI.Request.Waitall(requests)
+    with _watchdog("halo", comm, {"send": sends, "recv": staged}):
+        MPI.Request.Waitall(requests)
     for src, buf in staged.items():
         out[src] = _from_mpi(buf, like)
     if me in recv_shapes:
@@ -347,7 +527,8 @@ def alltoallv(comm, send_blocks, recv_shapes, dtype=None):
     flat = xp.concatenate([xp.ravel(b).astype(dtype, copy=False) for b in send_blocks])
     send = _to_mpi(flat)
     recv = _empty(sum(rcounts), dtype, like)
-    comm.Alltoallv(_spec(send, scounts, _displs(scounts)), _spec(recv, rcounts, _displs(rcounts)))
+    with _watchdog("alltoallv", comm, {"send": send_blocks, "recv": recv_shapes}):
+        comm.Alltoallv(_spec(send, scounts, _displs(scounts)), _spec(recv, rcounts, _displs(rcounts)))
     recv = _from_mpi(recv, like)
     d = _displs(rcounts)
     return [recv[d[r]:d[r] + rcounts[r]].reshape(tuple(recv_shapes[r])) for r in range(size)]
@@ -358,7 +539,8 @@ def _bcast_meta(comm, x, root):
     meta = None
     if comm.Get_rank() == root:
         meta = (tuple(x.shape), numpy.dtype(x.dtype).str, arrays.is_device_array(x))
-    return comm.bcast(meta, root=root)
+    with _watchdog("bcast", comm, {"metadata from root": root}):
+        return comm.bcast(meta, root=root)
 
 
 def _new(shape, dtype, on_device):
@@ -372,7 +554,8 @@ def bcast_object(comm, obj, root=0):
     """Root's small picklable ``obj`` (a shape, a flag) on every rank; metadata, not recorded."""
     if comm.Get_size() == 1:
         return obj
-    return comm.bcast(obj, root=root)
+    with _watchdog("object", comm, {"bcast from root": root}):
+        return comm.bcast(obj, root=root)
 
 
 def bcast(comm, x, root=0):
@@ -387,7 +570,8 @@ def bcast(comm, x, root=0):
     stats.add("bcast", comm.Get_size(), n, n * dt.itemsize)
     like = x if comm.Get_rank() == root else _new((0,), dt, dev)
     buf = _to_mpi(x) if comm.Get_rank() == root else _empty(shape, dt, like)
-    comm.Bcast(_spec(buf), root=root)
+    with _watchdog("bcast", comm, {"buffer": buf}):
+        comm.Bcast(_spec(buf), root=root)
     return _from_mpi(buf, like)
 
 
@@ -398,8 +582,9 @@ def scatter(comm, blocks, shape, root=0):
     if comm.Get_size() == 1:
         meta = (blocks[0].dtype, arrays.is_device_array(blocks[0]))
     else:
-        meta = comm.bcast((numpy.dtype(blocks[0].dtype).str, arrays.is_device_array(blocks[0]))
-                          if me == root else None, root=root)
+        with _watchdog("scatter", comm, {"metadata from root": root}):
+            meta = comm.bcast((numpy.dtype(blocks[0].dtype).str, arrays.is_device_array(blocks[0]))
+                              if me == root else None, root=root)
     dt, dev = numpy.dtype(meta[0]), meta[1]
     n = int(numpy.prod(shape, dtype=numpy.int64))
     stats.add("scatter", comm.Get_size(), n, n * dt.itemsize)
@@ -411,9 +596,11 @@ def scatter(comm, blocks, shape, root=0):
         xp = arrays.array_module(like)
         counts = [int(b.size) for b in blocks]
         send = _to_mpi(xp.concatenate([xp.ravel(b) for b in blocks]))
-        comm.Scatterv(_spec(send, counts, _displs(counts)), _spec(recv), root=root)
+        with _watchdog("scatter", comm, {"send": blocks, "recv": recv}):
+            comm.Scatterv(_spec(send, counts, _displs(counts)), _spec(recv), root=root)
     else:
-        comm.Scatterv(None, _spec(recv), root=root)
+        with _watchdog("scatter", comm, {"recv": recv}):
+            comm.Scatterv(None, _spec(recv), root=root)
     return _from_mpi(recv, like)
 
 
@@ -428,10 +615,12 @@ def gather(comm, x, shapes, root=0):
     send = _to_mpi(x)
     counts = [int(numpy.prod(s, dtype=numpy.int64)) for s in shapes]
     if me != root:
-        comm.Gatherv(_spec(send), None, root=root)
+        with _watchdog("gather", comm, {"send": send}):
+            comm.Gatherv(_spec(send), None, root=root)
         return None
     recv = _empty(sum(counts), send.dtype, x)
-    comm.Gatherv(_spec(send), _spec(recv, counts, _displs(counts)), root=root)
+    with _watchdog("gather", comm, {"send": send, "recv": recv}):
+        comm.Gatherv(_spec(send), _spec(recv, counts, _displs(counts)), root=root)
     recv = _from_mpi(recv, x)
     d = _displs(counts)
     return [recv[d[r]:d[r] + counts[r]].reshape(tuple(shapes[r])) for r in range(len(shapes))]
@@ -439,19 +628,22 @@ def gather(comm, x, shapes, root=0):
 
 def barrier(comm):
     """comm.Barrier() (not recorded)."""
-    comm.Barrier()
+    with _watchdog("barrier", comm, {"barrier": "no data"}):
+        comm.Barrier()
 
 
 # -- the job's layout (refconv.device, refconv info; not recorded) ----------------------
 def node_comm(comm):
     """The ranks of ``comm`` that share this rank's node (a shared-memory split);
     its rank is the node-local rank.  The caller frees it."""
-    return comm.Split_type(MPI.COMM_TYPE_SHARED)
+    with _watchdog("split", comm, {"split": "shared memory"}):
+        return comm.Split_type(MPI.COMM_TYPE_SHARED)
 
 
 def allgather_object(comm, obj):
     """Every rank's picklable ``obj``, as a list indexed by rank, on every rank."""
-    return comm.allgather(obj)
+    with _watchdog("object", comm, {"allgather of": type(obj).__name__}):
+        return comm.allgather(obj)
 
 
 def library_version():

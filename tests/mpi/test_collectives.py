@@ -68,21 +68,6 @@ def test_allgather_uneven():
 
 
 @mpi_test(sizes=ALL)
-def test_sendrecv_chain_with_proc_null():
-    comm, r, p = _world()
-    up = r - 1 if r > 0 else MPI.PROC_NULL
-    down = r + 1 if r < p - 1 else MPI.PROC_NULL
-    # each rank sends its bottom strip down and receives the strip of the rank above
-    strip = numpy.full((2, 3), float(r))
-    got = coll.sendrecv(comm, strip, down, (2, 3), up, tag=7)
-    if r == 0:
-        ok = got is None
-    else:
-        ok = numpy.array_equal(got, numpy.full((2, 3), r - 1.0))
-    assert_all_ranks(comm, ok, f"rank {r} got {got}")
-
-
-@mpi_test(sizes=ALL)
 def test_exchange_reaches_two_neighbours():
     comm, r, p = _world()
     peers = [q for q in (r - 2, r - 1, r, r + 1, r + 2) if 0 <= q < p]
@@ -130,9 +115,9 @@ def test_stats_exact_figures():
         coll.allreduce(comm, numpy.zeros(10, numpy.float32))                      # 40 B
         coll.reduce_scatter(comm, numpy.zeros((L, 3)), counts)                    # 24 L B
         coll.allgather(comm, numpy.zeros((r + 1, 3), numpy.float32), counts)      # 12 L B
-        down = r + 1 if r < p - 1 else MPI.PROC_NULL
-        up = r - 1 if r > 0 else MPI.PROC_NULL
-        coll.sendrecv(comm, numpy.zeros(5), down, (5,), up)                       # 40 B or 0
+        below = {r + 1: numpy.zeros(5)} if r < p - 1 else {}
+        above = {r - 1: (5,)} if r > 0 else {}
+        coll.exchange(comm, below, above, numpy.float64)                          # 40 B or 0
         coll.alltoallv(comm, [numpy.zeros(q + 1, numpy.int32) for q in range(p)],
                        [(r + 1,)] * p)                                            # not self
     s = region.summary()
@@ -146,3 +131,28 @@ def test_stats_exact_figures():
     assert_all_ranks(comm, s == expected, f"summary {s} != {expected}")
     assert_all_ranks(comm, all(rec.comm_size == p for rec in region.records), "comm_size")
     assert_all_ranks(comm, coll.stats.records[-5:] == region.records, "global records")
+
+
+@mpi_test(sizes=(1, 2), timeout=30)
+def test_timeout_setting():
+    """The deadline: validated alike on every rank, scoped by the context manager,
+    and a collective that finishes in time is untouched by it."""
+    comm, r, p = _world()
+    assert_all_ranks(comm, coll.get_timeout() is None, "plain API use has no deadline")
+    errors = []
+    for bad in (-1, float("nan"), float("inf"), "5", True):
+        try:
+            coll.set_timeout(bad)
+            errors.append(f"no error for {bad!r}")
+        except ValueError as exc:
+            if "timeout: expected seconds > 0" not in str(exc):
+                errors.append(str(exc))
+    assert_all_ranks(comm, not errors, str(errors))
+    with coll.timeout(30):
+        inside = coll.get_timeout()
+        total = coll.allreduce(comm, numpy.ones(3))
+        with coll.timeout(0):                        # 0: no deadline inside
+            innermost = coll.get_timeout()
+    assert_all_ranks(comm, (inside, innermost, coll.get_timeout()) == (30.0, None, None),
+                     f"{inside}, {innermost}, {coll.get_timeout()}")
+    collective_assert_close(comm, total, numpy.full(3, float(p)))
