@@ -13,7 +13,8 @@ explains why this and not ipyparallel.
 
 The script sees ``sys.argv[1]``, the folder to write into, and the environment
 of the notebook plus ``OMP_NUM_THREADS=1``, ``OPENBLAS_NUM_THREADS=1`` (one BLAS
-thread per rank) and ``NUMBA_ENABLE_CUDASIM=1`` unless already set.
+thread per rank) and ``NUMBA_ENABLE_CUDASIM=1`` unless already set; this folder
+is on its ``PYTHONPATH``, so a script may ``import course`` for :func:`records`.
 """
 
 import json
@@ -29,6 +30,7 @@ import numpy
 
 from refconv.testing.mpirun import find_mpiexec
 
+HERE = pathlib.Path(__file__).resolve().parent
 RANKS = 4  # every multi-rank tutorial runs on 4 ranks: fine oversubscribed on a 2-core laptop
 
 
@@ -62,6 +64,7 @@ def run_on_ranks(script, ranks=RANKS, *, timeout=120, show=True):
     env = dict(os.environ)
     for name, value in (("OMP_NUM_THREADS", "1"), ("OPENBLAS_NUM_THREADS", "1"), ("NUMBA_ENABLE_CUDASIM", "1")):
         env.setdefault(name, value)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
     cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "mpi4py", str(path), str(folder)]
     # a session of its own, so that a timeout kills mpiexec and every rank with it
     proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -77,3 +80,28 @@ def run_on_ranks(script, ranks=RANKS, *, timeout=120, show=True):
     if show:
         print(output, end="")
     return Job(output, folder)
+
+
+def records(region):
+    """The calls of a ``collectives.stats.recording()`` region as JSON-ready
+    ``[kind, comm_size, elements, bytes]`` lists, in call order."""
+    return [[r.kind, r.comm_size, r.elements, r.bytes] for r in region.records]
+
+
+def plot_bytes(ax, per_rank, title, *, moved_only=True):
+    """Stacked bars: bytes of each collective kind, one bar per rank.
+
+    ``per_rank[r]`` is rank r's :func:`records`.  ``moved_only`` leaves out calls on
+    one-rank communicators (recorded by definition; nothing leaves the rank).
+    """
+    kinds = sorted({k for recs in per_rank for k, q, _, _ in recs if q > 1 or not moved_only})
+    bottom = numpy.zeros(len(per_rank))
+    for kind in kinds:
+        heights = numpy.array([sum(nb for k, q, _, nb in recs if k == kind and (q > 1 or not moved_only))
+                               for recs in per_rank], dtype=float)
+        ax.bar(range(len(per_rank)), heights, bottom=bottom, label=kind)
+        bottom += heights
+    ax.set_xticks(range(len(per_rank)), [f"rank {r}" for r in range(len(per_rank))])
+    ax.set_ylabel("bytes (buffer sizes, CommStats)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
