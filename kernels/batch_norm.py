@@ -15,7 +15,7 @@ import numpy
 from numba import cuda, float64
 
 from ._launch import BLOCK_1D, contiguous, grid_1d, split2, split4, xp
-from refconv.reference import _checks
+from refconv import checks
 
 
 @cuda.jit
@@ -71,15 +71,15 @@ def _per_channel(C, **vectors):
 
 def batch_norm_sums(x):
     """Per-channel ``(sum x, sum x^2)`` over ``(N, H, W)`` of ``x (N, C, H, W)``: two ``(C,)`` arrays."""
-    _checks.array(x, "x", 4)
+    checks.array(x, "x", 4)
     C = x.shape[1]
     return channel_sums(x, x, xp().zeros(C, x.dtype), xp().ones(C, x.dtype), x.dtype)
 
 
 def batch_norm_grad_sums(dy, x, mean, invstd):
     """Per-channel ``(sum dy, sum dy * xhat)`` with ``xhat = (x - mean) * invstd``: the partial dbeta, dgamma."""
-    _checks.array(dy, "dy", 4)
-    _checks.array(x, "x", 4)
+    checks.array(dy, "dy", 4)
+    checks.array(x, "x", 4)
     if dy.shape != x.shape:
         raise ValueError(f"dy: expected the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
     _per_channel(x.shape[1], mean=mean, invstd=invstd)
@@ -98,7 +98,7 @@ def batch_norm_apply_kernel(x, mean, invstd, gamma, beta, y):
 
 def batch_norm_apply(x, mean, invstd, gamma, beta):
     """``y = (x - mean) * invstd * gamma + beta`` per channel; ``y`` has ``x``'s shape and dtype."""
-    _checks.array(x, "x", 4)
+    checks.array(x, "x", 4)
     _per_channel(x.shape[1], mean=mean, invstd=invstd, gamma=gamma, beta=beta)
     y = xp().empty(x.shape, dtype=x.dtype)
     blocks, threads = grid_1d(y.size)
@@ -121,8 +121,8 @@ def batch_norm_backward_apply(dy, x, mean, invstd, gamma, dbeta, dgamma, count):
 
     ``count`` is the global ``N*H*W`` (over all ranks); ``dbeta, dgamma`` the allreduced sums.
     """
-    _checks.array(dy, "dy", 4)
-    _checks.array(x, "x", 4)
+    checks.array(dy, "dy", 4)
+    checks.array(x, "x", 4)
     if dy.shape != x.shape:
         raise ValueError(f"dy: expected the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
     _per_channel(x.shape[1], mean=mean, invstd=invstd, gamma=gamma, dbeta=dbeta, dgamma=dgamma)

@@ -25,7 +25,7 @@ from ._launch import (
     contiguous, gemm_grid, grid_1d, output_pixel, split3, split4, xp,
 )
 from .conv_forward import check_version
-from refconv.reference import _checks
+from refconv import checks
 from refconv.reference.conv import _check_dy, _conv_args
 
 
@@ -145,10 +145,10 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
 
     Same arguments, semantics and errors as ``refconv.reference.conv2d_backward_data``.
     """
-    _checks.array(dy, "dy", 4)
-    _checks.array(w, "w", 4)
-    _checks.same_dtype(dy=dy, w=w)
-    x_shape = _checks.shape4(x_shape, "x_shape")
+    checks.array(dy, "dy", 4)
+    checks.array(w, "w", 4)
+    checks.same_dtype(dy=dy, w=w)
+    x_shape = checks.shape4(x_shape, "x_shape")
     (sh, sw), (ph, pw), (dh, dw), groups, out_hw = _conv_args(x_shape, w.shape, stride, padding, dilation, groups)
     _check_dy(dy, x_shape, w.shape, out_hw)
     check_version(version)

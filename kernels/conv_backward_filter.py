@@ -23,7 +23,7 @@ from ._launch import (
     ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
 from .conv_forward import check_version
-from refconv.reference import _checks
+from refconv import checks
 from refconv.reference.conv import _check_dy, _conv_args
 
 # Split-K: aim for about this many blocks in flight (a few per SM of a large GPU),
@@ -167,10 +167,10 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     ``splits`` (version 2 only) fixes the split-K factor; by default it is chosen
     from the problem size (:func:`choose_splits`).
     """
-    _checks.array(x, "x", 4)
-    _checks.array(dy, "dy", 4)
-    _checks.same_dtype(x=x, dy=dy)
-    w_shape = _checks.shape4(w_shape, "w_shape")
+    checks.array(x, "x", 4)
+    checks.array(dy, "dy", 4)
+    checks.same_dtype(x=x, dy=dy)
+    w_shape = checks.shape4(w_shape, "w_shape")
     (sh, sw), (ph, pw), (dh, dw_), groups, out_hw = _conv_args(x.shape, w_shape, stride, padding, dilation, groups)
     _check_dy(dy, x.shape, w_shape, out_hw)
     check_version(version)

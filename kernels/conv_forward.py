@@ -21,7 +21,7 @@ from ._launch import (
     LOADS_A, LOADS_B, MICRO, PAD, THREADS, TILE_K, TILE_M, TILE_N,
     contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
-from refconv.reference import _checks
+from refconv import checks
 from refconv.reference.conv import _conv_args
 
 
@@ -147,7 +147,7 @@ def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, v
 
     Same arguments, semantics and errors as ``refconv.reference.conv2d_forward``.
     """
-    _checks.forward_arrays(x, w, b)
+    checks.forward_arrays(x, w, b)
     (sh, sw), (ph, pw), (dh, dw), groups, (Ho, Wo) = _conv_args(x.shape, w.shape, stride, padding, dilation, groups)
     check_version(version)
     N, C, H, W = x.shape

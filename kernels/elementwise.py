@@ -11,7 +11,7 @@ from numba import cuda
 
 from ._launch import contiguous, grid_1d, split4, xp
 from .batch_norm import channel_sums
-from refconv.reference import _checks
+from refconv import checks
 
 
 @cuda.jit
@@ -25,8 +25,8 @@ def bias_add_kernel(y, b):
 
 def bias_add(y, b):
     """``y += b`` broadcast over ``(N, F, H, W)``, in place; returns ``y``."""
-    _checks.array(y, "y", 4)
-    _checks.array(b, "b", 1)
+    checks.array(y, "y", 4)
+    checks.array(b, "b", 1)
     if b.shape[0] != y.shape[1]:
         raise ValueError(f"b: expected shape ({y.shape[1]},) to match F of y, got {tuple(b.shape)}")
     blocks, threads = grid_1d(y.size)
@@ -36,7 +36,7 @@ def bias_add(y, b):
 
 def bias_grad(dy):
     """``db[f] = sum over n, h, w of dy[n, f, h, w]``: ``(N, F, Ho, Wo)`` -> ``(F,)``."""
-    _checks.array(dy, "dy", 4)
+    checks.array(dy, "dy", 4)
     F = dy.shape[1]
     zeros = xp().zeros(F, dtype=dy.dtype)
     db, _ = channel_sums(dy, dy, zeros, zeros, dy.dtype)

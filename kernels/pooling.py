@@ -16,7 +16,8 @@ import numpy
 from numba import cuda
 
 from ._launch import contiguous, grid_1d, input_pixel, split4, xp
-from refconv.reference import _checks, pool_geometry
+from refconv import checks
+from refconv.reference import pool_geometry
 
 
 @cuda.jit(device=True)
@@ -119,7 +120,7 @@ def _check_dy(dy, x_shape, out):
 
 def max_pool2d_forward(x, kernel_size, stride=None, padding=0):
     """Max pooling of ``x (N, C, H, W)``: returns ``(y (N, C, Ho, Wo), argmax (N, C, Ho, Wo) int64)``."""
-    _checks.array(x, "x", 4)
+    checks.array(x, "x", 4)
     params, out = _geometry(x.shape, kernel_size, stride, padding)
     y = xp().empty(x.shape[:2] + out, dtype=x.dtype)
     argmax = xp().empty(y.shape, dtype=numpy.int64)
@@ -130,8 +131,8 @@ def max_pool2d_forward(x, kernel_size, stride=None, padding=0):
 
 def max_pool2d_backward(dy, argmax, x_shape, kernel_size, stride=None, padding=0):
     """Route each ``dy`` to the window's maximum recorded in ``argmax``: returns ``dx`` of ``x_shape``."""
-    _checks.array(dy, "dy", 4)
-    x_shape = _checks.shape4(x_shape, "x_shape")
+    checks.array(dy, "dy", 4)
+    x_shape = checks.shape4(x_shape, "x_shape")
     params, out = _geometry(x_shape, kernel_size, stride, padding)
     _check_dy(dy, x_shape, out)
     if tuple(argmax.shape) != tuple(dy.shape):
@@ -144,7 +145,7 @@ def max_pool2d_backward(dy, argmax, x_shape, kernel_size, stride=None, padding=0
 
 def avg_pool2d_forward(x, kernel_size, stride=None, padding=0):
     """Average pooling (``count_include_pad=True``): ``(N, C, H, W)`` -> ``(N, C, Ho, Wo)``."""
-    _checks.array(x, "x", 4)
+    checks.array(x, "x", 4)
     params, out = _geometry(x.shape, kernel_size, stride, padding)
     y = xp().empty(x.shape[:2] + out, dtype=x.dtype)
     blocks, threads = grid_1d(y.size)
@@ -154,8 +155,8 @@ def avg_pool2d_forward(x, kernel_size, stride=None, padding=0):
 
 def avg_pool2d_backward(dy, x_shape, kernel_size, stride=None, padding=0):
     """Spread each ``dy`` evenly over its window (padding included): returns ``dx`` of ``x_shape``."""
-    _checks.array(dy, "dy", 4)
-    x_shape = _checks.shape4(x_shape, "x_shape")
+    checks.array(dy, "dy", 4)
+    x_shape = checks.shape4(x_shape, "x_shape")
     params, out = _geometry(x_shape, kernel_size, stride, padding)
     _check_dy(dy, x_shape, out)
     dx = xp().empty(x_shape, dtype=dy.dtype)

@@ -9,5 +9,5 @@ __version__ = "0.1.0"
 from refconv.grid import ProcessGrid  # noqa: E402
 from refconv.distribution import Distribution, Split, block_range  # noqa: E402
 from refconv.sharding import scatter, gather, allgather, redistribute  # noqa: E402
-from refconv.conv import DistConv2d  # noqa: E402
+from refconv.layers import DistConv2d  # noqa: E402
 from refconv.model import Model  # noqa: E402

@@ -273,3 +273,14 @@ def _merge(pieces):
 def _xp(a):
     from refconv.arrays import array_module
     return array_module(a)
+
+
+def block_size(length, parts, index):
+    """The length of block ``index`` of ``length`` split ``parts`` ways."""
+    start, stop = block_range(length, parts, index)
+    return stop - start
+
+
+def block_sizes(length, parts):
+    """The lengths of all ``parts`` blocks of ``length`` (``numpy.array_split``)."""
+    return [block_size(length, parts, i) for i in range(parts)]

@@ -1,4 +1,5 @@
-"""Model specifications: plain dicts (or JSON/YAML files) -> :class:`refconv.model.Model`.
+"""Model specifications: plain dicts (or JSON/YAML files) -> the layers of a :class:`refconv.model.Model`
+(``Model.from_spec`` is the way in).
 
 ::
 
@@ -25,12 +26,12 @@ import json
 import os
 
 import numpy
+from mpi4py import MPI
 
-from refconv.conv import ALGORITHMS, DistConv2d
+from refconv import algorithms, checks
 from refconv.grid import AXES, ProcessGrid
-from refconv.layers import GlobalAvgPool, Linear, ReLU
-from refconv.model import Model, Residual, Sequential
-from refconv.norm_pool import AvgPool2d, BatchNorm2d, MaxPool2d
+from refconv.layers import AvgPool2d, BatchNorm2d, DistConv2d, GlobalAvgPool, Linear, MaxPool2d, ReLU
+from refconv.layers.container import Residual, Sequential
 
 _LAYER_KEYS = {
     "conv": {"out", "kernel", "stride", "padding", "dilation", "groups", "bias", "in", "grid", "algorithm",
@@ -137,8 +138,7 @@ class _Builder:
         self.grids = {}
         self.default_grid = self.grid(defaults.get("grid", {"sample": comm.Get_size()}), "defaults.grid")
         self.algorithm = defaults.get("algorithm", "stationary-x")
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"defaults.algorithm: expected one of {ALGORITHMS}, got {self.algorithm!r}")
+        checks.one_of(self.algorithm, "defaults.algorithm", algorithms.channel_algorithms() + ("auto",))
         self.filter_groups = defaults.get("filter_groups")
 
     def grid(self, spec, where):
@@ -209,11 +209,10 @@ class _Builder:
                 raise ValueError(f"{where}.in: the input has {channels} channels, got in={spec['in']!r}")
             if t == "conv":
                 algorithm = spec.get("algorithm", self.algorithm)
-                if algorithm not in ALGORITHMS:
-                    raise ValueError(f"{where}.algorithm: expected one of {ALGORITHMS}, got {algorithm!r}")
+                checks.one_of(algorithm, f"{where}.algorithm", algorithms.channel_algorithms() + ("auto",))
                 fg = spec.get("filter_groups", self.filter_groups if algorithm == "stationary-w" else None)
                 if own.P_c == 1:  # no channel split: the algorithm does not apply
-                    algorithm, fg = "stationary-x", None
+                    algorithm, fg = algorithms.NO_CHANNEL_SPLIT, None
                 layer = DistConv2d(channels, spec["out"], spec["kernel"], stride=spec.get("stride", 1),
                                    padding=spec.get("padding", 0), dilation=spec.get("dilation", 1),
                                    groups=spec.get("groups", 1), bias=spec.get("bias", True), grid=own,
@@ -254,14 +253,13 @@ class _Builder:
 
 
 def build(spec, *, comm=None, backend="auto", dtype=None, seed=0, serial=False, defaults=None, **preset_kwargs):
-    """The :class:`Model` of ``spec`` (see the module docstring).
+    """``(layers, spec, in_channels)``: the :class:`Sequential` of ``spec`` (see the module
+    docstring), the spec as a dict, and its input channels.
 
     ``defaults`` (a dict with ``grid``/``algorithm``/``filter_groups``) overrides the
     spec's; ``serial=True`` builds every layer on a 1-rank grid of ``MPI.COMM_SELF``.
     Raises ValueError naming the bad key or value, identically on every rank.
     """
-    from mpi4py import MPI
-
     spec = load_spec(spec, **preset_kwargs)
     if not isinstance(spec, dict):
         raise ValueError(f"spec: expected a dict at the top level, got {type(spec).__name__}")
@@ -275,14 +273,11 @@ def build(spec, *, comm=None, backend="auto", dtype=None, seed=0, serial=False, 
         raise ValueError(f"spec.defaults: expected a dict with keys among {sorted(_DEFAULT_KEYS)}, got {merged!r}")
     merged.update({k: v for k, v in (defaults or {}).items() if v is not None})
     in_channels = spec.get("in_channels", 3)
-    if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:
-        raise ValueError(f"spec.in_channels: expected a positive int, got {in_channels!r}")
+    in_channels = checks.positive_int(in_channels, "spec.in_channels")
     dtype = numpy.dtype(dtype or numpy.float32)
     comm = MPI.COMM_SELF if serial else (comm or MPI.COMM_WORLD)
     b = _Builder(comm, backend, dtype, seed, serial, merged)
     layers, names, _, _, kind = b.sequence(spec["layers"], "layers", None, in_channels, "activations")
     if kind != "logits":
         raise ValueError("layers: the last layer must be 'linear' (the classifier head), after a 'gap'")
-    model = Model(Sequential(layers, names=names))
-    model.spec, model.in_channels = spec, in_channels
-    return model
+    return Sequential(layers, names=names), spec, in_channels

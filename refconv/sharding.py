@@ -124,14 +124,20 @@ def scatter(global_array, dist, grid, root=0):
     """Root's global array -> this rank's block (root reads ``global_array``;
     other ranks may pass None).
 
-    ``dist`` may also be a layer's unbound input layout (it has ``resolve(shape)``,
-    see :class:`refconv.conv.UnboundInput`): root's ``global_array.shape`` then
-    binds the layer on every rank first.
+    A missing or wrongly shaped array on the root raises the same ValueError on
+    every rank.  To bind a layer to the array's shape first, use
+    ``layer.scatter_input(x)``.
     """
-    if hasattr(dist, "resolve"):
-        shape = tuple(global_array.shape) if grid.rank == root else None
-        dist = dist.resolve(collectives.bcast_object(grid.comm, shape, root=root))
     _check(None, dist, grid)
+    error = None
+    if grid.rank == root:
+        shape = getattr(global_array, "shape", None)
+        if shape is None or tuple(shape) != tuple(dist.global_shape):
+            error = (f"global_array: expected an array of shape {tuple(dist.global_shape)} on root rank {root}, "
+                     f"got {'None' if global_array is None else shape if shape is not None else type(global_array).__name__}")
+    error = collectives.bcast_object(grid.comm, error, root=root)
+    if error:
+        raise ValueError(error)
     blocks = None
     if grid.rank == root:
         blocks = [dist.extract(global_array, r) for r in range(grid.size)]

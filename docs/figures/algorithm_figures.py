@@ -21,10 +21,10 @@ from matplotlib.patches import Rectangle  # noqa: E402
 
 from refconv.distribution import Distribution  # noqa: E402
 from refconv.halo import Halo  # noqa: E402
-from refconv.spatial import SampleSpatial  # noqa: E402
-from refconv.stationary_w import StationaryW  # noqa: E402
-from refconv.stationary_x import StationaryX  # noqa: E402
-from refconv.stationary_y import StationaryY  # noqa: E402
+from refconv.algorithms.spatial import SampleSpatial  # noqa: E402
+from refconv.algorithms.stationary_w import StationaryW  # noqa: E402
+from refconv.algorithms.stationary_x import StationaryX  # noqa: E402
+from refconv.algorithms.stationary_y import StationaryY  # noqa: E402
 
 COLOURS = plt.get_cmap("tab10").colors
 CELL = 0.42          # side of one channel cell in the channel figures

@@ -31,7 +31,7 @@ from refconv.reference.layers import (
     softmax_cross_entropy_forward,
     update_running_stats,
 )
-from refconv.reference._checks import conv_geometry
+from refconv.checks import conv_geometry
 from refconv.reference import conv_loops as loops
 
 __all__ = [name for name in dir() if not name.startswith("_")]

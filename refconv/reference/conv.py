@@ -16,13 +16,13 @@ convolution is ``Kh*Kw`` slice copies plus a matmul per group:
 
 import numpy
 
-from refconv.reference import _checks
+from refconv import checks
 
 
 def _conv_args(x_shape, w_shape, stride, padding, dilation, groups):
-    x_shape = _checks.shape4(x_shape, "x_shape")
-    w_shape = _checks.shape4(w_shape, "w_shape")
-    return _checks.conv_geometry(x_shape, w_shape, stride, padding, dilation, groups)
+    x_shape = checks.shape4(x_shape, "x_shape")
+    w_shape = checks.shape4(w_shape, "w_shape")
+    return checks.conv_geometry(x_shape, w_shape, stride, padding, dilation, groups)
 
 
 def _check_dy(dy, x_shape, w_shape, out_hw):
@@ -66,7 +66,7 @@ def col2im(cols, x_shape, stride, padding, dilation):
 
 def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1):
     """``y = conv2d(x, w) + b``: ``(N, C, H, W), (F, C/g, Kh, Kw), (F,)`` -> ``(N, F, Ho, Wo)``."""
-    _checks.forward_arrays(x, w, b)
+    checks.forward_arrays(x, w, b)
     stride, padding, dilation, groups, (Ho, Wo) = _conv_args(x.shape, w.shape, stride, padding, dilation, groups)
     N, C, _, _ = x.shape
     F, Cg, Kh, Kw = w.shape
@@ -82,10 +82,10 @@ def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1):
 
 def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1):
     """``dx`` from ``dy (N, F, Ho, Wo)`` and ``w (F, C/g, Kh, Kw)``: ``(N, C, H, W) = x_shape``."""
-    _checks.array(dy, "dy", 4)
-    _checks.array(w, "w", 4)
-    _checks.same_dtype(dy=dy, w=w)
-    x_shape = _checks.shape4(x_shape, "x_shape")
+    checks.array(dy, "dy", 4)
+    checks.array(w, "w", 4)
+    checks.same_dtype(dy=dy, w=w)
+    x_shape = checks.shape4(x_shape, "x_shape")
     stride, padding, dilation, groups, out_hw = _conv_args(x_shape, w.shape, stride, padding, dilation, groups)
     _check_dy(dy, x_shape, w.shape, out_hw)
     N, C, _, _ = x_shape
@@ -100,10 +100,10 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
 
 def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1):
     """``dw (F, C/g, Kh, Kw) = w_shape`` from ``x (N, C, H, W)`` and ``dy (N, F, Ho, Wo)``."""
-    _checks.array(x, "x", 4)
-    _checks.array(dy, "dy", 4)
-    _checks.same_dtype(x=x, dy=dy)
-    w_shape = _checks.shape4(w_shape, "w_shape")
+    checks.array(x, "x", 4)
+    checks.array(dy, "dy", 4)
+    checks.same_dtype(x=x, dy=dy)
+    w_shape = checks.shape4(w_shape, "w_shape")
     stride, padding, dilation, groups, out_hw = _conv_args(x.shape, w_shape, stride, padding, dilation, groups)
     _check_dy(dy, x.shape, w_shape, out_hw)
     N, C, _, _ = x.shape
@@ -120,5 +120,5 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
 
 def conv2d_backward_bias(dy):
     """``db[f] = sum over n, h, w of dy[n, f, h, w]``: ``(N, F, Ho, Wo)`` -> ``(F,)``."""
-    _checks.array(dy, "dy", 4)
+    checks.array(dy, "dy", 4)
     return dy.sum(axis=(0, 2, 3))

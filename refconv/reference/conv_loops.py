@@ -8,11 +8,11 @@ reads outside the image are zeros.
 
 import numpy
 
-from refconv.reference import _checks
+from refconv import checks
 
 
 def _geometry(x_shape, w_shape, stride, padding, dilation, groups):
-    return _checks.conv_geometry(tuple(x_shape), tuple(w_shape), stride, padding, dilation, groups)
+    return checks.conv_geometry(tuple(x_shape), tuple(w_shape), stride, padding, dilation, groups)
 
 
 def _taps(x_shape, w_shape, stride, padding, dilation, groups, out_hw):

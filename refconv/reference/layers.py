@@ -9,7 +9,7 @@ variance for normalising, unbiased for the running variance, ``momentum=0.1``,
 
 import numpy
 
-from refconv.reference import _checks
+from refconv import checks
 
 # ----------------------------------------------------------------------------- ReLU
 
@@ -38,12 +38,12 @@ def batch_norm_forward(x, gamma, beta, *, eps=1e-5, running_mean=None, running_v
     ``running = (1 - momentum) * running + momentum * batch`` with the unbiased
     batch variance, as PyTorch does.
     """
-    _checks.array(x, "x", 4)
+    checks.array(x, "x", 4)
     C = x.shape[1]
     for name, v in (("gamma", gamma), ("beta", beta), ("running_mean", running_mean), ("running_var", running_var)):
         if v is not None and tuple(v.shape) != (C,):
             raise ValueError(f"{name}: expected shape ({C},) for C={C} channels, got {tuple(v.shape)}")
-    _checks.same_dtype(x=x, gamma=gamma, beta=beta)
+    checks.same_dtype(x=x, gamma=gamma, beta=beta)
     count = x.shape[0] * x.shape[2] * x.shape[3]
     mean = x.mean(axis=(0, 2, 3))  # (C,)
     var = x.var(axis=(0, 2, 3))  # (C,) biased
@@ -88,13 +88,13 @@ def batch_norm_backward(dy, x, gamma, saved):
 
 def pool_geometry(x_shape, kernel_size, stride, padding):
     """Normalised ``(kernel, stride, padding, (Ho, Wo))``; ``stride=None`` means the kernel size."""
-    kernel = _checks.pair(kernel_size, "kernel_size", minimum=1)
-    stride = kernel if stride is None else _checks.pair(stride, "stride", minimum=1)
-    padding = _checks.pair(padding, "padding", minimum=0)
+    kernel = checks.pair(kernel_size, "kernel_size", minimum=1)
+    stride = kernel if stride is None else checks.pair(stride, "stride", minimum=1)
+    padding = checks.pair(padding, "padding", minimum=0)
     if padding[0] > kernel[0] // 2 or padding[1] > kernel[1] // 2:
         raise ValueError(f"padding: expected at most half the kernel size {kernel}, got {padding}")
     out = tuple(
-        _checks.conv_output_size(x_shape[2 + a], kernel[a], stride[a], padding[a], 1, "HW"[a]) for a in range(2)
+        checks.conv_output_size(x_shape[2 + a], kernel[a], stride[a], padding[a], 1, "HW"[a]) for a in range(2)
     )
     return kernel, stride, padding, out
 
@@ -120,7 +120,7 @@ def max_pool2d_forward(x, kernel_size, stride=None, padding=0):
     ``argmax[n, c, oh, ow]`` is the flat kernel offset ``i*Kw + j`` of the first
     maximum in the window, which :func:`max_pool2d_backward` routes ``dy`` to.
     """
-    _checks.array(x, "x", 4)
+    checks.array(x, "x", 4)
     kernel, stride, padding, out = pool_geometry(x.shape, kernel_size, stride, padding)
     x_pad = _pad(x, padding, -numpy.inf)
     y = numpy.full(x.shape[:2] + out, -numpy.inf, dtype=x.dtype)
@@ -145,7 +145,7 @@ def max_pool2d_backward(dy, argmax, x_shape, kernel_size, stride=None, padding=0
 
 def avg_pool2d_forward(x, kernel_size, stride=None, padding=0):
     """Average pooling with zero padding counted in the divisor (``count_include_pad=True``)."""
-    _checks.array(x, "x", 4)
+    checks.array(x, "x", 4)
     kernel, stride, padding, out = pool_geometry(x.shape, kernel_size, stride, padding)
     x_pad = _pad(x, padding, 0)
     y = numpy.zeros(x.shape[:2] + out, dtype=x.dtype)
@@ -168,7 +168,7 @@ def avg_pool2d_backward(dy, x_shape, kernel_size, stride=None, padding=0):
 
 def global_avg_pool_forward(x):
     """``(N, C, H, W)`` -> ``(N, C)``, the mean over each feature map."""
-    _checks.array(x, "x", 4)
+    checks.array(x, "x", 4)
     return x.mean(axis=(2, 3))
 
 
@@ -183,11 +183,11 @@ def global_avg_pool_backward(dy, x_shape):
 
 def linear_forward(x, w, b=None):
     """``y = x @ w.T + b``: ``(N, I), (O, I), (O,)`` -> ``(N, O)``."""
-    _checks.array(x, "x", 2)
-    _checks.array(w, "w", 2)
+    checks.array(x, "x", 2)
+    checks.array(w, "w", 2)
     if x.shape[1] != w.shape[1]:
         raise ValueError(f"w: expected {x.shape[1]} input features (x.shape[1]), got w.shape = {tuple(w.shape)}")
-    _checks.same_dtype(x=x, w=w, b=b)
+    checks.same_dtype(x=x, w=w, b=b)
     y = x @ w.T
     return y + b if b is not None else y
 
@@ -202,7 +202,7 @@ def softmax_cross_entropy_forward(logits, labels):
 
     Returns ``(loss, probs)``; ``probs`` feeds the backward.
     """
-    _checks.array(logits, "logits", 2)
+    checks.array(logits, "logits", 2)
     labels = numpy.asarray(labels)
     N, K = logits.shape
     if labels.shape != (N,) or not numpy.issubdtype(labels.dtype, numpy.integer):

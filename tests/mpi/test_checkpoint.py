@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from refconv import checkpoint
 from refconv.checkpoint import CheckpointError
-from refconv.conv import DistConv2d
+from refconv.layers import DistConv2d
 from refconv.grid import ProcessGrid
 from refconv.optim import SGD
 from refconv.sharding import allgather

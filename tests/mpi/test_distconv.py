@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from refconv import collectives
-from refconv.conv import DistConv2d
+from refconv.layers import DistConv2d
 from refconv.grid import ProcessGrid
 from refconv.testing.asserts import assert_all_ranks, collective_assert_close
 from refconv.testing.check import check_layer, run_layer
@@ -169,7 +169,7 @@ def test_errors_are_raised_on_every_rank_at_construction():
 
 @mpi_test(sizes=(1, 4), timeout=60)
 def test_layer_binds_from_scatter_or_from_local_shapes():
-    """Without input_shape: scatter with the unbound input layout binds it; so does forward."""
+    """Without input_shape: scatter_input binds the layer to x's shape; so does forward."""
     import refconv
 
     P = comm.size
@@ -179,7 +179,7 @@ def test_layer_binds_from_scatter_or_from_local_shapes():
     for via_scatter in (True, False):
         layer = DistConv2d(4, 6, 3, padding=1, grid=grid, algorithm="stationary-y", dtype=numpy.float64, backend="numpy")
         if via_scatter:
-            x_loc = refconv.scatter(x if comm.rank == 0 else None, layer.input_distribution, grid)
+            x_loc = layer.scatter_input(x if comm.rank == 0 else None)
         else:
             from refconv.distribution import Distribution
 

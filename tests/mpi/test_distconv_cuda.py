@@ -7,7 +7,7 @@ thread); on a real GPU the same tests run on device arrays.
 import numpy
 from mpi4py import MPI
 
-from refconv.conv import DistConv2d
+from refconv.layers import DistConv2d
 from refconv.grid import ProcessGrid
 from refconv.testing.check import check_layer
 from refconv.testing.mpirun import mpi_test

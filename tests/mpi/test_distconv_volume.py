@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from refconv import collectives
-from refconv.conv import DistConv2d
+from refconv.layers import DistConv2d
 from refconv.distribution import block_range
 from refconv.grid import ProcessGrid
 from refconv.testing.asserts import assert_all_ranks

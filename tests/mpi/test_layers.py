@@ -13,7 +13,7 @@ from mpi4py import MPI
 from refconv import reference as ref
 from refconv.grid import ProcessGrid
 from refconv.layers import GlobalAvgPool, Linear, Redistribute, SoftmaxCrossEntropy, layout
-from refconv.norm_pool import AvgPool2d, BatchNorm2d, MaxPool2d
+from refconv.layers import AvgPool2d, BatchNorm2d, MaxPool2d
 from refconv.sharding import allgather
 from refconv.testing.asserts import collective_assert_close
 from refconv.testing.mpirun import mpi_test

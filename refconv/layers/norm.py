@@ -1,14 +1,8 @@
-"""Batch normalization and pooling on a process grid (ALGORITHMS.md section 5).
+"""Batch normalization on a process grid (docs/algorithms.md section 5).
 
-=================  ===============================================  ==============================
-layer              forward                                          backward
-=================  ===============================================  ==============================
-``BatchNorm2d``    allreduce of the per-channel sum, then of the     allreduce of (sum dy,
-                   centred sum of squares, over the weight peers     sum dy * xhat) over the
-                   (the sample and spatial peers sharing channels)   weight peers
-``MaxPool2d``      halo exchange (fill ``-inf``), local pooling      local, then halo return
-``AvgPool2d``      halo exchange (fill 0), local pooling             local, then halo return
-=================  ===============================================  ==============================
+forward: allreduce of the per-channel sum, then of the centred sum of squares,
+over the weight peers (the sample and spatial peers sharing channels) ·
+backward: allreduce of (sum dy, sum dy * xhat) over the weight peers.
 
 With channels split, each rank owns the statistics, ``gamma`` and ``beta`` of its
 channels ``C_i`` (viewed as ``(C, 1, 1, 1)`` split over the channel axis).
@@ -16,11 +10,9 @@ channels ``C_i`` (viewed as ``(C, 1, 1, 1)`` split over the channel axis).
 
 import numpy
 
-from refconv import collectives
+from refconv import checks, collectives
 from refconv.distribution import Distribution
-from refconv.halo import Halo
-from refconv.layers import Layer, _positive_int
-from refconv.reference.layers import pool_geometry
+from refconv.layers.base import Layer
 
 
 class BatchNorm2d(Layer):
@@ -35,7 +27,7 @@ class BatchNorm2d(Layer):
 
     def __init__(self, num_features, *, grid, eps=1e-5, momentum=0.1, backend="auto", dtype=numpy.float32):
         super().__init__(grid=grid, backend=backend, dtype=dtype)
-        self.num_features = C = _positive_int(num_features, "num_features")
+        self.num_features = C = checks.positive_int(num_features, "num_features")
         if C < grid.P_c:
             raise ValueError(f"num_features={C} cannot be split over channel={grid.P_c} ranks")
         self.eps, self.momentum = float(eps), float(momentum)
@@ -108,68 +100,3 @@ class BatchNorm2d(Layer):
 
     def __repr__(self):
         return f"BatchNorm2d({self.num_features}, grid={self.grid.shape})"
-
-
-class _Pool2d(Layer):
-    """Pooling under a spatial split: halo-extend the block to the window its outputs
-    read, then pool the window with ``padding=0`` (as convolution does)."""
-
-    fill = 0.0
-
-    def __init__(self, kernel_size, stride=None, padding=0, *, grid, backend="auto", dtype=numpy.float32):
-        super().__init__(grid=grid, backend=backend, dtype=dtype)
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
-        pool_geometry((1, 1, 10**6, 10**6), kernel_size, stride, padding)  # validates the arguments now
-        self._halos = {}
-
-    def _bind(self, shape):
-        kernel, stride, padding, out = pool_geometry(shape, self.kernel_size, self.stride, self.padding)
-        self._geometry = kernel, stride
-        if shape[2:] not in self._halos:
-            g = self.grid
-            self._halos[shape[2:]] = Halo(g.sub_comm(("height", "width")), (g.P_H, g.P_W), shape[2:], out,
-                                          kernel, stride, padding, (1, 1))
-        self._halo = self._halos[shape[2:]]
-        return shape[:2] + out
-
-    def forward(self, x_loc):
-        # x_loc: (n, c, h, w)
-        self._check_local(x_loc, self.input_distribution, "x_loc")
-        x_win = self._halo.extend(x_loc, self.xp, fill=self.fill)  # (n, c, h_win, w_win)
-        self._win_shape = x_win.shape
-        return self._pool(x_win)  # (n, c, h', w')
-
-    def backward(self, dy_loc):
-        self._check_local(dy_loc, self.output_distribution, "dy_loc")
-        return self._halo.reduce(self._unpool(dy_loc), self.xp)  # (n, c, h, w)
-
-    def __repr__(self):
-        return (f"{type(self).__name__}(kernel_size={self.kernel_size}, stride={self.stride}, "
-                f"padding={self.padding}, grid={self.grid.shape})")
-
-
-class MaxPool2d(_Pool2d):
-    """Max pooling; the window outside the image is ``-inf``, as in the serial padding."""
-
-    fill = -numpy.inf
-
-    def _pool(self, x_win):
-        kernel, stride = self._geometry
-        y, self._argmax = self.backend.max_pool2d_forward(x_win, kernel, stride, 0)
-        return y
-
-    def _unpool(self, dy):
-        kernel, stride = self._geometry
-        return self.backend.max_pool2d_backward(dy, self._argmax, self._win_shape, kernel, stride, 0)
-
-
-class AvgPool2d(_Pool2d):
-    """Average pooling with the padding counted in the divisor (``count_include_pad=True``)."""
-
-    def _pool(self, x_win):
-        kernel, stride = self._geometry
-        return self.backend.avg_pool2d_forward(x_win, kernel, stride, 0)
-
-    def _unpool(self, dy):
-        kernel, stride = self._geometry
-        return self.backend.avg_pool2d_backward(dy, self._win_shape, kernel, stride, 0)

@@ -1,7 +1,10 @@
-"""Argument checks shared by the reference operations.
+"""Argument checks: the one validator that the reference, the kernels, the layers
+and the command line share.
 
 Every check raises ``ValueError`` whose message names the argument and says
 what was expected, e.g. ``"stride: expected positive integers, got (0, 1)"``.
+Checks of shared input run identically on every rank, before any collective, so
+every rank raises the same error and none is left waiting.
 """
 
 import numbers
@@ -9,6 +12,37 @@ import numbers
 import numpy
 
 FLOAT_DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float64))
+
+
+def integer(value, name, *, minimum=1):
+    """An int (a bool is not one) of at least ``minimum``, returned as a Python int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        what = {1: "a positive int", 0: "a non-negative int"}.get(minimum, f"an int >= {minimum}")
+        raise ValueError(f"{name}: expected {what}, got {value!r}")
+    return int(value)
+
+
+def positive_int(value, name):
+    """An int >= 1 (a bool is not one), returned as a Python int."""
+    return integer(value, name, minimum=1)
+
+
+def one_of(value, name, choices):
+    """``value`` if it is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def float_dtype(dtype, name="dtype"):
+    """``numpy.dtype(dtype)`` if it is float32 or float64."""
+    try:
+        dtype = numpy.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"{name}: expected float32 or float64, got {dtype!r}") from None
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name}: expected float32 or float64, got {dtype}")
+    return dtype
 
 
 def pair(value, name, *, minimum):
@@ -92,9 +126,7 @@ def conv_geometry(x_shape, w_shape, stride, padding, dilation, groups):
     stride = pair(stride, "stride", minimum=1)
     padding = pair(padding, "padding", minimum=0)
     dilation = pair(dilation, "dilation", minimum=1)
-    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 1:
-        raise ValueError(f"groups: expected a positive int, got {groups!r}")
-    groups = int(groups)
+    groups = positive_int(groups, "groups")
     if C % groups:
         raise ValueError(f"groups: {groups} does not divide the input channels C={C}")
     if F % groups:

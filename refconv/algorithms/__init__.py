@@ -1,0 +1,60 @@
+"""The parallel algorithms of a convolution layer, one module each.
+
+Every algorithm is a class (a subclass of :class:`base.Algorithm`) with
+
+- ``name``: what ``DistConv2d(algorithm=...)`` and model files call it;
+- ``weight_dims(P_c, filter_groups)``: how the weight is laid out on the grid;
+- ``resolve_filter_groups(P_c, filter_groups)``: the ``p_f`` it runs with (None but for W);
+- ``records(geom, grid_shape, coords, filter_groups)``: every call one forward and
+  backward makes on the rank at ``coords``, in order, with the bytes
+  :data:`refconv.collectives.stats` records.  :mod:`refconv.cost_model` prices these
+  and the volume tests compare them with the measurement;
+- bound to a grid, ``forward(x_loc, w_loc, b_loc) -> y_loc`` and
+  ``backward(dy_loc, w_loc) -> (dx_loc, dw_loc, db_loc)``, every collective written
+  out in the algorithm's own module.
+
+:data:`REGISTRY` is the one list of them.  A new algorithm is one new module and one
+line here (or :func:`register` from outside the package, as the worked example in
+docs/testing.md does).  ``"sample-spatial"`` runs every layer whose grid has no
+channel split (``P_c = 1``), whatever algorithm was asked for.
+"""
+
+from refconv.algorithms.base import Algorithm, Call, ConvGeometry
+from refconv.algorithms.spatial import SampleSpatial
+from refconv.algorithms.stationary_w import StationaryW
+from refconv.algorithms.stationary_x import StationaryX
+from refconv.algorithms.stationary_y import StationaryY
+
+REGISTRY = {cls.name: cls for cls in (SampleSpatial, StationaryX, StationaryY, StationaryW)}
+NO_CHANNEL_SPLIT = SampleSpatial.name
+
+
+def register(cls):
+    """Add an :class:`Algorithm` subclass under ``cls.name`` (usable as a decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)) or not cls.name:
+        raise ValueError(f"register: expected an Algorithm subclass with a name, got {cls!r}")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def channel_algorithms():
+    """The names a layer with a channel split may ask for."""
+    return tuple(name for name in REGISTRY if name != NO_CHANNEL_SPLIT)
+
+
+def resolve(name, P_c, filter_groups=None):
+    """``(cls, filter_groups)``: the class that runs ``name`` on a channel group of ``P_c``
+    ranks, and the ``p_f`` it runs with (validated by the algorithm asked for)."""
+    if name not in REGISTRY or (name == NO_CHANNEL_SPLIT and P_c > 1):
+        raise ValueError(f"algorithm: expected one of {channel_algorithms() + ('auto',)}, got {name!r}")
+    filter_groups = REGISTRY[name].resolve_filter_groups(P_c, filter_groups)
+    return REGISTRY[NO_CHANNEL_SPLIT if P_c == 1 else name], filter_groups
+
+
+def records(name, geom, grid_shape, coords=(0, 0, 0, 0), filter_groups=None):
+    """The calls of one forward and backward of algorithm ``name`` (see the module docstring)."""
+    cls, filter_groups = resolve(name, grid_shape[1], filter_groups)
+    return cls.records(geom, tuple(grid_shape), tuple(coords), filter_groups)
+
+
+__all__ = ["Algorithm", "Call", "ConvGeometry", "REGISTRY", "register", "channel_algorithms", "resolve", "records"]

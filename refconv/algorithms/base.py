@@ -1,0 +1,184 @@
+"""What the algorithm modules share: the layer's global problem, the record of one
+call, and the local convolution of a rank's halo-extended window.
+
+Nothing here communicates.  Each algorithm module (:mod:`.spatial`,
+:mod:`.stationary_x`, :mod:`.stationary_y`, :mod:`.stationary_w`) writes out its
+own halo exchange, channel collectives and segmented allreduce, and lists the
+same calls in its ``records()``; the helpers below only compute sizes.
+"""
+
+import dataclasses
+
+from refconv import checks
+from refconv.distribution import block_size
+from refconv.halo import Halo, halo_geometry
+
+KINDS = ("allreduce", "allgather", "reduce_scatter", "halo")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvGeometry:
+    """The global problem of one convolution layer (build it with :meth:`of`, which validates)."""
+
+    in_shape: tuple  # (N, C, H, W)
+    w_shape: tuple  # (F, C/groups, Kh, Kw)
+    out_shape: tuple  # (N, F, H', W')
+    stride: tuple = (1, 1)
+    padding: tuple = (0, 0)
+    dilation: tuple = (1, 1)
+    groups: int = 1
+    bias: bool = True
+    itemsize: int = 4  # bytes per element of x, w and y
+
+    @classmethod
+    def of(cls, in_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1, bias=True, itemsize=4):
+        in_shape, w_shape = checks.shape4(in_shape, "input_shape"), checks.shape4(w_shape, "w_shape")
+        stride, padding, dilation, groups, out_hw = checks.conv_geometry(
+            in_shape, w_shape, stride, padding, dilation, groups)
+        return cls(in_shape, w_shape, (in_shape[0], w_shape[0]) + out_hw, stride, padding, dilation, groups,
+                   bool(bias), int(itemsize))
+
+    @property
+    def C(self):
+        return self.in_shape[1]
+
+    @property
+    def F(self):
+        return self.w_shape[0]
+
+    @property
+    def kernel(self):
+        return self.w_shape[2:]
+
+    def with_batch(self, N):
+        """The same layer on a batch of ``N`` samples."""
+        return dataclasses.replace(self, in_shape=(N,) + self.in_shape[1:], out_shape=(N,) + self.out_shape[1:])
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call as :data:`refconv.collectives.stats` records it.
+
+    ``bytes`` is the full (gathered or reduced) buffer ``m`` of a collective, or the
+    bytes this rank sends in a halo exchange; ``messages`` counts a halo's sends.
+    """
+
+    kind: str
+    comm_size: int
+    bytes: int
+    messages: int = 0
+
+    @property
+    def wire_bytes(self):
+        """Bytes this rank sends in a ring collective: ``(q-1)/q m``, twice for an allreduce."""
+        q = self.comm_size
+        if self.kind == "halo":
+            return self.bytes
+        return (2 if self.kind == "allreduce" else 1) * (q - 1) / q * self.bytes
+
+    @property
+    def steps(self):
+        """Message steps of the ring algorithm (point-to-point messages for a halo)."""
+        if self.kind == "halo":
+            return self.messages
+        return (2 if self.kind == "allreduce" else 1) * (self.comm_size - 1)
+
+    def seconds(self, alpha, beta):
+        """The alpha-beta price: ``steps * alpha + wire_bytes * beta``."""
+        return self.steps * alpha + self.wire_bytes * beta
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """The extents of one rank's blocks: samples, input and output rows and columns,
+    and its channel-group blocks ``C_i`` of ``C`` and ``F_i`` of ``F``."""
+
+    n: int
+    h: int
+    w: int
+    ho: int
+    wo: int
+    C_i: int
+    F_i: int
+
+
+def local_blocks(geom, grid_shape, coords):
+    """The :class:`Blocks` of the rank at ``coords`` of a ``(P_N, P_c, P_H, P_W)`` grid."""
+    (N, C, H, W), (F, Ho, Wo) = geom.in_shape, (geom.F,) + geom.out_shape[2:]
+    P_N, P_c, P_H, P_W = grid_shape
+    c_n, c_c, c_h, c_w = coords
+    return Blocks(block_size(N, P_N, c_n), block_size(H, P_H, c_h), block_size(W, P_W, c_w),
+                  block_size(Ho, P_H, c_h), block_size(Wo, P_W, c_w), block_size(C, P_c, c_c), block_size(F, P_c, c_c))
+
+
+def halo_records(geom, grid_shape, coords, channels):
+    """``(exchange, back)``: the halo exchange of the forward and its return in backward-data,
+    each a list of one :class:`Call` (empty lists when the spatial group has one rank)."""
+    P_H, P_W = grid_shape[2:]
+    if P_H * P_W == 1:
+        return [], []
+    owned, window = halo_geometry((P_H, P_W), geom.in_shape[2:], geom.out_shape[2:], geom.kernel, geom.stride,
+                                  geom.padding, geom.dilation)
+    me = coords[2] * P_W + coords[3]
+    others = [r for r in range(len(owned)) if r != me]
+    mine_to = [owned[me].intersect(window[r]) for r in others]  # my rows that rank r reads
+    theirs = [owned[r].intersect(window[me]) for r in others]  # rank r's rows that I read
+    pixels = lambda boxes: sum(b.shape[0] * b.shape[1] for b in boxes if b is not None)  # noqa: E731
+    per_pixel = local_blocks(geom, grid_shape, coords).n * channels * geom.itemsize
+    exchange = Call("halo", P_H * P_W, pixels(mine_to) * per_pixel, sum(b is not None for b in mine_to))
+    back = Call("halo", P_H * P_W, pixels(theirs) * per_pixel, sum(b is not None for b in theirs))
+    return [exchange], [back]
+
+
+def gradient_records(geom, grid_shape, coords, dw_shape):
+    """The segmented allreduce: ``dw`` (a shard of ``dw_shape``) and ``db`` (this rank's
+    ``F_i``) over the ``P_N P_H P_W`` weight peers."""
+    P_N, P_c, P_H, P_W = grid_shape
+    peers = P_N * P_H * P_W
+    F_i, C_part, Kh, Kw = dw_shape
+    calls = [Call("allreduce", peers, F_i * C_part * Kh * Kw * geom.itemsize)]
+    if geom.bias:
+        calls.append(Call("allreduce", peers, local_blocks(geom, grid_shape, coords).F_i * geom.itemsize))
+    return calls
+
+
+class Algorithm:
+    """An algorithm bound to a grid and a problem.
+
+    It holds this rank's :class:`refconv.halo.Halo` (the spatial group's windows), the
+    weight peers (the communicator of the segmented allreduce), and the local
+    convolution of a halo-extended window, which runs with ``padding=0`` and does not
+    communicate.  Subclasses set ``name`` and implement ``weight_dims``, ``records``,
+    ``forward(x_loc, w_loc, b_loc) -> y_loc`` and ``backward(dy_loc, w_loc) ->
+    (dx_loc, dw_loc, db_loc)``, with ``dw_loc``, ``db_loc`` summed over the weight peers.
+    """
+
+    name = None
+
+    def __init__(self, grid, geom, backend, filter_groups=None):
+        self.grid, self.geom, self.backend, self.xp = grid, geom, backend, backend.xp
+        self.filter_groups = filter_groups
+        self.halo = Halo(grid.sub_comm(("height", "width")), (grid.P_H, grid.P_W), geom.in_shape[2:],
+                         geom.out_shape[2:], geom.kernel, geom.stride, geom.padding, geom.dilation)
+        self.peers = grid.weight_peers_comm
+        self._local = dict(stride=geom.stride, padding=0, dilation=geom.dilation, groups=geom.groups)
+
+    @staticmethod
+    def resolve_filter_groups(P_c, filter_groups):
+        """The ``filter_groups`` this algorithm runs with; only Stationary-W takes one."""
+        if filter_groups is not None:
+            raise ValueError(f"filter_groups: only 'stationary-w' takes filter_groups, got {filter_groups!r}")
+        return None
+
+    # -- local compute on this rank's window (no communication) -----------------------
+    def conv(self, x_win, w_loc):
+        return self.backend.conv2d_forward(x_win, w_loc, **self._local)
+
+    def conv_data(self, dy, w_loc, x_win_shape):
+        return self.backend.conv2d_backward_data(dy, w_loc, x_win_shape, **self._local)
+
+    def conv_filter(self, x_win, dy, w_shape):
+        return self.backend.conv2d_backward_filter(x_win, dy, w_shape, **self._local)
+
+    def add_bias(self, y_loc, b_loc):
+        return y_loc if b_loc is None else self.backend.bias_add(y_loc, b_loc)

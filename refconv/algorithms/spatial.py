@@ -1,0 +1,56 @@
+"""Sample and spatial parallelism (docs/algorithms.md section 3).
+
+=================  ===========================================  ======================
+tensor             layout on rank (n, h, w) of a P_N x P_H x P_W grid   collective
+=================  ===========================================  ======================
+x, dx              ``x[N_n, :, H_h, W_w]``                       forward: halo exchange
+                                                                 backward: halo return
+w, dw, b, db       replicated                                    backward: allreduce of dw, db
+                                                                 over the weight peers (all ranks)
+y, dy              ``y[N_n, :, H'_h, W'_w]``                     none
+=================  ===========================================  ======================
+
+forward: the halo exchange gives each rank the input window its output block
+reads; the convolution of that window is local.  backward: backward-filter is a
+partial sum over the local samples and rows; backward-data gives the window's
+gradient, whose halo rows go back to their owners and are added there; the
+segmented allreduce (here over every rank, since ``P_c = 1``) finishes dw and db.
+
+Every channel algorithm composes with spatial splits the same way: each one
+halo-extends the channels it convolves, in its own module.
+"""
+
+from refconv import collectives
+from refconv.algorithms.base import Algorithm, gradient_records, halo_records
+
+
+class SampleSpatial(Algorithm):
+    """Sample x spatial parallelism with replicated weights (``P_c = 1``)."""
+
+    name = "sample-spatial"
+
+    @staticmethod
+    def weight_dims(P_c, filter_groups=None):
+        """Every rank holds the whole ``F x C/groups x Kh x Kw`` weight."""
+        return (None, None, None, None)
+
+    def forward(self, x_loc, w_loc, b_loc):
+        # x_loc: (n, C, h, w); w_loc: (F, C/groups, Kh, Kw); b_loc: (F,) or None
+        self.x_win = self.halo.extend(x_loc, self.xp)  # halo exchange -> (n, C, h_win, w_win)
+        return self.add_bias(self.conv(self.x_win, w_loc), b_loc)  # (n, F, h', w')
+
+    def backward(self, dy_loc, w_loc):
+        # dy_loc: (n, F, h', w')
+        dw_loc = self.conv_filter(self.x_win, dy_loc, w_loc.shape)  # (F, C/groups, Kh, Kw), partial over n, h', w'
+        dx_win = self.conv_data(dy_loc, w_loc, self.x_win.shape)  # (n, C, h_win, w_win)
+        dx_loc = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C, h, w)
+        dw_loc = collectives.allreduce_(self.peers, dw_loc)  # segmented allreduce
+        db_loc = collectives.allreduce_(self.peers, self.backend.bias_grad(dy_loc)) if self.geom.bias else None
+        return dx_loc, dw_loc, db_loc
+
+    @staticmethod
+    def records(geom, grid_shape, coords, filter_groups=None):
+        """The calls of one forward and backward, in order, on the rank at ``coords``."""
+        exchange, back = halo_records(geom, grid_shape, coords, geom.C)
+        return exchange + back + gradient_records(geom, grid_shape, coords, geom.w_shape)
+

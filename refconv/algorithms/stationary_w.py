@@ -1,0 +1,96 @@
+"""Stationary-W: the weights stay, both activations move (docs/algorithms.md section 4).
+
+The channel group is factored ``P_c = p_f * p_c'``; channel coordinate
+``i = a * p_c' + b``.  ``F_a`` is the union of the F blocks of ranks
+``(a, 0..p_c'-1)`` (contiguous) and ``C_b`` the union of the C blocks of ranks
+``(0..p_f-1, b)`` (blocks ``b, p_c'+b, ...``: not contiguous unless ``p_f = 1``).
+
+=========  =========================================  ===========================================
+tensor     on rank (a, b)                             moved by
+=========  =========================================  ===========================================
+x, dx      ``x[:, C_i]``  (n, C_i, h, w)              forward: allgather over the p_f ranks (., b),
+                                                      then halo exchange
+                                                      backward: halo return, then reduce-scatter
+                                                      over (., b)
+w, dw      ``w[F_a, C_b]``  (F_a, C_b, Kh, Kw)        backward: allreduce of dw over the weight peers
+y, dy      ``y[:, F_i]``  (n, F_i, h', w')            forward: reduce-scatter over the p_c' ranks (a, .)
+                                                      backward: allgather over (a, .)
+b, db      ``b[F_i]``                                 backward: allreduce of db over the weight peers
+=========  =========================================  ===========================================
+
+``p_f = 1`` is Stationary-X and ``p_c' = 1`` is Stationary-Y.  The order of the
+gathered ``x`` pieces (by ``a``) is the order of ``C_b`` in the weight, so the
+non-contiguous block needs no reordering.
+"""
+
+from refconv import collectives
+from refconv.algorithms.base import Algorithm, Call, gradient_records, halo_records, local_blocks
+from refconv.distribution import Split, block_sizes
+
+
+def _groups(geom, P_c, p_f, c):
+    """``(c_counts, f_counts)`` of channel coordinate ``c``: the |C_i| of ranks (., b), gathered
+    into ``C_b``, and the |F_i| of ranks (a, .), gathered into ``F_a``."""
+    p_cp = P_c // p_f
+    a, b = divmod(c, p_cp)
+    c_counts, f_counts = block_sizes(geom.C, P_c), block_sizes(geom.F, P_c)
+    return [c_counts[k * p_cp + b] for k in range(p_f)], [f_counts[a * p_cp + j] for j in range(p_cp)]
+
+
+class StationaryW(Algorithm):
+    name = "stationary-w"
+
+    def __init__(self, grid, geom, backend, filter_groups):
+        super().__init__(grid, geom, backend, filter_groups)
+        self.comm_f, self.comm_c = grid.stationary_w_comms(filter_groups)  # (., b) and (a, .)
+        self.c_counts, self.f_counts = _groups(geom, grid.P_c, filter_groups, grid.coords[1])
+
+    @staticmethod
+    def resolve_filter_groups(P_c, filter_groups):
+        """``p_f``: a divisor of ``P_c``; by default the divisor nearest ``sqrt(P_c)`` from below,
+        which makes both collectives about ``1/sqrt(P_c)`` of the activations."""
+        divisors = [d for d in range(1, P_c + 1) if P_c % d == 0]
+        if filter_groups is None:
+            return max(d for d in divisors if d * d <= P_c)
+        if isinstance(filter_groups, bool) or filter_groups not in divisors:
+            raise ValueError(f"filter_groups: expected a divisor of grid.P_c={P_c} (one of {divisors}), "
+                             f"got {filter_groups!r}")
+        return int(filter_groups)
+
+    @staticmethod
+    def weight_dims(P_c, filter_groups):
+        """``w[F_a, C_b]``: F in blocks ``a*p_c' .. a*p_c'+p_c'-1``, C in blocks ``b, p_c'+b, ...``."""
+        return (Split.stationary_w_filters(P_c, filter_groups), Split.stationary_w_channels(P_c, filter_groups),
+                None, None)
+
+    def forward(self, x_loc, w_loc, b_loc):
+        # x_loc: (n, C_i, h, w); w_loc: (F_a, C_b, Kh, Kw); b_loc: (F_i,) or None
+        x_b = collectives.allgather(self.comm_f, x_loc, self.c_counts, axis=1)  # (n, C_b, h, w)
+        self.x_win = self.halo.extend(x_b, self.xp)  # halo exchange -> (n, C_b, h_win, w_win)
+        y_part = self.conv(self.x_win, w_loc)  # (n, F_a, h', w'), partial over C
+        y_loc = collectives.reduce_scatter(self.comm_c, y_part, self.f_counts, axis=1)  # (n, F_i, h', w')
+        return self.add_bias(y_loc, b_loc)
+
+    def backward(self, dy_loc, w_loc):
+        # dy_loc: (n, F_i, h', w')
+        dy_a = collectives.allgather(self.comm_c, dy_loc, self.f_counts, axis=1)  # (n, F_a, h', w')
+        dw_loc = self.conv_filter(self.x_win, dy_a, w_loc.shape)  # (F_a, C_b, Kh, Kw), partial over n, h', w'
+        dx_win = self.conv_data(dy_a, w_loc, self.x_win.shape)  # (n, C_b, h_win, w_win), partial over F
+        dx_part = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C_b, h, w)
+        dx_loc = collectives.reduce_scatter(self.comm_f, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
+        dw_loc = collectives.allreduce_(self.peers, dw_loc)  # segmented allreduce
+        db_loc = collectives.allreduce_(self.peers, self.backend.bias_grad(dy_loc)) if self.geom.bias else None
+        return dx_loc, dw_loc, db_loc
+
+    @staticmethod
+    def records(geom, grid_shape, coords, filter_groups):
+        """The calls of one forward and backward, in order, on the rank at ``coords``."""
+        b, P_c = local_blocks(geom, grid_shape, coords), grid_shape[1]
+        c_counts, f_counts = _groups(geom, P_c, filter_groups, coords[1])
+        C_b, F_a = sum(c_counts), sum(f_counts)
+        exchange, back = halo_records(geom, grid_shape, coords, C_b)
+        x_b = b.n * C_b * b.h * b.w * geom.itemsize  # the gathered x, and the partial dx
+        y_a = b.n * F_a * b.ho * b.wo * geom.itemsize  # the partial y, and the gathered dy
+        return ([Call("allgather", len(c_counts), x_b)] + exchange + [Call("reduce_scatter", len(f_counts), y_a),
+                Call("allgather", len(f_counts), y_a)] + back + [Call("reduce_scatter", len(c_counts), x_b)]
+                + gradient_records(geom, grid_shape, coords, (F_a, C_b) + geom.kernel))

@@ -1,0 +1,59 @@
+"""Stationary-X: ``x`` stays, partial ``y`` moves (docs/algorithms.md section 4).
+
+=========  ====================================  =====================================
+tensor     on channel-group rank i               moved by
+=========  ====================================  =====================================
+x, dx      ``x[:, C_i]``  (n, C_i, h, w)         forward: halo exchange · backward: halo return
+w, dw      ``w[:, C_i]``  (F, C_i, Kh, Kw)       backward: allreduce of dw over the weight peers
+y, dy      ``y[:, F_i]``  (n, F_i, h', w')       forward: reduce-scatter · backward: allgather
+b, db      ``b[F_i]``                            backward: allreduce of db over the weight peers
+=========  ====================================  =====================================
+
+forward: local conv of ``x[:, C_i]`` with ``w[:, C_i]`` is a partial ``y`` over all
+F; a reduce-scatter over the channel group sums the partials and leaves
+``y[:, F_i]``.  backward: allgather ``dy[:, F_i]`` into the full ``dy``; then
+``dw[:, C_i]`` and ``dx[:, C_i]`` are local.  Cheap when ``F h' w' < C h w``.
+"""
+
+from refconv import collectives
+from refconv.algorithms.base import Algorithm, Call, gradient_records, halo_records, local_blocks
+from refconv.distribution import block_sizes
+
+
+class StationaryX(Algorithm):
+    name = "stationary-x"
+
+    def __init__(self, grid, geom, backend, filter_groups=None):
+        super().__init__(grid, geom, backend, filter_groups)
+        self.comm = grid.channel_comm
+        self.f_counts = block_sizes(geom.F, grid.P_c)  # |F_i| for every i
+
+    @staticmethod
+    def weight_dims(P_c, filter_groups=None):
+        return (None, "channel", None, None)  # w[:, C_i]
+
+    def forward(self, x_loc, w_loc, b_loc):
+        # x_loc: (n, C_i, h, w); w_loc: (F, C_i, Kh, Kw); b_loc: (F_i,) or None
+        self.x_win = self.halo.extend(x_loc, self.xp)  # halo exchange -> (n, C_i, h_win, w_win)
+        y_part = self.conv(self.x_win, w_loc)  # (n, F, h', w'), partial over C
+        y_loc = collectives.reduce_scatter(self.comm, y_part, self.f_counts, axis=1)  # (n, F_i, h', w')
+        return self.add_bias(y_loc, b_loc)
+
+    def backward(self, dy_loc, w_loc):
+        # dy_loc: (n, F_i, h', w')
+        dy_full = collectives.allgather(self.comm, dy_loc, self.f_counts, axis=1)  # (n, F, h', w')
+        dw_loc = self.conv_filter(self.x_win, dy_full, w_loc.shape)  # (F, C_i, Kh, Kw), partial over n, h', w'
+        dx_win = self.conv_data(dy_full, w_loc, self.x_win.shape)  # (n, C_i, h_win, w_win)
+        dx_loc = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C_i, h, w)
+        dw_loc = collectives.allreduce_(self.peers, dw_loc)  # segmented allreduce
+        db_loc = collectives.allreduce_(self.peers, self.backend.bias_grad(dy_loc)) if self.geom.bias else None
+        return dx_loc, dw_loc, db_loc
+
+    @staticmethod
+    def records(geom, grid_shape, coords, filter_groups=None):
+        """The calls of one forward and backward, in order, on the rank at ``coords``."""
+        b, P_c = local_blocks(geom, grid_shape, coords), grid_shape[1]
+        exchange, back = halo_records(geom, grid_shape, coords, b.C_i)
+        y_full = b.n * geom.F * b.ho * b.wo * geom.itemsize  # the partial y, and the gathered dy
+        return (exchange + [Call("reduce_scatter", P_c, y_full), Call("allgather", P_c, y_full)] + back
+                + gradient_records(geom, grid_shape, coords, (geom.F, b.C_i) + geom.kernel))

@@ -1,0 +1,59 @@
+"""Stationary-Y: ``y`` stays, ``x`` moves (docs/algorithms.md section 4).
+
+=========  ====================================  =====================================
+tensor     on channel-group rank i               moved by
+=========  ====================================  =====================================
+x, dx      ``x[:, C_i]``  (n, C_i, h, w)         forward: allgather, then halo exchange
+                                                 backward: halo return, then reduce-scatter
+w, dw      ``w[F_i, :]``  (F_i, C, Kh, Kw)       backward: allreduce of dw over the weight peers
+y, dy      ``y[:, F_i]``  (n, F_i, h', w')       none
+b, db      ``b[F_i]``                            backward: allreduce of db over the weight peers
+=========  ====================================  =====================================
+
+forward: allgather ``x[:, C_i]`` into the full ``x`` (kept for backward-filter);
+``y[:, F_i]`` is then local.  backward: ``dw[F_i, :]`` is local; backward-data
+gives a partial ``dx`` over all C, and a reduce-scatter leaves ``dx[:, C_i]``.
+Cheap when ``C h w < F h' w'``.
+"""
+
+from refconv import collectives
+from refconv.algorithms.base import Algorithm, Call, gradient_records, halo_records, local_blocks
+from refconv.distribution import block_sizes
+
+
+class StationaryY(Algorithm):
+    name = "stationary-y"
+
+    def __init__(self, grid, geom, backend, filter_groups=None):
+        super().__init__(grid, geom, backend, filter_groups)
+        self.comm = grid.channel_comm
+        self.c_counts = block_sizes(geom.C, grid.P_c)  # |C_i| for every i
+
+    @staticmethod
+    def weight_dims(P_c, filter_groups=None):
+        return ("channel", None, None, None)  # w[F_i, :]
+
+    def forward(self, x_loc, w_loc, b_loc):
+        # x_loc: (n, C_i, h, w); w_loc: (F_i, C, Kh, Kw); b_loc: (F_i,) or None
+        x_full = collectives.allgather(self.comm, x_loc, self.c_counts, axis=1)  # (n, C, h, w)
+        self.x_win = self.halo.extend(x_full, self.xp)  # halo exchange -> (n, C, h_win, w_win)
+        return self.add_bias(self.conv(self.x_win, w_loc), b_loc)  # (n, F_i, h', w')
+
+    def backward(self, dy_loc, w_loc):
+        # dy_loc: (n, F_i, h', w')
+        dw_loc = self.conv_filter(self.x_win, dy_loc, w_loc.shape)  # (F_i, C, Kh, Kw), partial over n, h', w'
+        dx_win = self.conv_data(dy_loc, w_loc, self.x_win.shape)  # (n, C, h_win, w_win), partial over F
+        dx_part = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C, h, w)
+        dx_loc = collectives.reduce_scatter(self.comm, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
+        dw_loc = collectives.allreduce_(self.peers, dw_loc)  # segmented allreduce
+        db_loc = collectives.allreduce_(self.peers, self.backend.bias_grad(dy_loc)) if self.geom.bias else None
+        return dx_loc, dw_loc, db_loc
+
+    @staticmethod
+    def records(geom, grid_shape, coords, filter_groups=None):
+        """The calls of one forward and backward, in order, on the rank at ``coords``."""
+        b, P_c = local_blocks(geom, grid_shape, coords), grid_shape[1]
+        exchange, back = halo_records(geom, grid_shape, coords, geom.C)
+        x_full = b.n * geom.C * b.h * b.w * geom.itemsize  # the gathered x, and the partial dx
+        return ([Call("allgather", P_c, x_full)] + exchange + back + [Call("reduce_scatter", P_c, x_full)]
+                + gradient_records(geom, grid_shape, coords, (b.F_i, geom.C) + geom.kernel))

@@ -1,0 +1,124 @@
+"""The layer protocol and the layouts of tensors between layers.
+
+Every layer of a model, convolution included, is a :class:`Layer`::
+
+    layer.bind(input_shape)            # global input shape (N, C, H, W); returns the layer
+    layer.input_distribution           # how the input is laid out (a Distribution)
+    layer.output_distribution
+    layer.output_shape
+    y_loc = layer.forward(x_loc)       # this rank's blocks
+    dx_loc = layer.backward(dy_loc)
+    layer.parameters(), layer.gradients(), layer.parameter_distributions()
+    layer.buffers(), layer.buffer_distributions()
+
+Three layouts of a tensor flow between layers (``layout(grid, shape, kind)``):
+
+- ``"activations"``: NCHW, N over sample, C over channel, H over height, W over width;
+- ``"features"``: the output of global average pooling, ``(N, C, 1, 1)``, N over
+  sample, C over channel and **replicated** over height and width.  Local
+  arrays stay 4-D ``(n, C_i, 1, 1)``;
+- ``"logits"``: the output of :class:`refconv.layers.Linear`, ``(n, K)``: N over
+  sample, replicated over channel and space.
+"""
+
+import numpy
+
+from refconv import checks
+from refconv.backend import get_backend
+from refconv.distribution import Distribution
+
+KINDS = ("activations", "features", "logits")
+
+
+def layout(grid, shape, kind="activations"):
+    """The Distribution of a tensor of global ``shape`` and ``kind`` on ``grid``."""
+    if kind == "activations":
+        return Distribution.activations(grid, shape)
+    if kind == "features":
+        return Distribution(grid, shape, ("sample", "channel", None, None))
+    if kind == "logits":
+        return Distribution(grid, shape, ("sample", None, None, None), names=("N", "K", "-", "-"))
+    raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
+
+
+class Layer:
+    """Shared plumbing: the grid, the backend, binding and local-shape checks.
+
+    A subclass sets ``kind_in``/``kind_out`` and implements ``_bind(shape) ->
+    output_shape`` (validating), ``forward`` and ``backward``.
+    """
+
+    kind_in = kind_out = "activations"
+
+    def __init__(self, *, grid, backend="auto", dtype=numpy.float32):
+        self.grid = grid
+        self.backend = get_backend(backend) if isinstance(backend, str) else backend
+        self.dtype = checks.float_dtype(dtype)
+        self.training = True
+        self._input_shape = self._output_shape = None
+
+    @property
+    def xp(self):
+        return self.backend.xp
+
+    def bind(self, input_shape):
+        """Fix the global input shape; raises ValueError (on every rank alike) if a block would be empty."""
+        shape = checks.shape4(input_shape, "input_shape")
+        out = self._bind(shape)
+        for name, s, kind in (("input", shape, self.kind_in), ("output", out, self.kind_out)):
+            try:
+                layout(self.grid, s, kind)
+            except ValueError as exc:
+                raise ValueError(f"input_shape: {self!r} cannot lay out its {name} {s} on grid "
+                                 f"{self.grid.shape}: {exc}") from None
+        self._input_shape, self._output_shape = shape, tuple(out)
+        return self
+
+    def _bind(self, shape):
+        return shape
+
+    def _require_bound(self):
+        if self._input_shape is None:
+            raise ValueError(f"{self!r} has no input shape yet: call bind(input_shape) first")
+
+    @property
+    def input_distribution(self):
+        self._require_bound()
+        return layout(self.grid, self._input_shape, self.kind_in)
+
+    @property
+    def output_distribution(self):
+        self._require_bound()
+        return layout(self.grid, self._output_shape, self.kind_out)
+
+    @property
+    def output_shape(self):
+        self._require_bound()
+        return self._output_shape
+
+    def _check_local(self, a, dist, name):
+        shape = dist.local_shape(self.grid.rank)
+        if self.kind_out == "logits" and name == "dy_loc":
+            shape = shape[:2]
+        if tuple(a.shape) != tuple(shape):
+            raise ValueError(f"{name}: {self!r} on rank {self.grid.rank} expected its block of shape "
+                             f"{tuple(shape)}, got {tuple(a.shape)}")
+
+    def parameters(self):
+        return {}
+
+    def gradients(self):
+        return {}
+
+    def parameter_distributions(self):
+        return {}
+
+    def buffers(self):
+        """Non-trained state saved with the parameters (BatchNorm's running statistics)."""
+        return {}
+
+    def buffer_distributions(self):
+        return {}
+
+    def __repr__(self):
+        return f"{type(self).__name__}(grid={self.grid.shape})"

@@ -1,0 +1,225 @@
+"""``DistConv2d``: one convolution layer split over a process grid.
+
+The layer holds the parameters and their layouts; its algorithm (one module of
+:mod:`refconv.algorithms` each) does all of the computing and all of the
+communication: halo exchange and return, channel collectives, and the segmented
+allreduce of ``dw`` and ``db``.
+
+- ``P_c = 1``: :mod:`refconv.algorithms.spatial` (sample and spatial parallelism);
+- ``P_c > 1``: the algorithm asked for, e.g. :mod:`refconv.algorithms.stationary_x`.
+
+Activations always use the standard layout of the grid (N over sample, channels
+over channel, H over height, W over width); only the weights' layout depends on
+the algorithm.  The bias ``b[F_i]`` is split like the output channels.
+"""
+
+import math
+
+import numpy
+
+from refconv import algorithms, checks, collectives, cost_model
+from refconv.algorithms.base import ConvGeometry
+from refconv.distribution import Distribution
+from refconv.layers.base import Layer
+from refconv.sharding import allgather, scatter
+
+
+class DistConv2d(Layer):
+    """A 2-D convolution whose activations and weights are split over ``grid``.
+
+    ``algorithm`` (a name in :data:`refconv.algorithms.REGISTRY`: "stationary-x",
+    "stationary-y", "stationary-w", or "auto") matters only when ``grid.P_c > 1``.
+    For "stationary-w", ``filter_groups`` is ``p_f``, a divisor of ``P_c`` (default:
+    the largest divisor not above ``sqrt(P_c)``).  ``"auto"`` picks the algorithm and
+    ``p_f`` with the least predicted communication (:mod:`refconv.cost_model`) when
+    the layer is bound to an input shape; the estimates are kept in
+    ``layer.cost_estimates``.  ``input_shape`` (global ``N, C, H, W``) may be given
+    now, or later by :meth:`bind`, :meth:`scatter_input`, or from the local shapes at
+    the first :meth:`forward`.  Parameters start as PyTorch's default (uniform in
+    ``+-1/sqrt(fan_in)``), drawn from ``seed`` identically on every rank.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, *, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True, grid, algorithm="stationary-x", filter_groups=None, backend="auto",
+                 dtype=numpy.float32, input_shape=None, seed=0):
+        if grid is None or not hasattr(grid, "P_c"):
+            raise ValueError(f"grid: expected a refconv.ProcessGrid, got {grid!r}")
+        super().__init__(grid=grid, backend=backend, dtype=dtype)
+        self.in_channels = checks.positive_int(in_channels, "in_channels")
+        self.out_channels = checks.positive_int(out_channels, "out_channels")
+        kernel = checks.pair(kernel_size, "kernel_size", minimum=1)
+        self.stride = checks.pair(stride, "stride", minimum=1)
+        self.padding = checks.pair(padding, "padding", minimum=0)
+        self.dilation = checks.pair(dilation, "dilation", minimum=1)
+        self.groups = checks.positive_int(groups, "groups")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"groups: {groups} must divide in_channels={in_channels} and out_channels={out_channels}")
+        P_c = grid.P_c
+        if P_c > 1 and groups > 1:
+            raise ValueError(
+                f"groups: grouped convolution (groups={groups}) is supported with sample and spatial "
+                f"splits only; use a grid with channel=1 (got channel={P_c})")
+        for name, length in (("in_channels", in_channels), ("out_channels", out_channels)):
+            if length < P_c:
+                raise ValueError(f"{name}={length} cannot be split over channel={P_c} ranks: a rank's block would be empty")
+        self.requested_algorithm = algorithm
+        self.cost_estimates = None
+        if algorithm == "auto":
+            if filter_groups is not None:
+                raise ValueError("filter_groups: algorithm='auto' chooses filter_groups itself; pass None")
+            self.algorithm = self.filter_groups = None  # chosen when the layer is bound
+        else:
+            _, self.filter_groups = algorithms.resolve(algorithm, P_c, filter_groups)
+            self.algorithm = algorithm if P_c > 1 else algorithms.NO_CHANNEL_SPLIT
+        self.w_shape = (self.out_channels, self.in_channels // self.groups) + kernel
+        self.has_bias = bool(bias)
+        self._bound = {}  # (H, W) -> algorithm object bound to that geometry
+        self._geom = self._algo = None
+
+        # Parameters: the same global draw on every rank, then this rank's shard.
+        fan_in = self.w_shape[1] * kernel[0] * kernel[1]
+        rng = numpy.random.default_rng(seed)
+        limit = 1.0 / math.sqrt(fan_in)
+        w = rng.uniform(-limit, limit, self.w_shape).astype(self.dtype)
+        b = rng.uniform(-limit, limit, self.out_channels).astype(self.dtype) if bias else None
+        self.weight = self.bias = self.weight_grad = self.bias_grad = None
+        self._global_init = (w, b)
+        if self.algorithm is not None:
+            self.set_global_parameters(w, b)
+        if input_shape is not None:
+            self.bind(input_shape)
+
+    # -- layouts ------------------------------------------------------------------------
+    @property
+    def weight_distribution(self):
+        """How ``F x C/groups x Kh x Kw`` is laid out (see each algorithm's table)."""
+        self._require_algorithm()
+        dims = algorithms.REGISTRY[self.algorithm].weight_dims(self.grid.P_c, self.filter_groups)
+        return Distribution(self.grid, self.w_shape, dims, names=("F", "C", "Kh", "Kw"))
+
+    @property
+    def bias_distribution(self):
+        """The bias as an ``F x 1 x 1 x 1`` tensor: split like the output channels."""
+        return Distribution(self.grid, (self.out_channels, 1, 1, 1),
+                            ("channel" if self.grid.P_c > 1 else None, None, None, None), names=("F", "-", "-", "-"))
+
+    def _require_algorithm(self):
+        if self.algorithm is None:
+            raise ValueError(f"{self!r}: algorithm='auto' is chosen when the layer is bound; call "
+                             f"bind((N, C, H, W)) or pass input_shape= first")
+
+    # -- binding to an input shape ---------------------------------------------------------
+    def _bind(self, shape):
+        N, C, H, W = shape
+        if C != self.in_channels:
+            raise ValueError(f"input_shape: expected C = in_channels = {self.in_channels}, got {shape}")
+        g = self.grid
+        geom = ConvGeometry.of(shape, self.w_shape, stride=self.stride, padding=self.padding, dilation=self.dilation,
+                               groups=self.groups, bias=self.has_bias, itemsize=self.dtype.itemsize)
+        for name, length, parts in (("N", N, g.P_N), ("H", H, g.P_H), ("W", W, g.P_W),
+                                    ("H'", geom.out_shape[2], g.P_H), ("W'", geom.out_shape[3], g.P_W)):
+            if length < parts:
+                raise ValueError(f"input_shape: {name} = {length} cannot be split over {parts} ranks: "
+                                 f"a rank's block would be empty")
+        if self.algorithm is None:
+            self._choose_algorithm(geom)
+        if (H, W) not in self._bound:
+            cls = algorithms.REGISTRY[self.algorithm]
+            self._bound[(H, W)] = cls(self.grid, geom, self.backend, self.filter_groups)
+        self._algo, self._geom = self._bound[(H, W)], geom
+        return geom.out_shape
+
+    def _choose_algorithm(self, geom):
+        P_c = self.grid.P_c
+        if P_c == 1:
+            algorithm, filter_groups = algorithms.NO_CHANNEL_SPLIT, None
+        else:
+            algorithm, filter_groups, self.cost_estimates = cost_model.choose_algorithm(geom, self.grid.shape)
+        self.algorithm, self.filter_groups = algorithm, filter_groups
+        self.set_global_parameters(*self._global_init)
+
+    def scatter_input(self, x, root=0):
+        """Bind the layer to the global ``x`` (given on ``root``; ignored elsewhere) and return
+        this rank's block of it."""
+        shape = collectives.bcast_object(self.grid.comm, tuple(x.shape) if self.grid.rank == root else None, root)
+        return scatter(x, self.bind(shape).input_distribution, self.grid, root=root)
+
+    def _bind_from_local(self, x_loc):
+        """Global N, H, W from the local extents: sums over the sample, height and width axes."""
+        g = self.grid
+        n, c, h, w = x_loc.shape
+        first = [c_ == 0 for c_ in g.coords]  # this rank is first along each axis
+        sizes = numpy.array([n if first[1] and first[2] and first[3] else 0,
+                             h if first[0] and first[1] and first[3] else 0,
+                             w if first[0] and first[1] and first[2] else 0], dtype=numpy.int64)
+        N, H, W = (int(v) for v in collectives.allreduce(g.comm, sizes))
+        self.bind((N, self.in_channels, H, W))
+
+    # -- parameters ---------------------------------------------------------------------------
+    def set_global_parameters(self, w, b=None):
+        """Give this rank its shard of the global ``w (F, C/groups, Kh, Kw)`` and ``b (F,)``."""
+        w = numpy.asarray(self.backend.to_host(w))
+        if tuple(w.shape) != self.w_shape:
+            raise ValueError(f"w: expected shape {self.w_shape}, got {tuple(w.shape)}")
+        self.weight = self.backend.asarray(self.weight_distribution.extract(w.astype(self.dtype), self.grid.rank))
+        self.bias = None
+        if self.has_bias:
+            if b is None:
+                raise ValueError("b: this layer has a bias; pass b of shape (F,)")
+            b = numpy.asarray(self.backend.to_host(b))
+            if tuple(b.shape) != (self.out_channels,):
+                raise ValueError(f"b: expected shape ({self.out_channels},), got {tuple(b.shape)}")
+            local = self.bias_distribution.extract(b.astype(self.dtype).reshape(-1, 1, 1, 1), self.grid.rank)
+            self.bias = self.backend.asarray(local.reshape(-1))
+
+    def global_parameter_grads(self):
+        """``(dw, db)``: the full gradients, gathered on every rank (``db`` None without bias)."""
+        if self.weight_grad is None:
+            raise ValueError("global_parameter_grads: run backward first")
+        dw = allgather(self.weight_grad, self.weight_distribution, self.grid)
+        db = None
+        if self.has_bias:
+            db = allgather(self.bias_grad.reshape(-1, 1, 1, 1), self.bias_distribution, self.grid).reshape(-1)
+        return dw, db
+
+    def parameters(self):
+        """Local shards by name (``weight``, and ``bias`` if any)."""
+        return {"weight": self.weight, **({"bias": self.bias} if self.has_bias else {})}
+
+    def gradients(self):
+        return {"weight": self.weight_grad, **({"bias": self.bias_grad} if self.has_bias else {})}
+
+    def parameter_distributions(self):
+        """Layout of each parameter viewed as a 4-D tensor (the bias as ``F x 1 x 1 x 1``)."""
+        return {"weight": self.weight_distribution, **({"bias": self.bias_distribution} if self.has_bias else {})}
+
+    # -- forward and backward ----------------------------------------------------------------
+    def _check_local(self, a, dist, name):
+        super()._check_local(a, dist, name)
+        if a.dtype != self.dtype:
+            raise ValueError(f"{name}: expected dtype {self.dtype}, got {a.dtype}")
+
+    def forward(self, x_loc):
+        """``x_loc`` (this rank's block of x) -> ``y_loc`` (its block of y)."""
+        if self._input_shape is None:
+            self._bind_from_local(x_loc)
+        self._check_local(x_loc, self.input_distribution, "x_loc")
+        return self._algo.forward(x_loc, self.weight, self.bias)  # (n, F_i, h', w')
+
+    def backward(self, dy_loc):
+        """``dy_loc`` -> ``dx_loc``; also leaves ``weight_grad`` and ``bias_grad`` (this rank's
+        shards, summed over every sample and row by the segmented allreduce)."""
+        self._check_local(dy_loc, self.output_distribution, "dy_loc")
+        dx_loc, self.weight_grad, self.bias_grad = self._algo.backward(dy_loc, self.weight)
+        return dx_loc
+
+    def records(self):
+        """The calls one forward and backward of this bound layer make on this rank."""
+        self._require_bound()
+        cls = algorithms.REGISTRY[self.algorithm]
+        return cls.records(self._geom, self.grid.shape, self.grid.coords, self.filter_groups)
+
+    def __repr__(self):
+        return (f"DistConv2d({self.in_channels}, {self.out_channels}, {self.w_shape[2:]}, stride={self.stride}, "
+                f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+                f"algorithm={self.algorithm or self.requested_algorithm!r}, grid={self.grid.shape})")

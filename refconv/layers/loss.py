@@ -1,0 +1,37 @@
+"""The loss: softmax cross-entropy over the global batch."""
+
+from refconv import collectives
+from refconv.backend import get_backend
+
+
+class SoftmaxCrossEntropy:
+    """Mean cross-entropy over the **global** batch, on the grid of the logits.
+
+    ``loss = allreduce_sample(sum of local losses) / N``; ``dlogits = (p - onehot) / N``.
+    Every channel and spatial peer holds the same logits and computes the same values.
+    """
+
+    def __init__(self, *, grid, backend="auto"):
+        self.grid = grid
+        self.backend = get_backend(backend) if isinstance(backend, str) else backend
+
+    def forward(self, logits_loc, labels_loc, global_batch):
+        """``logits_loc (n, K)``, ``labels_loc (n,)`` ints -> the global mean loss (a float)."""
+        xp = self.backend.xp
+        n, K = logits_loc.shape
+        if tuple(labels_loc.shape) != (n,):
+            raise ValueError(f"labels_loc: expected {n} labels (this rank's samples), got shape {tuple(labels_loc.shape)}")
+        shifted = logits_loc - logits_loc.max(axis=1, keepdims=True)
+        log_probs = shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+        labels = xp.asarray(labels_loc)
+        local_sum = -log_probs[xp.arange(n), labels].sum(keepdims=True)  # (1,)
+        total = collectives.allreduce(self.grid.axis_comm("sample"), local_sum)
+        self._probs, self._labels, self._N = xp.exp(log_probs), labels, global_batch
+        return float(self.backend.to_host(total)[0]) / global_batch
+
+    def backward(self):
+        """``dlogits (n, K) = (softmax - onehot(labels)) / N`` with N the global batch."""
+        xp = self.backend.xp
+        d = self._probs.copy()
+        d[xp.arange(d.shape[0]), self._labels] -= 1
+        return d / self._N
