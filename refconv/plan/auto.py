@@ -1,0 +1,42 @@
+"""``algorithm: auto`` for one bound convolution: the fastest channel algorithm on its grid.
+
+``choose_for_layer`` prices every algorithm (and ``p_f``) of a conv on its grid with
+the whole-step model of :mod:`refconv.plan.perf` (compute and every call, priced by
+a machine file) instead of bytes alone.  Without a machine it uses the built-in
+default figures and warns so.
+"""
+
+from refconv.plan import graph, machine as machine_mod, perf
+
+
+def choose_for_layer(in_shape, out_channels, kernel, *, grid_shape, stride=(1, 1), padding=(0, 0),
+                     dilation=(1, 1), groups=1, bias=True, machine=None):
+    """``(algorithm, filter_groups, table)`` for a conv of global input ``in_shape`` on a grid
+    ``(P_N, P_c, P_H, P_W)``; ``table`` maps ``(algorithm, p_f)`` to predicted seconds per
+    forward + backward on the rank with the largest blocks.
+
+    ``machine``: a :class:`refconv.plan.machine.Machine`, a path or built-in name, or
+    None (built-in defaults, with a warning).  With ``P_c = 1`` the answer is
+    ``("stationary-x", None, {...})``: the conv is sample/spatial parallel.
+    Raises ValueError naming the argument when the layer cannot run on the grid.
+    """
+    if not isinstance(machine, machine_mod.Machine):
+        machine = machine_mod.load(machine)
+    spec = {"type": "conv", "out": out_channels, "kernel": tuple(kernel), "stride": tuple(stride),
+            "padding": tuple(padding), "dilation": tuple(dilation), "groups": groups, "bias": bias}
+    shape = tuple(in_shape)
+    layer = graph.Layer("conv", spec, ("layer",), shape, graph._out_shape("conv", spec, shape, "layer"))
+    if layer.out_shape[2] < 1 or layer.out_shape[3] < 1:
+        raise ValueError(f"in_shape: {shape} gives an empty output")
+    grid = tuple(grid_shape)
+    P_N, P_c, P_H, P_W = grid
+    N, C, H, W = shape
+    if P_N > N or P_c > min(C, out_channels) or P_H > layer.out_shape[2] or P_W > layer.out_shape[3]:
+        raise ValueError(f"grid_shape: {grid} leaves a rank an empty block of input {shape} -> {layer.out_shape}")
+    choices = perf.candidates(P_c) if P_c > 1 else [("stationary-x", None)]
+    table = {}
+    for algorithm, p_f in choices:
+        cost = perf.layer_cost(layer, grid, machine, algorithm, p_f)
+        table[(algorithm, p_f)] = cost.seconds
+    (algorithm, p_f), _ = min(table.items(), key=lambda kv: kv[1])
+    return algorithm, p_f, table

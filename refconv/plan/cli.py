@@ -1,0 +1,118 @@
+"""``refconv plan``: the fastest per-layer strategy of a model on P ranks, predicted.
+
+Usage::
+
+    refconv plan --model resnet50 --ranks 64 --batch 2048 --image-size 224 \\
+        --machine v100-edr --out plan.yaml
+
+Prints the per-stage table and the totals against pure sample parallelism and
+the best single strategy; ``--out`` writes a model file that ``refconv train
+--model plan.yaml`` runs on ``P`` ranks.  Bad input (a missing or malformed
+machine file, no feasible plan, a model it cannot bind) prints one line on every
+rank and exits with status 2.  This command computes only (no MPI collectives);
+under mpiexec every rank plans and rank 0 prints.
+"""
+
+import sys
+import warnings
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "plan", help="plan every layer's grid and algorithm from a performance model",
+        description="Search every factorisation of the ranks into sample x channel x height x width per "
+                    "layer (and every channel algorithm and p_f), minimising the predicted step time with "
+                    "the shuffles between layers, under a memory limit. See docs/planning.md.")
+    p.add_argument("--model", required=True, help="a preset (digits-cnn, resnet50, resnet50-wide2, "
+                                                  "resnet50-wide4) or a JSON/YAML model file")
+    p.add_argument("--ranks", type=int, required=True, help="number of ranks P")
+    p.add_argument("--batch", type=int, required=True, help="global batch size")
+    p.add_argument("--image-size", type=int, default=32, help="height and width of the input images")
+    p.add_argument("--num-classes", type=int, default=None, help="classes of a preset's classifier "
+                                                                  "(default: the preset's)")
+    p.add_argument("--machine", default=None,
+                   help="a machine file (refconv calibrate --out) or a built-in name (dev-cpu, v100-edr, "
+                        "h200-node); unset: the built-in v100-edr figures, with a warning")
+    p.add_argument("--memory-per-rank", type=float, default=None, metavar="GiB", help="memory limit per rank")
+    p.add_argument("--out", default=None, help="write the planned model file here (.yaml or .json)")
+    return p
+
+
+def _plan(args):
+    import json
+
+    import yaml
+
+    from refconv.model_spec import load_spec
+    from refconv.plan import machine as machine_mod, report, search
+
+    for name in ("ranks", "batch", "image_size"):
+        v = getattr(args, name)
+        if v < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: expected a positive int, got {v}")
+    if args.memory_per_rank is not None and args.memory_per_rank <= 0:
+        raise ValueError(f"--memory-per-rank: expected a positive number of GiB, got {args.memory_per_rank}")
+    if args.out and not args.out.endswith((".yaml", ".yml", ".json")):
+        raise ValueError(f"--out: expected a .yaml or .json path, got {args.out!r}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        machine = machine_mod.load(args.machine)
+    kwargs = {"num_classes": args.num_classes} if args.num_classes else {}
+    try:
+        spec = load_spec(args.model, **kwargs)
+    except Exception as exc:  # noqa: BLE001  a model file that does not parse
+        raise ValueError(f"--model: {exc}") from None
+    shape = (args.batch, spec.get("in_channels", 3) if isinstance(spec, dict) else 3, args.image_size,
+             args.image_size)
+    limit = args.memory_per_rank * 2**30 if args.memory_per_rank else None
+    planner, plan = search.plan_model(spec, shape, args.ranks, machine, limit)
+    sample = planner.uniform((args.ranks, 1, 1, 1), "stationary-x")
+    out = [str(w.message) for w in caught]
+    out.append(f"model {spec.get('name', args.model)}, input {shape}, {args.ranks} ranks, machine "
+               f"{machine.name} ({'measured ' + str(machine.measured) if machine.measured else 'not measured'})")
+    out.append(report.table(plan))
+    out.append(report.summary(plan, ("sample", sample) if sample else None, planner.best_uniform()))
+    if args.out:
+        planned = search.to_spec(spec, plan)
+        with open(args.out, "w") as f:
+            if args.out.endswith(".json"):
+                json.dump(planned, f, indent=1)
+            else:
+                yaml.safe_dump(planned, f, sort_keys=False, default_flow_style=None)
+        out.append(f"wrote {args.out}: run it with  mpiexec -n {args.ranks} refconv train --model {args.out} "
+                   f"--batch-size {args.batch}")
+    return "\n".join(out)
+
+
+def run(args):
+    """Plan, print on rank 0; bad input: one line on every rank, status 2."""
+    rank = _rank()
+    try:
+        text = _plan(args)
+    except ValueError as exc:  # MachineError, BindError, NoFeasiblePlan and bad arguments
+        print(f"refconv plan: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    if rank == 0:
+        print(text, flush=True)
+    return 0
+
+
+def _rank():
+    try:
+        from mpi4py import MPI
+    except ImportError:  # planning needs no MPI
+        return 0
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def main(argv=None):
+    """``python -m refconv.plan.cli ...``: the same as ``refconv plan ...``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="refconv")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return run(parser.parse_args(["plan"] + list(sys.argv[1:] if argv is None else argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""A machine file: what one collective and one local kernel cost on a machine.
+
+A machine file is YAML (see docs/planning.md and the files in
+``refconv/plan/machines/``)::
+
+    name: v100-edr
+    measured: false                 # or the UTC date of the calibration run
+    ranks_per_node: 4
+    collectives:
+      intra:                        # every rank of the communicator on one node
+        allreduce: {alpha: 5.0e-6, beta: 7.7e-12}      # per ring step, per byte on a link
+        ...
+      inter:                        # the communicator spans nodes
+        allreduce: {table: {2: [alpha, beta], 4: [alpha, beta]}}   # measured per size q
+    compute:
+      conv_fwd: {1x1: {t0: 1.0e-5, rate: 1.0e13}, kxk: {t0: 1.0e-5, rate: 1.2e13}}
+      conv_bwd_data: ...
+      conv_bwd_filter: ...
+      batchnorm: {t0: 1.0e-5, rate: 4.0e11}            # bytes of the local input per second
+      pool: ...; elementwise: ...; pack: ...
+
+A collective of kind ``k`` over ``q`` ranks moving the buffer ``m`` (what
+:class:`refconv.cost_model.Call` records) costs ``steps_k(q) * alpha + factor_k(q) *
+m * beta`` with the ring schedule of ALGORITHMS.md section 4:
+
+==================  ==============  ================
+kind                steps(q)        factor(q)
+==================  ==============  ================
+allreduce           2 (q - 1)       2 (q - 1) / q
+allgather           q - 1           (q - 1) / q
+reduce_scatter      q - 1           (q - 1) / q
+alltoall            messages        1 (m = bytes this rank sends)
+halo                messages        1 (m = bytes this rank sends)
+==================  ==============  ================
+
+A ``table`` entry (a measured machine) gives the fitted ``alpha(q), beta(q)`` of
+``time = alpha(q) + beta(q) * m`` at the sizes measured (for ``halo`` and
+``alltoall``: alpha per message); another size is priced from the nearest
+measured one scaled by the ring schedule.  A local kernel costs
+``t0 + work / rate`` (work: FLOPs for convolutions, bytes of the local input for
+the bandwidth-bound layers).
+"""
+
+import dataclasses
+import math
+import os
+import warnings
+
+KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "halo")
+COMPUTE = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter", "batchnorm", "pool", "elementwise", "pack")
+CONV_CLASSES = ("1x1", "kxk")
+MACHINES_DIR = os.path.join(os.path.dirname(__file__), "machines")
+DEFAULT_MACHINE = "v100-edr"
+
+
+class MachineError(ValueError):
+    """A missing or malformed machine file (the message names the file and the key)."""
+
+
+def ring_steps(kind, q, messages=0):
+    if kind in ("halo", "alltoall"):
+        return messages
+    return (2 if kind == "allreduce" else 1) * (q - 1)
+
+
+def ring_factor(kind, q):
+    if kind in ("halo", "alltoall"):
+        return 1.0
+    return (2 if kind == "allreduce" else 1) * (q - 1) / q
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """Per-kind pricing: ring constants, or a table ``{q: (alpha(q), beta(q))}`` measured.
+
+    For ``halo`` and ``alltoall`` (point-to-point messages) alpha is per message and
+    beta per byte sent, at any ``q``; ``messages`` is the number of peers.
+    """
+
+    alpha: float = 0.0
+    beta: float = 0.0
+    table: tuple = ()  # ((q, alpha, beta), ...) sorted by q
+
+    def seconds(self, kind, q, nbytes, messages=0):
+        if q <= 1:
+            return 0.0
+        if not self.table:
+            return ring_steps(kind, q, messages) * self.alpha + ring_factor(kind, q) * nbytes * self.beta
+        q0, a0, b0 = min(self.table, key=lambda row: (abs(math.log(row[0] / q)), row[0]))
+        if kind in ("halo", "alltoall"):
+            return messages * a0 + nbytes * b0
+        a = a0 / ring_steps(kind, q0) * ring_steps(kind, q)
+        b = b0 / ring_factor(kind, q0) * ring_factor(kind, q)
+        return a + b * nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Rate:
+    t0: float
+    rate: float
+
+    def seconds(self, work):
+        return self.t0 + work / self.rate if work > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    name: str
+    measured: object  # False, or the date of the calibration run
+    ranks_per_node: int
+    links: dict  # {"intra"|"inter": {kind: Link}}
+    compute: dict  # {"conv_fwd": {"1x1": Rate, "kxk": Rate}, "batchnorm": Rate, ...}
+    path: str = None
+
+    def comm_seconds(self, kind, q, nbytes, messages=0, *, intra=True):
+        return self.links["intra" if intra else "inter"][kind].seconds(kind, q, nbytes, messages)
+
+    def conv_seconds(self, op, kernel_area, flops):
+        return self.compute[op]["1x1" if kernel_area == 1 else "kxk"].seconds(flops)
+
+    def local_seconds(self, op, nbytes):
+        return self.compute[op].seconds(nbytes)
+
+
+def _number(value, where, path):
+    if isinstance(value, str):  # PyYAML reads 1.0e12 (no exponent sign) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise MachineError(f"machine file {path}: {where}: expected a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _rate(spec, where, path):
+    if not isinstance(spec, dict) or set(spec) != {"t0", "rate"}:
+        raise MachineError(f"machine file {path}: {where}: expected {{t0: seconds, rate: per second}}, got {spec!r}")
+    rate = _number(spec["rate"], f"{where}.rate", path)
+    if rate == 0:
+        raise MachineError(f"machine file {path}: {where}.rate: must be > 0")
+    return Rate(_number(spec["t0"], f"{where}.t0", path), rate)
+
+
+def _link(spec, where, path):
+    if isinstance(spec, dict) and set(spec) == {"alpha", "beta"}:
+        return Link(_number(spec["alpha"], f"{where}.alpha", path), _number(spec["beta"], f"{where}.beta", path))
+    if isinstance(spec, dict) and set(spec) == {"table"} and isinstance(spec["table"], dict) and spec["table"]:
+        rows = []
+        for q, ab in spec["table"].items():
+            if isinstance(q, bool) or not isinstance(q, int) or q < 2 or not isinstance(ab, list) or len(ab) != 2:
+                raise MachineError(f"machine file {path}: {where}.table: expected {{q >= 2: [alpha, beta]}}, "
+                                   f"got {q!r}: {ab!r}")
+            rows.append((q, _number(ab[0], f"{where}.table[{q}]", path), _number(ab[1], f"{where}.table[{q}]", path)))
+        return Link(table=tuple(sorted(rows)))
+    raise MachineError(f"machine file {path}: {where}: expected {{alpha: s, beta: s/byte}} or "
+                       f"{{table: {{q: [alpha, beta]}}}}, got {spec!r}")
+
+
+def from_dict(doc, path="<dict>"):
+    """A :class:`Machine` from the parsed YAML; raises MachineError naming the bad key."""
+    if not isinstance(doc, dict):
+        raise MachineError(f"machine file {path}: expected a mapping at the top level, got {type(doc).__name__}")
+    for key in ("name", "ranks_per_node", "collectives", "compute"):
+        if key not in doc:
+            raise MachineError(f"machine file {path}: missing key {key!r}")
+    rpn = doc["ranks_per_node"]
+    if isinstance(rpn, bool) or not isinstance(rpn, int) or rpn < 1:
+        raise MachineError(f"machine file {path}: ranks_per_node: expected a positive int, got {rpn!r}")
+    links = {}
+    for scope in ("intra", "inter"):
+        section = doc["collectives"].get(scope) if isinstance(doc["collectives"], dict) else None
+        if not isinstance(section, dict):
+            raise MachineError(f"machine file {path}: collectives.{scope}: expected a mapping of {KINDS}")
+        missing = [k for k in KINDS if k not in section]
+        if missing:
+            raise MachineError(f"machine file {path}: collectives.{scope}: missing {missing[0]!r}")
+        links[scope] = {k: _link(section[k], f"collectives.{scope}.{k}", path) for k in KINDS}
+    compute = {}
+    if not isinstance(doc["compute"], dict):
+        raise MachineError(f"machine file {path}: compute: expected a mapping of {COMPUTE}")
+    for op in COMPUTE:
+        if op not in doc["compute"]:
+            raise MachineError(f"machine file {path}: compute: missing {op!r}")
+        spec = doc["compute"][op]
+        if op.startswith("conv"):
+            if not isinstance(spec, dict) or set(spec) != set(CONV_CLASSES):
+                raise MachineError(f"machine file {path}: compute.{op}: expected classes {CONV_CLASSES}, got {spec!r}")
+            compute[op] = {c: _rate(spec[c], f"compute.{op}.{c}", path) for c in CONV_CLASSES}
+        else:
+            compute[op] = _rate(spec, f"compute.{op}", path)
+    return Machine(str(doc["name"]), doc.get("measured", False), rpn, links, compute, path)
+
+
+def builtin(name):
+    """Path of a machine file shipped in ``refconv/plan/machines/`` (``name`` without .yaml)."""
+    return os.path.join(MACHINES_DIR, f"{name}.yaml")
+
+
+def builtin_names():
+    return sorted(f[:-5] for f in os.listdir(MACHINES_DIR) if f.endswith(".yaml"))
+
+
+def load(path=None):
+    """A machine from a YAML file, a built-in name (:func:`builtin_names`), or None.
+
+    None gives the built-in default (the paper-class V100 system, datasheet
+    figures) with a warning saying so.
+    """
+    import yaml
+
+    if path is None:
+        warnings.warn(f"no machine file given: using the built-in {DEFAULT_MACHINE!r} figures "
+                      f"(datasheet, not measured here); run `refconv calibrate --out machine.yaml`",
+                      stacklevel=2)
+        path = builtin(DEFAULT_MACHINE)
+    elif not os.path.exists(path) and os.path.exists(builtin(str(path))):
+        path = builtin(str(path))
+    if not os.path.exists(path):
+        raise MachineError(f"--machine: file {path!r} does not exist; give a YAML machine file or one of "
+                           f"{builtin_names()}")
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise MachineError(f"machine file {path}: not valid YAML ({first})") from None
+    return from_dict(doc, path)

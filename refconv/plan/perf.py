@@ -1,0 +1,319 @@
+"""Predicted time and memory of one training step, per stage and strategy.
+
+For a :class:`refconv.plan.graph.Stage` on a grid ``(P_N, P_c, P_H, P_W)`` this
+module predicts, on the rank with the largest blocks (coordinate 0 everywhere):
+
+- compute: forward and backward FLOPs (or bytes, for batch norm, pooling and
+  element-wise layers) priced by the machine's fitted rates;
+- communication: every call the layer makes, priced by the machine file.  A
+  convolution's calls come from :func:`refconv.cost_model.layer_records`, a pooling
+  layer's halo from the same function (a ``P_c = 1`` convolution with the pool's
+  geometry has the same halo); batch norm, global average pooling, the classifier
+  and the loss are written out in :func:`layer_calls` from refconv/layers;
+- memory: parameters x 3 (weight, gradient, SGD momentum), the activations each
+  layer keeps for backward, and the largest buffer a collective gathers;
+- the shuffle (``refconv.sharding.redistribute``, an uneven all-to-all, forward and
+  reverse) between consecutive stages on different grids: :func:`shuffle_matrix`.
+
+The weight-gradient allreduce (convolution ``dw``/``db``, classifier ``dW``/``db``)
+is kept apart in ``grad``: refconv's training loop runs it inside each layer's
+backward and waits for it (``DistConv2d.backward`` calls ``collectives.allreduce``
+before returning ``dx``), so the planner's objective is the sum, not overlapped.
+:func:`overlapped_step` gives the other model for comparison.
+"""
+
+import dataclasses
+import functools
+import itertools
+import math
+
+import numpy
+
+from refconv.cost_model import candidates, layer_records
+
+AXES = ("sample", "channel", "height", "width")
+ITEMSIZE = 4  # float32
+
+
+def _ceil(a, b):
+    return -(-a // b)
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+@functools.lru_cache(maxsize=None)
+def grids(P):
+    """Every factorisation of ``P`` into ``(P_N, P_c, P_H, P_W)``."""
+    divisors = [d for d in range(1, P + 1) if P % d == 0]
+    out = []
+    for a, b, c in itertools.product(divisors, repeat=3):
+        if P % (a * b * c) == 0:
+            out.append((a, b, c, P // (a * b * c)))
+    return tuple(sorted(out))
+
+
+def _axis_span(grid, axes):
+    """1 + the largest rank distance in a communicator over ``axes`` (row-major grid)."""
+    strides = (grid[1] * grid[2] * grid[3], grid[2] * grid[3], grid[3], 1)
+    return 1 + sum((grid[i] - 1) * strides[i] for i in range(4) if AXES[i] in axes)
+
+
+_COMM_AXES = {"halo": ("height", "width"), "allreduce": ("sample", "height", "width"),
+              "allgather": ("channel",), "reduce_scatter": ("channel",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Priced:
+    """A call on communicator ``axes`` of the grid; ``grad``: a weight-gradient allreduce."""
+
+    kind: str
+    comm_size: int
+    bytes: int
+    messages: int = 0
+    axes: tuple = ()
+    grad: bool = False
+
+
+@dataclasses.dataclass
+class StageCost:
+    grid: tuple
+    algorithm: str = None
+    filter_groups: int = None
+    fwd: float = 0.0  # compute seconds
+    bwd: float = 0.0
+    comm: dict = dataclasses.field(default_factory=dict)  # kind -> seconds (weight-gradient allreduce excluded)
+    grad: float = 0.0  # weight-gradient allreduce seconds
+    memory: int = 0  # bytes kept for the whole step: parameters x 3 and saved activations
+    workspace: int = 0  # the largest gathered or reduced buffer
+
+    @property
+    def seconds(self):
+        return self.fwd + self.bwd + sum(self.comm.values()) + self.grad
+
+    def add(self, other):
+        self.fwd += other.fwd
+        self.bwd += other.bwd
+        for k, v in other.comm.items():
+            self.comm[k] = self.comm.get(k, 0.0) + v
+        self.grad += other.grad
+        self.memory += other.memory
+        self.workspace = max(self.workspace, other.workspace)
+
+
+def local_elements(shape, grid):
+    """Elements of the largest block of an activation ``shape`` on ``grid``."""
+    return math.prod(_ceil(L, p) for L, p in zip(shape, grid))
+
+
+def feasible(layer, grid):
+    """Can ``layer`` (a graph.Layer) run on ``grid``?  Also prunes spatial splits that
+    leave a rank fewer input rows than the kernel (or 2 rows), as docs/planning.md says."""
+    P_N, P_c, P_H, P_W = grid
+    N, C, H, W = layer.in_shape
+    _, F, Ho, Wo = layer.out_shape
+    spec = layer.spec
+    if P_N > N or P_c > min(C, F):
+        return False
+    if layer.kind == "conv" and P_c > 1 and spec.get("groups", 1) != 1:
+        return False
+    if layer.kind in ("gap", "linear"):
+        return True
+    kernel = _pair(spec.get("kernel", 1)) if layer.kind in ("conv", "maxpool", "avgpool") else (1, 1)
+    for p, L, Lo, K in ((P_H, H, Ho, kernel[0]), (P_W, W, Wo, kernel[1])):
+        if p > 1 and (L // p < max(K, 2) or Lo < p):
+            return False
+    return True
+
+
+def _conv_geometry(spec):
+    return dict(stride=_pair(spec.get("stride", 1)), padding=_pair(spec.get("padding", 0)),
+                dilation=_pair(spec.get("dilation", 1)), groups=spec.get("groups", 1))
+
+
+def conv_calls(layer, grid, algorithm, filter_groups):
+    """The calls of a conv, from :func:`refconv.cost_model.layer_records`; all its allreduces
+    are the weight-gradient ones (``dw``, then ``db``)."""
+    spec = layer.spec
+    records = layer_records(algorithm, layer.in_shape, spec["out"], _pair(spec["kernel"]), grid_shape=grid,
+                            filter_groups=filter_groups, bias=spec.get("bias", True), itemsize=ITEMSIZE,
+                            **_conv_geometry(spec))
+    return [Priced(r.kind, r.comm_size, r.bytes, r.messages, _COMM_AXES[r.kind], r.kind == "allreduce")
+            for r in records]
+
+
+def layer_calls(layer, grid):
+    """The calls of a non-conv layer on ``grid`` (rank 0), written out from refconv/layers."""
+    P_N, P_c, P_H, P_W = grid
+    N, C, H, W = layer.in_shape
+    n, C_i = _ceil(N, P_N), _ceil(C, P_c)
+    peers = P_N * P_H * P_W
+    if layer.kind == "batchnorm":  # forward: sum, then centred squares; backward: (sum dy, sum dy xhat)
+        return [Priced("allreduce", peers, C_i * ITEMSIZE, axes=_COMM_AXES["allreduce"]),
+                Priced("allreduce", peers, C_i * ITEMSIZE, axes=_COMM_AXES["allreduce"]),
+                Priced("allreduce", peers, 2 * C_i * ITEMSIZE, axes=_COMM_AXES["allreduce"])]
+    if layer.kind in ("maxpool", "avgpool"):  # the halo of a conv with the pool's window, on C_i channels
+        spec = layer.spec
+        kernel, stride, padding, _ = _pool_geometry(layer)
+        records = layer_records("stationary-x", (N, C_i, H, W), C_i, kernel, stride=stride, padding=padding,
+                                grid_shape=(P_N, 1, P_H, P_W), bias=False, itemsize=ITEMSIZE)
+        del spec
+        return [Priced(r.kind, r.comm_size, r.bytes, r.messages, _COMM_AXES["halo"])
+                for r in records if r.kind == "halo"]
+    if layer.kind == "gap":  # forward: allreduce of the spatial sums over the spatial peers
+        return [Priced("allreduce", P_H * P_W, n * C_i * ITEMSIZE, axes=("height", "width"))]
+    if layer.kind == "linear":  # forward: allgather of features; backward: dW, db over samples; the loss
+        K = layer.out_shape[1]
+        return [Priced("allgather", P_c, n * C * ITEMSIZE, axes=("channel",)),
+                Priced("allreduce", P_N, K * C * ITEMSIZE, axes=("sample",), grad=True),
+                Priced("allreduce", P_N, K * ITEMSIZE, axes=("sample",), grad=True),
+                Priced("allreduce", P_N, ITEMSIZE, axes=("sample",))]
+    return []
+
+
+def _pool_geometry(layer):
+    from refconv.reference.layers import pool_geometry
+
+    spec = layer.spec
+    return pool_geometry(layer.in_shape, spec["kernel"], spec.get("stride"), spec.get("padding", 0))
+
+
+def price_calls(calls, grid, machine, cost):
+    for c in calls:
+        intra = _axis_span(grid, c.axes) <= machine.ranks_per_node
+        t = machine.comm_seconds(c.kind, c.comm_size, c.bytes, c.messages, intra=intra)
+        if c.grad:
+            cost.grad += t
+        else:
+            cost.comm[c.kind] = cost.comm.get(c.kind, 0.0) + t
+        if c.kind in ("allgather", "reduce_scatter", "halo"):
+            cost.workspace = max(cost.workspace, c.bytes)
+
+
+def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
+    """StageCost of one layer on ``grid`` (a conv with the given algorithm)."""
+    cost = StageCost(grid, algorithm, filter_groups)
+    x_bytes = local_elements(layer.in_shape, grid) * ITEMSIZE
+    if layer.kind == "conv":
+        calls = conv_calls(layer, grid, algorithm, filter_groups)
+        Kh, Kw = _pair(layer.spec["kernel"])
+        shard = calls_weight_elements = next(c.bytes for c in calls if c.kind == "allreduce") // ITEMSIZE
+        _, _, Ho, Wo = layer.out_shape
+        pixels = _ceil(layer.in_shape[0], grid[0]) * _ceil(Ho, grid[2]) * _ceil(Wo, grid[3])
+        flops = 2 * pixels * calls_weight_elements  # each output pixel meets the local weight shard once
+        area = Kh * Kw
+        cost.fwd = machine.conv_seconds("conv_fwd", area, flops)
+        cost.bwd = machine.conv_seconds("conv_bwd_data", area, flops) + machine.conv_seconds("conv_bwd_filter",
+                                                                                              area, flops)
+        gathered = max([c.bytes for c in calls if c.kind == "allgather"] + [0])
+        cost.memory = 3 * (shard + (layer.out_shape[1] if layer.spec.get("bias", True) else 0)) * ITEMSIZE \
+            + max(x_bytes, gathered if algorithm != "stationary-x" else 0)
+    else:
+        calls = layer_calls(layer, grid)
+        op = {"batchnorm": "batchnorm", "maxpool": "pool", "avgpool": "pool"}.get(layer.kind, "elementwise")
+        if layer.kind == "linear":
+            n, C = _ceil(layer.in_shape[0], grid[0]), layer.in_shape[1]
+            K = layer.out_shape[1]
+            flops = 2 * n * K * C
+            cost.fwd = machine.conv_seconds("conv_fwd", 1, flops)
+            cost.bwd = machine.conv_seconds("conv_bwd_data", 1, flops) + machine.conv_seconds("conv_bwd_filter", 1,
+                                                                                               flops)
+            cost.memory = 3 * (K * C + K) * ITEMSIZE + n * C * ITEMSIZE
+        else:
+            t = machine.local_seconds(op, x_bytes)
+            cost.fwd, cost.bwd = t / 2, t / 2  # calibrated as forward + backward together
+            params = 2 * _ceil(layer.in_shape[1], grid[1]) if layer.kind == "batchnorm" else 0
+            cost.memory = 3 * params * ITEMSIZE + x_bytes
+    price_calls(calls, grid, machine, cost)
+    return cost
+
+
+def stage_options(stage, grid, machine):
+    """``[StageCost]`` of ``stage`` on ``grid``: one per algorithm (and p_f) when the
+    main layer is a conv with P_c > 1; empty if the grid is not feasible."""
+    if not all(feasible(layer, grid) for layer in stage.layers):
+        return []
+    choices = [(None, None)]
+    if stage.main.kind == "conv":
+        choices = candidates(grid[1]) if grid[1] > 1 else [("stationary-x", None)]
+    out = []
+    for algorithm, p_f in choices:
+        cost = layer_cost(stage.main, grid, machine, algorithm, p_f)
+        for layer in stage.followers:
+            cost.add(layer_cost(layer, grid, machine))
+        out.append(cost)
+    return out
+
+
+def add_seconds(shape, grid, machine):
+    """The residual sum (forward) and the sum of the two gradients (backward), local."""
+    return machine.local_seconds("elementwise", local_elements(shape, grid) * ITEMSIZE)
+
+
+# -- the shuffle between grids --------------------------------------------------------------------
+def _first_block_peers(L, p_src, p_dst):
+    """(rows of block 0 under p_src, blocks of p_dst that block 0 of p_src meets)."""
+    e = _ceil(L, p_src)
+    base, extra = divmod(L, p_dst)
+    meets = sum(1 for j in range(p_dst) if j * base + min(j, extra) < e)
+    return e, meets
+
+
+def shuffle_matrix(shape, grid_list, machine):
+    """``(G, G)`` seconds of moving an activation of global ``shape`` from grid i to grid j
+    and back (forward all-to-all, backward the reverse), on rank 0.
+
+    Rank 0 has coordinate 0 on both grids, so its source and destination blocks both
+    start at element 0 of every dim: it keeps ``prod(min(block_src, block_dst))``,
+    sends the rest of its block and receives the rest of its new one, to and from
+    the ranks whose destination blocks meet its source block.  (The exact per-rank
+    counts come from ``refconv.sharding``; tests check this against them.)
+    """
+    P = math.prod(grid_list[0])
+    g = numpy.array(grid_list)  # (G, 4)
+    size = numpy.ones((len(grid_list), 1))
+    keep = numpy.ones((len(grid_list), len(grid_list)))
+    peers = numpy.ones_like(keep)
+    for d, L in enumerate(shape):
+        parts = sorted(set(g[:, d]))
+        index = {p: i for i, p in enumerate(parts)}
+        rows = numpy.array([_ceil(L, p) for p in parts], float)
+        meets = numpy.array([[_first_block_peers(L, a, b)[1] for b in parts] for a in parts], float)
+        ia = numpy.array([index[p] for p in g[:, d]])
+        size = size * rows[ia][:, None]
+        keep = keep * numpy.minimum(rows[ia][:, None], rows[ia][None, :])
+        peers = peers * meets[ia][:, ia]
+    sent = (size - keep) * ITEMSIZE  # (G, G): rows are sources
+    received = (size.T - keep) * ITEMSIZE
+    peers = peers - 1
+    intra = P <= machine.ranks_per_node
+    a = machine.comm_seconds("alltoall", P, 0, 1, intra=intra)
+    b = machine.comm_seconds("alltoall", P, 1, 0, intra=intra)
+    pack = machine.compute["pack"]
+    moved = sent + received
+    one_way = peers * a + numpy.maximum(sent, received) * b + numpy.where(moved > 0, pack.t0 + moved / pack.rate, 0)
+    out = 2 * one_way
+    numpy.fill_diagonal(out, 0.0)
+    return out
+
+
+def shuffle_bytes(shape, src, dst):
+    """(sent, received, peers) of rank 0 for one direction: the closed form of :func:`shuffle_matrix`."""
+    size = keep = peers = 1
+    for L, a, b in zip(shape, src, dst):
+        e_a, meets = _first_block_peers(L, a, b)
+        size, keep, peers = size * e_a, keep * min(e_a, _ceil(L, b)), peers * meets
+    dst_size = local_elements(shape, dst)
+    return (size - keep) * ITEMSIZE, (dst_size - keep) * ITEMSIZE, peers - 1
+
+
+def overlapped_step(costs):
+    """Step seconds if each weight-gradient allreduce overlapped the backward compute of
+    the layers before it (one communication stream): ``costs`` in forward order."""
+    t = sum(c.fwd + sum(v for k, v in c.comm.items()) / 2 for c in costs)  # forward half of the comm
+    compute, stream = t, t
+    for c in reversed(costs):
+        compute += c.bwd + sum(c.comm.values()) / 2
+        stream = max(stream, compute) + c.grad
+    return max(compute, stream)

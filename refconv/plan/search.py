@@ -1,0 +1,335 @@
+"""The planner: the fastest grid (and algorithm) for every stage, by dynamic programming.
+
+The state between stages is the grid the activation lies on.  Over a chain of
+stages the best plan is a shortest path: ``M[g_in, g]`` is the least time from an
+input on grid ``g_in`` to the output of the stages so far on grid ``g``, and a
+stage on grid ``g'`` extends it by the min-plus product
+
+    M'[g_in, g'] = min_g M[g_in, g] + shuffle[g, g'] + stage[g']
+
+(``stage[g']``: the stage's best algorithm on ``g'``; the algorithm does not change
+the activation layout, so it is chosen per grid).  A residual block is one node
+whose cost matrix ``B[g_in, g_out]`` is its body's chain matrix plus its
+shortcut's (ending with the shuffle onto the body's exit grid) plus the local sum:
+both paths start from the same input grid and end on the same exit grid, exactly
+as :class:`refconv.model.Residual` runs them.  The top-level input is free on any
+grid (the loader scatters straight into the first layer's layout).  The result is
+the exact optimum of the model in :mod:`refconv.plan.perf` over every
+factorisation of ``P`` that :func:`refconv.plan.perf.feasible` keeps.
+
+A memory limit makes the problem a constrained shortest path.  When the fastest
+plan does not fit, the planner adds ``lambda`` seconds per byte of memory to every
+stage and raises ``lambda`` until the plan fits (Lagrangian relaxation): the plan
+returned then fits, but is not guaranteed to be the fastest that fits.
+"""
+
+import copy
+import dataclasses
+import math
+
+import numpy
+
+from refconv.plan import graph, perf
+from refconv.plan.graph import Block, Stage
+
+
+class NoFeasiblePlan(ValueError):
+    """No plan fits the memory limit (or no grid runs some stage)."""
+
+
+def minplus(A, B):
+    """``(C, argmin)`` with ``C[i, j] = min_k A[i, k] + B[k, j]``."""
+    R, G = A.shape[0], B.shape[1]
+    out, arg = numpy.empty((R, G)), numpy.empty((R, G), dtype=numpy.int64)
+    step = max(1, 4_000_000 // max(1, B.size))
+    for s in range(0, R, step):
+        t = A[s:s + step, :, None] + B[None, :, :]  # (rows, k, G)
+        arg[s:s + step] = t.argmin(axis=1)
+        out[s:s + step] = numpy.take_along_axis(t, arg[s:s + step, None, :], axis=1)[:, 0, :]
+    return out, arg
+
+
+@dataclasses.dataclass
+class Row:
+    """One line of the plan: a stage (or a block's sum), its cost, the shuffle into it."""
+
+    name: str
+    kind: str
+    cost: perf.StageCost
+    shape: tuple
+
+
+@dataclasses.dataclass
+class Plan:
+    rows: list
+    choices: dict  # stage path -> StageCost
+    ranks: int
+    input_shape: tuple
+
+    @property
+    def seconds(self):
+        return sum(r.cost.seconds for r in self.rows)
+
+    @property
+    def grad_seconds(self):
+        return sum(r.cost.grad for r in self.rows)
+
+    @property
+    def memory(self):
+        return sum(r.cost.memory for r in self.rows) + max(r.cost.workspace for r in self.rows)
+
+    @property
+    def overlapped_seconds(self):
+        return perf.overlapped_step([r.cost for r in self.rows])
+
+    def comm(self, kind):
+        return sum(r.cost.comm.get(kind, 0.0) for r in self.rows)
+
+    @property
+    def compute_seconds(self):
+        return sum(r.cost.fwd + r.cost.bwd for r in self.rows)
+
+
+class Planner:
+    """Plans ``spec`` (a dict) for ``ranks`` ranks and a global input ``(N, C, H, W)``."""
+
+    def __init__(self, spec, input_shape, ranks, machine):
+        self.spec, self.input_shape, self.P, self.machine = spec, tuple(input_shape), ranks, machine
+        self.elements = graph.bind(spec, self.input_shape)
+        self.grids = perf.grids(ranks)
+        self._options, self._shuffles = {}, {}
+
+    # -- costs ---------------------------------------------------------------------------------------
+    def options(self, stage):
+        """Per grid index, the list of StageCosts (cached by the stage's layers and shapes)."""
+        key = repr([(l.kind, sorted((k, str(v)) for k, v in l.spec.items() if k not in ("grid", "algorithm",
+                    "filter_groups")), l.in_shape) for l in stage.layers])
+        if key not in self._options:
+            self._options[key] = [perf.stage_options(stage, g, self.machine) for g in self.grids]
+        return self._options[key]
+
+    def shuffle(self, shape):
+        if shape not in self._shuffles:
+            self._shuffles[shape] = perf.shuffle_matrix(shape, self.grids, self.machine)
+        return self._shuffles[shape]
+
+    def best(self, stage, lam):
+        """(costs vector (G,), chosen StageCost per grid) under objective time + lam * memory."""
+        vec, pick = numpy.full(len(self.grids), numpy.inf), [None] * len(self.grids)
+        for i, opts in enumerate(self.options(stage)):
+            if opts:
+                pick[i] = min(opts, key=lambda c: c.seconds + lam * c.memory)
+                vec[i] = pick[i].seconds + lam * pick[i].memory
+        return vec, pick
+
+    def block_extra(self, block):
+        """Seconds and memory on the exit grid: the sum, and the layers after the block."""
+        vec = numpy.array([perf.add_seconds(block.out_shape, g, self.machine) for g in self.grids])
+        for layer in block.followers:
+            stage = Stage(layer, [])
+            v, _ = self.best(stage, 0.0)
+            vec = vec + v
+        return vec
+
+    # -- the dynamic programme -----------------------------------------------------------------------
+    def chain(self, elements, shape, M, lam):
+        """Extend ``M`` (None: the identity, (G, G)) through ``elements``; returns (M, trace)."""
+        trace = []
+        for e in elements:
+            if isinstance(e, Stage):
+                vec, pick = self.best(e, lam)
+                step = self.shuffle(e.in_shape) + vec[None, :]
+                if M is None:
+                    M, arg = step, None
+                else:
+                    M, arg = minplus(M, step)
+                trace.append((e, arg, pick))
+            else:
+                B, inner = self.block(e, lam)
+                if M is None:
+                    M, arg = B, None
+                else:
+                    M, arg = minplus(M, B)
+                trace.append((e, arg, inner))
+            shape = e.out_shape
+        return M, trace
+
+    def block(self, block, lam):
+        body, body_trace = self.chain(block.body, block.in_shape, None, lam)
+        end = self.shuffle(block.out_shape)
+        if block.shortcut:
+            short, short_trace = self.chain(block.shortcut, block.in_shape, None, lam)
+            short, short_arg = minplus(short, end)
+        else:
+            short, short_trace, short_arg = end, [], None
+        extra = self.block_extra(block)
+        return body + short + extra[None, :], (body_trace, short_trace, short_arg)
+
+    def backtrack(self, trace, row, last, out):
+        """Fill ``out`` {stage path: grid index} walking ``trace`` back from grid ``last``."""
+        for e, arg, info in reversed(trace):
+            prev = row if arg is None else arg[row, last]
+            if isinstance(e, Stage):
+                out[e.main.path] = info[last]
+            else:
+                body_trace, short_trace, short_arg = info
+                self.backtrack(body_trace, prev, last, out)
+                if short_trace:
+                    self.backtrack(short_trace, prev, short_arg[prev, last], out)
+            last = prev
+        return out
+
+    def search(self, lam=0.0):
+        """``{stage path: StageCost}`` of the optimum under time + lam * memory."""
+        M, trace = self.chain(self.elements, self.input_shape, numpy.zeros((1, len(self.grids))), lam)
+        last = int(numpy.argmin(M[0]))
+        if not numpy.isfinite(M[0, last]):
+            raise NoFeasiblePlan(f"--ranks: no grid of {self.P} ranks runs every layer of this model "
+                                 f"(each layer needs sample <= batch and channel <= its channels)")
+        return self.backtrack(trace, 0, last, {})
+
+    def plan(self, memory_limit=None):
+        """The fastest plan (exact), or under ``memory_limit`` bytes a plan that fits (see above)."""
+        result = self.evaluate(self.search(0.0))
+        if memory_limit is None or result.memory <= memory_limit:
+            return result
+        lam, fits = 1e-15, None
+        for _ in range(40):  # raise lambda until the plan fits
+            candidate = self.evaluate(self.search(lam))
+            if candidate.memory <= memory_limit:
+                fits = candidate
+                break
+            lam *= 4
+        if fits is None:
+            raise NoFeasiblePlan(f"--memory-per-rank: no plan on {self.P} ranks fits {memory_limit / 2**30:.3g} GiB "
+                                 f"per rank (the leanest needs {candidate.memory / 2**30:.3g} GiB); add ranks or "
+                                 f"lower the batch")
+        hi, lo = lam, lam / 4
+        for _ in range(6):  # tighten lambda: the least penalty that still fits is the fastest of these
+            mid = math.sqrt(hi * lo)
+            candidate = self.evaluate(self.search(mid))
+            if candidate.memory <= memory_limit:
+                hi, fits = mid, candidate
+            else:
+                lo = mid
+        return fits
+
+    # -- any assignment --------------------------------------------------------------------------------
+    def evaluate(self, choices):
+        """The Plan of ``choices`` ({stage path: StageCost}): every stage and shuffle, in order."""
+        rows = []
+        self._walk(self.elements, None, choices, rows)
+        return Plan(rows, choices, self.P, self.input_shape)
+
+    def _walk(self, elements, grid, choices, rows):
+        for e in elements:
+            if isinstance(e, Stage):
+                cost = copy.deepcopy(choices[e.main.path])
+                if grid is not None and grid != cost.grid:
+                    shuffle = self.shuffle(e.in_shape)[self.grids.index(grid), self.grids.index(cost.grid)]
+                    cost.comm["alltoall"] = cost.comm.get("alltoall", 0.0) + shuffle
+                rows.append(Row(e.name, e.main.kind, cost, e.out_shape))
+                grid = cost.grid
+            else:
+                out = self._walk(e.body, grid, choices, rows)
+                end = self._walk(e.shortcut, grid, choices, rows) if e.shortcut else grid
+                cost = perf.StageCost(out)
+                cost.fwd = cost.bwd = perf.add_seconds(e.out_shape, out, self.machine) / 2
+                if end != out:
+                    cost.comm["alltoall"] = self.shuffle(e.out_shape)[self.grids.index(end), self.grids.index(out)]
+                for layer in e.followers:
+                    cost.add(perf.stage_options(Stage(layer, []), out, self.machine)[0])
+                rows.append(Row(".".join(str(p) for p in e.path if p != "layers") + ".sum", "residual", cost,
+                                e.out_shape))
+                grid = out
+        return grid
+
+    def uniform(self, grid, algorithm=None, filter_groups=None):
+        """Every stage on ``grid`` (a stage that cannot split channels on ``grid`` folds the
+        channel ranks into the sample axis, as the presets' "no-channel" stems do); None if
+        some stage runs on neither."""
+        folded = (grid[0] * grid[1], 1, grid[2], grid[3])
+        choices = {}
+        for stage in graph.stages(self.elements):
+            for g in (grid, folded):
+                opts = perf.stage_options(stage, g, self.machine)
+                if opts:
+                    match = [c for c in opts if c.algorithm in (None, algorithm, "stationary-x" if g[1] == 1 else 0)
+                             and (c.algorithm != "stationary-w" or c.filter_groups == filter_groups)]
+                    if match:
+                        choices[stage.main.path] = match[0]
+                        break
+            else:
+                return None
+        return self.evaluate(choices)
+
+    def best_uniform(self):
+        """(label, Plan): the fastest single strategy used for every layer."""
+        best = None
+        for g in self.grids:
+            algos = perf.candidates(g[1]) if g[1] > 1 else [("stationary-x", None)]
+            for algorithm, p_f in algos:
+                plan = self.uniform(g, algorithm, p_f)
+                if plan is not None and (best is None or plan.seconds < best[1].seconds):
+                    best = (strategy_label(g, algorithm if g[1] > 1 else None, p_f), plan)
+        return best
+
+
+def strategy_label(grid, algorithm=None, filter_groups=None):
+    parts = [f"{a[0]}{p}" for a, p in zip(perf.AXES, grid) if p > 1] or ["serial"]
+    label = "x".join(parts)
+    if algorithm and grid[1] > 1:
+        label += " " + algorithm.replace("stationary-", "") + (f"(pf={filter_groups})" if filter_groups else "")
+    return label
+
+
+def grid_dict(grid):
+    return {a: p for a, p in zip(perf.AXES, grid) if p > 1} or {"sample": 1}
+
+
+def to_spec(spec, plan):
+    """A copy of ``spec`` with every stage's ``grid`` (and conv ``algorithm``) set from ``plan``."""
+    out = copy.deepcopy(spec)
+    out["defaults"] = {"grid": {"sample": plan.ranks}}
+    out.setdefault("name", "model")
+    out["name"] = f"{out['name']}-planned-{plan.ranks}"
+
+    def at(path):
+        node = out
+        for p in path:
+            node = node[p]
+        return node
+
+    elements = graph.bind(spec, plan.input_shape)
+    for stage in graph.stages(elements):
+        cost = plan.choices[stage.main.path]
+        main = at(stage.main.path)
+        main["grid"] = grid_dict(cost.grid)
+        main.pop("algorithm", None)
+        main.pop("filter_groups", None)
+        if stage.main.kind == "conv" and cost.grid[1] > 1:
+            main["algorithm"] = cost.algorithm
+            if cost.filter_groups:
+                main["filter_groups"] = cost.filter_groups
+        for layer in stage.followers:
+            node = at(layer.path)
+            node.pop("grid", None)
+            if layer.kind == "linear":
+                node["grid"] = grid_dict(cost.grid)
+    for path in _block_follower_paths(elements):
+        at(path).pop("grid", None)
+    return out
+
+
+def _block_follower_paths(elements):
+    for e in elements:
+        if isinstance(e, Block):
+            yield from (l.path for l in e.followers)
+            yield from _block_follower_paths(e.body)
+            yield from _block_follower_paths(e.shortcut)
+
+
+def plan_model(spec, input_shape, ranks, machine, memory_limit=None):
+    """``(planner, plan)`` for ``spec`` (a dict) on ``ranks`` ranks; see :class:`Planner`."""
+    planner = Planner(spec, input_shape, ranks, machine)
+    return planner, planner.plan(memory_limit)
