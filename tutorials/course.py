@@ -49,10 +49,11 @@ class Job:
             return dict(data)
 
 
-def run_on_ranks(script, ranks=RANKS, *, timeout=120, show=True):
+def run_on_ranks(script, ranks=RANKS, *, params=None, timeout=120, show=True):
     """Run ``script`` (Python source) on ``ranks`` MPI ranks; return a :class:`Job`.
 
-    Raises RuntimeError with the ranks' output when the job exits non-zero or
+    ``params``, when given, is written to ``params.json`` in the job's folder
+    for the script to read.  Raises RuntimeError with the ranks' output when the job exits non-zero or
     runs past ``timeout`` seconds.  ``show`` prints the output (rank 0's prints, mostly).
     """
     mpiexec = find_mpiexec()
@@ -61,6 +62,8 @@ def run_on_ranks(script, ranks=RANKS, *, timeout=120, show=True):
     folder = pathlib.Path(tempfile.mkdtemp(prefix="refconv-tutorial-"))
     path = folder / "job.py"
     path.write_text(textwrap.dedent(script))
+    if params is not None:
+        (folder / "params.json").write_text(json.dumps(params))
     env = dict(os.environ)
     for name, value in (("OMP_NUM_THREADS", "1"), ("OPENBLAS_NUM_THREADS", "1"), ("NUMBA_ENABLE_CUDASIM", "1")):
         env.setdefault(name, value)
@@ -80,6 +83,42 @@ def run_on_ranks(script, ranks=RANKS, *, timeout=120, show=True):
     if show:
         print(output, end="")
     return Job(output, folder)
+
+
+def run_layer(problem, cases, ranks=RANKS):
+    """Run ``layer_job.py`` (one DistConv2d per case, checked against the reference) on ``ranks`` ranks.
+
+    ``problem``: dict of N, C, F, H, W, K (and stride, padding, dilation); ``cases``: list
+    of dicts with ``grid`` (ProcessGrid keywords), ``algorithm`` and optional
+    ``filter_groups``.  Returns the cases with, per rank, its ``coords``, local shapes
+    ``x_loc``, ``w_loc``, ``y_loc`` and recorded calls ``records``.
+    """
+    job = run_on_ranks((HERE / "layer_job.py").read_text(), ranks, params={"problem": problem, "cases": cases})
+    return job.json()
+
+
+def show_ranks(case):
+    """Print a case of :func:`run_layer`: per rank its shapes and its calls as ``kind(q) bytes``."""
+    print(f"{case['algorithm_used']} on {case['grid']}" + (f", filter_groups={case['filter_groups']}"
+                                                           if case.get("filter_groups") else ""))
+    for r, info in enumerate(case["ranks"]):
+        calls = "  ".join(f"{k}(q={q}) {nb}" for k, q, _, nb in info["records"])
+        print(f"  rank {r} {tuple(info['coords'])}: x_loc {tuple(info['x_loc'])} w {tuple(info['w_loc'])} "
+              f"y_loc {tuple(info['y_loc'])}\n      {calls}")
+
+
+# -- collectives simulated in one process: one list entry per rank ------------------------------
+def reduce_scatter(parts, blocks, axis=1):
+    """Every rank holds a full-size partial sum; rank i gets block ``blocks[i]`` of the total
+    (the semantics of ``refconv.collectives.reduce_scatter``)."""
+    total = sum(parts)
+    return [numpy.take(total, range(*blocks[i]), axis=axis) for i in range(len(parts))]
+
+
+def allgather(pieces, axis=1):
+    """Every rank holds one block; every rank gets all blocks, concatenated in rank order."""
+    full = numpy.concatenate(pieces, axis=axis)
+    return [full.copy() for _ in pieces]
 
 
 def records(region):
