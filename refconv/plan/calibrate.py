@@ -1,0 +1,250 @@
+"""``refconv calibrate --out machine.yaml``: measure this machine's machine file.
+
+Run it under mpiexec on the ranks of one node (2 to 4 here)::
+
+    mpiexec -n 4 refconv calibrate --out machine.yaml          # < 1 minute
+    mpiexec -n 2 refconv calibrate --out m.yaml --quick        # a few seconds (tests)
+
+Collectives: for each kind and each communicator size ``q`` (2, 4, ... up to the
+ranks; ``q < P`` runs ``P / q`` groups at once, as channel groups do in training)
+it times a sweep of buffer sizes and fits ``time = alpha(q) + beta(q) * m`` by least
+squares (``m`` as :class:`refconv.cost_model.Call` records it; for ``alltoall``
+and ``halo`` alpha is per message).  One node gives only the ``intra`` figures:
+``inter`` is written as a copy and the file says so.
+
+Compute: the backend's kernels (the ones training uses) are timed on every rank
+at once on a sweep of local shapes, and ``time = t0 + work / rate`` is fitted per
+shape class (1x1 and KxK convolutions; batch norm, pooling, ReLU and packing per
+byte).  We fit a throughput model rather than keep the paper's per-shape table
+because the planner prices local shapes nobody measured (ResNet-50 split 1024 ways
+has hundreds), and because the datasheet machine files can only give rates.
+The fit's relative error per class is written in the file's ``notes``.
+"""
+
+import copy
+import datetime
+import sys
+import time
+
+import numpy
+
+KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "halo")
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "calibrate", help="measure this machine's collectives and kernels into a machine file",
+        description="Time collectives (a sweep of buffer sizes per communicator size, least-squares "
+                    "alpha-beta fit) and the local kernels (throughput fit per shape class) on every rank "
+                    "of MPI.COMM_WORLD; rank 0 writes the machine file. See docs/planning.md.")
+    p.add_argument("--out", required=True, help="the machine file to write (.yaml)")
+    p.add_argument("--quick", action="store_true", help="few sizes and repeats: seconds, for tests")
+    p.add_argument("--backend", choices=("auto", "numpy", "cuda"), default="auto", help="kernels to time")
+    p.add_argument("--name", default="this-machine", help="the machine's name in the file")
+    return p
+
+
+def _median_time(comm, fn, repeats):
+    """Median over repeats of the slowest rank's time of ``fn()`` (barrier before each)."""
+    from refconv import collectives
+
+    times = []
+    for _ in range(repeats):
+        collectives.barrier(comm)
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    worst = collectives.allreduce(comm, numpy.array(times), op="max")
+    return float(numpy.median(worst))
+
+
+def fit_line(x, y):
+    """``(a, b)`` of ``y = a + b x`` minimising the squared *relative* errors (the sizes span
+    orders of magnitude), both kept >= 0 (a time cannot shrink as the size grows)."""
+    x, y = numpy.asarray(x, float), numpy.asarray(y, float)
+    A = numpy.stack([numpy.ones(len(x)), x], axis=1) / y[:, None]
+    (a, b), *_ = numpy.linalg.lstsq(A, numpy.ones(len(x)), rcond=None)
+    if b <= 0:
+        return float(numpy.median(y)), 1e-15
+    if a < 0:
+        b, a = float(numpy.median(y / x)), 0.0
+    return float(a), float(b)
+
+
+def _fit_error(x, y, a, b):
+    pred = a + b * numpy.asarray(x, float)
+    return float(numpy.median(numpy.abs(pred - y) / numpy.asarray(y)))
+
+
+def collective_calls(kind, sub, nbytes):
+    """A callable making one ``kind`` call of buffer ``nbytes`` on ``sub``, and its messages."""
+    from refconv import collectives
+
+    q, me = sub.Get_size(), sub.Get_rank()
+    n = max(q, nbytes // 4 // q * q)  # float32 elements, a multiple of q
+    x = numpy.ones(n, numpy.float32)
+    counts = [n // q] * q
+    if kind == "allreduce":
+        return (lambda: collectives.allreduce(sub, x)), 0
+    if kind == "allgather":
+        return (lambda: collectives.allgather(sub, x[:n // q], counts)), 0
+    if kind == "reduce_scatter":
+        return (lambda: collectives.reduce_scatter(sub, x, counts)), 0
+    if kind == "alltoall":  # m = bytes sent: q - 1 blocks
+        block = max(1, n // max(q - 1, 1))
+        blocks = [numpy.ones(block, numpy.float32) for _ in range(q)]
+        return (lambda: collectives.alltoallv(sub, blocks, [(block,)] * q)), q - 1
+    peer = me ^ 1 if (me ^ 1) < q else me  # halo: one message to a neighbour and one back
+    return (lambda: collectives.exchange(sub, {peer: x}, {peer: (n,)}, numpy.float32)), 1
+
+
+def measure_collectives(comm, quick):
+    from refconv import ProcessGrid
+
+    P = comm.Get_size()
+    sizes = [2**k for k in ((10, 14, 18) if quick else range(10, 23))]
+    repeats = 3 if quick else 15
+    out, notes = {k: {} for k in KINDS}, []
+    q = 2
+    while q <= P:
+        grid = ProcessGrid(comm, sample=P // q, channel=q) if P % q == 0 else None
+        if grid is None:
+            q *= 2
+            continue
+        sub = grid.channel_comm
+        for kind in KINDS:
+            xs, ys = [], []
+            for m in sizes:
+                fn, messages = collective_calls(kind, sub, m)
+                fn()  # warm-up
+                t = _median_time(comm, fn, repeats)
+                sent = m if kind != "alltoall" else (m // 4 // max(q - 1, 1)) * 4 * (q - 1)
+                xs.append(sent)
+                ys.append(t)
+            a, b = fit_line(xs, ys)
+            if kind == "alltoall":
+                a /= q - 1  # per message
+            out[kind][q] = [a, b]
+            notes.append(f"{kind} q={q}: fit median relative error {_fit_error(xs, ys, a * (q - 1 if kind == 'alltoall' else 1), b):.0%}")
+        grid.free()
+        q *= 2
+    return out, notes
+
+
+def conv_shapes(quick):
+    """(N, C, F, H, K): local shapes of the sweep, 1x1 and 3x3."""
+    if quick:
+        return [(2, 8, 8, 8, 1), (2, 16, 16, 8, 1), (2, 8, 8, 8, 3), (2, 16, 16, 8, 3)]
+    out = []
+    for K in (1, 3):
+        for N, C, H in ((2, 16, 16), (4, 32, 16), (4, 64, 8), (8, 32, 16), (4, 64, 16), (8, 64, 16)):
+            out.append((N, C, C, H, K))
+    return out
+
+
+def measure_compute(comm, backend, quick):
+    rng = numpy.random.default_rng(comm.Get_rank())
+    repeats = 2 if quick else 5
+    rows = {op: {"1x1": ([], []), "kxk": ([], [])} for op in ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")}
+    for N, C, F, H, K in conv_shapes(quick):
+        x = backend.asarray(rng.standard_normal((N, C, H, H), dtype=numpy.float32))
+        w = backend.asarray(rng.standard_normal((F, C, K, K), dtype=numpy.float32))
+        dy = backend.asarray(rng.standard_normal((N, F, H, H), dtype=numpy.float32))
+        pad = K // 2
+        flops = 2 * N * F * H * H * C * K * K
+        cls = "1x1" if K == 1 else "kxk"
+        for op, fn in (("conv_fwd", lambda: backend.conv2d_forward(x, w, padding=pad)),
+                       ("conv_bwd_data", lambda: backend.conv2d_backward_data(dy, w, x.shape, padding=pad)),
+                       ("conv_bwd_filter", lambda: backend.conv2d_backward_filter(x, dy, w.shape, padding=pad))):
+            fn()
+            rows[op][cls][0].append(flops)
+            rows[op][cls][1].append(_median_time(comm, fn, repeats))
+    sizes = [(2, 8, 16), (4, 16, 16)] if quick else [(2, 16, 16), (4, 32, 16), (8, 32, 32), (8, 64, 32)]
+    bw = {op: ([], []) for op in ("batchnorm", "pool", "elementwise", "pack")}
+    for N, C, H in sizes:
+        x = backend.asarray(rng.standard_normal((N, C, H, H), dtype=numpy.float32))
+        g = backend.asarray(numpy.ones(C, numpy.float32))
+
+        def bn():
+            s, _ = backend.batch_norm_sums(x)
+            mean = s / (N * H * H)
+            _, sq = backend.batch_norm_sums(x - mean.reshape(1, -1, 1, 1))
+            invstd = 1 / numpy.sqrt(sq / (N * H * H) + 1e-5)
+            y = backend.batch_norm_apply(x, mean, invstd, g, g)
+            sdy, sdyx = backend.batch_norm_grad_sums(y, x, mean, invstd)
+            backend.batch_norm_backward_apply(y, x, mean, invstd, g, sdy, sdyx, N * H * H)
+
+        def pool():
+            y, arg = backend.max_pool2d_forward(x, 2)
+            backend.max_pool2d_backward(y, arg, x.shape, 2)
+
+        def relu():
+            backend.relu_backward(backend.relu_forward(x), x)
+
+        def pack():
+            backend.pack_channels(x, 0, C // 2)
+
+        for op, fn in (("batchnorm", bn), ("pool", pool), ("elementwise", relu), ("pack", pack)):
+            fn()
+            work = x.size * 4 if op != "pack" else x.size * 2  # pack: the half it copies
+            bw[op][0].append(work)
+            bw[op][1].append(_median_time(comm, fn, repeats))
+    compute, notes = {}, []
+    for op, classes in rows.items():
+        compute[op] = {}
+        for cls, (xs, ys) in classes.items():
+            a, b = fit_line(xs, ys)
+            compute[op][cls] = {"t0": a, "rate": 1 / b}
+            notes.append(f"{op} {cls}: fit median relative error {_fit_error(xs, ys, a, b):.0%}")
+    for op, (xs, ys) in bw.items():
+        a, b = fit_line(xs, ys)
+        compute[op] = {"t0": a, "rate": 1 / b}
+        notes.append(f"{op}: fit median relative error {_fit_error(xs, ys, a, b):.0%}")
+    return compute, notes
+
+
+def calibrate(comm, backend_name="auto", quick=False, name="this-machine"):
+    """The machine file as a dict (every rank gets the same)."""
+    from refconv.backend import get_backend
+
+    backend = get_backend(backend_name)
+    started = time.perf_counter()
+    tables, cnotes = measure_collectives(comm, quick)
+    compute, knotes = measure_compute(comm, backend, quick)
+    P = comm.Get_size()
+    if P >= 2:
+        links = {k: {"table": {q: [float(f"{a:.4g}"), float(f"{b:.4g}")] for q, (a, b) in tables[k].items()}}
+                 for k in KINDS}
+    else:  # one rank: nothing to measure; zero-cost links (every communicator has one rank)
+        links = {k: {"alpha": 0.0, "beta": 0.0} for k in KINDS}
+    round_rate = lambda r: {"t0": float(f"{r['t0']:.4g}"), "rate": float(f"{r['rate']:.4g}")}  # noqa: E731
+    return {
+        "name": name,
+        "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "source": f"refconv calibrate{' --quick' if quick else ''} on {P} ranks of one node, backend "
+                  f"{type(backend).__name__}, {time.perf_counter() - started:.0f} s",
+        "ranks_per_node": P,
+        "collectives": {"intra": links, "inter": copy.deepcopy(links)},
+        "compute": {op: ({c: round_rate(r) for c, r in v.items()} if op.startswith("conv") else round_rate(v))
+                    for op, v in compute.items()},
+        "notes": ["one node: 'inter' is a copy of 'intra' (nothing across nodes was measured)"] + cnotes + knotes,
+    }
+
+
+def run(args):
+    from mpi4py import MPI
+
+    import yaml
+
+    comm = MPI.COMM_WORLD
+    if not args.out.endswith((".yaml", ".yml")):  # checked identically on every rank, before any collective
+        print(f"refconv calibrate: error: --out: expected a .yaml path, got {args.out!r}", file=sys.stderr,
+              flush=True)
+        return 2
+    doc = calibrate(comm, args.backend, args.quick, args.name)
+    if comm.Get_rank() == 0:
+        with open(args.out, "w") as f:
+            f.write("# Measured by refconv calibrate (see the 'source' and 'notes' keys).\n")
+            yaml.safe_dump(doc, f, sort_keys=False, default_flow_style=None)
+        print(f"wrote {args.out} ({doc['source']})", flush=True)
+    return 0
