@@ -197,6 +197,13 @@ def _plan_size(plan):
     return sum(int(numpy.prod([sl.stop - sl.start for sl in src])) for src, _ in plan)
 
 
+def send_counts(src_dist, dst_dist, rank):
+    """Elements ``rank`` sends to each rank (itself included) in :func:`redistribute` from
+    ``src_dist`` to ``dst_dist``: pure geometry, no communication (the planner prices it)."""
+    mine = owned_boxes(src_dist, rank)
+    return [_plan_size(_plan(mine, dst_dist, q)) for q in range(int(numpy.prod(dst_dist.grid_shape)))]
+
+
 def redistribute(local, src_dist, dst_dist, grid):
     """This rank's block under ``src_dist`` -> its block under ``dst_dist`` (same global
     shape), with one uneven all-to-all.  Each element is sent once, by its owner.
