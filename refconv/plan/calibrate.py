@@ -23,7 +23,6 @@ The fit's relative error per class is written in the file's ``notes``.
 
 import copy
 import datetime
-import sys
 import time
 
 import numpy
@@ -238,9 +237,7 @@ def run(args):
 
     comm = MPI.COMM_WORLD
     if not args.out.endswith((".yaml", ".yml")):  # checked identically on every rank, before any collective
-        print(f"refconv calibrate: error: --out: expected a .yaml path, got {args.out!r}", file=sys.stderr,
-              flush=True)
-        return 2
+        raise ValueError(f"--out: expected a .yaml path, got {args.out!r}")
     doc = calibrate(comm, args.backend, args.quick, args.name)
     if comm.Get_rank() == 0:
         with open(args.out, "w") as f:

@@ -8,12 +8,12 @@ Usage::
 Prints the per-stage table and the totals against pure sample parallelism and
 the best single strategy; ``--out`` writes a model file that ``refconv train
 --model plan.yaml`` runs on ``P`` ranks.  Bad input (a missing or malformed
-machine file, no feasible plan, a model it cannot bind) prints one line on every
-rank and exits with status 2.  This command computes only (no MPI collectives);
-under mpiexec every rank plans and rank 0 prints.
+machine file, no feasible plan, a model it cannot bind) raises ValueError alike
+on every rank, which :func:`refconv.cli.main` prints as one line, exiting with
+status 2.  This command computes only (no collectives); under mpiexec every rank
+plans and rank 0 prints.
 """
 
-import sys
 import warnings
 
 
@@ -85,34 +85,15 @@ def _plan(args):
 
 
 def run(args):
-    """Plan, print on rank 0; bad input: one line on every rank, status 2."""
-    rank = _rank()
-    try:
-        text = _plan(args)
-    except ValueError as exc:  # MachineError, BindError, NoFeasiblePlan and bad arguments
-        print(f"refconv plan: error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    if rank == 0:
+    """Plan and print on rank 0.  Bad input raises ValueError (a MachineError, BindError or
+    NoFeasiblePlan), which ``refconv.cli.main`` turns into one line and status 2."""
+    text = _plan(args)
+    if _rank() == 0:
         print(text, flush=True)
     return 0
 
 
 def _rank():
-    try:
-        from mpi4py import MPI
-    except ImportError:  # planning needs no MPI
-        return 0
+    from mpi4py import MPI
+
     return MPI.COMM_WORLD.Get_rank()
-
-
-def main(argv=None):
-    """``python -m refconv.plan.cli ...``: the same as ``refconv plan ...``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="refconv")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    return run(parser.parse_args(["plan"] + list(sys.argv[1:] if argv is None else argv)))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
