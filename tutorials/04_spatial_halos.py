@@ -98,7 +98,7 @@ for r in range(P_H):
         piece = owned[q].intersect(win)
         if piece is not None:
             ax.barh(r, piece.h1 - piece.h0, left=piece.h0, height=0.5, color=colors(q),
-                    alpha=1.0 if q == r else 0.45, label=f"rows of rank {q}" if r == 0 or q == 3 and r == 3 else None)
+                    alpha=1.0 if q == r else 0.45, label=f"rows of rank {q}" if q == r else None)
 ax.axvspan(-3, 0, color="0.9")
 ax.axvspan(H, H + 3, color="0.9")
 ax.set_yticks(range(P_H), [f"rank {r}" for r in range(P_H)])
