@@ -1,27 +1,124 @@
-"""``python -m refconv.bench kernels --quick`` runs and prints one row per pass and shape."""
+"""``refconv bench``: each subcommand runs at a tiny size, prints its rows, and appends
+results lines that validate against the documented schema; bad input exits 2 with one line."""
 
 import json
 import subprocess
 import sys
 
-from refconv import arrays
-from refconv.bench import PASSES, QUICK_SHAPES
+import pytest
+
+from refconv import arrays, cost_model
+from refconv.bench import kernels
+from refconv.bench.schema import SCHEMA, read_lines, validate
+from refconv.testing.mpirun import find_mpiexec
+
+TIMEOUT = 120
+
+
+def bench(args, ranks=1, **kw):
+    """``refconv bench ARGS`` as a user types it, under mpiexec when ``ranks`` > 1."""
+    launch = [find_mpiexec(), "-n", str(ranks)] if ranks > 1 else []
+    return subprocess.run([*launch, sys.executable, "-m", "refconv.bench", *args],
+                          capture_output=True, text=True, timeout=TIMEOUT, **kw)
 
 
 def test_quick_kernel_bench(tmp_path):
-    out = tmp_path / "bench.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "refconv.bench", "kernels", "--quick", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, check=True,
-    )
+    out = tmp_path / "results.jsonl"
+    result = bench(["kernels", "--quick", "--out", str(out)], check=True)
     text = result.stdout
     impl = "refconv v2" if arrays.gpu_available() else "refconv numpy"
     if not arrays.gpu_available():
         assert "ran on the CPU" in text
-    for shape in QUICK_SHAPES:
-        for pass_ in PASSES:
+    for shape in kernels.QUICK_SHAPES:
+        for pass_ in kernels.PASSES:
             assert any(line.startswith(shape) and pass_ in line and impl in line for line in text.splitlines()), (
                 f"no row for {shape} {pass_} {impl} in:\n{text}")
-    rows = json.loads(out.read_text())["rows"]
-    assert {(r["shape"], r["pass_"]) for r in rows} == {(s, p) for s in QUICK_SHAPES for p in PASSES}
-    assert all(r["ms"] > 0 and r["gflops"] > 0 for r in rows)
+    lines = read_lines(out)  # raises on any line that does not validate
+    mine = [line for line in lines if line["config"]["implementation"] == impl]
+    assert {line["config"]["shape"]["name"] for line in mine} == set(kernels.QUICK_SHAPES)
+    for line in mine:
+        assert set(line["passes"]) == set(kernels.PASSES)
+        for t in line["passes"].values():
+            assert 0 < t["min"] <= t["median"] <= t["max"]
+
+
+def test_layer_lines_carry_labels_and_the_predicted_bytes(tmp_path):
+    """Two ranks, every default strategy: one line each, labelled with its grid, bytes per kind
+    equal to the cost model's prediction for the busiest rank (an independent derivation)."""
+    out = tmp_path / "results.jsonl"
+    result = bench(["layer", "--shape", "tiny", "--batch", "4", "--repeat", "1", "--warmup", "0", "--out", str(out)], ranks=2)
+    assert result.returncode == 0, result.stderr
+    lines = read_lines(out)
+    assert [line["label"] for line in lines] == [
+        "sample=2 stationary-x", "height=2 stationary-x", "channel=2 stationary-x", "channel=2 stationary-y",
+        "sample=2 stationary-x"]
+    for line in lines:
+        assert line["label"].split()[0] in result.stdout
+        assert line["env"]["mpi"]["ranks"] == 2 and len(line["env"]["ranks"]) == 2
+        grid = line["config"]["grid"]
+        shape = (grid["sample"], grid["channel"], grid["height"], grid["width"])
+        predicted = {}
+        for coords in ((0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0)):
+            if all(c < s for c, s in zip(coords, shape)):
+                per_rank = {}
+                for call in cost_model.layer_records(line["config"]["algorithm"], (4, 8, 8, 8), 8, (3, 3),
+                                                     padding=(1, 1), grid_shape=shape, coords=coords):
+                    per_rank[call.kind] = per_rank.get(call.kind, 0) + call.bytes
+                for kind, b in per_rank.items():
+                    predicted[kind] = max(predicted.get(kind, 0), b)
+        assert line["bytes"] == predicted, line["label"]
+
+
+def test_step_line(tmp_path):
+    out = tmp_path / "results.jsonl"
+    result = bench(["step", "--batch", "8", "--grid", "channel=2", "--algorithm", "stationary-y",
+                    "--repeat", "1", "--warmup", "0", "--out", str(out)], ranks=2)
+    assert result.returncode == 0, result.stderr
+    [line] = read_lines(out)
+    assert line["label"] == "channel=2 stationary-y" and line["config"]["model"] == "digits-cnn"
+    assert line["bytes"]["allgather"] > 0 and line["bytes"]["reduce_scatter"] > 0  # Stationary-Y's pair
+    assert line["passes"]["step"]["min"] > 0 and len(line["passes"]["step"]["times"]) == 1
+
+
+@pytest.mark.parametrize("args, ranks, message", [
+    (["layer", "--grid", "channel=4"], 2, "--grid: channel=4 has 4 ranks but 2 are running"),
+    (["step", "--shape", "tiny"], 1, "--shape: bench step times a whole model"),
+    (["kernels", "--grid", "sample=1"], 1, "--grid: bench kernels times one process"),
+    (["layer", "--repeat", "0"], 1, "--repeat: must be >= 1"),
+])
+def test_bad_input_is_one_line_and_status_2(args, ranks, message):
+    result = bench(args, ranks=ranks)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.count("error:") == 1 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_subcommand_exits_2():
+    result = bench(["sideways"])
+    assert result.returncode == 2 and "invalid choice: 'sideways'" in result.stderr
+
+
+def test_schema_checker_finds_each_problem(tmp_path):
+    good = {"schema": "refconv.bench/1", "bench": "layer", "label": "serial stationary-x",
+            "time": "2026-11-30T09:00:00+00:00",
+            "env": {"versions": {k: "1" for k in ("refconv", "python", "numpy", "numba", "numba-cuda", "cupy",
+                                                  "mpi4py")},
+                    "mpi": {"library": "MPICH", "cuda_aware": False, "ranks": 1},
+                    "ranks": [{"rank": 0, "host": "h", "local_rank": 0, "local_size": 1, "backend": "numpy",
+                               "gpu": None, "gpu_id": None, "threads": 1}]},
+            "config": {"ranks": 1, "dtype": "float32", "repeat": 1, "warmup": 0},
+            "passes": {"forward": {"min": 1.0, "median": 1.0, "max": 1.0, "times": [1.0]}},
+            "bytes": {"allreduce": 8}, "calls": {"allreduce": 1}, "extra": {}}
+    assert validate(good) == []
+    assert validate(dict(good, bench="sideways")) == ["line.bench: expected one of "
+                                                      f"{SCHEMA['properties']['bench']['enum']}, got 'sideways'"]
+    assert validate({k: v for k, v in good.items() if k != "passes"}) == ["line: missing 'passes'"]
+    assert validate(dict(good, bytes={"allreduce": -1})) == ["line.bytes.allreduce: expected >= 0, got -1"]
+    assert validate(dict(good, calls={"allreduce": True}))[0].startswith("line.calls.allreduce: expected number")
+    bad_rank = json.loads(json.dumps(good))
+    bad_rank["env"]["ranks"][0]["backend"] = "tpu"
+    assert validate(bad_rank) == ["line.env.ranks[0].backend: expected one of ['numpy', 'cuda'], got 'tpu'"]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(json.dumps(good) + "\nnot json\n")
+    with pytest.raises(ValueError, match=r"mixed.jsonl:2: not a JSON line"):
+        read_lines(path)

@@ -1,0 +1,74 @@
+"""``refconv bench {kernels,collectives,layer,step}``: one command, the same flags, JSON lines out.
+
+    refconv bench kernels --quick
+    mpiexec -n 2 refconv bench collectives --mb 16
+    mpiexec -n 4 refconv bench layer --shape wide --batch 16 --out results.jsonl
+    mpiexec -n 4 refconv bench step --model digits-cnn --grid channel=4 --algorithm stationary-w
+
+Every rank binds to its device first (``refconv.device.bind``, as ``refconv
+info``); each configuration becomes one line appended to ``--out`` holding
+``refconv info``'s record, the configuration, per-pass times (min, median, max)
+and bytes per kind of collective (``refconv.bench.schema``).  Bad input (a grid
+that does not match the ranks, more ranks per node than GPUs, a flag a
+subcommand does not take) prints one line and exits with status 2 on every rank.
+"""
+
+import sys
+
+from refconv import device, info, threads
+from refconv.bench import collectives, common, kernels, layer, step
+
+NAME = "bench"
+SUBCOMMANDS = {
+    "kernels": (kernels, "the convolution kernels of one process vs cuDNN (GPU) or torch (CPU)"),
+    "collectives": (collectives, "allreduce bandwidth: refconv.collectives vs raw mpi4py"),
+    "layer": (layer, "one DistConv2d forward + backward per strategy: time and bytes per collective"),
+    "step": (step, "one training step of a model preset: time and bytes per collective"),
+}
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(NAME, help="benchmarks: kernels, collectives, layer, step (JSON lines with --out)",
+                              description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p):
+    sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    for name, (module, text) in SUBCOMMANDS.items():
+        s = sub.add_parser(name, help=text, description=module.__doc__.split("\n\n")[0])
+        common.add_arguments(s)
+        if hasattr(module, "add_arguments"):
+            module.add_arguments(s)
+
+
+def run(args):
+    """Run the chosen benchmark on every rank; rank 0 prints and appends to ``--out``.
+    Bad input raises ValueError on every rank alike (``refconv.cli.main`` reports it)."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    module, _ = SUBCOMMANDS[args.bench]
+    try:
+        threads.configure(comm, args.threads)  # cores / ranks per node unless the user chose
+    except ImportError:  # threadpoolctl missing: the environment's OMP_NUM_THREADS decides, as before
+        pass
+    binding = device.bind(comm, args.backend, oversubscribe=args.oversubscribe_gpus)
+    env = info.collect(comm, binding=binding)
+    lines = module.run(args, comm, env)
+    if comm.Get_rank() == 0 and args.out:
+        common.append_lines(args.out, lines)
+        print(f"appended {len(lines)} line(s) to {args.out}", flush=True)
+    return 0
+
+
+def main(argv=None):
+    """``python -m refconv.bench ...``: the same as ``refconv bench ...``."""
+    from refconv import cli
+
+    return cli.main([NAME, *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""What the ``refconv bench`` subcommands share: flags, named shapes, timing
+across ranks, and the results line each appends to ``--out``.
+
+A results line (one JSON object per line, schema in ``refconv.bench.schema``)::
+
+    {"schema": "refconv.bench/1", "bench": "layer", "label": "channel=4 stationary-x",
+     "env": <refconv info's record>, "config": {"ranks": 4, "grid": {...}, ...},
+     "passes": {"forward": {"min": s, "median": s, "max": s, "times": [...]}, ...},
+     "bytes": {"allreduce": B, ...}, "calls": {...}, "seconds": {...}, "extra": {...}}
+
+Times are seconds; under MPI one repetition's time is the slowest rank's.
+``bytes``/``calls`` are per repetition on the busiest rank, as
+``refconv.collectives.stats`` records them; ``seconds`` (time inside each kind
+of collective) is present only when the stats record times.
+"""
+
+import argparse
+import datetime
+import json
+import statistics
+
+import numpy
+
+from refconv import arrays, collectives
+from refconv.bench import timing
+from refconv.algorithms import channel_algorithms
+from refconv.train_config import GRID_AXES, parse_grid
+
+ALGORITHMS = channel_algorithms()
+# name: (C, F, H=W, K, stride, padding)
+SHAPES = {
+    "conv2": (64, 64, 56, 3, 1, 1),      # the ResNet-50-like shapes of the kernels issue
+    "conv3": (128, 128, 28, 3, 1, 1),
+    "conv4": (256, 256, 14, 3, 1, 1),
+    "conv5": (512, 512, 7, 3, 1, 1),
+    "conv1": (3, 64, 224, 7, 2, 3),
+    "foundation": (64, 64, 32, 3, 1, 1),  # the layer the foundation issue measures the CPU path on
+    "layer": (64, 64, 16, 3, 1, 1),       # bench layer's default
+    "wide": (256, 256, 16, 3, 1, 1),      # the wide layer of the scaling sweep
+    "tiny": (8, 8, 8, 3, 1, 1),           # smoke tests
+    "quick3x3": (8, 8, 8, 3, 1, 1),
+    "quick7x7s2": (3, 8, 16, 7, 2, 3),
+}
+SHAPE_KEYS = ("C", "F", "H", "K", "stride", "padding")
+
+
+class BenchError(ValueError):
+    """Bad benchmark input; the message names the flag and what would be right."""
+
+
+def parse_shape(text):
+    """A name of ``SHAPES`` or ``C=64,F=64,H=16,K=3[,stride=1,padding=1]`` -> a shape dict."""
+    if text in SHAPES:
+        return dict(zip(SHAPE_KEYS, SHAPES[text]), name=text)
+    fields = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        if key.strip() not in SHAPE_KEYS or not value.strip().isdigit():
+            raise argparse.ArgumentTypeError(
+                f"expected a name {sorted(SHAPES)} or C=..,F=..,H=..,K=..[,stride=..,padding=..] "
+                f"with non-negative ints; got {text!r}")
+        fields[key.strip()] = int(value)
+    missing = [k for k in ("C", "F", "H", "K") if k not in fields]
+    if missing:
+        raise argparse.ArgumentTypeError(f"{text!r} lacks {', '.join(missing)}")
+    fields.setdefault("stride", 1)
+    fields.setdefault("padding", fields["K"] // 2)
+    return dict(fields, name=text)
+
+
+def grid_type(text):
+    """argparse type of ``--grid``: refconv train's parser (argparse names the flag in its errors)."""
+    try:
+        return parse_grid(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(p):
+    """The flags every subcommand takes (a subcommand rejects those that do not apply to it)."""
+    g = p.add_argument_group("what to run (the same flags for every subcommand)")
+    g.add_argument("--grid", type=grid_type, help="process grid, e.g. sample=2,channel=2 (product: the ranks)")
+    g.add_argument("--algorithm", choices=ALGORITHMS, help="channel/filter algorithm when channel > 1")
+    g.add_argument("--filter-groups", type=int, help="p_f of stationary-w")
+    g.add_argument("--batch", type=int, help="global batch size N")
+    g.add_argument("--shape", "--shapes", type=parse_shape, nargs="+", metavar="SHAPE",
+                   help=f"layer shapes: names {sorted(SHAPES)} or C=..,F=..,H=..,K=..")
+    g.add_argument("--model", help="a model preset (bench step), e.g. digits-cnn")
+    g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    g.add_argument("--repeat", type=int, help="timed repetitions (min, median and max reported)")
+    g.add_argument("--warmup", type=int, help="untimed repetitions first")
+    g.add_argument("--backend", choices=("auto", "numpy", "cuda"), default="auto",
+                   help="numpy: the CPU path; cuda: the Numba kernels; auto: cuda when a GPU answers")
+    g.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores / ranks on the node)")
+    g.add_argument("--oversubscribe-gpus", action="store_true", help="allow more ranks per node than GPUs")
+    g.add_argument("--out", metavar="PATH", help="append one JSON line per configuration (see refconv.bench.schema)")
+    g.add_argument("--sweep", type=json.loads, default=None, help=argparse.SUPPRESS)  # set by refconv sweep
+
+
+def reject(args, names, why):
+    """BenchError for the first flag of ``names`` the user set: it has no meaning for this subcommand."""
+    for name in names:
+        if getattr(args, name.replace("-", "_")) is not None:
+            raise BenchError(f"--{name}: {why}")
+
+
+def positive(args, name, default):
+    """``args.<name>`` (or ``default`` when unset), checked to be an int >= 1 (0 allowed for warmup)."""
+    value = getattr(args, name)
+    value = default if value is None else value
+    if value < (0 if name == "warmup" else 1):
+        raise BenchError(f"--{name}: must be {'>= 0' if name == 'warmup' else '>= 1'}, got {value}")
+    return value
+
+
+def full_grid(grid, ranks):
+    """``{"sample": 2}`` -> all four axes; the product must be the number of ranks."""
+    grid = {axis: (grid or {}).get(axis, 1) for axis in GRID_AXES}
+    product = int(numpy.prod(list(grid.values())))
+    if product != ranks:
+        raise BenchError(f"--grid: {grid_text(grid)} has {product} ranks but {ranks} are running; "
+                         f"start mpiexec -n {product} or choose a grid whose sizes multiply to {ranks}")
+    return grid
+
+
+def grid_text(grid):
+    """``{"sample": 2, "channel": 1, ...}`` -> ``"sample=2"`` (axes of size 1 left out; all 1: ``"serial"``)."""
+    text = ",".join(f"{axis}={size}" for axis, size in grid.items() if size > 1)
+    return text or "serial"
+
+
+def strategy_grid(strategy, ranks):
+    """(grid, algorithm) of a named strategy on ``ranks`` ranks (refconv sweep's series)."""
+    if strategy == "sample":
+        return {"sample": ranks}, "stationary-x"
+    if strategy == "spatial":
+        return {"height": ranks}, "stationary-x"
+    if strategy in ALGORITHMS:
+        return {"channel": ranks}, strategy
+    raise BenchError(f"--strategies: unknown {strategy!r}; expected some of {('sample', 'spatial') + ALGORITHMS}")
+
+
+def summarize(times):
+    """min, median and max of a list of seconds, with the list itself."""
+    return {"min": min(times), "median": statistics.median(times), "max": max(times), "times": list(times)}
+
+
+def time_ranks(comm, contenders, repeat, warmup, pause=None):
+    """``{name: seconds of each round}`` of ``contenders`` (``{name: fn}``), timed by
+    ``refconv.bench.timing.compare`` in alternating rounds: every rank starts a call
+    together (a barrier), the device is synchronized before the clock stops, and a
+    round's time is the slowest rank's.  ``pause`` defaults to timing's on the CPU
+    (spinning BLAS threads) and 0 on a GPU."""
+    if pause is None:
+        pause = 0.0 if arrays.gpu_available() else timing.PAUSE
+
+    def sync():
+        arrays.synchronize()
+        collectives.barrier(comm)
+
+    spans = timing.compare(contenders, rounds=repeat, warmup=warmup, pause=pause, sync=sync)
+    names = list(contenders)
+    mine = numpy.array([spans[name].values for name in names], numpy.float64)  # (contenders, rounds)
+    slowest = collectives.allreduce(comm, mine, op="max")
+    return {name: [float(t) for t in slowest[i]] for i, name in enumerate(names)}
+
+
+def per_kind(comm, records, *, moved_only=False):
+    """bytes, calls (and seconds, when recorded) per kind of collective of one repetition,
+    on the busiest rank; ``moved_only`` leaves out calls on one-rank communicators."""
+    mine = {}
+    for r in records:
+        if moved_only and r.comm_size == 1:
+            continue
+        s = mine.setdefault(r.kind, {"bytes": 0, "calls": 0, "seconds": 0.0})
+        s["bytes"] += r.bytes
+        s["calls"] += 1
+        s["seconds"] += getattr(r, "seconds", 0.0) or 0.0
+    everyone = collectives.allgather_object(comm, mine)
+    kinds = sorted({k for rank in everyone for k in rank})
+    out = {field: {k: max(rank.get(k, {}).get(field, 0) for rank in everyone) for k in kinds}
+           for field in ("bytes", "calls", "seconds")}
+    if not any(hasattr(r, "seconds") for r in records):
+        del out["seconds"]
+    return out
+
+
+def record(bench, label, env, config, passes, traffic=None, extra=None):
+    """One results line (see the module docstring)."""
+    traffic = traffic or {"bytes": {}, "calls": {}}
+    line = {"schema": "refconv.bench/1", "bench": bench, "label": label,
+            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "env": env, "config": config, "passes": {name: summarize(t) for name, t in passes.items()},
+            "bytes": traffic["bytes"], "calls": traffic["calls"], "extra": extra or {}}
+    if "seconds" in traffic:
+        line["seconds"] = traffic["seconds"]
+    return line
+
+
+def append_lines(path, lines):
+    """Append ``lines`` (dicts) to ``path`` as JSON lines."""
+    with open(path, "a") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")

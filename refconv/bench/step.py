@@ -1,0 +1,62 @@
+"""``refconv bench step``: one training step of a model, the unit of ``refconv sweep``.
+
+    mpiexec -n 4 refconv bench step --model digits-cnn --batch 64 --grid channel=4 --algorithm stationary-y
+
+Builds the model exactly as ``refconv train`` does (``refconv.train.build_model``,
+the same ``--grid``/``--algorithm``/``--filter-groups`` defaults for every
+layer), feeds it synthetic images of the model's input size, and times
+``refconv.train.step`` (forward, loss, backward, SGD update).  The results
+line holds the traffic of one step per kind of collective, shuffles between
+layers included (``alltoallv``).
+"""
+
+import numpy
+
+from refconv import collectives, train
+from refconv.bench.common import full_grid, grid_text, per_kind, positive, record, reject, time_ranks
+from refconv.optim import SGD
+
+IMAGE_SIZE = {"digits-cnn": 16}  # the bundled digits' size; other presets get --image-size
+
+
+def run(args, comm, env):
+    """One results line: the step's times and traffic."""
+    reject(args, ("shape",), "bench step times a whole model; give --model (bench layer takes --shape)")
+    model_name = args.model or "digits-cnn"
+    batch = positive(args, "batch", 32)
+    repeat = positive(args, "repeat", 5)
+    warmup = positive(args, "warmup", 1)
+    P = comm.Get_size()
+    grid = full_grid(args.grid or {"sample": P}, P)
+    size = args.image_size or IMAGE_SIZE.get(model_name, 32)
+    cfg = train.TrainConfig(model=model_name, grid=grid, algorithm=args.algorithm, filter_groups=args.filter_groups,
+                            synthetic=True, synthetic_samples=batch, image_size=size, batch_size=batch,
+                            backend=env["ranks"][comm.Get_rank()]["backend"], dtype=args.dtype, progress=False)
+    x, y, _, _, classes = train.load_dataset(cfg, numpy.dtype(args.dtype))
+    model = train.build_model(cfg, comm=comm, in_channels=x.shape[1], num_classes=classes)
+    optimizer = SGD(model, cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    x_b, y_b = numpy.asarray(x[0:batch]), numpy.asarray(y[0:batch])  # x_b: (batch, C, size, size), global
+    times = time_ranks(comm, {"step": lambda: train.step(model, optimizer, x_b, y_b)}, repeat, warmup)["step"]
+    with collectives.stats.recording() as region:
+        train.step(model, optimizer, x_b, y_b)
+    traffic = per_kind(comm, region.records, moved_only=True)  # as refconv train reports it
+    algorithm = args.algorithm or "stationary-x"
+    label = f"{grid_text(grid)} {algorithm}"
+    config = {"ranks": P, "grid": grid, "algorithm": algorithm, "filter_groups": args.filter_groups,
+              "batch": batch, "model": model_name, "image_size": size, "dtype": args.dtype, "repeat": repeat,
+              "warmup": warmup, "backend": env["ranks"][0]["backend"], "sweep": args.sweep}
+    line = record("step", label, env, config, {"step": times}, traffic,
+                  extra={"images_per_s": batch / float(numpy.median(times)), "parameters": model.num_parameters()})
+    if comm.Get_rank() == 0:
+        median = line["passes"]["step"]["median"]
+        moved = sum(line["bytes"].values())
+        print(f"{model_name}, batch {batch}, {args.dtype}, {P} ranks, {label}: {median * 1e3:.1f} ms per step "
+              f"(min {line['passes']['step']['min'] * 1e3:.1f}, max {line['passes']['step']['max'] * 1e3:.1f}), "
+              f"{batch / median:.0f} images/s, {moved:,} B recorded per step on the busiest rank")
+    return [line]
+
+
+def add_arguments(p):
+    """Flags of bench step only."""
+    p.add_argument("--image-size", type=int, help="height and width of the synthetic images "
+                                                  "(default: 16 for digits-cnn, else 32)")
