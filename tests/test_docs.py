@@ -28,9 +28,11 @@ def _name(path):
     return str(path.relative_to(ROOT))
 
 
-def _stale(block, new):
-    return (f"{block.where} shows an output that is no longer what it prints:\n{doc_outputs.diff(block, new)}\n"
-            f"rerun: .venv/bin/python scripts/doc_outputs.py --write {block.page}")
+def _compare(block, new):
+    """Fail with a diff (and the command that rewrites the page) when the page shows another output."""
+    if new != block.body:
+        pytest.fail(f"{block.where} shows an output that is no longer what it prints:\n{doc_outputs.diff(block, new)}"
+                    f"\nrerun: .venv/bin/python scripts/doc_outputs.py --write {block.page}", pytrace=False)
 
 
 def test_docs_have_pages():
@@ -44,8 +46,7 @@ def test_code_blocks_run(page, tmp_path, monkeypatch):
     printed = doc_outputs.run_python_blocks(text, page.name)
     for block in doc_outputs.parse(text, _name(page)):
         if block.kind == "python":
-            new = doc_outputs.python_body(block, printed)
-            assert new == block.body, _stale(block, new)
+            _compare(block, doc_outputs.python_body(block, printed))
 
 
 def test_output_markers_are_well_formed():
@@ -69,8 +70,7 @@ def _console_blocks():
 
 @pytest.mark.parametrize("block", _console_blocks())
 def test_console_output_is_current(block):
-    new = doc_outputs.regenerate_console(block)
-    assert new == block.body, _stale(block, new)
+    _compare(block, doc_outputs.regenerate_console(block))
 
 
 def test_a_generated_block_is_checked_by_default():
