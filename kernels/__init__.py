@@ -13,7 +13,6 @@ speed); see docs/kernels.md.
     elementwise.py            bias_add, bias_grad, relu_forward, relu_backward
     batch_norm.py             batch_norm_sums, batch_norm_apply, batch_norm_grad_sums, batch_norm_backward_apply
     pooling.py                max_pool2d_forward/backward, avg_pool2d_forward/backward
-    pack.py                   pack_channels, unpack_channels, pack_rows, unpack_rows
     _launch.py                tile constants, launch geometry, shared index device functions
 """
 
@@ -22,7 +21,6 @@ from .conv_backward_data import conv2d_backward_data
 from .conv_backward_filter import conv2d_backward_filter
 from .conv_forward import conv2d_forward
 from .elementwise import bias_add, bias_grad, relu_backward, relu_forward
-from .pack import pack_channels, pack_rows, unpack_channels, unpack_rows
 from .pooling import avg_pool2d_backward, avg_pool2d_forward, max_pool2d_backward, max_pool2d_forward
 
 VERSIONS = (1, 2)
@@ -34,6 +32,5 @@ __all__ = [
     "bias_add", "bias_grad",
     "conv2d_backward_data", "conv2d_backward_filter", "conv2d_forward",
     "max_pool2d_backward", "max_pool2d_forward",
-    "pack_channels", "pack_rows", "unpack_channels", "unpack_rows",
     "relu_backward", "relu_forward",
 ]

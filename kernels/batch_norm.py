@@ -19,8 +19,9 @@ from refconv import checks
 
 
 @cuda.jit
-def channel_sums_kernel(a, b, shift, scale, sum_a, sum_ab):
-    """Block ``c`` writes ``sum_a[c] = sum a[:, c]`` and ``sum_ab[c] = sum a[:, c] (b[:, c] - shift[c]) scale[c]``.
+def channel_sums_kernel(a, b, shift, scale, sum_a, sum_ab, both):
+    """Block ``c`` writes ``sum_a[c] = sum a[:, c]`` and, when ``both``,
+    ``sum_ab[c] = sum a[:, c] (b[:, c] - shift[c]) scale[c]``.
 
     ``a, b``: ``(N, C, H*W)``.  Shared memory: two ``BLOCK_1D`` float64 arrays of
     per-thread partial sums, reduced pairwise (stride 128, 64, ..., 1).
@@ -36,7 +37,8 @@ def channel_sums_kernel(a, b, shift, scale, sum_a, sum_ab):
         n, p = split2(e, HW)
         u = a[n, c, p]
         s_a += u
-        s_ab += u * (b[n, c, p] - shift[c]) * scale[c]
+        if both:
+            s_ab += u * (b[n, c, p] - shift[c]) * scale[c]
     partial_a[t] = s_a
     partial_ab[t] = s_ab
     cuda.syncthreads()
@@ -49,18 +51,20 @@ def channel_sums_kernel(a, b, shift, scale, sum_a, sum_ab):
         step //= 2
     if t == 0:
         sum_a[c] = partial_a[0]
-        sum_ab[c] = partial_ab[0]
+        if both:
+            sum_ab[c] = partial_ab[0]
 
 
 def channel_sums(a, b, shift, scale, dtype_ab):
-    """Host side of :func:`channel_sums_kernel`: returns ``(sum_a (C,), sum_ab (C,))``."""
+    """Host side of :func:`channel_sums_kernel`: returns ``(sum_a (C,), sum_ab (C,))``;
+    with ``b=None``, ``sum_a`` alone (the second reduction is skipped)."""
     N, C, H, W = a.shape
     sum_a = xp().empty(C, dtype=a.dtype)
     sum_ab = xp().empty(C, dtype=dtype_ab)
     a3 = contiguous(a).reshape(N, C, H * W)
-    b3 = contiguous(b).reshape(N, C, H * W)
-    channel_sums_kernel[C, BLOCK_1D](a3, b3, shift, scale, sum_a, sum_ab)
-    return sum_a, sum_ab
+    b3 = a3 if b is None else contiguous(b).reshape(N, C, H * W)
+    channel_sums_kernel[C, BLOCK_1D](a3, b3, shift, scale, sum_a, sum_ab, b is not None)
+    return sum_a if b is None else (sum_a, sum_ab)
 
 
 def _per_channel(C, **vectors):

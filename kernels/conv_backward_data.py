@@ -1,6 +1,7 @@
 """Convolution backward-data: ``dx (N, C, H, W)`` from ``dy (N, F, Ho, Wo)`` and ``w (F, C/groups, Kh, Kw)``.
 
-Versions (same arguments, same results; select with ``version=``):
+Versions (same arguments; select with ``version=``; they agree to rounding: version 1
+accumulates in float64, version 2 in the input dtype, as cuDNN does):
 
 1. direct: one thread per ``dx`` element, gathering every ``(f, i, j)`` whose
    output pixel reads it (no atomics: each ``dx`` has exactly one writer).
@@ -26,7 +27,6 @@ from ._launch import (
 )
 from .conv_forward import check_version
 from refconv import checks
-from refconv.reference.conv import _check_dy, _conv_args
 
 
 @cuda.jit
@@ -149,8 +149,8 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     checks.array(w, "w", 4)
     checks.same_dtype(dy=dy, w=w)
     x_shape = checks.shape4(x_shape, "x_shape")
-    (sh, sw), (ph, pw), (dh, dw), groups, out_hw = _conv_args(x_shape, w.shape, stride, padding, dilation, groups)
-    _check_dy(dy, x_shape, w.shape, out_hw)
+    (sh, sw), (ph, pw), (dh, dw), groups, out_hw = checks.conv_geometry(x_shape, w.shape, stride, padding, dilation, groups)
+    checks.dy_shape(dy, x_shape, w.shape, out_hw)
     check_version(version)
     N, C, H, W = x_shape
     dy, w = contiguous(dy), contiguous(w)

@@ -1,6 +1,7 @@
 """Convolution backward-filter: ``dw (F, C/groups, Kh, Kw)`` from ``x (N, C, H, W)`` and ``dy (N, F, Ho, Wo)``.
 
-Versions (same arguments, same results; select with ``version=``):
+Versions (same arguments; select with ``version=``; they agree to rounding: version 1
+accumulates in float64, version 2 in the input dtype, as cuDNN does):
 
 1. direct: one thread per ``dw`` element, a loop over all ``N*Ho*Wo`` output pixels.
 2. tiled implicit GEMM: ``dW[f, q] = sum_p dY[f, p] X[p, q]`` with ``q = (c, i, j)``,
@@ -24,7 +25,6 @@ from ._launch import (
 )
 from .conv_forward import check_version
 from refconv import checks
-from refconv.reference.conv import _check_dy, _conv_args
 
 # Split-K: aim for about this many blocks in flight (a few per SM of a large GPU),
 # but give every split at least MIN_TILES_PER_SPLIT stages of work.
@@ -33,11 +33,8 @@ MIN_TILES_PER_SPLIT = 8
 
 
 @cuda.jit
-def backward_filter_direct(x, dy, dw, sh, sw, ph, pw, dh, dww, groups):
-    """Version 1.  Thread ``t`` computes ``dw.flat[t]``; no shared memory; float64 accumulator.
-
-    (``dww`` is the horizontal dilation: ``dw`` names the output here.)
-    """
+def backward_filter_direct(x, dy, dw, sh, sw, ph, pw, dil_h, dil_w, groups):
+    """Version 1.  Thread ``t`` computes ``dw.flat[t]``; no shared memory; float64 accumulator."""
     index = cuda.grid(1)
     if index >= dw.size:
         return
@@ -49,11 +46,11 @@ def backward_filter_direct(x, dy, dw, sh, sw, ph, pw, dh, dww, groups):
     acc = 0.0
     for n in range(N):
         for oh in range(Ho):
-            ih = input_pixel(oh, i, sh, ph, dh)
+            ih = input_pixel(oh, i, sh, ph, dil_h)
             if ih < 0 or ih >= H:
                 continue
             for ow in range(Wo):
-                iw = input_pixel(ow, j, sw, pw, dww)
+                iw = input_pixel(ow, j, sw, pw, dil_w)
                 if 0 <= iw < W:
                     acc += dy[n, f, oh, ow] * x[n, c_x, ih, iw]
     dw[f, c, i, j] = acc
@@ -75,7 +72,7 @@ def backward_filter_tiled(dtype):
     """
 
     @cuda.jit
-    def kernel(x, dy, dw, sh, sw, ph, pw, dh, dww, groups, splits, k_split):
+    def kernel(x, dy, dw, sh, sw, ph, pw, dil_h, dil_w, groups, splits, k_split):
         # x: (N, C, H, W); dy: (N, F, Ho, Wo); dw: (F, Cg, Kh, Kw)
         N, C, H, W = x.shape
         Ho, Wo = dy.shape[2], dy.shape[3]
@@ -128,8 +125,8 @@ def backward_filter_tiled(dtype):
                 value = zero
                 if q < Q and p < k_end:
                     n, oh, ow = split3(p, Ho, Wo)
-                    ih = input_pixel(oh, i, sh, ph, dh)
-                    iw = input_pixel(ow, j, sw, pw, dww)
+                    ih = input_pixel(oh, i, sh, ph, dil_h)
+                    iw = input_pixel(ow, j, sw, pw, dil_w)
                     if 0 <= ih < H and 0 <= iw < W:
                         value = x[n, g * Cg + c, ih, iw]
                 b_tile[kk, b_q] = value
@@ -171,8 +168,8 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     checks.array(dy, "dy", 4)
     checks.same_dtype(x=x, dy=dy)
     w_shape = checks.shape4(w_shape, "w_shape")
-    (sh, sw), (ph, pw), (dh, dw_), groups, out_hw = _conv_args(x.shape, w_shape, stride, padding, dilation, groups)
-    _check_dy(dy, x.shape, w_shape, out_hw)
+    (sh, sw), (ph, pw), (dil_h, dil_w), groups, out_hw = checks.conv_geometry(x.shape, w_shape, stride, padding, dilation, groups)
+    checks.dy_shape(dy, x.shape, w_shape, out_hw)
     check_version(version)
     N, C, H, W = x.shape
     F, Cg, Kh, Kw = w_shape
@@ -180,7 +177,7 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     if version == 1:
         dw = xp().empty(w_shape, dtype=x.dtype)
         blocks, threads = grid_1d(dw.size)
-        backward_filter_direct[blocks, threads](x, dy, dw, sh, sw, ph, pw, dh, dw_, groups)
+        backward_filter_direct[blocks, threads](x, dy, dw, sh, sw, ph, pw, dil_h, dil_w, groups)
         return dw
     dw = xp().zeros(w_shape, dtype=x.dtype)  # zeros: split-K slices add into it
     K = N * out_hw[0] * out_hw[1]
@@ -191,5 +188,5 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
         k_split = ceil_div(ceil_div(K, splits), TILE_K) * TILE_K
         splits = ceil_div(K, k_split)
     blocks = (bx, by, groups * splits)
-    backward_filter_tiled(x.dtype.type)[blocks, threads](x, dy, dw, sh, sw, ph, pw, dh, dw_, groups, splits, k_split)
+    backward_filter_tiled(x.dtype.type)[blocks, threads](x, dy, dw, sh, sw, ph, pw, dil_h, dil_w, groups, splits, k_split)
     return dw

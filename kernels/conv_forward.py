@@ -1,6 +1,7 @@
 """Convolution forward: ``y (N, F, Ho, Wo) = conv2d(x (N, C, H, W), w (F, C/groups, Kh, Kw))``.
 
-Versions (same arguments, same results; select with ``version=``):
+Versions (same arguments; select with ``version=``; they agree to rounding: version 1
+accumulates in float64, version 2 in the input dtype, as cuDNN does):
 
 1. direct: one thread per output element, a plain loop over ``C/groups x Kh x Kw``.
 2. tiled implicit GEMM: ``Y[m, f] = sum_k X[m, k] W[k, f]`` with ``m = (n, oh, ow)``,
@@ -21,8 +22,8 @@ from ._launch import (
     LOADS_A, LOADS_B, MICRO, PAD, THREADS, TILE_K, TILE_M, TILE_N,
     contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
+from .elementwise import bias_add
 from refconv import checks
-from refconv.reference.conv import _conv_args
 
 
 @cuda.jit
@@ -148,7 +149,7 @@ def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, v
     Same arguments, semantics and errors as ``refconv.reference.conv2d_forward``.
     """
     checks.forward_arrays(x, w, b)
-    (sh, sw), (ph, pw), (dh, dw), groups, (Ho, Wo) = _conv_args(x.shape, w.shape, stride, padding, dilation, groups)
+    (sh, sw), (ph, pw), (dh, dw), groups, (Ho, Wo) = checks.conv_geometry(x.shape, w.shape, stride, padding, dilation, groups)
     check_version(version)
     N, C, H, W = x.shape
     F, Cg, Kh, Kw = w.shape
@@ -162,8 +163,6 @@ def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, v
         w2 = w.reshape(F, Cg * Kh * Kw)
         forward_tiled(x.dtype.type)[blocks, threads](x, w2, y, Kh, Kw, sh, sw, ph, pw, dh, dw, groups)
     if b is not None:
-        from .elementwise import bias_add
-
         bias_add(y, b)
     return y
 

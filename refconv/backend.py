@@ -100,33 +100,6 @@ class NumpyBackend:
         dx = c(gamma * invstd / count) * (count * dy - c(dbeta) - xhat * c(dgamma))
         return dx.astype(x.dtype, copy=False)
 
-    # -- packing for the collectives: contiguous slabs and strips
-    def pack_channels(self, x, start, stop):
-        """``x[:, start:stop]`` as a contiguous array (a channel slab)."""
-        return numpy.ascontiguousarray(x[:, start:stop])
-
-    def unpack_channels(self, dst, src, start, *, accumulate=False):
-        """Write (or add) ``src`` into ``dst[:, start:start + src.shape[1]]``."""
-        view = dst[:, start:start + src.shape[1]]
-        if accumulate:
-            view += src
-        else:
-            view[...] = src
-        return dst
-
-    def pack_rows(self, x, start, stop):
-        """``x[:, :, start:stop]`` as a contiguous array (a halo strip)."""
-        return numpy.ascontiguousarray(x[:, :, start:stop])
-
-    def unpack_rows(self, dst, src, start, *, accumulate=False):
-        """Write (or add) ``src`` into ``dst[:, :, start:start + src.shape[2]]``."""
-        view = dst[:, :, start:start + src.shape[2]]
-        if accumulate:
-            view += src
-        else:
-            view[...] = src
-        return dst
-
     def __repr__(self):
         return f"<refconv backend {self.name}>"
 
@@ -196,18 +169,6 @@ class CudaBackend(NumpyBackend):
 
     def batch_norm_backward_apply(self, dy, x, mean, invstd, gamma, dbeta, dgamma, count):
         return self.k.batch_norm_backward_apply(dy, x, mean, invstd, gamma, dbeta, dgamma, count)
-
-    def pack_channels(self, x, start, stop):
-        return self.k.pack_channels(x, start, stop)
-
-    def unpack_channels(self, dst, src, start, *, accumulate=False):
-        return self.k.unpack_channels(dst, src, start, accumulate=accumulate)
-
-    def pack_rows(self, x, start, stop):
-        return self.k.pack_rows(x, start, stop)
-
-    def unpack_rows(self, dst, src, start, *, accumulate=False):
-        return self.k.unpack_rows(dst, src, start, accumulate=accumulate)
 
 
 def cuda_usable():

@@ -121,8 +121,8 @@ def conv_geometry(x_shape, w_shape, stride, padding, dilation, groups):
 
     Returns ``(stride, padding, dilation, groups, (Ho, Wo))``.
     """
-    N, C, H, W = x_shape
-    F, Cg, Kh, Kw = w_shape
+    N, C, H, W = x_shape = shape4(x_shape, "x_shape")
+    F, Cg, Kh, Kw = w_shape = shape4(w_shape, "w_shape")
     stride = pair(stride, "stride", minimum=1)
     padding = pair(padding, "padding", minimum=0)
     dilation = pair(dilation, "dilation", minimum=1)
@@ -139,3 +139,10 @@ def conv_geometry(x_shape, w_shape, stride, padding, dilation, groups):
     Ho = conv_output_size(H, Kh, stride[0], padding[0], dilation[0], "H")
     Wo = conv_output_size(W, Kw, stride[1], padding[1], dilation[1], "W")
     return stride, padding, dilation, groups, (Ho, Wo)
+
+
+def dy_shape(dy, x_shape, w_shape, out_hw):
+    """``dy`` must be ``(N, F, Ho, Wo)`` for a convolution of ``x_shape`` by ``w_shape``."""
+    expected = (x_shape[0], w_shape[0], *out_hw)
+    if tuple(dy.shape) != expected:
+        raise ValueError(f"dy: expected shape {expected} (N, F, Ho, Wo), got {tuple(dy.shape)}")

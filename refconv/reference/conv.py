@@ -19,18 +19,6 @@ import numpy
 from refconv import checks
 
 
-def _conv_args(x_shape, w_shape, stride, padding, dilation, groups):
-    x_shape = checks.shape4(x_shape, "x_shape")
-    w_shape = checks.shape4(w_shape, "w_shape")
-    return checks.conv_geometry(x_shape, w_shape, stride, padding, dilation, groups)
-
-
-def _check_dy(dy, x_shape, w_shape, out_hw):
-    expected = (x_shape[0], w_shape[0], *out_hw)
-    if tuple(dy.shape) != expected:
-        raise ValueError(f"dy: expected shape {expected} (N, F, Ho, Wo), got {tuple(dy.shape)}")
-
-
 def _output_slice(offset, dilation, stride, out):
     """Rows of the padded input that kernel offset ``offset`` touches, one per output row."""
     start = offset * dilation
@@ -67,7 +55,7 @@ def col2im(cols, x_shape, stride, padding, dilation):
 def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1):
     """``y = conv2d(x, w) + b``: ``(N, C, H, W), (F, C/g, Kh, Kw), (F,)`` -> ``(N, F, Ho, Wo)``."""
     checks.forward_arrays(x, w, b)
-    stride, padding, dilation, groups, (Ho, Wo) = _conv_args(x.shape, w.shape, stride, padding, dilation, groups)
+    stride, padding, dilation, groups, (Ho, Wo) = checks.conv_geometry(x.shape, w.shape, stride, padding, dilation, groups)
     N, C, _, _ = x.shape
     F, Cg, Kh, Kw = w.shape
     G, Fg = groups, F // groups
@@ -86,8 +74,8 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     checks.array(w, "w", 4)
     checks.same_dtype(dy=dy, w=w)
     x_shape = checks.shape4(x_shape, "x_shape")
-    stride, padding, dilation, groups, out_hw = _conv_args(x_shape, w.shape, stride, padding, dilation, groups)
-    _check_dy(dy, x_shape, w.shape, out_hw)
+    stride, padding, dilation, groups, out_hw = checks.conv_geometry(x_shape, w.shape, stride, padding, dilation, groups)
+    checks.dy_shape(dy, x_shape, w.shape, out_hw)
     N, C, _, _ = x_shape
     F, Cg, Kh, Kw = w.shape
     G, Fg = groups, F // groups
@@ -104,8 +92,8 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     checks.array(dy, "dy", 4)
     checks.same_dtype(x=x, dy=dy)
     w_shape = checks.shape4(w_shape, "w_shape")
-    stride, padding, dilation, groups, out_hw = _conv_args(x.shape, w_shape, stride, padding, dilation, groups)
-    _check_dy(dy, x.shape, w_shape, out_hw)
+    stride, padding, dilation, groups, out_hw = checks.conv_geometry(x.shape, w_shape, stride, padding, dilation, groups)
+    checks.dy_shape(dy, x.shape, w_shape, out_hw)
     N, C, _, _ = x.shape
     F, Cg, Kh, Kw = w_shape
     G, Fg = groups, F // groups

@@ -20,6 +20,7 @@ import math
 
 import numpy
 
+from refconv import collectives
 from refconv.arrays import to_host
 
 EPS_FACTOR = 8.0
@@ -42,11 +43,12 @@ def _message(actual, expected, rtol, atol, reduction_length, name, show=5):
     return "\n".join(lines)
 
 
-def default_tolerance(dtype, reduction_length=1):
-    """(rtol, atol) for results of a reduction of ``reduction_length`` terms."""
+def default_tolerance(dtype, reduction_length=1, *, factor=EPS_FACTOR, floor=0.0):
+    """(rtol, atol) for results of a reduction of ``reduction_length`` terms:
+    ``max(floor, factor * sqrt(reduction_length) * eps(dtype))``, the one tolerance formula."""
     dtype = numpy.dtype(dtype)
     eps = numpy.finfo(dtype).eps if dtype.kind in "fc" else 0.0
-    tol = EPS_FACTOR * math.sqrt(max(1, reduction_length)) * float(eps)
+    tol = max(floor, factor * math.sqrt(max(1, reduction_length)) * float(eps))
     return tol, tol
 
 
@@ -70,7 +72,7 @@ def close_message(actual, expected, *, rtol=None, atol=None, reduction_length=1,
 
 def assert_all_ranks(comm, ok, message=""):
     """Collective: AssertionError on every rank of ``comm`` if ``ok`` is False on any."""
-    verdicts = comm.allgather((bool(ok), "" if ok else str(message)))
+    verdicts = collectives.allgather_object(comm, (bool(ok), "" if ok else str(message)))
     failed = [r for r, (good, _) in enumerate(verdicts) if not good]
     if failed:
         text = "\n".join(f"rank {r}: {verdicts[r][1]}" for r in failed)

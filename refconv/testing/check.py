@@ -1,10 +1,11 @@
 """Check a distributed layer against the serial reference, on every rank.
 
-``check_layer(layer, problem)`` drives any layer-like object through the
-protocol of :class:`refconv.DistConv2d`:
+``check_layer(layer, problem)`` drives a convolution layer (a
+:class:`refconv.layers.Layer` such as :class:`refconv.DistConv2d`, with any
+registered algorithm) through:
 
-- ``layer.grid`` (a :class:`refconv.ProcessGrid`), ``layer.set_global_parameters(w, b)``,
-- ``layer.bind(x_shape)`` (optional), ``layer.input_distribution``, ``layer.output_distribution``,
+- ``layer.grid`` (a :class:`refconv.ProcessGrid`), ``layer.backend``, ``layer.set_global_parameters(w, b)``,
+- ``layer.bind(x_shape)``, ``layer.input_distribution``, ``layer.output_distribution``,
 - ``layer.forward(x_loc) -> y_loc``, ``layer.backward(dy_loc) -> dx_loc``,
 - ``layer.global_parameter_grads() -> (dw, db)``.
 
@@ -15,12 +16,17 @@ length; a mismatch raises AssertionError on every rank, naming the ranks, the
 tensor and the first mismatching indices (so all ranks stay in step).
 """
 
+import traceback
+
 import numpy
 
 from refconv import reference as ref
 from refconv.arrays import to_host
 from refconv.sharding import allgather
-from refconv.testing.asserts import assert_all_ranks, close_message
+from refconv.testing.asserts import assert_all_ranks, close_message, default_tolerance
+
+# float32 results are compared with the reference run in float32 too: both round.
+FLOAT32 = dict(factor=1e-4 / 4 / float(numpy.finfo(numpy.float32).eps), floor=1e-4)
 
 
 def reduction_lengths(problem):
@@ -51,10 +57,8 @@ def run_layer(layer, problem, seed=0):
     grid = layer.grid
     x, w, b, dy = problem.arrays(seed)
     layer.set_global_parameters(w, b)
-    if hasattr(layer, "bind"):
-        layer.bind(x.shape)
-    backend = getattr(layer, "backend", None)
-    to_device = backend.asarray if backend is not None else numpy.asarray
+    layer.bind(x.shape)
+    to_device = layer.backend.asarray
     x_loc = to_device(layer.input_distribution.extract(x, grid.rank))
     y_loc = layer.forward(x_loc)
     dy_loc = to_device(layer.output_distribution.extract(dy, grid.rank))
@@ -90,14 +94,12 @@ def check_layer(layer, problem, *, seed=0, rtol=None, atol=None):
             if atol is not None:
                 kw["atol"] = atol
             if problem.dtype == "float32" and rtol is None:
-                kw["rtol"] = kw["atol"] = 1e-4 * max(1.0, numpy.sqrt(lengths[name]) / 4)
+                kw["rtol"] = kw["atol"] = default_tolerance("float32", lengths[name], **FLOAT32)[0]
             msg = close_message(to_host(actual[name]), expected[name], **kw)
             if msg:
                 problems.append(msg)
         message = "\n".join(problems)
     except Exception as exc:  # report a crash on one rank on every rank instead of hanging
-        import traceback
-
         message = f"raised {exc!r}\n{traceback.format_exc()}"
     assert_all_ranks(comm, not message, f"{layer!r} on {problem}:\n{message}")
     return True

@@ -1,4 +1,5 @@
-"""The cost model predicts, call for call, what CommStats measures: any grid, halos included."""
+"""Each algorithm's ``records()``, which the cost model prices, lists call for call, in
+order, what CommStats measures: any grid, halos included."""
 
 import numpy
 from hypothesis import given, settings
@@ -10,8 +11,9 @@ from refconv.layers import DistConv2d
 from refconv.cost_model import layer_records
 from refconv.grid import ProcessGrid
 from refconv.testing.asserts import assert_all_ranks
+from refconv.testing.check import check_layer
 from refconv.testing.mpirun import mpi_test
-from refconv.testing.strategies import dist_conv_cases
+from refconv.testing.strategies import ConvProblem, dist_conv_cases
 
 comm = MPI.COMM_WORLD
 
@@ -28,20 +30,19 @@ def test_predicted_calls_equal_measured_calls(data):
     with collectives.stats.recording() as region:
         layer.forward(layer.input_distribution.extract(x, grid.rank))
         layer.backward(layer.output_distribution.extract(dy, grid.rank))
-    measured = sorted((r.kind, r.comm_size, r.bytes) for r in region.records)
-    predicted = sorted((c.kind, c.comm_size, c.bytes) for c in layer_records(
+    measured = [(r.kind, r.comm_size, r.bytes) for r in region.records]
+    predicted = [(c.kind, c.comm_size, c.bytes) for c in layer_records(
         case.algorithm, p.x_shape, p.F, (p.Kh, p.Kw), stride=p.stride, padding=p.padding, dilation=p.dilation,
         groups=p.groups, grid_shape=case.grid_shape, coords=grid.coords, filter_groups=case.filter_groups,
-        itemsize=numpy.dtype(p.dtype).itemsize))
-    assert_all_ranks(comm, measured == predicted, f"{case}\nmeasured  {measured}\npredicted {predicted}")
+        itemsize=numpy.dtype(p.dtype).itemsize)]
+    own = [(c.kind, c.comm_size, c.bytes) for c in layer.records()]
+    assert_all_ranks(comm, measured == predicted == own,
+                     f"{case}\nmeasured  {measured}\npredicted {predicted}\nlayer     {own}")
     grid.free()
 
 
 @mpi_test(sizes=(4,), timeout=60)
 def test_auto_picks_the_cheapest_and_computes_the_same():
-    from refconv.testing.check import check_layer
-    from refconv.testing.strategies import ConvProblem
-
     problem = ConvProblem(N=2, C=8, F=8, H=6, W=6, Kh=3, Kw=3, padding=(1, 1))
     grid = ProcessGrid(comm, channel=4)
     layer = DistConv2d(8, 8, 3, padding=1, grid=grid, algorithm="auto", backend="numpy", dtype=numpy.float64,

@@ -1,7 +1,10 @@
-"""Communication volume per rank, from CommStats, equals ALGORITHMS.md section 4 exactly.
+"""Communication volume per rank, from CommStats, equals docs/algorithms.md section 4 exactly.
 
-Expected figures are written from the local block sizes; CommStats records, per
-call, the full (gathered or reduced) buffer ``m`` (see refconv.collectives).
+Expected figures are written here from the local block sizes and the paper's
+closed forms, on purpose: they are an oracle independent of the algorithm
+modules' own ``records()`` (which the measurement is also compared with, call
+for call).  CommStats records, per call, the full (gathered or reduced) buffer
+``m`` (see refconv.collectives).
 """
 
 import numpy
@@ -11,18 +14,16 @@ from mpi4py import MPI
 
 from refconv import collectives
 from refconv.layers import DistConv2d
-from refconv.distribution import block_range
+from refconv.distribution import block_size
 from refconv.grid import ProcessGrid
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.mpirun import mpi_test
-from refconv.testing.strategies import dist_conv_cases
+from refconv.testing.strategies import ConvProblem, DistConvCase, dist_conv_cases
 
 comm = MPI.COMM_WORLD
 
 
-def blk(length, parts, i):
-    s, e = block_range(length, parts, i)
-    return e - s
+blk = block_size  # the length of block i of ``length`` split ``parts`` ways
 
 
 def expected_records(case):
@@ -69,7 +70,10 @@ def measured_records(case):
         layer.forward(x_loc)
         layer.backward(dy_loc)
     grid.free()
-    return sorted((r.kind, r.comm_size, r.bytes) for r in region.records)
+    measured = [(r.kind, r.comm_size, r.bytes) for r in region.records]
+    records = [(c.kind, c.comm_size, c.bytes) for c in layer.records()]
+    assert_all_ranks(comm, measured == records, f"{case}\nmeasured {measured}\nrecords  {records}")
+    return sorted(measured)
 
 
 @mpi_test(sizes=(1, 2, 3, 4), timeout=120)
@@ -84,8 +88,6 @@ def test_volume_matches_the_formulas(data):
 @mpi_test(sizes=(4,), timeout=60)
 def test_segmented_allreduce_moves_a_shard_not_the_whole_weight():
     """X, Y and W with P_c = 4: each rank allreduces F C K K / 4 weights among 1 peer set."""
-    from refconv.testing.strategies import ConvProblem, DistConvCase
-
     problem = ConvProblem(N=2, C=8, F=8, H=5, W=5, Kh=3, Kw=3, padding=(1, 1))
     whole = 8 * 8 * 9 * 8
     for algorithm, p_f in (("stationary-x", None), ("stationary-y", None), ("stationary-w", 2)):

@@ -1,0 +1,120 @@
+"""A fifth algorithm, added without editing refconv: registered, priced, property-tested
+against the serial reference and volume-checked, all from this one file.
+
+This is the worked example of docs/testing.md ("Adding an algorithm"); the class
+below must stay identical to the one on that page (tests/test_architecture.py
+checks it).
+"""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mpi4py import MPI
+
+from refconv import DistConv2d, ProcessGrid, algorithms, collectives, cost_model
+from refconv.algorithms.base import Algorithm, Call, gradient_records, halo_records, local_blocks
+from refconv.distribution import block_range, block_size, block_sizes
+from refconv.testing.asserts import assert_all_ranks
+from refconv.testing.check import check_layer
+from refconv.testing.mpirun import mpi_test
+from refconv.testing.strategies import ConvProblem, dist_conv_cases
+
+
+# -- the algorithm (docs/testing.md shows this class) ------------------------------------
+@algorithms.register
+class AllreduceX(Algorithm):
+    """Stationary-X with the forward reduce-scatter replaced by an allreduce: every rank
+    sums the whole partial ``y`` and keeps its own filters.  Correct, and it moves
+    twice the bytes of Stationary-X's reduce-scatter, which the cost model sees."""
+
+    name = "allreduce-x"
+
+    def __init__(self, grid, geom, backend, filter_groups=None):
+        super().__init__(grid, geom, backend, filter_groups)
+        self.comm = grid.channel_comm
+        self.f_range = block_range(geom.F, grid.P_c, grid.coords[1])  # this rank's filters F_i
+        self.f_counts = block_sizes(geom.F, grid.P_c)  # |F_i| for every i
+
+    @staticmethod
+    def weight_dims(P_c, filter_groups=None):
+        return (None, "channel", None, None)  # w[:, C_i], as Stationary-X
+
+    def forward(self, x_loc, w_loc, b_loc):
+        # x_loc: (n, C_i, h, w); w_loc: (F, C_i, Kh, Kw)
+        self.x_win = self.halo.extend(x_loc, self.xp)  # halo exchange -> (n, C_i, h_win, w_win)
+        y_full = collectives.allreduce(self.comm, self.conv(self.x_win, w_loc))  # (n, F, h', w'), summed over C
+        f0, f1 = self.f_range
+        return self.add_bias(self.xp.ascontiguousarray(y_full[:, f0:f1]), b_loc)  # (n, F_i, h', w')
+
+    def backward(self, dy_loc, w_loc):
+        # dy_loc: (n, F_i, h', w')
+        dy_full = collectives.allgather(self.comm, dy_loc, self.f_counts, axis=1)  # (n, F, h', w')
+        dw_loc = self.conv_filter(self.x_win, dy_full, w_loc.shape)  # (F, C_i, Kh, Kw), partial
+        dx_loc = self.halo.reduce(self.conv_data(dy_full, w_loc, self.x_win.shape), self.xp)  # halo return
+        dw_loc = collectives.allreduce_(self.peers, dw_loc)  # segmented allreduce
+        db_loc = collectives.allreduce_(self.peers, self.backend.bias_grad(dy_loc)) if self.geom.bias else None
+        return dx_loc, dw_loc, db_loc
+
+    @staticmethod
+    def records(geom, grid_shape, coords, filter_groups=None):
+        b, P_c = local_blocks(geom, grid_shape, coords), grid_shape[1]
+        exchange, back = halo_records(geom, grid_shape, coords, b.C_i)
+        y_full = b.n * geom.F * b.ho * b.wo * geom.itemsize
+        return (exchange + [Call("allreduce", P_c, y_full), Call("allgather", P_c, y_full)] + back
+                + gradient_records(geom, grid_shape, coords, (geom.F, b.C_i) + geom.kernel))
+# -- end of the algorithm -----------------------------------------------------------------
+
+comm = MPI.COMM_WORLD
+
+
+def _layer(case, grid):
+    p = case.problem
+    return DistConv2d(p.C, p.F, (p.Kh, p.Kw), grid=grid, backend="numpy", input_shape=p.x_shape,
+                      **case.layer_kwargs())
+
+
+@mpi_test(sizes=(1, 2, 3, 4), timeout=120)
+@settings(max_examples=15)
+@given(st.data())
+def test_matches_the_serial_reference(data):
+    """Property-tested like the built-in algorithms: drawn problems and grids, uneven blocks."""
+    case = data.draw(dist_conv_cases(comm.size, algorithms=("allreduce-x",)))
+    grid = ProcessGrid(comm, **case.grid_kwargs())
+    check_layer(_layer(case, grid), case.problem)
+    grid.free()
+
+
+@mpi_test(sizes=(1, 2, 4), timeout=120)
+@settings(max_examples=10)
+@given(st.data())
+def test_records_are_what_it_moves(data):
+    """Volume: the calls measured equal records(), in order, and the closed form
+    (an allreduce and an allgather of the full n F h' w' on the channel group)."""
+    case = data.draw(dist_conv_cases(comm.size, algorithms=("allreduce-x",), axes=("sample", "channel")))
+    grid = ProcessGrid(comm, **case.grid_kwargs())
+    layer, p = _layer(case, grid), case.problem
+    x, w, b, dy = p.arrays()
+    with collectives.stats.recording() as region:
+        layer.forward(layer.input_distribution.extract(x, grid.rank))
+        layer.backward(layer.output_distribution.extract(dy, grid.rank))
+    measured = [(r.kind, r.comm_size, r.bytes) for r in region.records]
+    recorded = [(c.kind, c.comm_size, c.bytes) for c in layer.records()]
+    P_N, P_c = case.grid_shape[:2]
+    m = block_size(p.N, P_N, grid.coords[0]) * p.F * p.out_hw[0] * p.out_hw[1] * layer.dtype.itemsize
+    pair = [("allreduce", P_c, m), ("allgather", P_c, m)]  # the closed form, an independent oracle
+    closed_form = P_c == 1 or any(measured[i:i + 2] == pair for i in range(len(measured)))
+    ok = measured == recorded and closed_form
+    assert_all_ranks(comm, ok, f"{case}\nmeasured {measured}\nrecords  {recorded}")
+    grid.free()
+
+
+@mpi_test(sizes=(4,), timeout=60)
+def test_priced_and_never_chosen_over_stationary_x():
+    """The cost model prices it from its records() with no edit: twice X's forward bytes."""
+    grid = ProcessGrid(comm, channel=4)
+    layer = DistConv2d(8, 8, 3, padding=1, grid=grid, algorithm="auto", backend="numpy",
+                       input_shape=ConvProblem(N=2, C=8, F=8, H=6, W=6, Kh=3, Kw=3).x_shape)
+    table = layer.cost_estimates
+    assert_all_ranks(comm, ("allreduce-x", None) in table and layer.algorithm != "allreduce-x"
+                     and table[("allreduce-x", None)] > table[("stationary-x", None)], f"table {table}")
+    assert_all_ranks(comm, ("allreduce-x", None) in cost_model.candidates(4), "not a candidate")
+    grid.free()
