@@ -24,3 +24,17 @@ from refconv.testing.profiles import register_profiles  # noqa: E402
 
 register_profiles()
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _restore_algorithm_registry():
+    """A test (or a docs page) that registers an algorithm must not leak it into the next test."""
+    from refconv import algorithms  # after the simulator switch above: refconv may import numba
+
+    saved = dict(algorithms.REGISTRY)
+    yield
+    algorithms.REGISTRY.clear()
+    algorithms.REGISTRY.update(saved)
