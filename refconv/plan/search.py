@@ -19,8 +19,11 @@ factorisation of ``P`` that :func:`refconv.plan.perf.feasible` keeps.
 
 A memory limit makes the problem a constrained shortest path.  When the fastest
 plan does not fit, the planner adds ``lambda`` seconds per byte of memory to every
-stage and raises ``lambda`` until the plan fits (Lagrangian relaxation): the plan
-returned then fits, but is not guaranteed to be the fastest that fits.
+stage (its kept bytes plus its gathered buffer: the plan's memory counts only the
+largest of those, so the penalty over-counts) and raises ``lambda`` until the plan
+fits (Lagrangian relaxation): the plan returned then fits, but is not guaranteed
+to be the fastest that fits, and a limit that only a plan the penalty never
+reaches would meet is reported as infeasible.
 """
 
 import copy
@@ -118,16 +121,15 @@ class Planner:
         vec, pick = numpy.full(len(self.grids), numpy.inf), [None] * len(self.grids)
         for i, opts in enumerate(self.options(stage)):
             if opts:
-                pick[i] = min(opts, key=lambda c: c.seconds + lam * c.memory)
-                vec[i] = pick[i].seconds + lam * pick[i].memory
+                pick[i] = min(opts, key=lambda c: c.seconds + lam * (c.memory + c.workspace))
+                vec[i] = pick[i].seconds + lam * (pick[i].memory + pick[i].workspace)
         return vec, pick
 
-    def block_extra(self, block):
-        """Seconds and memory on the exit grid: the sum, and the layers after the block."""
+    def block_extra(self, block, lam):
+        """Seconds (and lam x memory) on the exit grid: the sum, and the layers after the block."""
         vec = numpy.array([perf.add_seconds(block.out_shape, g, self.machine) for g in self.grids])
         for layer in block.followers:
-            stage = Stage(layer, [])
-            v, _ = self.best(stage, 0.0)
+            v, _ = self.best(Stage(layer, []), lam)
             vec = vec + v
         return vec
 
@@ -162,7 +164,7 @@ class Planner:
             short, short_arg = minplus(short, end)
         else:
             short, short_trace, short_arg = end, [], None
-        extra = self.block_extra(block)
+        extra = self.block_extra(block, lam)
         return body + short + extra[None, :], (body_trace, short_trace, short_arg)
 
     def backtrack(self, trace, row, last, out):

@@ -1,0 +1,246 @@
+"""The planner (refconv.plan): machine files, the shuffle model, and the dynamic programme
+checked against a brute force over every assignment and a hand-worked optimum."""
+
+import copy
+import itertools
+import math
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from refconv.cost_model import Call
+from refconv.distribution import Distribution
+from refconv.plan import choose_for_layer, machine, perf, search
+from refconv.plan.graph import stages
+from refconv.sharding import send_counts
+
+V100 = machine.load("v100-edr")
+
+
+def machine_doc(**over):
+    """A machine file as a dict: ring constants for every kind, rates for every kernel."""
+    link = {"alpha": 2e-5, "beta": 1e-9}
+    doc = {"name": "test", "ranks_per_node": 2,
+           "collectives": {s: {k: dict(link) for k in machine.KINDS} for s in ("intra", "inter")},
+           "compute": {op: ({c: {"t0": 1e-5, "rate": 1e10} for c in machine.CONV_CLASSES} if op.startswith("conv")
+                            else {"t0": 1e-6, "rate": 1e9}) for op in machine.COMPUTE}}
+    for key, value in over.items():
+        doc[key] = value
+    return doc
+
+
+# -- machine files --------------------------------------------------------------------------------------
+def test_builtin_machine_files_load_and_are_marked():
+    for name in machine.builtin_names():
+        m = machine.load(name)
+        assert m.measured is False or isinstance(m.measured, str), name
+    assert machine.load("v100-edr").measured is False and machine.load("v100-edr").ranks_per_node == 4
+
+
+def test_ring_pricing_is_the_cost_models_alpha_beta():
+    m = machine.from_dict(machine_doc())
+    for kind, q, nbytes in (("allreduce", 4, 10_000), ("allgather", 3, 777), ("reduce_scatter", 8, 1 << 20)):
+        assert m.comm_seconds(kind, q, nbytes) == pytest.approx(Call(kind, q, nbytes).seconds(2e-5, 1e-9))
+    assert m.comm_seconds("halo", 4, 500, 2) == pytest.approx(Call("halo", 4, 500, 2).seconds(2e-5, 1e-9))
+    assert m.comm_seconds("allreduce", 1, 10_000) == 0.0  # a one-rank communicator moves nothing
+
+
+def test_measured_table_reproduces_its_fit_and_scales_by_the_ring():
+    doc = machine_doc()
+    doc["collectives"]["intra"]["allgather"] = {"table": {2: [1e-5, 2e-10], 4: [3e-5, 3e-10]}}
+    m = machine.from_dict(doc)
+    assert m.comm_seconds("allgather", 4, 1000) == pytest.approx(3e-5 + 3e-10 * 1000)
+    # q = 8 from q = 4: steps 7/3, factor (7/8)/(3/4)
+    assert m.comm_seconds("allgather", 8, 1000) == pytest.approx(3e-5 * 7 / 3 + 3e-10 * (7 / 8) / (3 / 4) * 1000)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("name: x\n", "missing key 'ranks_per_node'"),
+    ("name: [unclosed\n", "not valid YAML"),
+    ("- 1\n- 2\n", "expected a mapping"),
+])
+def test_malformed_machine_files_name_the_problem(tmp_path, text, needle):
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    with pytest.raises(machine.MachineError, match=needle.replace("[", r"\[")):
+        machine.load(str(path))
+
+
+def test_bad_rate_is_named():
+    doc = machine_doc()
+    doc["compute"]["pool"] = {"t0": 0, "rate": -1}
+    with pytest.raises(machine.MachineError, match=r"compute.pool.rate"):
+        machine.from_dict(doc)
+
+
+# -- grids and the shuffle -------------------------------------------------------------------------------
+def test_grids_are_every_ordered_factorisation():
+    for P in (1, 4, 12, 24):
+        brute = [g for g in itertools.product(range(1, P + 1), repeat=4) if math.prod(g) == P]
+        assert sorted(perf.grids(P)) == sorted(brute)
+
+
+@pytest.mark.parametrize("shape, src, dst", [
+    ((7, 9, 10, 11), (2, 2, 1, 1), (1, 1, 2, 2)),
+    ((5, 6, 13, 8), (4, 1, 1, 1), (1, 2, 2, 1)),
+    ((3, 12, 9, 9), (1, 3, 2, 1), (1, 2, 3, 1)),
+    ((6, 4, 8, 8), (2, 1, 1, 3), (3, 2, 1, 1)),
+])
+def test_shuffle_closed_form_matches_sharding_plan(shape, src, dst):
+    """Rank 0's sent/received bytes and peers agree with refconv.sharding's own plan."""
+    a, b = Distribution.activations(src, shape), Distribution.activations(dst, shape)
+    counts = send_counts(a, b, 0)
+    received = sum(send_counts(a, b, r)[0] for r in range(1, math.prod(src)))
+    expected = (sum(counts[1:]) * 4, received * 4, sum(1 for c in counts[1:] if c))
+    assert perf.shuffle_bytes(shape, src, dst) == expected
+
+
+# -- the dynamic programme against brute force and by hand ---------------------------------------------
+SMALL = {
+    "in_channels": 2,
+    "layers": [
+        {"type": "conv", "out": 4, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
+        {"type": "residual", "layers": [{"type": "conv", "out": 4, "kernel": 3, "padding": 1, "bias": False},
+                                        {"type": "batchnorm"}]},
+        {"type": "relu"},
+        {"type": "maxpool", "kernel": 2},
+        {"type": "gap"}, {"type": "linear", "out": 3},
+    ],
+}
+PROJECTION = {
+    "in_channels": 4,
+    "layers": [
+        {"type": "conv", "out": 8, "kernel": 3, "padding": 1},
+        {"type": "residual", "layers": [{"type": "conv", "out": 6, "kernel": 1}],
+         "shortcut": [{"type": "conv", "out": 6, "kernel": 1}]},
+        {"type": "gap"}, {"type": "linear", "out": 2},
+    ],
+}
+
+
+def brute_force(planner):
+    """The least evaluated step time over every assignment of every stage option."""
+    all_stages = list(stages(planner.elements))
+    options = [[c for opts in planner.options(s) for c in opts] for s in all_stages]
+    best = math.inf
+    for combo in itertools.product(*options):
+        plan = planner.evaluate({s.main.path: c for s, c in zip(all_stages, combo)})
+        best = min(best, plan.seconds)
+    return best, math.prod(len(o) for o in options)
+
+
+@pytest.mark.parametrize("spec, shape, P, doc", [
+    (SMALL, (4, 2, 8, 8), 2, machine_doc()),
+    (SMALL, (4, 2, 8, 8), 2, machine_doc(ranks_per_node=1)),
+    (PROJECTION, (4, 4, 6, 6), 4, machine_doc()),
+])
+def test_planner_finds_the_brute_force_optimum(spec, shape, P, doc):
+    m = machine.from_dict(doc)
+    planner, plan = search.plan_model(spec, shape, P, m)
+    best, count = brute_force(planner)
+    assert count > 50  # a real search space, not a handful
+    assert plan.seconds == pytest.approx(best, rel=1e-12)
+
+
+def test_hand_worked_optimum_avoids_every_allreduce():
+    """Only allreduce costs anything (1 s per call) and bandwidth layers are free: both convs and
+    the head must go pure channel (no weight peers, no spatial peers, one sample group; the
+    pool may go anywhere, all free), and the step is then the convolution and classifier
+    FLOPs alone, worked out here by hand."""
+    doc = machine_doc()
+    free = {"alpha": 0.0, "beta": 0.0}
+    for scope in ("intra", "inter"):
+        doc["collectives"][scope] = {k: dict(free) for k in machine.KINDS}
+        doc["collectives"][scope]["allreduce"] = {"alpha": 1.0, "beta": 0.0}
+    doc["compute"] = {op: ({c: {"t0": 0.0, "rate": 1e9} for c in machine.CONV_CLASSES} if op.startswith("conv")
+                           else {"t0": 0.0, "rate": 1e30}) for op in machine.COMPUTE}
+    planner, plan = search.plan_model(SMALL, (4, 2, 8, 8), 2, machine.from_dict(doc))
+    assert {r.cost.grid for r in plan.rows if r.kind in ("conv", "gap")} == {(1, 2, 1, 1)}
+    assert plan.grad_seconds == 0 and plan.comm("allreduce") == 0
+    # conv 2->4 and conv 4->4, 3x3 on 4 x 8 x 8 outputs: 2 flops per MAC, 3 passes, half each;
+    # the classifier (4 samples x 3 x 4) replicated on both channel ranks.
+    convs = 3 * 2 * 4 * 8 * 8 * 9 * (4 * 2 + 4 * 4) / 2
+    linear = 3 * 2 * 4 * 3 * 4
+    assert plan.seconds == pytest.approx((convs + linear) / 1e9)
+
+
+def test_memory_limit_is_kept_or_refused():
+    m = machine.from_dict(machine_doc())
+    planner, fastest = search.plan_model(SMALL, (4, 2, 8, 8), 2, m)
+    lean = min((planner.uniform(g) for g in perf.grids(2)), key=lambda p: p.memory)
+    limit = (lean.memory + fastest.memory) / 2
+    if lean.memory < fastest.memory:
+        _, plan = search.plan_model(SMALL, (4, 2, 8, 8), 2, m, memory_limit=limit)
+        assert plan.memory <= limit and plan.seconds >= fastest.seconds
+    with pytest.raises(search.NoFeasiblePlan, match="--memory-per-rank"):
+        search.plan_model(SMALL, (4, 2, 8, 8), 2, m, memory_limit=1000)
+
+
+def test_written_spec_carries_every_stage_grid_and_algorithm():
+    planner, plan = search.plan_model(SMALL, (4, 2, 8, 8), 2, V100)
+    out = search.to_spec(SMALL, plan)
+    assert SMALL["layers"][0].get("grid") is None  # the input spec is left alone
+    for stage in stages(planner.elements):
+        node = out
+        for p in stage.main.path:
+            node = node[p]
+        cost = plan.choices[stage.main.path]
+        assert tuple(node["grid"].get(a, 1) for a in perf.AXES) == cost.grid
+        if stage.main.kind == "conv" and cost.grid[1] > 1:
+            assert node["algorithm"] == cost.algorithm
+
+
+def test_resnet50_plans_at_64_ranks_quickly_and_beats_sample_parallelism():
+    from refconv.model_spec import load_spec
+
+    planner, plan = search.plan_model(load_spec("resnet50"), (256, 3, 224, 224), 64, V100)
+    sample = planner.uniform((64, 1, 1, 1), "stationary-x")
+    assert plan.seconds <= sample.seconds
+    assert len(plan.rows) == 53 + 2 + 16  # 53 convs, the stem pool and gap, 16 residual sums
+
+
+# -- algorithm: auto ----------------------------------------------------------------------------------------
+def test_choose_for_layer_warns_without_a_machine_and_returns_its_table_minimum():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        algorithm, p_f, table = choose_for_layer((8, 64, 14, 14), 64, (3, 3), grid_shape=(1, 4, 1, 1),
+                                                 padding=(1, 1))
+    assert any("built-in" in str(w.message) for w in caught)
+    assert table[(algorithm, p_f)] == min(table.values())
+    assert set(table) == {("stationary-x", None), ("stationary-y", None), ("stationary-w", 2)}
+    with pytest.raises(ValueError, match="grid_shape"):
+        choose_for_layer((2, 4, 4, 4), 4, (3, 3), grid_shape=(4, 1, 1, 1), machine=V100)
+
+
+# -- the command line ------------------------------------------------------------------------------------
+def _refconv(*args):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "refconv.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--machine", "no-such-file.yaml"), "--machine: file 'no-such-file.yaml' does not exist"),
+    (("--machine", "v100-edr", "--image-size", "1"), "cannot bind"),
+    (("--machine", "v100-edr", "--memory-per-rank", "0.000001"), "--memory-per-rank: no plan"),
+])
+def test_plan_bad_input_is_one_line_and_status_2(args, needle):
+    r = _refconv("plan", "--model", "digits-cnn", "--ranks", "4", "--batch", "8", *args)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and needle in r.stderr
+    assert len([l for l in r.stderr.splitlines() if "error" in l]) == 1
+
+
+def test_plan_writes_a_model_file(tmp_path):
+    out = tmp_path / "plan.yaml"
+    r = _refconv("plan", "--model", "digits-cnn", "--ranks", "2", "--batch", "8", "--image-size", "16",
+                 "--machine", "v100-edr", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "pure sample parallelism" in r.stdout and "best single strategy" in r.stdout
+    import yaml
+
+    spec = yaml.safe_load(out.read_text())
+    assert spec["layers"][0]["grid"] and spec["defaults"] == {"grid": {"sample": 2}}
