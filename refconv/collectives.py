@@ -80,6 +80,7 @@ class Region:
 
     def __init__(self):
         self.records = []
+        self.seconds = {}  # kind -> seconds spent inside its MPI calls (the watchdog brackets each)
 
     def summary(self, *, moved_only=False):
         return _summarize(self.records, moved_only)
@@ -118,6 +119,11 @@ class CommStats:
     def summary(self, *, moved_only=False):
         """kind -> {"calls", "elements", "bytes"} over all records since reset()."""
         return _summarize(self.records, moved_only)
+
+    def add_seconds(self, kind, seconds):
+        """Time one MPI call of ``kind`` took, added to every open region."""
+        for region in self._regions:
+            region.seconds[kind] = region.seconds.get(kind, 0.0) + seconds
 
     @contextlib.contextmanager
     def recording(self):
@@ -185,6 +191,7 @@ class _Watchdog:
             _fault.reached(kind, "collective")
         if self.timeout is not None:
             self.current = (kind, comm, buffers, time.monotonic(), self.timeout)
+        self.kind, self.started = kind, time.perf_counter()
         return self
 
     def __enter__(self):
@@ -192,6 +199,7 @@ class _Watchdog:
 
     def __exit__(self, *exc):
         self.current = None
+        stats.add_seconds(self.kind, time.perf_counter() - self.started)  # time per kind, for refconv bench
 
     def _watch(self):
         while True:
@@ -544,10 +552,7 @@ def _bcast_meta(comm, x, root):
 
 
 def _new(shape, dtype, on_device):
-    if on_device:
-        import cupy  # only reached when root holds a device array
-        return cupy.empty(shape, dtype)
-    return numpy.empty(shape, dtype)
+    return (arrays.device_module() if on_device else numpy).empty(shape, dtype)
 
 
 def bcast_object(comm, obj, root=0):
