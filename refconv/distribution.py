@@ -5,7 +5,7 @@ one grid axis (``"channel"``), or split in the general way by a ``Split``: the d
 is cut into ``nblocks`` ``numpy.array_split`` blocks and the rank with coordinate
 ``c`` on ``axis`` holds the blocks ``blocks_of(c)``, concatenated in that order.
 
-Stationary-W (ALGORITHMS.md section 4) needs the general case.  With
+Stationary-W (docs/algorithms.md section 4) needs the general case.  With
 ``P_c = p_f * p_c'`` and channel coordinate ``c = a * p_c' + b``::
 
     Split.stationary_w_filters(P_c, p_f)   F: blocks a*p_c' .. a*p_c'+p_c'-1  (contiguous)

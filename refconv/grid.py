@@ -4,7 +4,7 @@ Rank layout (row-major, sample outermost, on ``comm``'s ranks)::
 
     rank = ((n * P_c + c) * P_H + h) * P_W + w          coords = (n, c, h, w)
 
-Sub-communicators (ALGORITHMS.md section 2), all built once with ``comm.Split``
+Sub-communicators (docs/algorithms.md section 2), all built once with ``comm.Split``
 and cached:
 
 ===================  =====================================  ==========================
@@ -13,8 +13,11 @@ name                 members (differ from this rank only in)  used for
 ``channel_comm``     channel                                 allgather / reduce-scatter
                                                              of activations
 ``weight_peers_comm``  sample, height, width                 the segmented allreduce of dw
-``axis_comm(name)``  one axis                                halo exchange (height/width)
-``sub_comm(axes)``   any set of axes                         the general case
+``sub_comm(axes)``   any set of axes                         ``("height", "width")``: the
+                                                             spatial group of the halo
+                                                             exchange; the general case
+``axis_comm(name)``  one axis                                ``"sample"``: the classifier
+                                                             head's allreduce
 ===================  =====================================  ==========================
 
 Stationary-W factors the channel coordinate ``c = a * p_c' + b`` with
@@ -105,16 +108,13 @@ class ProcessGrid:
             rank = rank * p + x
         return rank
 
-    def axis_size(self, name):
-        return self.shape[AXES.index(_normalize_axes(name)[0])]
-
-    def axis_coord(self, name):
-        return self.coords[AXES.index(_normalize_axes(name)[0])]
-
     # -- sub-communicators ---------------------------------------------------------
     def _split(self, key, color, order):
         if key not in self._cache:
-            self._cache[key] = self.comm.Split(color, order)
+            sub = self.comm.Split(color, order)
+            # named for the collective watchdog's timeout line: "channel", "sample+height+width", ...
+            sub.Set_name("+".join(key[1]) if key[0] == "sub" else f"stationary-w comm_{key[0][2:]} (p_f={key[1]})")
+            self._cache[key] = sub
         return self._cache[key]
 
     def sub_comm(self, axes):

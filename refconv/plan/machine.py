@@ -21,7 +21,7 @@ A machine file is YAML (see docs/planning.md and the files in
 
 A collective of kind ``k`` over ``q`` ranks moving the buffer ``m`` (what
 :class:`refconv.cost_model.Call` records) costs ``steps_k(q) * alpha + factor_k(q) *
-m * beta`` with the ring schedule of ALGORITHMS.md section 4:
+m * beta`` with the ring schedule of docs/algorithms.md section 4:
 
 ==================  ==============  ================
 kind                steps(q)        factor(q)

@@ -16,7 +16,8 @@ def _geometry(x_shape, w_shape, stride, padding, dilation, groups):
 
 
 def _taps(x_shape, w_shape, stride, padding, dilation, groups, out_hw):
-    """Yield every (n, f, oh, ow, c, i, j, ih, iw) with (ih, iw) inside the image."""
+    """Yield every (n, f, oh, ow, c, cg, i, j, ih, iw) with (ih, iw) inside the image
+    (``c`` the input channel, ``cg`` its index within its group, the weight's dim 1)."""
     N, C, H, W = x_shape
     F, Cg, Kh, Kw = w_shape
     Fg = F // groups
