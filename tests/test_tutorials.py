@@ -1,8 +1,10 @@
-"""The tutorials' MPI scripts run on 4 ranks and report their own checks.
+"""The course runs: every tutorials/NN_*.py notebook, headless, top to bottom.
 
-The ```python blocks of tutorials/*.md run in tests/test_docs.py; this file runs
-the companion scripts under mpiexec and checks that the excerpts the pages quote
-(```python-noexec blocks) are still in the scripts.
+A tutorial is a jupytext percent-format notebook and also a plain Python script:
+each runs here in a subprocess, in a temporary folder, with matplotlib's Agg
+backend.  A failing cell (an exception, or one of the asserts each tutorial ends
+with) fails the test.  The multi-rank tutorials launch 4 MPI ranks themselves
+(``tutorials/course.py``).  ``make tutorials`` runs the same.
 """
 
 import os
@@ -10,92 +12,67 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
-from refconv.testing.mpirun import find_mpiexec
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TUTORIALS = ROOT / "tutorials"
-
-# script -> lines its output must contain (each printed only after a real comparison)
-SCRIPTS = {
-    "distconv_four_ranks.py": [
-        "stationary-x on channel=4: stationary-x",
-        "stationary-y on channel=4: stationary-y",
-        "stationary-w on channel=4, filter_groups=2: stationary-w",
-        "OK: y, dx, dw, db match the reference; buffer sizes match ALGORITHMS.md section 4",
-        "all strategies match the reference",
-    ],
-    "halos.py": [
-        "OK: every rank's window equals the zero-padded global x; halo bytes match the plan",
-        "OK: y, dx, dw, db match the reference",
-    ],
-}
-# page -> the script its ```python-noexec excerpts come from
-EXCERPTS = {
-    "02_distconv_on_four_ranks.md": "distconv_four_ranks.py",
-    "03_halos.md": "halos.py",
-}
-NOEXEC = re.compile(r"^```python-noexec\n(.*?)^```", re.S | re.M)
+NOTEBOOKS = sorted(TUTORIALS.glob("[0-9][0-9]_*.py"))
+TIMEOUT_S = 240
+HEADER = "# ---\n# jupyter:\n#   jupytext:\n"
 
 
 def _env():
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    env.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+    env["MPLBACKEND"] = "Agg"
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env.setdefault(name, "1")
     return env
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("script", sorted(SCRIPTS))
-def test_tutorial_script_runs_on_four_ranks(script):
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
-        pytest.fail("no mpiexec next to sys.executable or on PATH: install the mpich wheel (refconv[test])")
-    cmd = [mpiexec, "-n", "4", sys.executable, "-m", "mpi4py", str(TUTORIALS / script)]
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{script} did not finish in 120 s:\n{e.stdout}\n{e.stderr}")
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{script} exited with {proc.returncode}:\n{output}"
-    missing = [line for line in SCRIPTS[script] if line not in proc.stdout]
-    assert not missing, f"{script}: output lacks {missing}:\n{output}"
+def test_the_course_has_ten_tutorials():
+    assert [p.name[:2] for p in NOTEBOOKS] == [f"{k:02d}" for k in range(1, 11)], [p.name for p in NOTEBOOKS]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_tutorial_is_a_notebook_that_draws_and_checks(notebook):
+    """jupytext header, markdown and code cells, a figure, and a last code cell that asserts."""
+    text = notebook.read_text()
+    assert text.startswith(HEADER) and "format_name: percent" in text, f"{notebook.name}: no jupytext header"
+    cells = re.split(r"^# %%", text, flags=re.M)[1:]
+    markdown = [c for c in cells if c.startswith(" [markdown]")]
+    code = [c for c in cells if not c.startswith(" [markdown]")]
+    assert markdown and code, f"{notebook.name}: expected markdown and code cells"
+    assert re.search(r"plt\.subplots|course\.plot_bytes", text), f"{notebook.name} draws no figure"
+    assert "assert " in code[-1] and "all checks passed" in code[-1], f"{notebook.name}: the last cell checks nothing"
 
 
 @pytest.mark.mpi
-def test_tutorial_04_trains_and_matches_the_serial_run():
-    """tutorials/04: the mixed-strategy model trains on 4 ranks and --check-serial agrees."""
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
-        pytest.fail("no mpiexec next to sys.executable or on PATH: install the mpich wheel (refconv[test])")
-    cmd = [mpiexec, "-n", "4", sys.executable, "-m", "mpi4py", "-m", "refconv.cli", "train",
-           "--model", str(TUTORIALS / "mixed_strategies.yaml"), "--epochs", "1", "--max-steps", "3",
-           "--check-serial", "3", "--dtype", "float64", "--backend", "numpy", "--no-progress"]
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_tutorial_runs_headless(notebook, tmp_path):
+    start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([sys.executable, str(notebook)], cwd=tmp_path, env=_env(), capture_output=True,
+                              text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"refconv train did not finish in 120 s:\n{e.stdout}\n{e.stderr}")
+        pytest.fail(f"{notebook.name} did not finish in {TIMEOUT_S} s:\n{e.stdout}\n{e.stderr}")
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"refconv train exited with {proc.returncode}:\n{output}"
-    assert "check-serial: OK" in proc.stdout, output
-    for kind in ("halo", "alltoallv", "reduce_scatter", "allgather", "allreduce"):
-        assert f"  {kind} " in proc.stdout, f"no {kind} line in the summary:\n{output}"
+    assert proc.returncode == 0, f"{notebook.name} exited with {proc.returncode}:\n{output}"
+    number = int(notebook.name[:2])
+    assert f"tutorial {number}: all checks passed" in proc.stdout, output
+    print(f"{notebook.name}: {time.perf_counter() - start:.1f} s")
 
 
-def _stripped_lines(text):
-    return [line.strip() for line in text.strip("\n").splitlines()]
+@pytest.mark.mpi
+def test_course_launcher_reports_a_failing_rank(tmp_path, monkeypatch):
+    """course.run_on_ranks: a script that fails on one rank raises, with that rank's error in the message."""
+    monkeypatch.syspath_prepend(str(TUTORIALS))
+    import course
 
-
-@pytest.mark.parametrize("page", sorted(EXCERPTS))
-def test_quoted_excerpts_are_in_the_script(page):
-    """Each ```python-noexec block of the page appears, line for line (indentation aside), in its script."""
-    blocks = NOEXEC.findall((TUTORIALS / page).read_text())
-    assert blocks, f"{page} quotes no excerpt"
-    script = _stripped_lines((TUTORIALS / EXCERPTS[page]).read_text())
-    for block in blocks:
-        quoted = _stripped_lines(block)
-        found = any(script[i:i + len(quoted)] == quoted for i in range(len(script) - len(quoted) + 1))
-        assert found, f"{page}: this excerpt is no longer in {EXCERPTS[page]}:\n{block}"
+    script = "from mpi4py import MPI\nif MPI.COMM_WORLD.rank == 1:\n    raise ValueError('rank one fails')\n"
+    with pytest.raises(RuntimeError, match="rank one fails"):
+        course.run_on_ranks(script, ranks=2, timeout=60, show=False)
+    job = course.run_on_ranks("import json, sys\njson.dump([1, 2], open(sys.argv[1] + '/result.json', 'w'))\n",
+                              ranks=1, timeout=60, show=False)
+    assert job.json() == [1, 2]
