@@ -9,9 +9,9 @@ A results line (one JSON object per line, schema in ``refconv.bench.schema``)::
      "bytes": {"allreduce": B, ...}, "calls": {...}, "seconds": {...}, "extra": {...}}
 
 Times are seconds; under MPI one repetition's time is the slowest rank's.
-``bytes``/``calls`` are per repetition on the busiest rank, as
-``refconv.collectives.stats`` records them; ``seconds`` (time inside each kind
-of collective) is present only when the stats record times.
+``bytes``/``calls``/``seconds`` are per repetition on the busiest rank, as
+``refconv.collectives.stats`` records them (``seconds``: the time spent inside
+that kind of MPI call, the mean of ``repeat`` extra repetitions).
 """
 
 import argparse
@@ -21,7 +21,7 @@ import statistics
 
 import numpy
 
-from refconv import arrays, collectives
+from refconv import arrays, collectives, cost_model
 from refconv.bench import timing
 from refconv.algorithms import channel_algorithms
 from refconv.train_config import GRID_AXES, parse_grid
@@ -165,35 +165,42 @@ def time_ranks(comm, contenders, repeat, warmup, pause=None):
     return {name: [float(t) for t in slowest[i]] for i, name in enumerate(names)}
 
 
-def per_kind(comm, records, *, moved_only=False):
-    """bytes, calls (and seconds, when recorded) per kind of collective of one repetition,
-    on the busiest rank; ``moved_only`` leaves out calls on one-rank communicators."""
+def traffic(comm, fn, calls, *, moved_only=False):
+    """Bytes, calls, seconds and ring-model wire bytes per kind of collective of one ``fn()``, on the busiest rank
+    (``calls`` untimed-by-rounds calls inside a ``collectives.stats`` region; bytes and
+    calls are the same every time, seconds are their mean).  ``moved_only`` leaves out
+    calls on one-rank communicators."""
+    with collectives.stats.recording() as region:
+        for _ in range(calls):
+            fn()
+        arrays.synchronize()
     mine = {}
-    for r in records:
+    for r in region.records:
         if moved_only and r.comm_size == 1:
             continue
-        s = mine.setdefault(r.kind, {"bytes": 0, "calls": 0, "seconds": 0.0})
+        s = mine.setdefault(r.kind, {"bytes": 0, "calls": 0, "seconds": 0.0, "wire_bytes": 0.0})
         s["bytes"] += r.bytes
         s["calls"] += 1
-        s["seconds"] += getattr(r, "seconds", 0.0) or 0.0
+        s["wire_bytes"] += cost_model.Call(r.kind, r.comm_size, r.bytes).wire_bytes  # the ring model
+    for kind, seconds in region.seconds.items():
+        if kind in mine:
+            mine[kind]["seconds"] = seconds
     everyone = collectives.allgather_object(comm, mine)
     kinds = sorted({k for rank in everyone for k in rank})
-    out = {field: {k: max(rank.get(k, {}).get(field, 0) for rank in everyone) for k in kinds}
-           for field in ("bytes", "calls", "seconds")}
-    if not any(hasattr(r, "seconds") for r in records):
-        del out["seconds"]
-    return out
+    busiest = {field: {k: max(rank.get(k, {}).get(field, 0) for rank in everyone) for k in kinds}
+               for field in ("bytes", "calls", "seconds", "wire_bytes")}
+    return {field: {k: v // calls if field in ("bytes", "calls") else v / calls for k, v in per.items()}
+            for field, per in busiest.items()}
 
 
 def record(bench, label, env, config, passes, traffic=None, extra=None):
-    """One results line (see the module docstring)."""
-    traffic = traffic or {"bytes": {}, "calls": {}}
+    """One results line (see the module docstring); ``traffic`` as :func:`traffic` returns it."""
+    traffic = traffic or {}
     line = {"schema": "refconv.bench/1", "bench": bench, "label": label,
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "env": env, "config": config, "passes": {name: summarize(t) for name, t in passes.items()},
-            "bytes": traffic["bytes"], "calls": traffic["calls"], "extra": extra or {}}
-    if "seconds" in traffic:
-        line["seconds"] = traffic["seconds"]
+            **{field: traffic.get(field, {}) for field in ("bytes", "calls", "seconds", "wire_bytes")},
+            "extra": extra or {}}
     return line
 
 

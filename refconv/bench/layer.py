@@ -13,9 +13,9 @@ forward, the backward and both.
 
 import numpy
 
-from refconv import DistConv2d, ProcessGrid, collectives
-from refconv.bench.common import (full_grid, grid_text, parse_shape, per_kind, positive, record, reject,
-                                  time_ranks)
+from refconv import DistConv2d, ProcessGrid
+from refconv.bench.common import (full_grid, grid_text, parse_shape, positive, record, reject,
+                                  time_ranks, traffic)
 
 PASSES = ("forward", "backward", "forward+backward")
 
@@ -31,13 +31,6 @@ def strategies(P):
     if P % 2 == 0:
         out.append(({"sample": 2, "channel": P // 2}, "stationary-x", None))
     return out
-
-
-def wire(record_):
-    """Ring-model bytes a call puts on the wire (halo: the bytes sent)."""
-    q = record_.comm_size
-    factor = 2 if record_.kind == "allreduce" else 1
-    return record_.bytes if record_.kind == "halo" else factor * (q - 1) / q * record_.bytes
 
 
 def measure(comm, grid_sizes, algorithm, filter_groups, shape, batch, dtype, backend, repeat, warmup):
@@ -56,18 +49,10 @@ def measure(comm, grid_sizes, algorithm, filter_groups, shape, batch, dtype, bac
                               "backward": lambda: layer.backward(dy_loc),
                               "forward+backward": lambda: (layer.forward(x_loc), layer.backward(dy_loc))},
                        repeat, warmup)
-    with collectives.stats.recording() as region:
-        layer.forward(x_loc)
-        layer.backward(dy_loc)
-    traffic = per_kind(comm, region.records)
-    wires = {}
-    for r in region.records:
-        wires[r.kind] = wires.get(r.kind, 0) + wire(r)
-    everyone = collectives.allgather_object(comm, wires)
-    traffic["wire_bytes"] = {k: max(w.get(k, 0) for w in everyone) for k in traffic["bytes"]}
+    traffic_ = traffic(comm, lambda: (layer.forward(x_loc), layer.backward(dy_loc)), repeat)
     filter_groups = getattr(layer, "filter_groups", filter_groups)
     grid.free()
-    return times, traffic, filter_groups
+    return times, traffic_, filter_groups
 
 
 def run(args, comm, env):
@@ -92,14 +77,13 @@ def run(args, comm, env):
             print(f"{'strategy':32s} {'kind':15s} {'recorded B':>12s} {'wire B':>12s} "
                   f"{'fwd ms':>8s} {'bwd ms':>8s} {'both ms':>8s}")
         for grid, algorithm, filter_groups in runs:
-            times, traffic, p_f = measure(comm, grid, algorithm, filter_groups, shape, batch, dtype,
+            times, moved, p_f = measure(comm, grid, algorithm, filter_groups, shape, batch, dtype,
                                           env["ranks"][comm.Get_rank()]["backend"], repeat, warmup)
             label = f"{grid_text(grid)} {algorithm}" + (f" p_f={p_f}" if algorithm == "stationary-w" else "")
             config = {"ranks": P, "grid": grid, "algorithm": algorithm, "filter_groups": p_f, "batch": batch,
                       "shape": shape, "dtype": dtype.name, "repeat": repeat, "warmup": warmup,
                       "backend": env["ranks"][0]["backend"], "sweep": args.sweep}
-            line = record("layer", label, env, config, times, traffic,
-                          extra={"wire_bytes": traffic.pop("wire_bytes")})
+            line = record("layer", label, env, config, times, moved)
             lines.append(line)
             if comm.Get_rank() == 0:
                 print_rows(label, line)
@@ -110,7 +94,7 @@ def print_rows(label, line):
     medians = [f"{line['passes'][p]['median'] * 1e3:8.1f}" for p in PASSES]
     kinds = list(line["bytes"]) or ["(none)"]
     for i, kind in enumerate(kinds):
-        recorded, wired = line["bytes"].get(kind, 0), line["extra"]["wire_bytes"].get(kind, 0)
+        recorded, wired = line["bytes"].get(kind, 0), line["wire_bytes"].get(kind, 0)
         times = " ".join(medians) if i == 0 else ""
         print(f"{label if i == 0 else '':32s} {kind:15s} {recorded:12d} {wired:12.0f} {times}")
 

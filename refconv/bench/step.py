@@ -12,8 +12,8 @@ layers included (``alltoallv``).
 
 import numpy
 
-from refconv import collectives, train
-from refconv.bench.common import full_grid, grid_text, per_kind, positive, record, reject, time_ranks
+from refconv import train
+from refconv.bench.common import full_grid, grid_text, positive, record, reject, time_ranks, traffic
 from refconv.optim import SGD
 
 IMAGE_SIZE = {"digits-cnn": 16}  # the bundled digits' size; other presets get --image-size
@@ -37,15 +37,14 @@ def run(args, comm, env):
     optimizer = SGD(model, cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     x_b, y_b = numpy.asarray(x[0:batch]), numpy.asarray(y[0:batch])  # x_b: (batch, C, size, size), global
     times = time_ranks(comm, {"step": lambda: train.step(model, optimizer, x_b, y_b)}, repeat, warmup)["step"]
-    with collectives.stats.recording() as region:
-        train.step(model, optimizer, x_b, y_b)
-    traffic = per_kind(comm, region.records, moved_only=True)  # as refconv train reports it
+    moved = traffic(comm, lambda: train.step(model, optimizer, x_b, y_b), repeat,
+                    moved_only=True)  # as refconv train reports it
     algorithm = args.algorithm or "stationary-x"
     label = f"{grid_text(grid)} {algorithm}"
     config = {"ranks": P, "grid": grid, "algorithm": algorithm, "filter_groups": args.filter_groups,
               "batch": batch, "model": model_name, "image_size": size, "dtype": args.dtype, "repeat": repeat,
               "warmup": warmup, "backend": env["ranks"][0]["backend"], "sweep": args.sweep}
-    line = record("step", label, env, config, {"step": times}, traffic,
+    line = record("step", label, env, config, {"step": times}, moved,
                   extra={"images_per_s": batch / float(numpy.median(times)), "parameters": model.num_parameters()})
     if comm.Get_rank() == 0:
         median = line["passes"]["step"]["median"]
