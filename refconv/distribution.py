@@ -24,6 +24,7 @@ import itertools
 
 import numpy
 
+from refconv.arrays import array_module
 from refconv.grid import AXES
 
 
@@ -232,7 +233,7 @@ class Distribution:
     def extract(self, global_array, rank_or_coords):
         """The local block of ``rank_or_coords`` (a contiguous copy)."""
         self._check_global(global_array)
-        xp = _xp(global_array)
+        xp = array_module(global_array)
         return xp.array(global_array[self.index(rank_or_coords, xp)], copy=True, order="C")
 
     def insert(self, global_array, local, rank_or_coords):
@@ -241,7 +242,7 @@ class Distribution:
         if tuple(local.shape) != self.local_shape(rank_or_coords):
             raise ValueError(f"insert: local has shape {tuple(local.shape)} but rank "
                              f"{rank_or_coords} holds {self.local_shape(rank_or_coords)}")
-        global_array[self.index(rank_or_coords, _xp(global_array))] = local
+        global_array[self.index(rank_or_coords, array_module(global_array))] = local
 
     def _check_global(self, a):
         if tuple(a.shape) != self.global_shape:
@@ -268,11 +269,6 @@ def _merge(pieces):
         else:
             out.append((s, e))
     return tuple(out)
-
-
-def _xp(a):
-    from refconv.arrays import array_module
-    return array_module(a)
 
 
 def block_size(length, parts, index):
