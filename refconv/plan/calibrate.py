@@ -15,7 +15,8 @@ and ``halo`` alpha is per message).  One node gives only the ``intra`` figures:
 Compute: the backend's kernels (the ones training uses) are timed on every rank
 at once on a sweep of local shapes, and ``time = t0 + work / rate`` is fitted per
 shape class (1x1 and KxK convolutions; batch norm, pooling, ReLU and packing per
-byte).  We fit a throughput model rather than keep the paper's per-shape table
+byte; and ``layer``: a one-rank ``DistConv2d`` forward + backward less its fitted
+kernels, per byte of its input and output).  We fit a throughput model rather than keep the paper's per-shape table
 because the planner prices local shapes nobody measured (ResNet-50 split 1024 ways
 has hundreds), and because the datasheet machine files can only give rates.
 The fit's relative error per class is written in the file's ``notes``.
@@ -159,7 +160,7 @@ def measure_compute(comm, backend, quick):
             rows[op][cls][0].append(flops)
             rows[op][cls][1].append(_median_time(comm, fn, repeats))
     sizes = [(2, 8, 16), (4, 16, 16)] if quick else [(2, 16, 16), (4, 32, 16), (8, 32, 32), (8, 64, 32)]
-    bw = {op: ([], []) for op in ("batchnorm", "pool", "elementwise", "pack")}
+    bw = {op: ([], []) for op in ("batchnorm", "pool", "elementwise", "pack")}  # and "layer", below
     for N, C, H in sizes:
         x = backend.asarray(rng.standard_normal((N, C, H, H), dtype=numpy.float32))
         g = backend.asarray(numpy.ones(C, numpy.float32))
@@ -180,8 +181,8 @@ def measure_compute(comm, backend, quick):
         def relu():
             backend.relu_backward(backend.relu_forward(x), x)
 
-        def pack():
-            backend.pack_channels(x, 0, C // 2)
+        def pack():  # a strided block into a contiguous buffer, as a halo or a shuffle packs
+            backend.xp.ascontiguousarray(x[:, :C // 2])
 
         for op, fn in (("batchnorm", bn), ("pool", pool), ("elementwise", relu), ("pack", pack)):
             fn()
@@ -189,6 +190,8 @@ def measure_compute(comm, backend, quick):
             bw[op][0].append(work)
             bw[op][1].append(_median_time(comm, fn, repeats))
     compute, notes = {}, []
+    kernel_fits = {op: {cls: fit_line(*xy) for cls, xy in classes.items()} for op, classes in rows.items()}
+    bw["layer"] = measure_layer_overhead(comm, kernel_fits, quick, repeats)
     for op, classes in rows.items():
         compute[op] = {}
         for cls, (xs, ys) in classes.items():
@@ -200,6 +203,36 @@ def measure_compute(comm, backend, quick):
         compute[op] = {"t0": a, "rate": 1 / b}
         notes.append(f"{op}: fit median relative error {_fit_error(xs, ys, a, b):.0%}")
     return compute, notes
+
+
+def measure_layer_overhead(comm, kernel_fits, quick, repeats):
+    """(bytes, seconds): a one-rank DistConv2d's forward + backward less its three kernels
+    as fitted, against the bytes of its input and output."""
+    from mpi4py import MPI
+
+    from refconv import ProcessGrid
+    from refconv.layers import DistConv2d
+
+    grid = ProcessGrid(MPI.COMM_SELF)
+    rng = numpy.random.default_rng(0)
+    xs, ys = [], []
+    for N, C, F, H, K in conv_shapes(quick):
+        layer = DistConv2d(C, F, K, padding=K // 2, grid=grid, backend="numpy", input_shape=(N, C, H, H))
+        x = rng.standard_normal((N, C, H, H)).astype(numpy.float32)
+        dy = rng.standard_normal((N, F, H, H)).astype(numpy.float32)
+
+        def fn():
+            layer.forward(x)
+            layer.backward(dy)
+
+        fn()
+        t = _median_time(comm, fn, repeats)
+        flops = 2 * N * F * H * H * C * K * K
+        cls = "1x1" if K == 1 else "kxk"
+        kernels = sum(a + b * flops for a, b in (kernel_fits[op][cls] for op in kernel_fits))
+        xs.append((N * C + N * F) * H * H * 4)
+        ys.append(max(t - kernels, 1e-6))
+    return xs, ys
 
 
 def calibrate(comm, backend_name="auto", quick=False, name="this-machine"):

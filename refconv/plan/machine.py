@@ -18,6 +18,7 @@ A machine file is YAML (see docs/planning.md and the files in
       conv_bwd_filter: ...
       batchnorm: {t0: 1.0e-5, rate: 4.0e11}            # bytes of the local input per second
       pool: ...; elementwise: ...; pack: ...
+      layer: {t0: 2.0e-5, rate: 4.0e11}                # per layer, besides its kernels
 
 A collective of kind ``k`` over ``q`` ranks moving the buffer ``m`` (what
 :class:`refconv.cost_model.Call` records) costs ``steps_k(q) * alpha + factor_k(q) *
@@ -38,7 +39,9 @@ A ``table`` entry (a measured machine) gives the fitted ``alpha(q), beta(q)`` of
 ``alltoall``: alpha per message); another size is priced from the nearest
 measured one scaled by the ring schedule.  A local kernel costs
 ``t0 + work / rate`` (work: FLOPs for convolutions, bytes of the local input for
-the bandwidth-bound layers).
+the bandwidth-bound layers).  ``layer`` is what every layer costs besides its
+kernels (the framework's per-call overhead, argument checks, the window copy and
+bias), per byte of its local input and output.
 """
 
 import dataclasses
@@ -47,7 +50,7 @@ import os
 import warnings
 
 KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "halo")
-COMPUTE = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter", "batchnorm", "pool", "elementwise", "pack")
+COMPUTE = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter", "batchnorm", "pool", "elementwise", "pack", "layer")
 CONV_CLASSES = ("1x1", "kxk")
 MACHINES_DIR = os.path.join(os.path.dirname(__file__), "machines")
 DEFAULT_MACHINE = "v100-edr"

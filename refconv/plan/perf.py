@@ -225,6 +225,9 @@ def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
             cost.fwd, cost.bwd = t / 2, t / 2  # calibrated as forward + backward together
             params = 2 * _ceil(layer.in_shape[1], grid[1]) if layer.kind == "batchnorm" else 0
             cost.memory = 3 * params * ITEMSIZE + x_bytes
+    overhead = machine.local_seconds("layer", x_bytes + local_elements(layer.out_shape, grid) * ITEMSIZE)
+    cost.fwd += overhead / 2
+    cost.bwd += overhead / 2
     price_calls(calls, grid, machine, cost)
     return cost
 
