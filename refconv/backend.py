@@ -21,6 +21,7 @@ import numpy
 
 from refconv import arrays
 from refconv import reference as ref
+from refconv.reference import conv as ref_conv
 
 BACKENDS = ("auto", "numpy", "cuda")
 
@@ -42,14 +43,21 @@ class NumpyBackend:
         return numpy.zeros(shape, dtype=dtype)
 
     # -- convolution
-    def conv2d_forward(self, x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1):
-        return ref.conv2d_forward(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    def conv2d_forward(self, x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, cols=None):
+        return ref.conv2d_forward(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups, cols=cols)
 
     def conv2d_backward_data(self, dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1):
         return ref.conv2d_backward_data(dy, w, x_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
 
-    def conv2d_backward_filter(self, x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1):
-        return ref.conv2d_backward_filter(x, dy, w_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    def conv2d_backward_filter(self, x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, cols=None):
+        return ref.conv2d_backward_filter(x, dy, w_shape, stride=stride, padding=padding, dilation=dilation,
+                                          groups=groups, cols=cols)
+
+    def conv2d_columns(self, x, w_shape, *, stride=1, padding=0, dilation=1, groups=1):
+        """The im2col columns forward and backward-filter share (``cols=`` of both): computed once,
+        they save one im2col per layer and step but are held from forward to backward,
+        ``Kh*Kw`` times the input's size (see :mod:`refconv.reference.conv`)."""
+        return ref_conv.conv2d_columns(x, w_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
 
     def bias_add(self, y, b):
         """``y + b`` broadcast over ``(N, F, H, W)``, in place."""
@@ -79,26 +87,44 @@ class NumpyBackend:
         return ref.avg_pool2d_backward(dy, x_shape, kernel_size, stride, padding)
 
     # -- batch normalization, split so that the sums can be allreduced in between
+    # Per-channel sums over (N, H, W) are einsum contractions: no (N, C, H, W) temporary
+    # for a product or square, and one pass over the data.
     def batch_norm_sums(self, x):
         """Per-channel ``(sum x, sum x^2)`` over ``(N, H, W)``: two ``(C,)`` arrays."""
-        return x.sum(axis=(0, 2, 3)), (x * x).sum(axis=(0, 2, 3))
+        return self.batch_norm_sum(x), numpy.einsum("nchw,nchw->c", x, x)
+
+    def batch_norm_sum(self, x):
+        """Per-channel ``sum x`` over ``(N, H, W)``: ``(C,)`` (the mean's partial sum)."""
+        return numpy.einsum("nchw->c", x)
+
+    def batch_norm_centered_sum_squares(self, x, mean):
+        """Per-channel ``sum (x - mean)^2`` over ``(N, H, W)``: ``(C,)`` (the variance's partial sum)."""
+        centered = x - mean.reshape(1, -1, 1, 1).astype(x.dtype, copy=False)  # (N, C, H, W)
+        return numpy.einsum("nchw,nchw->c", centered, centered)
 
     def batch_norm_apply(self, x, mean, invstd, gamma, beta):
         """``y = (x - mean) * invstd * gamma + beta`` per channel."""
-        scale = (invstd * gamma).reshape(1, -1, 1, 1)
-        return ((x - mean.reshape(1, -1, 1, 1)) * scale + beta.reshape(1, -1, 1, 1)).astype(x.dtype, copy=False)
+        c = lambda v: v.reshape(1, -1, 1, 1).astype(x.dtype, copy=False)  # noqa: E731  (per-channel broadcast)
+        y = x - c(mean)  # (N, C, H, W): the one new array; the rest is in place
+        y *= c(invstd * gamma)
+        y += c(beta)
+        return y
 
     def batch_norm_grad_sums(self, dy, x, mean, invstd):
         """Per-channel ``(sum dy, sum dy * xhat)``: the partial ``dbeta`` and ``dgamma``."""
-        xhat = (x - mean.reshape(1, -1, 1, 1)) * invstd.reshape(1, -1, 1, 1)
-        return dy.sum(axis=(0, 2, 3)), (dy * xhat).sum(axis=(0, 2, 3))
+        centered = x - mean.reshape(1, -1, 1, 1).astype(x.dtype, copy=False)  # (N, C, H, W)
+        return numpy.einsum("nchw->c", dy), numpy.einsum("nchw,nchw->c", dy, centered) * invstd
 
     def batch_norm_backward_apply(self, dy, x, mean, invstd, gamma, dbeta, dgamma, count):
         """``dx = gamma * invstd / M * (M dy - dbeta - xhat dgamma)`` with the global sums."""
-        c = lambda v: v.reshape(1, -1, 1, 1)  # noqa: E731  (per-channel broadcast)
-        xhat = (x - c(mean)) * c(invstd)
-        dx = c(gamma * invstd / count) * (count * dy - c(dbeta) - xhat * c(dgamma))
-        return dx.astype(x.dtype, copy=False)
+        c = lambda v: v.reshape(1, -1, 1, 1).astype(x.dtype, copy=False)  # noqa: E731  (per-channel broadcast)
+        xhat_dgamma = x - c(mean)  # (N, C, H, W), then scaled in place to xhat * dgamma
+        xhat_dgamma *= c(invstd * dgamma)
+        dx = dy * x.dtype.type(count)  # (N, C, H, W)
+        dx -= c(dbeta)
+        dx -= xhat_dgamma
+        dx *= c(gamma * invstd / count)
+        return dx
 
     def __repr__(self):
         return f"<refconv backend {self.name}>"
@@ -125,13 +151,17 @@ class CudaBackend(NumpyBackend):
     def zeros(self, shape, dtype):
         return self.xp.zeros(shape, dtype=dtype)
 
-    def conv2d_forward(self, x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1):
+    def conv2d_columns(self, x, w_shape, *, stride=1, padding=0, dilation=1, groups=1):
+        """None: the kernels gather their columns on the fly and keep none."""
+        return None
+
+    def conv2d_forward(self, x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, cols=None):
         return self.k.conv2d_forward(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups, version=self.version)
 
     def conv2d_backward_data(self, dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1):
         return self.k.conv2d_backward_data(dy, w, x_shape, stride=stride, padding=padding, dilation=dilation, groups=groups, version=self.version)
 
-    def conv2d_backward_filter(self, x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1):
+    def conv2d_backward_filter(self, x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, cols=None):
         return self.k.conv2d_backward_filter(x, dy, w_shape, stride=stride, padding=padding, dilation=dilation, groups=groups, version=self.version)
 
     def bias_add(self, y, b):
@@ -160,6 +190,12 @@ class CudaBackend(NumpyBackend):
 
     def batch_norm_sums(self, x):
         return self.k.batch_norm_sums(x)
+
+    def batch_norm_sum(self, x):
+        return self.k.batch_norm_sums(x)[0]
+
+    def batch_norm_centered_sum_squares(self, x, mean):
+        return self.k.batch_norm_sums(x - mean.reshape(1, -1, 1, 1))[1]
 
     def batch_norm_apply(self, x, mean, invstd, gamma, beta):
         return self.k.batch_norm_apply(x, mean, invstd, gamma, beta)

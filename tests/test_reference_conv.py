@@ -74,3 +74,88 @@ def test_dtype_is_preserved(dtype):
     x = numpy.ones((1, 2, 4, 4), dtype=dtype)
     w = numpy.ones((3, 2, 3, 3), dtype=dtype)
     assert ref.conv2d_forward(x, w).dtype == dtype
+
+
+# -- the vectorised formulation's own choices: columns kept or not, 1x1 without columns, memory
+
+
+def _padded_im2col(x, kernel, stride, padding, dilation, out_hw):
+    """Independent oracle: pad with numpy.pad, then read every tap by its definition."""
+    (Kh, Kw), (sh, sw), (ph, pw), (dh, dw), (Ho, Wo) = kernel, stride, padding, dilation, out_hw
+    x_pad = numpy.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    cols = numpy.empty(x.shape[:2] + (Kh, Kw, Ho, Wo), dtype=x.dtype)
+    for i in range(Kh):
+        for j in range(Kw):
+            for oh in range(Ho):
+                for ow in range(Wo):
+                    cols[:, :, i, j, oh, ow] = x_pad[:, :, i * dh + oh * sh, j * dw + ow * sw]
+    return cols
+
+
+@settings(max_examples=60)
+@given(conv_problems(max_extra=5))
+def test_im2col_matches_its_definition(problem):
+    x, _, _, _ = problem.arrays(seed=3)
+    p = problem
+    args = ((p.Kh, p.Kw), p.stride, p.padding, p.dilation, p.y_shape[2:])
+    cols = ref.im2col(x, *args)
+    numpy.testing.assert_array_equal(cols, _padded_im2col(x, *args))
+    # col2im is its adjoint: <im2col(x), c> == <x, col2im(c)>
+    c = numpy.random.default_rng(4).standard_normal(cols.shape)
+    lhs = float((cols * c).sum())
+    rhs = float((x * ref.col2im(c, x.shape, p.stride, p.padding, p.dilation)).sum())
+    assert abs(lhs - rhs) <= 1e-9 * (1 + abs(lhs))
+
+
+@settings(max_examples=60)
+@given(conv_problems(dtypes=("float64",)))
+def test_kept_columns_give_the_same_passes(problem):
+    x, w, b, dy = problem.arrays(seed=5)
+    g = problem.geometry
+    cols = ref.conv.conv2d_columns(x, w.shape, **g)
+    assert cols.shape == ref.conv.conv2d_columns_shape(x.shape, w.shape, **g)
+    numpy.testing.assert_allclose(ref.conv2d_forward(x, w, b, cols=cols, **g), ref.conv2d_forward(x, w, b, **g),
+                                  rtol=1e-12, atol=1e-12)
+    numpy.testing.assert_allclose(ref.conv2d_backward_filter(x, dy, w.shape, cols=cols, **g),
+                                  ref.conv2d_backward_filter(x, dy, w.shape, **g), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_pointwise_convolution_matches_loops(groups):
+    # 1x1, stride 1, no padding: no columns are built; the loops stay the oracle.
+    rng = numpy.random.default_rng(6)
+    x = rng.standard_normal((3, 4, 5, 6))
+    w = rng.standard_normal((6, 4 // groups, 1, 1))
+    dy = rng.standard_normal((3, 6, 5, 6))
+    g = dict(groups=groups)
+    numpy.testing.assert_allclose(ref.conv2d_forward(x, w, **g), ref.loops.conv2d_forward(x, w, **g), rtol=1e-12)
+    numpy.testing.assert_allclose(ref.conv2d_backward_data(dy, w, x.shape, **g),
+                                  ref.loops.conv2d_backward_data(dy, w, x.shape, **g), rtol=1e-12)
+    numpy.testing.assert_allclose(ref.conv2d_backward_filter(x, dy, w.shape, **g),
+                                  ref.loops.conv2d_backward_filter(x, dy, w.shape, **g), rtol=1e-12)
+
+
+def test_wrong_columns_are_rejected():
+    x = numpy.ones((2, 3, 5, 5))
+    cols = ref.conv.conv2d_columns(x, (4, 3, 3, 3), padding=1)
+    with pytest.raises(ValueError, match="cols: expected the"):
+        ref.conv2d_forward(x, numpy.ones((4, 3, 3, 3)), cols=cols)  # columns of padding=1, pass without
+
+
+def test_backward_filter_holds_no_per_sample_gradients():
+    # One GEMM over N*Ho*Wo: the peak is the columns, dy's transposed copy and dw, never N x |w|.
+    import tracemalloc
+
+    N, C, F, H, K = 16, 32, 32, 4, 3
+    rng = numpy.random.default_rng(7)
+    x = rng.standard_normal((N, C, H, H), dtype=numpy.float32)
+    dy = rng.standard_normal((N, F, H, H), dtype=numpy.float32)
+    cols_bytes = C * K * K * N * H * H * 4
+    w_bytes = F * C * K * K * 4
+    tracemalloc.start()
+    try:
+        ref.conv2d_backward_filter(x, dy, (F, C, K, K), padding=1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= cols_bytes + dy.nbytes + 2 * w_bytes + 64 * 1024, (peak, N * w_bytes)

@@ -1,17 +1,34 @@
-"""Convolution, vectorised: im2col by kernel offset, then one batched matmul.
+"""Convolution, vectorised: im2col by kernel offset, then one matmul per group.
 
 This is the reference's fast formulation and the CPU compute path of the
 distributed layers.  Layout is NCHW; weights are ``F x C/groups x Kh x Kw``;
 semantics (output size, padding, dilation, groups) are those of
 ``torch.nn.functional.conv2d`` and its gradients.
 
-The column tensor ``cols[n, c, i, j, oh, ow] = x_pad[n, c, i*dh + oh*sh, j*dw + ow*sw]``
-is built with one strided slice per kernel offset ``(i, j)``, so the whole
-convolution is ``Kh*Kw`` slice copies plus a matmul per group:
+The columns ``cols[c, i, j, n, oh, ow] = x[n, c, i*dh + oh*sh - ph, j*dw + ow*sw - pw]``
+(zero outside the image) are built with one strided slice per kernel offset
+``(i, j)``.  They are stored channel-major, ``(C, Kh, Kw, N, Ho, Wo)``, so that
+per group they are one ``(Cg Kh Kw, N Ho Wo)`` matrix and every pass is a single
+GEMM over all samples and pixels at once::
 
-    forward          y[n, g]   = w[g] @ cols[n, g]          (Fg x CgKK) @ (CgKK x HoWo)
-    backward-data    dcols[n, g] = w[g].T @ dy[n, g]        then col2im (scatter-add of slices)
-    backward-filter  dw[g]     = sum_n dy[n, g] @ cols[n, g].T
+    forward          y[g]     = w[g] @ cols[g]        (Fg x CgKK) @ (CgKK x N HoWo)
+    backward-data    dcols[g] = w[g].T @ dy[g]        then col2im (scatter-add of slices)
+    backward-filter  dw[g]    = dy[g] @ cols[g].T     (Fg x N HoWo) @ (N HoWo x CgKK)
+
+``dy`` and ``y`` are moved between ``(N, F, HoWo)`` and ``(F, N HoWo)`` by one
+transposed copy each; they are the small side of the product.  Padding is never
+materialised: each kernel offset copies only the rows and columns it reads
+inside the image, and the columns start zeroed where it reads padding.
+
+A 1x1 convolution with stride 1 and no padding needs no columns: its columns
+are ``x`` itself, so forward and backward-data are per-sample products
+``w @ x[n]``, and backward-filter contracts ``dy`` with a transposed copy of ``x``.
+
+Keeping the columns.  Forward and backward-filter read the same columns.
+``conv2d_columns`` computes them once; pass them as ``cols=`` to both and the
+second im2col is saved, at the cost of holding ``Kh*Kw`` times the input
+(``N C Kh Kw Ho Wo`` elements) from forward until backward-filter.  Without
+``cols=`` each pass builds its own and frees it on return.
 """
 
 import numpy
@@ -19,24 +36,41 @@ import numpy
 from refconv import checks
 
 
-def _output_slice(offset, dilation, stride, out):
-    """Rows of the padded input that kernel offset ``offset`` touches, one per output row."""
-    start = offset * dilation
-    return slice(start, start + stride * (out - 1) + 1, stride)
+def _taps(offset, dilation, stride, padding, size, out):
+    """``(out_rows, in_rows)``: the output rows whose kernel offset ``offset`` reads inside
+    the image (``0 <= oh*stride - padding + offset*dilation < size``), and those input rows."""
+    shift = offset * dilation - padding  # the input row that output row 0 reads
+    lo = max(0, -(shift // stride))  # the first oh with shift + oh*stride >= 0
+    hi = min(out, (size - 1 - shift) // stride + 1)  # one past the last oh with shift + oh*stride < size
+    count = max(0, hi - lo)
+    start = shift + lo * stride
+    return slice(lo, lo + count), slice(start, start + stride * (count - 1) + 1 if count else start, stride)
+
+
+def _pointwise(kernel, stride, padding):
+    """A 1x1 convolution with stride 1 and no padding: its columns are the input itself."""
+    return kernel == (1, 1) and stride == (1, 1) and padding == (0, 0)
+
+
+def _columns(x, kernel, stride, padding, dilation, out_hw):
+    """``x (N, C, H, W)`` -> ``cols (C, Kh, Kw, N, Ho, Wo)``, zero where a tap reads padding."""
+    N, C, H, W = x.shape
+    (Kh, Kw), (sh, sw), (ph, pw), (dh, dw), (Ho, Wo) = kernel, stride, padding, dilation, out_hw
+    alloc = numpy.empty if (ph, pw) == (0, 0) else numpy.zeros  # only padded taps leave zeros
+    cols = alloc((C, Kh, Kw, N, Ho, Wo), dtype=x.dtype)
+    x_cn = x.transpose(1, 0, 2, 3)  # (C, N, H, W), a view
+    for i in range(Kh):
+        out_h, in_h = _taps(i, dh, sh, ph, H, Ho)
+        for j in range(Kw):
+            out_w, in_w = _taps(j, dw, sw, pw, W, Wo)
+            cols[:, i, j, :, out_h, out_w] = x_cn[:, :, in_h, in_w]
+    return cols
 
 
 def im2col(x, kernel, stride, padding, dilation, out_hw):
-    """``(N, C, H, W)`` -> ``(N, C, Kh, Kw, Ho, Wo)`` columns of the zero-padded input."""
-    N, C, H, W = x.shape
-    (Kh, Kw), (sh, sw), (ph, pw), (dh, dw), (Ho, Wo) = kernel, stride, padding, dilation, out_hw
-    x_pad = numpy.zeros((N, C, H + 2 * ph, W + 2 * pw), dtype=x.dtype)  # (N, C, H+2ph, W+2pw)
-    x_pad[:, :, ph:ph + H, pw:pw + W] = x
-    cols = numpy.empty((N, C, Kh, Kw, Ho, Wo), dtype=x.dtype)
-    for i in range(Kh):
-        rows = _output_slice(i, dh, sh, Ho)
-        for j in range(Kw):
-            cols[:, :, i, j] = x_pad[:, :, rows, _output_slice(j, dw, sw, Wo)]
-    return cols
+    """``(N, C, H, W)`` -> ``(N, C, Kh, Kw, Ho, Wo)`` columns of the zero-padded input
+    (a transposed view of the channel-major array the passes multiply)."""
+    return _columns(x, kernel, stride, padding, dilation, out_hw).transpose(3, 0, 1, 2, 4, 5)
 
 
 def col2im(cols, x_shape, stride, padding, dilation):
@@ -44,25 +78,73 @@ def col2im(cols, x_shape, stride, padding, dilation):
     N, C, H, W = x_shape
     _, _, Kh, Kw, Ho, Wo = cols.shape
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    dx_pad = numpy.zeros((N, C, H + 2 * ph, W + 2 * pw), dtype=cols.dtype)
+    dx = numpy.zeros((N, C, H, W), dtype=cols.dtype)
     for i in range(Kh):
-        rows = _output_slice(i, dh, sh, Ho)
+        out_h, in_h = _taps(i, dh, sh, ph, H, Ho)
         for j in range(Kw):
-            dx_pad[:, :, rows, _output_slice(j, dw, sw, Wo)] += cols[:, :, i, j]
-    return dx_pad[:, :, ph:ph + H, pw:pw + W]
+            out_w, in_w = _taps(j, dw, sw, pw, W, Wo)
+            dx[:, :, in_h, in_w] += cols[:, :, i, j, out_h, out_w]
+    return dx
 
 
-def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1):
-    """``y = conv2d(x, w) + b``: ``(N, C, H, W), (F, C/g, Kh, Kw), (F,)`` -> ``(N, F, Ho, Wo)``."""
-    checks.forward_arrays(x, w, b)
-    stride, padding, dilation, groups, (Ho, Wo) = checks.conv_geometry(x.shape, w.shape, stride, padding, dilation, groups)
+def _to_channel_major(a, groups):
+    """``(N, F, Ho, Wo)`` -> ``(G, F/G, N Ho Wo)``: one transposed copy."""
+    N, F, Ho, Wo = a.shape
+    return numpy.ascontiguousarray(a.transpose(1, 0, 2, 3)).reshape(groups, F // groups, N * Ho * Wo)
+
+
+def _from_channel_major(a, N, out_hw):
+    """``(G, F/G, N Ho Wo)`` -> ``(N, F, Ho, Wo)``: one transposed copy."""
+    F = a.shape[0] * a.shape[1]
+    return numpy.ascontiguousarray(a.reshape(F, N, *out_hw).transpose(1, 0, 2, 3))
+
+
+def conv2d_columns(x, w_shape, *, stride=1, padding=0, dilation=1, groups=1):
+    """The columns of ``x`` that forward and backward-filter multiply, ``(G, Cg Kh Kw, N Ho Wo)``:
+    compute them once and pass them as ``cols=`` to both (see the module docstring)."""
+    checks.array(x, "x", 4)
+    stride, padding, dilation, groups, out_hw = checks.conv_geometry(x.shape, w_shape, stride, padding, dilation, groups)
     N, C, _, _ = x.shape
+    F, Cg, Kh, Kw = w_shape
+    if _pointwise((Kh, Kw), stride, padding):
+        return numpy.ascontiguousarray(x.transpose(1, 0, 2, 3)).reshape(groups, Cg, N * out_hw[0] * out_hw[1])
+    cols = _columns(x, (Kh, Kw), stride, padding, dilation, out_hw)  # (C, Kh, Kw, N, Ho, Wo)
+    return cols.reshape(groups, Cg * Kh * Kw, N * out_hw[0] * out_hw[1])
+
+
+def _check_cols(cols, x, w_shape, geometry):
+    expected = conv2d_columns_shape(x.shape, w_shape, **geometry)
+    if tuple(cols.shape) != expected or cols.dtype != x.dtype:
+        raise ValueError(f"cols: expected the {expected} {x.dtype} array conv2d_columns(x, w_shape, ...) returns, "
+                         f"got {tuple(cols.shape)} {cols.dtype}")
+
+
+def conv2d_columns_shape(x_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1):
+    """The shape of :func:`conv2d_columns`: ``(G, Cg Kh Kw, N Ho Wo)``."""
+    _, _, _, groups, (Ho, Wo) = checks.conv_geometry(x_shape, w_shape, stride, padding, dilation, groups)
+    F, Cg, Kh, Kw = w_shape
+    return (groups, Cg * Kh * Kw, x_shape[0] * Ho * Wo)
+
+
+def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, cols=None):
+    """``y = conv2d(x, w) + b``: ``(N, C, H, W), (F, C/g, Kh, Kw), (F,)`` -> ``(N, F, Ho, Wo)``.
+    ``cols``: this input's :func:`conv2d_columns`, if already computed."""
+    checks.forward_arrays(x, w, b)
+    geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    stride, padding, dilation, groups, (Ho, Wo) = checks.conv_geometry(x.shape, w.shape, **geometry)
+    N, C, H, W = x.shape
     F, Cg, Kh, Kw = w.shape
     G, Fg = groups, F // groups
-    cols = im2col(x, (Kh, Kw), stride, padding, dilation, (Ho, Wo))  # (N, C, Kh, Kw, Ho, Wo)
-    cols = cols.reshape(N, G, Cg * Kh * Kw, Ho * Wo)
-    y = numpy.matmul(w.reshape(G, Fg, Cg * Kh * Kw), cols)  # (N, G, Fg, Ho*Wo)
-    y = y.reshape(N, F, Ho, Wo)
+    w_g = w.reshape(G, Fg, Cg * Kh * Kw)
+    if cols is None and _pointwise((Kh, Kw), stride, padding):
+        y = numpy.matmul(w_g, x.reshape(N, G, Cg, H * W))  # (N, G, Fg, H*W): w @ x[n], no columns
+        y = y.reshape(N, F, Ho, Wo)
+    else:
+        if cols is None:
+            cols = conv2d_columns(x, w.shape, **geometry)  # (G, CgKK, N*Ho*Wo)
+        else:
+            _check_cols(cols, x, w.shape, geometry)
+        y = _from_channel_major(numpy.matmul(w_g, cols), N, (Ho, Wo))  # (N, F, Ho, Wo)
     if b is not None:
         y += b.reshape(1, F, 1, 1)
     return y
@@ -76,33 +158,36 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     x_shape = checks.shape4(x_shape, "x_shape")
     stride, padding, dilation, groups, out_hw = checks.conv_geometry(x_shape, w.shape, stride, padding, dilation, groups)
     checks.dy_shape(dy, x_shape, w.shape, out_hw)
-    N, C, _, _ = x_shape
+    N, C, H, W = x_shape
     F, Cg, Kh, Kw = w.shape
     G, Fg = groups, F // groups
     Ho, Wo = out_hw
     w_t = w.reshape(G, Fg, Cg * Kh * Kw).transpose(0, 2, 1)  # (G, CgKK, Fg)
-    dcols = numpy.matmul(w_t, dy.reshape(N, G, Fg, Ho * Wo))  # (N, G, CgKK, Ho*Wo)
-    dcols = dcols.reshape(N, C, Kh, Kw, Ho, Wo)
+    if _pointwise((Kh, Kw), stride, padding):
+        dx = numpy.matmul(w_t, dy.reshape(N, G, Fg, Ho * Wo))  # (N, G, Cg, H*W): w.T @ dy[n]
+        return dx.reshape(N, C, H, W)
+    dcols = numpy.matmul(w_t, _to_channel_major(dy, G))  # (G, CgKK, N*Ho*Wo)
+    dcols = dcols.reshape(C, Kh, Kw, N, Ho, Wo).transpose(3, 0, 1, 2, 4, 5)  # (N, C, Kh, Kw, Ho, Wo) view
     return col2im(dcols, x_shape, stride, padding, dilation)
 
 
-def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1):
-    """``dw (F, C/g, Kh, Kw) = w_shape`` from ``x (N, C, H, W)`` and ``dy (N, F, Ho, Wo)``."""
+def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, cols=None):
+    """``dw (F, C/g, Kh, Kw) = w_shape`` from ``x (N, C, H, W)`` and ``dy (N, F, Ho, Wo)``.
+    ``cols``: this input's :func:`conv2d_columns`, if already computed (by the forward)."""
     checks.array(x, "x", 4)
     checks.array(dy, "dy", 4)
     checks.same_dtype(x=x, dy=dy)
     w_shape = checks.shape4(w_shape, "w_shape")
-    stride, padding, dilation, groups, out_hw = checks.conv_geometry(x.shape, w_shape, stride, padding, dilation, groups)
+    geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    stride, padding, dilation, groups, out_hw = checks.conv_geometry(x.shape, w_shape, **geometry)
     checks.dy_shape(dy, x.shape, w_shape, out_hw)
-    N, C, _, _ = x.shape
     F, Cg, Kh, Kw = w_shape
-    G, Fg = groups, F // groups
-    Ho, Wo = out_hw
-    cols = im2col(x, (Kh, Kw), stride, padding, dilation, out_hw)
-    cols = cols.reshape(N, G, Cg * Kh * Kw, Ho * Wo)
-    dy_g = dy.reshape(N, G, Fg, Ho * Wo)
-    # One matmul per sample and group contracts the output pixels; then sum the samples.
-    dw = numpy.matmul(dy_g, cols.transpose(0, 1, 3, 2)).sum(axis=0)  # (G, Fg, CgKK)
+    if cols is None:
+        cols = conv2d_columns(x, w_shape, **geometry)  # (G, CgKK, N*Ho*Wo)
+    else:
+        _check_cols(cols, x, w_shape, geometry)
+    # One GEMM per group contracts every sample and output pixel at once: no per-sample partials.
+    dw = numpy.matmul(_to_channel_major(dy, groups), cols.transpose(0, 2, 1))  # (G, Fg, CgKK)
     return dw.reshape(F, Cg, Kh, Kw)
 
 
