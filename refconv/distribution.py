@@ -20,6 +20,7 @@ so the weight of rank (a, b) is ``w[F_a, C_b]`` with ::
 Moving data between distributions is in ``refconv.sharding``.
 """
 
+import functools
 import itertools
 
 import numpy
@@ -124,60 +125,14 @@ class Distribution:
         self.global_shape = global_shape
         self.names = tuple(names)
         self.dims = tuple(Split.block(d) if isinstance(d, str) else d for d in dims)
-        self._axis = []      # per dim: the grid axis index, or None
-        self._tables = []    # per dim: per coordinate, tuple of (start, stop) pieces
-        self._blocks = []    # per dim: (nblocks, per coordinate the block indices), or None
-        for d, (spec, length, name) in enumerate(zip(self.dims, global_shape, names)):
-            if spec is None:
-                if length < 1:
-                    raise ValueError(f"Distribution: dim {name} has length {length}; need >= 1")
-                self._axis.append(None)
-                self._blocks.append(None)
-                self._tables.append(((0, length),))
-                continue
-            if not isinstance(spec, Split):
+        for d, spec in enumerate(self.dims):
+            if spec is not None and not isinstance(spec, Split):
                 raise ValueError(f"Distribution: dims[{d}] must be None, an axis name "
                                  f"{AXES} or a Split, got {spec!r}")
-            a = AXES.index(spec.axis)
-            nblocks, table = spec.table(self.grid_shape[a])
-            if len(table) != self.grid_shape[a]:
-                raise ValueError(f"Distribution: dim {name}: blocks_of has {len(table)} "
-                                 f"entries but axis {spec.axis} has {self.grid_shape[a]}")
-            if nblocks > length:
-                raise ValueError(f"dim {name} of length {length} cannot be split {nblocks} "
-                                 f"ways: rank block would be empty")
-            for c, blocks in enumerate(table):
-                if (not blocks or len(set(blocks)) != len(blocks)
-                        or any(not 0 <= j < nblocks for j in blocks)):
-                    raise ValueError(f"Distribution: dim {name}: coordinate {c} holds blocks "
-                                     f"{blocks}; need a non-empty list of distinct block "
-                                     f"indices within [0, {nblocks})")
-            missing = set(range(nblocks)) - {j for b in table for j in b}
-            if missing:
-                raise ValueError(f"Distribution: dim {name}: blocks {sorted(missing)} "
-                                 f"are held by no coordinate")
-            self._axis.append(a)
-            self._blocks.append((nblocks, table))
-            self._tables.append(tuple(_merge([block_range(length, nblocks, j) for j in b])
-                                      for b in table))
-        self._check_shared_axes()
-        self._key = (self.grid_shape, self.global_shape,
-                     tuple(zip(self._axis, self._tables)))
-
-    def _check_shared_axes(self):
-        """Dims split over one axis (F and C of Stationary-W) must still cover every
-        combination of their blocks."""
-        for a in range(4):
-            dims = [d for d in range(4) if self._axis[d] == a]
-            if len(dims) < 2:
-                continue
-            held = {cell for c in range(self.grid_shape[a])
-                    for cell in itertools.product(*[self._blocks[d][1][c] for d in dims])}
-            for cell in itertools.product(*[range(self._blocks[d][0]) for d in dims]):
-                if cell not in held:
-                    names = " and ".join(self.names[d] for d in dims)
-                    raise ValueError(f"Distribution: dims {names} are both split over axis "
-                                     f"{AXES[a]} and no rank holds their blocks {cell}")
+        # Layers rebuild their distributions on every call (a property per layer and step):
+        # the tables are computed once per distinct layout and shared.
+        layout = _layout(self.grid_shape, self.global_shape, self.dims, self.names)
+        self._axis, self._tables, self._blocks, self._key, self._local_shapes = layout
 
     # -- convenience constructors ----------------------------------------------------------
     @classmethod
@@ -220,7 +175,11 @@ class Distribution:
         return self._tables[dim]
 
     def local_shape(self, rank_or_coords):
-        return tuple(sum(e - s for s, e in self.pieces(rank_or_coords, d)) for d in range(4))
+        coords = self.coords_of(rank_or_coords)
+        shape = self._local_shapes.get(coords)  # shared by every Distribution of this layout
+        if shape is None:
+            shape = self._local_shapes[coords] = tuple(sum(e - s for s, e in self.pieces(coords, d)) for d in range(4))
+        return shape
 
     def index(self, rank_or_coords, xp=numpy):
         """Indices of the local block in the global array: 4 slices when every dim is
@@ -259,6 +218,63 @@ class Distribution:
         dims = ", ".join(f"{n}:{d!r}" for n, d in zip(self.names, self.dims))
         return (f"Distribution(grid_shape={self.grid_shape}, "
                 f"global_shape={self.global_shape}, dims=({dims}))")
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout(grid_shape, global_shape, dims, names):
+    """Validate a layout and tabulate it: ``(axis, tables, blocks, key, local shapes)`` per dim
+    (see :class:`Distribution`); cached, so each distinct layout is computed once."""
+    # Per dim: its grid axis (None: replicated), per coordinate its (start, stop) pieces,
+    # and (nblocks, per coordinate its block indices) (None: replicated).
+    axes, tables, blocks = [], [], []
+    for d, (spec, length, name) in enumerate(zip(dims, global_shape, names)):
+        if spec is None:
+            if length < 1:
+                raise ValueError(f"Distribution: dim {name} has length {length}; need >= 1")
+            axes.append(None)
+            blocks.append(None)
+            tables.append(((0, length),))
+            continue
+        a = AXES.index(spec.axis)
+        nblocks, table = spec.table(grid_shape[a])
+        if len(table) != grid_shape[a]:
+            raise ValueError(f"Distribution: dim {name}: blocks_of has {len(table)} "
+                             f"entries but axis {spec.axis} has {grid_shape[a]}")
+        if nblocks > length:
+            raise ValueError(f"dim {name} of length {length} cannot be split {nblocks} "
+                             f"ways: rank block would be empty")
+        for c, held in enumerate(table):
+            if (not held or len(set(held)) != len(held)
+                    or any(not 0 <= j < nblocks for j in held)):
+                raise ValueError(f"Distribution: dim {name}: coordinate {c} holds blocks "
+                                 f"{held}; need a non-empty list of distinct block "
+                                 f"indices within [0, {nblocks})")
+        missing = set(range(nblocks)) - {j for b in table for j in b}
+        if missing:
+            raise ValueError(f"Distribution: dim {name}: blocks {sorted(missing)} "
+                             f"are held by no coordinate")
+        axes.append(a)
+        blocks.append((nblocks, table))
+        tables.append(tuple(_merge([block_range(length, nblocks, j) for j in b]) for b in table))
+    _check_shared_axes(grid_shape, axes, blocks, names)
+    key = (grid_shape, global_shape, tuple(zip(axes, tables)))
+    return tuple(axes), tuple(tables), tuple(blocks), key, {}
+
+
+def _check_shared_axes(grid_shape, axes, blocks, names):
+    """Dims split over one axis (F and C of Stationary-W) must still cover every
+    combination of their blocks."""
+    for a in range(4):
+        dims = [d for d in range(4) if axes[d] == a]
+        if len(dims) < 2:
+            continue
+        held = {cell for c in range(grid_shape[a])
+                for cell in itertools.product(*[blocks[d][1][c] for d in dims])}
+        for cell in itertools.product(*[range(blocks[d][0]) for d in dims]):
+            if cell not in held:
+                joined = " and ".join(names[d] for d in dims)
+                raise ValueError(f"Distribution: dims {joined} are both split over axis "
+                                 f"{AXES[a]} and no rank holds their blocks {cell}")
 
 
 def _merge(pieces):

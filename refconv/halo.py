@@ -1,4 +1,4 @@
-"""Halo exchange for spatially split activations (ALGORITHMS.md section 3).
+"""Halo exchange for spatially split activations (docs/algorithms.md section 3).
 
 A rank owns input rows ``[h0, h1)`` and columns ``[w0, w1)`` of ``x`` and output
 rows ``[o0, o1)`` (columns likewise) of ``y``.  The output rows read the input
@@ -17,7 +17,9 @@ every rank of the spatial group and moves the pieces:
   each piece is sent back to its owner and added there.
 
 When the spatial group has one rank, no message is sent: the window is the
-zero-padded local block.
+zero-padded local block, or the block itself (no copy) when nothing is padded or
+cut off.  Only the cells outside the image are filled; every other cell of a
+window is written once, by its owner's piece.
 """
 
 import dataclasses
@@ -90,6 +92,7 @@ class Halo:
         self.comm = comm
         self.P_H, self.P_W = grid_hw
         self.owned, self.window = halo_geometry(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation)
+        self.image = Box(0, in_hw[0], 0, in_hw[1])
         self.me = comm.Get_rank()
 
     @property
@@ -103,17 +106,26 @@ class Halo:
 
     def extend(self, x_loc, xp, fill=0.0):
         """``x_loc (n, c, h, w)`` -> the window ``(n, c, h_win, w_win)``; ``fill`` outside the image
-        (0 for convolution and average pooling, ``-inf`` for max pooling)."""
+        (0 for convolution and average pooling, ``-inf`` for max pooling).
+
+        On one rank, when the window is the whole image (no padding, nothing cut
+        off), ``x_loc`` itself is returned: no copy; do not write into it."""
         n, c = x_loc.shape[:2]
         me, own, win = self.me, self.owned[self.me], self.window[self.me]
-        x_win = xp.full((n, c) + win.shape, fill, dtype=x_loc.dtype)  # (n, c, h_win, w_win)
+        if win == own and self.comm.Get_size() == 1:
+            return x_loc
+        x_win = xp.empty((n, c) + win.shape, dtype=x_loc.dtype)  # (n, c, h_win, w_win)
+        for strip in _outside(win, self.image):  # padding: the only cells no rank owns
+            x_win[(slice(None), slice(None)) + strip.slices(win)] = fill
+        piece = own.intersect(win)  # my own rows and columns of the window
+        if piece is not None:
+            x_win[(slice(None), slice(None)) + piece.slices(win)] = x_loc[(slice(None), slice(None)) + piece.slices(own)]
         if self.comm.Get_size() == 1:
-            piece = own.intersect(win)
-            if piece is not None:
-                x_win[(slice(None), slice(None)) + piece.slices(win)] = x_loc[(slice(None), slice(None)) + piece.slices(own)]
             return x_win
         sends, recv_shapes, pieces = {}, {}, {}
         for r in range(self.comm.Get_size()):
+            if r == me:
+                continue
             out_piece = self._plan(me, r)  # rows of mine that rank r reads
             if out_piece is not None:
                 sends[r] = x_loc[(slice(None), slice(None)) + out_piece.slices(own)]
@@ -127,17 +139,25 @@ class Halo:
         return x_win
 
     def reduce(self, dx_win, xp):
-        """The adjoint of :meth:`extend`: ``(n, c, h_win, w_win)`` -> ``(n, c, h, w)``, pieces summed at their owners."""
+        """The adjoint of :meth:`extend`: ``(n, c, h_win, w_win)`` -> ``(n, c, h, w)``, pieces summed
+        at their owners.  On one rank, when the window is the whole image, ``dx_win`` itself is returned."""
         n, c = dx_win.shape[:2]
         me, own, win = self.me, self.owned[self.me], self.window[self.me]
-        dx_loc = xp.zeros((n, c) + own.shape, dtype=dx_win.dtype)  # (n, c, h, w)
+        if win == own and self.comm.Get_size() == 1:
+            return dx_win
+        piece = own.intersect(win)  # my own rows and columns of the window: their gradient stays here
+        if piece == own:
+            dx_loc = xp.empty((n, c) + own.shape, dtype=dx_win.dtype)  # (n, c, h, w), all written below
+        else:  # some of my rows are read by no output of mine (stride, or a neighbour's window only)
+            dx_loc = xp.zeros((n, c) + own.shape, dtype=dx_win.dtype)
+        if piece is not None:
+            dx_loc[(slice(None), slice(None)) + piece.slices(own)] = dx_win[(slice(None), slice(None)) + piece.slices(win)]
         if self.comm.Get_size() == 1:
-            piece = own.intersect(win)
-            if piece is not None:
-                dx_loc[(slice(None), slice(None)) + piece.slices(own)] += dx_win[(slice(None), slice(None)) + piece.slices(win)]
             return dx_loc
         sends, recv_shapes, pieces = {}, {}, {}
         for r in range(self.comm.Get_size()):
+            if r == me:
+                continue
             back = self._plan(r, me)  # my window rows owned by rank r: their gradient goes home
             if back is not None:
                 sends[r] = dx_win[(slice(None), slice(None)) + back.slices(win)]
@@ -149,3 +169,14 @@ class Halo:
         for r, piece in pieces.items():
             dx_loc[(slice(None), slice(None)) + piece.slices(own)] += received[r]
         return dx_loc
+
+
+def _outside(box, image):
+    """Up to four boxes covering the part of ``box`` outside ``image``: full-width strips
+    above and below it, then the left and right strips beside it."""
+    inner = box.intersect(image)
+    if inner is None:
+        return [box]
+    strips = [Box(box.h0, inner.h0, box.w0, box.w1), Box(inner.h1, box.h1, box.w0, box.w1),
+              Box(inner.h0, inner.h1, box.w0, inner.w0), Box(inner.h0, inner.h1, inner.w1, box.w1)]
+    return [b for b in strips if b.h0 < b.h1 and b.w0 < b.w1]
