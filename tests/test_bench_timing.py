@@ -1,0 +1,50 @@
+"""refconv.bench.timing: rounds alternate, spans and ratios are per round, outputs are checked."""
+
+import numpy
+import pytest
+
+from refconv.bench import timing
+
+
+def test_contenders_alternate_and_the_first_rotates():
+    calls = []
+    spans = timing.compare({"a": lambda: calls.append("a"), "b": lambda: calls.append("b"),
+                            "c": lambda: calls.append("c")}, rounds=3, warmup=1, pause=0)
+    assert calls == list("abc") + list("abc") + list("bca") + list("cab")  # warm-up, then 3 rounds
+    assert {k: len(s.values) for k, s in spans.items()} == {"a": 3, "b": 3, "c": 3}
+
+
+def test_calls_per_sample_and_sync():
+    events = []
+    spans = timing.compare({"a": lambda: events.append("a")}, rounds=2, warmup=0, pause=0, calls=3,
+                           sync=lambda: events.append("sync"))
+    assert events == ["sync", "a", "a", "a", "sync"] * 2
+    assert len(spans["a"].values) == 2
+
+
+def test_span_and_ratio():
+    s = timing.Span((0.003, 0.001, 0.002))
+    assert (s.min, s.median, s.max) == (0.001, 0.002, 0.003)
+    assert s.format() == "2.0 ms (1.0-3.0)"
+    spans = {"ours": timing.Span((1.0, 2.0, 4.0)), "theirs": timing.Span((2.0, 2.0, 2.0))}
+    r = timing.ratio(spans, "theirs", "ours")
+    assert r.values == (2.0, 1.0, 0.5) and r.median == 1.0
+    with pytest.raises(ValueError, match="one compare"):
+        timing.ratio({"a": timing.Span((1.0,)), "b": timing.Span((1.0, 2.0))}, "a", "b")
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(ValueError, match="rounds >= 1"):
+        timing.compare({"a": lambda: None}, rounds=0)
+    with pytest.raises(ValueError, match="contenders"):
+        timing.compare({})
+
+
+def test_check_catches_a_wrong_answer():
+    good = numpy.arange(6.0).reshape(2, 3)
+    timing.check({"ref": good, "same": good + 1e-15, "pair": good}, "ref")
+    timing.check({"ref": (good, good), "ours": (good, good.copy())}, "ref")
+    with pytest.raises(AssertionError, match="wrong vs ref"):
+        timing.check({"ref": good, "wrong": good * 1.01}, "ref")
+    with pytest.raises(ValueError, match="reference"):
+        timing.check({"a": good}, "b")
