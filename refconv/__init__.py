@@ -11,3 +11,9 @@ from refconv.distribution import Distribution, Split, block_range  # noqa: E402
 from refconv.sharding import scatter, gather, allgather, redistribute  # noqa: E402
 from refconv.layers import DistConv2d  # noqa: E402
 from refconv.model import Model  # noqa: E402
+
+# Under more than one rank, an uncaught exception on any rank ends every rank with one line
+# per rank instead of leaving the others waiting (refconv.failure; opt out: REFCONV_NO_ABORT_HOOK=1).
+from refconv import failure as _failure  # noqa: E402
+
+_failure.install_if_several_ranks()

@@ -2,7 +2,7 @@
 
 One step, on every rank::
 
-    x_b, y_b = next global batch              same on every rank (refconv.data.batches:
+    x_b, y_b = next global batch              same on every rank (refconv.datasets.batches:
                                               a function of seed and epoch only)
     x_loc = model.input_distribution.extract(x_b, rank)      this rank's block
     y_loc = model.label_block(y_b)                            labels of its samples
@@ -13,98 +13,104 @@ Nothing but the layers communicates, so ``collectives.stats`` recorded around a
 step is exactly the traffic of one training step.  Checkpoints (every epoch, if a
 directory is given) hold the parameters, SGD's momentum and BatchNorm's running
 statistics; ``resume`` reloads them onto the current grids (any strategy).
+
+Every check of the options, the data and the model runs before the first step and
+depends only on them, so every rank raises the same ``ValueError``.  The options
+themselves are defined once, in :mod:`refconv.train_config`.
 """
 
-import dataclasses
+import json
 import math
-import sys
 import time
 
 import numpy
+from mpi4py import MPI
 
-from refconv import collectives, data
+from refconv import checkpoint, collectives, datasets, progress, train_config
 from refconv.model import Model
+from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
+from refconv.train_config import MAX_CLASSES, OptionError, TrainConfig
+
+__all__ = ["TrainConfig", "train", "step", "evaluate", "learning_rate", "format_summary", "add_parser", "run"]
 
 KINDS = ("allreduce", "reduce_scatter", "allgather", "halo", "alltoallv", "bcast", "scatter", "gather")
 
 
-@dataclasses.dataclass
-class TrainConfig:
-    """Everything that decides a run; the same config and seed give the same run."""
-
-    model: object = "digits-cnn"          # preset name, dict, or JSON/YAML path
-    grid: dict = None                     # defaults.grid override, e.g. {"sample": 2, "channel": 2}
-    algorithm: str = None
-    filter_groups: int = None
-    data: str = None                      # .npz path; None: the bundled digits
-    synthetic: bool = False
-    synthetic_samples: int = 1024
-    image_size: int = 32
-    epochs: int = 4
-    batch_size: int = 32
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    seed: int = 0
-    backend: str = "auto"
-    dtype: str = "float32"
-    checkpoint_dir: str = None
-    checkpoint_every: int = 0             # also save every this many steps (0: only after each epoch)
-    resume: bool = False
-    check_serial: int = 0
-    lr_schedule: str = "cosine"           # "cosine" (to 0 over the run) or "constant"
-    max_steps: int = None                 # stop after this many steps in all (tests, smoke runs)
-    progress: bool = True
+# -- what the run trains on ----------------------------------------------------------------------
+def load_model_spec(model, **preset_kwargs):
+    """The spec dict of ``model``; a file that does not parse is an OptionError, not yaml's own."""
+    try:
+        return load_spec(model, **preset_kwargs)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise OptionError("model", f"{model!r} is not valid JSON: {exc}") from None
+    except ImportError:
+        raise OptionError("model", f"{model!r}: reading YAML needs PyYAML (pip install pyyaml)") from None
+    except ValueError as exc:
+        raise OptionError("model", str(exc).removeprefix("spec: ")) from None
+    except Exception as exc:
+        if type(exc).__module__.split(".")[0] != "yaml":
+            raise
+        text = " ".join(str(exc).split())   # yaml's message spans lines; e.g. a !!python tag is refused
+        raise OptionError("model", f"{model!r} is not a valid YAML model (safe_load: {text})") from None
 
 
 def load_dataset(cfg, dtype):
-    """``(x_train, y_train, x_test, y_test, num_classes)``."""
+    """``(x_train, y_train, x_test, y_test, num_classes)`` (``--synthetic`` images take the model's channels)."""
     if cfg.synthetic:
-        channels = 3
-        if not isinstance(cfg.model, str) or not cfg.model.startswith("resnet"):
-            channels = _spec_in_channels(cfg.model)
-        s = cfg.image_size
-        x, y = data.synthetic(cfg.synthetic_samples, channels, s, s, 10, seed=cfg.seed, dtype=dtype)
-        xt, yt = data.synthetic(max(cfg.synthetic_samples // 4, 1), channels, s, s, 10, seed=cfg.seed + 1, dtype=dtype)
+        channels, s = load_model_spec(cfg.model).get("in_channels", 3), cfg.image_size
+        x, y = datasets.synthetic(cfg.synthetic_samples, channels, s, s, 10, seed=cfg.seed, dtype=dtype)
+        xt, yt = datasets.synthetic(max(cfg.synthetic_samples // 4, 1), channels, s, s, 10, seed=cfg.seed + 1,
+                                    dtype=dtype)
         return x, y, xt, yt, 10
     if cfg.data:
-        x, y = data.load_npz(cfg.data, dtype=dtype)
-        x_train, y_train, x_test, y_test = data.split(x, y, 0.2, seed=cfg.seed)
-        return x_train, y_train, x_test, y_test, int(y.max()) + 1
-    return (*data.load_digits(dtype=dtype), 10)
-
-
-def _spec_in_channels(model):
-    from refconv.model_spec import load_spec
-
-    return load_spec(model).get("in_channels", 3)
+        x, y = datasets.load_npz(cfg.data, dtype=dtype)
+        num_classes = int(y.max()) + 1
+        if num_classes > MAX_CLASSES:
+            raise OptionError("data", f"{cfg.data!r} has a label {num_classes - 1}: labels must be class "
+                                      f"numbers 0..num_classes-1, with at most {MAX_CLASSES:,} classes")
+        x_train, y_train, x_test, y_test = datasets.split(x, y, 0.2, seed=cfg.seed)
+        return x_train, y_train, x_test, y_test, num_classes
+    return (*datasets.load_digits(dtype=dtype), 10)
 
 
 def build_model(cfg, *, comm=None, serial=False, in_channels=None, num_classes=None):
-    """The model of ``cfg`` on ``comm`` (or its serial twin on one rank)."""
+    """The model of ``cfg`` on ``comm`` (or its serial twin on one rank); a preset is sized to
+    ``in_channels`` and ``num_classes`` (a model file or dict is taken as it is)."""
     preset_kwargs = {}
-    if isinstance(cfg.model, str) and not cfg.model.endswith((".json", ".yaml", ".yml")):
+    if isinstance(cfg.model, str) and cfg.model in PRESETS:
         preset_kwargs = {k: v for k, v in (("in_channels", in_channels), ("num_classes", num_classes)) if v}
     defaults = {"grid": cfg.grid, "algorithm": cfg.algorithm, "filter_groups": cfg.filter_groups}
-    return Model.from_spec(cfg.model, comm=comm, backend="numpy" if serial else cfg.backend, dtype=cfg.dtype,
-                           seed=cfg.seed, serial=serial, defaults=defaults, **preset_kwargs)
+    return Model.from_spec(load_model_spec(cfg.model, **preset_kwargs), comm=comm,
+                           backend="numpy" if serial else cfg.backend, dtype=cfg.dtype, seed=cfg.seed,
+                           serial=serial, defaults=defaults)
 
 
-def _save(cfg, model, optimizer, global_step):
-    """A checkpoint at ``global_step``; the data position follows from it (``divmod(step, per_epoch)``)."""
-    from refconv import checkpoint
-
-    checkpoint.save(cfg.checkpoint_dir, model, optimizer, step=global_step, extra={"seed": cfg.seed})
+def smallest_batch(model):
+    """The smallest global batch every layer can split: the largest sample split of any layer."""
+    return max(layer.grid.P_N for _, layer in model.named_layers())
 
 
+def check_model_fits(model, cfg, x_shape, num_classes):
+    """Bind ``model`` to the batch shape and check its head against the labels (every rank alike)."""
+    need = smallest_batch(model)
+    if cfg.batch_size < need:
+        raise OptionError("batch_size", f"{cfg.batch_size} samples cannot be split over sample={need} ranks "
+                                        f"(each needs at least one); use {{batch_size}} >= {need}")
+    model.bind((cfg.batch_size,) + tuple(x_shape[1:]))
+    outputs = model.body.output_shape[1]
+    if num_classes > outputs:
+        raise OptionError("model", f"its classifier head has {outputs} outputs (classes 0..{outputs - 1}) but "
+                                   f"the labels go up to {num_classes - 1}; give the last 'linear' layer "
+                                   f"out >= {num_classes}")
+
+
+# -- one step, and evaluation -------------------------------------------------------------------------
 def learning_rate(cfg, step, total_steps):
     """The learning rate of step ``step`` (0-based) of ``total_steps``."""
     if cfg.lr_schedule == "constant":
         return cfg.lr
-    if cfg.lr_schedule == "cosine":
-        return 0.5 * cfg.lr * (1 + math.cos(math.pi * step / max(total_steps, 1)))
-    raise ValueError(f"lr_schedule: expected 'cosine' or 'constant', got {cfg.lr_schedule!r}")
+    return 0.5 * cfg.lr * (1 + math.cos(math.pi * step / max(total_steps, 1)))
 
 
 def step(model, optimizer, x_b, y_b):
@@ -120,29 +126,33 @@ def step(model, optimizer, x_b, y_b):
 
 
 def evaluate(model, x, y, batch_size):
-    """Accuracy on ``(x, y)`` with the running statistics (``model.eval()``)."""
+    """Accuracy on ``(x, y)`` with the running statistics (``model.eval()``), any number of samples.
+
+    Every batch has ``batch_size`` samples (at least :func:`smallest_batch`): the last one
+    is padded with copies of its first sample, so it splits over the sample axis and the
+    model keeps its binding.  In eval mode a sample's logits depend on that sample alone,
+    so the padding changes nothing; it is not counted.  The same accuracy on any grid.
+    """
     model.eval()
     backend = model.body.layers[0].backend
-    n = len(y)
+    n, size = len(y), max(batch_size, smallest_batch(model))
     correct = 0
-    for idx in numpy.array_split(numpy.arange(n), max(1, -(-n // batch_size))):
+    for start in range(0, n, size):
+        idx = numpy.arange(start, min(start + size, n))
+        real = numpy.arange(size) < len(idx)                       # (size,): False on the padding
+        idx = numpy.concatenate([idx, numpy.full(size - len(idx), idx[0])])
         x_b, y_b = numpy.asarray(x[idx]), numpy.asarray(y[idx])
         model.bind(x_b.shape)
         x_loc = backend.asarray(model.input_distribution.extract(x_b, model.in_grid.rank))
-        logits = backend.to_host(model.forward(x_loc))
-        correct += int((logits.argmax(axis=1) == model.label_block(y_b)).sum())
+        logits = backend.to_host(model.forward(x_loc))           # (n_loc, K)
+        hits = (logits.reshape(len(logits), -1).argmax(axis=1) == model.label_block(y_b)) & model.label_block(real)
+        correct += int(hits.sum())
     model.train()
     total = collectives.allreduce(model.out_grid.axis_comm("sample"), numpy.array([correct], numpy.int64))
     return int(total[0]) / n
 
 
-def _bar(epoch, epochs, done, total, loss, width=30):
-    filled = int(width * done / max(total, 1))
-    sys.stderr.write(f"\repoch {epoch + 1}/{epochs} [{'#' * filled}{'.' * (width - filled)}] "
-                     f"{done}/{total} loss {loss:.4f}")
-    sys.stderr.flush()
-
-
+# -- the run ---------------------------------------------------------------------------------------------
 def _add(totals, summary):
     for kind, s in summary.items():
         t = totals.setdefault(kind, {"calls": 0, "bytes": 0})
@@ -150,93 +160,124 @@ def _add(totals, summary):
         t["bytes"] += s["bytes"]
 
 
-def train(cfg, *, comm=None, log=print):
-    """Run ``cfg``; returns a dict of results (``losses`` per step, ``epochs``, ``accuracy``,
-    ``time_per_step``, ``bytes_per_step`` per kind averaged over ranks, ``serial_check``)."""
-    from mpi4py import MPI
+def _save(cfg, model, optimizer, global_step):
+    """A checkpoint at ``global_step``; the data position follows from it (``divmod(step, per_epoch)``)."""
+    checkpoint.save(cfg.checkpoint_dir, model, optimizer, step=global_step, extra={"seed": cfg.seed})
 
+
+def train(cfg, *, comm=None, log=print, report=None):
+    """Run ``cfg`` (a :class:`TrainConfig`); returns a dict of results (``losses`` per step,
+    ``epochs``, ``accuracy``, ``time_per_step``, ``bytes_per_step`` and ``calls_per_step`` per
+    kind averaged over ranks, ``serial_check``).  ``log`` prints rank 0's lines; ``report``
+    (default: stderr) receives progress.  Every collective runs under ``cfg.timeout``."""
+    cfg.validate()
     comm = comm or MPI.COMM_WORLD
-    rank = comm.Get_rank()
-    say = log if rank == 0 else (lambda *a, **k: None)
-    dtype = numpy.dtype(cfg.dtype)
-    x_train, y_train, x_test, y_test, num_classes = load_dataset(cfg, dtype)
-    in_channels = x_train.shape[1]
-    model = build_model(cfg, comm=comm, in_channels=in_channels, num_classes=num_classes)
-    optimizer = SGD(model, cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    per_epoch = data.num_batches(len(y_train), cfg.batch_size, drop_last=True)
+    with collectives.timeout(cfg.timeout):
+        return _train(cfg, comm, log if comm.Get_rank() == 0 else (lambda *a, **k: None), report)
+
+
+def _prepare(cfg, comm):
+    """Data, model and optimizer, every input checked (the same errors on every rank)."""
+    ranks = comm.Get_size()
+    if cfg.grid and math.prod(cfg.grid.values()) != ranks:
+        raise OptionError("grid", f"{cfg.grid} has {math.prod(cfg.grid.values())} ranks but the job has {ranks}; "
+                                  f"choose sizes whose product is {ranks} (axes left out have size 1)")
+    x_train, y_train, x_test, y_test, num_classes = load_dataset(cfg, numpy.dtype(cfg.dtype))
+    model = build_model(cfg, comm=comm, in_channels=x_train.shape[1], num_classes=num_classes)
+    check_model_fits(model, cfg, x_train.shape, num_classes)
+    per_epoch = datasets.num_batches(len(y_train), cfg.batch_size, drop_last=True)
     if per_epoch < 1:
-        raise ValueError(f"batch_size: {cfg.batch_size} is larger than the training set ({len(y_train)} samples)")
+        raise OptionError("batch_size", f"{cfg.batch_size} is larger than the training set "
+                                        f"({len(y_train)} samples)")
+    optimizer = SGD(model, cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return model, optimizer, (x_train, y_train, x_test, y_test, num_classes), per_epoch
+
+
+def _train(cfg, comm, say, report):
+    rank = comm.Get_rank()
+    model, optimizer, (x_train, y_train, x_test, y_test, num_classes), per_epoch = _prepare(cfg, comm)
+    total_steps = per_epoch * cfg.epochs
     start_epoch, start_batch, global_step = 0, 0, 0
     if cfg.resume:
-        from refconv import checkpoint
-
-        if not cfg.checkpoint_dir:
-            raise ValueError("resume: needs checkpoint_dir")
-        global_step, extra = checkpoint.load(cfg.checkpoint_dir, model, optimizer)
+        global_step, _ = checkpoint.load(cfg.checkpoint_dir, model, optimizer)
+        if global_step >= total_steps:
+            raise OptionError("resume", f"the checkpoint in {cfg.checkpoint_dir!r} is at step {global_step}, the "
+                                        f"end of a {cfg.epochs}-epoch run of {per_epoch} steps per epoch; raise "
+                                        f"{{epochs}} to train further")
         start_epoch, start_batch = divmod(global_step, per_epoch)
         say(f"resumed from {cfg.checkpoint_dir} at step {global_step} (epoch {start_epoch + 1})")
-    say(f"model {model.spec.get('name', 'custom')}: {model.num_parameters()} parameters, "
-        f"{len(model.named_layers())} layers; {comm.Get_size()} ranks; "
-        f"train {len(y_train)} / test {len(y_test)} samples")
+    backend = model.body.layers[0].backend.name
+    for line in progress.header(model, cfg, comm.Get_size(), backend, len(y_train), len(y_test), per_epoch):
+        say(line)
 
+    bar = progress.Progress(total_steps=total_steps, epochs=cfg.epochs, batch_size=cfg.batch_size,
+                            every=cfg.log_every, stream=report, enabled=cfg.progress and rank == 0)
+    metrics = progress.Metrics(cfg.metrics_out if rank == 0 else None)
     losses, epochs, totals, step_times = [], [], {}, []
     stop = False
-    for epoch in range(start_epoch, cfg.epochs):
-        epoch_losses = []
-        batches = data.batches(x_train, y_train, cfg.batch_size, seed=cfg.seed, epoch=epoch, drop_last=True,
-                               start=start_batch if epoch == start_epoch else 0)
-        for b, (x_b, y_b) in enumerate(batches, start=start_batch if epoch == start_epoch else 0):
-            optimizer.lr = learning_rate(cfg, global_step, per_epoch * cfg.epochs)
-            t0 = time.perf_counter()
-            with collectives.stats.recording() as region:
-                loss = step(model, optimizer, x_b, y_b)
-            step_times.append(time.perf_counter() - t0)
-            _add(totals, region.summary(moved_only=True))  # calls on one-rank communicators move nothing
-            losses.append(loss)
-            epoch_losses.append(loss)
-            global_step += 1
-            if cfg.progress and rank == 0:
-                _bar(epoch, cfg.epochs, b + 1, per_epoch, loss)
-            if cfg.checkpoint_dir and cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
+    try:
+        for epoch in range(start_epoch, cfg.epochs):
+            first = start_batch if epoch == start_epoch else 0
+            epoch_losses = []
+            batches = datasets.batches(x_train, y_train, cfg.batch_size, seed=cfg.seed, epoch=epoch,
+                                       drop_last=True, start=first)
+            for b, (x_b, y_b) in enumerate(batches, start=first):
+                optimizer.lr = learning_rate(cfg, global_step, total_steps)
+                t0 = time.perf_counter()
+                with collectives.stats.recording() as region:
+                    loss = step(model, optimizer, x_b, y_b)
+                seconds = time.perf_counter() - t0
+                moved = region.summary(moved_only=True)  # calls on one-rank communicators move nothing
+                _add(totals, moved)
+                step_times.append(seconds)
+                losses.append(loss)
+                epoch_losses.append(loss)
+                global_step += 1
+                metrics.write(step=global_step, epoch=epoch + 1, loss=loss, lr=optimizer.lr, step_time_s=seconds,
+                              images_per_s=cfg.batch_size / seconds,
+                              collectives={k: {"calls": v["calls"], "bytes": v["bytes"]} for k, v in moved.items()})
+                bar.step(epoch, b + 1, per_epoch, global_step, loss)
+                if cfg.checkpoint_dir and cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
+                    _save(cfg, model, optimizer, global_step)
+                if cfg.max_steps is not None and len(losses) >= cfg.max_steps:
+                    stop = True
+                    break
+            bar.end_epoch()
+            accuracy = evaluate(model, x_test, y_test, cfg.batch_size)
+            epochs.append({"epoch": epoch + 1, "loss": float(numpy.mean(epoch_losses)), "accuracy": accuracy})
+            say(f"epoch {epoch + 1}/{cfg.epochs}: loss {epochs[-1]['loss']:.4f}, test accuracy {accuracy:.4f}")
+            if cfg.checkpoint_dir and not (cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0):
                 _save(cfg, model, optimizer, global_step)
-            if cfg.max_steps is not None and len(losses) >= cfg.max_steps:
-                stop = True
+            if stop:
                 break
-        if cfg.progress and rank == 0:
-            sys.stderr.write("\n")
-        accuracy = evaluate(model, x_test, y_test, cfg.batch_size)
-        mean_loss = float(numpy.mean(epoch_losses)) if epoch_losses else float("nan")
-        epochs.append({"epoch": epoch + 1, "loss": mean_loss, "accuracy": accuracy})
-        say(f"epoch {epoch + 1}/{cfg.epochs}: loss {mean_loss:.4f}, test accuracy {accuracy:.4f}")
-        if cfg.checkpoint_dir and not (cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0):
-            _save(cfg, model, optimizer, global_step)
-        if stop:
-            break
+    finally:
+        metrics.close()
 
     steps = len(losses)
     kinds = numpy.array([[totals.get(k, {}).get("bytes", 0), totals.get(k, {}).get("calls", 0)] for k in KINDS],
                         numpy.float64)
     kinds = collectives.allreduce(comm, kinds) / comm.Get_size()  # averaged over ranks
     result = {
-        "losses": losses, "epochs": epochs, "accuracy": epochs[-1]["accuracy"] if epochs else None,
-        "steps": steps, "time_per_step": float(numpy.mean(step_times)) if steps else 0.0,
-        "bytes_per_step": {k: kinds[i, 0] / max(steps, 1) for i, k in enumerate(KINDS) if kinds[i, 1]},
-        "calls_per_step": {k: kinds[i, 1] / max(steps, 1) for i, k in enumerate(KINDS) if kinds[i, 1]},
+        "losses": losses, "epochs": epochs, "accuracy": epochs[-1]["accuracy"],
+        "steps": steps, "time_per_step": float(numpy.mean(step_times)),
+        "bytes_per_step": {k: kinds[i, 0] / steps for i, k in enumerate(KINDS) if kinds[i, 1]},
+        "calls_per_step": {k: kinds[i, 1] / steps for i, k in enumerate(KINDS) if kinds[i, 1]},
         "model": model, "serial_check": None,
     }
     if cfg.check_serial:
-        result["serial_check"] = check_serial(cfg, losses, comm, x_train, y_train, in_channels, num_classes, say)
+        result["serial_check"] = check_serial(cfg, losses, comm, x_train, y_train, num_classes, say)
     return result
 
 
-def serial_losses(cfg, k, x_train, y_train, in_channels=None, num_classes=None):
-    """The first ``k`` losses of the same run on one rank (numpy backend)."""
-    model = build_model(cfg, serial=True, in_channels=in_channels, num_classes=num_classes)
+# -- the one-rank replay -----------------------------------------------------------------------------
+def serial_losses(cfg, model, k, x_train, y_train):
+    """The first ``k`` losses of the same run on ``model``, the one-rank twin (numpy backend)."""
     optimizer = SGD(model, cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     out, epoch = [], 0
-    total = data.num_batches(len(y_train), cfg.batch_size, drop_last=True) * cfg.epochs
+    total = datasets.num_batches(len(y_train), cfg.batch_size, drop_last=True) * cfg.epochs
     while len(out) < k:
-        for x_b, y_b in data.batches(x_train, y_train, cfg.batch_size, seed=cfg.seed, epoch=epoch, drop_last=True):
+        for x_b, y_b in datasets.batches(x_train, y_train, cfg.batch_size, seed=cfg.seed, epoch=epoch,
+                                         drop_last=True):
             optimizer.lr = learning_rate(cfg, len(out), total)
             out.append(step(model, optimizer, x_b, y_b))
             if len(out) == k:
@@ -245,7 +286,7 @@ def serial_losses(cfg, k, x_train, y_train, in_channels=None, num_classes=None):
     return out
 
 
-def check_serial(cfg, losses, comm, x_train, y_train, in_channels, num_classes, say):
+def check_serial(cfg, losses, comm, x_train, y_train, num_classes, say):
     """Rank 0 replays the first K steps on one rank and compares; returns the largest relative difference."""
     if cfg.resume:
         say("check-serial: skipped (the serial replay starts from step 0; this run was resumed)")
@@ -254,7 +295,8 @@ def check_serial(cfg, losses, comm, x_train, y_train, in_channels, num_classes, 
     rtol = 1e-6 if numpy.dtype(cfg.dtype) == numpy.float64 else 1e-3
     worst = numpy.zeros(1)
     if comm.Get_rank() == 0:
-        serial = serial_losses(cfg, k, x_train, y_train, in_channels, num_classes)
+        twin = build_model(cfg, serial=True, in_channels=x_train.shape[1], num_classes=num_classes)
+        serial = serial_losses(cfg, twin, k, x_train, y_train)
         say(f"check-serial: the first {k} steps replayed on one rank (rtol {rtol:g})")
         say(f"  {'step':>4}  {'distributed':>14}  {'serial':>14}  {'rel. diff':>9}")
         for i, (a, b) in enumerate(zip(losses, serial)):
@@ -269,7 +311,7 @@ def check_serial(cfg, losses, comm, x_train, y_train, in_channels, num_classes, 
     return float(worst[0])
 
 
-def format_summary(result, cfg):
+def format_summary(result):
     """The end-of-run report: time per step and bytes per step by kind of collective."""
     lines = [f"trained {result['steps']} steps: {result['time_per_step'] * 1e3:.1f} ms per step, "
              f"final test accuracy {result['accuracy']:.4f}",
@@ -282,3 +324,20 @@ def format_summary(result, cfg):
     lines.append(f"  {'total':<16}{'':>8}{total:>14,.0f}")
     return "\n".join(lines)
 
+
+# -- ``refconv train`` (the command protocol of refconv.cli) ------------------------------------------
+def add_parser(subparsers):
+    parser = subparsers.add_parser(
+        "train", usage="%(prog)s [OPTION ...]", help="train a CNN with sample, channel/filter and spatial parallelism",
+        description="Train a CNN on the process grid of every rank of MPI.COMM_WORLD. Rank 0 prints the "
+                    "setup, the loss and test accuracy per epoch, and a summary of the time and bytes "
+                    "communicated per step by kind of collective; progress goes to stderr.")
+    train_config.add_arguments(parser)
+    return parser
+
+
+def run(args):
+    result = train(train_config.from_arguments(args))
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(format_summary(result), flush=True)
+    return 0

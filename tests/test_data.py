@@ -1,17 +1,16 @@
-"""refconv.data: the bundled digits, load_npz's errors, synthetic images, batches and rank blocks."""
+"""refconv.datasets: the bundled digits, load_npz's errors, synthetic images and batches."""
 
 import importlib.resources
 
 import numpy
 import pytest
 
-from refconv import data
-from refconv.distribution import Distribution, block_range
+from refconv import datasets
 
 
 # -- digits ---------------------------------------------------------------------------------
 def test_digits_npz_ships_in_the_package():
-    resource = importlib.resources.files("refconv.data").joinpath("digits.npz")
+    resource = importlib.resources.files("refconv").joinpath("data").joinpath("digits.npz")
     assert resource.is_file()
     with resource.open("rb") as f, numpy.load(f) as z:
         assert z["x"].shape == (1797, 1, 8, 8) and z["x"].max() == 16
@@ -19,7 +18,7 @@ def test_digits_npz_ships_in_the_package():
 
 
 def test_load_digits_shapes_dtypes_and_split():
-    x_tr, y_tr, x_te, y_te = data.load_digits()
+    x_tr, y_tr, x_te, y_te = datasets.load_digits()
     assert x_tr.shape == (1438, 1, 16, 16) and x_te.shape == (359, 1, 16, 16)
     assert x_tr.dtype == numpy.float32 and y_tr.dtype == numpy.int64
     assert len(y_tr) == len(x_tr) and len(y_te) == len(x_te)
@@ -32,21 +31,21 @@ def test_load_digits_shapes_dtypes_and_split():
 
 
 def test_load_digits_is_deterministic_and_seeded():
-    a, b = data.load_digits(seed=3), data.load_digits(seed=3)
+    a, b = datasets.load_digits(seed=3), datasets.load_digits(seed=3)
     for u, v in zip(a, b):
         assert numpy.array_equal(u, v)
-    c = data.load_digits(seed=4)
+    c = datasets.load_digits(seed=4)
     assert not numpy.array_equal(a[1], c[1])
 
 
 def test_load_digits_options():
-    x_tr, _, x_te, _ = data.load_digits(upsample=1, test_fraction=0.5, dtype=numpy.float64)
+    x_tr, _, x_te, _ = datasets.load_digits(upsample=1, test_fraction=0.5, dtype=numpy.float64)
     assert x_tr.shape[1:] == (1, 8, 8) and x_tr.dtype == numpy.float64
     assert abs(len(x_te) - 1797 / 2) < 10
     with pytest.raises(ValueError, match="upsample"):
-        data.load_digits(upsample=0)
+        datasets.load_digits(upsample=0)
     with pytest.raises(ValueError, match="test_fraction"):
-        data.load_digits(test_fraction=1.0)
+        datasets.load_digits(test_fraction=1.0)
 
 
 # -- load_npz -------------------------------------------------------------------------------
@@ -61,7 +60,7 @@ GOOD_Y = numpy.array([0, 1, 2, 1])
 
 
 def test_load_npz_good(tmp_path):
-    x, y = data.load_npz(_save(tmp_path, x=GOOD_X, y=GOOD_Y.astype(numpy.uint8)),
+    x, y = datasets.load_npz(_save(tmp_path, x=GOOD_X, y=GOOD_Y.astype(numpy.uint8)),
                          dtype=numpy.float64, num_classes=3)
     assert x.shape == (4, 2, 3, 3) and x.dtype == numpy.float64 and y.dtype == numpy.int64
 
@@ -85,20 +84,20 @@ BAD = {
 @pytest.mark.parametrize("problem", sorted(BAD))
 def test_load_npz_rejects(tmp_path, problem):
     with pytest.raises(ValueError, match=problem):
-        data.load_npz(_save(tmp_path, **BAD[problem]))
+        datasets.load_npz(_save(tmp_path, **BAD[problem]))
 
 
 def test_load_npz_label_above_num_classes(tmp_path):
     path = _save(tmp_path, x=GOOD_X, y=GOOD_Y)
     with pytest.raises(ValueError, match="num_classes = 2"):
-        data.load_npz(path, num_classes=2)
+        datasets.load_npz(path, num_classes=2)
 
 
 def test_load_npz_missing_file_and_directory(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
-        data.load_npz(tmp_path / "nope.npz")
+        datasets.load_npz(tmp_path / "nope.npz")
     with pytest.raises(ValueError, match="is a directory"):
-        data.load_npz(tmp_path)
+        datasets.load_npz(tmp_path)
 
 
 @pytest.mark.parametrize("content", [b"", b"not an archive at all", b"PK\x03\x04garbage"])
@@ -106,44 +105,44 @@ def test_load_npz_unreadable(tmp_path, content):
     path = tmp_path / "bad.npz"
     path.write_bytes(content)
     with pytest.raises(ValueError, match="not a readable .npz"):
-        data.load_npz(path)
+        datasets.load_npz(path)
 
 
 def test_load_npz_single_array_and_object_arrays(tmp_path):
     numpy.save(tmp_path / "one.npy", GOOD_X)
     with pytest.raises(ValueError, match="single array"):
-        data.load_npz(tmp_path / "one.npy")
+        datasets.load_npz(tmp_path / "one.npy")
     path = _save(tmp_path, x=numpy.array([None, 1], dtype=object), y=GOOD_Y)
     with pytest.raises(ValueError, match="cannot read x and y"):
-        data.load_npz(path)
+        datasets.load_npz(path)
 
 
 def test_split_is_stratified_and_disjoint():
     x = numpy.arange(100)
     y = numpy.repeat([0, 1, 2, 3], 25)
-    x_tr, y_tr, x_te, y_te = data.split(x, y, 0.2, seed=1)
+    x_tr, y_tr, x_te, y_te = datasets.split(x, y, 0.2, seed=1)
     assert sorted(numpy.r_[x_tr, x_te]) == list(range(100))
     assert list(numpy.bincount(y_te)) == [5, 5, 5, 5]
 
 
 # -- synthetic ------------------------------------------------------------------------------
 def test_synthetic_is_deterministic_and_lazy():
-    x, y = data.synthetic(12, 3, 20, 24, 5, seed=7)
+    x, y = datasets.synthetic(12, 3, 20, 24, 5, seed=7)
     assert x.shape == (12, 3, 20, 24) and len(x) == 12 and y.dtype == numpy.int64
     full = numpy.asarray(x)
     assert full.dtype == numpy.float32 and full.shape == x.shape
-    x2, y2 = data.synthetic(12, 3, 20, 24, 5, seed=7)
+    x2, y2 = datasets.synthetic(12, 3, 20, 24, 5, seed=7)
     assert numpy.array_equal(y, y2) and numpy.array_equal(full, numpy.asarray(x2))
     idx = numpy.array([5, 0, 11])
     assert numpy.array_equal(x[idx], full[idx])          # any subset, same values
     assert numpy.array_equal(x[3:6], full[3:6]) and numpy.array_equal(x[-1], full[-1])
-    x3, _ = data.synthetic(12, 3, 20, 24, 5, seed=8)
+    x3, _ = datasets.synthetic(12, 3, 20, 24, 5, seed=8)
     assert not numpy.array_equal(full, numpy.asarray(x3))
 
 
 def test_synthetic_is_learnable():
     """Nearest class mean (from the noisy training half) classifies the other half well."""
-    x, y = data.synthetic(200, 2, 16, 16, 4, seed=0)
+    x, y = datasets.synthetic(200, 2, 16, 16, 4, seed=0)
     x = numpy.asarray(x).reshape(200, -1)
     means = numpy.stack([x[:100][y[:100] == k].mean(0) for k in range(4)])
     pred = numpy.argmin(((x[100:, None] - means[None]) ** 2).sum(-1), axis=1)
@@ -155,8 +154,8 @@ def test_synthetic_is_learnable():
 def test_batches_cover_each_sample_once(n, b, drop_last):
     x = numpy.arange(n, dtype=numpy.float32).reshape(n, 1, 1, 1)
     y = numpy.arange(n)
-    got = list(data.batches(x, y, b, seed=1, epoch=2, drop_last=drop_last))
-    assert len(got) == data.num_batches(n, b, drop_last=drop_last)
+    got = list(datasets.batches(x, y, b, seed=1, epoch=2, drop_last=drop_last))
+    assert len(got) == datasets.num_batches(n, b, drop_last=drop_last)
     seen = numpy.concatenate([yb for _, yb in got])
     assert all(numpy.array_equal(xb.reshape(-1), yb) for xb, yb in got)
     if drop_last:
@@ -167,7 +166,7 @@ def test_batches_cover_each_sample_once(n, b, drop_last):
 
 def test_batches_are_deterministic_and_resumable():
     x, y = numpy.zeros((20, 1, 1, 1)), numpy.arange(20)
-    order = lambda **kw: numpy.concatenate([yb for _, yb in data.batches(x, y, 6, **kw)])
+    order = lambda **kw: numpy.concatenate([yb for _, yb in datasets.batches(x, y, 6, **kw)])
     assert numpy.array_equal(order(seed=1, epoch=3), order(seed=1, epoch=3))
     assert not numpy.array_equal(order(seed=1, epoch=3), order(seed=1, epoch=4))
     assert numpy.array_equal(order(seed=1, epoch=0, shuffle=False), numpy.arange(20))
@@ -175,35 +174,6 @@ def test_batches_are_deterministic_and_resumable():
 
 
 def test_batches_of_synthetic_images():
-    x, y = data.synthetic(9, 1, 4, 4, 3, seed=2)
-    for xb, yb in data.batches(x, y, 4, seed=0, epoch=0):
+    x, y = datasets.synthetic(9, 1, 4, 4, 3, seed=2)
+    for xb, yb in datasets.batches(x, y, 4, seed=0, epoch=0):
         assert isinstance(xb, numpy.ndarray) and xb.shape[1:] == (1, 4, 4)
-
-
-class FakeGrid:
-    """The attributes shard_batch/shard_labels read: shape, P_N, rank, coords."""
-
-    def __init__(self, shape, rank):
-        self.shape = shape
-        self.P_N = shape[0]
-        self.rank = rank
-        self.coords = Distribution(shape, (1, 1, 1, 1), (None,) * 4).coords_of(rank)
-
-
-@pytest.mark.parametrize("grid_shape", [(1, 1, 1, 1), (2, 1, 1, 1), (3, 2, 1, 1), (2, 1, 2, 2)])
-def test_shard_batch_blocks_tile_the_batch(grid_shape):
-    P = int(numpy.prod(grid_shape))
-    x_b = numpy.random.default_rng(0).standard_normal((7, 4, 6, 5))
-    y_b = numpy.arange(7)
-    rebuilt = numpy.full(x_b.shape, numpy.nan)
-    for rank in range(P):
-        grid = FakeGrid(grid_shape, rank)
-        dist = Distribution.activations(grid, x_b.shape)
-        x_loc = data.shard_batch(x_b, dist, grid)
-        assert numpy.array_equal(x_loc, data.shard_batch(x_b, grid=grid))   # default dist
-        dist.insert(rebuilt, x_loc, rank)
-        y_loc = data.shard_labels(y_b, grid)
-        s, e = block_range(7, grid_shape[0], grid.coords[0])
-        assert numpy.array_equal(y_loc, y_b[s:e]) and len(y_loc) == x_loc.shape[0]
-        assert numpy.array_equal(data.shard_labels(y_b, grid, dist), y_loc)
-    assert numpy.array_equal(rebuilt, x_b)

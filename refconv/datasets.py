@@ -1,4 +1,4 @@
-"""Training data: where images come from, and how a global batch is cut into rank blocks.
+"""Training data: where images come from, and the global batches every rank computes alike.
 
 Sources (all return NCHW float images ``x`` and int64 labels ``y``)::
 
@@ -13,12 +13,10 @@ Sources (all return NCHW float images ``x`` and int64 labels ``y``)::
 Loading (no communication: every rank computes the same global batch)::
 
     for x_b, y_b in batches(x, y, B, seed=s, epoch=e):     # same order on every rank
-        x_loc = shard_batch(x_b, dist, grid)               # dist.extract(x_b, grid.rank)
-        y_loc = shard_labels(y_b, grid)                    # block n of B over P_N
+        x_loc = model.input_distribution.extract(x_b, rank) # this rank's block
+        y_loc = model.label_block(y_b)                      # the labels of its samples
 
-``x_loc`` is this rank's block under ``dist`` (by default
-``Distribution.activations(grid, x_b.shape)``: N over sample, C over channel, H
-over height, W over width); ``y_loc`` the labels of its samples.
+The digits live in ``refconv/data/``, a directory of package data (no code).
 """
 
 import importlib.resources
@@ -28,16 +26,13 @@ import zipfile
 
 import numpy
 
-from refconv.distribution import Distribution, block_range
-
-__all__ = ["load_digits", "load_npz", "split", "synthetic", "SyntheticImages",
-           "batches", "num_batches", "shard_batch", "shard_labels"]
+__all__ = ["load_digits", "load_npz", "split", "synthetic", "SyntheticImages", "batches", "num_batches"]
 
 
 # -- the bundled digits ---------------------------------------------------------------------
 def _digits_raw():
     """(x uint8 (1797, 1, 8, 8) in 0..16, y int64 (1797,)) from the installed package."""
-    resource = importlib.resources.files(__name__).joinpath("digits.npz")
+    resource = importlib.resources.files("refconv").joinpath("data").joinpath("digits.npz")
     with resource.open("rb") as f, numpy.load(io.BytesIO(f.read())) as z:
         return z["x"], z["y"]
 
@@ -225,7 +220,7 @@ class SyntheticImages:
         return f"SyntheticImages(shape={self.shape}, dtype={self.dtype}, seed={self.seed})"
 
 
-# -- batches and rank blocks -------------------------------------------------------------------
+# -- batches ----------------------------------------------------------------------------------
 def num_batches(n, batch_size, *, drop_last=False):
     """How many batches ``batches`` yields for ``n`` samples."""
     return n // batch_size if drop_last else -(-n // batch_size)
@@ -248,28 +243,6 @@ def batches(x, y, batch_size, *, seed=0, epoch=0, shuffle=True, drop_last=False,
     for b in range(start, num_batches(n, batch_size, drop_last=drop_last)):
         idx = order[b * batch_size:(b + 1) * batch_size]
         yield x[idx], y[idx]
-
-
-def shard_batch(x_batch, dist=None, grid=None):
-    """This rank's block of the global batch ``x_batch`` (N, C, H, W) under ``dist``.
-
-    ``dist`` defaults to ``Distribution.activations(grid, x_batch.shape)``; the
-    block is ``dist.extract(x_batch, grid.rank)``, e.g. ``(n, C/P_c, H/P_H, W/P_W)``.
-    """
-    if grid is None:
-        raise ValueError("shard_batch: pass grid= (the ProcessGrid the model runs on)")
-    if dist is None:
-        dist = Distribution.activations(grid, x_batch.shape)
-    return dist.extract(x_batch, grid.rank)     # x_loc: (n, c, h, w)
-
-
-def shard_labels(y_batch, grid, dist=None):
-    """The labels of this rank's samples: block ``grid.coords[0]`` of ``len(y_batch)``
-    split ``grid.P_N`` ways (or the N pieces of ``dist`` when given)."""
-    if dist is not None:
-        return numpy.concatenate([y_batch[s:e] for s, e in dist.pieces(grid.rank, 0)])
-    start, stop = block_range(len(y_batch), grid.P_N, grid.coords[0])
-    return y_batch[start:stop]                  # y_loc: (n,)
 
 
 def _positive_int(v, name):

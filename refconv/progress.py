@@ -1,0 +1,122 @@
+"""What a training run reports as it goes (rank 0): the header, progress and per-step metrics.
+
+- :func:`header` echoes the resolved setup: ranks and threads, backend, dtype,
+  learning rate, and each run of layers with its grid and its convolutions' algorithms.
+- :class:`Progress` writes to stderr: on a terminal a bar redrawn in place (steps,
+  loss, elapsed time, ETA, images/s); otherwise (a log file, a Slurm job) one plain
+  line every ``every`` steps, so a log never turns into one long line.
+- :class:`Metrics` appends one JSON line per step to ``--metrics-out`` (the fields are
+  listed in docs/training.md), flushed each time, so a killed run keeps its lines.
+"""
+
+import collections
+import json
+import os
+import sys
+import time
+
+
+def grid_text(grid):
+    """``"sample=2,channel=2"`` (axes of size 1 left out; ``"1 rank"`` when all are)."""
+    names = ("sample", "channel", "height", "width")
+    text = ",".join(f"{n}={p}" for n, p in zip(names, grid.shape) if p > 1)
+    return text or "1 rank"
+
+
+def _algorithm_text(layer):
+    if layer.algorithm == "stationary-w":
+        return f"stationary-w (p_f={layer.filter_groups})"
+    return layer.algorithm
+
+
+def layer_runs(model):
+    """``[(first, last, grid text, {algorithm: convs})]``: consecutive layers on one grid."""
+    runs = []
+    for name, layer in model.named_layers():
+        text = grid_text(layer.grid)
+        if not runs or runs[-1][2] != text:
+            runs.append([name, name, text, collections.Counter()])
+        runs[-1][1] = name
+        if getattr(layer, "algorithm", None):
+            runs[-1][3][_algorithm_text(layer)] += 1
+    return [tuple(r) for r in runs]
+
+
+def threads_text():
+    value = os.environ.get("OMP_NUM_THREADS")
+    return f"{value} thread{'s' if value != '1' else ''} per rank" if value else \
+        "OMP_NUM_THREADS unset (BLAS uses every core)"
+
+
+def header(model, cfg, ranks, backend, n_train, n_test, per_epoch):
+    """The lines that open a run (call after the model is bound, so ``auto`` has chosen)."""
+    lines = [f"model {model.spec.get('name', 'custom') if model.spec else 'custom'}: "
+             f"{model.num_parameters()} parameters, {len(model.named_layers())} layers; "
+             f"train {n_train} / test {n_test} samples",
+             f"{ranks} rank{'s' if ranks > 1 else ''}, {threads_text()}; backend {backend}, {cfg.dtype}; batch {cfg.batch_size}, "
+             f"{per_epoch} steps per epoch; lr {cfg.lr:g} ({cfg.lr_schedule}), momentum {cfg.momentum:g}, "
+             f"weight decay {cfg.weight_decay:g}"]
+    for first, last, grid, convs in layer_runs(model):
+        where = f"layer {first}" if first == last else f"layers {first}-{last}"
+        conv = "; convolutions: " + ", ".join(f"{a} x{n}" for a, n in convs.items()) if convs else ""
+        lines.append(f"  {where:<14} grid {grid}{conv}")
+    return lines
+
+
+def _duration(seconds):
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class Progress:
+    """Rank 0's progress on ``stream``: a bar on a terminal, else a line every ``every`` steps."""
+
+    def __init__(self, *, total_steps, epochs, batch_size, every, stream=None, enabled=True):
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.terminal = enabled and self.stream.isatty()
+        self.total, self.epochs, self.batch, self.every = total_steps, epochs, batch_size, every
+        self.start = time.perf_counter()
+        self.done = 0                     # steps taken by this process (a resumed run starts at 0)
+
+    def step(self, epoch, in_epoch, per_epoch, global_step, loss):
+        """After a step: ``in_epoch`` steps done of ``per_epoch``; ``global_step`` of the whole run."""
+        self.done += 1
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.start
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - global_step) / rate if rate else 0.0
+        tail = (f"loss {loss:.4f} | {_duration(elapsed)} elapsed, ETA {_duration(eta)}, "
+                f"{rate * self.batch:,.0f} images/s")
+        if self.terminal:
+            width = 24
+            filled = int(width * in_epoch / max(per_epoch, 1))
+            self.stream.write(f"\repoch {epoch + 1}/{self.epochs} [{'#' * filled}{'.' * (width - filled)}] "
+                              f"{in_epoch}/{per_epoch} {tail}")
+            self.stream.flush()
+        elif global_step % self.every == 0 or global_step == self.total:
+            self.stream.write(f"epoch {epoch + 1}/{self.epochs} step {global_step}/{self.total} {tail}\n")
+            self.stream.flush()
+
+    def end_epoch(self):
+        if self.terminal:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+class Metrics:
+    """``--metrics-out``: one JSON object per step, appended (rank 0 only; ``path=None``: off)."""
+
+    def __init__(self, path):
+        self.file = open(path, "a", encoding="utf-8") if path else None
+
+    def write(self, **fields):
+        if self.file is not None:
+            self.file.write(json.dumps(fields) + "\n")
+            self.file.flush()
+
+    def close(self):
+        if self.file is not None:
+            self.file.close()
+            self.file = None

@@ -1,0 +1,266 @@
+"""The training options, defined once: ``TrainConfig`` (the API) and ``refconv train``'s flags.
+
+``OPTIONS`` is the one list.  Each :class:`Option` is a field of :class:`TrainConfig`
+(name, default, validation) and a flag of ``refconv train`` (``--name-with-dashes``,
+its help text and its ``--help`` section)::
+
+    cfg = TrainConfig(grid={"sample": 2, "channel": 2}, epochs=2)   # validated here
+    refconv train --grid sample=2,channel=2 --epochs 2                # the same run
+
+A bad value raises :class:`OptionError`, a ``ValueError`` that names the option:
+``"epochs: expected an int >= 1, got 0"`` from the API, ``"--epochs: ..."`` from
+the command line (:meth:`OptionError.render`).  The checks depend only on the
+options, so every rank raises the same error before any communication.
+"""
+
+import argparse
+import dataclasses
+import math
+import numbers
+import re
+
+from refconv import algorithms, checks
+from refconv.collectives import TRAINING_TIMEOUT_S
+
+GRID_AXES = ("sample", "channel", "height", "width")
+MAX_CLASSES = 100_000   # a classifier head beyond this is a mistake (a label of 2**40), not a model
+
+
+class OptionError(ValueError):
+    """A bad training option.  ``detail`` may name other options as ``{name}``."""
+
+    def __init__(self, option, detail):
+        self.option, self.detail = option, detail
+        super().__init__(self.render(lambda name: name))
+
+    def render(self, spell):
+        """The message with every option name written by ``spell`` (e.g. as its ``--flag``)."""
+        detail = re.sub(r"\{(\w+)\}", lambda m: spell(m[1]) if m[1] in BY_NAME else m[0], self.detail)
+        return f"{spell(self.option)}: {detail}"
+
+
+# -- value checks: (value, name) -> normalised value, or ValueError("name: what would be right") --
+def _int(minimum, optional=False):
+    """An int >= minimum (refconv.checks.integer), or also None when ``optional``."""
+    return lambda v, name: None if v is None and optional else checks.integer(v, name, minimum=minimum)
+
+
+def _one_of(choices):
+    """One of ``choices`` (a tuple, or a function giving it: a registry that may grow)."""
+    return lambda v, name: checks.one_of(v, name, choices() if callable(choices) else choices)
+
+
+def _real(minimum, below=math.inf):
+    """A finite number in ``[minimum, below)``."""
+    def check(v, name):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not minimum <= v < below:
+            upper = "" if below == math.inf else f" and < {below}"
+            raise ValueError(f"{name}: expected a number >= {minimum}{upper}, got {v!r}")
+        return float(v)
+    return check
+
+
+def _instance(types, what):
+    def check(v, name):
+        if not isinstance(v, types):
+            raise ValueError(f"{name}: expected {what}, got {v!r}")
+        return v
+    return check
+
+
+def _timeout(v, name):
+    return None if v is None or v == 0 else _real(0)(v, name)
+
+
+def _algorithms():
+    return algorithms.channel_algorithms() + ("auto",)
+
+
+def parse_grid(text):
+    """``"sample=2,channel=2"`` -> ``{"sample": 2, "channel": 2}`` (the ``--grid`` parser).
+
+    Its errors say what is wrong without naming the flag (argparse prefixes it)."""
+    grid = {}
+    for part in text.split(","):
+        axis, sep, size = (s.strip() for s in part.partition("="))
+        if not sep or axis not in GRID_AXES:
+            raise ValueError(f"expected axis=size pairs with axes {', '.join(GRID_AXES)}, "
+                             f"e.g. sample=2,channel=2; got {part.strip()!r}")
+        if axis in grid:
+            raise ValueError(f"axis {axis!r} is given twice in {text!r}; give each axis once")
+        try:
+            grid[axis] = int(size)
+        except ValueError:
+            raise ValueError(f"the size of {axis} must be an int, got {size!r}") from None
+        if grid[axis] < 1:
+            raise ValueError(f"the size of {axis} must be >= 1, got {grid[axis]}")
+    return grid
+
+
+def _grid(v, name):
+    if v is None:
+        return None
+    if not isinstance(v, dict) or not v:
+        raise ValueError(f"{name}: expected a dict like {{'sample': 2, 'channel': 2}} or unset, got {v!r}")
+    for axis in v:
+        if axis not in GRID_AXES:
+            raise ValueError(f"{name}: unknown axis {axis!r}; axes are {', '.join(GRID_AXES)}")
+    return {axis: checks.integer(size, f"{name}: the size of {axis}") for axis, size in v.items()}
+
+
+# -- the options ---------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One training option: a :class:`TrainConfig` field and a ``refconv train`` flag."""
+
+    name: str              # the TrainConfig field; the flag is --name-with-dashes
+    default: object
+    check: object          # (value, name) -> normalised value; ValueError("name: what would be right")
+    group: str             # the --help section
+    help: str
+    parse: object = None   # the flag's text -> value (argparse type); None: a switch (bool)
+    metavar: str = None
+    choices: object = None  # listed in --help: a tuple, or a function giving it
+
+    @property
+    def flag(self):
+        """``--batch-size``; a switch that is on by default is turned off by ``--no-...``."""
+        dashed = self.name.replace("_", "-")
+        return f"--no-{dashed}" if self.parse is None and self.default else f"--{dashed}"
+
+
+STRATEGY = "parallel strategy (defaults for every layer; a model file may override per layer)"
+DATA = "model and data"
+OPTIM = "optimisation"
+RUN = "run"
+OUTPUT = "output"
+_PATH = _instance((str, type(None)), "a path (str) or unset")
+_BOOL = _instance(bool, "True or False")
+
+OPTIONS = (
+    Option("grid", None, _grid, STRATEGY, "process grid, e.g. sample=2,channel=2 or sample=2,height=2; the "
+           "product must be the number of ranks; unset: the model's (sample=<ranks> for the presets)",
+           parse=parse_grid, metavar="AXIS=SIZE,..."),
+    Option("algorithm", None, lambda v, name: v if v is None else _one_of(_algorithms)(v, name), STRATEGY,
+           "channel/filter algorithm of the convolutions when channel > 1; auto: priced per layer by the "
+           "cost model; unset: the model's (stationary-x for the presets)", parse=str, choices=_algorithms),
+    Option("filter_groups", None, _int(1, optional=True), STRATEGY,
+           "p_f of stationary-w, a divisor of the channel size; only with --algorithm stationary-w",
+           parse=int),
+    Option("model", "digits-cnn", _instance((str, dict), "a preset name, a JSON/YAML path or a spec dict"), DATA,
+           "preset (digits-cnn, resnet50, resnet50-wide2, resnet50-wide4) or a JSON/YAML model file", parse=str,
+           metavar="PRESET|FILE"),
+    Option("data", None, _PATH, DATA,
+           "an .npz with x (N,C,H,W) and y (N,); 20%% is held out for testing; unset: the bundled digits",
+           parse=str, metavar="NPZ"),
+    Option("synthetic", False, _BOOL, DATA, "train on generated images instead (scaling runs)"),
+    Option("synthetic_samples", 1024, _int(1), DATA, "training images with --synthetic", parse=int),
+    Option("image_size", 32, _int(1), DATA, "height and width of --synthetic images", parse=int),
+    Option("epochs", 4, _int(1), OPTIM, "passes over the training set", parse=int),
+    Option("batch_size", 32, _int(1), OPTIM, "global batch size (split over the sample axis)", parse=int),
+    Option("lr", 0.1, _real(0), OPTIM, "peak SGD learning rate", parse=float),
+    Option("lr_schedule", "cosine", _one_of(("cosine", "constant")), OPTIM,
+           "cosine: decay to 0 over the run", parse=str, choices=("cosine", "constant")),
+    Option("momentum", 0.9, _real(0, below=1), OPTIM, "SGD momentum", parse=float),
+    Option("weight_decay", 1e-4, _real(0), OPTIM, "L2 penalty added to each gradient", parse=float),
+    Option("seed", 0, _int(0), OPTIM, "parameters and data order: same seed, same run", parse=int),
+    Option("max_steps", None, _int(1, optional=True), OPTIM, "stop after this many steps in all",
+           parse=int),
+    Option("backend", "auto", _one_of(("auto", "numpy", "cuda")), RUN,
+           "numpy: the CPU path; cuda: the Numba kernels; auto: cuda when a GPU answers", parse=str,
+           choices=("auto", "numpy", "cuda")),
+    Option("dtype", "float32", _one_of(("float32", "float64")), RUN, "parameter and activation dtype",
+           parse=str, choices=("float32", "float64")),
+    Option("timeout", TRAINING_TIMEOUT_S, _timeout, RUN,
+           "seconds any one collective may wait before the job is ended (0: no deadline)", parse=float,
+           metavar="SECONDS"),
+    Option("checkpoint_dir", None, _PATH, RUN, "save a checkpoint here after every epoch", parse=str,
+           metavar="DIR"),
+    Option("checkpoint_every", 0, _int(0), RUN, "also save every STEPS steps (0: only after each epoch)",
+           parse=int, metavar="STEPS"),
+    Option("resume", False, _BOOL, RUN, "continue from the checkpoint in --checkpoint-dir (it may come "
+           "from another grid or algorithm)"),
+    Option("check_serial", 0, _int(0), RUN, "replay the first K steps on one rank (rank 0) and assert "
+           "the losses agree (0: no replay)", parse=int, metavar="K"),
+    Option("progress", True, _BOOL, OUTPUT, "no progress report on stderr (a bar on a terminal, else a "
+           "line every --log-every steps)"),
+    Option("log_every", 50, _int(1), OUTPUT, "steps between progress lines when stderr is not a terminal",
+           parse=int, metavar="STEPS"),
+    Option("metrics_out", None, _PATH, OUTPUT, "append one JSON line per step to this file (rank 0; "
+           "fields in docs/training.md)", parse=str, metavar="JSONL"),
+)
+BY_NAME = {o.name: o for o in OPTIONS}
+
+
+def _check_together(cfg):
+    """Checks that involve more than one option."""
+    if cfg.filter_groups is not None and cfg.algorithm != "stationary-w":
+        raise OptionError("filter_groups", f"only stationary-w splits the filters into groups; give "
+                                           f"{{algorithm}} stationary-w, or leave {{filter_groups}} unset "
+                                           f"(got algorithm {cfg.algorithm!r})")
+    if cfg.resume and not cfg.checkpoint_dir:
+        raise OptionError("resume", "needs {checkpoint_dir}, the directory of the run to continue")
+    if cfg.synthetic and cfg.data is not None:
+        raise OptionError("synthetic", "give either {data} or {synthetic}, not both")
+
+
+def _validate(cfg):
+    """Check and normalise every field (called on construction, and again by ``train``)."""
+    for o in OPTIONS:
+        try:
+            setattr(cfg, o.name, o.check(getattr(cfg, o.name), o.name))
+        except ValueError as exc:
+            raise OptionError(o.name, str(exc).removeprefix(f"{o.name}: ")) from None
+    _check_together(cfg)
+    return cfg
+
+
+TrainConfig = dataclasses.make_dataclass(
+    "TrainConfig", [(o.name, object, dataclasses.field(default=o.default)) for o in OPTIONS],
+    namespace={"__post_init__": _validate, "validate": _validate,
+               "__doc__": "Everything that decides a run (fields: ``refconv.train_config.OPTIONS``); the same "
+                          "config and seed give the same run.  Validated on construction."})
+TrainConfig.__module__ = __name__
+
+
+# -- the command line ------------------------------------------------------------------------------
+def add_arguments(parser):
+    """Add every option to ``parser`` (an argparse parser), one section per group."""
+    groups = {}
+    for o in OPTIONS:
+        if o.group not in groups:
+            groups[o.group] = parser.add_argument_group(o.group)
+        kwargs = {"dest": o.name, "help": o.help, "default": o.default}
+        if o.parse is None:
+            kwargs["action"] = "store_false" if o.default else "store_true"
+        else:
+            choices = o.choices() if callable(o.choices) else o.choices
+            metavar = "{" + ",".join(choices) + "}" if choices else {int: "N", float: "X"}.get(o.parse, "VALUE")
+            kwargs.update(type=_argparse_type(o.parse), metavar=o.metavar or metavar)
+            if o.default is not None:
+                kwargs["help"] += f" (default: {o.default})"
+        groups[o.group].add_argument(o.flag, **kwargs)
+    return parser
+
+
+def _argparse_type(parse):
+    """``parse``; a parser of ours has its ValueError's text shown as is (argparse adds the flag)."""
+    if parse in (int, float, str):
+        return parse                                   # argparse says "invalid int value: 'x'"
+
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
+
+
+def from_arguments(args):
+    """The :class:`TrainConfig` of parsed arguments (validated)."""
+    return TrainConfig(**{o.name: getattr(args, o.name) for o in OPTIONS})
+
+
+def flag(name):
+    """How the command line spells option ``name`` (for :meth:`OptionError.render`)."""
+    return BY_NAME[name].flag if name in BY_NAME else name

@@ -1,0 +1,225 @@
+"""The ``refconv`` command line: the command registry, one definition of the training options,
+bad input refused with one line and status 2, progress and metrics output, and the abort hook.
+
+Most tests call ``refconv.cli.main`` in this process (one rank); one subprocess checks the
+console path and one 2-rank launch checks that a plain ``python script.py`` cannot hang.
+"""
+
+import argparse
+import importlib
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy
+import pytest
+
+from refconv import cli, datasets, failure, progress, train_config
+from refconv.testing.mpirun import find_mpiexec
+from refconv.train import TrainConfig, train
+from refconv.train_config import OPTIONS, OptionError
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _npz(tmp_path, n=40, labels=None, name="small.npz"):
+    x, y, _, _ = datasets.load_digits(upsample=1)            # 8x8 digits: cheap
+    path = tmp_path / name
+    numpy.savez(path, x=x[:n], y=y[:n] if labels is None else labels)
+    return str(path)
+
+
+def _main(capsys, *argv):
+    """``refconv ARGV`` in this process: (status, stdout, stderr)."""
+    try:
+        status = cli.main(list(argv))
+    except SystemExit as exc:
+        status = exc.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+# -- the registry ---------------------------------------------------------------------------------
+def test_every_registered_command_has_the_protocol_and_is_listed(capsys):
+    names = [name for name, _ in cli.COMMANDS]
+    assert len(set(names)) == len(names) and {"train", "demo"} <= set(names)
+    for name, module_name in cli.COMMANDS:
+        module = importlib.import_module(module_name)
+        assert callable(module.add_parser) and callable(module.run), module_name
+    status, out, _ = _main(capsys, "--help")
+    assert status == 0 and all(name in out for name in names)
+
+
+def test_demo_is_a_subcommand_that_launches_four_ranks(capsys):
+    from refconv import demo
+
+    cmd = demo.command(["--epochs", "1"])
+    assert cmd[1:3] == ["-n", "4"] and cmd[-2:] == ["--epochs", "1"] and "train" in cmd
+    status, out, _ = _main(capsys, "demo", "--help")
+    assert status == 0 and "4 ranks" in out
+
+
+# -- one definition of the options ------------------------------------------------------------------
+def test_cli_defaults_are_the_api_defaults():
+    parser = train_config.add_arguments(argparse.ArgumentParser())
+    assert train_config.from_arguments(parser.parse_args([])) == TrainConfig()
+    flags = {a.option_strings[0] for a in parser._actions if a.option_strings and a.dest != "help"}
+    assert flags == {o.flag for o in OPTIONS}
+
+
+def test_an_option_error_names_the_field_in_the_api_and_the_flag_on_the_command_line():
+    with pytest.raises(OptionError, match=r"^epochs: expected a positive int, got 0$"):
+        TrainConfig(epochs=0)
+    with pytest.raises(OptionError) as info:
+        TrainConfig(resume=True)
+    assert str(info.value) == "resume: needs checkpoint_dir, the directory of the run to continue"
+    assert info.value.render(train_config.flag) == \
+        "--resume: needs --checkpoint-dir, the directory of the run to continue"
+
+
+def test_algorithm_accepts_auto():
+    assert TrainConfig(algorithm="auto").algorithm == "auto"
+    parser = train_config.add_arguments(argparse.ArgumentParser())
+    assert parser.parse_args(["--algorithm", "auto"]).algorithm == "auto"
+
+
+# -- bad input: one line, status 2, no traceback -----------------------------------------------------
+def _one_error_line(err):
+    lines = [line for line in err.splitlines() if line.strip()]
+    errors = [line for line in lines if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch-size", "0"], "--batch-size: expected a positive int, got 0"),
+    (["--epochs", "0"], "--epochs: expected a positive int, got 0"),
+    (["--epochs", "-1"], "--epochs: expected a positive int, got -1"),
+    (["--max-steps", "0"], "--max-steps: expected a positive int, got 0"),
+    (["--max-steps", "-3"], "--max-steps: expected a positive int, got -3"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every: expected a non-negative int, got -1"),
+    (["--check-serial", "-2"], "--check-serial: expected a non-negative int, got -2"),
+    (["--filter-groups", "3", "--algorithm", "stationary-x"], "--filter-groups: only stationary-w"),
+    (["--resume"], "--resume: needs --checkpoint-dir"),
+    (["--lr", "nan"], "--lr: expected a number >= 0, got nan"),
+    (["--batch-size", "5000"], "--batch-size: 5000 is larger than the training set (1438 samples)"),
+])
+def test_bad_option_is_one_line_and_status_2(capsys, argv, message):
+    status, _, err = _main(capsys, "train", "--backend", "numpy", *argv)
+    line = _one_error_line(err)
+    assert status == 2 and line.startswith(f"refconv train: error: {message}"), line
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--grid", "sample=1,sample=4"], "argument --grid: axis 'sample' is given twice"),
+    (["--grid", "samples=2"], "argument --grid: expected axis=size pairs"),
+    (["--epochs", "two"], "argument --epochs: invalid int value: 'two'"),
+])
+def test_usage_error_is_one_line_and_status_2(capsys, argv, message):
+    status, _, err = _main(capsys, "train", *argv)
+    line = _one_error_line(err)
+    assert status == 2 and message in line and "--grid: --grid" not in line
+
+
+@pytest.mark.parametrize("text, message", [
+    ("layers: [\n  {type: conv\n", "is not a valid YAML model"),
+    ("!!python/object/apply:os.system ['echo owned']\n", "could not determine a constructor"),
+    ("layers:\n  - !!python/object/apply:os.system ['echo owned']\n", "could not determine a constructor"),
+])
+def test_bad_yaml_model_is_one_line(capsys, tmp_path, text, message):
+    path = tmp_path / "model.yaml"
+    path.write_text(text)
+    status, _, err = _main(capsys, "train", "--backend", "numpy", "--model", str(path))
+    assert status == 2 and message in _one_error_line(err) and "--model:" in err
+
+
+def test_huge_label_and_small_head_are_refused(capsys, tmp_path):
+    labels = numpy.arange(40) % 3
+    labels[5] = 2 ** 40
+    status, _, err = _main(capsys, "train", "--backend", "numpy", "--data", _npz(tmp_path, labels=labels))
+    assert status == 2 and "has a label 1099511627776" in _one_error_line(err)
+    model = tmp_path / "head.yaml"
+    model.write_text("in_channels: 1\nlayers:\n  - {type: conv, out: 4, kernel: 3, padding: 1}\n"
+                     "  - {type: gap}\n  - {type: linear, out: 10}\n")
+    twelve = _npz(tmp_path, labels=numpy.arange(40) % 12, name="twelve.npz")
+    status, _, err = _main(capsys, "train", "--backend", "numpy", "--data", twelve, "--model", str(model))
+    assert status == 2 and "classifier head has 10 outputs" in _one_error_line(err)
+
+
+def test_resume_of_a_finished_run_is_refused(capsys, tmp_path):
+    args = ["train", "--backend", "numpy", "--data", _npz(tmp_path), "--batch-size", "16", "--epochs", "1",
+            "--no-progress", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    status, out, _ = _main(capsys, *args)
+    assert status == 0 and "trained 2 steps" in out
+    status, _, err = _main(capsys, *args, "--resume")
+    assert status == 2 and "--resume: the checkpoint in" in _one_error_line(err) and "raise --epochs" in err
+
+
+def test_console_path_prints_one_line_without_traceback():
+    r = subprocess.run([sys.executable, "-m", "refconv.cli", "train", "--epochs", "0"], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr == "refconv train: error: --epochs: expected a positive int, got 0\n"
+
+
+# -- output: header, progress, metrics ---------------------------------------------------------------
+def test_header_progress_lines_and_metrics(tmp_path):
+    metrics, report, lines = tmp_path / "m.jsonl", io.StringIO(), []
+    cfg = TrainConfig(data=_npz(tmp_path, n=80), batch_size=16, epochs=2, max_steps=5, backend="numpy",
+                      log_every=2, metrics_out=str(metrics), lr=0.05)
+    result = train(cfg, log=lines.append, report=report)
+    text = "\n".join(lines)
+    for part in ("1 rank,", "backend numpy", "float32", "lr 0.05 (cosine)", "grid 1 rank",
+                 "convolutions: sample-spatial x3"):
+        assert part in text, text
+    assert "thread" in text
+    progress_lines = report.getvalue().splitlines()
+    assert "\r" not in report.getvalue()                        # not a terminal: plain lines
+    assert [line.split()[3] for line in progress_lines] == ["2/8", "4/8"], progress_lines
+    assert all("ETA" in line and "images/s" in line for line in progress_lines)
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert [r["loss"] for r in records] == result["losses"]
+    for r in records:
+        assert set(r) == {"step", "epoch", "loss", "lr", "step_time_s", "images_per_s", "collectives"}
+        assert r["images_per_s"] == pytest.approx(16 / r["step_time_s"])
+        assert r["collectives"] == {}                            # one rank moves nothing
+
+
+def test_progress_draws_a_bar_only_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    bar = progress.Progress(total_steps=4, epochs=1, batch_size=8, every=100, stream=Terminal())
+    for i in range(1, 5):
+        bar.step(0, i, 4, i, 1.0)
+    bar.end_epoch()
+    out = bar.stream.getvalue()
+    assert out.count("\r") == 4 and out.endswith("\n") and "[" + "#" * 24 + "]" in out and "ETA" in out
+    plain = progress.Progress(total_steps=4, epochs=1, batch_size=8, every=100, stream=io.StringIO())
+    for i in range(1, 5):
+        plain.step(0, i, 4, i, 1.0)
+    assert plain.stream.getvalue().count("\n") == 1 and "\r" not in plain.stream.getvalue()  # the last step
+
+
+# -- the abort hook ------------------------------------------------------------------------------------
+def test_one_rank_installs_no_hook():
+    assert failure.install_if_several_ranks() is False and not failure.installed()
+    assert sys.excepthook is not failure._report_and_abort
+
+
+@pytest.mark.mpi
+def test_plain_python_script_cannot_hang_on_a_raise(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import refconv\nfrom mpi4py import MPI\n"
+                      "if MPI.COMM_WORLD.rank == 1:\n    raise ValueError('only rank 1\\nfails')\n"
+                      "MPI.COMM_WORLD.Barrier()\n")
+    t0 = time.monotonic()
+    r = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 1 and time.monotonic() - t0 < 30
+    assert "[rank 1] uncaught ValueError: only rank 1 fails (raised at script.py:4 in <module>)\n" in r.stderr
+    assert "Traceback" not in r.stderr
