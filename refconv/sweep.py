@@ -59,7 +59,8 @@ def add_parser(subparsers):
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     p.add_argument("--launcher", choices=("mpiexec", "srun"), default="mpiexec",
                    help="mpiexec: mpiexec -n P on this machine; srun: srun -n P inside a Slurm allocation")
-    p.add_argument("--launcher-args", default="", help="extra launcher arguments, e.g. '--gpus-per-task=1'")
+    p.add_argument("--launcher-args", default="",
+                   help="extra launcher arguments, written with '=': --launcher-args='--gpus-per-task=1'")
     p.add_argument("--backend", choices=("auto", "numpy", "cuda"), default="auto")
     p.add_argument("--out", default="results.jsonl", help="results file (appended to)")
     p.add_argument("--dry-run", action="store_true", help="print the launch commands only")
