@@ -29,5 +29,18 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
+# make tutorials -- run the ten notebooks of tutorials/ headless (each ends with its own checks)
+# make docs      -- build the site into build/site with mkdocs build --strict (tutorials executed)
+.PHONY: tutorials docs
+tutorials: setup
+	$(PY) -m pytest -q tests/test_tutorials.py
+
+docs: $(VENV)/.docs-installed
+	OMP_NUM_THREADS=1 $(VENV)/bin/mkdocs build --strict
+
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $@
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

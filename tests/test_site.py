@@ -1,0 +1,47 @@
+"""The documentation site builds with ``mkdocs build --strict``: no broken link, no missing page.
+
+Needs the ``docs`` extra (mkdocs-material, mkdocs-jupyter, mkdocstrings); without
+mkdocs the test is skipped, saying so.  The default test builds without executing
+the notebooks (tests/test_tutorials.py runs them); the ``extended`` one builds the
+site as ``make docs`` does, notebooks executed, and looks for their outputs.
+"""
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+needs_mkdocs = pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
+                                  reason="mkdocs is not installed: pip install -e '.[docs]'")
+
+
+def build(site, execute, timeout):
+    env = dict(os.environ, REFCONV_DOCS_EXECUTE="true" if execute else "false", NO_MKDOCS_2_WARNING="1")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    return site
+
+
+@needs_mkdocs
+def test_site_builds_strictly(tmp_path):
+    site = build(tmp_path / "site", execute=False, timeout=300)
+    notebooks = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.py"))
+    for nb in notebooks:                                   # every tutorial is a page
+        assert (site / "tutorials" / nb.stem / "index.html").is_file(), nb.name
+    assert (site / "tutorials" / "index.html").is_file()  # the course's README
+    api = (site / "api" / "testing" / "index.html").read_text()
+    assert "expect_mismatch" in api and "check_layer" in api  # the API reference comes from docstrings
+    assert (site / "stationary_w" / "index.html").is_file()
+
+
+@pytest.mark.extended
+@needs_mkdocs
+def test_site_renders_the_tutorials_with_their_outputs(tmp_path):
+    site = build(tmp_path / "site", execute=True, timeout=900)
+    page = (site / "tutorials" / "07_stationary_w" / "index.html").read_text()
+    assert "tutorial 7: all checks passed" in page and "data:image/png;base64" in page
