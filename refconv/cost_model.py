@@ -11,17 +11,14 @@ module prices them with the alpha-beta model of :class:`refconv.algorithms.Call`
     halo (point to point)             one alpha per message + bytes * beta
 
 Local compute is the same for X, Y and W (each rank does ``1/P`` of the
-FLOPs), so :func:`choose_algorithm` compares communication alone.  It is what
-``DistConv2d(algorithm="auto")`` uses.
+FLOPs), so :func:`choose_algorithm` (:func:`refconv.algorithms.choose`)
+compares communication alone.  It is what ``DistConv2d(algorithm="auto")`` uses.
 """
 
 import argparse
 
 from refconv import algorithms
-from refconv.algorithms.base import Call, ConvGeometry
-
-ALPHA = 2e-6  # seconds per message step (a typical inter-node latency)
-BETA = 1 / 10e9  # seconds per byte (10 GB/s)
+from refconv.algorithms.base import ALPHA, BETA, Call, ConvGeometry
 
 __all__ = ["ALPHA", "BETA", "Call", "layer_records", "candidates", "choose_algorithm", "main"]
 
@@ -38,30 +35,8 @@ def layer_records(algorithm, in_shape, out_channels, kernel, *, stride=(1, 1), p
     return algorithms.records(algorithm, geom, grid_shape, coords, filter_groups)
 
 
-def candidates(P_c):
-    """``(algorithm, filter_groups)`` pairs worth pricing on a channel group of ``P_c``."""
-    out = []
-    for name in algorithms.channel_algorithms():
-        if name == "stationary-w":  # p_f = 1 is X and p_f = P_c is Y
-            out += [(name, p_f) for p_f in range(2, P_c) if P_c % p_f == 0]
-        else:
-            out.append((name, None))
-    return out
-
-
-def choose_algorithm(geom, grid_shape, *, alpha=ALPHA, beta=BETA):
-    """``(algorithm, filter_groups, table)``: the cheapest channel algorithm for the layer
-    ``geom`` (a :class:`refconv.algorithms.ConvGeometry`) on a grid of ``grid_shape``.
-
-    ``table`` maps each candidate to its predicted seconds per iteration, priced on
-    the rank with the largest blocks (coordinate 0 everywhere).
-    """
-    table = {}
-    for algorithm, p_f in candidates(grid_shape[1]):
-        calls = algorithms.records(algorithm, geom, grid_shape, (0, 0, 0, 0), p_f)
-        table[(algorithm, p_f)] = sum(c.seconds(alpha, beta) for c in calls)
-    (algorithm, p_f), _ = min(table.items(), key=lambda item: item[1])
-    return algorithm, p_f, table
+candidates = algorithms.candidates
+choose_algorithm = algorithms.choose
 
 
 def main(argv=None):

@@ -23,10 +23,10 @@ fixed order (what :class:`refconv.optim.SGD` and :mod:`refconv.checkpoint` take)
 
 from refconv import checks, model_spec
 from refconv.layers import SoftmaxCrossEntropy
-from refconv.layers.container import Residual, Sequential
+from refconv.layers.container import Sequential, Wrapper
 
 
-class Model:
+class Model(Wrapper):
     """Layers (a list, or a :class:`Sequential`) and a softmax cross-entropy head.
 
     ``bind((N, C, H, W))``, ``forward(x_loc) -> logits_loc (n, K)``,
@@ -98,15 +98,6 @@ class Model:
     @property
     def input_shape(self):
         return self._input_shape
-
-    @property
-    def input_distribution(self):
-        """How ``x`` must be given: the first layer's input distribution."""
-        return self.body.input_distribution
-
-    @property
-    def output_distribution(self):
-        return self.body.output_distribution
 
     def label_block(self, labels):
         """This rank's labels: its samples under the logits' distribution."""

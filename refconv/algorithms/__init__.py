@@ -19,7 +19,7 @@ docs/testing.md does).  ``"sample-spatial"`` runs every layer whose grid has no
 channel split (``P_c = 1``), whatever algorithm was asked for.
 """
 
-from refconv.algorithms.base import Algorithm, Call, ConvGeometry
+from refconv.algorithms.base import ALPHA, BETA, Algorithm, Call, ConvGeometry
 from refconv.algorithms.spatial import SampleSpatial
 from refconv.algorithms.stationary_w import StationaryW
 from refconv.algorithms.stationary_x import StationaryX
@@ -57,4 +57,33 @@ def records(name, geom, grid_shape, coords=(0, 0, 0, 0), filter_groups=None):
     return cls.records(geom, tuple(grid_shape), tuple(coords), filter_groups)
 
 
-__all__ = ["Algorithm", "Call", "ConvGeometry", "REGISTRY", "register", "channel_algorithms", "resolve", "records"]
+def candidates(P_c):
+    """``(algorithm, filter_groups)`` pairs worth pricing on a channel group of ``P_c``."""
+    out = []
+    for name in channel_algorithms():
+        if name == "stationary-w":  # p_f = 1 is X and p_f = P_c is Y
+            out += [(name, p_f) for p_f in range(2, P_c) if P_c % p_f == 0]
+        else:
+            out.append((name, None))
+    return out
+
+
+def choose(geom, grid_shape, *, alpha=ALPHA, beta=BETA):
+    """``(algorithm, filter_groups, table)``: the channel algorithm whose ``records()`` cost
+    least in the alpha-beta model, for the layer ``geom`` on a grid of ``grid_shape``.
+
+    Local compute is the same for every algorithm (each rank does ``1/P`` of the
+    FLOPs), so communication decides.  ``table`` maps each candidate to its predicted
+    seconds per iteration, priced on the rank with the largest blocks (coordinate 0
+    everywhere).  :mod:`refconv.cost_model` documents the model.
+    """
+    table = {}
+    for algorithm, p_f in candidates(grid_shape[1]):
+        calls = records(algorithm, geom, grid_shape, (0, 0, 0, 0), p_f)
+        table[(algorithm, p_f)] = sum(c.seconds(alpha, beta) for c in calls)
+    (algorithm, p_f), _ = min(table.items(), key=lambda item: item[1])
+    return algorithm, p_f, table
+
+
+__all__ = ["Algorithm", "Call", "ConvGeometry", "REGISTRY", "register", "channel_algorithms", "resolve", "records",
+           "candidates", "choose", "ALPHA", "BETA"]

@@ -1,19 +1,22 @@
 """What the algorithm modules share: the layer's global problem, the record of one
-call, and the local convolution of a rank's halo-extended window.
+call, the local convolution of a rank's halo-extended window, and the one
+communication step every algorithm ends with, the segmented allreduce.
 
-Nothing here communicates.  Each algorithm module (:mod:`.spatial`,
-:mod:`.stationary_x`, :mod:`.stationary_y`, :mod:`.stationary_w`) writes out its
-own halo exchange, channel collectives and segmented allreduce, and lists the
-same calls in its ``records()``; the helpers below only compute sizes.
+Each algorithm module (:mod:`.spatial`, :mod:`.stationary_x`,
+:mod:`.stationary_y`, :mod:`.stationary_w`) writes out, where they happen, its
+halo exchange and return, its channel collectives and its call of
+:func:`segmented_allreduce`, and lists the same calls in its ``records()``.
 """
 
 import dataclasses
 
-from refconv import checks
+from refconv import checks, collectives
 from refconv.distribution import block_size
 from refconv.halo import Halo, halo_geometry
 
 KINDS = ("allreduce", "allgather", "reduce_scatter", "halo")
+ALPHA = 2e-6  # default seconds per message step (a typical inter-node latency)
+BETA = 1 / 10e9  # default seconds per byte (10 GB/s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +86,7 @@ class Call:
             return self.messages
         return (2 if self.kind == "allreduce" else 1) * (self.comm_size - 1)
 
-    def seconds(self, alpha, beta):
+    def seconds(self, alpha=ALPHA, beta=BETA):
         """The alpha-beta price: ``steps * alpha + wire_bytes * beta``."""
         return self.steps * alpha + self.wire_bytes * beta
 
@@ -142,18 +145,31 @@ def gradient_records(geom, grid_shape, coords, dw_shape):
     return calls
 
 
+def segmented_allreduce(peers, dw_loc, db_loc):
+    """forward: nothing · backward: allreduce of this rank's ``dw`` shard and ``db`` block among
+    its weight peers, in place.
+
+    Ranks with different channel coordinates hold different shards and belong to
+    different peer sets, so ``P_c`` disjoint allreduces run at once, each of one
+    shard (docs/algorithms.md section 4).  :func:`gradient_records` lists the calls.
+    """
+    dw_loc = collectives.allreduce_(peers, dw_loc)
+    return dw_loc, None if db_loc is None else collectives.allreduce_(peers, db_loc)
+
+
 class Algorithm:
     """An algorithm bound to a grid and a problem.
 
     It holds this rank's :class:`refconv.halo.Halo` (the spatial group's windows), the
     weight peers (the communicator of the segmented allreduce), and the local
     convolution of a halo-extended window, which runs with ``padding=0`` and does not
-    communicate.  Subclasses set ``name`` and implement ``weight_dims``, ``records``,
+    communicate.  Subclasses set ``name`` and ``weight_layout`` (or ``weight_dims``) and implement ``records``,
     ``forward(x_loc, w_loc, b_loc) -> y_loc`` and ``backward(dy_loc, w_loc) ->
     (dx_loc, dw_loc, db_loc)``, with ``dw_loc``, ``db_loc`` summed over the weight peers.
     """
 
     name = None
+    weight_layout = (None, None, None, None)  # the weight's dims over the grid axes; see weight_dims
 
     def __init__(self, grid, geom, backend, filter_groups=None):
         self.grid, self.geom, self.backend, self.xp = grid, geom, backend, backend.xp
@@ -162,6 +178,11 @@ class Algorithm:
                          geom.out_shape[2:], geom.kernel, geom.stride, geom.padding, geom.dilation)
         self.peers = grid.weight_peers_comm
         self._local = dict(stride=geom.stride, padding=0, dilation=geom.dilation, groups=geom.groups)
+
+    @classmethod
+    def weight_dims(cls, P_c, filter_groups=None):
+        """How ``F x C/groups x Kh x Kw`` is laid out: a grid axis (or a Split) per dim."""
+        return cls.weight_layout
 
     @staticmethod
     def resolve_filter_groups(P_c, filter_groups):
@@ -182,3 +203,7 @@ class Algorithm:
 
     def add_bias(self, y_loc, b_loc):
         return y_loc if b_loc is None else self.backend.bias_add(y_loc, b_loc)
+
+    def bias_grad(self, dy_loc):
+        """This rank's partial ``db``: ``dy`` summed over its samples and rows (None without bias)."""
+        return self.backend.bias_grad(dy_loc) if self.geom.bias else None

@@ -20,19 +20,14 @@ Every channel algorithm composes with spatial splits the same way: each one
 halo-extends the channels it convolves, in its own module.
 """
 
-from refconv import collectives
-from refconv.algorithms.base import Algorithm, gradient_records, halo_records
+from refconv.algorithms.base import Algorithm, gradient_records, halo_records, segmented_allreduce
 
 
 class SampleSpatial(Algorithm):
     """Sample x spatial parallelism with replicated weights (``P_c = 1``)."""
 
     name = "sample-spatial"
-
-    @staticmethod
-    def weight_dims(P_c, filter_groups=None):
-        """Every rank holds the whole ``F x C/groups x Kh x Kw`` weight."""
-        return (None, None, None, None)
+    weight_layout = (None, None, None, None)  # every rank holds the whole F x C/groups x Kh x Kw weight
 
     def forward(self, x_loc, w_loc, b_loc):
         # x_loc: (n, C, h, w); w_loc: (F, C/groups, Kh, Kw); b_loc: (F,) or None
@@ -44,8 +39,7 @@ class SampleSpatial(Algorithm):
         dw_loc = self.conv_filter(self.x_win, dy_loc, w_loc.shape)  # (F, C/groups, Kh, Kw), partial over n, h', w'
         dx_win = self.conv_data(dy_loc, w_loc, self.x_win.shape)  # (n, C, h_win, w_win)
         dx_loc = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C, h, w)
-        dw_loc = collectives.allreduce_(self.peers, dw_loc)  # segmented allreduce
-        db_loc = collectives.allreduce_(self.peers, self.backend.bias_grad(dy_loc)) if self.geom.bias else None
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
         return dx_loc, dw_loc, db_loc
 
     @staticmethod

@@ -24,7 +24,8 @@ non-contiguous block needs no reordering.
 """
 
 from refconv import collectives
-from refconv.algorithms.base import Algorithm, Call, gradient_records, halo_records, local_blocks
+from refconv.algorithms.base import (Algorithm, Call, gradient_records, halo_records, local_blocks,
+                                    segmented_allreduce)
 from refconv.distribution import Split, block_sizes
 
 
@@ -58,7 +59,7 @@ class StationaryW(Algorithm):
         return int(filter_groups)
 
     @staticmethod
-    def weight_dims(P_c, filter_groups):
+    def weight_dims(P_c, filter_groups=None):
         """``w[F_a, C_b]``: F in blocks ``a*p_c' .. a*p_c'+p_c'-1``, C in blocks ``b, p_c'+b, ...``."""
         return (Split.stationary_w_filters(P_c, filter_groups), Split.stationary_w_channels(P_c, filter_groups),
                 None, None)
@@ -78,8 +79,7 @@ class StationaryW(Algorithm):
         dx_win = self.conv_data(dy_a, w_loc, self.x_win.shape)  # (n, C_b, h_win, w_win), partial over F
         dx_part = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C_b, h, w)
         dx_loc = collectives.reduce_scatter(self.comm_f, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
-        dw_loc = collectives.allreduce_(self.peers, dw_loc)  # segmented allreduce
-        db_loc = collectives.allreduce_(self.peers, self.backend.bias_grad(dy_loc)) if self.geom.bias else None
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
         return dx_loc, dw_loc, db_loc
 
     @staticmethod

@@ -16,21 +16,19 @@ F; a reduce-scatter over the channel group sums the partials and leaves
 """
 
 from refconv import collectives
-from refconv.algorithms.base import Algorithm, Call, gradient_records, halo_records, local_blocks
+from refconv.algorithms.base import (Algorithm, Call, gradient_records, halo_records, local_blocks,
+                                    segmented_allreduce)
 from refconv.distribution import block_sizes
 
 
 class StationaryX(Algorithm):
     name = "stationary-x"
+    weight_layout = (None, "channel", None, None)  # w[:, C_i]
 
     def __init__(self, grid, geom, backend, filter_groups=None):
         super().__init__(grid, geom, backend, filter_groups)
         self.comm = grid.channel_comm
         self.f_counts = block_sizes(geom.F, grid.P_c)  # |F_i| for every i
-
-    @staticmethod
-    def weight_dims(P_c, filter_groups=None):
-        return (None, "channel", None, None)  # w[:, C_i]
 
     def forward(self, x_loc, w_loc, b_loc):
         # x_loc: (n, C_i, h, w); w_loc: (F, C_i, Kh, Kw); b_loc: (F_i,) or None
@@ -45,8 +43,7 @@ class StationaryX(Algorithm):
         dw_loc = self.conv_filter(self.x_win, dy_full, w_loc.shape)  # (F, C_i, Kh, Kw), partial over n, h', w'
         dx_win = self.conv_data(dy_full, w_loc, self.x_win.shape)  # (n, C_i, h_win, w_win)
         dx_loc = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C_i, h, w)
-        dw_loc = collectives.allreduce_(self.peers, dw_loc)  # segmented allreduce
-        db_loc = collectives.allreduce_(self.peers, self.backend.bias_grad(dy_loc)) if self.geom.bias else None
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
         return dx_loc, dw_loc, db_loc
 
     @staticmethod

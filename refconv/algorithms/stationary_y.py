@@ -17,21 +17,19 @@ Cheap when ``C h w < F h' w'``.
 """
 
 from refconv import collectives
-from refconv.algorithms.base import Algorithm, Call, gradient_records, halo_records, local_blocks
+from refconv.algorithms.base import (Algorithm, Call, gradient_records, halo_records, local_blocks,
+                                    segmented_allreduce)
 from refconv.distribution import block_sizes
 
 
 class StationaryY(Algorithm):
     name = "stationary-y"
+    weight_layout = ("channel", None, None, None)  # w[F_i, :]
 
     def __init__(self, grid, geom, backend, filter_groups=None):
         super().__init__(grid, geom, backend, filter_groups)
         self.comm = grid.channel_comm
         self.c_counts = block_sizes(geom.C, grid.P_c)  # |C_i| for every i
-
-    @staticmethod
-    def weight_dims(P_c, filter_groups=None):
-        return ("channel", None, None, None)  # w[F_i, :]
 
     def forward(self, x_loc, w_loc, b_loc):
         # x_loc: (n, C_i, h, w); w_loc: (F_i, C, Kh, Kw); b_loc: (F_i,) or None
@@ -45,8 +43,7 @@ class StationaryY(Algorithm):
         dx_win = self.conv_data(dy_loc, w_loc, self.x_win.shape)  # (n, C, h_win, w_win), partial over F
         dx_part = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C, h, w)
         dx_loc = collectives.reduce_scatter(self.comm, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
-        dw_loc = collectives.allreduce_(self.peers, dw_loc)  # segmented allreduce
-        db_loc = collectives.allreduce_(self.peers, self.backend.bias_grad(dy_loc)) if self.geom.bias else None
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
         return dx_loc, dw_loc, db_loc
 
     @staticmethod

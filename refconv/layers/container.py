@@ -109,7 +109,19 @@ class Sequential:
         return len(self.layers)
 
 
-class Residual:
+class Wrapper:
+    """Something built around a :class:`Sequential` ``body``: it is laid out as its body."""
+
+    @property
+    def input_distribution(self):
+        return self.body.input_distribution
+
+    @property
+    def output_distribution(self):
+        return self.body.output_distribution
+
+
+class Residual(Wrapper):
     """``y = body(x) + shortcut(x)``; ``shortcut`` is the identity unless given (a projection).
 
     forward: both paths, then a local add · backward: ``dx = body'(dy) + shortcut'(dy)``
@@ -145,14 +157,6 @@ class Residual:
     @property
     def output_shape(self):
         return self._output_shape
-
-    @property
-    def input_distribution(self):
-        return self.body.input_distribution
-
-    @property
-    def output_distribution(self):
-        return self.body.output_distribution
 
     def forward(self, x_loc):
         y = self.body.forward(x_loc)

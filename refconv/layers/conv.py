@@ -17,7 +17,7 @@ import math
 
 import numpy
 
-from refconv import algorithms, checks, collectives, cost_model
+from refconv import algorithms, checks, collectives
 from refconv.algorithms.base import ConvGeometry
 from refconv.distribution import Distribution
 from refconv.layers.base import Layer
@@ -134,7 +134,7 @@ class DistConv2d(Layer):
         if P_c == 1:
             algorithm, filter_groups = algorithms.NO_CHANNEL_SPLIT, None
         else:
-            algorithm, filter_groups, self.cost_estimates = cost_model.choose_algorithm(geom, self.grid.shape)
+            algorithm, filter_groups, self.cost_estimates = algorithms.choose(geom, self.grid.shape)
         self.algorithm, self.filter_groups = algorithm, filter_groups
         self.set_global_parameters(*self._global_init)
 

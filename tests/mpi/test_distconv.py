@@ -95,8 +95,8 @@ def test_halo_reaching_past_the_nearest_neighbour():
     grid = ProcessGrid(comm, height=4)
     layer = DistConv2d(2, 3, (3, 2), padding=(3, 0), dilation=(3, 1), grid=grid, backend="numpy", dtype=numpy.float64)
     layer.bind(problem.x_shape)
-    window = layer._algo.local.halo.window
-    owned = layer._algo.local.halo.owned
+    window = layer._algo.halo.window
+    owned = layer._algo.halo.owned
     reach = max(sum(1 for o in owned if o.intersect(win) is not None) for win in window)
     assert_all_ranks(comm, reach >= 3, f"expected a window spanning >= 3 owners, got {reach}")
     check_layer(layer, problem)

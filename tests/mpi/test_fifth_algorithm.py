@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from refconv import DistConv2d, ProcessGrid, algorithms, collectives, cost_model
-from refconv.algorithms.base import Algorithm, Call, gradient_records, halo_records, local_blocks
+from refconv.algorithms.base import (Algorithm, Call, gradient_records, halo_records, local_blocks,
+                                    segmented_allreduce)
 from refconv.distribution import block_range, block_size, block_sizes
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.check import check_layer
@@ -27,16 +28,13 @@ class AllreduceX(Algorithm):
     twice the bytes of Stationary-X's reduce-scatter, which the cost model sees."""
 
     name = "allreduce-x"
+    weight_layout = (None, "channel", None, None)  # w[:, C_i], as Stationary-X
 
     def __init__(self, grid, geom, backend, filter_groups=None):
         super().__init__(grid, geom, backend, filter_groups)
         self.comm = grid.channel_comm
         self.f_range = block_range(geom.F, grid.P_c, grid.coords[1])  # this rank's filters F_i
         self.f_counts = block_sizes(geom.F, grid.P_c)  # |F_i| for every i
-
-    @staticmethod
-    def weight_dims(P_c, filter_groups=None):
-        return (None, "channel", None, None)  # w[:, C_i], as Stationary-X
 
     def forward(self, x_loc, w_loc, b_loc):
         # x_loc: (n, C_i, h, w); w_loc: (F, C_i, Kh, Kw)
@@ -50,8 +48,7 @@ class AllreduceX(Algorithm):
         dy_full = collectives.allgather(self.comm, dy_loc, self.f_counts, axis=1)  # (n, F, h', w')
         dw_loc = self.conv_filter(self.x_win, dy_full, w_loc.shape)  # (F, C_i, Kh, Kw), partial
         dx_loc = self.halo.reduce(self.conv_data(dy_full, w_loc, self.x_win.shape), self.xp)  # halo return
-        dw_loc = collectives.allreduce_(self.peers, dw_loc)  # segmented allreduce
-        db_loc = collectives.allreduce_(self.peers, self.backend.bias_grad(dy_loc)) if self.geom.bias else None
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
         return dx_loc, dw_loc, db_loc
 
     @staticmethod
