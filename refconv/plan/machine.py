@@ -6,6 +6,7 @@ A machine file is YAML (see docs/planning.md and the files in
     name: v100-edr
     measured: false                 # or the UTC date of the calibration run
     ranks_per_node: 4
+    latency: log                    # optional: ring (default) or log steps, see ring_steps
     collectives:
       intra:                        # every rank of the communicator on one node
         allreduce: {alpha: 5.0e-6, beta: 7.7e-12}      # per ring step, per byte on a link
@@ -60,10 +61,15 @@ class MachineError(ValueError):
     """A missing or malformed machine file (the message names the file and the key)."""
 
 
-def ring_steps(kind, q, messages=0):
+def ring_steps(kind, q, messages=0, schedule="ring"):
+    """Latency steps of one call: the ring's ``q - 1`` (twice for allreduce), or with
+    ``schedule="log"`` recursive doubling/halving's ``ceil(log2 q)`` (twice for
+    allreduce: Rabenseifner's reduce-scatter + allgather, as MPICH and Open MPI pick
+    for large communicators; Thakur, Rabenseifner and Gropp, IJHPCA 2005)."""
     if kind in ("halo", "alltoall"):
         return messages
-    return (2 if kind == "allreduce" else 1) * (q - 1)
+    steps = (q - 1) if schedule == "ring" else math.ceil(math.log2(q))
+    return (2 if kind == "allreduce" else 1) * steps
 
 
 def ring_factor(kind, q):
@@ -83,16 +89,17 @@ class Link:
     alpha: float = 0.0
     beta: float = 0.0
     table: tuple = ()  # ((q, alpha, beta), ...) sorted by q
+    schedule: str = "ring"  # or "log": see ring_steps
 
     def seconds(self, kind, q, nbytes, messages=0):
         if q <= 1:
             return 0.0
         if not self.table:
-            return ring_steps(kind, q, messages) * self.alpha + ring_factor(kind, q) * nbytes * self.beta
+            return ring_steps(kind, q, messages, self.schedule) * self.alpha + ring_factor(kind, q) * nbytes * self.beta
         q0, a0, b0 = min(self.table, key=lambda row: (abs(math.log(row[0] / q)), row[0]))
         if kind in ("halo", "alltoall"):
             return messages * a0 + nbytes * b0
-        a = a0 / ring_steps(kind, q0) * ring_steps(kind, q)
+        a = a0 / ring_steps(kind, q0, 0, self.schedule) * ring_steps(kind, q, 0, self.schedule)
         b = b0 / ring_factor(kind, q0) * ring_factor(kind, q)
         return a + b * nbytes
 
@@ -145,9 +152,10 @@ def _rate(spec, where, path):
     return Rate(_number(spec["t0"], f"{where}.t0", path), rate)
 
 
-def _link(spec, where, path):
+def _link(spec, where, path, schedule):
     if isinstance(spec, dict) and set(spec) == {"alpha", "beta"}:
-        return Link(_number(spec["alpha"], f"{where}.alpha", path), _number(spec["beta"], f"{where}.beta", path))
+        return Link(_number(spec["alpha"], f"{where}.alpha", path), _number(spec["beta"], f"{where}.beta", path),
+                    schedule=schedule)
     if isinstance(spec, dict) and set(spec) == {"table"} and isinstance(spec["table"], dict) and spec["table"]:
         rows = []
         for q, ab in spec["table"].items():
@@ -155,7 +163,7 @@ def _link(spec, where, path):
                 raise MachineError(f"machine file {path}: {where}.table: expected {{q >= 2: [alpha, beta]}}, "
                                    f"got {q!r}: {ab!r}")
             rows.append((q, _number(ab[0], f"{where}.table[{q}]", path), _number(ab[1], f"{where}.table[{q}]", path)))
-        return Link(table=tuple(sorted(rows)))
+        return Link(table=tuple(sorted(rows)), schedule=schedule)
     raise MachineError(f"machine file {path}: {where}: expected {{alpha: s, beta: s/byte}} or "
                        f"{{table: {{q: [alpha, beta]}}}}, got {spec!r}")
 
@@ -170,6 +178,9 @@ def from_dict(doc, path="<dict>"):
     rpn = doc["ranks_per_node"]
     if isinstance(rpn, bool) or not isinstance(rpn, int) or rpn < 1:
         raise MachineError(f"machine file {path}: ranks_per_node: expected a positive int, got {rpn!r}")
+    schedule = doc.get("latency", "ring")
+    if schedule not in ("ring", "log"):
+        raise MachineError(f"machine file {path}: latency: expected 'ring' or 'log', got {schedule!r}")
     links = {}
     for scope in ("intra", "inter"):
         section = doc["collectives"].get(scope) if isinstance(doc["collectives"], dict) else None
@@ -178,7 +189,7 @@ def from_dict(doc, path="<dict>"):
         missing = [k for k in KINDS if k not in section]
         if missing:
             raise MachineError(f"machine file {path}: collectives.{scope}: missing {missing[0]!r}")
-        links[scope] = {k: _link(section[k], f"collectives.{scope}.{k}", path) for k in KINDS}
+        links[scope] = {k: _link(section[k], f"collectives.{scope}.{k}", path, schedule) for k in KINDS}
     compute = {}
     if not isinstance(doc["compute"], dict):
         raise MachineError(f"machine file {path}: compute: expected a mapping of {COMPUTE}")

@@ -41,14 +41,24 @@ class NoFeasiblePlan(ValueError):
 
 
 def minplus(A, B):
-    """``(C, argmin)`` with ``C[i, j] = min_k A[i, k] + B[k, j]``."""
+    """``(C, argmin)`` with ``C[i, j] = min_k A[i, k] + B[k, j]`` (infinite where no k is finite).
+
+    Only the ``k`` finite somewhere in both and the columns finite somewhere in ``B``
+    take part: a grid that cannot run a stage is infinite in its whole column.
+    """
     R, G = A.shape[0], B.shape[1]
-    out, arg = numpy.empty((R, G)), numpy.empty((R, G), dtype=numpy.int64)
-    step = max(1, 4_000_000 // max(1, B.size))
+    out, arg = numpy.full((R, G), numpy.inf), numpy.zeros((R, G), dtype=numpy.int64)
+    ks = numpy.flatnonzero(numpy.isfinite(A).any(axis=0) & numpy.isfinite(B).any(axis=1))
+    js = numpy.flatnonzero(numpy.isfinite(B).any(axis=0))
+    if not len(ks) or not len(js):
+        return out, arg
+    A_k, B_kj = A[:, ks], B[numpy.ix_(ks, js)]
+    step = max(1, 4_000_000 // B_kj.size)
     for s in range(0, R, step):
-        t = A[s:s + step, :, None] + B[None, :, :]  # (rows, k, G)
-        arg[s:s + step] = t.argmin(axis=1)
-        out[s:s + step] = numpy.take_along_axis(t, arg[s:s + step, None, :], axis=1)[:, 0, :]
+        t = A_k[s:s + step, :, None] + B_kj[None, :, :]  # (rows, k, j)
+        best = t.argmin(axis=1)
+        out[s:s + step, js] = numpy.take_along_axis(t, best[:, None, :], axis=1)[:, 0, :]
+        arg[s:s + step, js] = ks[best]
     return out, arg
 
 
@@ -195,8 +205,9 @@ class Planner:
         result = self.evaluate(self.search(0.0))
         if memory_limit is None or result.memory <= memory_limit:
             return result
-        lam, fits = 1e-15, None
-        for _ in range(40):  # raise lambda until the plan fits
+        # lambda in seconds per byte, from a scale where the penalty is 1/1000 of the step
+        lam, fits = 1e-3 * result.seconds / result.memory, None
+        for _ in range(12):  # raise lambda until the plan fits (up to 4**11 times the start)
             candidate = self.evaluate(self.search(lam))
             if candidate.memory <= memory_limit:
                 fits = candidate
@@ -254,7 +265,7 @@ class Planner:
         choices = {}
         for stage in graph.stages(self.elements):
             for g in (grid, folded):
-                opts = perf.stage_options(stage, g, self.machine)
+                opts = self.options(stage)[self.grids.index(g)]
                 if opts:
                     match = [c for c in opts if c.algorithm in (None, algorithm, "stationary-x" if g[1] == 1 else 0)
                              and (c.algorithm != "stationary-w" or c.filter_groups == filter_groups)]
