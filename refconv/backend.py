@@ -10,8 +10,11 @@ One small interface, two implementations:
 ``get_backend("auto")`` picks ``cuda`` only when a real GPU is present
 (``cupy.cuda.is_available()``), never because ``import cupy`` succeeded.
 
-Distributed layers call only these methods for compute, and only
-:mod:`refconv.collectives` for communication.
+Convolution, bias, ReLU, batch normalization and pooling compute through these
+methods.  The light layers (global average pooling, the classifier head and the
+loss) compute with the backend's array module (``backend.xp``) directly: a sum,
+a small matmul and a softmax need no kernel of their own.  All of them move data
+only through :mod:`refconv.collectives`.
 """
 
 import functools
