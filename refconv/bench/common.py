@@ -145,14 +145,19 @@ def summarize(times):
     return {"min": min(times), "median": statistics.median(times), "max": max(times), "times": list(times)}
 
 
-def time_ranks(comm, contenders, repeat, warmup, pause=None):
+def pause_for(env):
+    """Seconds to pause before each timed call: ``timing.PAUSE`` when BLAS worker threads
+    may still spin from the previous call (more than one thread per rank on the CPU),
+    else 0 (one BLAS thread per rank starts no workers; a GPU kernel leaves none)."""
+    on_cpu = [r for r in env["ranks"] if r["gpu"] is None]
+    return timing.PAUSE if on_cpu and max(r["threads"] for r in on_cpu) > 1 else 0.0
+
+
+def time_ranks(comm, contenders, repeat, warmup, pause):
     """``{name: seconds of each round}`` of ``contenders`` (``{name: fn}``), timed by
     ``refconv.bench.timing.compare`` in alternating rounds: every rank starts a call
     together (a barrier), the device is synchronized before the clock stops, and a
-    round's time is the slowest rank's.  ``pause`` defaults to timing's on the CPU
-    (spinning BLAS threads) and 0 on a GPU."""
-    if pause is None:
-        pause = 0.0 if arrays.gpu_available() else timing.PAUSE
+    round's time is the slowest rank's.  ``pause``: see :func:`pause_for`."""
 
     def sync():
         arrays.synchronize()

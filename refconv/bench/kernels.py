@@ -24,7 +24,7 @@ import numpy
 from refconv import arrays
 from refconv import reference as ref
 from refconv.bench import timing
-from refconv.bench.common import SHAPE_KEYS, BenchError, parse_shape, positive, record, reject
+from refconv.bench.common import SHAPE_KEYS, BenchError, parse_shape, pause_for, positive, record, reject
 
 DEFAULT_SHAPES = ("conv2", "conv3", "conv4", "conv5", "conv1")
 QUICK_SHAPES = ("quick3x3", "quick7x7s2")
@@ -166,7 +166,7 @@ def run(args, comm, env):
             reference = next(iter(calls))  # refconv's first version
             timing.check({who: host(fn()) for who, fn in calls.items()}, reference,
                           reduction_length=reduction[pass_])  # a fast wrong answer is an error, not a figure
-            spans = timing.compare(calls, rounds=repeat, warmup=warmup, pause=0.0 if on_gpu else timing.PAUSE,
+            spans = timing.compare(calls, rounds=repeat, warmup=warmup, pause=pause_for(env),
                                    sync=arrays.synchronize)
             for who in calls:
                 times[who][pass_] = list(spans[who].values)

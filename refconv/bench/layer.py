@@ -14,7 +14,7 @@ forward, the backward and both.
 import numpy
 
 from refconv import DistConv2d, ProcessGrid
-from refconv.bench.common import (full_grid, grid_text, parse_shape, positive, record, reject,
+from refconv.bench.common import (full_grid, grid_text, parse_shape, pause_for, positive, record, reject,
                                   time_ranks, traffic)
 
 PASSES = ("forward", "backward", "forward+backward")
@@ -33,7 +33,7 @@ def strategies(P):
     return out
 
 
-def measure(comm, grid_sizes, algorithm, filter_groups, shape, batch, dtype, backend, repeat, warmup):
+def measure(comm, grid_sizes, algorithm, filter_groups, shape, batch, dtype, backend, repeat, warmup, pause):
     """Times of each pass and the traffic of one forward + backward on this grid."""
     grid = ProcessGrid(comm, **grid_sizes)
     layer = DistConv2d(shape["C"], shape["F"], shape["K"], stride=shape["stride"], padding=shape["padding"],
@@ -48,7 +48,7 @@ def measure(comm, grid_sizes, algorithm, filter_groups, shape, batch, dtype, bac
     times = time_ranks(comm, {"forward": lambda: layer.forward(x_loc),
                               "backward": lambda: layer.backward(dy_loc),
                               "forward+backward": lambda: (layer.forward(x_loc), layer.backward(dy_loc))},
-                       repeat, warmup)
+                       repeat, warmup, pause)
     traffic_ = traffic(comm, lambda: (layer.forward(x_loc), layer.backward(dy_loc)), repeat)
     filter_groups = getattr(layer, "filter_groups", filter_groups)
     grid.free()
@@ -78,7 +78,8 @@ def run(args, comm, env):
                   f"{'fwd ms':>8s} {'bwd ms':>8s} {'both ms':>8s}")
         for grid, algorithm, filter_groups in runs:
             times, moved, p_f = measure(comm, grid, algorithm, filter_groups, shape, batch, dtype,
-                                          env["ranks"][comm.Get_rank()]["backend"], repeat, warmup)
+                                          env["ranks"][comm.Get_rank()]["backend"], repeat, warmup,
+                                          pause_for(env))
             label = f"{grid_text(grid)} {algorithm}" + (f" p_f={p_f}" if algorithm == "stationary-w" else "")
             config = {"ranks": P, "grid": grid, "algorithm": algorithm, "filter_groups": p_f, "batch": batch,
                       "shape": shape, "dtype": dtype.name, "repeat": repeat, "warmup": warmup,

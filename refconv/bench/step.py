@@ -13,7 +13,7 @@ layers included (``alltoallv``).
 import numpy
 
 from refconv import train
-from refconv.bench.common import full_grid, grid_text, positive, record, reject, time_ranks, traffic
+from refconv.bench.common import full_grid, grid_text, pause_for, positive, record, reject, time_ranks, traffic
 from refconv.optim import SGD
 
 IMAGE_SIZE = {"digits-cnn": 16}  # the bundled digits' size; other presets get --image-size
@@ -36,7 +36,8 @@ def run(args, comm, env):
     model = train.build_model(cfg, comm=comm, in_channels=x.shape[1], num_classes=classes)
     optimizer = SGD(model, cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     x_b, y_b = numpy.asarray(x[0:batch]), numpy.asarray(y[0:batch])  # x_b: (batch, C, size, size), global
-    times = time_ranks(comm, {"step": lambda: train.step(model, optimizer, x_b, y_b)}, repeat, warmup)["step"]
+    times = time_ranks(comm, {"step": lambda: train.step(model, optimizer, x_b, y_b)}, repeat, warmup,
+                       pause_for(env))["step"]
     moved = traffic(comm, lambda: train.step(model, optimizer, x_b, y_b), repeat,
                     moved_only=True)  # as refconv train reports it
     algorithm = args.algorithm or "stationary-x"
