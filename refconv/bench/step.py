@@ -7,12 +7,17 @@ the same ``--grid``/``--algorithm``/``--filter-groups`` defaults for every
 layer), feeds it synthetic images of the model's input size, and times
 ``refconv.train.step`` (forward, loss, backward, SGD update).  The results
 line holds the traffic of one step per kind of collective, shuffles between
-layers included (``alltoallv``).
+layers included (``alltoallv``).  On one rank with torch installed, the same
+step in PyTorch is timed beside it (:func:`torch_comparison`).
 """
+
+import importlib.util
+import math
 
 import numpy
 
 from refconv import train
+from refconv.bench import timing, torch_step
 from refconv.bench.common import full_grid, grid_text, pause_for, positive, record, reject, time_ranks, traffic
 from refconv.optim import SGD
 
@@ -45,15 +50,38 @@ def run(args, comm, env):
     config = {"ranks": P, "grid": grid, "algorithm": algorithm, "filter_groups": args.filter_groups,
               "batch": batch, "model": model_name, "image_size": size, "dtype": args.dtype, "repeat": repeat,
               "warmup": warmup, "backend": env["ranks"][0]["backend"], "sweep": args.sweep}
-    line = record("step", label, env, config, {"step": times}, moved,
-                  extra={"images_per_s": batch / float(numpy.median(times)), "parameters": model.num_parameters()})
+    extra = {"images_per_s": batch / float(numpy.median(times)), "parameters": model.num_parameters()}
+    versus = torch_comparison(model_name, batch, comm, repeat, warmup, pause_for(env))
+    if versus:
+        extra.update(versus)
+    line = record("step", label, env, config, {"step": times}, moved, extra=extra)
     if comm.Get_rank() == 0:
         median = line["passes"]["step"]["median"]
         moved = sum(line["bytes"].values())
         print(f"{model_name}, batch {batch}, {args.dtype}, {P} ranks, {label}: {median * 1e3:.1f} ms per step "
               f"(min {line['passes']['step']['min'] * 1e3:.1f}, max {line['passes']['step']['max'] * 1e3:.1f}), "
               f"{batch / median:.0f} images/s, {moved:,} B recorded per step on the busiest rank")
+        if versus:
+            print(f"  vs torch (the same step in PyTorch, refconv.bench.torch_step; above 1: refconv is faster): "
+                  f"{timing.Span(tuple(versus['vs_torch']['values'])).format(1, '', 2)}")
     return [line]
+
+
+def torch_comparison(model_name, batch, comm, repeat, warmup, pause):
+    """The same step in PyTorch, timed in alternating rounds with refconv's after both first
+    losses agree (``refconv.bench.torch_step.step_contenders``): ``{"torch_step_s": span,
+    "vs_torch": span of torch's time / refconv's}``.  None without torch, for a model
+    torch_step does not build, or on more than one rank (``python -m refconv.bench.torch_step
+    ddp`` compares sample parallelism against DistributedDataParallel)."""
+    if comm.Get_size() > 1 or model_name not in torch_step.MODELS or importlib.util.find_spec("torch") is None:
+        return None
+    import torch  # optional: only to compare against
+
+    contenders, (ours, theirs) = torch_step.step_contenders(model_name, batch, comm, torch)
+    if not math.isclose(ours, theirs, rel_tol=1e-3):
+        raise AssertionError(f"{model_name}: first-step losses differ: refconv {ours:.6f}, torch {theirs:.6f}")
+    spans = timing.compare(contenders, rounds=repeat, warmup=warmup, pause=pause)
+    return {"torch_step_s": spans["torch"].as_dict(), "vs_torch": timing.ratio(spans, "torch", "refconv").as_dict()}
 
 
 def add_arguments(p):
