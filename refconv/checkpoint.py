@@ -2,17 +2,18 @@
 
 A checkpoint is a directory::
 
-    shard-00000-of-00004-step-00000120.npz   rank 0's local blocks, each 4-D: "param/<name>",
-    ...                                      "buffer/<name>" (e.g. BatchNorm running statistics)
-                                             and "momentum/<name>" (the SGD buffer, sharded like
-                                             its parameter)
+    shard-00000-of-00004-step-00000120-save-000007.npz   rank 0's local blocks, each 4-D:
+    ...                                "param/<name>", "buffer/<name>" (e.g. BatchNorm running
+                                       statistics) and "momentum/<name>" (the SGD buffer,
+                                       sharded like its parameter)
     manifest.json              written last, by rank 0: the table below
 
 ===================  ================================================================
 manifest field       meaning
 ===================  ================================================================
-``format``           ``"refconv-checkpoint"``; ``version``: 1
+``format``           ``"refconv-checkpoint"``; ``version``: 2 (1, without ``save``, still loads)
 ``world_size``       ranks that saved (one shard file each)
+``save``             the save number in the shard names: 1 + the largest in the directory
 ``step``, ``extra``  the caller's training position (``extra``: any JSON, from rank 0)
 ``shards``           per rank: ``file`` and the ``sha256`` of its bytes
 ``tensors``          per tensor: ``name``, ``kind`` (param | buffer | momentum), ``key`` in the
@@ -21,12 +22,15 @@ manifest field       meaning
                      (start, stop) ranges of each dim that rank holds (``dist.pieces``)
 ===================  ================================================================
 
-Save: every rank writes its shard (named with the step, so the files of the current
-checkpoint are never overwritten) to a temporary name, fsyncs and ``os.replace``-s it;
-after all ranks agree that every shard is on disk, rank 0 replaces the manifest the
-same way: that is the commit point.  Then the shards of the previous save are removed.
-A job killed at any moment leaves either the previous checkpoint or the new one,
-never a mixture.  A directory without ``manifest.json`` is an incomplete checkpoint.
+Save: every save gets a new save number, larger than any in the directory's file
+names, so its shards go to names that no manifest vouches for, even at the step of
+the committed checkpoint.  Every rank writes its shard to a temporary name, fsyncs
+and ``os.replace``-s it; after all ranks agree that every shard is on disk, rank 0
+replaces the manifest the same way: that is the commit point.  Only then are the
+superseded shards, and the temporary files and uncommitted shards of killed saves,
+removed.  A job killed at any moment (``FAULT_POINTS``, tested) leaves either the
+previous checkpoint or the new one, never a mixture.  A directory without
+``manifest.json`` is an incomplete checkpoint.
 
 Load: every rank validates the manifest against the model, verifies checksums,
 rebuilds each global tensor from the shards that cover it (shared filesystem) and
@@ -40,6 +44,7 @@ import hashlib
 import io
 import json
 import os
+import re
 
 import numpy
 
@@ -50,18 +55,32 @@ from refconv.optim import named_parameters
 __all__ = ["save", "load", "CheckpointError", "shard_name", "MANIFEST", "FORMAT", "VERSION"]
 
 FORMAT = "refconv-checkpoint"
-VERSION = 1
+VERSION = 2
 MANIFEST = "manifest.json"
+
+# Where a save may be interrupted, in order (REFCONV_FAULT=rank:<point>:kill tests each):
+FAULT_POINTS = (
+    "checkpoint.begin",            # arguments checked, save number agreed, nothing written
+    "checkpoint.shard-temp",       # this rank's shard in its temporary file, fsynced
+    "checkpoint.shard",            # ... renamed to its final name: not yet committed
+    "checkpoint.manifest-temp",    # rank 0: every shard on disk, the new manifest in a temp file
+    "checkpoint.commit",           # rank 0: manifest replaced: the new checkpoint is committed
+    "checkpoint.cleanup",          # rank 0: the first superseded file removed
+)
+_SAVE_NUMBER = re.compile(r"^\.?shard-\d+-of-\d+-step-\d+-save-(\d+)\.npz")
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be saved or loaded; raised on every rank alike."""
 
 
-def shard_name(rank, size, step):
-    """Shard files carry the step, so a new save never overwrites the files that the
-    current manifest vouches for: a job killed mid-save keeps its previous checkpoint."""
-    return f"shard-{rank:05d}-of-{size:05d}-step-{step:08d}.npz"
+def shard_name(rank, size, step, save):
+    """Shard files carry a save number no earlier save used, so a new save never
+    overwrites the files that the current manifest vouches for (``save=None``: the
+    names of version 1, which carried only the step)."""
+    if save is None:
+        return f"shard-{rank:05d}-of-{size:05d}-step-{step:08d}.npz"
+    return f"shard-{rank:05d}-of-{size:05d}-step-{step:08d}-save-{save:06d}.npz"
 
 
 class _Entry:
@@ -85,9 +104,8 @@ def _entries(model, optimizer):
                for q, layer, p in named_parameters(model)]
     if not entries:
         raise CheckpointError("model has no parameters (named_parameters() is empty)")
-    if hasattr(model, "named_buffers"):  # e.g. BatchNorm running statistics
-        entries += [_Entry(q, "buffer", layer, layer.buffer_distributions()[b], layer.buffers()[b])
-                    for q, layer, b in model.named_buffers()]
+    entries += [_Entry(q, "buffer", layer, layer.buffer_distributions()[b], layer.buffers()[b])
+                for q, layer, b in model.named_buffers()]      # e.g. BatchNorm running statistics
     if optimizer is not None:
         buffers = optimizer.state()
         entries += [_Entry(q, "momentum", layer, layer.parameter_distributions()[p], buffers[q])
@@ -101,56 +119,73 @@ def save(directory, model, optimizer=None, *, step, extra=None):
 
     Collective over the model's communicator.  ``step``: an int; ``extra``: any
     JSON-serialisable value (numpy scalars and arrays are converted), rank 0's is kept.
-    An existing checkpoint in ``directory`` is replaced.
+    An existing checkpoint in ``directory`` is replaced once the new one is committed.
     """
     entries = _entries(model, optimizer)
     comm = entries[0].comm
     rank, size = comm.Get_rank(), comm.Get_size()
     directory = os.fspath(directory)
 
-    error = None
+    error = save_number = None
     try:
         step = _check_step(step)
         extra = json.loads(json.dumps(extra, default=_json_default))
         os.makedirs(directory, exist_ok=True)
+        if rank == 0:
+            save_number = 1 + max(_save_numbers(directory), default=0)
     except (TypeError, ValueError, OSError) as exc:
         error = f"cannot save to {directory!r}: {exc}"
     _agree(comm, error, "checkpoint.save")
+    save_number = collectives.bcast_object(comm, save_number)
+    collectives.fault_point("checkpoint.begin")
+    mine = shard_name(rank, size, step, save_number)
 
     try:
         buf = io.BytesIO()
         numpy.savez(buf, **{e.key: e.block4() for e in entries})
         blob = buf.getvalue()
-        _write_atomic(os.path.join(directory, shard_name(rank, size, step)), blob)
+        _write_atomic(os.path.join(directory, mine), blob, "checkpoint.shard-temp")
+        _fsync_directory(directory)
         digest = numpy.frombuffer(hashlib.sha256(blob).digest(), dtype=numpy.uint8).copy()
     except Exception as exc:                      # any failure must reach every rank
-        error = f"cannot write {shard_name(rank, size, step)}: {type(exc).__name__}: {exc}"
+        error = f"cannot write {mine}: {type(exc).__name__}: {exc}"
+    collectives.fault_point("checkpoint.shard")
     _agree(comm, error, "checkpoint.save")        # every shard is on disk past this point
     digests = collectives.gather(comm, digest, [(32,)] * size)
 
     if rank == 0:
         manifest = {
             "format": FORMAT, "version": VERSION, "world_size": size, "step": step,
-            "extra": extra,
-            "shards": [{"file": shard_name(r, size, step), "sha256": bytes(d).hex()}
+            "save": save_number, "extra": extra,
+            "shards": [{"file": shard_name(r, size, step, save_number), "sha256": bytes(d).hex()}
                        for r, d in enumerate(digests)],
             "tensors": [_describe(e, size) for e in entries],
         }
         try:
-            _write_atomic(os.path.join(directory, MANIFEST),   # the commit point
-                          _dumps(manifest).encode())
-            _fsync_directory(directory)
-            _remove_stale_shards(directory, {s["file"] for s in manifest["shards"]})
+            _write_atomic(os.path.join(directory, MANIFEST), _dumps(manifest).encode(),
+                          "checkpoint.manifest-temp")
+            _fsync_directory(directory)           # the commit point
+            collectives.fault_point("checkpoint.commit")
+            _remove_superseded(directory, {s["file"] for s in manifest["shards"]})
         except OSError as exc:
             error = f"cannot write {MANIFEST}: {exc}"
     _agree(comm, error, "checkpoint.save")
 
 
-def _remove_stale_shards(directory, keep):
-    """Shards of earlier saves: garbage once the new manifest is in place."""
-    for name in os.listdir(directory):
-        if name.startswith("shard-") and name.endswith(".npz") and name not in keep:
+def _save_numbers(directory):
+    """The save numbers in the names of the shards (and their temporary files) in directory."""
+    return [int(m.group(1)) for m in map(_SAVE_NUMBER.match, os.listdir(directory)) if m]
+
+
+def _remove_superseded(directory, keep):
+    """After the commit: every shard the new manifest does not name (the previous save's,
+    and those of killed saves) and every temporary file a killed save left behind."""
+    for name in sorted(os.listdir(directory)):
+        shard = name.startswith("shard-") and name.endswith(".npz") and name not in keep
+        temporary = name.startswith((".shard-", f".{MANIFEST}")) and ".tmp-" in name
+        if shard or temporary:
             os.remove(os.path.join(directory, name))
+            collectives.fault_point("checkpoint.cleanup")
 
 
 def _describe(e, size):
@@ -173,13 +208,15 @@ def _dumps(manifest):
     return "{\n" + ",\n".join(field(k, v) for k, v in manifest.items()) + "\n}\n"
 
 
-def _write_atomic(path, data):
-    """Temp file in the same directory, fsync, then os.replace: all or nothing."""
+def _write_atomic(path, data, fault_point):
+    """Temp file in the same directory, fsync, then os.replace: all or nothing.
+    ``fault_point`` names the moment between the two for REFCONV_FAULT."""
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    collectives.fault_point(fault_point)
     os.replace(tmp, path)
 
 
@@ -257,19 +294,22 @@ def _read_manifest(directory):
 def _check_manifest(m):
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise ValueError(f"format must be {FORMAT!r}")
-    if m["version"] != VERSION:
-        raise ValueError(f"version {m['version']!r}; this refconv reads version {VERSION}")
+    if m["version"] not in (1, VERSION):
+        raise ValueError(f"version {m['version']!r}; this refconv reads versions 1 and {VERSION}")
     size = m["world_size"]
     if not isinstance(size, int) or size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {size!r}")
     _check_step(m["step"])
     m["extra"]
+    save = m["save"] if m["version"] >= 2 else None
+    if save is not None and (isinstance(save, bool) or not isinstance(save, int) or save < 1):
+        raise ValueError(f"save must be an int >= 1, got {save!r}")
     if len(m["shards"]) != size:
         raise ValueError(f"{len(m['shards'])} shards listed for world_size {size}")
     for r, s in enumerate(m["shards"]):
-        if s["file"] != shard_name(r, size, m["step"]) or not isinstance(s["sha256"], str):
-            raise ValueError(f"shards[{r}] must be {{'file': {shard_name(r, size, m['step'])!r}, "
-                             f"'sha256': hex}}, got {s!r}")
+        name = shard_name(r, size, m["step"], save)
+        if s["file"] != name or not isinstance(s["sha256"], str):
+            raise ValueError(f"shards[{r}] must be {{'file': {name!r}, 'sha256': hex}}, got {s!r}")
     for t in m["tensors"]:
         g = t["global_shape"]
         if len(g) != 4 or not all(isinstance(n, int) and n >= 1 for n in g):

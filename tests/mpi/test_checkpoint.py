@@ -30,6 +30,9 @@ class TinyModel:
             for pname in layer.parameters():
                 yield f"{lname}.{pname}", layer, pname
 
+    def named_buffers(self):
+        return []                           # convolutions have no buffers
+
 
 def trained(grid, **kw):
     """A model and optimizer after one step with rank-independent gradients."""
@@ -132,7 +135,7 @@ def test_corrupt_or_missing_shard_raises_on_every_rank():
     directory = shared_dir(comm)
     model, opt = trained(grid)
     checkpoint.save(directory, model, opt, step=1)
-    last = os.path.join(directory, checkpoint.shard_name(comm.size - 1, comm.size, 1))
+    last = os.path.join(directory, checkpoint.shard_name(comm.size - 1, comm.size, 1, save=1))
     # a sample-parallel model needs only shard 0, yet the corrupt last shard is still found
     loaders = [TinyModel(grid, seed=3), TinyModel(ProcessGrid(comm, sample=comm.size), seed=3)]
     for damage, match in (("flip", "corrupt shard"), ("delete", "missing shard")):
