@@ -2,6 +2,7 @@
 (a fake device count: no GPU here) is one line and exit status 2 on every rank."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -15,9 +16,10 @@ TIMEOUT = 120
 
 
 def run(args, ranks=1):
+    """``refconv ARGS``, under mpiexec when ``ranks`` > 1 (sharing a GPU if the machine has too few)."""
     launch = [find_mpiexec(), "-n", str(ranks)] if ranks > 1 else []
     return subprocess.run([*launch, sys.executable, "-m", "refconv.cli", *args], capture_output=True, text=True,
-                          timeout=TIMEOUT)
+                          timeout=TIMEOUT, env=dict(os.environ, REFCONV_OVERSUBSCRIBE_GPUS="1"))
 
 
 def test_text_names_every_package_and_the_mpi_library():
@@ -48,7 +50,7 @@ def test_more_ranks_than_gpus_is_one_line_and_status_2(tmp_path):
         sys.exit(cli.main(["info", "--backend", "cuda"]))
     """))
     result = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, str(script)], capture_output=True,
-                            text=True, timeout=TIMEOUT)
+                            text=True, timeout=TIMEOUT, env=dict(os.environ, REFCONV_OVERSUBSCRIBE_GPUS="0"))
     assert result.returncode == 2, result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert errors == [f"refconv info: error: 2 ranks on node {socket.gethostname()} share 1 GPU(s) (0): start "
