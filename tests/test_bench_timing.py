@@ -48,3 +48,15 @@ def test_check_catches_a_wrong_answer():
         timing.check({"ref": good, "wrong": good * 1.01}, "ref")
     with pytest.raises(ValueError, match="reference"):
         timing.check({"a": good}, "b")
+
+
+def test_torch_comparison_runs_and_checks_first(capsys):
+    # Needs PyTorch (not a dependency): skipped, and reported as skipped, where it is missing.
+    pytest.importorskip("torch")
+    from refconv.bench import torch_step
+
+    assert torch_step.main(["passes", "--quick", "--rounds", "1"]) == 0
+    assert torch_step.main(["step", "--model", "digits-cnn", "--batch", "4", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "geometric mean vs torch, backward-filter" in out
+    assert "digits-cnn batch 4: first loss refconv" in out

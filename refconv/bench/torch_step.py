@@ -1,0 +1,350 @@
+"""refconv's CPU path against PyTorch, side by side in one run (needs torch installed).
+
+    python -m refconv.bench.torch_step passes [--batch 8] [--rounds 7]
+    python -m refconv.bench.torch_step step --model digits-cnn|resnet50|wide-cnn [--batch N]
+    mpiexec -n 2 python -m mpi4py -m refconv.bench.torch_step ddp --model digits-cnn
+    python -m refconv.bench.torch_step memory      (no torch needed)
+
+- ``passes``: forward, backward-data and backward-filter of the numpy backend
+  against ``torch.nn.functional.conv2d`` and its gradients, on the five
+  ResNet-50 3x3 and stem shapes plus a 1x1 layer; prints the geometric mean
+  of the per-shape ratios for each pass.
+- ``step``: one training step (forward, loss, backward, SGD update) of a model
+  preset built by ``refconv.Model.from_spec`` against the same model written in
+  PyTorch (``torch.nn`` modules built from the same spec, holding the same
+  initial parameters).  The first step's losses must agree before anything is
+  timed.
+- ``memory``: the peak memory of one DistConv2d forward and backward on the
+  C=F=1024, 7x7, N=8 layer, against the size of its x, y, w and dw.
+- ``ddp``: the same with one sample-parallel model per rank, against
+  ``torch.nn.parallel.DistributedDataParallel`` over gloo; each rank holds
+  ``batch / ranks`` samples.  Every round is timed by the slowest rank.
+
+Every figure is the median (min-max) over interleaved rounds of
+:mod:`refconv.bench.timing`; "vs torch" is torch's time divided by refconv's
+(above 1: refconv is faster).  BLAS threads are chosen by :mod:`refconv.threads`
+(``--threads``, the environment, else cores per rank on the node) and torch
+gets the same number.  torch is imported only here, and only when this runs.
+"""
+
+import argparse
+import math
+import sys
+
+import numpy
+
+from refconv import threads
+from refconv.bench import timing
+
+# name: (C, F, H=W, K, stride, padding): the ResNet-50 3x3 layers and the stem, and a 1x1 layer
+SHAPES = {
+    "conv2": (64, 64, 56, 3, 1, 1),
+    "conv3": (128, 128, 28, 3, 1, 1),
+    "conv4": (256, 256, 14, 3, 1, 1),
+    "conv5": (512, 512, 7, 3, 1, 1),
+    "conv1": (3, 64, 224, 7, 2, 3),
+    "conv4-1x1": (1024, 256, 14, 1, 1, 0),
+}
+QUICK_SHAPES = {"quick3x3": (8, 8, 8, 3, 1, 1), "quick1x1": (8, 4, 6, 1, 1, 0)}
+PASSES = ("forward", "backward-data", "backward-filter")
+
+# The wide 4-conv CNN of issue 10 (CIFAR-sized input).
+WIDE_CNN = {"name": "wide-cnn", "in_channels": 3, "layers": [
+    {"type": "conv", "out": 128, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
+    {"type": "conv", "out": 128, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
+    {"type": "maxpool", "kernel": 2},
+    {"type": "conv", "out": 256, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
+    {"type": "conv", "out": 256, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
+    {"type": "gap"}, {"type": "linear", "out": 10}]}
+# model: (spec, image size, default batch)
+MODELS = {"digits-cnn": ("digits-cnn", 16, 64), "resnet50": ("resnet50", 32, 16), "wide-cnn": (WIDE_CNN, 32, 32)}
+LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 1e-4  # refconv train's defaults
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("refconv.bench.torch_step compares against PyTorch: install torch (CPU) first") from None
+    return torch
+
+
+# ----------------------------------------------------------------------------- single passes
+
+
+def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0):
+    """``{"refconv": {pass: fn}, "torch": {pass: fn}}`` on one layer's random fp32 arrays."""
+    from refconv import reference as ref
+
+    rng = numpy.random.default_rng(seed)
+    Ho = (H + 2 * padding - K) // stride + 1
+    x = rng.standard_normal((batch, C, H, H), dtype=numpy.float32)
+    w = rng.standard_normal((F, C, K, K), dtype=numpy.float32)
+    dy = rng.standard_normal((batch, F, Ho, Ho), dtype=numpy.float32)
+    g = dict(stride=stride, padding=padding)
+    xt, wt, dyt = (torch.from_numpy(a) for a in (x, w, dy))
+    return {
+        "refconv": {"forward": lambda: ref.conv2d_forward(x, w, **g),
+                    "backward-data": lambda: ref.conv2d_backward_data(dy, w, x.shape, **g),
+                    "backward-filter": lambda: ref.conv2d_backward_filter(x, dy, w.shape, **g)},
+        "torch": {"forward": lambda: torch.nn.functional.conv2d(xt, wt, **g),
+                  "backward-data": lambda: torch.nn.grad.conv2d_input(xt.shape, wt, dyt, **g),
+                  "backward-filter": lambda: torch.nn.grad.conv2d_weight(xt, wt.shape, dyt, **g)},
+    }
+
+
+def run_passes(args):
+    torch = _torch()
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    ratios = {p: [] for p in PASSES}
+    print(f"{'shape':<11}{'pass':<17}{'refconv ms':>24}{'torch ms':>24}{'vs torch':>20}")
+    for name, (C, F, H, K, stride, padding) in shapes.items():
+        fns = pass_contenders(C, F, H, K, stride, padding, args.batch, torch)
+        for p in PASSES:
+            contenders = {who: fns[who][p] for who in fns}
+            outputs = {who: fn() for who, fn in contenders.items()}
+            length = {"forward": C * K * K, "backward-data": F * K * K, "backward-filter": args.batch * H * H}[p]
+            # fp32 sums of `length` O(1) terms: error ~ eps * sqrt(length) relative to the largest value
+            scale = float(numpy.abs(numpy.asarray(outputs["torch"])).max())
+            timing.check(outputs, "torch", atol=1e-6 * math.sqrt(length) * scale, rtol=1e-5)
+            spans = timing.compare(contenders, rounds=args.rounds, warmup=1)
+            r = timing.ratio(spans, "torch", "refconv")
+            ratios[p].append(r.median)
+            print(f"{name:<11}{p:<17}{spans['refconv'].format():>24}{spans['torch'].format():>24}"
+                  f"{r.format(1, '', 2):>20}")
+    for p in PASSES:
+        print(f"geometric mean vs torch, {p}: {_geomean(ratios[p]):.2f}")
+    return 0
+
+
+def _geomean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+# --------------------------------------------------------------------- the same model in torch
+
+
+def torch_model(spec, torch):
+    """The ``torch.nn.Module`` of a refconv model spec (conv, batchnorm, relu, pools, gap, linear,
+    residual), parameters in the order of ``refconv.Model.named_parameters``."""
+    nn = torch.nn
+
+    class Residual(nn.Module):
+        def __init__(self, body, shortcut):
+            super().__init__()
+            self.body, self.shortcut = body, shortcut
+
+        def forward(self, x):
+            return self.body(x) + self.shortcut(x)
+
+    def build(layers, ch):
+        mods = []
+        for d in layers:
+            kind = d["type"]
+            if kind == "conv":
+                mods.append(nn.Conv2d(ch, d["out"], d["kernel"], stride=d.get("stride", 1), padding=d.get("padding", 0),
+                                      dilation=d.get("dilation", 1), groups=d.get("groups", 1), bias=d.get("bias", True)))
+                ch = d["out"]
+            elif kind == "batchnorm":
+                mods.append(nn.BatchNorm2d(ch, eps=d.get("eps", 1e-5), momentum=d.get("momentum", 0.1)))
+            elif kind == "relu":
+                mods.append(nn.ReLU())
+            elif kind in ("maxpool", "avgpool"):
+                pool = nn.MaxPool2d if kind == "maxpool" else nn.AvgPool2d
+                mods.append(pool(d["kernel"], d.get("stride"), d.get("padding", 0)))
+            elif kind == "gap":
+                mods += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+            elif kind == "linear":
+                mods.append(nn.Linear(ch, d["out"], bias=d.get("bias", True)))
+                ch = d["out"]
+            elif kind == "residual":
+                body, out = build(d["layers"], ch)
+                shortcut = build(d["shortcut"], ch)[0] if d.get("shortcut") else nn.Identity()
+                mods.append(Residual(body, shortcut))
+                ch = out
+            else:
+                raise ValueError(f"spec: torch_model has no {kind!r} layer")
+        return nn.Sequential(*mods), ch
+
+    return build(spec["layers"], spec["in_channels"])[0]
+
+
+def copy_parameters(model, net, torch):
+    """Give the torch ``net`` the refconv ``model``'s parameters (replicated: sample-parallel grids)."""
+    ours = [layer.parameters()[p] for _, layer, p in model.named_parameters()]
+    theirs = list(net.parameters())
+    if len(ours) != len(theirs):
+        raise ValueError(f"torch model has {len(theirs)} parameters, refconv's {len(ours)}")
+    with torch.no_grad():
+        for a, t in zip(ours, theirs):
+            a = numpy.asarray(a)
+            if a.size != t.numel():
+                raise ValueError(f"parameter sizes differ: refconv {a.shape}, torch {tuple(t.shape)}")
+            t.copy_(torch.from_numpy(a.reshape(tuple(t.shape))))
+
+
+def _data(batch, channels, size, classes, seed=0):
+    rng = numpy.random.default_rng(seed)
+    x = rng.standard_normal((batch, channels, size, size), dtype=numpy.float32)
+    return x, rng.integers(0, classes, batch)
+
+
+def step_contenders(model_name, batch, comm, torch):
+    """``({"refconv": step, "torch": step}, (refconv first loss, torch first loss))`` of one model;
+    with ``comm.size > 1`` both are sample-parallel (refconv's grid, torch's DDP)."""
+    from refconv import Model, train
+    from refconv.optim import SGD
+
+    spec_name, size, _ = MODELS[model_name]
+    classes = 10
+    model = Model.from_spec(spec_name, comm=comm, backend="numpy", dtype=numpy.float32, seed=0,
+                            **({"num_classes": classes} if isinstance(spec_name, str) else {}))
+    spec = model.spec
+    x, y = _data(batch, spec["in_channels"], size, classes)
+    optimizer = SGD(model, LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+
+    net = torch_model(spec, torch)
+    copy_parameters(model, net, torch)
+    P, rank = comm.Get_size(), comm.Get_rank()
+    lo, hi = batch * rank // P, batch * (rank + 1) // P  # torch's samples on this rank
+    with torch.no_grad():  # the first loss on the whole batch: what refconv's first step computes
+        first_loss = float(torch.nn.functional.cross_entropy(net(torch.from_numpy(x)), torch.from_numpy(y)))
+    if P > 1:
+        # refconv's batch norm reduces its statistics over the sample ranks; torch's SyncBatchNorm
+        # needs a GPU, so DDP's batch norm normalises each rank's samples alone (less traffic).
+        net = torch.nn.parallel.DistributedDataParallel(net)
+    t_opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+    xt, yt = torch.from_numpy(x[lo:hi]), torch.from_numpy(y[lo:hi])
+
+    def torch_step():
+        t_opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(net(xt), yt)
+        loss.backward()
+        t_opt.step()
+        return loss
+
+    def refconv_step():
+        return train.step(model, optimizer, x, y)
+
+    first = (float(refconv_step()), first_loss)
+    return {"refconv": refconv_step, "torch": torch_step}, first
+
+
+def run_step(args, comm):
+    torch = _torch()
+    rank0 = comm.Get_rank() == 0
+    names = args.model or list(MODELS)
+    for name in names:
+        batch = args.batch or MODELS[name][2]
+        contenders, (ours, theirs) = step_contenders(name, batch, comm, torch)
+        if not math.isclose(ours, theirs, rel_tol=1e-3):
+            raise SystemExit(f"{name}: first-step losses differ: refconv {ours:.6f}, torch {theirs:.6f}")
+        from refconv import collectives
+
+        spans = timing.compare(contenders, rounds=args.rounds, warmup=1, sync=lambda: collectives.barrier(comm))
+        r = timing.ratio(spans, "torch", "refconv")
+        if rank0:
+            what = f"{name} batch {batch}" + (f" on {comm.Get_size()} ranks (DDP, gloo)" if comm.Get_size() > 1 else "")
+            print(f"{what}: first loss refconv {ours:.5f} torch {theirs:.5f}; step refconv {spans['refconv']}, "
+                  f"torch {spans['torch']}; vs torch {r.format(1, '', 2)}")
+    return 0
+
+
+def _init_torch_distributed(comm, torch):
+    """gloo over loopback, rendezvous through MPI (rank 0's free port)."""
+    import socket
+
+    from refconv import collectives
+
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = collectives.allgather_object(comm, port)[0]
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                         rank=comm.Get_rank(), world_size=comm.Get_size())
+
+
+# ------------------------------------------------------------------------------ peak memory
+
+
+def run_memory(args, comm):
+    """Peak memory of one DistConv2d forward and backward (sample-parallel on ``comm``),
+    from tracemalloc: the arrays alive before the passes (x_loc, the weight) plus the
+    passes' own peak, against the layer's x, y, w and dw together."""
+    import tracemalloc
+
+    from refconv import DistConv2d, ProcessGrid
+
+    C, F, H, K, stride, padding = MEMORY_LAYER
+    batch = args.batch or 8
+    grid = ProcessGrid(comm, sample=comm.Get_size())
+    layer = DistConv2d(C, F, K, stride=stride, padding=padding, grid=grid, backend="numpy",
+                       input_shape=(batch, C, H, H))
+    rng = numpy.random.default_rng(0)
+    x_loc = rng.standard_normal(layer.input_distribution.local_shape(grid.rank), dtype=numpy.float32)
+    dy_loc = rng.standard_normal(layer.output_distribution.local_shape(grid.rank), dtype=numpy.float32)
+    tracemalloc.start()
+    try:
+        y_loc = layer.forward(x_loc)
+        del y_loc
+        layer.backward(dy_loc)
+        _, passes_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    w_bytes = layer.weight.nbytes + (layer.bias.nbytes if layer.has_bias else 0)
+    live = x_loc.nbytes + w_bytes  # held before the passes (tracemalloc did not see them)
+    tensors = x_loc.nbytes + dy_loc.nbytes + 2 * w_bytes  # x, y, w, dw of this rank
+    peak = live + passes_peak
+    if comm.Get_rank() == 0:
+        mib = 2 ** 20
+        print(f"layer C={C} F={F} {H}x{H} K={K} batch {batch} on {comm.Get_size()} rank(s): peak {peak / mib:.1f} MiB "
+              f"= {live / mib:.1f} held + {passes_peak / mib:.1f} in forward+backward; x+y+w+dw {tensors / mib:.1f} MiB; "
+              f"ratio {peak / tensors:.2f}")
+    return 0
+
+
+MEMORY_LAYER = (1024, 1024, 7, 3, 1, 1)  # C, F, H=W, K, stride, padding: issue 10's memory target
+
+
+# ----------------------------------------------------------------------------------------- main
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="python -m refconv.bench.torch_step", description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("passes", "step", "ddp", "memory"))
+    parser.add_argument("--model", choices=sorted(MODELS), nargs="+", help="step/ddp: models (default: all)")
+    parser.add_argument("--batch", type=int, help="global batch (passes: 8; step: per model)")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timed rounds (default 7)")
+    parser.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores per rank)")
+    parser.add_argument("--quick", action="store_true", help="passes: tiny shapes, as a smoke test")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    choice = threads.configure(comm, args.threads)
+    if args.what == "memory":
+        return run_memory(args, comm)
+    torch = _torch()
+    torch.set_num_threads(choice.threads)
+    if comm.Get_rank() == 0:
+        print(f"torch {torch.__version__}; {choice.describe()}; median (min-max) of {args.rounds} rounds")
+    if args.what == "passes":
+        args.batch = args.batch or (2 if args.quick else 8)
+        return run_passes(args)
+    if args.what == "ddp":
+        if comm.Get_size() < 2:
+            raise SystemExit("ddp: run under mpiexec -n 2 (or more)")
+        _init_torch_distributed(comm, torch)
+    elif comm.Get_size() > 1:
+        raise SystemExit("step: one rank (use ddp for several)")
+    return run_step(args, comm)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
