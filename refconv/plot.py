@@ -10,10 +10,11 @@ number) and writes, with matplotlib's Agg backend:
   parallel efficiency against ranks, one line per strategy, the ideal dashed;
   and the median time per step, measured, with the performance model's
   prediction dotted when ``--machine`` is given;
-- ``breakdown.png``: the median time per step of every (strategy, ranks)
-  split into compute, each kind of collective, halos and shuffles (the time
-  inside each kind of MPI call on the busiest rank, ``seconds`` in the results
-  line; compute is the rest), with the prediction's total as a black tick.
+- ``breakdown.png``: the time per pass of every (strategy, ranks) split into
+  compute, each kind of collective, halos and shuffles: the slowest rank's
+  mean over the extra repetitions the benchmark records (``seconds_total``),
+  the time inside each kind of MPI call (``seconds``), compute the rest; with
+  the prediction's total as a black tick.
 
 The prediction comes from ``refconv plan``'s model (``refconv.plan.search``)
 with a machine file (``refconv calibrate --out machine.yaml``, or a built-in
@@ -46,8 +47,9 @@ def add_parser(subparsers):
 
 
 def breakdown(line):
-    """``{part: seconds}`` of one results line's main pass; compute is what the collectives leave."""
-    total = line["passes"][sweep.MAIN_PASS[line["bench"]]]["median"]
+    """``{part: seconds}`` of one repetition of a results line's main pass on the slowest rank
+    (``seconds_total``, split by ``seconds``); compute is what the collectives leave."""
+    total = line["seconds_total"]
     parts = {name: sum(line["seconds"].get(kind, 0.0) for kind in kinds) for name, kinds in PARTS[1:]}
     parts = {"compute": max(total - sum(parts.values()), 0.0), **parts}
     return parts
@@ -139,7 +141,7 @@ def plot_breakdown(plt, table, predict, path):
                         label="predicted total" if i == 0 else None)
         ax.set_xticks(range(len(points)))
         ax.set_xticklabels(labels, fontsize=7)
-        ax.set_ylabel("median ms per pass (busiest rank)")
+        ax.set_ylabel("mean ms per pass (slowest rank)")
         ax.set_title(f"{scaling} scaling, bench {bench} {workload}: where the time goes", fontsize=9)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         ax.grid(axis="y", alpha=0.3)

@@ -110,7 +110,7 @@ def test_schema_checker_finds_each_problem(tmp_path):
                                "gpu": None, "gpu_id": None, "threads": 1}]},
             "config": {"ranks": 1, "dtype": "float32", "repeat": 1, "warmup": 0},
             "passes": {"forward": {"min": 1.0, "median": 1.0, "max": 1.0, "times": [1.0]}},
-            "bytes": {"allreduce": 8}, "calls": {"allreduce": 1}, "seconds": {"allreduce": 1e-5},
+            "bytes": {"allreduce": 8}, "calls": {"allreduce": 1}, "seconds": {"allreduce": 1e-5}, "seconds_total": 2e-5,
             "wire_bytes": {"allreduce": 0}, "extra": {}}
     assert validate(good) == []
     assert validate(dict(good, bench="sideways")) == ["line.bench: expected one of "

@@ -19,7 +19,7 @@ def line(ranks, strategy, seconds, scaling="strong", comm=None, bench="layer"):
     """A results line with only the fields series() and breakdown() read."""
     config = {"ranks": ranks, "sweep": {"id": "x", "scaling": scaling, "strategy": strategy},
               "shape": {"name": "wide"}, "model": "digits-cnn"}
-    return {"bench": bench, "config": config, "seconds": comm or {},
+    return {"bench": bench, "config": config, "seconds": comm or {}, "seconds_total": seconds,
             "passes": {sweep.MAIN_PASS[bench]: {"median": seconds}}}
 
 

@@ -6,18 +6,21 @@ A results line (one JSON object per line, schema in ``refconv.bench.schema``)::
     {"schema": "refconv.bench/1", "bench": "layer", "label": "channel=4 stationary-x",
      "env": <refconv info's record>, "config": {"ranks": 4, "grid": {...}, ...},
      "passes": {"forward": {"min": s, "median": s, "max": s, "times": [...]}, ...},
-     "bytes": {"allreduce": B, ...}, "calls": {...}, "seconds": {...}, "extra": {...}}
+     "bytes": {"allreduce": B, ...}, "calls": {...}, "wire_bytes": {...},
+     "seconds_total": s, "seconds": {"allreduce": s, ...}, "extra": {...}}
 
 Times are seconds; under MPI one repetition's time is the slowest rank's.
-``bytes``/``calls``/``seconds`` are per repetition on the busiest rank, as
-``refconv.collectives.stats`` records them (``seconds``: the time spent inside
-that kind of MPI call, the mean of ``repeat`` extra repetitions).
+``bytes``/``calls``/``wire_bytes`` are per repetition on the busiest rank, as
+``refconv.collectives.stats`` records them.  ``seconds_total`` and ``seconds``
+split ``repeat`` extra repetitions on the slowest rank: its mean time per
+repetition, and the time it spent inside each kind of MPI call (:func:`traffic`).
 """
 
 import argparse
 import datetime
 import json
 import statistics
+import time
 
 import numpy
 
@@ -171,31 +174,38 @@ def time_ranks(comm, contenders, repeat, warmup, pause):
 
 
 def traffic(comm, fn, calls, *, moved_only=False):
-    """Bytes, calls, seconds and ring-model wire bytes per kind of collective of one ``fn()``, on the busiest rank
-    (``calls`` untimed-by-rounds calls inside a ``collectives.stats`` region; bytes and
-    calls are the same every time, seconds are their mean).  ``moved_only`` leaves out
-    calls on one-rank communicators."""
+    """What ``calls`` more calls of ``fn()`` move and where their time goes, per call.
+
+    Inside a ``collectives.stats`` region (no rounds, no pauses): ``bytes``, ``calls``
+    and ring-model ``wire_bytes`` per kind of collective, each the busiest rank's (the
+    same every call); ``seconds_total``, the mean wall time of a call on the slowest
+    rank, and ``seconds``, that rank's time inside each kind of MPI call, so that
+    compute is ``seconds_total - sum(seconds)``.  ``moved_only`` leaves out calls on
+    one-rank communicators."""
+    collectives.barrier(comm)
+    start = time.perf_counter()
     with collectives.stats.recording() as region:
         for _ in range(calls):
             fn()
         arrays.synchronize()
+    wall = (time.perf_counter() - start) / calls
     mine = {}
     for r in region.records:
         if moved_only and r.comm_size == 1:
             continue
-        s = mine.setdefault(r.kind, {"bytes": 0, "calls": 0, "seconds": 0.0, "wire_bytes": 0.0})
+        s = mine.setdefault(r.kind, {"bytes": 0, "calls": 0, "wire_bytes": 0.0})
         s["bytes"] += r.bytes
         s["calls"] += 1
         s["wire_bytes"] += cost_model.Call(r.kind, r.comm_size, r.bytes).wire_bytes  # the ring model
-    for kind, seconds in region.seconds.items():
-        if kind in mine:
-            mine[kind]["seconds"] = seconds
-    everyone = collectives.allgather_object(comm, mine)
-    kinds = sorted({k for rank in everyone for k in rank})
-    busiest = {field: {k: max(rank.get(k, {}).get(field, 0) for rank in everyone) for k in kinds}
-               for field in ("bytes", "calls", "seconds", "wire_bytes")}
-    return {field: {k: v // calls if field in ("bytes", "calls") else v / calls for k, v in per.items()}
-            for field, per in busiest.items()}
+    seconds = {kind: t / calls for kind, t in region.seconds.items() if kind in mine}
+    everyone = collectives.allgather_object(comm, (wall, mine, seconds))
+    kinds = sorted({k for _, per, _ in everyone for k in per})
+    out = {field: {k: max(per.get(k, {}).get(field, 0) for _, per, _ in everyone) for k in kinds}
+           for field in ("bytes", "calls", "wire_bytes")}
+    out = {field: {k: v // calls if field != "wire_bytes" else v / calls for k, v in per.items()}
+           for field, per in out.items()}  # every call moves the same
+    out["seconds_total"], _, out["seconds"] = max(everyone, key=lambda e: e[0])  # the slowest rank
+    return out
 
 
 def record(bench, label, env, config, passes, traffic=None, extra=None):
@@ -205,6 +215,7 @@ def record(bench, label, env, config, passes, traffic=None, extra=None):
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "env": env, "config": config, "passes": {name: summarize(t) for name, t in passes.items()},
             **{field: traffic.get(field, {}) for field in ("bytes", "calls", "seconds", "wire_bytes")},
+            "seconds_total": traffic.get("seconds_total"),
             "extra": extra or {}}
     return line
 

@@ -40,7 +40,7 @@ ENV = {  # refconv info's record
 SCHEMA = {
     "type": "object",
     "required": ["schema", "bench", "label", "time", "env", "config", "passes", "bytes", "calls", "seconds",
-                 "wire_bytes", "extra"],
+                 "seconds_total", "wire_bytes", "extra"],
     "properties": {
         "schema": {"enum": ["refconv.bench/1"]},
         "bench": {"enum": ["kernels", "collectives", "layer", "step"]},
@@ -59,7 +59,8 @@ SCHEMA = {
         "passes": {"type": "object", "additionalProperties": _TIMES},  # pass name -> seconds
         "bytes": _PER_KIND,                                 # kind of collective -> bytes per repetition
         "calls": _PER_KIND,
-        "seconds": _PER_KIND,                               # time inside each kind of MPI call
+        "seconds_total": {"type": ["number", "null"], "minimum": 0},  # one repetition, slowest rank
+        "seconds": _PER_KIND,                               # ... of which inside each kind of MPI call
         "wire_bytes": _PER_KIND,                            # the ring model's bytes on the wire
         "extra": {"type": "object"},
     },
