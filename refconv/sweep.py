@@ -23,6 +23,7 @@ import subprocess
 import sys
 import uuid
 
+from refconv import checks
 from refconv.bench import schema
 from refconv.bench.common import SHAPES, grid_text, parse_shape, strategy_grid
 from refconv.testing.mpirun import find_mpiexec
@@ -75,9 +76,8 @@ def plan(args):
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown or not strategies:
         raise ValueError(f"--strategies: unknown {unknown}; expected some of {', '.join(STRATEGIES)}")
-    if args.batch < 1 or args.repeat < 1 or args.warmup < 0:
-        raise ValueError(f"--batch and --repeat must be >= 1 and --warmup >= 0; got {args.batch}, "
-                         f"{args.repeat}, {args.warmup}")
+    for name, minimum in (("batch", 1), ("repeat", 1), ("warmup", 0)):
+        checks.integer(getattr(args, name), f"--{name}", minimum=minimum)
     workload = ["--shape", args.shape["name"]] if args.bench == "layer" else ["--model", args.model]
     sweep_id = uuid.uuid4().hex[:12]
     points = []

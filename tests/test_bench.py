@@ -86,7 +86,7 @@ def test_step_line(tmp_path):
     (["layer", "--grid", "channel=4"], 2, "--grid: channel=4 has 4 ranks but 2 are running"),
     (["step", "--shape", "tiny"], 1, "--shape: bench step times a whole model"),
     (["kernels", "--grid", "sample=1"], 1, "--grid: bench kernels times one process"),
-    (["layer", "--repeat", "0"], 1, "--repeat: must be >= 1"),
+    (["layer", "--repeat", "0"], 1, "--repeat: expected a positive int, got 0"),
 ])
 def test_bad_input_is_one_line_and_status_2(args, ranks, message):
     result = bench(args, ranks=ranks)

@@ -13,7 +13,7 @@ import numpy
 from mpi4py import MPI
 
 from refconv import collectives
-from refconv.bench.common import BenchError, positive, record, reject, time_ranks
+from refconv.bench.common import BenchError, option, record, reject, time_ranks
 
 ORDER = ("raw", "refconv_out", "refconv_inplace", "refconv", "raw")
 LABELS = {
@@ -30,8 +30,8 @@ def run(args, comm, env):
            "bench collectives times an allreduce of --mb megabytes over all ranks")
     if args.mb <= 0:
         raise BenchError(f"--mb: must be > 0, got {args.mb}")
-    repeat = positive(args, "repeat", 15)
-    warmup = positive(args, "warmup", 2)
+    repeat = option(args, "repeat", 15)
+    warmup = option(args, "warmup", 2, minimum=0)
     dtype = numpy.dtype(args.dtype)
     x = numpy.ones(int(args.mb * 1e6) // dtype.itemsize, dtype)  # x: (n,) on every rank
     out = numpy.empty_like(x)

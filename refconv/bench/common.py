@@ -24,7 +24,7 @@ import time
 
 import numpy
 
-from refconv import arrays, collectives, cost_model
+from refconv import arrays, checks, collectives, cost_model
 from refconv.bench import timing
 from refconv.algorithms import channel_algorithms
 from refconv.train_config import GRID_AXES, parse_grid
@@ -107,13 +107,10 @@ def reject(args, names, why):
             raise BenchError(f"--{name}: {why}")
 
 
-def positive(args, name, default):
-    """``args.<name>`` (or ``default`` when unset), checked to be an int >= 1 (0 allowed for warmup)."""
+def option(args, name, default, minimum=1):
+    """``args.<name>``, or ``default`` when unset; an int of at least ``minimum`` (``checks.integer``)."""
     value = getattr(args, name)
-    value = default if value is None else value
-    if value < (0 if name == "warmup" else 1):
-        raise BenchError(f"--{name}: must be {'>= 0' if name == 'warmup' else '>= 1'}, got {value}")
-    return value
+    return checks.integer(default if value is None else value, f"--{name.replace('_', '-')}", minimum=minimum)
 
 
 def full_grid(grid, ranks):

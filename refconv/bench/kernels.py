@@ -24,7 +24,7 @@ import numpy
 from refconv import arrays
 from refconv import reference as ref
 from refconv.bench import timing
-from refconv.bench.common import SHAPE_KEYS, BenchError, parse_shape, pause_for, positive, record, reject
+from refconv.bench.common import SHAPE_KEYS, BenchError, option, parse_shape, pause_for, record, reject
 
 DEFAULT_SHAPES = ("conv2", "conv3", "conv4", "conv5", "conv1")
 QUICK_SHAPES = ("quick3x3", "quick7x7s2")
@@ -125,9 +125,9 @@ def run(args, comm, env):
         raise BenchError(f"bench kernels: runs on one rank, {comm.Get_size()} were started; run it without mpiexec")
     on_gpu = arrays.gpu_available()
     shapes = args.shape or [parse_shape(name) for name in (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)]
-    batch = positive(args, "batch", 2 if args.quick else (32 if on_gpu else 8))
-    repeat = positive(args, "repeat", 1 if args.quick else (20 if on_gpu else 3))
-    warmup = positive(args, "warmup", 1)
+    batch = option(args, "batch", 2 if args.quick else (32 if on_gpu else 8))
+    repeat = option(args, "repeat", 1 if args.quick else (20 if on_gpu else 3))
+    warmup = option(args, "warmup", 1, minimum=0)
     dtype = numpy.dtype(args.dtype)
     rows, notes, lines = [], [], []
     where = describe_device(on_gpu)

@@ -14,7 +14,7 @@ forward, the backward and both.
 import numpy
 
 from refconv import DistConv2d, ProcessGrid
-from refconv.bench.common import (full_grid, grid_text, parse_shape, pause_for, positive, record, reject,
+from refconv.bench.common import (full_grid, grid_text, option, parse_shape, pause_for, record, reject,
                                   time_ranks, traffic)
 
 PASSES = ("forward", "backward", "forward+backward")
@@ -61,9 +61,9 @@ def run(args, comm, env):
     if args.algorithm is not None and args.grid is None:
         reject(args, ("algorithm",), "give --grid with it (without --grid every strategy runs)")
     shapes = args.shape or [parse_shape("layer")]
-    batch = positive(args, "batch", 8)
-    repeat = positive(args, "repeat", 5)
-    warmup = positive(args, "warmup", 1)
+    batch = option(args, "batch", 8)
+    repeat = option(args, "repeat", 5)
+    warmup = option(args, "warmup", 1, minimum=0)
     dtype = numpy.dtype(args.dtype)
     P = comm.Get_size()
     runs = [(args.grid, args.algorithm or "stationary-x", args.filter_groups)] if args.grid else strategies(P)

@@ -18,7 +18,7 @@ import numpy
 
 from refconv import train
 from refconv.bench import timing, torch_step
-from refconv.bench.common import full_grid, grid_text, pause_for, positive, record, reject, time_ranks, traffic
+from refconv.bench.common import full_grid, grid_text, option, pause_for, record, reject, time_ranks, traffic
 from refconv.optim import SGD
 
 IMAGE_SIZE = {"digits-cnn": 16}  # the bundled digits' size; other presets get --image-size
@@ -28,12 +28,12 @@ def run(args, comm, env):
     """One results line: the step's times and traffic."""
     reject(args, ("shape",), "bench step times a whole model; give --model (bench layer takes --shape)")
     model_name = args.model or "digits-cnn"
-    batch = positive(args, "batch", 32)
-    repeat = positive(args, "repeat", 5)
-    warmup = positive(args, "warmup", 1)
+    batch = option(args, "batch", 32)
+    repeat = option(args, "repeat", 5)
+    warmup = option(args, "warmup", 1, minimum=0)
     P = comm.Get_size()
     grid = full_grid(args.grid or {"sample": P}, P)
-    size = args.image_size or IMAGE_SIZE.get(model_name, 32)
+    size = option(args, "image_size", IMAGE_SIZE.get(model_name, 32))
     cfg = train.TrainConfig(model=model_name, grid=grid, algorithm=args.algorithm, filter_groups=args.filter_groups,
                             synthetic=True, synthetic_samples=batch, image_size=size, batch_size=batch,
                             backend=env["ranks"][comm.Get_rank()]["backend"], dtype=args.dtype, progress=False)
