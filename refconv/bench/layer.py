@@ -34,7 +34,7 @@ def strategies(P):
 
 
 def measure(comm, grid_sizes, algorithm, filter_groups, shape, batch, dtype, backend, repeat, warmup, pause):
-    """Times of each pass and the traffic of one forward + backward on this grid."""
+    """Times of each pass, the traffic of one forward + backward on this grid, and the layer's p_f."""
     grid = ProcessGrid(comm, **grid_sizes)
     layer = DistConv2d(shape["C"], shape["F"], shape["K"], stride=shape["stride"], padding=shape["padding"],
                        grid=grid, algorithm=algorithm, filter_groups=filter_groups, backend=backend, dtype=dtype,
@@ -50,9 +50,8 @@ def measure(comm, grid_sizes, algorithm, filter_groups, shape, batch, dtype, bac
                               "forward+backward": lambda: (layer.forward(x_loc), layer.backward(dy_loc))},
                        repeat, warmup, pause)
     traffic_ = traffic(comm, lambda: (layer.forward(x_loc), layer.backward(dy_loc)), repeat)
-    filter_groups = getattr(layer, "filter_groups", filter_groups)
     grid.free()
-    return times, traffic_, filter_groups
+    return times, traffic_, layer.filter_groups  # stationary-w's p_f, resolved
 
 
 def run(args, comm, env):
