@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 1. The serial convolution: loops, im2col, three passes
 #
-# *One process. About 2 s.*
+# *One process.*
 #
 # Every parallel algorithm in refconv is checked against one serial reference,
 # `refconv.reference`. This tutorial builds that reference's convolution up

@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 3. Sample parallelism and the global weight-gradient allreduce
 #
-# *4 MPI ranks, launched from the notebook. About 3 s.*
+# *4 MPI ranks, launched from the notebook.*
 #
 # The simplest way to split a layer: give each rank a block of the **samples**
 # and a full copy of the weights. Forward and backward-data are then local,

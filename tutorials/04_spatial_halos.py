@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 4. Spatial parallelism and halos
 #
-# *One process, then 4 MPI ranks. About 3 s.*
+# *One process, then 4 MPI ranks.*
 #
 # Spatial parallelism splits the image height (and/or width) over ranks. A
 # rank's output rows read input rows that other ranks own: its **halo**. This

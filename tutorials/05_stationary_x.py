@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 5. Stationary-X: `x` stays, the partial `y` moves
 #
-# *One process, then 4 MPI ranks. About 3 s.*
+# *One process, then 4 MPI ranks.*
 #
 # Channel/filter parallelism splits the channel sum of tutorial 1 over a
 # **channel group** of `P_c` ranks. Rank `i` owns a block `C_i` of the input

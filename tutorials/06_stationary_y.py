@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 6. Stationary-Y: `y` stays, `x` moves
 #
-# *One process, then 4 MPI ranks. About 3 s.*
+# *One process, then 4 MPI ranks.*
 #
 # Stationary-Y is the mirror image of Stationary-X (tutorial 5). Rank `i` holds
 # **every** input channel for its own filters: its weight shard is `w[F_i, :]`.

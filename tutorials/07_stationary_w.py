@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 7. Stationary-W and the segmented allreduce
 #
-# *4 MPI ranks. About 4 s.*
+# *4 MPI ranks.*
 #
 # Stationary-X moves the output's size, Stationary-Y the input's, each over all
 # `P_c` ranks of the channel group. Stationary-W factors the group,

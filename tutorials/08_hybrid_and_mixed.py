@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 8. Hybrid grids and a different strategy per layer
 #
-# *One process, then 4 MPI ranks. About 6 s.*
+# *One process, then 4 MPI ranks.*
 #
 # The splits of tutorials 3-7 compose. A `ProcessGrid` has four axes,
 # `sample x channel x height x width`, and a layer may use several at once: a

@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 9. Property-testing your own decomposition
 #
-# *4 MPI ranks. About 8 s.*
+# *4 MPI ranks.*
 #
 # Suppose you have a new way to split a convolution. How do you convince
 # yourself it is right, for every shape, stride, padding and uneven split, and

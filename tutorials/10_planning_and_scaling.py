@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 10. Planning and running a scaling job
 #
-# *One process, then 4 MPI ranks. About 20 s.*
+# *One process, then 4 MPI ranks.*
 #
 # Tutorials 3-9 chose a grid and an algorithm by hand, one layer at a time. A
 # scaling job asks the question for a whole model at many rank counts, and
