@@ -11,7 +11,6 @@
 
 import collections
 import json
-import os
 import sys
 import time
 
@@ -42,25 +41,36 @@ def layer_runs(model):
     return [tuple(r) for r in runs]
 
 
-def threads_text():
-    value = os.environ.get("OMP_NUM_THREADS")
-    return f"{value} thread{'s' if value != '1' else ''} per rank" if value else \
-        "OMP_NUM_THREADS unset (BLAS uses every core)"
+def threads_text(choice):
+    """``1 BLAS thread per rank (set by OMP_NUM_THREADS)`` from a :class:`refconv.threads.ThreadChoice`."""
+    why = (f"set by {choice.source}" if choice.source != "default"
+           else f"the node's {choice.node_cores} cores shared by its {choice.node_ranks} ranks")
+    return f"{choice.threads} BLAS thread{'s' if choice.threads > 1 else ''} per rank ({why})"
 
 
-def header(model, cfg, ranks, backend, n_train, n_test, per_epoch):
-    """The lines that open a run (call after the model is bound, so ``auto`` has chosen)."""
+def header(model, cfg, ranks, binding, threads, n_train, n_test, per_epoch):
+    """The lines that open a run (call after the model is bound, so ``auto`` has chosen).
+    ``binding``: this rank's :class:`refconv.device.Binding`; ``threads``: its
+    :class:`refconv.threads.ThreadChoice`."""
+    gpu = f" (rank 0 on GPU {binding.gpu_id})" if binding.gpu is not None else ""
     lines = [f"model {model.spec.get('name', 'custom') if model.spec else 'custom'}: "
              f"{model.num_parameters()} parameters, {len(model.named_layers())} layers; "
              f"train {n_train} / test {n_test} samples",
-             f"{ranks} rank{'s' if ranks > 1 else ''}, {threads_text()}; backend {backend}, {cfg.dtype}; batch {cfg.batch_size}, "
-             f"{per_epoch} steps per epoch; lr {cfg.lr:g} ({cfg.lr_schedule}), momentum {cfg.momentum:g}, "
-             f"weight decay {cfg.weight_decay:g}"]
+             f"{ranks} rank{'s' if ranks > 1 else ''}; backend {binding.backend}{gpu}, {cfg.dtype}; "
+             f"{threads_text(threads)}",
+             f"batch {cfg.batch_size}, {per_epoch} steps per epoch; lr {cfg.lr:g} ({cfg.lr_schedule}), "
+             f"momentum {cfg.momentum:g}, weight decay {cfg.weight_decay:g}"]
     for first, last, grid, convs in layer_runs(model):
-        where = f"layer {first}" if first == last else f"layers {first}-{last}"
+        where = f"layer {first}" if first == last else f"layers {first}..{last}"
         conv = "; convolutions: " + ", ".join(f"{a} x{n}" for a, n in convs.items()) if convs else ""
-        lines.append(f"  {where:<14} grid {grid}{conv}")
+        lines.append(f"  {where}: grid {grid}{conv}")
     return lines
+
+
+def per_kind(moved, seconds):
+    """A metrics line's ``collectives``: kind -> calls, bytes (calls that move data) and seconds."""
+    return {kind: {"calls": moved.get(kind, {}).get("calls", 0), "bytes": moved.get(kind, {}).get("bytes", 0),
+                   "seconds": seconds.get(kind, 0.0)} for kind in sorted(set(moved) | set(seconds))}
 
 
 def _duration(seconds):

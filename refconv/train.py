@@ -26,7 +26,7 @@ import time
 import numpy
 from mpi4py import MPI
 
-from refconv import checkpoint, collectives, datasets, progress, train_config
+from refconv import checkpoint, collectives, datasets, device, progress, threads, train_config
 from refconv.model import Model
 from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
@@ -176,6 +176,13 @@ def train(cfg, *, comm=None, log=print, report=None):
         return _train(cfg, comm, log if comm.Get_rank() == 0 else (lambda *a, **k: None), report)
 
 
+def _bind(cfg, comm):
+    """BLAS threads per rank, then this rank's GPU (collectives: every rank calls them)."""
+    choice = threads.configure(comm, requested=cfg.threads)
+    binding, _ = device.bind(comm, cfg.backend, oversubscribe=cfg.oversubscribe_gpus)
+    return choice, binding
+
+
 def _prepare(cfg, comm):
     """Data, model and optimizer, every input checked (the same errors on every rank)."""
     ranks = comm.Get_size()
@@ -195,6 +202,7 @@ def _prepare(cfg, comm):
 
 def _train(cfg, comm, say, report):
     rank = comm.Get_rank()
+    choice, binding = _bind(cfg, comm)
     model, optimizer, (x_train, y_train, x_test, y_test, num_classes), per_epoch = _prepare(cfg, comm)
     total_steps = per_epoch * cfg.epochs
     start_epoch, start_batch, global_step = 0, 0, 0
@@ -206,8 +214,7 @@ def _train(cfg, comm, say, report):
                                         f"{{epochs}} to train further")
         start_epoch, start_batch = divmod(global_step, per_epoch)
         say(f"resumed from {cfg.checkpoint_dir} at step {global_step} (epoch {start_epoch + 1})")
-    backend = model.body.layers[0].backend.name
-    for line in progress.header(model, cfg, comm.Get_size(), backend, len(y_train), len(y_test), per_epoch):
+    for line in progress.header(model, cfg, comm.Get_size(), binding, choice, len(y_train), len(y_test), per_epoch):
         say(line)
 
     bar = progress.Progress(total_steps=total_steps, epochs=cfg.epochs, batch_size=cfg.batch_size,
@@ -234,8 +241,7 @@ def _train(cfg, comm, say, report):
                 epoch_losses.append(loss)
                 global_step += 1
                 metrics.write(step=global_step, epoch=epoch + 1, loss=loss, lr=optimizer.lr, step_time_s=seconds,
-                              images_per_s=cfg.batch_size / seconds,
-                              collectives={k: {"calls": v["calls"], "bytes": v["bytes"]} for k, v in moved.items()})
+                              images_per_s=cfg.batch_size / seconds, collectives=progress.per_kind(moved, region.seconds))
                 bar.step(epoch, b + 1, per_epoch, global_step, loss)
                 if cfg.checkpoint_dir and cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
                     _save(cfg, model, optimizer, global_step)

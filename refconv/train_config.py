@@ -171,6 +171,10 @@ OPTIONS = (
            choices=("auto", "numpy", "cuda")),
     Option("dtype", "float32", _one_of(("float32", "float64")), RUN, "parameter and activation dtype",
            parse=str, choices=("float32", "float64")),
+    Option("threads", None, _int(1, optional=True), RUN, "BLAS threads per rank (unset: OMP_NUM_THREADS, "
+           "OPENBLAS_NUM_THREADS or MKL_NUM_THREADS if set, else the node's cores shared by its ranks)", parse=int),
+    Option("oversubscribe_gpus", False, _BOOL, RUN, "let ranks of a node share a GPU (more ranks than GPUs; "
+           "also REFCONV_OVERSUBSCRIBE_GPUS=1)"),
     Option("timeout", TRAINING_TIMEOUT_S, _timeout, RUN,
            "seconds any one collective may wait before the job is ended (0: no deadline)", parse=float,
            metavar="SECONDS"),

@@ -166,16 +166,16 @@ def test_console_path_prints_one_line_without_traceback():
 
 
 # -- output: header, progress, metrics ---------------------------------------------------------------
-def test_header_progress_lines_and_metrics(tmp_path):
+def test_header_progress_lines_and_metrics(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     metrics, report, lines = tmp_path / "m.jsonl", io.StringIO(), []
     cfg = TrainConfig(data=_npz(tmp_path, n=80), batch_size=16, epochs=2, max_steps=5, backend="numpy",
                       log_every=2, metrics_out=str(metrics), lr=0.05)
     result = train(cfg, log=lines.append, report=report)
     text = "\n".join(lines)
-    for part in ("1 rank,", "backend numpy", "float32", "lr 0.05 (cosine)", "grid 1 rank",
-                 "convolutions: sample-spatial x3"):
+    for part in ("1 rank;", "backend numpy", "float32", "1 BLAS thread per rank (set by OMP_NUM_THREADS)",
+                 "lr 0.05 (cosine)", "layers 0..11: grid 1 rank", "convolutions: sample-spatial x3"):
         assert part in text, text
-    assert "thread" in text
     progress_lines = report.getvalue().splitlines()
     assert "\r" not in report.getvalue()                        # not a terminal: plain lines
     assert [line.split()[3] for line in progress_lines] == ["2/8", "4/8"], progress_lines

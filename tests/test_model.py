@@ -251,10 +251,18 @@ def test_cli_train_two_ranks_with_serial_check_and_resharded_resume(tmp_path):
     base = [find_mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "refconv.cli", "train",
             "--data", _small_npz(tmp_path), "--batch-size", "32", "--no-progress", "--dtype", "float64",
             "--backend", "numpy", "--checkpoint-dir", str(tmp_path / "ckpt")]
-    r = subprocess.run(base + ["--grid", "sample=2", "--epochs", "1", "--check-serial", "3"], capture_output=True,
-                       text=True, timeout=120, env=env, cwd=ROOT)
+    metrics = tmp_path / "metrics.jsonl"
+    r = subprocess.run(base + ["--grid", "sample=2", "--epochs", "1", "--check-serial", "3", "--metrics-out",
+                               str(metrics)], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "check-serial: OK" in r.stdout and "bytes" in r.stdout and "epoch 1/1" in r.stdout
+    assert "2 ranks;" in r.stdout and "grid sample=2" in r.stdout
+    import json
+
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]   # rank 0's, one per step
+    assert [m["step"] for m in lines] == list(range(1, 6))
+    allreduce = lines[0]["collectives"]["allreduce"]
+    assert allreduce["calls"] > 0 and allreduce["bytes"] > 0 and allreduce["seconds"] > 0
     r = subprocess.run(base + ["--grid", "channel=2", "--algorithm", "stationary-y", "--epochs", "2", "--resume"],
                        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
