@@ -1,9 +1,10 @@
-"""refconv's CPU path against PyTorch, side by side in one run (needs torch installed).
+"""refconv's CPU path against PyTorch, side by side in one run (torch needed for the first three).
 
     python -m refconv.bench.torch_step passes [--batch 8] [--rounds 7]
-    python -m refconv.bench.torch_step step --model digits-cnn|resnet50|wide-cnn [--batch N]
+    python -m refconv.bench.torch_step step --model digits-cnn resnet50 wide-cnn [--batch N]
     mpiexec -n 2 python -m mpi4py -m refconv.bench.torch_step ddp --model digits-cnn
-    python -m refconv.bench.torch_step memory      (no torch needed)
+    python -m refconv.bench.torch_step columns
+    python -m refconv.bench.torch_step memory
 
 - ``passes``: forward, backward-data and backward-filter of the numpy backend
   against ``torch.nn.functional.conv2d`` and its gradients, on the five
@@ -12,19 +13,21 @@
 - ``step``: one training step (forward, loss, backward, SGD update) of a model
   preset built by ``refconv.Model.from_spec`` against the same model written in
   PyTorch (``torch.nn`` modules built from the same spec, holding the same
-  initial parameters).  The first step's losses must agree before anything is
-  timed.
-- ``memory``: the peak memory of one DistConv2d forward and backward on the
-  C=F=1024, 7x7, N=8 layer, against the size of its x, y, w and dw.
+  initial parameters).  The first step's loss must agree with torch's on the
+  whole batch before anything is timed.
 - ``ddp``: the same with one sample-parallel model per rank, against
   ``torch.nn.parallel.DistributedDataParallel`` over gloo; each rank holds
   ``batch / ranks`` samples.  Every round is timed by the slowest rank.
+- ``columns``: forward + backward-filter with the im2col columns recomputed in
+  each pass, against computed once and kept (``cols=``), and the memory kept.
+- ``memory``: the peak memory of one DistConv2d forward and backward on the
+  C=F=1024, 7x7, N=8 layer, against the size of its x, y, w and dw.
 
 Every figure is the median (min-max) over interleaved rounds of
 :mod:`refconv.bench.timing`; "vs torch" is torch's time divided by refconv's
 (above 1: refconv is faster).  BLAS threads are chosen by :mod:`refconv.threads`
 (``--threads``, the environment, else cores per rank on the node) and torch
-gets the same number.  torch is imported only here, and only when this runs.
+gets the same number.  torch is imported only here, and only when it runs.
 """
 
 import argparse
@@ -266,6 +269,40 @@ def _init_torch_distributed(comm, torch):
                                          rank=comm.Get_rank(), world_size=comm.Get_size())
 
 
+# ------------------------------------------------------------------- columns kept or recomputed
+
+
+def run_columns(args):
+    """Forward + backward-filter with the columns recomputed in each pass, against computed once
+    and kept (``cols=``), on the pass shapes; prints the time saved and the memory it holds."""
+    from refconv import reference as ref
+    from refconv.reference import conv as ref_conv
+
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    print(f"{'shape':<11}{'recomputed ms':>24}{'kept ms':>24}{'kept vs recomputed':>22}{'held MiB':>10}")
+    for name, (C, F, H, K, stride, padding) in shapes.items():
+        rng = numpy.random.default_rng(0)
+        Ho = (H + 2 * padding - K) // stride + 1
+        x = rng.standard_normal((args.batch, C, H, H), dtype=numpy.float32)
+        w = rng.standard_normal((F, C, K, K), dtype=numpy.float32)
+        dy = rng.standard_normal((args.batch, F, Ho, Ho), dtype=numpy.float32)
+        g = dict(stride=stride, padding=padding)
+
+        def recomputed():
+            return ref.conv2d_forward(x, w, **g), ref.conv2d_backward_filter(x, dy, w.shape, **g)
+
+        def kept():
+            cols = ref_conv.conv2d_columns(x, w.shape, **g)
+            return ref.conv2d_forward(x, w, cols=cols, **g), ref.conv2d_backward_filter(x, dy, w.shape, cols=cols, **g)
+
+        timing.check({"recomputed": recomputed(), "kept": kept()}, "recomputed", reduction_length=args.batch * Ho * Ho)
+        spans = timing.compare({"recomputed": recomputed, "kept": kept}, rounds=args.rounds, warmup=1)
+        held = numpy.prod(ref_conv.conv2d_columns_shape(x.shape, w.shape, **g)) * 4 / 2 ** 20
+        print(f"{name:<11}{spans['recomputed'].format():>24}{spans['kept'].format():>24}"
+              f"{timing.ratio(spans, 'recomputed', 'kept').format(1, '', 2):>22}{held:>10.1f}")
+    return 0
+
+
 # ------------------------------------------------------------------------------ peak memory
 
 
@@ -311,9 +348,18 @@ MEMORY_LAYER = (1024, 1024, 7, 3, 1, 1)  # C, F, H=W, K, stride, padding: issue 
 # ----------------------------------------------------------------------------------------- main
 
 
+def _blas_kernels():
+    """OpenBLAS's kernel set (``OPENBLAS_CORETYPE`` overrides what it detects): it changes GEMM speed."""
+    from threadpoolctl import threadpool_info
+
+    found = [f"{p['internal_api']} {p.get('version')} {p.get('architecture')}" for p in threadpool_info()
+             if p["user_api"] == "blas" and "numpy" in p["filepath"]]
+    return ", ".join(found) or "unknown"
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m refconv.bench.torch_step", description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("passes", "step", "ddp", "memory"))
+    parser.add_argument("what", choices=("passes", "step", "ddp", "memory", "columns"))
     parser.add_argument("--model", choices=sorted(MODELS), nargs="+", help="step/ddp: models (default: all)")
     parser.add_argument("--batch", type=int, help="global batch (passes: 8; step: per model)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timed rounds (default 7)")
@@ -330,10 +376,14 @@ def main(argv=None):
     choice = threads.configure(comm, args.threads)
     if args.what == "memory":
         return run_memory(args, comm)
+    if args.what == "columns":
+        args.batch = args.batch or (2 if args.quick else 8)
+        return run_columns(args)
     torch = _torch()
     torch.set_num_threads(choice.threads)
     if comm.Get_rank() == 0:
-        print(f"torch {torch.__version__}; {choice.describe()}; median (min-max) of {args.rounds} rounds")
+        print(f"torch {torch.__version__}; numpy's BLAS {_blas_kernels()}; {choice.describe()}; "
+              f"median (min-max) of {args.rounds} rounds")
     if args.what == "passes":
         args.batch = args.batch or (2 if args.quick else 8)
         return run_passes(args)
