@@ -7,46 +7,47 @@ plain shell it launches itself under MPI::
     OMP_NUM_THREADS=1 mpiexec -n 4 refconv train \\
         --grid sample=2,channel=2 --algorithm stationary-x --epochs 5 --check-serial 5
 
-Under ``mpiexec -n 4`` it runs that training in place.  Extra arguments are
-``refconv train`` options and override the demo's (``refconv demo --epochs 1``).
+Under ``mpiexec -n 4`` it runs that training in place.  It takes every ``refconv
+train`` option, with the demo's defaults (``refconv demo --epochs 1``).
 """
 
-import argparse
 import os
 import subprocess
 import sys
 
 from mpi4py import MPI
 
-from refconv import cli, train, train_config
+from refconv import train, train_config
 from refconv.testing.mpirun import find_mpiexec
 
 RANKS = 4
-ARGS = ["--grid", "sample=2,channel=2", "--algorithm", "stationary-x", "--epochs", "5", "--check-serial", "5"]
+DEFAULTS = {"grid": {"sample": 2, "channel": 2}, "algorithm": "stationary-x", "epochs": 5, "check_serial": 5}
 
 
-def command(extra=()):
-    """The mpiexec command line the demo launches from one process."""
-    return [find_mpiexec(), "-n", str(RANKS), sys.executable, "-m", "refconv.cli", "train", *ARGS, *extra]
+def command(args):
+    """The mpiexec command line the demo launches from one process (``args``: its options)."""
+    return [find_mpiexec(), "-n", str(RANKS), sys.executable, "-m", "refconv.cli", "train",
+            *train_config.to_arguments(args)]
 
 
 def add_parser(subparsers):
     parser = subparsers.add_parser(
-        "demo", help=f"train the digits CNN on {RANKS} ranks (sample=2 x channel=2, Stationary-X) and "
-                     f"replay its first 5 steps on one rank",
-        description=__doc__.split("\n\n")[1].replace("\n", " "))
-    parser.add_argument("train_args", nargs=argparse.REMAINDER, metavar="TRAIN_OPTION",
-                        help="refconv train options that override the demo's, e.g. --epochs 1")
-    return parser
+        "demo", usage="%(prog)s [OPTION ...]",
+        help=f"train the digits CNN on {RANKS} ranks (sample=2 x channel=2, Stationary-X) and replay its "
+             f"first 5 steps on one rank",
+        description=f"Train the digits CNN on {RANKS} ranks (sample=2 x channel=2, Stationary-X) and replay "
+                    f"its first 5 steps on one rank. From one process it starts mpiexec -n {RANKS} itself; "
+                    f"under mpiexec -n {RANKS} it trains in place. It takes every refconv train option, "
+                    f"with the demo's defaults.")
+    return train_config.add_arguments(parser, DEFAULTS)
 
 
 def run(args):
     size = MPI.COMM_WORLD.Get_size()
     if size == 1:
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        return subprocess.call(command(args.train_args), env=env)
+        return subprocess.call(command(args), env=env)
     if size != RANKS:
-        raise ValueError(f"demo: runs on {RANKS} ranks (sample=2 x channel=2), not {size}; launch it "
-                         f"without mpiexec (it starts its own), or with mpiexec -n {RANKS}")
-    parser = train_config.add_arguments(cli.Parser(prog="refconv demo"))
-    return train.run(parser.parse_args(ARGS + args.train_args))
+        raise ValueError(f"it runs on {RANKS} ranks (sample=2 x channel=2), not {size}: launch it without "
+                         f"mpiexec (it starts its own), or with mpiexec -n {RANKS}")
+    return train.run(args)

@@ -228,21 +228,24 @@ TrainConfig.__module__ = __name__
 
 
 # -- the command line ------------------------------------------------------------------------------
-def add_arguments(parser):
-    """Add every option to ``parser`` (an argparse parser), one section per group."""
-    groups = {}
+def add_arguments(parser, defaults=None):
+    """Add every option to ``parser`` (an argparse parser), one section per group;
+    ``defaults`` (name -> value) replaces some defaults (``refconv demo``'s)."""
+    groups, defaults = {}, defaults or {}
     for o in OPTIONS:
         if o.group not in groups:
             groups[o.group] = parser.add_argument_group(o.group)
-        kwargs = {"dest": o.name, "help": o.help, "default": o.default}
+        default = defaults.get(o.name, o.default)
+        kwargs = {"dest": o.name, "help": o.help, "default": default}
         if o.parse is None:
             kwargs["action"] = "store_false" if o.default else "store_true"
         else:
             choices = o.choices() if callable(o.choices) else o.choices
             metavar = "{" + ",".join(choices) + "}" if choices else {int: "N", float: "X"}.get(o.parse, "VALUE")
             kwargs.update(type=_argparse_type(o.parse), metavar=o.metavar or metavar)
-            if o.default is not None:
-                kwargs["help"] += f" (default: {o.default})"
+            if default is not None:
+                shown = to_arguments({o.name: default})[1] if isinstance(default, dict) else default
+                kwargs["help"] += f" (default: {shown})"
         groups[o.group].add_argument(o.flag, **kwargs)
     return parser
 
@@ -268,3 +271,23 @@ def from_arguments(args):
 def flag(name):
     """How the command line spells option ``name`` (for :meth:`OptionError.render`)."""
     return BY_NAME[name].flag if name in BY_NAME else name
+
+
+def to_arguments(args):
+    """The flags that give the options of ``args`` (parsed arguments, a TrainConfig, or a
+    dict of some options) from the defaults: the inverse of parsing, e.g. to launch the same
+    run under mpiexec."""
+    out = []
+    for o in OPTIONS:
+        if isinstance(args, dict) and o.name not in args:
+            continue
+        value = args[o.name] if isinstance(args, dict) else getattr(args, o.name)
+        if value == o.default:
+            continue
+        if o.parse is None:
+            out.append(o.flag)                  # a switch: given means "not the default"
+        elif isinstance(value, dict):
+            out += [o.flag, ",".join(f"{axis}={size}" for axis, size in value.items())]
+        else:
+            out += [o.flag, str(value)]
+    return out

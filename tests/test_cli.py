@@ -57,10 +57,12 @@ def test_every_registered_command_has_the_protocol_and_is_listed(capsys):
 def test_demo_is_a_subcommand_that_launches_four_ranks(capsys):
     from refconv import demo
 
-    cmd = demo.command(["--epochs", "1"])
-    assert cmd[1:3] == ["-n", "4"] and cmd[-2:] == ["--epochs", "1"] and "train" in cmd
+    cmd = demo.command(cli.build_parser().parse_args(["demo", "--epochs", "1", "--no-progress"]))
+    assert cmd[1:3] == ["-n", "4"] and cmd[cmd.index("train") + 1:] == [
+        "--grid", "sample=2,channel=2", "--algorithm", "stationary-x", "--epochs", "1", "--check-serial", "5",
+        "--no-progress"]
     status, out, _ = _main(capsys, "demo", "--help")
-    assert status == 0 and "4 ranks" in out
+    assert status == 0 and "4 ranks" in out and "(default: sample=2,channel=2)" in out
 
 
 # -- one definition of the options ------------------------------------------------------------------

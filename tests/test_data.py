@@ -17,6 +17,12 @@ def test_digits_npz_ships_in_the_package():
         assert set(numpy.unique(z["y"])) == set(range(10))
 
 
+def test_data_directory_is_package_data_only():
+    """refconv/data/ holds data files, no code (loading lives in refconv/datasets.py)."""
+    folder = importlib.resources.files("refconv").joinpath("data")
+    assert sorted(p.name for p in folder.iterdir() if p.name != "__pycache__") == ["digits.npz"]
+
+
 def test_load_digits_shapes_dtypes_and_split():
     x_tr, y_tr, x_te, y_te = datasets.load_digits()
     assert x_tr.shape == (1438, 1, 16, 16) and x_te.shape == (359, 1, 16, 16)
