@@ -85,17 +85,10 @@ def select_gpu(index):
     cuda.select_device(index)
 
 
-def threads_per_rank(env=None):
-    """BLAS/OpenMP threads of this rank: what ``refconv.threads`` applied, as threadpoolctl reports
-    the pools; without threadpoolctl, what the environment asks for (unset: one per core)."""
-    try:
-        pools = threads.current()
-    except ImportError:  # threadpoolctl is optional here: fall back to the environment
-        pools = {}
-    if pools:
-        return max(pools.values())
-    requested, _ = threads.user_threads(environ=os.environ if env is None else env)
-    return requested or os.cpu_count() or 1
+def threads_per_rank():
+    """BLAS/OpenMP threads of this rank: the largest pool threadpoolctl reports (what
+    ``refconv.threads.configure`` set, or the libraries' own default)."""
+    return max(threads.current().values(), default=1)
 
 
 def resolve_backend(backend):
@@ -165,7 +158,7 @@ def bind(comm, backend="auto", *, oversubscribe=None, count=None, env=None, core
     mine = Binding(
         rank=comm.Get_rank(), host=host or socket.gethostname(), local_rank=local_rank, local_size=local_size,
         backend=backend, gpu=gpu, gpu_id=None if gpu is None else ids[gpu],
-        simulator=backend == "cuda" and not ids, threads=threads_per_rank(env),
+        simulator=backend == "cuda" and not ids, threads=threads_per_rank(),
         cores=cores)
     table = collectives.allgather_object(comm, mine)
     check_gpu_sharing(table, oversubscribe_requested(oversubscribe, env))  # same table, same verdict everywhere

@@ -14,7 +14,9 @@ import json
 import platform
 import sys
 
-from refconv import __version__, arrays, collectives, device
+from mpi4py import MPI
+
+from refconv import __version__, arrays, collectives, device, threads
 
 NAME = "info"
 PACKAGES = (("numpy", "numpy"), ("numba", "numba"), ("numba-cuda", "numba-cuda"), ("cupy", None),
@@ -92,9 +94,8 @@ def add_parser(subparsers):
 def run(args):
     """Print the record on rank 0.  A refused binding raises ``device.BindError`` (a
     ValueError) on every rank alike; ``refconv.cli.main`` prints it once, status 2."""
-    from mpi4py import MPI
-
     comm = MPI.COMM_WORLD
+    threads.configure(comm)  # the BLAS threads train and bench would run with
     record = collect(comm, args.backend, oversubscribe=args.oversubscribe_gpus)
     if comm.Get_rank() == 0:
         print(json.dumps(record) if args.json else format_text(record), flush=True)

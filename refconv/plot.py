@@ -27,6 +27,8 @@ import sys
 
 from refconv import sweep
 from refconv.bench import schema
+from refconv.model_spec import load_spec
+from refconv.plan import machine as machines, search
 
 NAME = "plot"
 # results-line kinds -> the parts of the breakdown, in stacking order
@@ -60,9 +62,6 @@ def predictor(machine_name):
     or None without a machine."""
     if machine_name is None:
         return None
-    from refconv.model_spec import load_spec
-    from refconv.plan import machine as machines, search
-
     machine = machines.load(machine_name)  # a missing file is a ValueError (MachineError): one line, status 2
 
     def predict(line):

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import uuid
 
+from mpi4py import MPI
+
 from refconv import checks
 from refconv.bench import schema
 from refconv.bench.common import SHAPES, grid_text, parse_shape, strategy_grid
@@ -107,8 +109,6 @@ def launch_command(launcher, P, bench_args, extra=""):
 
 
 def run(args):
-    from mpi4py import MPI
-
     if MPI.COMM_WORLD.Get_size() > 1:
         raise ValueError("refconv sweep launches its own ranks: run it as one process, without mpiexec/srun")
     points = plan(args)

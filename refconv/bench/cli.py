@@ -15,6 +15,8 @@ subcommand does not take) prints one line and exits with status 2 on every rank.
 
 import sys
 
+from mpi4py import MPI
+
 from refconv import device, info, threads
 from refconv.bench import collectives, common, kernels, layer, step
 
@@ -46,14 +48,9 @@ def add_arguments(p):
 def run(args):
     """Run the chosen benchmark on every rank; rank 0 prints and appends to ``--out``.
     Bad input raises ValueError on every rank alike (``refconv.cli.main`` reports it)."""
-    from mpi4py import MPI
-
     comm = MPI.COMM_WORLD
     module, _ = SUBCOMMANDS[args.bench]
-    try:
-        threads.configure(comm, args.threads)  # cores / ranks per node unless the user chose
-    except ImportError:  # threadpoolctl missing: the environment's OMP_NUM_THREADS decides, as before
-        pass
+    threads.configure(comm, args.threads)  # BLAS threads: cores / ranks per node unless the user chose
     binding = device.bind(comm, args.backend, oversubscribe=args.oversubscribe_gpus)
     env = info.collect(comm, binding=binding)
     lines = module.run(args, comm, env)
