@@ -84,7 +84,7 @@ def time_layer(world, sub, dims, grid_shape, algorithm, p_f, repeats):
     return float(numpy.median(slowest))
 
 
-def layer_rows(world, machine, repeats):
+def layer_rows(world, machine, repeats, layers=LAYERS):
     """[(layer, P, label, predicted, measured)] for P in 1, 2, 4 (as the world allows)."""
     rows = []
     for P in (1, 2, 4):
@@ -92,7 +92,7 @@ def layer_rows(world, machine, repeats):
             continue
         groups = ProcessGrid(world, sample=world.Get_size() // P, channel=P)
         sub = groups.channel_comm  # P consecutive ranks; world/P such groups measure at once
-        for name, dims in LAYERS.items():
+        for name, dims in layers.items():
             layer = conv_layer(*dims)
             for label, grid_shape, algorithm, p_f in strategies(P):
                 if not perf.feasible(layer, grid_shape):
@@ -140,20 +140,24 @@ def main(argv=None):
     parser.add_argument("--machine", default="dev-cpu", help="a machine file or built-in name")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5, help="measured steps per model contender")
+    parser.add_argument("--quick", action="store_true", help="the narrow layer once and one step: a smoke test")
     args = parser.parse_args(argv)
+    layers = {"narrow 3x3": LAYERS["narrow 3x3"]} if args.quick else LAYERS
+    if args.quick:
+        args.repeats, args.steps = 1, 1
     world = MPI.COMM_WORLD
     machine = machine_mod.load(args.machine)
     say = print if world.Get_rank() == 0 else (lambda *a, **k: None)
     say(f"model vs measurement on {world.Get_size()} ranks, machine {machine.name} "
         f"({'measured ' + str(machine.measured) if machine.measured else 'not measured'}), numpy backend, float32")
-    rows = layer_rows(world, machine, args.repeats)
+    rows = layer_rows(world, machine, args.repeats, layers)
     say(f"{'layer':12s} {'P':>2s} {'strategy':12s} {'predicted ms':>13s} {'measured ms':>12s} {'error':>7s}")
     errors = []
     for name, P, label, pred, meas in rows:
         errors.append(abs(pred - meas) / meas)
         say(f"{name:12s} {P:2d} {label:12s} {pred * 1e3:13.2f} {meas * 1e3:12.2f} {(pred - meas) / meas:+7.0%}")
     picks = []
-    for name in LAYERS:
+    for name in layers:
         for P in (2, 4):
             group = [r for r in rows if r[0] == name and r[1] == P]
             if len(group) > 1:
@@ -165,16 +169,23 @@ def main(argv=None):
     say(f"{len(rows)} (layer, strategy) pairs: median relative error {statistics.median(errors):.0%}, "
         f"worst {max(errors):.0%}; the model's first choice is the measured fastest on "
         f"{sum(picks)}/{len(picks)} (layer, P)")
+    result = {"rows": rows, "errors": errors, "picks": picks}
     if world.Get_size() > 1:
         plan, sample, measured = model_rows(world, machine, args.steps)
+        result.update(plan=plan, sample=sample, measured=measured)
         say(f"model {MODEL['name']} on {world.Get_size()} ranks, batch 8, 16x16: planned "
             f"{sorted({search.strategy_label(r.cost.grid) for r in plan.rows})}")
         say(f"  predicted: planned {plan.seconds * 1e3:.1f} ms, sample-parallel {sample.seconds * 1e3:.1f} ms "
             f"({sample.seconds / plan.seconds:.2f}x)")
         say(f"  measured:  planned {measured['planned'] * 1e3:.1f} ms, sample-parallel "
             f"{measured['sample'] * 1e3:.1f} ms ({measured['sample'] / measured['planned']:.2f}x)")
+    return result
+
+
+def run(argv=None):
+    main(argv)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run())

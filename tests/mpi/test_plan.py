@@ -43,3 +43,24 @@ def test_planned_models_train_as_the_serial_model():
         assert_all_ranks(comm, result["serial_check"] is not None and result["serial_check"] <= 1e-6,
                          f"{name}: {result['serial_check']}")
     assert_all_ranks(comm, len(grids) > 1, f"every plan used one grid {grids}: the test checks no shuffle")
+
+
+@mpi_test(sizes=(2,), timeout=120)
+def test_quick_calibration_gives_a_loadable_machine_file():
+    from refconv.plan import calibrate
+
+    doc = calibrate.calibrate(comm, "numpy", quick=True)
+    m = machine.from_dict(doc)  # raises on a malformed file
+    assert_all_ranks(comm, m.ranks_per_node == comm.size and m.comm_seconds("allreduce", 2, 1 << 20) > 0
+                     and m.conv_seconds("conv_fwd", 9, 1e8) > 0, f"{doc}")
+
+
+@mpi_test(sizes=(2,), timeout=180)
+def test_quick_validation_measures_every_strategy_at_1_and_2_ranks():
+    from refconv.plan import validate
+
+    result = validate.main(["--quick", "--machine", "v100-edr"])
+    labels = {(r[1], r[2]) for r in result["rows"]}
+    assert_all_ranks(comm, labels == {(1, "serial"), (2, "sample"), (2, "height"), (2, "X"), (2, "Y")}
+                     and all(r[3] > 0 and r[4] > 0 for r in result["rows"])
+                     and result["measured"]["planned"] > 0 and result["measured"]["sample"] > 0, f"{result}")
