@@ -100,25 +100,52 @@ def _summarize(records, moved_only=False):
     return out
 
 
+def _merge(a, b):
+    """The sum of two summaries (kind -> {"calls", "elements", "bytes"})."""
+    out = {kind: dict(figures) for kind, figures in a.items()}
+    for kind, figures in b.items():
+        s = out.setdefault(kind, {"calls": 0, "elements": 0, "bytes": 0})
+        for key, value in figures.items():
+            s[key] += value
+    return out
+
+
 class CommStats:
-    """Exact, deterministic counts of the calls made through this module."""
+    """Exact, deterministic counts of the calls made through this module.
+
+    ``records`` holds the most recent calls (at least ``RECENT``): older ones are folded
+    into the totals that ``summary()`` adds up, so a long run's memory stays flat.
+    """
+
+    RECENT = 10_000
 
     def __init__(self):
         self.records = []
         self._regions = []
+        self._folded = ({}, {})         # the records let go of: (their summary, moved_only's)
 
     def reset(self):
         self.records.clear()
+        self._folded = ({}, {})
 
     def add(self, kind, comm_size, elements, nbytes):
         rec = Record(kind, int(comm_size), int(elements), int(nbytes))
         self.records.append(rec)
         for region in self._regions:
             region.records.append(rec)
+        if len(self.records) >= 2 * self.RECENT:
+            self._fold(len(self.records) - self.RECENT)
+
+    def _fold(self, n):
+        """Replace the oldest ``n`` records by their two summaries."""
+        old = self.records[:n]
+        del self.records[:n]
+        self._folded = tuple(_merge(folded, _summarize(old, moved))
+                             for folded, moved in zip(self._folded, (False, True)))
 
     def summary(self, *, moved_only=False):
         """kind -> {"calls", "elements", "bytes"} over all records since reset()."""
-        return _summarize(self.records, moved_only)
+        return _merge(self._folded[moved_only], _summarize(self.records, moved_only))
 
     def add_seconds(self, kind, seconds):
         """Time one MPI call of ``kind`` took, added to every open region."""
@@ -287,10 +314,10 @@ class _Fault:
         if self.count != self.nth:
             return
         where = f"{self.point} (visit {self.nth}) on rank {MPI.COMM_WORLD.Get_rank()}"
+        sys.stderr.write(f"REFCONV_FAULT: {self.action} at {where}\n")     # tests time the end from here
+        sys.stderr.flush()
         if self.action == "raise":
             raise FaultInjected(f"REFCONV_FAULT: injected at {where}")
-        sys.stderr.write(f"REFCONV_FAULT: {self.action} at {where}\n")
-        sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL if self.action == "kill" else signal.SIGSTOP)
 
 

@@ -156,3 +156,20 @@ def test_timeout_setting():
     assert_all_ranks(comm, (inside, innermost, coll.get_timeout()) == (30.0, None, None),
                      f"{inside}, {innermost}, {coll.get_timeout()}")
     collective_assert_close(comm, total, numpy.full(3, float(p)))
+
+
+@mpi_test(sizes=(1,), timeout=30)
+def test_stats_folds_old_records_into_exact_totals():
+    """A long run keeps only the recent records; summary() still counts every call since reset()."""
+    comm = MPI.COMM_WORLD
+    s = coll.CommStats()
+    s.RECENT = 3
+    with s.recording() as everything:                 # a region keeps every record: the oracle
+        for i in range(20):
+            s.add("halo" if i % 3 else "allreduce", 1 + i % 2, i, 4 * i)
+    kept = len(s.records)
+    ok = 3 <= kept < 6 and s.records == everything.records[-kept:]
+    for moved_only in (False, True):
+        ok = ok and s.summary(moved_only=moved_only) == everything.summary(moved_only=moved_only)
+    s.reset()
+    assert_all_ranks(comm, ok and s.summary() == {} and s.records == [], f"kept {kept}: {s.summary()}")
