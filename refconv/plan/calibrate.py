@@ -24,6 +24,7 @@ The fit's relative error per class is written in the file's ``notes``.
 
 import copy
 import datetime
+import os
 import time
 
 import numpy
@@ -241,6 +242,7 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine"):
 
     backend = get_backend(backend_name)
     started = time.perf_counter()
+    load = os.getloadavg()[0]  # a shared machine measures slow when busy: the file says how busy
     tables, cnotes = measure_collectives(comm, quick)
     compute, knotes = measure_compute(comm, backend, quick)
     P = comm.Get_size()
@@ -253,7 +255,8 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine"):
     return {
         "name": name,
         "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "source": f"refconv calibrate{' --quick' if quick else ''} on {P} ranks of one node, backend "
+        "source": f"refconv calibrate{' --quick' if quick else ''} on {P} ranks of one node "
+                  f"({os.cpu_count()} CPUs, load average {load:.1f} at the start), backend "
                   f"{type(backend).__name__}, {time.perf_counter() - started:.0f} s",
         "ranks_per_node": P,
         "collectives": {"intra": links, "inter": copy.deepcopy(links)},

@@ -27,7 +27,7 @@ def add_parser(subparsers):
                                                   "resnet50-wide4) or a JSON/YAML model file")
     p.add_argument("--ranks", type=int, required=True, help="number of ranks P")
     p.add_argument("--batch", type=int, required=True, help="global batch size")
-    p.add_argument("--image-size", type=int, default=32, help="height and width of the input images")
+    p.add_argument("--image-size", type=int, default=32, help="height and width of the input images (default 32)")
     p.add_argument("--num-classes", type=int, default=None, help="classes of a preset's classifier "
                                                                   "(default: the preset's)")
     p.add_argument("--machine", default=None,

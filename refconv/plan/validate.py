@@ -31,12 +31,12 @@ from refconv.plan import graph, machine as machine_mod, perf, search
 # name: (N, C, F, H, K)
 LAYERS = {"narrow 3x3": (8, 16, 16, 16, 3), "wide 3x3": (8, 128, 128, 8, 3), "wide 1x1": (8, 256, 256, 8, 1)}
 PAUSE_S = 0.2
-MODEL = {
+MODEL = {  # wide enough that a weight-gradient allreduce costs as much as the layer's compute
     "name": "wide-cnn", "in_channels": 8,
     "layers": [
-        {"type": "conv", "out": 128, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
-        {"type": "conv", "out": 128, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
-        {"type": "residual", "layers": [{"type": "conv", "out": 128, "kernel": 1, "bias": False},
+        {"type": "conv", "out": 256, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
+        {"type": "conv", "out": 256, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
+        {"type": "residual", "layers": [{"type": "conv", "out": 256, "kernel": 1, "bias": False},
                                         {"type": "batchnorm"}]},
         {"type": "relu"}, {"type": "gap"}, {"type": "linear", "out": 10},
     ],
@@ -105,7 +105,7 @@ def layer_rows(world, machine, repeats, layers=LAYERS):
     return rows
 
 
-def model_rows(world, machine, steps, batch=8, image=16):
+def model_rows(world, machine, steps, batch=8, image=8):
     """Measured seconds per step of the planned model and of pure sample parallelism."""
     from refconv.model import Model
     from refconv.optim import SGD
@@ -173,7 +173,7 @@ def main(argv=None):
     if world.Get_size() > 1:
         plan, sample, measured = model_rows(world, machine, args.steps)
         result.update(plan=plan, sample=sample, measured=measured)
-        say(f"model {MODEL['name']} on {world.Get_size()} ranks, batch 8, 16x16: planned "
+        say(f"model {MODEL['name']} on {world.Get_size()} ranks, batch 8, 8x8: planned "
             f"{sorted({search.strategy_label(r.cost.grid) for r in plan.rows})}")
         say(f"  predicted: planned {plan.seconds * 1e3:.1f} ms, sample-parallel {sample.seconds * 1e3:.1f} ms "
             f"({sample.seconds / plan.seconds:.2f}x)")
