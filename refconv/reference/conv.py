@@ -78,13 +78,16 @@ def col2im(cols, x_shape, stride, padding, dilation):
     N, C, H, W = x_shape
     _, _, Kh, Kw, Ho, Wo = cols.shape
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    dx = numpy.zeros((N, C, H, W), dtype=cols.dtype)
+    # Accumulate channel-major, the layout backward-data's columns come in (the adds then
+    # walk both arrays in order), and transpose once at the end.
+    cols_cn = cols.transpose(1, 2, 3, 0, 4, 5)  # (C, Kh, Kw, N, Ho, Wo), a view
+    dx_cn = numpy.zeros((C, N, H, W), dtype=cols.dtype)
     for i in range(Kh):
         out_h, in_h = _taps(i, dh, sh, ph, H, Ho)
         for j in range(Kw):
             out_w, in_w = _taps(j, dw, sw, pw, W, Wo)
-            dx[:, :, in_h, in_w] += cols[:, :, i, j, out_h, out_w]
-    return dx
+            dx_cn[:, :, in_h, in_w] += cols_cn[:, i, j, :, out_h, out_w]
+    return numpy.ascontiguousarray(dx_cn.transpose(1, 0, 2, 3))  # (N, C, H, W)
 
 
 def _to_channel_major(a, groups):
