@@ -44,13 +44,9 @@ COMMANDS = (
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser that speaks through rank 0 only (every rank parses the same argv)."""
 
-    def _print_message(self, message, file=None):
+    def _print_message(self, message, file=None):  # help, usage and errors all print through here
         if MPI.COMM_WORLD.Get_rank() == 0:
             super()._print_message(message, file)
-
-    def error(self, message):
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser():
