@@ -48,6 +48,7 @@ SHAPES = {
     "conv1": (3, 64, 224, 7, 2, 3),
     "conv4-1x1": (1024, 256, 14, 1, 1, 0),
 }
+EXTRA_SHAPES = {"foundation": (64, 64, 32, 3, 1, 1)}  # the foundation issue's layer (use --batch 32)
 QUICK_SHAPES = {"quick3x3": (8, 8, 8, 3, 1, 1), "quick1x1": (8, 4, 6, 1, 1, 0)}
 PASSES = ("forward", "backward-data", "backward-filter")
 
@@ -96,12 +97,25 @@ def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0):
     }
 
 
+def _shapes(args):
+    if args.quick:
+        return QUICK_SHAPES
+    if not args.shapes:
+        return SHAPES
+    known = {**SHAPES, **EXTRA_SHAPES}
+    unknown = sorted(set(args.shapes) - set(known))
+    if unknown:
+        raise SystemExit(f"--shapes: unknown {unknown}; expected some of {sorted(known)}")
+    return {name: known[name] for name in args.shapes}
+
+
 def run_passes(args):
     torch = _torch()
-    shapes = QUICK_SHAPES if args.quick else SHAPES
     ratios = {p: [] for p in PASSES}
-    print(f"{'shape':<11}{'pass':<17}{'refconv ms':>24}{'torch ms':>24}{'vs torch':>20}")
-    for name, (C, F, H, K, stride, padding) in shapes.items():
+    print(f"{'shape':<11}{'pass':<17}{'refconv ms':>24}{'GFLOP/s':>9}{'torch ms':>24}{'GFLOP/s':>9}{'vs torch':>20}")
+    for name, (C, F, H, K, stride, padding) in _shapes(args).items():
+        Ho = (H + 2 * padding - K) // stride + 1
+        gflop = 2 * args.batch * F * Ho * Ho * C * K * K / 1e9  # each pass does the same arithmetic
         fns = pass_contenders(C, F, H, K, stride, padding, args.batch, torch)
         for p in PASSES:
             contenders = {who: fns[who][p] for who in fns}
@@ -113,8 +127,8 @@ def run_passes(args):
             spans = timing.compare(contenders, rounds=args.rounds, warmup=1)
             r = timing.ratio(spans, "torch", "refconv")
             ratios[p].append(r.median)
-            print(f"{name:<11}{p:<17}{spans['refconv'].format():>24}{spans['torch'].format():>24}"
-                  f"{r.format(1, '', 2):>20}")
+            print(f"{name:<11}{p:<17}{spans['refconv'].format():>24}{gflop / spans['refconv'].median:>9.1f}"
+                  f"{spans['torch'].format():>24}{gflop / spans['torch'].median:>9.1f}{r.format(1, '', 2):>20}")
     for p in PASSES:
         print(f"geometric mean vs torch, {p}: {_geomean(ratios[p]):.2f}")
     return 0
@@ -278,7 +292,7 @@ def run_columns(args):
     from refconv import reference as ref
     from refconv.reference import conv as ref_conv
 
-    shapes = QUICK_SHAPES if args.quick else SHAPES
+    shapes = _shapes(args)
     print(f"{'shape':<11}{'recomputed ms':>24}{'kept ms':>24}{'kept vs recomputed':>22}{'held MiB':>10}")
     for name, (C, F, H, K, stride, padding) in shapes.items():
         rng = numpy.random.default_rng(0)
@@ -364,7 +378,9 @@ def build_parser():
     parser.add_argument("--batch", type=int, help="global batch (passes: 8; step: per model)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timed rounds (default 7)")
     parser.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores per rank)")
-    parser.add_argument("--quick", action="store_true", help="passes: tiny shapes, as a smoke test")
+    parser.add_argument("--shapes", nargs="+", help=f"passes/columns: shape names (default: {' '.join(SHAPES)}; "
+                                                     f"also {' '.join(EXTRA_SHAPES)})")
+    parser.add_argument("--quick", action="store_true", help="passes/columns: tiny shapes, as a smoke test")
     return parser
 
 
