@@ -8,7 +8,7 @@ its help text and its ``--help`` section)::
     refconv train --grid sample=2,channel=2 --epochs 2                # the same run
 
 A bad value raises :class:`OptionError`, a ``ValueError`` that names the option:
-``"epochs: expected an int >= 1, got 0"`` from the API, ``"--epochs: ..."`` from
+``"epochs: expected a positive int, got 0"`` from the API, ``"--epochs: ..."`` from
 the command line (:meth:`OptionError.render`).  The checks depend only on the
 options, so every rank raises the same error before any communication.
 """
@@ -21,8 +21,9 @@ import re
 
 from refconv import algorithms, checks
 from refconv.collectives import TRAINING_TIMEOUT_S
+from refconv.grid import AXES
 
-GRID_AXES = ("sample", "channel", "height", "width")
+GRID_AXES = AXES        # the axes --grid takes (refconv.grid's)
 MAX_CLASSES = 100_000   # a classifier head beyond this is a mistake (a label of 2**40), not a model
 
 
@@ -83,8 +84,8 @@ def parse_grid(text):
     grid = {}
     for part in text.split(","):
         axis, sep, size = (s.strip() for s in part.partition("="))
-        if not sep or axis not in GRID_AXES:
-            raise ValueError(f"expected axis=size pairs with axes {', '.join(GRID_AXES)}, "
+        if not sep or axis not in AXES:
+            raise ValueError(f"expected axis=size pairs with axes {', '.join(AXES)}, "
                              f"e.g. sample=2,channel=2; got {part.strip()!r}")
         if axis in grid:
             raise ValueError(f"axis {axis!r} is given twice in {text!r}; give each axis once")
@@ -103,8 +104,8 @@ def _grid(v, name):
     if not isinstance(v, dict) or not v:
         raise ValueError(f"{name}: expected a dict like {{'sample': 2, 'channel': 2}} or unset, got {v!r}")
     for axis in v:
-        if axis not in GRID_AXES:
-            raise ValueError(f"{name}: unknown axis {axis!r}; axes are {', '.join(GRID_AXES)}")
+        if axis not in AXES:
+            raise ValueError(f"{name}: unknown axis {axis!r}; axes are {', '.join(AXES)}")
     return {axis: checks.integer(size, f"{name}: the size of {axis}") for axis, size in v.items()}
 
 
@@ -244,8 +245,7 @@ def add_arguments(parser, defaults=None):
             metavar = "{" + ",".join(choices) + "}" if choices else {int: "N", float: "X"}.get(o.parse, "VALUE")
             kwargs.update(type=_argparse_type(o.parse), metavar=o.metavar or metavar)
             if default is not None:
-                shown = to_arguments({o.name: default})[1] if isinstance(default, dict) else default
-                kwargs["help"] += f" (default: {shown})"
+                kwargs["help"] += f" (default: {_text(default)})"
         groups[o.group].add_argument(o.flag, **kwargs)
     return parser
 
@@ -273,21 +273,20 @@ def flag(name):
     return BY_NAME[name].flag if name in BY_NAME else name
 
 
+def _text(value):
+    """A value as its flag takes it: ``{"sample": 2, "channel": 2}`` -> ``"sample=2,channel=2"``."""
+    if isinstance(value, dict):
+        return ",".join(f"{axis}={size}" for axis, size in value.items())
+    return str(value)
+
+
 def to_arguments(args):
-    """The flags that give the options of ``args`` (parsed arguments, a TrainConfig, or a
-    dict of some options) from the defaults: the inverse of parsing, e.g. to launch the same
-    run under mpiexec."""
+    """The flags that give the options of ``args`` (parsed arguments) where they differ from
+    the defaults: the inverse of parsing, e.g. to launch the same run under mpiexec."""
     out = []
     for o in OPTIONS:
-        if isinstance(args, dict) and o.name not in args:
-            continue
-        value = args[o.name] if isinstance(args, dict) else getattr(args, o.name)
+        value = getattr(args, o.name)
         if value == o.default:
             continue
-        if o.parse is None:
-            out.append(o.flag)                  # a switch: given means "not the default"
-        elif isinstance(value, dict):
-            out += [o.flag, ",".join(f"{axis}={size}" for axis, size in value.items())]
-        else:
-            out += [o.flag, str(value)]
+        out += [o.flag] if o.parse is None else [o.flag, _text(value)]  # a switch given: not the default
     return out
