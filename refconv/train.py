@@ -95,8 +95,10 @@ def check_model_fits(model, cfg, x_shape, num_classes):
     """Bind ``model`` to the batch shape and check its head against the labels (every rank alike)."""
     need = smallest_batch(model)
     if cfg.batch_size < need:
-        raise OptionError("batch_size", f"{cfg.batch_size} samples cannot be split over sample={need} ranks "
-                                        f"(each needs at least one); use {{batch_size}} >= {need}")
+        name = next(name for name, layer in model.named_layers() if layer.grid.P_N == need)
+        raise OptionError("batch_size", f"{cfg.batch_size} samples cannot be split over the sample={need} "
+                                        f"ranks of layer {name} (each needs at least one); use {{batch_size}} "
+                                        f">= {need}")
     model.bind((cfg.batch_size,) + tuple(x_shape[1:]))
     outputs = model.body.output_shape[1]
     if num_classes > outputs:

@@ -310,7 +310,8 @@ def test_cli_bad_input_under_mpiexec_is_a_clear_error_not_a_hang(tmp_path):
     bad.write_text("not an archive")
     for args, message in ((["--grid", "sample=3"], "product is 2"),
                           (["--data", str(bad)], "is not a readable .npz archive"),
-                          (["--grid", "sample=1,sample=2"], "argument --grid: axis 'sample' is given twice")):
+                          (["--grid", "sample=1,sample=2"], "argument --grid: axis 'sample' is given twice"),
+                          (["--batch-size", "1"], "--batch-size: 1 samples cannot be split over the sample=2 ranks")):
         t0 = time.monotonic()
         r = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", "train",
                             "--no-progress", *args], capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
