@@ -70,6 +70,9 @@ def load_dataset(cfg, dtype):
             raise OptionError("data", f"{cfg.data!r} has a label {num_classes - 1}: labels must be class "
                                       f"numbers 0..num_classes-1, with at most {MAX_CLASSES:,} classes")
         x_train, y_train, x_test, y_test = datasets.split(x, y, 0.2, seed=cfg.seed)
+        if len(y_test) == 0:
+            raise OptionError("data", f"{cfg.data!r} has too few samples to hold any out for testing (20% of "
+                                      f"each class, rounded); give at least 3 samples of some class")
         return x_train, y_train, x_test, y_test, num_classes
     return (*datasets.load_digits(dtype=dtype), 10)
 

@@ -152,6 +152,11 @@ def test_huge_label_and_small_head_are_refused(capsys, tmp_path):
     assert status == 2 and "classifier head has 10 outputs" in _one_error_line(err)
 
 
+def test_data_too_small_for_a_test_set_is_refused(capsys, tmp_path):
+    status, _, err = _main(capsys, "train", "--backend", "numpy", "--data", _npz(tmp_path, n=4))
+    assert status == 2 and "too few samples to hold any out for testing" in _one_error_line(err)
+
+
 def test_resume_of_a_finished_run_is_refused(capsys, tmp_path):
     args = ["train", "--backend", "numpy", "--data", _npz(tmp_path), "--batch-size", "16", "--epochs", "1",
             "--no-progress", "--checkpoint-dir", str(tmp_path / "ckpt")]
