@@ -110,7 +110,7 @@ class SampleSplit:
 comm = MPI.COMM_WORLD
 register_profiles()
 settings.load_profile("mpi")                  # derandomized: every rank draws the same examples
-tried = []
+tried, drawn = [], []                         # what each example was, for the notebook; the problems themselves
 
 
 grid = refconv.ProcessGrid(comm, sample=comm.size)   # the only grid drawn with axes=("sample",): make it once
@@ -121,6 +121,7 @@ def property_test(average, examples):
     @given(case=dist_conv_cases(comm.size, axes=("sample",)))
     def test(case):
         assert case.grid_shape == grid.shape
+        drawn.append(case.problem)
         try:
             check_layer(SampleSplit(case.problem, grid, average), case.problem)
             tried.append([dataclasses.asdict(case.problem), True])
@@ -135,7 +136,7 @@ try:
     property_test(average=True, examples=25)
     shrunk = None
 except AssertionError:
-    shrunk = tried[-1][0]
+    shrunk = drawn[-1]
 buggy_run, tried = tried, []
 
 # 2. fixed
@@ -143,10 +144,8 @@ property_test(average=False, examples=15)
 fixed_run = tried
 
 # 3. the mutant is caught on the shrunk problem, for the right tensors; on an even split it slips through
-problem = ConvProblem(**{**shrunk, "stride": tuple(shrunk["stride"]), "padding": tuple(shrunk["padding"]),
-                         "dilation": tuple(shrunk["dilation"])})
-caught = expect_mismatch(SampleSplit(problem, grid, average=True), problem, tensors={"dw", "db"})
-even = dataclasses.replace(problem, N=comm.size)
+caught = expect_mismatch(SampleSplit(shrunk, grid, average=True), shrunk, tensors={"dw", "db"})
+even = dataclasses.replace(shrunk, N=comm.size)
 slips = check_layer(SampleSplit(even, grid, average=True), even)
 
 # 4. the fixed layer's communication, against the cost model's prediction for sample parallelism
@@ -164,8 +163,9 @@ model = layer_records("stationary-x", problem.x_shape, problem.F, (problem.Kh, p
 per_rank = comm.gather({"measured": course.records(region), "model": [[c.kind, c.comm_size, c.bytes] for c in model]})
 grid.free()
 if comm.rank == 0:
-    json.dump({"buggy_run": buggy_run, "shrunk": shrunk, "fixed_run": fixed_run, "caught": sorted(caught),
-               "even_slips_through": slips, "ranks": per_rank}, open(sys.argv[1] + "/result.json", "w"))
+    json.dump({"buggy_run": buggy_run, "shrunk": dataclasses.asdict(shrunk), "fixed_run": fixed_run,
+               "caught": sorted(caught), "even_slips_through": slips, "ranks": per_rank},
+              open(sys.argv[1] + "/result.json", "w"))
     print(f"with the bug: {len(buggy_run)} examples run, the smallest failing one: {shrunk}")
     print(f"fixed: {len(fixed_run)} examples pass; the mutant is caught on the shrunk problem for {sorted(caught)}")
 """
