@@ -105,27 +105,66 @@ def shape4(shape, name):
     return shape
 
 
+PADDING_STRINGS = ("same", "valid")
+PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+
+
+def conv_padding(padding, kernel, stride, dilation):
+    """``((top, bottom), (left, right))``: the pads of each spatial dim, as torch.nn.Conv2d takes
+    ``padding``: an int, an ``(h, w)`` pair, ``'valid'`` (none) or ``'same'`` (output size = input
+    size; ``d (K - 1)`` in all, the odd one on the high side, as torch pads it; stride 1 only).
+    """
+    if isinstance(padding, str):
+        one_of(padding, "padding", PADDING_STRINGS)
+        if padding == "valid":
+            return (0, 0), (0, 0)
+        if tuple(stride) != (1, 1):
+            raise ValueError(f"padding: padding='same' is not supported for strided convolutions "
+                             f"(got stride={tuple(stride)}); use stride=1 or give padding as integers")
+        total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        return tuple((t // 2, t - t // 2) for t in total)
+    ph, pw = pair(padding, "padding", minimum=0)
+    return (ph, ph), (pw, pw)
+
+
+def padding_mode(mode, pads, in_hw):
+    """``mode`` if it is one of :data:`PADDING_MODES` and the pads fit it as torch requires:
+    reflect pads shorter than the input, circular pads no longer than it."""
+    one_of(mode, "padding_mode", PADDING_MODES)
+    for (lo, hi), size, dim in zip(pads, in_hw, "HW"):
+        if (mode == "reflect" and max(lo, hi) >= size) or (mode == "circular" and max(lo, hi) > size):
+            bound = "shorter than" if mode == "reflect" else "at most"
+            raise ValueError(f"padding: padding_mode={mode!r} needs pads {bound} the input along {dim} "
+                             f"({size}), got {(lo, hi)}; use smaller padding or padding_mode='zeros'")
+    return mode
+
+
 def conv_output_size(size, kernel, stride, padding, dilation, dim):
-    """The output length of one spatial dim, as torch.nn.functional.conv2d computes it."""
+    """The output length of one spatial dim, as torch.nn.functional.conv2d computes it.
+    ``padding``: an int (both sides) or a ``(low, high)`` pair."""
+    low, high = (padding, padding) if isinstance(padding, numbers.Integral) else padding
     span = dilation * (kernel - 1) + 1
-    if size + 2 * padding < span:
+    if size + low + high < span:
         raise ValueError(
             f"kernel: the dilated kernel spans {span} along {dim} but the padded input "
-            f"is only {size + 2 * padding} long (input {size} + 2*padding {padding})"
+            f"is only {size + low + high} long (input {size} + padding {low} + {high})"
         )
-    return (size + 2 * padding - span) // stride + 1
+    return (size + low + high - span) // stride + 1
 
 
 def conv_geometry(x_shape, w_shape, stride, padding, dilation, groups):
     """Validate a convolution and return its normalised parameters.
 
-    Returns ``(stride, padding, dilation, groups, (Ho, Wo))``.
+    Returns ``(stride, padding, dilation, groups, (Ho, Wo))`` with ``padding`` the low-side
+    pads ``(top, left)``: output pixel ``(oh, ow)`` reads input ``(oh*sh - top + i*dh, ...)``;
+    the high-side pads (they differ for ``'same'`` with an even dilated kernel) only make
+    ``(Ho, Wo)`` longer.  ``padding`` as :func:`conv_padding` takes it.
     """
     N, C, H, W = x_shape = shape4(x_shape, "x_shape")
     F, Cg, Kh, Kw = w_shape = shape4(w_shape, "w_shape")
     stride = pair(stride, "stride", minimum=1)
-    padding = pair(padding, "padding", minimum=0)
     dilation = pair(dilation, "dilation", minimum=1)
+    pads = conv_padding(padding, (Kh, Kw), stride, dilation)
     groups = positive_int(groups, "groups")
     if C % groups:
         raise ValueError(f"groups: {groups} does not divide the input channels C={C}")
@@ -136,9 +175,9 @@ def conv_geometry(x_shape, w_shape, stride, padding, dilation, groups):
             f"w: expected w.shape[1] = C/groups = {C // groups} input channels per group, "
             f"got w.shape = {tuple(w_shape)} for x.shape = {tuple(x_shape)}"
         )
-    Ho = conv_output_size(H, Kh, stride[0], padding[0], dilation[0], "H")
-    Wo = conv_output_size(W, Kw, stride[1], padding[1], dilation[1], "W")
-    return stride, padding, dilation, groups, (Ho, Wo)
+    Ho = conv_output_size(H, Kh, stride[0], pads[0], dilation[0], "H")
+    Wo = conv_output_size(W, Kw, stride[1], pads[1], dilation[1], "W")
+    return stride, (pads[0][0], pads[1][0]), dilation, groups, (Ho, Wo)
 
 
 def dy_shape(dy, x_shape, w_shape, out_hw):

@@ -20,7 +20,7 @@ def t(a):
 
 
 @settings(max_examples=60)
-@given(conv_problems(max_channels=6, max_kernel=4))
+@given(conv_problems(max_channels=6, max_kernel=4, padding_strings=True))
 def test_conv_matches_torch(problem):
     x, w, b, dy = problem.arrays(seed=3)
     g = problem.geometry

@@ -74,21 +74,21 @@ def check_conv(problem, version, passes=("forward", "backward_data", "backward_f
 
 @pytest.mark.parametrize("version", VERSIONS)
 @FAST
-@given(conv_problems(dtypes=DTYPES))
+@given(conv_problems(dtypes=DTYPES, padding_strings=True))
 def test_conv_forward(version, problem):
     check_conv(problem, version, ["forward"])
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 @FAST
-@given(conv_problems(dtypes=DTYPES))
+@given(conv_problems(dtypes=DTYPES, padding_strings=True))
 def test_conv_backward_data(version, problem):
     check_conv(problem, version, ["backward_data"])
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 @FAST
-@given(conv_problems(dtypes=DTYPES))
+@given(conv_problems(dtypes=DTYPES, padding_strings=True))
 def test_conv_backward_filter(version, problem):
     check_conv(problem, version, ["backward_filter"])
 
@@ -96,7 +96,7 @@ def test_conv_backward_filter(version, problem):
 @pytest.mark.slow
 @pytest.mark.parametrize("version", VERSIONS)
 @settings(max_examples=15, deadline=None)
-@given(conv_problems(dtypes=DTYPES, max_batch=2, max_channels=6, max_kernel=4, max_extra=6))
+@given(conv_problems(dtypes=DTYPES, max_batch=2, max_channels=6, max_kernel=4, max_extra=6, padding_strings=True))
 def test_conv_all_passes_larger(version, problem):
     check_conv(problem, version)
 

@@ -12,7 +12,7 @@ from finite_differences import check_gradient
 
 
 @settings(max_examples=150)
-@given(conv_problems(dtypes=("float64", "float32")))
+@given(conv_problems(dtypes=("float64", "float32"), padding_strings=True))
 def test_vectorised_matches_loops(problem):
     x, w, b, dy = problem.arrays(seed=1)
     g = problem.geometry
@@ -29,7 +29,7 @@ def test_vectorised_matches_loops(problem):
 
 
 @settings(max_examples=40)
-@given(conv_problems(max_channels=3, max_extra=2))
+@given(conv_problems(max_channels=3, max_extra=2, padding_strings=True))
 def test_conv_gradients_match_finite_differences(problem):
     x, w, b, dy = problem.arrays(seed=2)
     g = problem.geometry
@@ -48,6 +48,9 @@ def test_conv_gradients_match_finite_differences(problem):
         ((1, 1, 9, 9), (1, 1, 3, 3), dict(dilation=2), (5, 5)),
         ((1, 4, 5, 5), (6, 2, 1, 1), dict(groups=2), (5, 5)),
         ((1, 3, 224, 224), (64, 3, 7, 7), dict(stride=2, padding=3), (112, 112)),
+        ((1, 1, 7, 6), (1, 1, 4, 2), dict(padding="same"), (7, 6)),  # even kernels: one more pad below/right
+        ((1, 1, 7, 6), (1, 1, 3, 2), dict(padding="same", dilation=(2, 3)), (7, 6)),
+        ((1, 1, 7, 6), (1, 1, 3, 2), dict(padding="valid", dilation=(2, 1)), (3, 5)),
     ],
 )
 def test_output_size_follows_pytorch(x_shape, w_shape, kwargs, out_hw):
@@ -152,6 +155,7 @@ def test_backward_filter_holds_no_per_sample_gradients():
     dy = rng.standard_normal((N, F, H, H), dtype=numpy.float32)
     cols_bytes = C * K * K * N * H * H * 4
     w_bytes = F * C * K * K * 4
+    ref.conv.release_workspace()  # so that the columns are allocated, and counted, inside the call
     tracemalloc.start()
     try:
         ref.conv2d_backward_filter(x, dy, (F, C, K, K), padding=1)
@@ -159,3 +163,30 @@ def test_backward_filter_holds_no_per_sample_gradients():
     finally:
         tracemalloc.stop()
     assert peak <= cols_bytes + dy.nbytes + 2 * w_bytes + 64 * 1024, (peak, N * w_bytes)
+
+
+def test_same_padding_of_an_even_kernel_pads_the_high_side():
+    """torch pads 'same' with d (K - 1) in all, the odd one after the input: a 2x2 kernel of ones
+    at output (i, j) sums x[i:i+2, j:j+2], with zeros past the last row and column."""
+    x = numpy.arange(12, dtype=numpy.float64).reshape(1, 1, 3, 4)
+    y = ref.conv2d_forward(x, numpy.ones((1, 1, 2, 2)), padding="same")
+    x_pad = numpy.pad(x[0, 0], ((0, 1), (0, 1)))  # an independent oracle: pad, then sum windows
+    expected = [[x_pad[i:i + 2, j:j + 2].sum() for j in range(4)] for i in range(3)]
+    numpy.testing.assert_array_equal(y[0, 0], expected)
+
+
+@pytest.mark.parametrize("K, padding", [(3, 1), (1, 0)])
+def test_results_never_live_in_the_reused_workspace(K, padding):
+    rng = numpy.random.default_rng(11)
+    x = rng.standard_normal((2, 4, 6, 6))
+    w = rng.standard_normal((5, 4, K, K))
+    dy = rng.standard_normal((2, 5, 6, 6))
+    g = dict(padding=padding)
+    results = [ref.conv2d_forward(x, w, **g), ref.conv2d_backward_data(dy, w, x.shape, **g),
+               ref.conv2d_backward_filter(x, dy, w.shape, **g), ref.conv.conv2d_columns(x, w.shape, **g),
+               ref.im2col(x, (K, K), (1, 1), (padding, padding), (1, 1), (6, 6))]
+    copies = [r.copy() for r in results]
+    ref.conv2d_forward(rng.standard_normal((3, 4, 6, 6)), w, **g)  # overwrites the workspace
+    ref.conv2d_backward_data(rng.standard_normal((3, 5, 6, 6)), w, (3, 4, 6, 6), **g)
+    for r, c in zip(results, copies):
+        numpy.testing.assert_array_equal(r, c)

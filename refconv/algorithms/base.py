@@ -27,7 +27,7 @@ class ConvGeometry:
     w_shape: tuple  # (F, C/groups, Kh, Kw)
     out_shape: tuple  # (N, F, H', W')
     stride: tuple = (1, 1)
-    padding: tuple = (0, 0)
+    padding: tuple = (0, 0)  # the low-side pads (top, left); out_shape carries the high side ('same')
     dilation: tuple = (1, 1)
     groups: int = 1
     bias: bool = True

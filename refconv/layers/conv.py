@@ -33,7 +33,8 @@ class DistConv2d(Layer):
     the largest divisor not above ``sqrt(P_c)``).  ``"auto"`` picks the algorithm and
     ``p_f`` with the least predicted communication (:mod:`refconv.cost_model`) when
     the layer is bound to an input shape; the estimates are kept in
-    ``layer.cost_estimates``.  ``input_shape`` (global ``N, C, H, W``) may be given
+    ``layer.cost_estimates``.  ``padding`` is an int, an ``(h, w)`` pair, ``'valid'`` or ``'same'``
+    (torch's: with an even dilated kernel the odd pad goes on the high side).  ``input_shape`` (global ``N, C, H, W``) may be given
     now, or later by :meth:`bind`, :meth:`scatter_input`, or from the local shapes at
     the first :meth:`forward`.  Parameters start as PyTorch's default (uniform in
     ``+-1/sqrt(fan_in)``), drawn from ``seed`` identically on every rank.
@@ -49,8 +50,9 @@ class DistConv2d(Layer):
         self.out_channels = checks.positive_int(out_channels, "out_channels")
         kernel = checks.pair(kernel_size, "kernel_size", minimum=1)
         self.stride = checks.pair(stride, "stride", minimum=1)
-        self.padding = checks.pair(padding, "padding", minimum=0)
         self.dilation = checks.pair(dilation, "dilation", minimum=1)
+        checks.conv_padding(padding, kernel, self.stride, self.dilation)  # validates 'same' (stride 1) now
+        self.padding = padding if isinstance(padding, str) else checks.pair(padding, "padding", minimum=0)
         self.groups = checks.positive_int(groups, "groups")
         if in_channels % groups or out_channels % groups:
             raise ValueError(f"groups: {groups} must divide in_channels={in_channels} and out_channels={out_channels}")
@@ -221,5 +223,5 @@ class DistConv2d(Layer):
 
     def __repr__(self):
         return (f"DistConv2d({self.in_channels}, {self.out_channels}, {self.w_shape[2:]}, stride={self.stride}, "
-                f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+                f"padding={self.padding!r}, dilation={self.dilation}, groups={self.groups}, "
                 f"algorithm={self.algorithm or self.requested_algorithm!r}, grid={self.grid.shape})")

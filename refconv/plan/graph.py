@@ -14,7 +14,7 @@ plan can be written back into a copy of the spec.
 
 import dataclasses
 
-from refconv.checks import conv_output_size
+from refconv.checks import conv_output_size, conv_padding
 from refconv.reference.layers import pool_geometry
 
 _FOLLOWERS = ("batchnorm", "relu")
@@ -74,7 +74,8 @@ def _out_shape(kind, spec, shape, where):
     try:
         if kind == "conv":
             kernel, stride = _pair(spec["kernel"]), _pair(spec.get("stride", 1))
-            padding, dilation = _pair(spec.get("padding", 0)), _pair(spec.get("dilation", 1))
+            dilation = _pair(spec.get("dilation", 1))
+            padding = conv_padding(spec.get("padding", 0), kernel, stride, dilation)  # ((top, bottom), (left, right))
             hw = tuple(conv_output_size(L, k, s, p, d, "HW"[a])
                        for a, (L, k, s, p, d) in enumerate(zip((H, W), kernel, stride, padding, dilation)))
             if C % spec.get("groups", 1) or ("in" in spec and spec["in"] != C):

@@ -128,7 +128,7 @@ def feasible(layer, grid):
 
 
 def _conv_geometry(spec):
-    return dict(stride=_pair(spec.get("stride", 1)), padding=_pair(spec.get("padding", 0)),
+    return dict(stride=_pair(spec.get("stride", 1)), padding=spec.get("padding", 0),
                 dilation=_pair(spec.get("dilation", 1)), groups=spec.get("groups", 1))
 
 
@@ -154,11 +154,9 @@ def layer_calls(layer, grid):
                 Priced("allreduce", peers, C_i * ITEMSIZE, axes=_COMM_AXES["allreduce"]),
                 Priced("allreduce", peers, 2 * C_i * ITEMSIZE, axes=_COMM_AXES["allreduce"])]
     if layer.kind in ("maxpool", "avgpool"):  # the halo of a conv with the pool's window, on C_i channels
-        spec = layer.spec
         kernel, stride, padding, _ = _pool_geometry(layer)
         records = layer_records("stationary-x", (N, C_i, H, W), C_i, kernel, stride=stride, padding=padding,
                                 grid_shape=(P_N, 1, P_H, P_W), bias=False, itemsize=ITEMSIZE)
-        del spec
         return [Priced(r.kind, r.comm_size, r.bytes, r.messages, _COMM_AXES["halo"])
                 for r in records if r.kind == "halo"]
     if layer.kind == "gap":  # forward: allreduce of the spatial sums over the spatial peers
@@ -198,10 +196,11 @@ def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
     if layer.kind == "conv":
         calls = conv_calls(layer, grid, algorithm, filter_groups)
         Kh, Kw = _pair(layer.spec["kernel"])
-        shard = calls_weight_elements = next(c.bytes for c in calls if c.kind == "allreduce") // ITEMSIZE
+        # The first allreduce is the weight gradient's: its buffer is this rank's weight shard.
+        shard = next(c.bytes for c in calls if c.kind == "allreduce") // ITEMSIZE
         _, _, Ho, Wo = layer.out_shape
         pixels = _ceil(layer.in_shape[0], grid[0]) * _ceil(Ho, grid[2]) * _ceil(Wo, grid[3])
-        flops = 2 * pixels * calls_weight_elements  # each output pixel meets the local weight shard once
+        flops = 2 * pixels * shard  # each output pixel meets the local weight shard once
         area = Kh * Kw
         cost.fwd = machine.conv_seconds("conv_fwd", area, flops)
         cost.bwd = machine.conv_seconds("conv_bwd_data", area, flops) + machine.conv_seconds("conv_bwd_filter",

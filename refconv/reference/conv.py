@@ -18,7 +18,7 @@ GEMM over all samples and pixels at once::
 ``dy`` and ``y`` are moved between ``(N, F, HoWo)`` and ``(F, N HoWo)`` by one
 transposed copy each; they are the small side of the product.  Padding is never
 materialised: each kernel offset copies only the rows and columns it reads
-inside the image, and the columns start zeroed where it reads padding.
+inside the image and writes zeros where it reads padding.
 
 A 1x1 convolution with stride 1 and no padding needs no columns: its columns
 are ``x`` itself, so forward and backward-data are per-sample products
@@ -28,8 +28,15 @@ Keeping the columns.  Forward and backward-filter read the same columns.
 ``conv2d_columns`` computes them once; pass them as ``cols=`` to both and the
 second im2col is saved, at the cost of holding ``Kh*Kw`` times the input
 (``N C Kh Kw Ho Wo`` elements) from forward until backward-filter.  Without
-``cols=`` each pass builds its own and frees it on return.
+``cols=`` each pass builds its own.
+
+The workspace.  Columns that die inside a pass (and backward-data's ``dcols``)
+are written into one buffer per thread that is reused from call to call, because
+a fresh array that large costs a page fault per 4 KiB page on every call.  It
+holds the largest columns seen so far until :func:`release_workspace`.
 """
+
+import threading
 
 import numpy
 
@@ -52,19 +59,56 @@ def _pointwise(kernel, stride, padding):
     return kernel == (1, 1) and stride == (1, 1) and padding == (0, 0)
 
 
-def _columns(x, kernel, stride, padding, dilation, out_hw):
-    """``x (N, C, H, W)`` -> ``cols (C, Kh, Kw, N, Ho, Wo)``, zero where a tap reads padding."""
+def _columns(x, kernel, stride, padding, dilation, out_hw, cols=None):
+    """``x (N, C, H, W)`` -> ``cols (C, Kh, Kw, N, Ho, Wo)``, zero where a tap reads padding;
+    written into ``cols`` when given (whatever it held), else into a new array."""
     N, C, H, W = x.shape
     (Kh, Kw), (sh, sw), (ph, pw), (dh, dw), (Ho, Wo) = kernel, stride, padding, dilation, out_hw
-    alloc = numpy.empty if (ph, pw) == (0, 0) else numpy.zeros  # only padded taps leave zeros
-    cols = alloc((C, Kh, Kw, N, Ho, Wo), dtype=x.dtype)
+    if cols is None:
+        cols = numpy.empty((C, Kh, Kw, N, Ho, Wo), dtype=x.dtype)
     x_cn = x.transpose(1, 0, 2, 3)  # (C, N, H, W), a view
     for i in range(Kh):
         out_h, in_h = _taps(i, dh, sh, ph, H, Ho)
         for j in range(Kw):
             out_w, in_w = _taps(j, dw, sw, pw, W, Wo)
-            cols[:, i, j, :, out_h, out_w] = x_cn[:, :, in_h, in_w]
+            tap = cols[:, i, j]  # (C, N, Ho, Wo)
+            tap[:, :, out_h, out_w] = x_cn[:, :, in_h, in_w]
+            # Output pixels whose tap reads padding: the rows above and below the copied
+            # block, then the columns beside it.
+            tap[:, :, :out_h.start] = 0
+            tap[:, :, out_h.stop:] = 0
+            tap[:, :, out_h, :out_w.start] = 0
+            tap[:, :, out_h, out_w.stop:] = 0
     return cols
+
+
+class _Workspace(threading.local):
+    """One reusable buffer per thread for the columns that live only inside one pass.
+
+    A fresh array of 100 MB or more is returned to the operating system when freed,
+    so every call would pay a page fault per 4 KiB page to get it back; on the
+    2-core machine that made im2col 2-15x slower than writing into a reused buffer.
+    The buffer keeps the largest columns seen so far (:func:`release_workspace`
+    frees it); columns that outlive a call (``conv2d_columns``, ``im2col``) are
+    always new arrays.
+    """
+
+    buffer = None
+
+    def array(self, shape, dtype):
+        nbytes = int(numpy.prod(shape)) * numpy.dtype(dtype).itemsize
+        if self.buffer is None or self.buffer.nbytes < nbytes:
+            self.buffer = None  # free the smaller one first
+            self.buffer = numpy.empty(nbytes, dtype=numpy.uint8)
+        return self.buffer[:nbytes].view(dtype).reshape(shape)
+
+
+_workspace = _Workspace()
+
+
+def release_workspace():
+    """Free this thread's reusable columns buffer (the next pass allocates it again)."""
+    _workspace.buffer = None
 
 
 def im2col(x, kernel, stride, padding, dilation, out_hw):
@@ -107,12 +151,20 @@ def conv2d_columns(x, w_shape, *, stride=1, padding=0, dilation=1, groups=1):
     compute them once and pass them as ``cols=`` to both (see the module docstring)."""
     checks.array(x, "x", 4)
     stride, padding, dilation, groups, out_hw = checks.conv_geometry(x.shape, w_shape, stride, padding, dilation, groups)
+    return _grouped_columns(x, w_shape, stride, padding, dilation, groups, out_hw, numpy.empty)
+
+
+def _grouped_columns(x, w_shape, stride, padding, dilation, groups, out_hw, alloc):
+    """:func:`conv2d_columns` of validated arguments, written into ``alloc(shape, dtype)``."""
     N, C, _, _ = x.shape
     F, Cg, Kh, Kw = w_shape
+    shape = (groups, Cg * Kh * Kw, N * out_hw[0] * out_hw[1])
     if _pointwise((Kh, Kw), stride, padding):
-        return numpy.ascontiguousarray(x.transpose(1, 0, 2, 3)).reshape(groups, Cg, N * out_hw[0] * out_hw[1])
-    cols = _columns(x, (Kh, Kw), stride, padding, dilation, out_hw)  # (C, Kh, Kw, N, Ho, Wo)
-    return cols.reshape(groups, Cg * Kh * Kw, N * out_hw[0] * out_hw[1])
+        cols = alloc((C, N) + out_hw, x.dtype)
+        cols[...] = x.transpose(1, 0, 2, 3)  # (C, N, H, W): the input is its own columns
+        return cols.reshape(shape)
+    cols = _columns(x, (Kh, Kw), stride, padding, dilation, out_hw, alloc((C, Kh, Kw, N) + out_hw, x.dtype))
+    return cols.reshape(shape)
 
 
 def _check_cols(cols, x, w_shape, geometry):
@@ -143,8 +195,8 @@ def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, c
         y = numpy.matmul(w_g, x.reshape(N, G, Cg, H * W))  # (N, G, Fg, H*W): w @ x[n], no columns
         y = y.reshape(N, F, Ho, Wo)
     else:
-        if cols is None:
-            cols = conv2d_columns(x, w.shape, **geometry)  # (G, CgKK, N*Ho*Wo)
+        if cols is None:  # (G, CgKK, N*Ho*Wo), in the workspace: they die in this call
+            cols = _grouped_columns(x, w.shape, stride, padding, dilation, groups, (Ho, Wo), _workspace.array)
         else:
             _check_cols(cols, x, w.shape, geometry)
         y = _from_channel_major(numpy.matmul(w_g, cols), N, (Ho, Wo))  # (N, F, Ho, Wo)
@@ -169,7 +221,8 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     if _pointwise((Kh, Kw), stride, padding):
         dx = numpy.matmul(w_t, dy.reshape(N, G, Fg, Ho * Wo))  # (N, G, Cg, H*W): w.T @ dy[n]
         return dx.reshape(N, C, H, W)
-    dcols = numpy.matmul(w_t, _to_channel_major(dy, G))  # (G, CgKK, N*Ho*Wo)
+    dcols = _workspace.array((G, Cg * Kh * Kw, N * Ho * Wo), dy.dtype)  # dies in this call
+    numpy.matmul(w_t, _to_channel_major(dy, G), out=dcols)
     dcols = dcols.reshape(C, Kh, Kw, N, Ho, Wo).transpose(3, 0, 1, 2, 4, 5)  # (N, C, Kh, Kw, Ho, Wo) view
     return col2im(dcols, x_shape, stride, padding, dilation)
 
@@ -185,8 +238,8 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     stride, padding, dilation, groups, out_hw = checks.conv_geometry(x.shape, w_shape, **geometry)
     checks.dy_shape(dy, x.shape, w_shape, out_hw)
     F, Cg, Kh, Kw = w_shape
-    if cols is None:
-        cols = conv2d_columns(x, w_shape, **geometry)  # (G, CgKK, N*Ho*Wo)
+    if cols is None:  # (G, CgKK, N*Ho*Wo), in the workspace: they die in this call
+        cols = _grouped_columns(x, w_shape, stride, padding, dilation, groups, out_hw, _workspace.array)
     else:
         _check_cols(cols, x, w_shape, geometry)
     # One GEMM per group contracts every sample and output pixel at once: no per-sample partials.

@@ -23,7 +23,7 @@ class ConvProblem:
     Kh: int
     Kw: int
     stride: tuple = (1, 1)
-    padding: tuple = (0, 0)
+    padding: tuple = (0, 0)  # or "same" / "valid"
     dilation: tuple = (1, 1)
     groups: int = 1
     dtype: str = "float64"
@@ -38,10 +38,13 @@ class ConvProblem:
 
     @property
     def out_hw(self):
+        if self.padding == "same":  # torch's definition of 'same' (stride 1)
+            return (self.H, self.W)
+        pads = (0, 0) if self.padding == "valid" else self.padding
         size = lambda L, K, s, p, d: (L + 2 * p - d * (K - 1) - 1) // s + 1  # noqa: E731
         return (
-            size(self.H, self.Kh, self.stride[0], self.padding[0], self.dilation[0]),
-            size(self.W, self.Kw, self.stride[1], self.padding[1], self.dilation[1]),
+            size(self.H, self.Kh, self.stride[0], pads[0], self.dilation[0]),
+            size(self.W, self.Kw, self.stride[1], pads[1], self.dilation[1]),
         )
 
     @property
@@ -62,15 +65,20 @@ class ConvProblem:
 
 @st.composite
 def spatial_dim(draw, *, max_kernel=3, max_stride=2, max_padding=2, max_dilation=2, max_extra=4, min_out=1,
-                min_length=1):
+                min_length=1, padding="ints"):
     """One spatial dim: ``(length, kernel, stride, padding, dilation)`` with output >= ``min_out``
-    and length >= ``min_length`` (so that a split over that many ranks leaves no block empty)."""
+    and length >= ``min_length`` (so that a split over that many ranks leaves no block empty).
+    ``padding="same"`` draws stride 1 (the output is as long as the input), ``"valid"`` no
+    padding; both return padding 0 for the caller to replace by the string."""
     k = draw(st.integers(1, max_kernel))
-    s = draw(st.integers(1, max_stride))
-    p = draw(st.integers(0, max_padding))
+    s = 1 if padding == "same" else draw(st.integers(1, max_stride))
+    p = draw(st.integers(0, max_padding)) if padding == "ints" else 0
     d = draw(st.integers(1, max_dilation)) if k > 1 else 1
     span = d * (k - 1) + 1
-    shortest = max(min_length, span - 2 * p + s * (min_out - 1))
+    if padding == "same":
+        shortest = max(min_length, min_out)
+    else:
+        shortest = max(min_length, span - 2 * p + s * (min_out - 1))
     length = draw(st.integers(shortest, shortest + max_extra))
     return length, k, s, p, d
 
@@ -89,22 +97,25 @@ def conv_problems(
     min_batch=1,
     min_channels=1,
     min_hw=(1, 1),
+    padding_strings=False,
 ):
     """Draw a :class:`ConvProblem`; channel counts are multiples of the drawn groups.
 
     ``min_batch``, ``min_channels`` and ``min_hw`` (for input and output alike) let a
     caller ask for sizes that split over a grid without empty blocks.
+    ``padding_strings=True`` also draws ``padding='same'`` and ``'valid'``.
     """
+    kind = draw(st.sampled_from(("ints", "same", "valid"))) if padding_strings else "ints"
     g = draw(st.integers(1, 2)) if groups else 1
     C = g * draw(st.integers(max(1, -(-min_channels // g)), max(1, max_channels // g)))
     F = g * draw(st.integers(max(1, -(-min_channels // g)), max(1, max_channels // g)))
     H, Kh, sh, ph, dh = draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra,
-                                         min_out=max(min_out, min_hw[0]), min_length=min_hw[0]))
+                                         min_out=max(min_out, min_hw[0]), min_length=min_hw[0], padding=kind))
     W, Kw, sw, pw, dw = draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra,
-                                         min_out=max(min_out, min_hw[1]), min_length=min_hw[1]))
+                                         min_out=max(min_out, min_hw[1]), min_length=min_hw[1], padding=kind))
     return ConvProblem(
         N=draw(st.integers(min_batch, max(min_batch, max_batch))), C=C, F=F, H=H, W=W, Kh=Kh, Kw=Kw,
-        stride=(sh, sw), padding=(ph, pw), dilation=(dh, dw), groups=g,
+        stride=(sh, sw), padding=(ph, pw) if kind == "ints" else kind, dilation=(dh, dw), groups=g,
         dtype=draw(st.sampled_from(dtypes)),
     )
 
@@ -157,7 +168,7 @@ class DistConvCase:
 
 @st.composite
 def dist_conv_cases(draw, world_size, *, algorithms=ALGORITHMS, axes=AXES, dtypes=("float64",),
-                    max_channels=5, max_extra=3, grid_shape=None):
+                    max_channels=5, max_extra=3, grid_shape=None, padding_strings=True):
     """Draw a :class:`DistConvCase` for ``world_size`` ranks.
 
     Sizes are at least the number of ranks along their axis, so no block is empty,
@@ -170,6 +181,6 @@ def dist_conv_cases(draw, world_size, *, algorithms=ALGORITHMS, axes=AXES, dtype
     filter_groups = draw(st.sampled_from(_divisors(P_c))) if algorithm == "stationary-w" else None
     problem = draw(conv_problems(
         max_batch=P_N + 1, min_batch=P_N, max_channels=max(max_channels, P_c + 1), min_channels=P_c,
-        groups=P_c == 1, dtypes=dtypes, min_hw=(P_H, P_W), max_extra=max_extra,
+        groups=P_c == 1, dtypes=dtypes, min_hw=(P_H, P_W), max_extra=max_extra, padding_strings=padding_strings,
     ))
     return DistConvCase(problem, shape, algorithm, filter_groups)
