@@ -1,7 +1,6 @@
 """The planner (refconv.plan): machine files, the shuffle model, and the dynamic programme
 checked against a brute force over every assignment and a hand-worked optimum."""
 
-import copy
 import itertools
 import math
 import os

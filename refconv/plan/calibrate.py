@@ -45,18 +45,27 @@ def add_parser(subparsers):
     return p
 
 
-def _median_time(comm, fn, repeats):
-    """Median over repeats of the slowest rank's time of ``fn()`` (barrier before each)."""
+def time_runs(comm, runs, repeats, pause=0.0):
+    """Median seconds of each callable on the slowest rank of ``comm`` (a barrier before each
+    call), the callables taking turns so that a change of load hits them alike; ``pause``
+    seconds between calls let OpenBLAS's spinning threads settle."""
     from refconv import collectives
 
-    times = []
+    times = [[] for _ in runs]
     for _ in range(repeats):
-        collectives.barrier(comm)
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    worst = collectives.allreduce(comm, numpy.array(times), op="max")
-    return float(numpy.median(worst))
+        for i, run in enumerate(runs):
+            collectives.barrier(comm)
+            t = time.perf_counter()
+            run()
+            times[i].append(time.perf_counter() - t)
+            if pause:
+                time.sleep(pause)
+    slowest = collectives.allreduce(comm, numpy.array(times), op="max")
+    return [float(numpy.median(row)) for row in slowest]
+
+
+def _median_time(comm, fn, repeats):
+    return time_runs(comm, [fn], repeats)[0]
 
 
 def fit_line(x, y):

@@ -25,8 +25,9 @@ import time
 import numpy
 from mpi4py import MPI
 
-from refconv import ProcessGrid, collectives
+from refconv import ProcessGrid
 from refconv.plan import graph, machine as machine_mod, perf, search
+from refconv.plan.calibrate import time_runs
 
 # name: (N, C, F, H, K)
 LAYERS = {"narrow 3x3": (8, 16, 16, 16, 3), "wide 3x3": (8, 128, 128, 8, 3), "wide 1x1": (8, 256, 256, 8, 1)}
@@ -60,7 +61,8 @@ def conv_layer(N, C, F, H, K):
     return graph.Layer("conv", spec, ("layer",), shape, graph._out_shape("conv", spec, shape, "layer"))
 
 
-def time_layer(world, sub, dims, grid_shape, algorithm, p_f, repeats):
+def built_layer(sub, dims, grid_shape, algorithm, p_f):
+    """(grid, a forward + backward callable) of one strategy on the group ``sub``."""
     from refconv.layers import DistConv2d
 
     N, C, F, H, K = dims
@@ -70,18 +72,13 @@ def time_layer(world, sub, dims, grid_shape, algorithm, p_f, repeats):
     rng = numpy.random.default_rng(0)
     x = rng.standard_normal(layer.input_distribution.local_shape(grid.rank)).astype(numpy.float32)
     dy = rng.standard_normal(layer.output_distribution.local_shape(grid.rank)).astype(numpy.float32)
-    layer.forward(x)
-    layer.backward(dy)  # warm-up
-    times = []
-    for _ in range(repeats):
-        collectives.barrier(world)
-        t = time.perf_counter()
+
+    def run():
         layer.forward(x)
         layer.backward(dy)
-        times.append(time.perf_counter() - t)
-    grid.free()
-    slowest = collectives.allreduce(world, numpy.array(times), op="max")  # the slowest rank of any group
-    return float(numpy.median(slowest))
+
+    run()  # warm-up
+    return grid, run
 
 
 def layer_rows(world, machine, repeats, layers=LAYERS):
@@ -94,13 +91,14 @@ def layer_rows(world, machine, repeats, layers=LAYERS):
         sub = groups.channel_comm  # P consecutive ranks; world/P such groups measure at once
         for name, dims in layers.items():
             layer = conv_layer(*dims)
-            for label, grid_shape, algorithm, p_f in strategies(P):
-                if not perf.feasible(layer, grid_shape):
-                    continue
+            chosen = [s for s in strategies(P) if perf.feasible(layer, s[1])]
+            built = [built_layer(sub, dims, grid_shape, algorithm, p_f) for _, grid_shape, algorithm, p_f in chosen]
+            measured = time_runs(world, [run for _, run in built], repeats, PAUSE_S)
+            for (label, grid_shape, algorithm, p_f), t in zip(chosen, measured):
                 predicted = perf.layer_cost(layer, grid_shape, machine, algorithm, p_f).seconds
-                measured = time_layer(world, sub, dims, grid_shape, algorithm, p_f, repeats)
-                rows.append((name, P, label, predicted, measured))
-                time.sleep(PAUSE_S)
+                rows.append((name, P, label, predicted, t))
+            for grid, _ in built:
+                grid.free()
         groups.free()
     return rows
 
@@ -121,17 +119,10 @@ def model_rows(world, machine, steps, batch=8, image=8):
     y = rng.integers(0, 10, batch)
     models = {k: Model.from_spec(s, comm=world, backend="numpy", seed=0) for k, s in contenders.items()}
     opts = {k: SGD(m, 0.01) for k, m in models.items()}
-    times = {k: [] for k in models}
-    for i in range(steps + 1):
-        for k, m in models.items():  # alternate the contenders, step by step
-            collectives.barrier(world)
-            t = time.perf_counter()
-            step(m, opts[k], x, y)
-            if i:  # the first step warms up
-                times[k].append(time.perf_counter() - t)
-            time.sleep(PAUSE_S)
-    measured = {k: float(numpy.median(collectives.allreduce(world, numpy.array(v), op="max")))
-                for k, v in times.items()}
+    runs = [lambda m=m, k=k: step(m, opts[k], x, y) for k, m in models.items()]
+    for run in runs:
+        run()  # warm-up
+    measured = dict(zip(models, time_runs(world, runs, steps, PAUSE_S)))
     return plan, sample, measured
 
 
