@@ -243,3 +243,12 @@ def test_plan_writes_a_model_file(tmp_path):
 
     spec = yaml.safe_load(out.read_text())
     assert spec["layers"][0]["grid"] and spec["defaults"] == {"grid": {"sample": 2}}
+
+
+def test_overlapped_step_by_hand():
+    """Forward 1 + 1; backward of the last layer (1) then its allreduce (1) beside the first
+    layer's backward (1); the first layer's allreduce (5) starts when both are done."""
+    a = perf.StageCost((1, 1, 1, 1), fwd=1.0, bwd=1.0, grad=5.0)
+    b = perf.StageCost((1, 1, 1, 1), fwd=1.0, bwd=1.0, grad=1.0)
+    assert perf.overlapped_step([a, b]) == pytest.approx(2 + 2 + 5)
+    assert a.seconds + b.seconds == pytest.approx(10)

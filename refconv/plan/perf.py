@@ -114,7 +114,7 @@ def feasible(layer, grid):
     N, C, H, W = layer.in_shape
     _, F, Ho, Wo = layer.out_shape
     spec = layer.spec
-    if P_N > N or P_c > min(C, F):
+    if P_N > N or P_c > (C if layer.kind == "linear" else min(C, F)):  # the classifier splits only its input
         return False
     if layer.kind == "conv" and P_c > 1 and spec.get("groups", 1) != 1:
         return False

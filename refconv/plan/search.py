@@ -197,7 +197,8 @@ class Planner:
         last = int(numpy.argmin(M[0]))
         if not numpy.isfinite(M[0, last]):
             raise NoFeasiblePlan(f"--ranks: no grid of {self.P} ranks runs every layer of this model "
-                                 f"(each layer needs sample <= batch and channel <= its channels)")
+                                 f"(each layer needs sample <= batch, channel <= its channels, and height/width blocks of at "
+                                 f"least max(kernel, 2) rows)")
         return self.backtrack(trace, 0, last, {})
 
     def plan(self, memory_limit=None):
