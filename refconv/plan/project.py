@@ -71,7 +71,7 @@ def table(rows):
     return "\n".join(lines)
 
 
-def plot(rows, title, path):
+def plot(rows, title, path, machine_name):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,7 +94,7 @@ def plot(rows, title, path):
         ax.set_ylabel(f"predicted {what} (s)")
         ax.grid(True, which="both", alpha=0.3)
     a.legend(fontsize=7)
-    fig.suptitle(f"{title} — MODEL PREDICTIONS (v100-edr datasheet machine file), not measurements", fontsize=10)
+    fig.suptitle(f"{title} — MODEL PREDICTIONS (machine file {machine_name}), not measurements", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -117,7 +117,7 @@ def main(argv=None):
         print(table(rows))
         print()
         if args.figures:
-            plot(rows, title, f"{args.figures}/planning_{'weak' if 'weak' in title else 'strong'}.png")
+            plot(rows, title, f"{args.figures}/planning_{'weak' if 'weak' in title else 'strong'}.png", machine.name)
     print(f"(planned in {time.perf_counter() - started:.0f} s)")
     return 0
 
