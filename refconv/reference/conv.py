@@ -30,10 +30,11 @@ second im2col is saved, at the cost of holding ``Kh*Kw`` times the input
 (``N C Kh Kw Ho Wo`` elements) from forward until backward-filter.  Without
 ``cols=`` each pass builds its own.
 
-The workspace.  Columns that die inside a pass (and backward-data's ``dcols``)
-are written into one buffer per thread that is reused from call to call, because
-a fresh array that large costs a page fault per 4 KiB page on every call.  It
-holds the largest columns seen so far until :func:`release_workspace`.
+The workspace.  Columns of 32 MiB or more that die inside a pass (and
+backward-data's ``dcols``) are written into one buffer per thread that is reused
+from call to call, because a fresh array that large costs a page fault per 4 KiB
+page on every call.  It holds the largest such columns seen so far until
+:func:`release_workspace`.
 """
 
 import threading
@@ -82,21 +83,27 @@ def _columns(x, kernel, stride, padding, dilation, out_hw, cols=None):
     return cols
 
 
-class _Workspace(threading.local):
-    """One reusable buffer per thread for the columns that live only inside one pass.
+WORKSPACE_MIN_BYTES = 32 * 2 ** 20  # glibc's malloc maps arrays this large fresh from the OS on every call
 
-    A fresh array of 100 MB or more is returned to the operating system when freed,
-    so every call would pay a page fault per 4 KiB page to get it back; on the
-    2-core machine that made im2col 2-15x slower than writing into a reused buffer.
-    The buffer keeps the largest columns seen so far (:func:`release_workspace`
-    frees it); columns that outlive a call (``conv2d_columns``, ``im2col``) are
-    always new arrays.
+
+class _Workspace(threading.local):
+    """One reusable buffer per thread for large columns that live only inside one pass.
+
+    glibc returns a freed array of 32 MiB or more to the operating system, so every
+    call would pay a page fault per 4 KiB page to get it back; on the 2-core machine
+    that made im2col of 150 MB columns 2-15x slower than writing into a reused
+    buffer.  Smaller arrays are new ones (malloc reuses their memory itself).  The
+    buffer keeps the largest columns seen so far (:func:`release_workspace` frees
+    it); columns that outlive a call (``conv2d_columns``, ``im2col``) are always
+    new arrays.
     """
 
     buffer = None
 
     def array(self, shape, dtype):
         nbytes = int(numpy.prod(shape)) * numpy.dtype(dtype).itemsize
+        if nbytes < WORKSPACE_MIN_BYTES:
+            return numpy.empty(shape, dtype=dtype)
         if self.buffer is None or self.buffer.nbytes < nbytes:
             self.buffer = None  # free the smaller one first
             self.buffer = numpy.empty(nbytes, dtype=numpy.uint8)
