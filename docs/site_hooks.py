@@ -33,6 +33,7 @@ API = {
                                                      "refconv.halo"]),
     "reference": ("Serial reference", ["refconv.reference"]),
     "cost_model": ("Cost model", ["refconv.cost_model"]),
+    "plan": ("Planning", ["refconv.plan", "refconv.plan.search", "refconv.plan.machine"]),
     "testing": ("refconv.testing", ["refconv.testing.strategies", "refconv.testing.check",
                                     "refconv.testing.asserts", "refconv.testing.mutants",
                                     "refconv.testing.mpirun"]),
