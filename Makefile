@@ -1,12 +1,13 @@
 # make demo  -- set up a virtual environment and run the main job
 # make test  -- set up a virtual environment and run the whole test suite
 # make test-fast -- the quick set only (skips tests marked slow)
+# make test-extended -- the long set the default run leaves out (fault injection, executed site, ...)
 
 VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup demo test test-fast test-extended clean
 
 setup: $(VENV)/.installed
 
@@ -28,7 +29,10 @@ test: setup
 	$(PY) -m pytest -q
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not extended"
+
+test-extended: setup
+	$(PY) -m pytest -q -m extended
 
 # make tutorials -- run the ten notebooks of tutorials/ headless (each ends with its own checks)
 # make docs      -- build the site into build/site with mkdocs build --strict (tutorials executed)
@@ -36,12 +40,8 @@ test-fast: setup
 tutorials: setup
 	$(PY) -m pytest -q tests/test_tutorials.py
 
-docs: $(VENV)/.docs-installed
+docs: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/mkdocs build --strict
-
-$(VENV)/.docs-installed: $(VENV)/.installed
-	$(PY) -m pip install --quiet -e '.[docs]'
-	touch $@
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
