@@ -117,7 +117,7 @@ class CommStats:
     into the totals that ``summary()`` adds up, so a long run's memory stays flat.
     """
 
-    RECENT = 10_000
+    RECENT = 1_000
 
     def __init__(self):
         self.records = []
