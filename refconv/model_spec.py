@@ -55,12 +55,14 @@ GRID_ALIASES = ("default", "no-channel")
 
 
 # -- presets ---------------------------------------------------------------------------------------
-def _conv(out, kernel, stride=1, padding=0, bias=True):
+def _conv(out, kernel, stride=1, padding=0, bias=True, groups=1):
     d = {"type": "conv", "out": out, "kernel": kernel}
     if stride != 1:
         d["stride"] = stride
     if padding:
         d["padding"] = padding
+    if groups != 1:
+        d["groups"] = groups
     if not bias:
         d["bias"] = False
     return d
@@ -77,28 +79,74 @@ def digits_cnn(num_classes=10, in_channels=1):
     return {"name": "digits-cnn", "in_channels": in_channels, "layers": layers}
 
 
-def resnet50(width=1, num_classes=1000, in_channels=3):
-    """ResNet-50 (torchvision's layout: stride in the 3x3 conv); ``width`` scales the
-    bottleneck's inner channels (2 gives Wide ResNet-50-2)."""
+RESNET50_STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # (planes, blocks, stride)
+MOBILENET_V1 = ((64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2)) + ((512, 1),) * 5 + ((1024, 2), (1024, 1))
+
+
+def _stem(channels, in_channels):
+    """ResNet's stem: 7x7 stride 2, max pooling stride 2.  It has 3 input channels, so it runs
+    without a channel split (see digits_cnn)."""
     bn, relu = {"type": "batchnorm"}, {"type": "relu"}
-    # The stem (3 input channels) runs without a channel split; see digits_cnn.
-    layers = [dict(_conv(64, 7, 2, 3, bias=False), grid="no-channel"), bn, relu,
-              {"type": "maxpool", "kernel": 3, "stride": 2, "padding": 1}]
-    inplanes = 64
-    for planes, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
-        inner = planes * width
+    return [dict(_conv(channels, 7, 2, 3, bias=False), grid="no-channel"), bn, relu,
+            {"type": "maxpool", "kernel": 3, "stride": 2, "padding": 1}]
+
+
+def _bottlenecks(stages, inplanes, inner, groups=1):
+    """ResNet's bottleneck blocks (torchvision's layout: the stride in the 3x3 conv, which has
+    ``groups`` groups in ResNeXt); ``inner(planes)`` is a block's inner width."""
+    bn, relu = {"type": "batchnorm"}, {"type": "relu"}
+    layers = []
+    for planes, blocks, stride in stages:
         for i in range(blocks):
             s = stride if i == 0 else 1
-            body = [_conv(inner, 1, bias=False), bn, relu, _conv(inner, 3, s, 1, bias=False), bn, relu,
+            body = [_conv(inner(planes), 1, bias=False), bn, relu,
+                    _conv(inner(planes), 3, s, 1, bias=False, groups=groups), bn, relu,
                     _conv(planes * 4, 1, bias=False), bn]
             block = {"type": "residual", "layers": body}
             if s != 1 or inplanes != planes * 4:
                 block["shortcut"] = [_conv(planes * 4, 1, s, bias=False), bn]
             layers += [block, relu]
             inplanes = planes * 4
+    return layers
+
+
+def resnet50(width=1, num_classes=1000, in_channels=3):
+    """ResNet-50 (torchvision's layout: stride in the 3x3 conv); ``width`` scales the
+    bottleneck's inner channels (2 gives Wide ResNet-50-2)."""
+    layers = _stem(64, in_channels) + _bottlenecks(RESNET50_STAGES, 64, lambda planes: planes * width)
     layers += [{"type": "gap"}, {"type": "linear", "out": num_classes}]
     name = "resnet50" if width == 1 else f"resnet50-wide{width}"
     return {"name": name, "in_channels": in_channels, "layers": layers}
+
+
+def resnext(cardinality=32, group_width=4, num_classes=1000, in_channels=3, stages=RESNET50_STAGES, stem=64):
+    """ResNeXt (torchvision's ResNeXt-50 32x4d by default): ResNet's bottlenecks with a grouped
+    3x3 conv of ``cardinality`` groups of ``group_width * planes / stages[0].planes`` channels.
+    On a channel split, ``cardinality`` must be a multiple of ``channel`` (docs/grouped.md);
+    ``stages`` and ``stem`` make smaller ones."""
+    first = stages[0][0]
+    inner = lambda planes: cardinality * group_width * planes // first  # noqa: E731
+    layers = _stem(stem, in_channels) + _bottlenecks(stages, stem, inner, groups=cardinality)
+    layers += [{"type": "gap"}, {"type": "linear", "out": num_classes}]
+    return {"name": f"resnext-{cardinality}x{group_width}d", "in_channels": in_channels, "layers": layers}
+
+
+def mobilenet(width=1.0, num_classes=1000, in_channels=3, blocks=MOBILENET_V1, stem=32):
+    """MobileNet v1: a 3x3 stride-2 stem, then depthwise-separable blocks (a depthwise 3x3 conv,
+    ``groups`` = its channels, then a pointwise 1x1 conv), each with BN and ReLU; ``width``
+    scales every channel count.  ``blocks`` is ``(out channels, stride)`` per block.  On a
+    channel split, every block's input channels must be a multiple of ``channel``."""
+    bn, relu = {"type": "batchnorm"}, {"type": "relu"}
+    channels = int(stem * width)
+    layers = [dict(_conv(channels, 3, 2, 1, bias=False), grid="no-channel"), bn, relu]
+    for out, stride in blocks:
+        out = int(out * width)
+        layers += [_conv(channels, 3, stride, 1, bias=False, groups=channels), bn, relu,  # depthwise
+                   _conv(out, 1, bias=False), bn, relu]  # pointwise
+        channels = out
+    layers += [{"type": "gap"}, {"type": "linear", "out": num_classes}]
+    return {"name": "mobilenet" if width == 1 else f"mobilenet-{width:g}", "in_channels": in_channels,
+            "layers": layers}
 
 
 PRESETS = {
@@ -106,6 +154,8 @@ PRESETS = {
     "resnet50": lambda **kw: resnet50(1, **kw),
     "resnet50-wide2": lambda **kw: resnet50(2, **kw),
     "resnet50-wide4": lambda **kw: resnet50(4, **kw),
+    "resnext50-32x4d": resnext,
+    "mobilenet": mobilenet,
 }
 
 

@@ -16,17 +16,21 @@ Every algorithm is a class (a subclass of :class:`base.Algorithm`) with
 :data:`REGISTRY` is the one list of them.  A new algorithm is one new module and one
 line here (or :func:`register` from outside the package, as the worked example in
 docs/testing.md does).  ``"sample-spatial"`` runs every layer whose grid has no
-channel split (``P_c = 1``), whatever algorithm was asked for.
+channel split (``P_c = 1``), whatever algorithm was asked for, and ``"grouped"``
+every grouped layer (``groups > 1``) on a channel split, whose ranks then hold
+whole groups and need no channel collective (docs/grouped.md).
 """
 
 from refconv.algorithms.base import ALPHA, BETA, Algorithm, Call, ConvGeometry
+from refconv.algorithms.grouped import GroupedChannels
 from refconv.algorithms.spatial import SampleSpatial
 from refconv.algorithms.stationary_w import StationaryW
 from refconv.algorithms.stationary_x import StationaryX
 from refconv.algorithms.stationary_y import StationaryY
 
-REGISTRY = {cls.name: cls for cls in (SampleSpatial, StationaryX, StationaryY, StationaryW)}
+REGISTRY = {cls.name: cls for cls in (SampleSpatial, StationaryX, StationaryY, StationaryW, GroupedChannels)}
 NO_CHANNEL_SPLIT = SampleSpatial.name
+GROUPED = GroupedChannels.name  # chosen, never asked for: like NO_CHANNEL_SPLIT
 
 
 def register(cls):
@@ -39,21 +43,28 @@ def register(cls):
 
 def channel_algorithms():
     """The names a layer with a channel split may ask for."""
-    return tuple(name for name in REGISTRY if name != NO_CHANNEL_SPLIT)
+    return tuple(name for name in REGISTRY if name not in (NO_CHANNEL_SPLIT, GROUPED))
 
 
-def resolve(name, P_c, filter_groups=None):
+def resolve(name, P_c, filter_groups=None, groups=1):
     """``(cls, filter_groups)``: the class that runs ``name`` on a channel group of ``P_c``
-    ranks, and the ``p_f`` it runs with (validated by the algorithm asked for)."""
-    if name not in REGISTRY or (name == NO_CHANNEL_SPLIT and P_c > 1):
+    ranks for a layer of ``groups`` groups, and the ``p_f`` it runs with (validated by the
+    algorithm asked for; None where the layer runs sample-spatial or grouped)."""
+    chosen_not_asked = {NO_CHANNEL_SPLIT: P_c == 1, GROUPED: P_c > 1 and groups > 1}  # where they may be named
+    if name not in channel_algorithms() and not chosen_not_asked.get(name):
         raise ValueError(f"algorithm: expected one of {channel_algorithms() + ('auto',)}, got {name!r}")
     filter_groups = REGISTRY[name].resolve_filter_groups(P_c, filter_groups)
-    return REGISTRY[NO_CHANNEL_SPLIT if P_c == 1 else name], filter_groups
+    if P_c == 1:
+        return REGISTRY[NO_CHANNEL_SPLIT], filter_groups
+    if groups > 1:
+        GroupedChannels.check(P_c, groups)
+        return GroupedChannels, None
+    return REGISTRY[name], filter_groups
 
 
 def records(name, geom, grid_shape, coords=(0, 0, 0, 0), filter_groups=None):
     """The calls of one forward and backward of algorithm ``name`` (see the module docstring)."""
-    cls, filter_groups = resolve(name, grid_shape[1], filter_groups)
+    cls, filter_groups = resolve(name, grid_shape[1], filter_groups, geom.groups)
     return cls.records(geom, tuple(grid_shape), tuple(coords), filter_groups)
 
 
@@ -78,6 +89,10 @@ def choose(geom, grid_shape, *, alpha=ALPHA, beta=BETA):
     everywhere).  :mod:`refconv.cost_model` documents the model.
     """
     table = {}
+    if geom.groups > 1 and grid_shape[1] > 1:  # the one way to run it (resolve says which)
+        calls = records(GROUPED, geom, grid_shape)
+        table[(GROUPED, None)] = sum(c.seconds(alpha, beta) for c in calls)
+        return GROUPED, None, table
     for algorithm, p_f in candidates(grid_shape[1]):
         calls = records(algorithm, geom, grid_shape, (0, 0, 0, 0), p_f)
         table[(algorithm, p_f)] = sum(c.seconds(alpha, beta) for c in calls)
@@ -85,5 +100,5 @@ def choose(geom, grid_shape, *, alpha=ALPHA, beta=BETA):
     return algorithm, p_f, table
 
 
-__all__ = ["Algorithm", "Call", "ConvGeometry", "REGISTRY", "register", "channel_algorithms", "resolve", "records",
+__all__ = ["Algorithm", "Call", "ConvGeometry", "REGISTRY", "GROUPED", "register", "channel_algorithms", "resolve", "records",
            "candidates", "choose", "ALPHA", "BETA"]

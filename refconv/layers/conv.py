@@ -33,10 +33,13 @@ class DistConv2d(Layer):
     the largest divisor not above ``sqrt(P_c)``).  ``"auto"`` picks the algorithm and
     ``p_f`` with the least predicted communication (:mod:`refconv.cost_model`) when
     the layer is bound to an input shape; the estimates are kept in
-    ``layer.cost_estimates``.  ``padding`` is an int, an ``(h, w)`` pair, ``'valid'`` or ``'same'``
-    (torch's: with an even dilated kernel the odd pad goes on the high side).  ``input_shape`` (global ``N, C, H, W``) may be given
-    now, or later by :meth:`bind`, :meth:`scatter_input`, or from the local shapes at
-    the first :meth:`forward`.  Parameters start as PyTorch's default (uniform in
+    ``layer.cost_estimates``.  A grouped layer (``groups > 1``) on a channel split runs
+    "grouped" whatever was asked for: ``groups`` must be a multiple of ``P_c``, and each
+    rank convolves its own groups with no channel collective (docs/grouped.md).
+    ``padding`` is an int, an ``(h, w)`` pair, ``'valid'`` or ``'same'`` (torch's: with an
+    even dilated kernel the odd pad goes on the high side).  ``input_shape`` (global
+    ``N, C, H, W``) may be given now, or later by :meth:`bind`, :meth:`scatter_input`, or
+    from the local shapes at the first :meth:`forward`.  Parameters start as PyTorch's default (uniform in
     ``+-1/sqrt(fan_in)``), drawn from ``seed`` identically on every rank.
     """
 
@@ -57,10 +60,6 @@ class DistConv2d(Layer):
         if in_channels % groups or out_channels % groups:
             raise ValueError(f"groups: {groups} must divide in_channels={in_channels} and out_channels={out_channels}")
         P_c = grid.P_c
-        if P_c > 1 and groups > 1:
-            raise ValueError(
-                f"groups: grouped convolution (groups={groups}) is supported with sample and spatial "
-                f"splits only; use a grid with channel=1 (got channel={P_c})")
         for name, length in (("in_channels", in_channels), ("out_channels", out_channels)):
             if length < P_c:
                 raise ValueError(f"{name}={length} cannot be split over channel={P_c} ranks: a rank's block would be empty")
@@ -69,10 +68,12 @@ class DistConv2d(Layer):
         if algorithm == "auto":
             if filter_groups is not None:
                 raise ValueError("filter_groups: algorithm='auto' chooses filter_groups itself; pass None")
+            if P_c > 1 and groups > 1:
+                algorithms.GroupedChannels.check(P_c, groups)  # raised now, not when bound
             self.algorithm = self.filter_groups = None  # chosen when the layer is bound
         else:
-            _, self.filter_groups = algorithms.resolve(algorithm, P_c, filter_groups)
-            self.algorithm = algorithm if P_c > 1 else algorithms.NO_CHANNEL_SPLIT
+            cls, self.filter_groups = algorithms.resolve(algorithm, P_c, filter_groups, groups)
+            self.algorithm = cls.name  # sample-spatial where P_c = 1, grouped where groups > 1
         self.w_shape = (self.out_channels, self.in_channels // self.groups) + kernel
         self.has_bias = bool(bias)
         self._bound = {}  # (H, W) -> algorithm object bound to that geometry

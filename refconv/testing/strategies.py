@@ -103,10 +103,12 @@ def conv_problems(
 
     ``min_batch``, ``min_channels`` and ``min_hw`` (for input and output alike) let a
     caller ask for sizes that split over a grid without empty blocks.
-    ``padding_strings=True`` also draws ``padding='same'`` and ``'valid'``.
+    ``padding_strings=True`` also draws ``padding='same'`` and ``'valid'``.  ``groups``: True
+    (1 or 2), False (1), or a tuple of the group counts to draw from; a group may have one
+    input channel (depthwise).
     """
     kind = draw(st.sampled_from(("ints", "same", "valid"))) if padding_strings else "ints"
-    g = draw(st.integers(1, 2)) if groups else 1
+    g = draw(st.sampled_from((1, 2) if groups is True else tuple(groups) if groups else (1,)))
     C = g * draw(st.integers(max(1, -(-min_channels // g)), max(1, max_channels // g)))
     F = g * draw(st.integers(max(1, -(-min_channels // g)), max(1, max_channels // g)))
     H, Kh, sh, ph, dh = draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra,
@@ -168,12 +170,15 @@ class DistConvCase:
 
 @st.composite
 def dist_conv_cases(draw, world_size, *, algorithms=ALGORITHMS, axes=AXES, dtypes=("float64",),
-                    max_channels=5, max_extra=3, grid_shape=None, padding_strings=True):
+                    max_channels=5, max_extra=3, grid_shape=None, padding_strings=True, grouped_channel_split=False):
     """Draw a :class:`DistConvCase` for ``world_size`` ranks.
 
     Sizes are at least the number of ranks along their axis, so no block is empty,
     and uneven blocks arise whenever a size is not a multiple of its split.
-    Grouped convolutions are drawn only when channels are not split.
+    Grouped convolutions are drawn when channels are not split, and with
+    ``grouped_channel_split=True`` also when they are: then groups are a multiple of
+    ``P_c`` (the "grouped" algorithm runs them, whatever ``algorithm`` says), depthwise
+    ones among them.
     """
     shape = grid_shape or draw(grid_shapes(world_size, axes=axes))
     P_N, P_c, P_H, P_W = shape
@@ -181,6 +186,6 @@ def dist_conv_cases(draw, world_size, *, algorithms=ALGORITHMS, axes=AXES, dtype
     filter_groups = draw(st.sampled_from(_divisors(P_c))) if algorithm == "stationary-w" else None
     problem = draw(conv_problems(
         max_batch=P_N + 1, min_batch=P_N, max_channels=max(max_channels, P_c + 1), min_channels=P_c,
-        groups=P_c == 1, dtypes=dtypes, min_hw=(P_H, P_W), max_extra=max_extra, padding_strings=padding_strings,
+        groups=P_c == 1 or ((1, P_c, 2 * P_c) if grouped_channel_split else False), dtypes=dtypes, min_hw=(P_H, P_W), max_extra=max_extra, padding_strings=padding_strings,
     ))
     return DistConvCase(problem, shape, algorithm, filter_groups)

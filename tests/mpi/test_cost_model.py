@@ -22,7 +22,7 @@ comm = MPI.COMM_WORLD
 @settings(max_examples=20)
 @given(st.data())
 def test_predicted_calls_equal_measured_calls(data):
-    case = data.draw(dist_conv_cases(comm.size, dtypes=("float32", "float64")))
+    case = data.draw(dist_conv_cases(comm.size, dtypes=("float32", "float64"), grouped_channel_split=True))
     p = case.problem
     grid = ProcessGrid(comm, **case.grid_kwargs())
     layer = DistConv2d(p.C, p.F, (p.Kh, p.Kw), grid=grid, backend="numpy", input_shape=p.x_shape, **case.layer_kwargs())

@@ -33,7 +33,7 @@ def _drawn_test(algorithm):
     @settings(max_examples=EXAMPLES)
     @given(st.data())
     def test(data):
-        case = data.draw(dist_conv_cases(comm.size, algorithms=(algorithm,)))
+        case = data.draw(dist_conv_cases(comm.size, algorithms=(algorithm,), grouped_channel_split=True))
         layer = build(case)
         check_layer(layer, case.problem)
         layer.grid.free()
@@ -50,7 +50,7 @@ test_stationary_w_drawn = mpi_test(sizes=SIZES, timeout=120)(_drawn_test("statio
 @settings(max_examples=10)
 @given(st.data())
 def test_float32_every_algorithm(data):
-    case = data.draw(dist_conv_cases(comm.size, dtypes=("float32",)))
+    case = data.draw(dist_conv_cases(comm.size, dtypes=("float32",), grouped_channel_split=True))
     layer = build(case)
     check_layer(layer, case.problem)
     layer.grid.free()
@@ -145,6 +145,13 @@ def test_errors_are_raised_on_every_rank_at_construction():
         except ValueError as exc:
             if match not in str(exc):
                 messages.append(f"{kwargs}: {exc}")
+    if comm.size > 1:  # a group would span ranks: groups not a multiple of P_c
+        try:
+            DistConv2d(2 * comm.size + 2, 2 * comm.size + 2, 3, groups=comm.size + 1, grid=grid, backend="numpy")
+            messages.append("no error for groups not a multiple of P_c")
+        except ValueError as exc:
+            if "groups: a grouped convolution on a channel split needs groups a multiple of channel" not in str(exc):
+                messages.append(str(exc))
     try:  # a channel block would be empty
         DistConv2d(comm.size - 1 or 1, 4, 3, grid=grid, backend="numpy")
         if comm.size > 1:

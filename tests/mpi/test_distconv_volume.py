@@ -40,6 +40,8 @@ def expected_records(case):
     C_i, F_i = blk(p.C, P_c, c_), blk(p.F, P_c, c_)
     if P_c == 1:  # sample parallelism: replicated weights
         return sorted([("allreduce", peers, p.F * p.C // p.groups * KK * isz), ("allreduce", peers, p.F * isz)])
+    if p.groups > 1:  # whole groups per rank: no channel collective, the shard w[F_i] allreduced
+        return sorted([("allreduce", peers, F_i * p.C // p.groups * KK * isz), ("allreduce", peers, F_i * isz)])
     if case.algorithm == "stationary-x":
         m = n * p.F * Ho * Wo * isz
         return sorted([("reduce_scatter", P_c, m), ("allgather", P_c, m),
@@ -80,7 +82,8 @@ def measured_records(case):
 @settings(max_examples=20)
 @given(st.data())
 def test_volume_matches_the_formulas(data):
-    case = data.draw(dist_conv_cases(comm.size, axes=("sample", "channel"), dtypes=("float64", "float32")))
+    case = data.draw(dist_conv_cases(comm.size, axes=("sample", "channel"), dtypes=("float64", "float32"),
+                                     grouped_channel_split=True))
     expected, measured = expected_records(case), measured_records(case)
     assert_all_ranks(comm, expected == measured, f"{case}\nexpected {expected}\nmeasured {measured}")
 
@@ -114,3 +117,16 @@ def test_halo_volume_same_padding():
     row = N * C * W * 8
     assert_all_ranks(comm, halo == [neighbours * row, neighbours * row], f"halo records {halo}, row {row} B")
     grid.free()
+
+
+@mpi_test(sizes=(2, 4), timeout=60)
+def test_aligned_depthwise_moves_no_activation_data():
+    """A depthwise 3x3 conv (groups = C = F) on a channel split, with every channel algorithm asked
+    for: each rank convolves its own channels; only dw and db (this rank's F/P_c filters) move."""
+    P_c = comm.size
+    C = 2 * P_c
+    problem = ConvProblem(N=2, C=C, F=C, H=5, W=4, Kh=3, Kw=3, padding="same", groups=C)
+    for algorithm, p_f in (("stationary-x", None), ("stationary-y", None), ("stationary-w", None)):
+        records = measured_records(DistConvCase(problem, (1, P_c, 1, 1), algorithm, p_f))
+        expected = sorted([("allreduce", 1, 2 * 9 * 8), ("allreduce", 1, 2 * 8)])  # 2 filters of 1 x 3 x 3, float64
+        assert_all_ranks(comm, records == expected, f"{algorithm}: {records}")
