@@ -478,7 +478,7 @@ def reduce_scatter(comm, x, counts, axis=0):
         return xp.array(x, copy=True)
     send = _to_mpi(packed)
     recv = _empty((counts[me],) + rest, send.dtype, x)
-    with _watchdog("reduce_scatter", comm, {"send": send, "recv": recv}):
+    with _watchdog("reduce_scatter", comm, {"x": x, "axis": axis, "counts": counts}):
         comm.Reduce_scatter(_spec(send), _spec(recv), [c * inner for c in counts], op=MPI.SUM)
     out = _from_mpi(recv, x)
     return xp.ascontiguousarray(xp.moveaxis(out, 0, axis))
@@ -502,7 +502,7 @@ def allgather(comm, x, counts, axis=0):
     send = _to_mpi(packed)
     recv = _empty((total,) + rest, send.dtype, x)
     el = [c * inner for c in counts]
-    with _watchdog("allgather", comm, {"send": send, "recv": recv}):
+    with _watchdog("allgather", comm, {"x": x, "axis": axis, "counts": counts}):
         comm.Allgatherv(_spec(send), _spec(recv, el, _displs(el)))
     out = _from_mpi(recv, x)
     return xp.ascontiguousarray(xp.moveaxis(out, 0, axis))
