@@ -20,7 +20,7 @@ import numbers
 import re
 
 from refconv import algorithms, checks
-from refconv.collectives import TRAINING_TIMEOUT_S
+from refconv.collectives import TRAINING_TIMEOUT_S, env_timeout
 from refconv.grid import AXES
 
 GRID_AXES = AXES        # the axes --grid takes (refconv.grid's)
@@ -176,8 +176,9 @@ OPTIONS = (
            "OPENBLAS_NUM_THREADS or MKL_NUM_THREADS if set, else the node's cores shared by its ranks)", parse=int),
     Option("oversubscribe_gpus", False, _BOOL, RUN, "let ranks of a node share a GPU (more ranks than GPUs; "
            "also REFCONV_OVERSUBSCRIBE_GPUS=1)"),
-    Option("timeout", TRAINING_TIMEOUT_S, _timeout, RUN,
-           "seconds any one collective may wait before the job is ended (0: no deadline)", parse=float,
+    Option("timeout", env_timeout(TRAINING_TIMEOUT_S), _timeout, RUN,
+           "seconds any one collective may wait before the job is ended (0: no deadline; the default is "
+           "REFCONV_TIMEOUT's when set)", parse=float,
            metavar="SECONDS"),
     Option("checkpoint_dir", None, _PATH, RUN, "save a checkpoint here after every epoch", parse=str,
            metavar="DIR"),

@@ -255,3 +255,14 @@ def _table(cases):
 if __name__ == "__main__":
     every = "--all" in sys.argv
     _table([c for c in TRAINING_CASES + CHECKPOINT_CASES if every or c.default])
+
+
+def test_refconv_timeout_sets_the_default_of_training_and_the_api():
+    """REFCONV_TIMEOUT (read at import) is the API's deadline and --timeout's default."""
+    code = ("from refconv import collectives; from refconv.train_config import TrainConfig; "
+            "print(collectives.get_timeout(), TrainConfig().timeout, TrainConfig(timeout=5).timeout)")
+    out = {value: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                                 env=dict(os.environ, REFCONV_TIMEOUT=value)) for value in ("7", "0", "soon")}
+    assert out["7"].stdout.split() == ["7.0", "7.0", "5.0"], out["7"].stderr
+    assert out["0"].stdout.split() == ["None", "None", "5.0"], out["0"].stderr
+    assert "REFCONV_TIMEOUT: expected seconds > 0" in out["soon"].stderr and out["soon"].returncode != 0
