@@ -169,6 +169,7 @@ stats = CommStats()
 # -- deadlines: the collective watchdog --------------------------------------------------
 TRAINING_TIMEOUT_S = 300.0      # refconv train's default --timeout
 EXIT_TIMEOUT = 124              # the abort code of a timed-out collective (as coreutils timeout)
+_LINE_GRACE_S = 0.2
 
 
 def _check_timeout(seconds, what="timeout"):
@@ -244,6 +245,7 @@ def _abort_timed_out(kind, comm, buffers, started, timeout):
                      f"{comm.Get_name()!r} ({comm.Get_size()} ranks) with {_describe(buffers)}: "
                      f"this rank waited {waited:.1f} s (timeout {timeout:g} s); aborting the job\n")
     sys.stderr.flush()
+    time.sleep(_LINE_GRACE_S)        # mpiexec may drop output still in flight when the abort lands
     world.Abort(EXIT_TIMEOUT)
 
 
@@ -669,7 +671,9 @@ def node_comm(comm):
     """The ranks of ``comm`` that share this rank's node (a shared-memory split);
     its rank is the node-local rank.  The caller frees it."""
     with _watchdog("split", comm, {"split": "shared memory"}):
-        return comm.Split_type(MPI.COMM_TYPE_SHARED)
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    node.Set_name("node")                   # for the watchdog's timeout line
+    return node
 
 
 def allgather_object(comm, obj):
