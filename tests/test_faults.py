@@ -266,3 +266,10 @@ def test_refconv_timeout_sets_the_default_of_training_and_the_api():
     assert out["7"].stdout.split() == ["7.0", "7.0", "5.0"], out["7"].stderr
     assert out["0"].stdout.split() == ["None", "None", "5.0"], out["0"].stderr
     assert "REFCONV_TIMEOUT: expected seconds > 0" in out["soon"].stderr and out["soon"].returncode != 0
+
+
+@pytest.mark.parametrize("spec", ["1:allreduce", "x:allreduce:kill", "1:allreduce:explode", "1:allreduce:kill:0",
+                                  "1:allreduce:kill:2:3"])
+def test_a_malformed_fault_is_refused(spec):
+    with pytest.raises(ValueError, match="REFCONV_FAULT: expected rank:point:action"):
+        collectives.set_fault(spec)
