@@ -16,15 +16,21 @@ every rank of the spatial group and moves the pieces:
 - ``reduce(dx_win)``: the adjoint, ``(n, c, h_win, w_win)`` -> ``(n, c, h, w)``:
   each piece is sent back to its owner and added there.
 
+With ``padding_mode`` reflect, replicate or circular, the cells outside the
+image are copies of image cells (:func:`source_index`), and they too come from
+the ranks that own them (:func:`halo_plan`).
+
 When the spatial group has one rank, no message is sent: the window is the
-zero-padded local block, or the block itself (no copy) when nothing is padded or
-cut off.  Only the cells outside the image are filled; every other cell of a
+padded local block, or the block itself (no copy) when nothing is padded or
+cut off.  Only the zero-padding cells are filled; every other cell of a
 window is written once, by its owner's piece.
 """
 
 import dataclasses
 
-from refconv import collectives
+import numpy
+
+from refconv import checks, collectives
 from refconv.distribution import block_range
 
 
@@ -71,104 +77,184 @@ def halo_geometry(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation):
     return owned, window
 
 
-def halo_pixels(owned, window, me):
-    """``(sent, received)``: pixels (per sample and channel) rank ``me`` sends to and receives
-    from the other ranks in :meth:`Halo.extend` (:meth:`Halo.reduce` mirrors them)."""
-    size = lambda box: 0 if box is None else box.shape[0] * box.shape[1]  # noqa: E731
-    others = [r for r in range(len(owned)) if r != me]
-    return (sum(size(owned[me].intersect(window[r])) for r in others),
-            sum(size(owned[r].intersect(window[me])) for r in others))
+def source_index(lo, hi, size, mode="zeros"):
+    """The image row (or column) each window row ``lo, ..., hi - 1`` holds: itself inside the image
+    ``[0, size)``; outside it, -1 for ``"zeros"`` (padding no rank owns), else the row the
+    padding copies, as torch.nn.functional.pad does: ``"reflect"`` mirrors about the edge row
+    (row -1 holds row 1), ``"replicate"`` repeats it (row -1 holds row 0), ``"circular"`` wraps
+    around (row -1 holds row size - 1)."""
+    rows = numpy.arange(lo, hi)
+    if mode == "zeros":
+        return numpy.where((rows >= 0) & (rows < size), rows, -1)
+    if mode == "replicate":
+        return numpy.clip(rows, 0, size - 1)
+    if mode == "circular":
+        return rows % size
+    period = max(2 * (size - 1), 1)  # reflect: ... 2, 1, [0, 1, ..., size - 1], size - 2, ...
+    folded = rows % period
+    return numpy.where(folded < size, folded, period - folded)
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """The cells of one rank's window that one owner's block fills: window rows ``win_h`` and
+    columns ``win_w`` hold the owner's local rows ``own_h`` and columns ``own_w``.  Each is a
+    slice where it counts up by one (always, for zero padding), else an index array (padding
+    that reflects, repeats or wraps reads a row out of order, or twice)."""
+
+    win_h: object
+    win_w: object
+    own_h: object
+    own_w: object
+    shape: tuple  # (rows, columns)
+
+    def window_index(self):
+        return _index(self.win_h, self.win_w)
+
+    def owned_index(self):
+        return _index(self.own_h, self.own_w)
+
+    def is_whole(self, block_shape):
+        """Whether the owned cells are the whole block, each once."""
+        return all(isinstance(own, slice) and own == slice(0, length)
+                   for own, length in zip((self.own_h, self.own_w), block_shape))
+
+
+def _index(rows, cols):
+    """The index of ``a[:, :, rows, cols]``: every row with every column, also for two arrays."""
+    if isinstance(rows, slice) or isinstance(cols, slice):
+        return (slice(None), slice(None), rows, cols)
+    return (slice(None), slice(None)) + numpy.ix_(rows, cols)
+
+
+def _as_slice(idx):
+    """``idx`` as a slice when it counts up by one, else as it is."""
+    start = int(idx[0])
+    return slice(start, start + len(idx)) if numpy.array_equal(idx, numpy.arange(start, start + len(idx))) else idx
+
+
+def _axis_piece(source, lo, hi):
+    """``(positions, rows)``: the window positions whose source row is in the block ``[lo, hi)``,
+    and those rows counted from ``lo``; None where there are none."""
+    positions = numpy.flatnonzero((source >= lo) & (source < hi))
+    if len(positions) == 0:
+        return None
+    return _as_slice(positions), _as_slice(source[positions] - lo), len(positions)
+
+
+def halo_plan(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation, padding_mode="zeros"):
+    """``(owned, window, pieces)``: :func:`halo_geometry`'s boxes, and ``pieces[(owner, reader)]``,
+    the :class:`Piece` of ``owner``'s block in ``reader``'s window (pairs that share nothing are
+    left out; ``owner == reader`` is the rank's own part).  Pure geometry, no communication.
+
+    With ``padding_mode`` other than zeros the padding cells are copies of image cells, so they
+    come from the ranks that own those cells: the ranks at the edge of the grid reflect or repeat
+    their own rows, or a neighbour's where the padding is wider than their block; circular
+    padding makes the first and last ranks along an axis neighbours."""
+    owned, window = halo_geometry(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation)
+    pieces = {}
+    for reader, win in enumerate(window):
+        source_h = source_index(win.h0, win.h1, in_hw[0], padding_mode)
+        source_w = source_index(win.w0, win.w1, in_hw[1], padding_mode)
+        for owner, own in enumerate(owned):
+            rows, cols = _axis_piece(source_h, own.h0, own.h1), _axis_piece(source_w, own.w0, own.w1)
+            if rows and cols:
+                pieces[(owner, reader)] = Piece(rows[0], cols[0], rows[1], cols[1], (rows[2], cols[2]))
+    return owned, window, pieces
+
+
+def exchanges(pieces, me):
+    """``(sends, receives)``: ``{reader: Piece}`` of the ranks that read rank ``me``'s block and
+    ``{owner: Piece}`` of the ranks whose blocks ``me`` reads, other ranks only."""
+    sends = {r: p for (s, r), p in pieces.items() if s == me and r != me}
+    receives = {s: p for (s, r), p in pieces.items() if r == me and s != me}
+    return sends, receives
 
 
 class Halo:
     """Windows and halo pieces of every rank of a ``P_H x P_W`` spatial group.
 
     ``in_hw``, ``out_hw``: global input and output sizes; ``kernel``, ``stride``,
-    ``padding``, ``dilation``: ``(h, w)`` pairs.  ``comm``: the spatial group
-    (``grid.sub_comm(("height", "width"))``), ranked ``h * P_W + w``.
+    ``padding`` (the low side: top, left), ``dilation``: ``(h, w)`` pairs;
+    ``padding_mode``: what the padding cells hold (:func:`source_index`).  ``comm``: the
+    spatial group (``grid.sub_comm(("height", "width"))``), ranked ``h * P_W + w``.
     """
 
-    def __init__(self, comm, grid_hw, in_hw, out_hw, kernel, stride, padding, dilation):
+    def __init__(self, comm, grid_hw, in_hw, out_hw, kernel, stride, padding, dilation, padding_mode="zeros"):
         self.comm = comm
         self.P_H, self.P_W = grid_hw
-        self.owned, self.window = halo_geometry(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation)
+        self.padding_mode = checks.one_of(padding_mode, "padding_mode", checks.PADDING_MODES)
+        self.owned, self.window, self.pieces = halo_plan(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation,
+                                                         padding_mode)
         self.image = Box(0, in_hw[0], 0, in_hw[1])
         self.me = comm.Get_rank()
+        self.mine = self.pieces.get((self.me, self.me))  # my own block's part of my window
+        self.sends, self.receives = exchanges(self.pieces, self.me)
 
     @property
     def window_shape(self):
         """``(h_win, w_win)`` of this rank's window."""
         return self.window[self.me].shape
 
-    def _plan(self, sender, receiver):
-        """The part of ``sender``'s owned block that lies in ``receiver``'s window."""
-        return self.owned[sender].intersect(self.window[receiver])
-
     def extend(self, x_loc, xp, fill=0.0):
-        """``x_loc (n, c, h, w)`` -> the window ``(n, c, h_win, w_win)``; ``fill`` outside the image
-        (0 for convolution and average pooling, ``-inf`` for max pooling).
+        """``x_loc (n, c, h, w)`` -> the window ``(n, c, h_win, w_win)``: the pieces of every owner
+        (the halo exchange), and ``fill`` in zero padding (0 for convolution and average
+        pooling, ``-inf`` for max pooling).
 
         On one rank, when the window is the whole image (no padding, nothing cut
         off), ``x_loc`` itself is returned: no copy; do not write into it."""
         n, c = x_loc.shape[:2]
-        me, own, win = self.me, self.owned[self.me], self.window[self.me]
+        own, win = self.owned[self.me], self.window[self.me]
         if win == own and self.comm.Get_size() == 1:
             return x_loc
         x_win = xp.empty((n, c) + win.shape, dtype=x_loc.dtype)  # (n, c, h_win, w_win)
-        for strip in _outside(win, self.image):  # padding: the only cells no rank owns
-            x_win[(slice(None), slice(None)) + strip.slices(win)] = fill
-        piece = own.intersect(win)  # my own rows and columns of the window
-        if piece is not None:
-            x_win[(slice(None), slice(None)) + piece.slices(win)] = x_loc[(slice(None), slice(None)) + piece.slices(own)]
+        if self.padding_mode == "zeros":
+            for strip in _outside(win, self.image):  # padding: the only cells no rank owns
+                x_win[(slice(None), slice(None)) + strip.slices(win)] = fill
+        if self.mine is not None:
+            x_win[self.mine.window_index()] = x_loc[self.mine.owned_index()]
         if self.comm.Get_size() == 1:
             return x_win
-        sends, recv_shapes, pieces = {}, {}, {}
-        for r in range(self.comm.Get_size()):
-            if r == me:
-                continue
-            out_piece = self._plan(me, r)  # rows of mine that rank r reads
-            if out_piece is not None:
-                sends[r] = x_loc[(slice(None), slice(None)) + out_piece.slices(own)]
-            in_piece = self._plan(r, me)  # rows of rank r that I read
-            if in_piece is not None:
-                recv_shapes[r] = (n, c) + in_piece.shape
-                pieces[r] = in_piece
+        sends = {r: x_loc[piece.owned_index()] for r, piece in self.sends.items()}  # my cells rank r reads
+        recv_shapes = {s: (n, c) + piece.shape for s, piece in self.receives.items()}
         received = collectives.exchange(self.comm, sends, recv_shapes, x_loc.dtype, like=x_loc)
-        for r, piece in pieces.items():
-            x_win[(slice(None), slice(None)) + piece.slices(win)] = received[r]
+        for s, piece in self.receives.items():
+            x_win[piece.window_index()] = received[s]
         return x_win
 
     def reduce(self, dx_win, xp):
-        """The adjoint of :meth:`extend`: ``(n, c, h_win, w_win)`` -> ``(n, c, h, w)``, pieces summed
-        at their owners.  On one rank, when the window is the whole image, ``dx_win`` itself is returned."""
+        """The adjoint of :meth:`extend` (the halo return): ``(n, c, h_win, w_win)`` -> ``(n, c, h, w)``,
+        each window cell's gradient sent to the owner of the cell it holds and added there.
+        On one rank, when the window is the whole image, ``dx_win`` itself is returned."""
         n, c = dx_win.shape[:2]
-        me, own, win = self.me, self.owned[self.me], self.window[self.me]
+        own, win = self.owned[self.me], self.window[self.me]
         if win == own and self.comm.Get_size() == 1:
             return dx_win
-        piece = own.intersect(win)  # my own rows and columns of the window: their gradient stays here
-        if piece == own:
-            dx_loc = xp.empty((n, c) + own.shape, dtype=dx_win.dtype)  # (n, c, h, w), all written below
-        else:  # some of my rows are read by no output of mine (stride, or a neighbour's window only)
+        mine = self.mine
+        if mine is not None and mine.is_whole(own.shape):
+            dx_loc = xp.empty((n, c) + own.shape, dtype=dx_win.dtype)  # (n, c, h, w), each cell held once
+            dx_loc[...] = dx_win[mine.window_index()]
+        else:  # rows read by no output of mine (stride, a neighbour's window only), or read twice
             dx_loc = xp.zeros((n, c) + own.shape, dtype=dx_win.dtype)
-        if piece is not None:
-            dx_loc[(slice(None), slice(None)) + piece.slices(own)] = dx_win[(slice(None), slice(None)) + piece.slices(win)]
+            if mine is not None:
+                _add_into(dx_loc, mine, dx_win[mine.window_index()], xp)
         if self.comm.Get_size() == 1:
             return dx_loc
-        sends, recv_shapes, pieces = {}, {}, {}
-        for r in range(self.comm.Get_size()):
-            if r == me:
-                continue
-            back = self._plan(r, me)  # my window rows owned by rank r: their gradient goes home
-            if back is not None:
-                sends[r] = dx_win[(slice(None), slice(None)) + back.slices(win)]
-            home = self._plan(me, r)  # my rows in rank r's window: r sends their gradient
-            if home is not None:
-                recv_shapes[r] = (n, c) + home.shape
-                pieces[r] = home
+        sends = {s: dx_win[piece.window_index()] for s, piece in self.receives.items()}  # back to the owners
+        recv_shapes = {r: (n, c) + piece.shape for r, piece in self.sends.items()}
         received = collectives.exchange(self.comm, sends, recv_shapes, dx_win.dtype, like=dx_win)
-        for r, piece in pieces.items():
-            dx_loc[(slice(None), slice(None)) + piece.slices(own)] += received[r]
+        for r, piece in self.sends.items():
+            _add_into(dx_loc, piece, received[r], xp)
         return dx_loc
+
+
+def _add_into(dx_loc, piece, values, xp):
+    """``dx_loc[piece's owned cells] += values``, summing where several window cells hold one cell
+    (reflect and replicate padding read a row twice)."""
+    if isinstance(piece.own_h, slice) and isinstance(piece.own_w, slice):
+        dx_loc[piece.owned_index()] += values
+    else:
+        xp.add.at(dx_loc, piece.owned_index(), values)
 
 
 def _outside(box, image):

@@ -34,8 +34,8 @@ from refconv.layers import AvgPool2d, BatchNorm2d, DistConv2d, GlobalAvgPool, Li
 from refconv.layers.container import Residual, Sequential
 
 _LAYER_KEYS = {
-    "conv": {"out", "kernel", "stride", "padding", "dilation", "groups", "bias", "in", "grid", "algorithm",
-             "filter_groups"},
+    "conv": {"out", "kernel", "stride", "padding", "padding_mode", "dilation", "groups", "bias", "in", "grid",
+             "algorithm", "filter_groups"},
     "batchnorm": {"eps", "momentum", "grid"},
     "relu": {"grid"},
     "maxpool": {"kernel", "stride", "padding", "grid"},
@@ -265,7 +265,8 @@ class _Builder:
                     algorithm, fg = algorithms.NO_CHANNEL_SPLIT, None
                 layer = DistConv2d(channels, spec["out"], spec["kernel"], stride=spec.get("stride", 1),
                                    padding=spec.get("padding", 0), dilation=spec.get("dilation", 1),
-                                   groups=spec.get("groups", 1), bias=spec.get("bias", True), grid=own,
+                                   groups=spec.get("groups", 1), bias=spec.get("bias", True),
+                                   padding_mode=spec.get("padding_mode", "zeros"), grid=own,
                                    algorithm=algorithm, filter_groups=fg, seed=self.next_seed(), **common)
                 return layer, own, spec["out"], kind
             if t == "linear":

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 
 from refconv import reference as ref
-from refconv.testing.strategies import conv_problems
+from refconv.testing.strategies import PADDING_MODES, conv_problems
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -31,6 +31,27 @@ def test_conv_matches_torch(problem):
     numpy.testing.assert_allclose(ref.conv2d_backward_data(dy, w, x.shape, **g), xt.grad.numpy(), rtol=1e-10, atol=1e-10)
     numpy.testing.assert_allclose(ref.conv2d_backward_filter(x, dy, w.shape, **g), wt.grad.numpy(), rtol=1e-10, atol=1e-10)
     numpy.testing.assert_allclose(ref.conv2d_backward_bias(dy), bt.grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+@settings(max_examples=40)
+@given(conv_problems(max_channels=4, padding_strings=True, padding_modes=PADDING_MODES))
+def test_conv_module_padding_modes_match_torch(problem):
+    """torch.nn.Conv2d(padding_mode=...) against the reference with the same padding_mode."""
+    p = problem
+    x, w, b, dy = p.arrays(seed=4)
+    conv = torch.nn.Conv2d(p.C, p.F, (p.Kh, p.Kw), p.stride, p.padding, p.dilation, p.groups,
+                           padding_mode=p.padding_mode, dtype=torch.float64)
+    with torch.no_grad():
+        conv.weight.copy_(torch.tensor(w))
+        conv.bias.copy_(torch.tensor(b))
+    xt = t(x)
+    yt = conv(xt)
+    yt.backward(torch.tensor(dy))
+    g = dict(p.geometry, padding_mode=p.padding_mode)
+    close = dict(rtol=1e-10, atol=1e-10)
+    numpy.testing.assert_allclose(ref.conv2d_forward(x, w, b, **g), yt.detach().numpy(), **close)
+    numpy.testing.assert_allclose(ref.conv2d_backward_data(dy, w, x.shape, **g), xt.grad.numpy(), **close)
+    numpy.testing.assert_allclose(ref.conv2d_backward_filter(x, dy, w.shape, **g), conv.weight.grad.numpy(), **close)
 
 
 @pytest.mark.parametrize("k, s, p", [(2, None, 0), (3, 2, 1), (3, 1, 1), (2, 3, 1)])

@@ -1,10 +1,16 @@
 """torch.nn.Conv2d's options end to end, serially: padding strings in model files, the planner
-and the cost model (the distributed property tests draw them too: tests/mpi/test_distconv.py)."""
+and the cost model, and padding modes in the one-rank halo (the distributed property tests
+draw them too: tests/mpi/test_distconv.py)."""
 
 import numpy
+from hypothesis import given, settings
+from mpi4py import MPI
 
-from refconv import Model, cost_model
+from refconv import Model, checks, cost_model
+from refconv.halo import Halo
 from refconv.plan import graph
+from refconv.reference import padding
+from refconv.testing.strategies import PADDING_MODES, conv_problems
 
 SAME_EVEN = {"in_channels": 2, "layers": [
     {"type": "conv", "out": 3, "kernel": [2, 4], "padding": "same", "dilation": [1, 2]},
@@ -27,3 +33,27 @@ def test_cost_model_takes_padding_strings():
     calls = cost_model.layer_records("stationary-x", (1, 1, 12, 5), 1, (4, 1), padding="same", bias=False,
                                      grid_shape=(1, 1, 3, 1), coords=(0, 0, 1, 0), itemsize=1)
     assert [(c.kind, c.bytes, c.messages) for c in calls if c.kind == "halo"] == [("halo", 3 * 5, 2)] * 2
+
+
+@settings(max_examples=60)
+@given(conv_problems(max_extra=5, padding_strings=True, padding_modes=PADDING_MODES))
+def test_one_rank_halo_window_is_the_padded_image(problem):
+    """On one rank the window is the input padded by padding_mode (the reference's numpy.pad,
+    an oracle independent of refconv.halo.source_index), and reduce is extend's adjoint."""
+    p = problem
+    x, _, _, _ = p.arrays(seed=8)
+    stride, low, dilation, _, out_hw = checks.conv_geometry(p.x_shape, p.w_shape, p.stride, p.padding, p.dilation,
+                                                            p.groups)
+    halo = Halo(MPI.COMM_SELF, (1, 1), (p.H, p.W), out_hw, (p.Kh, p.Kw), stride, low, dilation, p.padding_mode)
+    pads = checks.conv_padding(p.padding, (p.Kh, p.Kw), stride, dilation)
+    if p.padding_mode == "zeros":
+        x_pad = numpy.pad(x, ((0, 0), (0, 0)) + pads)  # rows [-top, H + bottom), columns likewise
+    else:
+        x_pad = padding.pad(x, pads, p.padding_mode)
+    win = halo.window[0]
+    x_win = halo.extend(x, numpy)
+    rows, cols = slice(win.h0 + pads[0][0], win.h1 + pads[0][0]), slice(win.w0 + pads[1][0], win.w1 + pads[1][0])
+    numpy.testing.assert_array_equal(x_win, x_pad[:, :, rows, cols])
+    d = numpy.random.default_rng(9).standard_normal(x_win.shape)
+    lhs, rhs = float((x_win * d).sum()), float((x * halo.reduce(d, numpy)).sum())
+    assert abs(lhs - rhs) <= 1e-9 * (1 + abs(lhs))

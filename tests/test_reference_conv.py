@@ -6,13 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refconv import reference as ref
-from refconv.testing.strategies import conv_problems
+from refconv.testing.strategies import PADDING_MODES, conv_problems
 
 from finite_differences import check_gradient
 
 
 @settings(max_examples=150)
-@given(conv_problems(dtypes=("float64", "float32"), padding_strings=True))
+@given(conv_problems(dtypes=("float64", "float32"), padding_strings=True, padding_modes=PADDING_MODES))
 def test_vectorised_matches_loops(problem):
     x, w, b, dy = problem.arrays(seed=1)
     g = problem.geometry
@@ -29,7 +29,7 @@ def test_vectorised_matches_loops(problem):
 
 
 @settings(max_examples=40)
-@given(conv_problems(max_channels=3, max_extra=2, padding_strings=True))
+@given(conv_problems(max_channels=3, max_extra=2, padding_strings=True, padding_modes=PADDING_MODES))
 def test_conv_gradients_match_finite_differences(problem):
     x, w, b, dy = problem.arrays(seed=2)
     g = problem.geometry
@@ -192,3 +192,29 @@ def test_results_never_live_in_the_reused_workspace(K, padding, monkeypatch):
     ref.conv2d_backward_data(rng.standard_normal((3, 5, 6, 6)), w, (3, 4, 6, 6), **g)
     for r, c in zip(results, copies):
         numpy.testing.assert_array_equal(r, c)
+
+
+@pytest.mark.parametrize("mode, expected_row", [
+    ("reflect", [2, 1, 0, 1, 2, 3, 2, 1]),     # mirrored about the edge row
+    ("replicate", [0, 0, 0, 1, 2, 3, 3, 3]),   # the edge row repeated
+    ("circular", [2, 3, 0, 1, 2, 3, 0, 1]),    # wrapped around
+])
+def test_padding_modes_copy_image_rows(mode, expected_row):
+    """A 1x5 kernel picking its first tap, padding 2: output column j is the padded column j."""
+    x = numpy.arange(4, dtype=numpy.float64).reshape(1, 1, 1, 4)
+    w = numpy.zeros((1, 1, 1, 5))
+    w[0, 0, 0, 0] = 1
+    y = ref.conv2d_forward(x, w, padding=(0, 2), padding_mode=mode)
+    assert y[0, 0, 0].tolist() == expected_row[:4]
+    y = ref.conv2d_forward(x, w[..., ::-1].copy(), padding=(0, 2), padding_mode=mode)  # the last tap
+    assert y[0, 0, 0].tolist() == expected_row[4:]
+
+
+def test_padding_mode_errors_say_what_fits():
+    x, w = numpy.zeros((1, 1, 3, 3)), numpy.zeros((1, 1, 3, 3))
+    with pytest.raises(ValueError, match=r"padding: padding_mode='reflect' needs pads shorter than the input"):
+        ref.conv2d_forward(x, w, padding=3, padding_mode="reflect")
+    with pytest.raises(ValueError, match=r"padding: padding_mode='circular' needs pads at most the input"):
+        ref.conv2d_backward_data(numpy.zeros((1, 1, 9, 9)), w, x.shape, padding=4, padding_mode="circular")
+    with pytest.raises(ValueError, match=r"padding_mode: expected one of \('zeros', 'reflect'"):
+        ref.conv2d_backward_filter(x, numpy.zeros((1, 1, 1, 1)), w.shape, padding_mode="mirror")

@@ -12,7 +12,7 @@ import dataclasses
 
 from refconv import checks, collectives
 from refconv.distribution import block_size
-from refconv.halo import Halo, halo_geometry
+from refconv.halo import Halo, exchanges, halo_plan
 
 KINDS = ("allreduce", "allgather", "reduce_scatter", "halo")
 ALPHA = 2e-6  # default seconds per message step (a typical inter-node latency)
@@ -32,14 +32,18 @@ class ConvGeometry:
     groups: int = 1
     bias: bool = True
     itemsize: int = 4  # bytes per element of x, w and y
+    padding_mode: str = "zeros"  # what the padding holds: zeros, reflect, replicate or circular
 
     @classmethod
-    def of(cls, in_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1, bias=True, itemsize=4):
+    def of(cls, in_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1, bias=True, itemsize=4,
+           padding_mode="zeros"):
         in_shape, w_shape = checks.shape4(in_shape, "input_shape"), checks.shape4(w_shape, "w_shape")
-        stride, padding, dilation, groups, out_hw = checks.conv_geometry(
+        stride, low, dilation, groups, out_hw = checks.conv_geometry(
             in_shape, w_shape, stride, padding, dilation, groups)
-        return cls(in_shape, w_shape, (in_shape[0], w_shape[0]) + out_hw, stride, padding, dilation, groups,
-                   bool(bias), int(itemsize))
+        pads = checks.conv_padding(padding, w_shape[2:], stride, dilation)
+        padding_mode = checks.padding_mode(padding_mode, pads, in_shape[2:])
+        return cls(in_shape, w_shape, (in_shape[0], w_shape[0]) + out_hw, stride, low, dilation, groups,
+                   bool(bias), int(itemsize), padding_mode)
 
     @property
     def C(self):
@@ -120,16 +124,13 @@ def halo_records(geom, grid_shape, coords, channels):
     P_H, P_W = grid_shape[2:]
     if P_H * P_W == 1:
         return [], []
-    owned, window = halo_geometry((P_H, P_W), geom.in_shape[2:], geom.out_shape[2:], geom.kernel, geom.stride,
-                                  geom.padding, geom.dilation)
-    me = coords[2] * P_W + coords[3]
-    others = [r for r in range(len(owned)) if r != me]
-    mine_to = [owned[me].intersect(window[r]) for r in others]  # my rows that rank r reads
-    theirs = [owned[r].intersect(window[me]) for r in others]  # rank r's rows that I read
-    pixels = lambda boxes: sum(b.shape[0] * b.shape[1] for b in boxes if b is not None)  # noqa: E731
+    _, _, pieces = halo_plan((P_H, P_W), geom.in_shape[2:], geom.out_shape[2:], geom.kernel, geom.stride,
+                             geom.padding, geom.dilation, geom.padding_mode)
+    sends, receives = exchanges(pieces, coords[2] * P_W + coords[3])  # my cells others read; theirs I read
+    pixels = lambda ps: sum(p.shape[0] * p.shape[1] for p in ps.values())  # noqa: E731
     per_pixel = local_blocks(geom, grid_shape, coords).n * channels * geom.itemsize
-    exchange = Call("halo", P_H * P_W, pixels(mine_to) * per_pixel, sum(b is not None for b in mine_to))
-    back = Call("halo", P_H * P_W, pixels(theirs) * per_pixel, sum(b is not None for b in theirs))
+    exchange = Call("halo", P_H * P_W, pixels(sends) * per_pixel, len(sends))
+    back = Call("halo", P_H * P_W, pixels(receives) * per_pixel, len(receives))
     return [exchange], [back]
 
 
@@ -175,7 +176,7 @@ class Algorithm:
         self.grid, self.geom, self.backend, self.xp = grid, geom, backend, backend.xp
         self.filter_groups = filter_groups
         self.halo = Halo(grid.sub_comm(("height", "width")), (grid.P_H, grid.P_W), geom.in_shape[2:],
-                         geom.out_shape[2:], geom.kernel, geom.stride, geom.padding, geom.dilation)
+                         geom.out_shape[2:], geom.kernel, geom.stride, geom.padding, geom.dilation, geom.padding_mode)
         self.peers = grid.weight_peers_comm
         self._local = dict(stride=geom.stride, padding=0, dilation=geom.dilation, groups=geom.groups)
 

@@ -37,14 +37,16 @@ class DistConv2d(Layer):
     "grouped" whatever was asked for: ``groups`` must be a multiple of ``P_c``, and each
     rank convolves its own groups with no channel collective (docs/grouped.md).
     ``padding`` is an int, an ``(h, w)`` pair, ``'valid'`` or ``'same'`` (torch's: with an
-    even dilated kernel the odd pad goes on the high side).  ``input_shape`` (global
+    even dilated kernel the odd pad goes on the high side); ``padding_mode`` zeros, reflect,
+    replicate or circular, as in torch (the halo exchange fills the padding from the ranks
+    that own the copied cells, docs/spatial.md).  ``input_shape`` (global
     ``N, C, H, W``) may be given now, or later by :meth:`bind`, :meth:`scatter_input`, or
     from the local shapes at the first :meth:`forward`.  Parameters start as PyTorch's default (uniform in
     ``+-1/sqrt(fan_in)``), drawn from ``seed`` identically on every rank.
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, *, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True, grid, algorithm="stationary-x", filter_groups=None, backend="auto",
+                 bias=True, padding_mode="zeros", grid, algorithm="stationary-x", filter_groups=None, backend="auto",
                  dtype=numpy.float32, input_shape=None, seed=0):
         if grid is None or not hasattr(grid, "P_c"):
             raise ValueError(f"grid: expected a refconv.ProcessGrid, got {grid!r}")
@@ -56,6 +58,7 @@ class DistConv2d(Layer):
         self.dilation = checks.pair(dilation, "dilation", minimum=1)
         checks.conv_padding(padding, kernel, self.stride, self.dilation)  # validates 'same' (stride 1) now
         self.padding = padding if isinstance(padding, str) else checks.pair(padding, "padding", minimum=0)
+        self.padding_mode = checks.one_of(padding_mode, "padding_mode", checks.PADDING_MODES)
         self.groups = checks.positive_int(groups, "groups")
         if in_channels % groups or out_channels % groups:
             raise ValueError(f"groups: {groups} must divide in_channels={in_channels} and out_channels={out_channels}")
@@ -118,7 +121,8 @@ class DistConv2d(Layer):
             raise ValueError(f"input_shape: expected C = in_channels = {self.in_channels}, got {shape}")
         g = self.grid
         geom = ConvGeometry.of(shape, self.w_shape, stride=self.stride, padding=self.padding, dilation=self.dilation,
-                               groups=self.groups, bias=self.has_bias, itemsize=self.dtype.itemsize)
+                               groups=self.groups, bias=self.has_bias, itemsize=self.dtype.itemsize,
+                               padding_mode=self.padding_mode)
         for name, length, parts in (("N", N, g.P_N), ("H", H, g.P_H), ("W", W, g.P_W),
                                     ("H'", geom.out_shape[2], g.P_H), ("W'", geom.out_shape[3], g.P_W)):
             if length < parts:
@@ -224,5 +228,5 @@ class DistConv2d(Layer):
 
     def __repr__(self):
         return (f"DistConv2d({self.in_channels}, {self.out_channels}, {self.w_shape[2:]}, stride={self.stride}, "
-                f"padding={self.padding!r}, dilation={self.dilation}, groups={self.groups}, "
+                f"padding={self.padding!r}, padding_mode={self.padding_mode!r}, dilation={self.dilation}, groups={self.groups}, "
                 f"algorithm={self.algorithm or self.requested_algorithm!r}, grid={self.grid.shape})")

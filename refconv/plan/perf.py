@@ -129,7 +129,8 @@ def feasible(layer, grid):
 
 def _conv_geometry(spec):
     return dict(stride=_pair(spec.get("stride", 1)), padding=spec.get("padding", 0),
-                dilation=_pair(spec.get("dilation", 1)), groups=spec.get("groups", 1))
+                dilation=_pair(spec.get("dilation", 1)), groups=spec.get("groups", 1),
+                padding_mode=spec.get("padding_mode", "zeros"))
 
 
 def conv_calls(layer, grid, algorithm, filter_groups):

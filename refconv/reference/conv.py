@@ -42,6 +42,7 @@ import threading
 import numpy
 
 from refconv import checks
+from refconv.reference import padding as padding_modes
 
 
 def _taps(offset, dilation, stride, padding, size, out):
@@ -188,10 +189,15 @@ def conv2d_columns_shape(x_shape, w_shape, *, stride=1, padding=0, dilation=1, g
     return (groups, Cg * Kh * Kw, x_shape[0] * Ho * Wo)
 
 
-def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, cols=None):
+def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, cols=None, padding_mode="zeros"):
     """``y = conv2d(x, w) + b``: ``(N, C, H, W), (F, C/g, Kh, Kw), (F,)`` -> ``(N, F, Ho, Wo)``.
-    ``cols``: this input's :func:`conv2d_columns`, if already computed."""
+    ``cols``: this input's :func:`conv2d_columns`, if already computed (of the padded input,
+    with a ``padding_mode`` other than zeros: see :mod:`refconv.reference.padding`)."""
     checks.forward_arrays(x, w, b)
+    if padding_mode != "zeros":  # torch.nn.Conv2d's way: pad explicitly, then no padding
+        pads = padding_modes.pads_of(x.shape, w.shape, stride, padding, dilation, padding_mode)
+        return conv2d_forward(padding_modes.pad(x, pads, padding_mode), w, b, stride=stride, dilation=dilation,
+                              groups=groups, cols=cols)
     geometry = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     stride, padding, dilation, groups, (Ho, Wo) = checks.conv_geometry(x.shape, w.shape, **geometry)
     N, C, H, W = x.shape
@@ -212,8 +218,14 @@ def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, c
     return y
 
 
-def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1):
+def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros"):
     """``dx`` from ``dy (N, F, Ho, Wo)`` and ``w (F, C/g, Kh, Kw)``: ``(N, C, H, W) = x_shape``."""
+    if padding_mode != "zeros":  # the gradient of the padded input, then the adjoint of the padding
+        pads = padding_modes.pads_of(checks.shape4(x_shape, "x_shape"), w.shape, stride, padding, dilation,
+                                     padding_mode)
+        padded = tuple(x_shape[:2]) + tuple(x_shape[2 + a] + sum(pads[a]) for a in range(2))
+        dx_padded = conv2d_backward_data(dy, w, padded, stride=stride, dilation=dilation, groups=groups)
+        return padding_modes.pad_adjoint(dx_padded, x_shape, pads, padding_mode)
     checks.array(dy, "dy", 4)
     checks.array(w, "w", 4)
     checks.same_dtype(dy=dy, w=w)
@@ -234,9 +246,16 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     return col2im(dcols, x_shape, stride, padding, dilation)
 
 
-def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, cols=None):
+def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, cols=None,
+                           padding_mode="zeros"):
     """``dw (F, C/g, Kh, Kw) = w_shape`` from ``x (N, C, H, W)`` and ``dy (N, F, Ho, Wo)``.
     ``cols``: this input's :func:`conv2d_columns`, if already computed (by the forward)."""
+    if padding_mode != "zeros":
+        checks.array(x, "x", 4)
+        pads = padding_modes.pads_of(x.shape, checks.shape4(w_shape, "w_shape"), stride, padding, dilation,
+                                     padding_mode)
+        return conv2d_backward_filter(padding_modes.pad(x, pads, padding_mode), dy, w_shape, stride=stride,
+                                      dilation=dilation, groups=groups, cols=cols)
     checks.array(x, "x", 4)
     checks.array(dy, "dy", 4)
     checks.same_dtype(x=x, dy=dy)

@@ -27,6 +27,7 @@ class ConvProblem:
     dilation: tuple = (1, 1)
     groups: int = 1
     dtype: str = "float64"
+    padding_mode: str = "zeros"  # or "reflect", "replicate", "circular"
 
     @property
     def x_shape(self):
@@ -53,8 +54,10 @@ class ConvProblem:
 
     @property
     def geometry(self):
-        """Keyword arguments for the conv functions."""
-        return dict(stride=self.stride, padding=self.padding, dilation=self.dilation, groups=self.groups)
+        """Keyword arguments for the conv functions; ``padding_mode`` only where it is not zeros (the
+        reference and DistConv2d take it, torch.nn.functional.conv2d and the kernels do not)."""
+        mode = {} if self.padding_mode == "zeros" else dict(padding_mode=self.padding_mode)
+        return dict(stride=self.stride, padding=self.padding, dilation=self.dilation, groups=self.groups, **mode)
 
     def arrays(self, seed=0):
         """Random ``(x, w, b, dy)`` of this problem's shapes and dtype."""
@@ -65,11 +68,12 @@ class ConvProblem:
 
 @st.composite
 def spatial_dim(draw, *, max_kernel=3, max_stride=2, max_padding=2, max_dilation=2, max_extra=4, min_out=1,
-                min_length=1, padding="ints"):
+                min_length=1, padding="ints", padding_mode="zeros"):
     """One spatial dim: ``(length, kernel, stride, padding, dilation)`` with output >= ``min_out``
     and length >= ``min_length`` (so that a split over that many ranks leaves no block empty).
     ``padding="same"`` draws stride 1 (the output is as long as the input), ``"valid"`` no
-    padding; both return padding 0 for the caller to replace by the string."""
+    padding; both return padding 0 for the caller to replace by the string.  The length also
+    fits ``padding_mode`` as torch requires (reflect: longer than a pad; circular: no shorter)."""
     k = draw(st.integers(1, max_kernel))
     s = 1 if padding == "same" else draw(st.integers(1, max_stride))
     p = draw(st.integers(0, max_padding)) if padding == "ints" else 0
@@ -79,6 +83,8 @@ def spatial_dim(draw, *, max_kernel=3, max_stride=2, max_padding=2, max_dilation
         shortest = max(min_length, min_out)
     else:
         shortest = max(min_length, span - 2 * p + s * (min_out - 1))
+    widest_pad = -(-(span - 1) // 2) if padding == "same" else p
+    shortest = max(shortest, {"reflect": widest_pad + 1, "circular": widest_pad}.get(padding_mode, 0))
     length = draw(st.integers(shortest, shortest + max_extra))
     return length, k, s, p, d
 
@@ -98,33 +104,39 @@ def conv_problems(
     min_channels=1,
     min_hw=(1, 1),
     padding_strings=False,
+    padding_modes=("zeros",),
 ):
     """Draw a :class:`ConvProblem`; channel counts are multiples of the drawn groups.
 
     ``min_batch``, ``min_channels`` and ``min_hw`` (for input and output alike) let a
     caller ask for sizes that split over a grid without empty blocks.
-    ``padding_strings=True`` also draws ``padding='same'`` and ``'valid'``.  ``groups``: True
+    ``padding_strings=True`` also draws ``padding='same'`` and ``'valid'``; ``padding_modes``
+    lists the ``padding_mode`` values to draw from.  ``groups``: True
     (1 or 2), False (1), or a tuple of the group counts to draw from; a group may have one
     input channel (depthwise).
     """
     kind = draw(st.sampled_from(("ints", "same", "valid"))) if padding_strings else "ints"
+    mode = draw(st.sampled_from(tuple(padding_modes)))
     g = draw(st.sampled_from((1, 2) if groups is True else tuple(groups) if groups else (1,)))
     C = g * draw(st.integers(max(1, -(-min_channels // g)), max(1, max_channels // g)))
     F = g * draw(st.integers(max(1, -(-min_channels // g)), max(1, max_channels // g)))
     H, Kh, sh, ph, dh = draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra,
-                                         min_out=max(min_out, min_hw[0]), min_length=min_hw[0], padding=kind))
+                                         min_out=max(min_out, min_hw[0]), min_length=min_hw[0], padding=kind,
+                                         padding_mode=mode))
     W, Kw, sw, pw, dw = draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra,
-                                         min_out=max(min_out, min_hw[1]), min_length=min_hw[1], padding=kind))
+                                         min_out=max(min_out, min_hw[1]), min_length=min_hw[1], padding=kind,
+                                         padding_mode=mode))
     return ConvProblem(
         N=draw(st.integers(min_batch, max(min_batch, max_batch))), C=C, F=F, H=H, W=W, Kh=Kh, Kw=Kw,
         stride=(sh, sw), padding=(ph, pw) if kind == "ints" else kind, dilation=(dh, dw), groups=g,
-        dtype=draw(st.sampled_from(dtypes)),
+        dtype=draw(st.sampled_from(dtypes)), padding_mode=mode,
     )
 
 
 # ------------------------------------------------------------------ grids and distributed cases
 
 AXES = ("sample", "channel", "height", "width")
+PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 ALGORITHMS = ("stationary-x", "stationary-y", "stationary-w")
 
 
@@ -165,12 +177,14 @@ class DistConvCase:
         """Keyword arguments of :class:`refconv.DistConv2d` for this case (without ``grid``)."""
         p = self.problem
         return dict(stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.groups,
+                    padding_mode=p.padding_mode,
                     algorithm=self.algorithm, filter_groups=self.filter_groups, dtype=p.dtype)
 
 
 @st.composite
 def dist_conv_cases(draw, world_size, *, algorithms=ALGORITHMS, axes=AXES, dtypes=("float64",),
-                    max_channels=5, max_extra=3, grid_shape=None, padding_strings=True, grouped_channel_split=False):
+                    max_channels=5, max_extra=3, grid_shape=None, padding_strings=True, grouped_channel_split=False,
+                    padding_modes=PADDING_MODES):
     """Draw a :class:`DistConvCase` for ``world_size`` ranks.
 
     Sizes are at least the number of ranks along their axis, so no block is empty,
@@ -186,6 +200,7 @@ def dist_conv_cases(draw, world_size, *, algorithms=ALGORITHMS, axes=AXES, dtype
     filter_groups = draw(st.sampled_from(_divisors(P_c))) if algorithm == "stationary-w" else None
     problem = draw(conv_problems(
         max_batch=P_N + 1, min_batch=P_N, max_channels=max(max_channels, P_c + 1), min_channels=P_c,
-        groups=P_c == 1 or ((1, P_c, 2 * P_c) if grouped_channel_split else False), dtypes=dtypes, min_hw=(P_H, P_W), max_extra=max_extra, padding_strings=padding_strings,
+        groups=P_c == 1 or ((1, P_c, 2 * P_c) if grouped_channel_split else False), dtypes=dtypes,
+        padding_modes=padding_modes, min_hw=(P_H, P_W), max_extra=max_extra, padding_strings=padding_strings,
     ))
     return DistConvCase(problem, shape, algorithm, filter_groups)

@@ -34,7 +34,7 @@ def test_predicted_calls_equal_measured_calls(data):
     predicted = [(c.kind, c.comm_size, c.bytes) for c in layer_records(
         case.algorithm, p.x_shape, p.F, (p.Kh, p.Kw), stride=p.stride, padding=p.padding, dilation=p.dilation,
         groups=p.groups, grid_shape=case.grid_shape, coords=grid.coords, filter_groups=case.filter_groups,
-        itemsize=numpy.dtype(p.dtype).itemsize)]
+        itemsize=numpy.dtype(p.dtype).itemsize, padding_mode=p.padding_mode)]
     own = [(c.kind, c.comm_size, c.bytes) for c in layer.records()]
     assert_all_ranks(comm, measured == predicted == own,
                      f"{case}\nmeasured  {measured}\npredicted {predicted}\nlayer     {own}")

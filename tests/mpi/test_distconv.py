@@ -103,6 +103,26 @@ def test_halo_reaching_past_the_nearest_neighbour():
     grid.free()
 
 
+@mpi_test(sizes=(4,), timeout=60)
+def test_padding_modes_fill_from_the_ranks_that_own_the_copies():
+    """Every padding_mode on uneven row blocks (3, 2, 2, 2) and on a 2 x 2 grid, with 3 rows of
+    'same' padding: rank 0 reflects rows its neighbour owns (a halo wider than its block), and
+    circular padding makes the first and last ranks along an axis exchange rows."""
+    for mode in ("zeros", "reflect", "replicate", "circular"):
+        for shape in ((1, 1, 4, 1), (1, 1, 2, 2), (1, 2, 2, 1)):
+            problem = ConvProblem(N=2, C=2, F=4, H=9, W=5, Kh=3, Kw=2, padding="same", dilation=(3, 2),
+                                  padding_mode=mode)
+            grid = ProcessGrid(comm, **dict(zip(("sample", "channel", "height", "width"), shape)))
+            layer = DistConv2d(2, 4, (3, 2), padding="same", dilation=(3, 2), padding_mode=mode, grid=grid,
+                               backend="numpy", dtype=numpy.float64)
+            check_layer(layer, problem)
+            if shape == (1, 1, 4, 1):
+                readers_of_last = {r for (s, r) in layer._algo.halo.pieces if s == 3 and r != 3}
+                expected = {0, 1, 2} if mode == "circular" else {1, 2}  # rank 0 wraps round to rows 6-8
+                assert_all_ranks(comm, readers_of_last == expected, f"{mode}: rank 3 read by {readers_of_last}")
+            grid.free()
+
+
 def _equivalent(case_a, case_b):
     """Same results and the same communication, kind by kind."""
     results, records = [], []
@@ -127,6 +147,17 @@ def test_w_with_one_filter_group_is_x_and_with_P_c_is_y(data):
     W = dict(case.__dict__, algorithm="stationary-w")
     _equivalent(case, type(case)(**dict(W, filter_groups=1)))
     _equivalent(type(case)(**dict(case.__dict__, algorithm="stationary-y")), type(case)(**dict(W, filter_groups=P_c)))
+
+
+@mpi_test(sizes=(8,), timeout=180)
+@settings(max_examples=8)
+@given(st.data())
+def test_drawn_at_eight_ranks(data):
+    """Drawn problems on 8 ranks: padding strings and modes, grouped and depthwise layers."""
+    case = data.draw(dist_conv_cases(comm.size, grouped_channel_split=True, max_extra=2))
+    layer = build(case)
+    check_layer(layer, case.problem)
+    layer.grid.free()
 
 
 @mpi_test(sizes=(1, 2, 4), timeout=60)
