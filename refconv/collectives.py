@@ -666,6 +666,12 @@ def barrier(comm):
         comm.Barrier()
 
 
+def split(comm, color, key):
+    """``comm.Split(color, key)`` under the deadline (collective; not recorded)."""
+    with _watchdog("split", comm, {"color": color, "key": key}):
+        return comm.Split(color, key)
+
+
 # -- the job's layout (refconv.device, refconv info; not recorded) ----------------------
 def node_comm(comm):
     """The ranks of ``comm`` that share this rank's node (a shared-memory split);

@@ -33,6 +33,8 @@ import operator
 
 from mpi4py import MPI
 
+from refconv import collectives
+
 AXES = ("sample", "channel", "height", "width")
 
 
@@ -111,7 +113,7 @@ class ProcessGrid:
     # -- sub-communicators ---------------------------------------------------------
     def _split(self, key, color, order):
         if key not in self._cache:
-            sub = self.comm.Split(color, order)
+            sub = collectives.split(self.comm, color, order)
             # named for the collective watchdog's timeout line: "channel", "sample+height+width", ...
             sub.Set_name("+".join(key[1]) if key[0] == "sub" else f"stationary-w comm_{key[0][2:]} (p_f={key[1]})")
             self._cache[key] = sub

@@ -73,7 +73,7 @@ TRAINING_CASES = [Case("1:allreduce:kill:3", default=True),
                   Case("1:halo:stop:3", grid=HEIGHT, default=True)]
 # (point, n): the n-th visit; "collective" counts every MPI call, so its 30th is mid-step
 POINTS = (("startup", 1), ("collective", 30), ("allreduce", 5), ("allgather", 3), ("reduce_scatter", 3),
-          ("alltoallv", 3), ("halo", 5))
+          ("alltoallv", 3), ("halo", 5), ("split", 4))    # the 4th split: the grid's first sub-communicator
 TRAINING_CASES += [Case(f"1:{point}:{action}:{n}", grid=HEIGHT if point == "halo" else CHANNEL)
                    for action in ("kill", "stop", "raise") for point, n in POINTS
                    if (point, action) not in (("startup", "stop"), ("halo", "stop"))]
