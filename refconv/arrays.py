@@ -48,6 +48,24 @@ def device_module():
     return numpy if cp is None else cp
 
 
+def as_array(x, name="x"):
+    """``x`` as a NumPy or CuPy array, sharing its memory where it can (zero-copy): NumPy and
+    CuPy arrays as they are; another object with ``__cuda_array_interface__``, or a ``__dlpack__``
+    on a CUDA device, through CuPy; one with a CPU ``__dlpack__`` (a CPU torch tensor, a JAX
+    array) through ``numpy.from_dlpack``; anything else through ``numpy.asarray``."""
+    cp = _cupy()
+    if isinstance(x, numpy.ndarray) or (cp is not None and isinstance(x, cp.ndarray)):
+        return x
+    on_cpu = hasattr(x, "__dlpack__") and x.__dlpack_device__()[0] == 1  # DLPack's kDLCPU
+    if on_cpu:
+        return numpy.from_dlpack(x)
+    if hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__"):
+        if cp is None:
+            raise ValueError(f"{name}: got a device array but no usable GPU/CuPy is present")
+        return cp.asarray(x) if hasattr(x, "__cuda_array_interface__") else cp.from_dlpack(x)
+    return numpy.asarray(x)
+
+
 def to_host(x):
     """A NumPy copy (or the array itself) of a host or device array."""
     if is_device_array(x):

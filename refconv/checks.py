@@ -85,6 +85,9 @@ def same_dtype(**arrays):
 
 def forward_arrays(x, w, b):
     """The arrays of a convolution forward: 4-D ``x`` and ``w``, an ``(F,)`` bias, one dtype."""
+    if getattr(x, "ndim", None) == 3:
+        raise ValueError(f"x: expected 4 dimensions (N, C, H, W), got shape {tuple(x.shape)}: an unbatched "
+                         f"(C, H, W) input, which torch also takes, is not supported; pass x[None]")
     array(x, "x", 4)
     array(w, "w", 4)
     if b is not None:
@@ -100,6 +103,9 @@ def shape4(shape, name):
         shape = tuple(int(s) for s in shape)
     except TypeError:
         raise ValueError(f"{name}: expected a 4-tuple of ints, got {shape!r}") from None
+    if len(shape) == 4 and min(shape) == 0:
+        raise ValueError(f"{name}: expected 4 positive sizes, got {shape}: torch returns an empty result for an "
+                         f"empty batch or image, refconv does not run empty tensors; skip the call when a size is 0")
     if len(shape) != 4 or min(shape) < 1:
         raise ValueError(f"{name}: expected 4 positive sizes, got {shape}")
     return shape

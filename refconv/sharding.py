@@ -11,6 +11,11 @@ function            collective                      result
 ``redistribute``    Alltoallv (the "shuffle")       this rank's block under dst_dist
 ==================  ==============================  =================================
 
+``scatter``, ``gather`` and ``allgather`` take any array that speaks DLPack or
+``__cuda_array_interface__`` (a torch tensor, a JAX array; zero-copy where it can,
+:func:`refconv.arrays.as_array`) and return NumPy or CuPy arrays, which speak DLPack
+too: ``torch.from_dlpack(refconv.gather(...))`` shares their memory.
+
 Replicated data is sent once: each global element has exactly one *owner*, the
 rank that holds it with coordinate 0 on every grid axis the distribution does
 not use, and, on each axis it does use, the lowest coordinate holding that
@@ -22,7 +27,7 @@ import itertools
 import numpy
 
 from refconv import collectives
-from refconv.arrays import array_module
+from refconv.arrays import array_module, as_array
 from refconv.distribution import block_range
 
 
@@ -131,8 +136,13 @@ def scatter(global_array, dist, grid, root=0):
     _check(None, dist, grid)
     error = None
     if grid.rank == root:
+        try:
+            global_array = None if global_array is None else as_array(global_array, "global_array")
+        except (TypeError, RuntimeError, BufferError) as exc:  # e.g. a torch tensor that requires grad
+            error = (f"global_array: cannot be read as an array ({exc}); pass a NumPy or CuPy array, or "
+                     f"a tensor that speaks DLPack (for torch, tensor.detach())")
         shape = getattr(global_array, "shape", None)
-        if shape is None or tuple(shape) != tuple(dist.global_shape):
+        if error is None and (shape is None or tuple(shape) != tuple(dist.global_shape)):
             error = (f"global_array: expected an array of shape {tuple(dist.global_shape)} on root rank {root}, "
                      f"got {'None' if global_array is None else shape if shape is not None else type(global_array).__name__}")
     error = collectives.bcast_object(grid.comm, error, root=root)
@@ -146,6 +156,7 @@ def scatter(global_array, dist, grid, root=0):
 
 def gather(local, dist, grid, root=0):
     """Every rank's block -> the global array on root; None on the other ranks."""
+    local = as_array(local, "local")
     _check(local, dist, grid)
     xp = array_module(local)
     boxes = [owned_boxes(dist, r) for r in range(grid.size)]
@@ -161,6 +172,7 @@ def gather(local, dist, grid, root=0):
 
 def allgather(local, dist, grid):
     """Every rank's block -> the global array on every rank (one Allgatherv)."""
+    local = as_array(local, "local")
     _check(local, dist, grid)
     xp = array_module(local)
     boxes = [owned_boxes(dist, r) for r in range(grid.size)]

@@ -169,6 +169,11 @@ def test_errors_are_raised_on_every_rank_at_construction():
         (dict(algorithm="stationary-w", filter_groups=3 * comm.size), "filter_groups: expected a divisor"),
         (dict(stride=0), "stride: expected positive"),
         (dict(input_shape=(1, 2 * comm.size + 1, 5, 5)), "input_shape: expected C = in_channels"),
+        (dict(input_shape=(0, 2 * comm.size, 5, 5)), "refconv does not run empty tensors; skip the call"),
+        (dict(padding="same", stride=2), "padding='same' is not supported for strided convolutions"),
+        (dict(padding=5, padding_mode="reflect", input_shape=(1, 2 * comm.size, 5, 5)),
+         "padding_mode='reflect' needs pads shorter than the input"),
+        (dict(padding_mode="mirror"), "padding_mode: expected one of"),
     ]:
         try:
             DistConv2d(comm.size * 2, comm.size * 2, 3, grid=grid, backend="numpy", **kwargs)
