@@ -17,20 +17,22 @@ Every algorithm is a class (a subclass of :class:`base.Algorithm`) with
 line here (or :func:`register` from outside the package, as the worked example in
 docs/testing.md does).  ``"sample-spatial"`` runs every layer whose grid has no
 channel split (``P_c = 1``), whatever algorithm was asked for, and ``"grouped"``
-every grouped layer (``groups > 1``) on a channel split, whose ranks then hold
-whole groups and need no channel collective (docs/grouped.md).
+every grouped layer (``groups > 1``) on a channel split whose ranks hold whole
+groups (no channel collective); ``"grouped-x"`` and ``"grouped-y"`` run X and Y
+within each group's ranks where a group spans several (docs/grouped.md).
 """
 
 from refconv.algorithms.base import ALPHA, BETA, Algorithm, Call, ConvGeometry
-from refconv.algorithms.grouped import GroupedChannels
+from refconv.algorithms.grouped import GroupedChannels, GroupSpanX, GroupSpanY, grouped_class, grouped_classes
 from refconv.algorithms.spatial import SampleSpatial
 from refconv.algorithms.stationary_w import StationaryW
 from refconv.algorithms.stationary_x import StationaryX
 from refconv.algorithms.stationary_y import StationaryY
 
-REGISTRY = {cls.name: cls for cls in (SampleSpatial, StationaryX, StationaryY, StationaryW, GroupedChannels)}
+REGISTRY = {cls.name: cls for cls in (SampleSpatial, StationaryX, StationaryY, StationaryW, GroupedChannels,
+                                      GroupSpanX, GroupSpanY)}
 NO_CHANNEL_SPLIT = SampleSpatial.name
-GROUPED = GroupedChannels.name  # chosen, never asked for: like NO_CHANNEL_SPLIT
+CHOSEN_ONLY = (NO_CHANNEL_SPLIT, GroupedChannels.name, GroupSpanX.name, GroupSpanY.name)  # run, never asked for
 
 
 def register(cls):
@@ -43,28 +45,27 @@ def register(cls):
 
 def channel_algorithms():
     """The names a layer with a channel split may ask for."""
-    return tuple(name for name in REGISTRY if name not in (NO_CHANNEL_SPLIT, GROUPED))
+    return tuple(name for name in REGISTRY if name not in CHOSEN_ONLY)
 
 
-def resolve(name, P_c, filter_groups=None, groups=1):
+def resolve(name, P_c, filter_groups=None, groups=1, channels=None):
     """``(cls, filter_groups)``: the class that runs ``name`` on a channel group of ``P_c``
-    ranks for a layer of ``groups`` groups, and the ``p_f`` it runs with (validated by the
-    algorithm asked for; None where the layer runs sample-spatial or grouped)."""
-    chosen_not_asked = {NO_CHANNEL_SPLIT: P_c == 1, GROUPED: P_c > 1 and groups > 1}  # where they may be named
-    if name not in channel_algorithms() and not chosen_not_asked.get(name):
+    ranks for a layer of ``groups`` groups and ``channels = (C, F)``, and the ``p_f`` it
+    runs with (validated by the algorithm asked for; None for sample-spatial and grouped,
+    ``groups`` for a group spanning ranks: :mod:`.grouped`)."""
+    if name not in channel_algorithms() and not (name == NO_CHANNEL_SPLIT and P_c == 1):
         raise ValueError(f"algorithm: expected one of {channel_algorithms() + ('auto',)}, got {name!r}")
     filter_groups = REGISTRY[name].resolve_filter_groups(P_c, filter_groups)
     if P_c == 1:
         return REGISTRY[NO_CHANNEL_SPLIT], filter_groups
     if groups > 1:
-        GroupedChannels.check(P_c, groups)
-        return GroupedChannels, None
+        return grouped_class(name, P_c, groups, channels)
     return REGISTRY[name], filter_groups
 
 
 def records(name, geom, grid_shape, coords=(0, 0, 0, 0), filter_groups=None):
     """The calls of one forward and backward of algorithm ``name`` (see the module docstring)."""
-    cls, filter_groups = resolve(name, grid_shape[1], filter_groups, geom.groups)
+    cls, filter_groups = resolve(name, grid_shape[1], filter_groups, geom.groups, (geom.C, geom.F))
     return cls.records(geom, tuple(grid_shape), tuple(coords), filter_groups)
 
 
@@ -89,16 +90,16 @@ def choose(geom, grid_shape, *, alpha=ALPHA, beta=BETA):
     everywhere).  :mod:`refconv.cost_model` documents the model.
     """
     table = {}
-    if geom.groups > 1 and grid_shape[1] > 1:  # the one way to run it (resolve says which)
-        calls = records(GROUPED, geom, grid_shape)
-        table[(GROUPED, None)] = sum(c.seconds(alpha, beta) for c in calls)
-        return GROUPED, None, table
-    for algorithm, p_f in candidates(grid_shape[1]):
+    if geom.groups > 1 and grid_shape[1] > 1:  # the ways to run a grouped layer (grouped.py)
+        for cls, p_f in grouped_classes(grid_shape[1], geom.groups, (geom.C, geom.F)):
+            calls = cls.records(geom, tuple(grid_shape), (0, 0, 0, 0), p_f)
+            table[(cls.name, p_f)] = sum(c.seconds(alpha, beta) for c in calls)
+    for algorithm, p_f in candidates(grid_shape[1]) if not table else ():
         calls = records(algorithm, geom, grid_shape, (0, 0, 0, 0), p_f)
         table[(algorithm, p_f)] = sum(c.seconds(alpha, beta) for c in calls)
     (algorithm, p_f), _ = min(table.items(), key=lambda item: item[1])
     return algorithm, p_f, table
 
 
-__all__ = ["Algorithm", "Call", "ConvGeometry", "REGISTRY", "GROUPED", "register", "channel_algorithms", "resolve", "records",
+__all__ = ["Algorithm", "Call", "ConvGeometry", "REGISTRY", "CHOSEN_ONLY", "register", "channel_algorithms", "resolve", "records",
            "candidates", "choose", "ALPHA", "BETA"]

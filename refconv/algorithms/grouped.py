@@ -1,4 +1,5 @@
-"""Grouped convolution on a channel split whose blocks hold whole groups (docs/grouped.md).
+"""Grouped convolution on a channel split (docs/grouped.md): whole groups per rank, or a group
+on several ranks.
 
 =========  =======================================  ====================================
 tensor     on channel-group rank i                  moved by
@@ -19,13 +20,36 @@ reads only its own input channels, so every rank convolves its own groups and
 allreduce), on ``groups/P_c`` groups.  The segmented allreduce moves this rank's
 ``F/P_c x C/groups x Kh x Kw`` shard.
 
-A layer whose groups are not a multiple of ``P_c`` (a group spanning ranks, or
-blocks that would have to follow group boundaries unevenly) is refused by
-:meth:`GroupedChannels.check` with a ValueError that says what to do instead.
+**A group spanning ranks** (``groups < P_c``, with ``P_c`` a multiple of
+``groups`` and ``C``, ``F`` multiples of ``P_c``, so that every group's channels
+are ``q = P_c/groups`` whole blocks): each group is a dense ``C/groups ->
+F/groups`` convolution on its own ``q`` ranks, the ranks ``(g, .)`` of
+Stationary-W's factorisation ``P_c = groups x q`` (rank ``i = g q + j``).
+:class:`GroupSpanX` runs Stationary-X there and :class:`GroupSpanY`
+Stationary-Y (``"stationary-x"``/``"stationary-y"`` asked for), their collectives
+on those ``q`` ranks moving only the group's channels:
+
+=========  ==========================================  ==========================================
+tensor     rank (g, j), grouped-x                      grouped-y
+=========  ==========================================  ==========================================
+x, dx      ``x[:, C_i]``                               ``x[:, C_i]``; allgather over (g, .) ->
+                                                       the group's ``C/groups`` channels
+w, dw      ``w[F_g, C_i - g C/groups]`` (the group's   ``w[F_i, :]`` (F_i x C/groups)
+           filters, this rank's channels of it)
+y, dy      reduce-scatter over (g, .) of the partial   ``y[:, F_i]``, local
+           ``y[:, F_g]`` -> ``y[:, F_i]``
+=========  ==========================================  ==========================================
+
+:func:`grouped_class` picks the class for a layer, or raises a ValueError that says
+what to do instead (uneven blocks that would have to follow group boundaries,
+and Stationary-W within a group, are not done).
 """
 
-from refconv.algorithms.base import gradient_records, halo_records, local_blocks
+from refconv.algorithms.base import Call, gradient_records, halo_records, local_blocks
 from refconv.algorithms.spatial import SampleSpatial
+from refconv.algorithms.stationary_x import StationaryX
+from refconv.algorithms.stationary_y import StationaryY
+from refconv.distribution import Split
 
 
 class GroupedChannels(SampleSpatial):
@@ -39,20 +63,97 @@ class GroupedChannels(SampleSpatial):
         self._local["groups"] = geom.groups // grid.P_c  # the groups in this rank's channel block
 
     @staticmethod
-    def check(P_c, groups):
-        """Raise ValueError unless ``groups`` (> 1) splits into whole groups per rank of ``P_c``."""
-        if groups % P_c:
-            divisors = [d for d in range(1, groups + 1) if groups % d == 0]
-            raise ValueError(
-                f"groups: a grouped convolution on a channel split needs groups a multiple of channel, so that "
-                f"every rank holds whole groups (got groups={groups}, channel={P_c}); use a grid with "
-                f"channel in {divisors}, or channel=1 for this layer (a model file's per-layer "
-                f"\"grid\": \"no-channel\")")
-
-    @staticmethod
     def records(geom, grid_shape, coords, filter_groups=None):
         """The calls of one forward and backward, in order, on the rank at ``coords``: no channel
         collective, only the halo of ``C_i`` channels and the segmented allreduce."""
         b = local_blocks(geom, grid_shape, coords)
         exchange, back = halo_records(geom, grid_shape, coords, b.C_i)
         return exchange + back + gradient_records(geom, grid_shape, coords, (b.F_i,) + geom.w_shape[1:])
+
+
+def _group_ranks(grid, groups):
+    """The ``q = P_c/groups`` ranks ``(g, .)`` that hold this rank's group, ordered by ``j``."""
+    return grid.stationary_w_comms(groups)[1]
+
+
+class GroupSpanX(StationaryX):
+    """Stationary-X within each group's ``q`` ranks (``filter_groups`` is ``groups``)."""
+
+    name = "grouped-x"
+
+    def __init__(self, grid, geom, backend, filter_groups):
+        super().__init__(grid, geom, backend, filter_groups)
+        q = grid.P_c // geom.groups
+        self.comm = _group_ranks(grid, geom.groups)  # the reduce-scatter and allgather of X, over (g, .)
+        self.f_counts = [geom.F // grid.P_c] * q  # |F_i| of the group's ranks
+        self._local["groups"] = 1  # this rank's channels all belong to one group
+
+    @classmethod
+    def weight_dims(cls, P_c, filter_groups):
+        q = P_c // filter_groups
+        return (Split.stationary_w_filters(P_c, filter_groups),  # F_g: the group's filters
+                Split("channel", q, [[c % q] for c in range(P_c)]), None, None)  # block j of C/groups
+
+    @staticmethod
+    def records(geom, grid_shape, coords, filter_groups):
+        b, q, Fg = local_blocks(geom, grid_shape, coords), grid_shape[1] // geom.groups, geom.F // geom.groups
+        exchange, back = halo_records(geom, grid_shape, coords, b.C_i)
+        y_group = b.n * Fg * b.ho * b.wo * geom.itemsize  # the partial y of the group, and the gathered dy
+        return (exchange + [Call("reduce_scatter", q, y_group), Call("allgather", q, y_group)] + back
+                + gradient_records(geom, grid_shape, coords, (Fg, b.C_i) + geom.kernel))
+
+
+class GroupSpanY(StationaryY):
+    """Stationary-Y within each group's ``q`` ranks (``filter_groups`` is ``groups``)."""
+
+    name = "grouped-y"
+    weight_layout = ("channel", None, None, None)  # w[F_i, :], all of the group's C/groups channels
+
+    def __init__(self, grid, geom, backend, filter_groups):
+        super().__init__(grid, geom, backend, filter_groups)
+        q = grid.P_c // geom.groups
+        self.comm = _group_ranks(grid, geom.groups)  # the allgather and reduce-scatter of Y, over (g, .)
+        self.c_counts = [geom.C // grid.P_c] * q  # |C_i| of the group's ranks
+        self._local["groups"] = 1
+
+    @classmethod
+    def weight_dims(cls, P_c, filter_groups):
+        return cls.weight_layout
+
+    @staticmethod
+    def records(geom, grid_shape, coords, filter_groups):
+        b, q, Cg = local_blocks(geom, grid_shape, coords), grid_shape[1] // geom.groups, geom.C // geom.groups
+        exchange, back = halo_records(geom, grid_shape, coords, Cg)
+        x_group = b.n * Cg * b.h * b.w * geom.itemsize  # the gathered x of the group, and the partial dx
+        return ([Call("allgather", q, x_group)] + exchange + back + [Call("reduce_scatter", q, x_group)]
+                + gradient_records(geom, grid_shape, coords, (b.F_i, Cg) + geom.kernel))
+
+
+SPANNING = {"stationary-x": GroupSpanX, "stationary-y": GroupSpanY}  # asked for -> runs
+
+
+def grouped_class(name, P_c, groups, channels):
+    """``(cls, filter_groups)`` that runs a grouped layer (``groups > 1``, ``channels = (C, F)``)
+    on a channel group of ``P_c > 1`` ranks when algorithm ``name`` was asked for; a
+    ValueError that says what would work where nothing does."""
+    if groups % P_c == 0:
+        return GroupedChannels, None
+    C, F = channels
+    if P_c % groups or C % P_c or F % P_c:
+        whole = [d for d in range(1, groups + 1) if groups % d == 0]
+        raise ValueError(
+            f"groups: a grouped convolution on a channel split needs every rank to hold whole groups "
+            f"(groups a multiple of channel) or every group to hold whole ranks (channel a multiple of groups, "
+            f"in_channels and out_channels multiples of channel); got groups={groups}, channel={P_c}, "
+            f"in_channels={C}, out_channels={F}; use a grid with channel in {whole}, or channel=1 for this "
+            f"layer (a model file's per-layer \"grid\": \"no-channel\")")
+    if name not in SPANNING:
+        raise ValueError(f"algorithm: each group spans {P_c // groups} ranks here (groups={groups}, channel={P_c}) "
+                         f"and {name!r} does not run within a group; use one of {tuple(SPANNING)} or 'auto'")
+    return SPANNING[name], groups
+
+
+def grouped_classes(P_c, groups, channels):
+    """The ``(cls, filter_groups)`` pairs that can run the layer (what ``"auto"`` prices)."""
+    return sorted({grouped_class(name, P_c, groups, channels) for name in SPANNING} if groups % P_c
+                  else {(GroupedChannels, None)}, key=lambda pair: pair[0].name)

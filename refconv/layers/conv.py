@@ -34,8 +34,9 @@ class DistConv2d(Layer):
     ``p_f`` with the least predicted communication (:mod:`refconv.cost_model`) when
     the layer is bound to an input shape; the estimates are kept in
     ``layer.cost_estimates``.  A grouped layer (``groups > 1``) on a channel split runs
-    "grouped" whatever was asked for: ``groups`` must be a multiple of ``P_c``, and each
-    rank convolves its own groups with no channel collective (docs/grouped.md).
+    "grouped" when ``groups`` is a multiple of ``P_c`` (each rank convolves its own groups,
+    no channel collective), or X or Y within each group's ranks when a group spans
+    several (docs/grouped.md).
     ``padding`` is an int, an ``(h, w)`` pair, ``'valid'`` or ``'same'`` (torch's: with an
     even dilated kernel the odd pad goes on the high side); ``padding_mode`` zeros, reflect,
     replicate or circular, as in torch (the halo exchange fills the padding from the ranks
@@ -72,11 +73,12 @@ class DistConv2d(Layer):
             if filter_groups is not None:
                 raise ValueError("filter_groups: algorithm='auto' chooses filter_groups itself; pass None")
             if P_c > 1 and groups > 1:
-                algorithms.GroupedChannels.check(P_c, groups)  # raised now, not when bound
+                algorithms.grouped_classes(P_c, groups, (in_channels, out_channels))  # raises now, not when bound
             self.algorithm = self.filter_groups = None  # chosen when the layer is bound
         else:
-            cls, self.filter_groups = algorithms.resolve(algorithm, P_c, filter_groups, groups)
-            self.algorithm = cls.name  # sample-spatial where P_c = 1, grouped where groups > 1
+            cls, self.filter_groups = algorithms.resolve(algorithm, P_c, filter_groups, groups,
+                                                         (in_channels, out_channels))
+            self.algorithm = cls.name  # sample-spatial where P_c = 1, grouped(-x, -y) where groups > 1
         self.w_shape = (self.out_channels, self.in_channels // self.groups) + kernel
         self.has_bias = bool(bias)
         self._bound = {}  # (H, W) -> algorithm object bound to that geometry

@@ -6,6 +6,7 @@ decomposition draw from the same strategies as refconv's own tests.
 """
 
 import dataclasses
+import math
 
 import numpy
 from hypothesis import strategies as st
@@ -105,21 +106,24 @@ def conv_problems(
     min_hw=(1, 1),
     padding_strings=False,
     padding_modes=("zeros",),
+    channel_multiple=1,
 ):
     """Draw a :class:`ConvProblem`; channel counts are multiples of the drawn groups.
 
     ``min_batch``, ``min_channels`` and ``min_hw`` (for input and output alike) let a
     caller ask for sizes that split over a grid without empty blocks.
     ``padding_strings=True`` also draws ``padding='same'`` and ``'valid'``; ``padding_modes``
-    lists the ``padding_mode`` values to draw from.  ``groups``: True
+    lists the ``padding_mode`` values to draw from; ``C`` and ``F`` are multiples of
+    ``channel_multiple`` (and of the groups).  ``groups``: True
     (1 or 2), False (1), or a tuple of the group counts to draw from; a group may have one
     input channel (depthwise).
     """
     kind = draw(st.sampled_from(("ints", "same", "valid"))) if padding_strings else "ints"
     mode = draw(st.sampled_from(tuple(padding_modes)))
     g = draw(st.sampled_from((1, 2) if groups is True else tuple(groups) if groups else (1,)))
-    C = g * draw(st.integers(max(1, -(-min_channels // g)), max(1, max_channels // g)))
-    F = g * draw(st.integers(max(1, -(-min_channels // g)), max(1, max_channels // g)))
+    unit = math.lcm(g, channel_multiple)  # C and F are multiples of it
+    C = unit * draw(st.integers(max(1, -(-min_channels // unit)), max(1, max_channels // unit)))
+    F = unit * draw(st.integers(max(1, -(-min_channels // unit)), max(1, max_channels // unit)))
     H, Kh, sh, ph, dh = draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra,
                                          min_out=max(min_out, min_hw[0]), min_length=min_hw[0], padding=kind,
                                          padding_mode=mode))
@@ -190,17 +194,23 @@ def dist_conv_cases(draw, world_size, *, algorithms=ALGORITHMS, axes=AXES, dtype
     Sizes are at least the number of ranks along their axis, so no block is empty,
     and uneven blocks arise whenever a size is not a multiple of its split.
     Grouped convolutions are drawn when channels are not split, and with
-    ``grouped_channel_split=True`` also when they are: then groups are a multiple of
-    ``P_c`` (the "grouped" algorithm runs them, whatever ``algorithm`` says), depthwise
-    ones among them.
+    ``grouped_channel_split=True`` also when they are: groups a multiple of ``P_c``
+    (the "grouped" algorithm runs them, whatever ``algorithm`` says; depthwise ones
+    among them), or, for X and Y, groups that span ranks (a divisor of ``P_c`` between
+    1 and ``P_c``, with ``C`` and ``F`` multiples of ``P_c``: "grouped-x", "grouped-y").
     """
     shape = grid_shape or draw(grid_shapes(world_size, axes=axes))
     P_N, P_c, P_H, P_W = shape
     algorithm = draw(st.sampled_from(algorithms))
     filter_groups = draw(st.sampled_from(_divisors(P_c))) if algorithm == "stationary-w" else None
+    spanning = [d for d in _divisors(P_c)[1:-1] if grouped_channel_split and algorithm != "stationary-w"]
+    if spanning and draw(st.booleans()):
+        groups, multiple = tuple(spanning), P_c
+    else:
+        groups, multiple = P_c == 1 or ((1, P_c, 2 * P_c) if grouped_channel_split else False), 1
     problem = draw(conv_problems(
         max_batch=P_N + 1, min_batch=P_N, max_channels=max(max_channels, P_c + 1), min_channels=P_c,
-        groups=P_c == 1 or ((1, P_c, 2 * P_c) if grouped_channel_split else False), dtypes=dtypes,
+        groups=groups, channel_multiple=multiple, dtypes=dtypes,
         padding_modes=padding_modes, min_hw=(P_H, P_W), max_extra=max_extra, padding_strings=padding_strings,
     ))
     return DistConvCase(problem, shape, algorithm, filter_groups)

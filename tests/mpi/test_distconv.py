@@ -186,7 +186,14 @@ def test_errors_are_raised_on_every_rank_at_construction():
             DistConv2d(2 * comm.size + 2, 2 * comm.size + 2, 3, groups=comm.size + 1, grid=grid, backend="numpy")
             messages.append("no error for groups not a multiple of P_c")
         except ValueError as exc:
-            if "groups: a grouped convolution on a channel split needs groups a multiple of channel" not in str(exc):
+            if "groups: a grouped convolution on a channel split needs every rank to hold whole groups" not in str(exc):
+                messages.append(str(exc))
+    if comm.size == 4:  # groups=2 spans 2 ranks each: X and Y run within a group, W does not
+        try:
+            DistConv2d(8, 8, 3, groups=2, grid=grid, backend="numpy", algorithm="stationary-w")
+            messages.append("no error for stationary-w on groups spanning ranks")
+        except ValueError as exc:
+            if "'stationary-w' does not run within a group; use one of ('stationary-x', 'stationary-y')" not in str(exc):
                 messages.append(str(exc))
     try:  # a channel block would be empty
         DistConv2d(comm.size - 1 or 1, 4, 3, grid=grid, backend="numpy")

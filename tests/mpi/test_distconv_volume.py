@@ -40,8 +40,18 @@ def expected_records(case):
     C_i, F_i = blk(p.C, P_c, c_), blk(p.F, P_c, c_)
     if P_c == 1:  # sample parallelism: replicated weights
         return sorted([("allreduce", peers, p.F * p.C // p.groups * KK * isz), ("allreduce", peers, p.F * isz)])
-    if p.groups > 1:  # whole groups per rank: no channel collective, the shard w[F_i] allreduced
-        return sorted([("allreduce", peers, F_i * p.C // p.groups * KK * isz), ("allreduce", peers, F_i * isz)])
+    Cg, Fg = p.C // p.groups, p.F // p.groups
+    if p.groups > 1 and p.groups % P_c == 0:  # whole groups per rank: no channel collective, w[F_i] allreduced
+        return sorted([("allreduce", peers, F_i * Cg * KK * isz), ("allreduce", peers, F_i * isz)])
+    if p.groups > 1:  # a group on q = P_c / groups ranks: X or Y among them, on the group's channels only
+        q = P_c // p.groups
+        if case.algorithm == "stationary-x":
+            m = n * Fg * Ho * Wo * isz
+            return sorted([("reduce_scatter", q, m), ("allgather", q, m), ("allreduce", peers, Fg * C_i * KK * isz),
+                           ("allreduce", peers, F_i * isz)])
+        m = n * Cg * p.H * p.W * isz
+        return sorted([("allgather", q, m), ("reduce_scatter", q, m), ("allreduce", peers, F_i * Cg * KK * isz),
+                       ("allreduce", peers, F_i * isz)])
     if case.algorithm == "stationary-x":
         m = n * p.F * Ho * Wo * isz
         return sorted([("reduce_scatter", P_c, m), ("allgather", P_c, m),
@@ -130,3 +140,16 @@ def test_aligned_depthwise_moves_no_activation_data():
         records = measured_records(DistConvCase(problem, (1, P_c, 1, 1), algorithm, p_f))
         expected = sorted([("allreduce", 1, 2 * 9 * 8), ("allreduce", 1, 2 * 8)])  # 2 filters of 1 x 3 x 3, float64
         assert_all_ranks(comm, records == expected, f"{algorithm}: {records}")
+
+
+@mpi_test(sizes=(4,), timeout=60)
+def test_groups_spanning_ranks_move_only_their_group():
+    """groups=2 on channel=4: each group on 2 ranks; X and Y move that group's channels among those
+    2 ranks (F/2 or C/2 channels, communicator of 2), as the formulas say."""
+    problem = ConvProblem(N=2, C=8, F=12, H=5, W=4, Kh=3, Kw=3, padding=(1, 1), groups=2)
+    for algorithm in ("stationary-x", "stationary-y"):
+        case = DistConvCase(problem, (1, 4, 1, 1), algorithm)
+        expected, measured = expected_records(case), measured_records(case)
+        sizes = {r[1] for r in measured if r[0] != "allreduce"}
+        assert_all_ranks(comm, expected == measured and sizes == {2}, f"{algorithm}\nexpected {expected}\n"
+                                                                      f"measured {measured}")
