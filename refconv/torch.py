@@ -22,13 +22,15 @@ model move between global and local tensors in one call each (see docs/torch.md)
 Tensors cross to refconv through DLPack without a copy: CPU tensors become NumPy
 arrays (backend ``"numpy"``), CUDA tensors CuPy arrays (backend ``"cuda"``); the
 results come back the same way.  Like every refconv layer, one forward is followed
-by its backward before the next forward.
+by its backward before the next forward (a backward after a later forward raises
+ValueError), and there is no second derivative.
 
 This module imports torch; ``import refconv`` never does.
 """
 
 import numpy
 import torch
+from torch.autograd.function import once_differentiable
 
 from refconv import checks
 from refconv.arrays import as_array
@@ -52,16 +54,22 @@ class _DistConv2dFunction(torch.autograd.Function):
     finishes the weight and bias gradients (all of the layer's communication is its algorithm's)."""
 
     @staticmethod
-    def forward(ctx, x_loc, weight, bias, layer):
+    def forward(ctx, x_loc, weight, bias, module):
         # x_loc: (n, C_i, h, w) for example; weight, bias: this rank's shards (torch Parameters)
+        layer = module.layer
         layer.weight = _array(weight)  # the layer reads the parameters torch's optimizer updates
         layer.bias = None if bias is None else _array(bias)
-        ctx.layer = layer
+        module.forwards += 1
+        ctx.module, ctx.forward = module, module.forwards
         return _tensor(layer.forward(_array(x_loc)))  # (n, F_i, h', w')
 
     @staticmethod
+    @once_differentiable  # a second derivative through refconv is refused by torch, with its message
     def backward(ctx, dy_loc):
-        layer = ctx.layer
+        module, layer = ctx.module, ctx.module.layer
+        if ctx.forward != module.forwards:  # the layer now holds a later forward's input
+            raise ValueError("refconv.torch.Conv2d: this module ran forward again before this backward; a refconv "
+                             "layer keeps one forward's state, so use one module per call in a graph")
         dx_loc = layer.backward(_array(dy_loc))  # also layer.weight_grad, layer.bias_grad
         return _tensor(dx_loc), _tensor(layer.weight_grad), _tensor(layer.bias_grad), None
 
@@ -96,11 +104,12 @@ class Conv2d(torch.nn.Module):
         if self.layer.algorithm is None:  # "auto": the layout is chosen when bound
             raise ValueError("algorithm: 'auto' needs input_shape=(N, C, H, W), so that the weight's layout "
                              "is known when the parameters are made")
+        self.forwards = 0  # forwards run: a backward must belong to the latest
         self.weight = torch.nn.Parameter(_tensor(self.layer.weight).clone())
         self.bias = torch.nn.Parameter(_tensor(self.layer.bias).clone()) if bias else None
 
     def forward(self, x_loc):
-        return _DistConv2dFunction.apply(x_loc, self.weight, self.bias, self.layer)
+        return _DistConv2dFunction.apply(x_loc, self.weight, self.bias, self)
 
     @torch.no_grad()
     def set_global_parameters(self, weight, bias=None):

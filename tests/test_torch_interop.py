@@ -58,6 +58,10 @@ def test_one_rank_module_is_a_torch_module():
     torch.testing.assert_close(x.grad, x_ref.grad)
     torch.testing.assert_close(module.weight.grad, reference.weight.grad)
     torch.testing.assert_close(module.bias.grad, reference.bias.grad)
+    y_first = module(x)
+    module(x).sum().backward()  # the second call's backward is fine
+    with pytest.raises(ValueError, match="ran forward again before this backward"):
+        y_first.sum().backward()
     with pytest.raises(ValueError, match="dtype: expected torch.float32 or torch.float64"):
         refconv.torch.Conv2d(3, 4, 3, grid=grid, dtype=torch.float16)
     grid.free()
