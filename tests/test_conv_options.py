@@ -9,11 +9,12 @@ from mpi4py import MPI
 from refconv import Model, checks, cost_model
 from refconv.halo import Halo
 from refconv.plan import graph
+from refconv import reference as ref
 from refconv.reference import padding
 from refconv.testing.strategies import PADDING_MODES, conv_problems
 
 SAME_EVEN = {"in_channels": 2, "layers": [
-    {"type": "conv", "out": 3, "kernel": [2, 4], "padding": "same", "dilation": [1, 2]},
+    {"type": "conv", "out": 3, "kernel": [2, 4], "padding": "same", "dilation": [1, 2], "padding_mode": "reflect"},
     {"type": "conv", "out": 3, "kernel": 3, "padding": "valid"},
     {"type": "gap"}, {"type": "linear", "out": 2}]}
 
@@ -23,6 +24,9 @@ def test_padding_strings_in_a_model_file_and_the_planner():
     x = numpy.random.default_rng(0).standard_normal((2, 2, 7, 6))
     first = model.layers[0]
     assert first.forward(x).shape == (2, 3, 7, 6)  # 'same': the output is as large as the input
+    assert first.padding_mode == "reflect"
+    numpy.testing.assert_allclose(first.forward(x), ref.conv2d_forward(x, first.weight, first.bias, padding="same",
+                                                                       dilation=(1, 2), padding_mode="reflect"))
     stages = graph.bind(SAME_EVEN, x.shape)
     assert [s.main.out_shape for s in stages[:2]] == [(2, 3, 7, 6), (2, 3, 5, 4)]
 
