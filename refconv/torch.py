@@ -49,6 +49,13 @@ def _tensor(array):
     return None if array is None else torch.from_dlpack(array)
 
 
+def _host(value):
+    """A tensor or array (or None) as a NumPy array, for parameters given globally."""
+    if torch.is_tensor(value):
+        return value.detach().cpu().numpy()
+    return None if value is None else numpy.asarray(value)
+
+
 class _DistConv2dFunction(torch.autograd.Function):
     """forward: ``layer.forward`` of this rank's block · backward: ``layer.backward``, which also
     finishes the weight and bias gradients (all of the layer's communication is its algorithm's)."""
@@ -116,8 +123,7 @@ class Conv2d(torch.nn.Module):
         """Give this rank its shards of the global ``weight (F, C/groups, Kh, Kw)`` and ``bias (F,)``
         (tensors or arrays, the same on every rank), e.g. ``conv.weight, conv.bias`` of a
         torch.nn.Conv2d."""
-        host = lambda t: None if t is None else numpy.asarray(t.detach().cpu() if torch.is_tensor(t) else t)  # noqa: E731
-        self.layer.set_global_parameters(host(weight), host(bias))
+        self.layer.set_global_parameters(_host(weight), _host(bias))
         self.weight.copy_(_tensor(self.layer.weight))
         if self.bias is not None:
             self.bias.copy_(_tensor(self.layer.bias))

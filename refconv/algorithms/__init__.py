@@ -101,5 +101,5 @@ def choose(geom, grid_shape, *, alpha=ALPHA, beta=BETA):
     return algorithm, p_f, table
 
 
-__all__ = ["Algorithm", "Call", "ConvGeometry", "REGISTRY", "CHOSEN_ONLY", "register", "channel_algorithms", "resolve", "records",
-           "candidates", "choose", "ALPHA", "BETA"]
+__all__ = ["Algorithm", "Call", "ConvGeometry", "REGISTRY", "CHOSEN_ONLY", "register", "channel_algorithms", "resolve",
+           "records", "candidates", "choose", "grouped_class", "ALPHA", "BETA"]
