@@ -133,13 +133,25 @@ def _as_slice(idx):
     return slice(start, start + len(idx)) if numpy.array_equal(idx, numpy.arange(start, start + len(idx))) else idx
 
 
-def _axis_piece(source, lo, hi):
-    """``(positions, rows)``: the window positions whose source row is in the block ``[lo, hi)``,
-    and those rows counted from ``lo``; None where there are none."""
-    positions = numpy.flatnonzero((source >= lo) & (source < hi))
-    if len(positions) == 0:
-        return None
-    return _as_slice(positions), _as_slice(source[positions] - lo), len(positions)
+def _axis_pieces(lo, hi, size, parts, mode):
+    """Along one axis of ``size`` rows split ``parts`` ways, for the window rows ``[lo, hi)``: per
+    block ``k``, ``(positions, rows, count)``, the window positions that hold rows of block ``k``
+    and those rows counted from the block's first; None where there are none."""
+    pieces = []
+    if mode == "zeros":  # the window's rows inside the image, in order: intersect the intervals
+        for k in range(parts):
+            a, b = block_range(size, parts, k)
+            start, stop = max(lo, a), min(hi, b)
+            pieces.append((slice(start - lo, stop - lo), slice(start - a, stop - a), stop - start)
+                          if start < stop else None)
+        return pieces
+    source = source_index(lo, hi, size, mode)
+    for k in range(parts):
+        a, b = block_range(size, parts, k)
+        positions = numpy.flatnonzero((source >= a) & (source < b))
+        pieces.append((_as_slice(positions), _as_slice(source[positions] - a), len(positions))
+                      if len(positions) else None)
+    return pieces
 
 
 def halo_plan(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation, padding_mode="zeros"):
@@ -152,14 +164,15 @@ def halo_plan(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation, padding
     their own rows, or a neighbour's where the padding is wider than their block; circular
     padding makes the first and last ranks along an axis neighbours."""
     owned, window = halo_geometry(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation)
+    P_H, P_W = grid_hw
     pieces = {}
-    for reader, win in enumerate(window):
-        source_h = source_index(win.h0, win.h1, in_hw[0], padding_mode)
-        source_w = source_index(win.w0, win.w1, in_hw[1], padding_mode)
-        for owner, own in enumerate(owned):
-            rows, cols = _axis_piece(source_h, own.h0, own.h1), _axis_piece(source_w, own.w0, own.w1)
-            if rows and cols:
-                pieces[(owner, reader)] = Piece(rows[0], cols[0], rows[1], cols[1], (rows[2], cols[2]))
+    for reader, win in enumerate(window):  # a piece is rows of one block by columns of another
+        rows = _axis_pieces(win.h0, win.h1, in_hw[0], P_H, padding_mode)
+        cols = _axis_pieces(win.w0, win.w1, in_hw[1], P_W, padding_mode)
+        for h, row in enumerate(rows):
+            for w, col in enumerate(cols):
+                if row and col:
+                    pieces[(h * P_W + w, reader)] = Piece(row[0], col[0], row[1], col[1], (row[2], col[2]))
     return owned, window, pieces
 
 
