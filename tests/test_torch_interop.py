@@ -64,6 +64,10 @@ def test_one_rank_module_is_a_torch_module():
         y_first.sum().backward()
     with pytest.raises(ValueError, match="dtype: expected torch.float32 or torch.float64"):
         refconv.torch.Conv2d(3, 4, 3, grid=grid, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"algorithm: 'auto' needs input_shape=\(N, C, H, W\)"):
+        refconv.torch.Conv2d(3, 4, 3, grid=grid, algorithm="auto")
+    auto = refconv.torch.Conv2d(3, 4, 3, grid=grid, algorithm="auto", input_shape=(2, 3, 5, 5))
+    assert auto.layer.algorithm == "sample-spatial" and auto.weight.shape == (4, 3, 3, 3)
     grid.free()
 
 

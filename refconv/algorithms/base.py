@@ -3,7 +3,7 @@ call, the local convolution of a rank's halo-extended window, and the one
 communication step every algorithm ends with, the segmented allreduce.
 
 Each algorithm module (:mod:`.spatial`, :mod:`.stationary_x`,
-:mod:`.stationary_y`, :mod:`.stationary_w`) writes out, where they happen, its
+:mod:`.stationary_y`, :mod:`.stationary_w`, :mod:`.grouped`) writes out, where they happen, its
 halo exchange and return, its channel collectives and its call of
 :func:`segmented_allreduce`, and lists the same calls in its ``records()``.
 """
