@@ -24,12 +24,14 @@ The fit's relative error per class is written in the file's ``notes``.
 
 import copy
 import datetime
+import math
 import os
 import time
 
 import numpy
 
 KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "halo")
+WARM_S = 0.05
 
 
 def add_parser(subparsers):
@@ -48,18 +50,31 @@ def add_parser(subparsers):
 def time_runs(comm, runs, repeats, pause=0.0):
     """Median seconds of each callable on the slowest rank of ``comm`` (a barrier before each
     call), the callables taking turns so that a change of load hits them alike; ``pause``
-    seconds between calls let OpenBLAS's spinning threads settle."""
+    seconds before each turn let OpenBLAS's spinning threads settle; about ``WARM_S`` of
+    untimed calls (the same number on every rank) then bring the caches and the clock back
+    to those of a core kept busy, as in training."""
     from refconv import collectives
 
     times = [[] for _ in runs]
+    warm = [0] * len(runs)
+    if pause:  # every rank makes the same number of calls (they hold collectives): agree on it
+        first = []
+        for run in runs:
+            t = time.perf_counter()
+            run()
+            first.append(time.perf_counter() - t)
+        first = collectives.allreduce(comm, numpy.array(first), op="max")
+        warm = [min(50, math.ceil(WARM_S / max(t, 1e-6))) for t in first]
     for _ in range(repeats):
         for i, run in enumerate(runs):
+            if pause:
+                time.sleep(pause)
+                for _ in range(warm[i]):  # caches and clocks back to a busy core's
+                    run()
             collectives.barrier(comm)
             t = time.perf_counter()
             run()
             times[i].append(time.perf_counter() - t)
-            if pause:
-                time.sleep(pause)
     slowest = collectives.allreduce(comm, numpy.array(times), op="max")
     return [float(numpy.median(row)) for row in slowest]
 
