@@ -87,6 +87,7 @@ def test_one_node_script_runs_info_sweep_and_plot(tmp_path):
     assert "wrote" in result.stdout
 
 
+@pytest.mark.extended  # 8 ranks of refconv info and two sweeps: ~20 s on 2 cores
 def test_multi_node_script_runs_both_sweeps(tmp_path):
     result, log, out = _run(tmp_path, "--nodes=2", "examples/slurm/multi_node.sbatch")
     assert log[1].startswith("srun -n 8 --gpu-bind=none --distribution=block ")  # 2 nodes x 4 GPUs
