@@ -8,6 +8,7 @@ import subprocess
 import sys
 import warnings
 
+import numpy
 import pytest
 
 from refconv.cost_model import Call
@@ -252,3 +253,17 @@ def test_overlapped_step_by_hand():
     b = perf.StageCost((1, 1, 1, 1), fwd=1.0, bwd=1.0, grad=1.0)
     assert perf.overlapped_step([a, b]) == pytest.approx(2 + 2 + 5)
     assert a.seconds + b.seconds == pytest.approx(10)
+
+
+def test_calibration_fits_recover_known_costs():
+    from refconv.plan.calibrate import fit_line, fit_plane
+
+    flops = numpy.array([1e6, 4e6, 2e7, 8e7, 3e8])
+    columns = numpy.array([4e5, 1e5, 6e6, 2e6, 4e7])
+    t = 5e-5 + flops / 4e10 + columns / 2e9
+    assert numpy.allclose(fit_plane(flops, columns, t), (5e-5, 1 / 4e10, 1 / 2e9), rtol=1e-6)
+    assert numpy.allclose(fit_line(flops, 2e-5 + flops / 1e10), (2e-5, 1e-10), rtol=1e-6)
+    doc = machine_doc()
+    doc["compute"]["conv_fwd"]["kxk"]["bw"] = 2e9
+    m = machine.from_dict(doc)
+    assert m.conv_seconds("conv_fwd", 9, 1e8, 4e6) == pytest.approx(1e-5 + 1e8 / 1e10 + 4e6 / 2e9)

@@ -32,6 +32,8 @@ import numpy
 
 KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "halo")
 WARM_S = 0.05
+COMPUTE_WINDOW_S = 0.02  # each compute sample: this long back to back on every rank at once
+COLLECTIVE_WINDOW_S = 0.005  # each collective sample: this long back to back
 
 
 def add_parser(subparsers):
@@ -47,40 +49,45 @@ def add_parser(subparsers):
     return p
 
 
-def time_runs(comm, runs, repeats, pause=0.0):
-    """Median seconds of each callable on the slowest rank of ``comm`` (a barrier before each
-    call), the callables taking turns so that a change of load hits them alike; ``pause``
-    seconds before each turn let OpenBLAS's spinning threads settle; about ``WARM_S`` of
-    untimed calls (the same number on every rank) then bring the caches and the clock back
-    to those of a core kept busy, as in training."""
+def time_runs(comm, runs, repeats, pause=0.0, min_time=0.0):
+    """Median seconds per call of each callable on the slowest rank of ``comm``.
+
+    The callables take turns, so that a change of load hits them alike.  Each timed
+    sample runs a callable back to back for about ``min_time`` seconds (a barrier before):
+    on a node with more ranks than cores, every rank then computes while the others do,
+    as in training, instead of each slipping into the gaps of the others.  ``pause``
+    seconds before each turn let OpenBLAS's spinning threads settle, and about ``WARM_S``
+    of untimed calls then bring the caches and clock back to a busy core's.  Every rank
+    makes the same number of calls (they may hold collectives): the counts are agreed.
+    """
     from refconv import collectives
 
+    first = []
+    for run in runs:
+        t = time.perf_counter()
+        run()
+        first.append(time.perf_counter() - t)
+    first = collectives.allreduce(comm, numpy.array(first), op="max")
+    loops = [min(200, max(1, math.ceil(min_time / max(t, 1e-6)))) for t in first]
+    warm = [min(50, math.ceil(WARM_S / max(t, 1e-6))) if pause else 0 for t in first]
     times = [[] for _ in runs]
-    warm = [0] * len(runs)
-    if pause:  # every rank makes the same number of calls (they hold collectives): agree on it
-        first = []
-        for run in runs:
-            t = time.perf_counter()
-            run()
-            first.append(time.perf_counter() - t)
-        first = collectives.allreduce(comm, numpy.array(first), op="max")
-        warm = [min(50, math.ceil(WARM_S / max(t, 1e-6))) for t in first]
     for _ in range(repeats):
         for i, run in enumerate(runs):
             if pause:
                 time.sleep(pause)
-                for _ in range(warm[i]):  # caches and clocks back to a busy core's
-                    run()
+            for _ in range(warm[i]):
+                run()
             collectives.barrier(comm)
             t = time.perf_counter()
-            run()
-            times[i].append(time.perf_counter() - t)
+            for _ in range(loops[i]):
+                run()
+            times[i].append((time.perf_counter() - t) / loops[i])
     slowest = collectives.allreduce(comm, numpy.array(times), op="max")
     return [float(numpy.median(row)) for row in slowest]
 
 
-def _median_time(comm, fn, repeats):
-    return time_runs(comm, [fn], repeats)[0]
+def _median_time(comm, fn, repeats, min_time=0.0):
+    return time_runs(comm, [fn], repeats, min_time=min_time)[0]
 
 
 def fit_line(x, y):
@@ -96,13 +103,38 @@ def fit_line(x, y):
     return float(a), float(b)
 
 
+def fit_plane(x1, x2, y):
+    """``(a, b, c)`` of ``y = a + b x1 + c x2`` by relative least squares, all kept >= 0 (a
+    term fitted negative is dropped and the rest refitted)."""
+    x1, x2, y = (numpy.asarray(v, float) for v in (x1, x2, y))
+    A = numpy.stack([numpy.ones(len(y)), x1, x2], axis=1) / y[:, None]
+    (a, b, c), *_ = numpy.linalg.lstsq(A, numpy.ones(len(y)), rcond=None)
+    if c <= 0 or b <= 0:
+        a, b = fit_line(x1, y)
+        return a, b, 0.0
+    if a < 0:
+        A = numpy.stack([x1, x2], axis=1) / y[:, None]
+        (b, c), *_ = numpy.linalg.lstsq(A, numpy.ones(len(y)), rcond=None)
+        if b <= 0 or c <= 0:
+            a, b = fit_line(x1, y)
+            return a, b, 0.0
+        a = 0.0
+    return float(a), float(b), float(c)
+
+
 def _fit_error(x, y, a, b):
     pred = a + b * numpy.asarray(x, float)
     return float(numpy.median(numpy.abs(pred - y) / numpy.asarray(y)))
 
 
 def collective_calls(kind, sub, nbytes):
-    """A callable making one ``kind`` call of buffer ``nbytes`` on ``sub``, and its messages."""
+    """``(call, messages, m)``: a callable making one ``kind`` call of about ``nbytes`` on
+    ``sub``, its point-to-point messages, and the bytes ``m`` as the cost model counts them
+    (the full buffer; for ``alltoall`` and ``halo`` the bytes this rank sends).
+
+    The channel collectives work on activations split along the channel axis (axis 1 of
+    ``(n, C, h, w)``), as the algorithms call them, so their packing is timed too.
+    """
     from refconv import collectives
 
     q, me = sub.Get_size(), sub.Get_rank()
@@ -110,17 +142,21 @@ def collective_calls(kind, sub, nbytes):
     x = numpy.ones(n, numpy.float32)
     counts = [n // q] * q
     if kind == "allreduce":
-        return (lambda: collectives.allreduce(sub, x)), 0
-    if kind == "allgather":
-        return (lambda: collectives.allgather(sub, x[:n // q], counts)), 0
-    if kind == "reduce_scatter":
-        return (lambda: collectives.reduce_scatter(sub, x, counts)), 0
+        return (lambda: collectives.allreduce(sub, x)), 0, x.nbytes
+    if kind in ("allgather", "reduce_scatter"):
+        batch = 8 if n >= 8 * q * 16 else 1
+        c = max(1, n // (batch * q * 16))  # channels per rank; 4 x 4 pixels each
+        full = numpy.ones((batch, c * q, 4, 4), numpy.float32)
+        if kind == "allgather":
+            mine = numpy.ascontiguousarray(full[:, :c])
+            return (lambda: collectives.allgather(sub, mine, [c] * q, axis=1)), 0, full.nbytes
+        return (lambda: collectives.reduce_scatter(sub, full, [c] * q, axis=1)), 0, full.nbytes
     if kind == "alltoall":  # m = bytes sent: q - 1 blocks
         block = max(1, n // max(q - 1, 1))
         blocks = [numpy.ones(block, numpy.float32) for _ in range(q)]
-        return (lambda: collectives.alltoallv(sub, blocks, [(block,)] * q)), q - 1
+        return (lambda: collectives.alltoallv(sub, blocks, [(block,)] * q)), q - 1, block * 4 * (q - 1)
     peer = me ^ 1 if (me ^ 1) < q else me  # halo: one message to a neighbour and one back
-    return (lambda: collectives.exchange(sub, {peer: x}, {peer: (n,)}, numpy.float32)), 1
+    return (lambda: collectives.exchange(sub, {peer: x}, {peer: (n,)}, numpy.float32)), 1, x.nbytes
 
 
 def measure_collectives(comm, quick):
@@ -128,7 +164,7 @@ def measure_collectives(comm, quick):
 
     P = comm.Get_size()
     sizes = [2**k for k in ((10, 14, 18) if quick else range(10, 23))]
-    repeats = 3 if quick else 15
+    repeats = 3 if quick else 7
     out, notes = {k: {} for k in KINDS}, []
     q = 2
     while q <= P:
@@ -140,11 +176,10 @@ def measure_collectives(comm, quick):
         for kind in KINDS:
             xs, ys = [], []
             for m in sizes:
-                fn, messages = collective_calls(kind, sub, m)
+                fn, messages, counted = collective_calls(kind, sub, m)
                 fn()  # warm-up
-                t = _median_time(comm, fn, repeats)
-                sent = m if kind != "alltoall" else (m // 4 // max(q - 1, 1)) * 4 * (q - 1)
-                xs.append(sent)
+                t = _median_time(comm, fn, repeats, COLLECTIVE_WINDOW_S)
+                xs.append(counted)
                 ys.append(t)
             a, b = fit_line(xs, ys)
             if kind == "alltoall":
@@ -157,20 +192,24 @@ def measure_collectives(comm, quick):
 
 
 def conv_shapes(quick):
-    """(N, C, F, H, K): local shapes of the sweep, 1x1 and 3x3."""
+    """(N, C, F, H, K): local shapes of the sweep, 1x1 and 3x3, narrow and wide (F from C/4
+    to 4C, so that FLOPs and im2col columns vary apart)."""
     if quick:
-        return [(2, 8, 8, 8, 1), (2, 16, 16, 8, 1), (2, 8, 8, 8, 3), (2, 16, 16, 8, 3)]
+        return [(2, 8, 8, 8, 1), (2, 16, 16, 8, 1), (2, 8, 4, 8, 1), (2, 8, 8, 8, 3), (2, 16, 16, 8, 3),
+                (2, 16, 4, 8, 3)]
     out = []
     for K in (1, 3):
-        for N, C, H in ((2, 16, 16), (4, 32, 16), (4, 64, 8), (8, 32, 16), (4, 64, 16), (8, 64, 16)):
-            out.append((N, C, C, H, K))
+        for N, C, F, H in ((2, 16, 16, 16), (4, 32, 32, 16), (4, 64, 64, 8), (8, 32, 32, 16), (4, 64, 64, 16),
+                           (8, 64, 64, 16), (8, 64, 16, 16), (8, 16, 64, 16), (4, 128, 32, 8), (4, 32, 128, 8)):
+            out.append((N, C, F, H, K))
     return out
 
 
 def measure_compute(comm, backend, quick):
     rng = numpy.random.default_rng(comm.Get_rank())
     repeats = 2 if quick else 5
-    rows = {op: {"1x1": ([], []), "kxk": ([], [])} for op in ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")}
+    rows = {op: {"1x1": ([], [], []), "kxk": ([], [], [])}  # (FLOPs, columns bytes, seconds)
+            for op in ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")}
     for N, C, F, H, K in conv_shapes(quick):
         x = backend.asarray(rng.standard_normal((N, C, H, H), dtype=numpy.float32))
         w = backend.asarray(rng.standard_normal((F, C, K, K), dtype=numpy.float32))
@@ -183,7 +222,8 @@ def measure_compute(comm, backend, quick):
                        ("conv_bwd_filter", lambda: backend.conv2d_backward_filter(x, dy, w.shape, padding=pad))):
             fn()
             rows[op][cls][0].append(flops)
-            rows[op][cls][1].append(_median_time(comm, fn, repeats))
+            rows[op][cls][1].append(N * H * H * C * K * K * 4)
+            rows[op][cls][2].append(_median_time(comm, fn, repeats, COMPUTE_WINDOW_S))
     sizes = [(2, 8, 16), (4, 16, 16)] if quick else [(2, 16, 16), (4, 32, 16), (8, 32, 32), (8, 64, 32)]
     bw = {op: ([], []) for op in ("batchnorm", "pool", "elementwise", "pack")}  # and "layer", below
     for N, C, H in sizes:
@@ -213,16 +253,18 @@ def measure_compute(comm, backend, quick):
             fn()
             work = x.size * 4 if op != "pack" else x.size * 2  # pack: the half it copies
             bw[op][0].append(work)
-            bw[op][1].append(_median_time(comm, fn, repeats))
+            bw[op][1].append(_median_time(comm, fn, repeats, COMPUTE_WINDOW_S))
     compute, notes = {}, []
-    kernel_fits = {op: {cls: fit_line(*xy) for cls, xy in classes.items()} for op, classes in rows.items()}
+    kernel_fits = {op: {cls: fit_plane(*xyz) for cls, xyz in classes.items()} for op, classes in rows.items()}
     bw["layer"] = measure_layer_overhead(comm, kernel_fits, quick, repeats)
     for op, classes in rows.items():
         compute[op] = {}
-        for cls, (xs, ys) in classes.items():
-            a, b = fit_line(xs, ys)
-            compute[op][cls] = {"t0": a, "rate": 1 / b}
-            notes.append(f"{op} {cls}: fit median relative error {_fit_error(xs, ys, a, b):.0%}")
+        for cls, (flops, columns, ys) in classes.items():
+            a, b, c = kernel_fits[op][cls]
+            compute[op][cls] = {"t0": a, "rate": 1 / b, **({"bw": 1 / c} if c > 0 else {})}
+            pred = a + b * numpy.asarray(flops, float) + c * numpy.asarray(columns, float)
+            err = float(numpy.median(numpy.abs(pred - ys) / numpy.asarray(ys)))
+            notes.append(f"{op} {cls}: fit median relative error {err:.0%}")
     for op, (xs, ys) in bw.items():
         a, b = fit_line(xs, ys)
         compute[op] = {"t0": a, "rate": 1 / b}
@@ -251,10 +293,11 @@ def measure_layer_overhead(comm, kernel_fits, quick, repeats):
             layer.backward(dy)
 
         fn()
-        t = _median_time(comm, fn, repeats)
+        t = _median_time(comm, fn, repeats, COMPUTE_WINDOW_S)
         flops = 2 * N * F * H * H * C * K * K
         cls = "1x1" if K == 1 else "kxk"
-        kernels = sum(a + b * flops for a, b in (kernel_fits[op][cls] for op in kernel_fits))
+        columns = N * H * H * C * K * K * 4
+        kernels = sum(a + b * flops + c * columns for a, b, c in (kernel_fits[op][cls] for op in kernel_fits))
         xs.append((N * C + N * F) * H * H * 4)
         ys.append(max(t - kernels, 1e-6))
     return xs, ys
@@ -275,7 +318,7 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine"):
                  for k in KINDS}
     else:  # one rank: nothing to measure; zero-cost links (every communicator has one rank)
         links = {k: {"alpha": 0.0, "beta": 0.0} for k in KINDS}
-    round_rate = lambda r: {"t0": float(f"{r['t0']:.4g}"), "rate": float(f"{r['rate']:.4g}")}  # noqa: E731
+    round_rate = lambda r: {k: float(f"{v:.4g}") for k, v in r.items()}  # noqa: E731
     return {
         "name": name,
         "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -14,7 +14,7 @@ A machine file is YAML (see docs/planning.md and the files in
       inter:                        # the communicator spans nodes
         allreduce: {table: {2: [alpha, beta], 4: [alpha, beta]}}   # measured per size q
     compute:
-      conv_fwd: {1x1: {t0: 1.0e-5, rate: 1.0e13}, kxk: {t0: 1.0e-5, rate: 1.2e13}}
+      conv_fwd: {1x1: {t0: 1.0e-5, rate: 1.0e13}, kxk: {t0: 1.0e-5, rate: 1.2e13, bw: 5.0e11}}
       conv_bwd_data: ...
       conv_bwd_filter: ...
       batchnorm: {t0: 1.0e-5, rate: 4.0e11}            # bytes of the local input per second
@@ -40,7 +40,8 @@ A ``table`` entry (a measured machine) gives the fitted ``alpha(q), beta(q)`` of
 ``alltoall``: alpha per message); another size is priced from the nearest
 measured one scaled by the ring schedule.  A local kernel costs
 ``t0 + work / rate`` (work: FLOPs for convolutions, bytes of the local input for
-the bandwidth-bound layers).  ``layer`` is what every layer costs besides its
+the bandwidth-bound layers), and for a convolution class with ``bw`` also
+``columns / bw`` (the bytes of its im2col columns).  ``layer`` is what every layer costs besides its
 kernels (the framework's per-call overhead, argument checks, the window copy and
 bias), per byte of its local input and output.
 """
@@ -106,11 +107,16 @@ class Link:
 
 @dataclasses.dataclass(frozen=True)
 class Rate:
+    """``t0 + work / rate``, plus ``columns / bw`` for a convolution that gives ``bw``
+    (bytes per second of its im2col columns, ``pixels x C_local x Kh x Kw``: a narrow
+    convolution is bound by moving those, not by its FLOPs)."""
+
     t0: float
     rate: float
+    bw: float = math.inf
 
-    def seconds(self, work):
-        return self.t0 + work / self.rate if work > 0 else 0.0
+    def seconds(self, work, columns=0):
+        return self.t0 + work / self.rate + columns / self.bw if work > 0 else 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +131,8 @@ class Machine:
     def comm_seconds(self, kind, q, nbytes, messages=0, *, intra=True):
         return self.links["intra" if intra else "inter"][kind].seconds(kind, q, nbytes, messages)
 
-    def conv_seconds(self, op, kernel_area, flops):
-        return self.compute[op]["1x1" if kernel_area == 1 else "kxk"].seconds(flops)
+    def conv_seconds(self, op, kernel_area, flops, columns=0):
+        return self.compute[op]["1x1" if kernel_area == 1 else "kxk"].seconds(flops, columns)
 
     def local_seconds(self, op, nbytes):
         return self.compute[op].seconds(nbytes)
@@ -143,13 +149,16 @@ def _number(value, where, path):
     return float(value)
 
 
-def _rate(spec, where, path):
-    if not isinstance(spec, dict) or set(spec) != {"t0", "rate"}:
-        raise MachineError(f"machine file {path}: {where}: expected {{t0: seconds, rate: per second}}, got {spec!r}")
-    rate = _number(spec["rate"], f"{where}.rate", path)
-    if rate == 0:
-        raise MachineError(f"machine file {path}: {where}.rate: must be > 0")
-    return Rate(_number(spec["t0"], f"{where}.t0", path), rate)
+def _rate(spec, where, path, allow_bw=False):
+    keys = {"t0", "rate"}
+    if not isinstance(spec, dict) or not (set(spec) == keys or (allow_bw and set(spec) == keys | {"bw"})):
+        raise MachineError(f"machine file {path}: {where}: expected {{t0: seconds, rate: per second"
+                           f"{', bw: bytes per second (optional)' if allow_bw else ''}}}, got {spec!r}")
+    rates = {k: _number(spec[k], f"{where}.{k}", path) for k in ("rate", "bw") if k in spec}
+    for k, v in rates.items():
+        if v == 0:
+            raise MachineError(f"machine file {path}: {where}.{k}: must be > 0")
+    return Rate(_number(spec["t0"], f"{where}.t0", path), rates["rate"], rates.get("bw", math.inf))
 
 
 def _link(spec, where, path, schedule):
@@ -200,7 +209,7 @@ def from_dict(doc, path="<dict>"):
         if op.startswith("conv"):
             if not isinstance(spec, dict) or set(spec) != set(CONV_CLASSES):
                 raise MachineError(f"machine file {path}: compute.{op}: expected classes {CONV_CLASSES}, got {spec!r}")
-            compute[op] = {c: _rate(spec[c], f"compute.{op}.{c}", path) for c in CONV_CLASSES}
+            compute[op] = {c: _rate(spec[c], f"compute.{op}.{c}", path, allow_bw=True) for c in CONV_CLASSES}
         else:
             compute[op] = _rate(spec, f"compute.{op}", path)
     return Machine(str(doc["name"]), doc.get("measured", False), rpn, links, compute, path)

@@ -29,7 +29,9 @@ import math
 
 import numpy
 
+from refconv import algorithms
 from refconv.cost_model import candidates, layer_records
+from refconv.distribution import Distribution
 
 AXES = ("sample", "channel", "height", "width")
 ITEMSIZE = 4  # float32
@@ -133,6 +135,16 @@ def _conv_geometry(spec):
                 padding_mode=spec.get("padding_mode", "zeros"))
 
 
+def local_weight_shape(layer, grid, algorithm, filter_groups):
+    """``(F_rows, C_cols)`` of the weight block of rank 0: the algorithm's own layout
+    (``weight_dims``) of ``F x C/groups x Kh x Kw`` on the grid."""
+    name = algorithm if grid[1] > 1 else "sample-spatial"
+    spec = layer.spec
+    w_shape = (spec["out"], layer.in_shape[1] // spec.get("groups", 1)) + _pair(spec["kernel"])
+    dims = algorithms.REGISTRY[name].weight_dims(grid[1], filter_groups)
+    return Distribution(grid, w_shape, dims, names=("F", "C", "Kh", "Kw")).local_shape(0)[:2]
+
+
 def conv_calls(layer, grid, algorithm, filter_groups):
     """The calls of a conv, from :func:`refconv.cost_model.layer_records`; all its allreduces
     are the weight-gradient ones (``dw``, then ``db``)."""
@@ -182,6 +194,8 @@ def price_calls(calls, grid, machine, cost):
     for c in calls:
         intra = _axis_span(grid, c.axes) <= machine.ranks_per_node
         t = machine.comm_seconds(c.kind, c.comm_size, c.bytes, c.messages, intra=intra)
+        if c.kind == "halo" and c.bytes:  # the pieces are strided rows and columns: packed, then unpacked
+            t += 2 * machine.local_seconds("pack", c.bytes)
         if c.grad:
             cost.grad += t
         else:
@@ -197,15 +211,16 @@ def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
     if layer.kind == "conv":
         calls = conv_calls(layer, grid, algorithm, filter_groups)
         Kh, Kw = _pair(layer.spec["kernel"])
-        # The first allreduce is the weight gradient's: its buffer is this rank's weight shard.
-        shard = next(c.bytes for c in calls if c.kind == "allreduce") // ITEMSIZE
+        F_rows, C_cols = local_weight_shape(layer, grid, algorithm, filter_groups)
+        shard = F_rows * C_cols * Kh * Kw
         _, _, Ho, Wo = layer.out_shape
         pixels = _ceil(layer.in_shape[0], grid[0]) * _ceil(Ho, grid[2]) * _ceil(Wo, grid[3])
         flops = 2 * pixels * shard  # each output pixel meets the local weight shard once
+        columns = pixels * C_cols * Kh * Kw * ITEMSIZE  # the im2col matrix of the local conv
         area = Kh * Kw
-        cost.fwd = machine.conv_seconds("conv_fwd", area, flops)
-        cost.bwd = machine.conv_seconds("conv_bwd_data", area, flops) + machine.conv_seconds("conv_bwd_filter",
-                                                                                              area, flops)
+        cost.fwd = machine.conv_seconds("conv_fwd", area, flops, columns)
+        cost.bwd = (machine.conv_seconds("conv_bwd_data", area, flops, columns)
+                    + machine.conv_seconds("conv_bwd_filter", area, flops, columns))
         gathered = max([c.bytes for c in calls if c.kind == "allgather"] + [0])
         cost.memory = 3 * (shard + (layer.out_shape[1] if layer.spec.get("bias", True) else 0)) * ITEMSIZE \
             + max(x_bytes, gathered if algorithm != "stationary-x" else 0)

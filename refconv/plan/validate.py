@@ -32,6 +32,7 @@ from refconv.plan.calibrate import time_runs
 # name: (N, C, F, H, K)
 LAYERS = {"narrow 3x3": (8, 16, 16, 16, 3), "wide 3x3": (8, 128, 128, 8, 3), "wide 1x1": (8, 256, 256, 8, 1)}
 PAUSE_S = 0.2
+WINDOW_S = 0.02  # each sample: the layer back to back this long, as calibrate times kernels
 MODEL = {  # wide enough that a weight-gradient allreduce costs as much as the layer's compute
     "name": "wide-cnn", "in_channels": 8,
     "layers": [
@@ -93,7 +94,7 @@ def layer_rows(world, machine, repeats, layers=LAYERS):
             layer = conv_layer(*dims)
             chosen = [s for s in strategies(P) if perf.feasible(layer, s[1])]
             built = [built_layer(sub, dims, grid_shape, algorithm, p_f) for _, grid_shape, algorithm, p_f in chosen]
-            measured = time_runs(world, [run for _, run in built], repeats, PAUSE_S)
+            measured = time_runs(world, [run for _, run in built], repeats, PAUSE_S, WINDOW_S)
             for (label, grid_shape, algorithm, p_f), t in zip(chosen, measured):
                 predicted = perf.layer_cost(layer, grid_shape, machine, algorithm, p_f).seconds
                 rows.append((name, P, label, predicted, t))
