@@ -10,8 +10,9 @@
    busy, as when the machine file was calibrated.  Prints the median and worst
    relative error, and the fraction of (layer, P) where the model's first choice
    is the measured fastest.
-2. A model: ``refconv plan``'s plan of a small wide CNN on all ranks against the
-   same model purely sample-parallel, their training steps timed alternately.
+2. A model: ``refconv plan``'s plan of a small wide CNN (batch 4, one sample per
+   rank at 4 ranks: the strong-scaling regime) on all ranks against the same model
+   purely sample-parallel, their training steps timed alternately.
 
 Times are CPU (numpy backend) figures of this machine; one BLAS thread per rank
 (``OMP_NUM_THREADS=1``) and a pause between contenders (OpenBLAS threads spin
@@ -104,7 +105,7 @@ def layer_rows(world, machine, repeats, layers=LAYERS):
     return rows
 
 
-def model_rows(world, machine, steps, batch=8, image=8):
+def model_rows(world, machine, steps, batch=4, image=8):
     """Measured seconds per step of the planned model and of pure sample parallelism."""
     from refconv.model import Model
     from refconv.optim import SGD
@@ -130,8 +131,8 @@ def model_rows(world, machine, steps, batch=8, image=8):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m refconv.plan.validate", description=__doc__.splitlines()[0])
     parser.add_argument("--machine", default="dev-cpu", help="a machine file or built-in name")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=5, help="measured steps per model contender")
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=9, help="measured steps per model contender")
     parser.add_argument("--quick", action="store_true", help="the narrow layer once and one step: a smoke test")
     args = parser.parse_args(argv)
     layers = {"narrow 3x3": LAYERS["narrow 3x3"]} if args.quick else LAYERS
@@ -165,7 +166,7 @@ def main(argv=None):
     if world.Get_size() > 1:
         plan, sample, measured = model_rows(world, machine, args.steps)
         result.update(plan=plan, sample=sample, measured=measured)
-        say(f"model {MODEL['name']} on {world.Get_size()} ranks, batch 8, 8x8: planned "
+        say(f"model {MODEL['name']} on {world.Get_size()} ranks, batch 4, 8x8: planned "
             f"{sorted({search.strategy_label(r.cost.grid) for r in plan.rows})}")
         say(f"  predicted: planned {plan.seconds * 1e3:.1f} ms, sample-parallel {sample.seconds * 1e3:.1f} ms "
             f"({sample.seconds / plan.seconds:.2f}x)")
