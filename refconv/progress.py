@@ -68,9 +68,10 @@ def header(model, cfg, ranks, binding, threads, n_train, n_test, per_epoch):
 
 
 def per_kind(moved, seconds):
-    """A metrics line's ``collectives``: kind -> calls, bytes (calls that move data) and seconds."""
-    return {kind: {"calls": moved.get(kind, {}).get("calls", 0), "bytes": moved.get(kind, {}).get("bytes", 0),
-                   "seconds": seconds.get(kind, 0.0)} for kind in sorted(set(moved) | set(seconds))}
+    """A metrics line's ``collectives``: kind -> calls, bytes and seconds, for the kinds whose calls
+    moved data (one-rank communicators and metadata calls such as communicator splits are left out)."""
+    return {kind: {"calls": moved[kind]["calls"], "bytes": moved[kind]["bytes"], "seconds": seconds.get(kind, 0.0)}
+            for kind in sorted(moved)}
 
 
 def _duration(seconds):

@@ -296,7 +296,7 @@ def test_a_killed_run_resumes_exactly(tmp_path):
         proc.kill()
         proc.wait()
     step = json.loads(manifest.read_text())["step"]  # whatever the kill left: a whole checkpoint
-    assert step >= 6 and step % 3 == 0
+    assert step >= 6  # a periodic save (a multiple of 3) or, if the kill came late, an end-of-epoch one
     quiet = lambda *a, **k: None  # noqa: E731
     rest = train(TrainConfig(**cfg, checkpoint_dir=str(ckpt), resume=True, max_steps=4), log=quiet)
     full = train(TrainConfig(**cfg, max_steps=step + 4), log=quiet)

@@ -40,7 +40,7 @@ def _batch(request, path, size):
     """Outcomes of every selected test of (path, size), launching once per batch."""
     if (path, size) not in _RESULTS:
         selected = {item.callspec.params["case"][1] for item in request.session.items
-                    if getattr(item, "callspec", None) and "case" in item.callspec.params
+                    if getattr(item, "originalname", None) == "test_mpi" and item.module is request.module
                     and item.callspec.params["case"][0] == path
                     and item.callspec.params["case"][2] == size}
         tests = [t for t in LISTED[path] if size in t.sizes and t.name in selected]
