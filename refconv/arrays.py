@@ -1,7 +1,8 @@
 """The one array-module helper: NumPy on the CPU, CuPy on a real GPU.
 
 Every place in refconv that must know whether an array lives on the host or on
-a device asks this module; nothing else imports cupy.
+a device asks this module; nothing else in the library imports cupy (the kernel
+benchmark's cuDNN contender aside; tests/test_architecture.py checks both).
 """
 
 import functools
