@@ -92,10 +92,6 @@ class NumpyBackend:
     # -- batch normalization, split so that the sums can be allreduced in between
     # Per-channel sums over (N, H, W) are einsum contractions: no (N, C, H, W) temporary
     # for a product or square, and one pass over the data.
-    def batch_norm_sums(self, x):
-        """Per-channel ``(sum x, sum x^2)`` over ``(N, H, W)``: two ``(C,)`` arrays."""
-        return self.batch_norm_sum(x), numpy.einsum("nchw,nchw->c", x, x)
-
     def batch_norm_sum(self, x):
         """Per-channel ``sum x`` over ``(N, H, W)``: ``(C,)`` (the mean's partial sum)."""
         return numpy.einsum("nchw->c", x)
@@ -190,9 +186,6 @@ class CudaBackend(NumpyBackend):
 
     def avg_pool2d_backward(self, dy, x_shape, kernel_size, stride=None, padding=0):
         return self.k.avg_pool2d_backward(dy, x_shape, kernel_size, stride, padding)
-
-    def batch_norm_sums(self, x):
-        return self.k.batch_norm_sums(x)
 
     def batch_norm_sum(self, x):
         return self.k.batch_norm_sums(x)[0]

@@ -56,9 +56,9 @@ class BatchNorm2d(Layer):
         M = N * H * W  # elements per channel over the global batch
         if self.training:
             peers = self.grid.weight_peers_comm
-            s, _ = self.backend.batch_norm_sums(x_loc)
+            s = self.backend.batch_norm_sum(x_loc)
             mean = collectives.allreduce(peers, s) / M  # (C_i,)
-            _, sq = self.backend.batch_norm_sums(x_loc - mean.reshape(1, -1, 1, 1))
+            sq = self.backend.batch_norm_centered_sum_squares(x_loc, mean)
             var = collectives.allreduce(peers, sq) / M  # (C_i,) biased
             m = self.momentum
             self.running_mean *= 1 - m

@@ -231,9 +231,8 @@ def measure_compute(comm, backend, quick):
         g = backend.asarray(numpy.ones(C, numpy.float32))
 
         def bn():
-            s, _ = backend.batch_norm_sums(x)
-            mean = s / (N * H * H)
-            _, sq = backend.batch_norm_sums(x - mean.reshape(1, -1, 1, 1))
+            mean = backend.batch_norm_sum(x) / (N * H * H)  # as refconv.layers.BatchNorm2d computes
+            sq = backend.batch_norm_centered_sum_squares(x, mean)
             invstd = 1 / numpy.sqrt(sq / (N * H * H) + 1e-5)
             y = backend.batch_norm_apply(x, mean, invstd, g, g)
             sdy, sdyx = backend.batch_norm_grad_sums(y, x, mean, invstd)
