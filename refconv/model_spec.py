@@ -18,7 +18,9 @@ every other layer runs on its own ``"grid"`` if given, else on the grid its inpu
 arrives on (so a BatchNorm/ReLU after a conv stays on the conv's grid and nothing
 moves).  ``defaults.grid`` defaults to pure sample parallelism over all ranks.
 ``algorithm`` and ``filter_groups`` (per conv, or in defaults) matter only where
-the conv's grid has ``channel > 1``.  Parameterised layers take seeds ``seed,
+the conv's grid has ``channel > 1``; ``algorithm: auto`` prices each conv with
+``defaults.machine`` (a machine file or built-in name, :mod:`refconv.plan`).
+Parameterised layers take seeds ``seed,
 seed + 1, ...`` in spec order.  See docs/models.md.
 """
 
@@ -47,7 +49,7 @@ _LAYER_KEYS = {
 _REQUIRED = {"conv": ("out", "kernel"), "maxpool": ("kernel",), "avgpool": ("kernel",), "linear": ("out",),
              "residual": ("layers",)}
 _TOP_KEYS = {"name", "in_channels", "defaults", "layers", "description"}
-_DEFAULT_KEYS = {"grid", "algorithm", "filter_groups"}
+_DEFAULT_KEYS = {"grid", "algorithm", "filter_groups", "machine"}
 # A layer's "grid" may also name one relative to defaults.grid: "default", or "no-channel"
 # (the channel axis folded into the sample axis: for a first conv with fewer input
 # channels than channel ranks).
@@ -190,6 +192,7 @@ class _Builder:
         self.algorithm = defaults.get("algorithm", "stationary-x")
         checks.one_of(self.algorithm, "defaults.algorithm", algorithms.channel_algorithms() + ("auto",))
         self.filter_groups = defaults.get("filter_groups")
+        self.machine = defaults.get("machine")  # what algorithm 'auto' prices with (refconv.plan)
 
     def grid(self, spec, where):
         if self.serial:
@@ -267,7 +270,8 @@ class _Builder:
                                    padding=spec.get("padding", 0), dilation=spec.get("dilation", 1),
                                    groups=spec.get("groups", 1), bias=spec.get("bias", True),
                                    padding_mode=spec.get("padding_mode", "zeros"), grid=own,
-                                   algorithm=algorithm, filter_groups=fg, seed=self.next_seed(), **common)
+                                   algorithm=algorithm, filter_groups=fg, seed=self.next_seed(),
+                                   machine=self.machine, **common)
                 return layer, own, spec["out"], kind
             if t == "linear":
                 if kind != "features":

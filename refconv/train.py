@@ -83,7 +83,8 @@ def build_model(cfg, *, comm=None, serial=False, in_channels=None, num_classes=N
     preset_kwargs = {}
     if isinstance(cfg.model, str) and cfg.model in PRESETS:
         preset_kwargs = {k: v for k, v in (("in_channels", in_channels), ("num_classes", num_classes)) if v}
-    defaults = {"grid": cfg.grid, "algorithm": cfg.algorithm, "filter_groups": cfg.filter_groups}
+    defaults = {"grid": cfg.grid, "algorithm": cfg.algorithm, "filter_groups": cfg.filter_groups,
+                "machine": cfg.machine}
     return Model.from_spec(load_model_spec(cfg.model, **preset_kwargs), comm=comm,
                            backend="numpy" if serial else cfg.backend, dtype=cfg.dtype, seed=cfg.seed,
                            serial=serial, defaults=defaults)

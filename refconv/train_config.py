@@ -144,10 +144,13 @@ OPTIONS = (
            parse=parse_grid, metavar="AXIS=SIZE,..."),
     Option("algorithm", None, lambda v, name: v if v is None else _one_of(_algorithms)(v, name), STRATEGY,
            "channel/filter algorithm of the convolutions when channel > 1; auto: priced per layer by the "
-           "cost model; unset: the model's (stationary-x for the presets)", parse=str, choices=_algorithms),
+           "planner's model with --machine; unset: the model's (stationary-x for the presets)", parse=str, choices=_algorithms),
     Option("filter_groups", None, _int(1, optional=True), STRATEGY,
            "p_f of stationary-w, a divisor of the channel size; only with --algorithm stationary-w",
            parse=int),
+    Option("machine", None, _instance((str, type(None)), "a machine file or a built-in name"), STRATEGY,
+           "what --algorithm auto prices with: a machine file (refconv calibrate) or a built-in name "
+           "(dev-cpu, v100-edr, h200-node); unset: the built-in v100-edr figures, with a warning", parse=str),
     Option("model", "digits-cnn", _instance((str, dict), "a preset name, a JSON/YAML path or a spec dict"), DATA,
            "preset (digits-cnn, resnet50, resnet50-wide2, resnet50-wide4) or a JSON/YAML model file", parse=str,
            metavar="PRESET|FILE"),

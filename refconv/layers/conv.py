@@ -21,6 +21,7 @@ from refconv import algorithms, checks, collectives
 from refconv.algorithms.base import ConvGeometry
 from refconv.distribution import Distribution
 from refconv.layers.base import Layer
+from refconv.plan.auto import choose_for_layer
 from refconv.sharding import allgather, scatter
 
 
@@ -31,9 +32,12 @@ class DistConv2d(Layer):
     "stationary-y", "stationary-w", or "auto") matters only when ``grid.P_c > 1``.
     For "stationary-w", ``filter_groups`` is ``p_f``, a divisor of ``P_c`` (default:
     the largest divisor not above ``sqrt(P_c)``).  ``"auto"`` picks the algorithm and
-    ``p_f`` with the least predicted communication (:mod:`refconv.cost_model`) when
-    the layer is bound to an input shape; the estimates are kept in
-    ``layer.cost_estimates``.  A grouped layer (``groups > 1``) on a channel split runs
+    ``p_f`` with the least predicted step time when the layer is bound to an input shape:
+    the planner's whole-step model (compute and every call of ``records()``,
+    :func:`refconv.plan.choose_for_layer`), priced with ``machine`` (a machine file, a
+    built-in name, or None for the built-in defaults, with a warning); grouped layers are
+    priced by their communication alone (:func:`refconv.algorithms.choose`).  The
+    estimates are kept in ``layer.cost_estimates``.  A grouped layer (``groups > 1``) on a channel split runs
     "grouped" when ``groups`` is a multiple of ``P_c`` (each rank convolves its own groups,
     no channel collective), or X or Y within each group's ranks when a group spans
     several (docs/grouped.md).
@@ -48,7 +52,7 @@ class DistConv2d(Layer):
 
     def __init__(self, in_channels, out_channels, kernel_size, *, stride=1, padding=0, dilation=1, groups=1,
                  bias=True, padding_mode="zeros", grid, algorithm="stationary-x", filter_groups=None, backend="auto",
-                 dtype=numpy.float32, input_shape=None, seed=0):
+                 dtype=numpy.float32, input_shape=None, seed=0, machine=None):
         if grid is None or not hasattr(grid, "P_c"):
             raise ValueError(f"grid: expected a refconv.ProcessGrid, got {grid!r}")
         super().__init__(grid=grid, backend=backend, dtype=dtype)
@@ -68,6 +72,7 @@ class DistConv2d(Layer):
             if length < P_c:
                 raise ValueError(f"{name}={length} cannot be split over channel={P_c} ranks: a rank's block would be empty")
         self.requested_algorithm = algorithm
+        self.machine = machine  # what 'auto' prices with: a machine file, a built-in name, or None
         self.cost_estimates = None
         if algorithm == "auto":
             if filter_groups is not None:
@@ -142,8 +147,13 @@ class DistConv2d(Layer):
         P_c = self.grid.P_c
         if P_c == 1:
             algorithm, filter_groups = algorithms.NO_CHANNEL_SPLIT, None
-        else:
+        elif self.groups > 1:  # the whole-step model does not price grouped layers on a channel split yet
             algorithm, filter_groups, self.cost_estimates = algorithms.choose(geom, self.grid.shape)
+        else:  # the planner's whole-step model: compute and every call, priced by the machine file
+            algorithm, filter_groups, self.cost_estimates = choose_for_layer(
+                geom.in_shape, geom.F, geom.kernel, grid_shape=self.grid.shape, stride=geom.stride,
+                padding=self.padding, dilation=geom.dilation, bias=geom.bias, padding_mode=geom.padding_mode,
+                machine=self.machine)
         self.algorithm, self.filter_groups = algorithm, filter_groups
         self.set_global_parameters(*self._global_init)
 

@@ -10,7 +10,7 @@ from refconv.plan import graph, machine as machine_mod, perf
 
 
 def choose_for_layer(in_shape, out_channels, kernel, *, grid_shape, stride=(1, 1), padding=(0, 0),
-                     dilation=(1, 1), groups=1, bias=True, machine=None):
+                     dilation=(1, 1), groups=1, bias=True, padding_mode="zeros", machine=None):
     """``(algorithm, filter_groups, table)`` for a conv of global input ``in_shape`` on a grid
     ``(P_N, P_c, P_H, P_W)``; ``table`` maps ``(algorithm, p_f)`` to predicted seconds per
     forward + backward on the rank with the largest blocks.
@@ -23,7 +23,8 @@ def choose_for_layer(in_shape, out_channels, kernel, *, grid_shape, stride=(1, 1
     if not isinstance(machine, machine_mod.Machine):
         machine = machine_mod.load(machine)
     spec = {"type": "conv", "out": out_channels, "kernel": tuple(kernel), "stride": tuple(stride),
-            "padding": tuple(padding), "dilation": tuple(dilation), "groups": groups, "bias": bias}
+            "padding": padding if isinstance(padding, str) else tuple(padding), "dilation": tuple(dilation),
+            "groups": groups, "bias": bias, "padding_mode": padding_mode}
     shape = tuple(in_shape)
     layer = graph.Layer("conv", spec, ("layer",), shape, graph._out_shape("conv", spec, shape, "layer"))
     if layer.out_shape[2] < 1 or layer.out_shape[3] < 1:
