@@ -5,7 +5,6 @@ The selected items of one (file, size) share one mpiexec launch, made when the
 first of them runs and cached for the rest.
 """
 
-import os
 import pathlib
 import subprocess
 import sys

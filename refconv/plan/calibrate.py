@@ -30,6 +30,13 @@ import time
 
 import numpy
 
+import yaml
+from mpi4py import MPI
+
+from refconv import ProcessGrid, collectives
+from refconv.backend import get_backend
+from refconv.layers import DistConv2d
+
 KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "halo")
 WARM_S = 0.05
 COMPUTE_WINDOW_S = 0.02  # each compute sample: this long back to back on every rank at once
@@ -60,7 +67,6 @@ def time_runs(comm, runs, repeats, pause=0.0, min_time=0.0):
     of untimed calls then bring the caches and clock back to a busy core's.  Every rank
     makes the same number of calls (they may hold collectives): the counts are agreed.
     """
-    from refconv import collectives
 
     first = []
     for run in runs:
@@ -135,12 +141,10 @@ def collective_calls(kind, sub, nbytes):
     The channel collectives work on activations split along the channel axis (axis 1 of
     ``(n, C, h, w)``), as the algorithms call them, so their packing is timed too.
     """
-    from refconv import collectives
 
     q, me = sub.Get_size(), sub.Get_rank()
     n = max(q, nbytes // 4 // q * q)  # float32 elements, a multiple of q
     x = numpy.ones(n, numpy.float32)
-    counts = [n // q] * q
     if kind == "allreduce":
         return (lambda: collectives.allreduce(sub, x)), 0, x.nbytes
     if kind in ("allgather", "reduce_scatter"):
@@ -160,8 +164,6 @@ def collective_calls(kind, sub, nbytes):
 
 
 def measure_collectives(comm, quick):
-    from refconv import ProcessGrid
-
     P = comm.Get_size()
     sizes = [2**k for k in ((10, 14, 18) if quick else range(10, 23))]
     repeats = 3 if quick else 7
@@ -274,10 +276,7 @@ def measure_compute(comm, backend, quick):
 def measure_layer_overhead(comm, kernel_fits, quick, repeats):
     """(bytes, seconds): a one-rank DistConv2d's forward + backward less its three kernels
     as fitted, against the bytes of its input and output."""
-    from mpi4py import MPI
 
-    from refconv import ProcessGrid
-    from refconv.layers import DistConv2d
 
     grid = ProcessGrid(MPI.COMM_SELF)
     rng = numpy.random.default_rng(0)
@@ -304,7 +303,6 @@ def measure_layer_overhead(comm, kernel_fits, quick, repeats):
 
 def calibrate(comm, backend_name="auto", quick=False, name="this-machine"):
     """The machine file as a dict (every rank gets the same)."""
-    from refconv.backend import get_backend
 
     backend = get_backend(backend_name)
     started = time.perf_counter()
@@ -333,10 +331,6 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine"):
 
 
 def run(args):
-    from mpi4py import MPI
-
-    import yaml
-
     comm = MPI.COMM_WORLD
     if not args.out.endswith((".yaml", ".yml")):  # checked identically on every rank, before any collective
         raise ValueError(f"--out: expected a .yaml path, got {args.out!r}")

@@ -14,7 +14,14 @@ status 2.  This command computes only (no collectives); under mpiexec every rank
 plans and rank 0 prints.
 """
 
+import json
 import warnings
+
+import yaml
+from mpi4py import MPI
+
+from refconv.model_spec import load_spec
+from refconv.plan import machine as machine_mod, report, search
 
 
 def add_parser(subparsers):
@@ -39,13 +46,6 @@ def add_parser(subparsers):
 
 
 def _plan(args):
-    import json
-
-    import yaml
-
-    from refconv.model_spec import load_spec
-    from refconv.plan import machine as machine_mod, report, search
-
     for name in ("ranks", "batch", "image_size"):
         v = getattr(args, name)
         if v < 1:
@@ -94,6 +94,4 @@ def run(args):
 
 
 def _rank():
-    from mpi4py import MPI
-
     return MPI.COMM_WORLD.Get_rank()

@@ -51,6 +51,8 @@ import math
 import os
 import warnings
 
+import yaml
+
 KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "halo")
 COMPUTE = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter", "batchnorm", "pool", "elementwise", "pack", "layer")
 CONV_CLASSES = ("1x1", "kxk")
@@ -230,7 +232,6 @@ def load(path=None):
     None gives the built-in default (the paper-class V100 system, datasheet
     figures) with a warning saying so.
     """
-    import yaml
 
     if path is None:
         warnings.warn(f"no machine file given: using the built-in {DEFAULT_MACHINE!r} figures "

@@ -32,6 +32,7 @@ import numpy
 from refconv import algorithms
 from refconv.cost_model import candidates, layer_records
 from refconv.distribution import Distribution
+from refconv.reference.layers import pool_geometry
 
 AXES = ("sample", "channel", "height", "width")
 ITEMSIZE = 4  # float32
@@ -189,8 +190,6 @@ def layer_calls(layer, grid):
 
 
 def _pool_geometry(layer):
-    from refconv.reference.layers import pool_geometry
-
     spec = layer.spec
     return pool_geometry(layer.in_shape, spec["kernel"], spec.get("stride"), spec.get("padding", 0))
 

@@ -163,7 +163,6 @@ class Planner:
                 else:
                     M, arg = minplus(M, B)
                 trace.append((e, arg, inner))
-            shape = e.out_shape
         return M, trace
 
     def block(self, block, lam):

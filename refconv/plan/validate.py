@@ -21,14 +21,17 @@ after a call).
 
 import argparse
 import statistics
-import time
 
 import numpy
 from mpi4py import MPI
 
 from refconv import ProcessGrid
+from refconv.layers import DistConv2d
+from refconv.model import Model
+from refconv.optim import SGD
 from refconv.plan import graph, machine as machine_mod, perf, search
 from refconv.plan.calibrate import time_runs
+from refconv.train import step
 
 # name: (N, C, F, H, K)
 LAYERS = {"narrow 3x3": (8, 16, 16, 16, 3), "wide 3x3": (8, 128, 128, 8, 3), "wide 1x1": (8, 256, 256, 8, 1)}
@@ -65,7 +68,6 @@ def conv_layer(N, C, F, H, K):
 
 def built_layer(sub, dims, grid_shape, algorithm, p_f):
     """(grid, a forward + backward callable) of one strategy on the group ``sub``."""
-    from refconv.layers import DistConv2d
 
     N, C, F, H, K = dims
     grid = ProcessGrid(sub, **dict(zip(perf.AXES, grid_shape)))
@@ -107,9 +109,6 @@ def layer_rows(world, machine, repeats, layers=LAYERS):
 
 def model_rows(world, machine, steps, batch=4, image=8):
     """Measured seconds per step of the planned model and of pure sample parallelism."""
-    from refconv.model import Model
-    from refconv.optim import SGD
-    from refconv.train import step
 
     P = world.Get_size()
     planner, plan = search.plan_model(MODEL, (batch, 8, image, image), P, machine)
