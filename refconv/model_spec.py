@@ -28,6 +28,7 @@ import json
 import os
 
 import numpy
+import yaml
 from mpi4py import MPI
 
 from refconv import algorithms, checks
@@ -176,8 +177,6 @@ def load_spec(spec, **preset_kwargs):
         with open(spec) as f:
             if spec.endswith(".json"):
                 return json.load(f)
-            import yaml
-
             return yaml.safe_load(f)
     raise ValueError(f"spec: {spec!r} is neither a preset {sorted(PRESETS)} nor a .json/.yaml file")
 

@@ -21,6 +21,8 @@ first.  :func:`oversubscribed` says whether ranks x threads exceeds the cores
 import dataclasses
 import os
 
+from threadpoolctl import threadpool_info, threadpool_limits
+
 from refconv import collectives
 
 ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -105,13 +107,9 @@ def configure(comm, requested=None, environ=None):
 
 def limit(threads):
     """Cap every BLAS and OpenMP pool in this process at ``threads`` (until changed again)."""
-    from threadpoolctl import threadpool_limits
-
     threadpool_limits(limits=_positive(threads, "threads"))
 
 
 def current():
     """``{library: threads}`` of the pools loaded now (what :func:`limit` set), for reports."""
-    from threadpoolctl import threadpool_info
-
     return {f"{p['internal_api']} ({os.path.basename(p['filepath'])})": p["num_threads"] for p in threadpool_info()}

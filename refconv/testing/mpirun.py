@@ -53,6 +53,7 @@ NUMBA_ENABLE_CUDASIM=1 (unless set) and HYPOTHESIS_PROFILE=mpi.
 as JSON without initialising MPI (pytest collects through it).
 """
 
+import argparse
 import dataclasses
 import importlib.util
 import json
@@ -288,7 +289,6 @@ def _main(argv):
     if argv[:1] == ["--list"]:
         _list_main([os.path.abspath(p) for p in argv[1:]])
         return
-    import argparse
     parser = argparse.ArgumentParser(prog="python -m mpi4py -m refconv.testing.mpirun")
     parser.add_argument("file")
     parser.add_argument("--size", type=int, required=True)
