@@ -48,7 +48,7 @@ import re
 
 import numpy
 
-from refconv import collectives
+from refconv import checks, collectives
 from refconv.arrays import array_module, to_host
 from refconv.optim import named_parameters
 
@@ -240,9 +240,7 @@ def _json_default(v):
 
 
 def _check_step(step):
-    if isinstance(step, bool) or not isinstance(step, (int, numpy.integer)) or step < 0:
-        raise ValueError(f"step: expected an int >= 0, got {step!r}")
-    return int(step)
+    return checks.integer(step, "step", minimum=0)
 
 
 # -- load ------------------------------------------------------------------------------------

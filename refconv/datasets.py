@@ -26,6 +26,8 @@ import zipfile
 
 import numpy
 
+from refconv import checks
+
 __all__ = ["load_digits", "load_npz", "split", "synthetic", "SyntheticImages", "batches", "num_batches"]
 
 
@@ -46,7 +48,7 @@ def load_digits(*, upsample=2, test_fraction=0.2, seed=0, dtype=numpy.float32):
     neighbour; 16x16 by default, so there is room for spatial splits).
     y: int64 in 0..9.  The split is stratified per class and fixed by ``seed``.
     """
-    upsample = _positive_int(upsample, "upsample")
+    upsample = checks.positive_int(upsample, "upsample")
     x, y = _digits_raw()
     x = x.astype(numpy.float64) / 16.0
     x_train, y_train, x_test, y_test = split(x, y, test_fraction, seed=seed)
@@ -161,7 +163,7 @@ def synthetic(n, channels, height, width, num_classes, *, seed=0, dtype=numpy.fl
     """
     for name, v in (("n", n), ("channels", channels), ("height", height), ("width", width),
                     ("num_classes", num_classes)):
-        _positive_int(v, name)
+        checks.positive_int(v, name)
     y = numpy.random.default_rng([seed, 0]).integers(0, num_classes, size=n).astype(numpy.int64)
     return SyntheticImages(y, (channels, height, width), num_classes, seed, dtype, noise), y
 
@@ -235,7 +237,7 @@ def batches(x, y, batch_size, *, seed=0, epoch=0, shuffle=True, drop_last=False,
     the first ``start`` batches (resuming mid-epoch).  Each sample appears once
     per epoch; the last batch is short unless ``drop_last``.
     """
-    batch_size = _positive_int(batch_size, "batch_size")
+    batch_size = checks.positive_int(batch_size, "batch_size")
     n = len(x)
     if len(y) != n:
         raise ValueError(f"batches: x has {n} samples but y has {len(y)}")
@@ -243,9 +245,3 @@ def batches(x, y, batch_size, *, seed=0, epoch=0, shuffle=True, drop_last=False,
     for b in range(start, num_batches(n, batch_size, drop_last=drop_last)):
         idx = order[b * batch_size:(b + 1) * batch_size]
         yield x[idx], y[idx]
-
-
-def _positive_int(v, name):
-    if isinstance(v, bool) or not isinstance(v, (int, numpy.integer)) or v < 1:
-        raise ValueError(f"{name}: expected a positive int, got {v!r}")
-    return int(v)

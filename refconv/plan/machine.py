@@ -53,6 +53,8 @@ import warnings
 
 import yaml
 
+from refconv.algorithms.base import Call
+
 KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "halo")
 COMPUTE = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter", "batchnorm", "pool", "elementwise", "pack", "layer")
 CONV_CLASSES = ("1x1", "kxk")
@@ -76,9 +78,10 @@ def ring_steps(kind, q, messages=0, schedule="ring"):
 
 
 def ring_factor(kind, q):
+    """Bytes on the wire per byte of the buffer: ``Call.wire_bytes``'s ring factor (1 point to point)."""
     if kind in ("halo", "alltoall"):
         return 1.0
-    return (2 if kind == "allreduce" else 1) * (q - 1) / q
+    return Call(kind, q, 1).wire_bytes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,8 @@ import math
 import numpy
 from hypothesis import strategies as st
 
+from refconv import checks
+
 
 @dataclasses.dataclass(frozen=True)
 class ConvProblem:
@@ -40,14 +42,8 @@ class ConvProblem:
 
     @property
     def out_hw(self):
-        if self.padding == "same":  # torch's definition of 'same' (stride 1)
-            return (self.H, self.W)
-        pads = (0, 0) if self.padding == "valid" else self.padding
-        size = lambda L, K, s, p, d: (L + 2 * p - d * (K - 1) - 1) // s + 1  # noqa: E731
-        return (
-            size(self.H, self.Kh, self.stride[0], pads[0], self.dilation[0]),
-            size(self.W, self.Kw, self.stride[1], pads[1], self.dilation[1]),
-        )
+        return checks.conv_geometry(self.x_shape, self.w_shape, self.stride, self.padding, self.dilation,
+                                    self.groups)[4]
 
     @property
     def y_shape(self):
