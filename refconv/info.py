@@ -16,7 +16,7 @@ import sys
 
 from mpi4py import MPI
 
-from refconv import __version__, arrays, collectives, device, threads
+from refconv import __version__, arrays, cli, collectives, device, threads
 
 NAME = "info"
 PACKAGES = (("numpy", "numpy"), ("numba", "numba"), ("numba-cuda", "numba-cuda"), ("cupy", None),
@@ -104,7 +104,6 @@ def run(args):
 
 def main(argv=None):
     """``python -m refconv.info``: the same as ``refconv info``."""
-    from refconv import cli
 
     return cli.main([NAME, *(sys.argv[1:] if argv is None else argv)])
 

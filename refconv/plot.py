@@ -25,7 +25,7 @@ the command says so.
 import os
 import sys
 
-from refconv import sweep
+from refconv import cli, sweep
 from refconv.bench import schema
 from refconv.model_spec import load_spec
 from refconv.plan import machine as machines, search
@@ -188,7 +188,6 @@ def run(args):
 
 def main(argv=None):
     """``python -m refconv.plot``: the same as ``refconv plot``."""
-    from refconv import cli
 
     return cli.main([NAME, *(sys.argv[1:] if argv is None else argv)])
 

@@ -25,7 +25,7 @@ import uuid
 
 from mpi4py import MPI
 
-from refconv import checks
+from refconv import checks, cli
 from refconv.bench import schema
 from refconv.bench.common import SHAPES, grid_text, parse_shape, strategy_grid
 from refconv.testing.mpirun import find_mpiexec
@@ -176,7 +176,6 @@ def format_series(table):
 
 def main(argv=None):
     """``python -m refconv.sweep``: the same as ``refconv sweep``."""
-    from refconv import cli
 
     return cli.main([NAME, *(sys.argv[1:] if argv is None else argv)])
 

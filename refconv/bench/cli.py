@@ -17,7 +17,7 @@ import sys
 
 from mpi4py import MPI
 
-from refconv import device, info, threads
+from refconv import cli, device, info, threads
 from refconv.bench import collectives, common, kernels, layer, step
 
 NAME = "bench"
@@ -62,7 +62,6 @@ def run(args):
 
 def main(argv=None):
     """``python -m refconv.bench ...``: the same as ``refconv bench ...``."""
-    from refconv import cli
 
     return cli.main([NAME, *(sys.argv[1:] if argv is None else argv)])
 

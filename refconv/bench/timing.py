@@ -32,6 +32,8 @@ import time
 
 import numpy
 
+from refconv.testing.asserts import assert_close
+
 PAUSE = 0.25  # seconds: longer than the ~0.1 s that BLAS threads spin after a call
 
 
@@ -112,7 +114,6 @@ def check(outputs, reference, *, reduction_length=1, rtol=None, atol=None):
     """Raise AssertionError unless every output of ``outputs`` (``{name: array or tuple of
     arrays}``, torch tensors included) matches ``outputs[reference]`` within
     :func:`refconv.testing.assert_close`'s tolerance for that reduction length."""
-    from refconv.testing.asserts import assert_close
 
     if reference not in outputs:
         raise ValueError(f"reference: expected one of {sorted(outputs)}, got {reference!r}")

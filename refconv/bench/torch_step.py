@@ -32,12 +32,19 @@ gets the same number.  torch is imported only here, and only when it runs.
 
 import argparse
 import math
+import socket
 import sys
+import tracemalloc
 
 import numpy
+from mpi4py import MPI
+from threadpoolctl import threadpool_info
 
-from refconv import threads
+from refconv import DistConv2d, Model, ProcessGrid, collectives, threads, train
+from refconv import reference as ref
 from refconv.bench import timing
+from refconv.optim import SGD
+from refconv.reference import conv as ref_conv
 
 # name: (C, F, H=W, K, stride, padding): the ResNet-50 3x3 layers and the stem, and a 1x1 layer
 SHAPES = {
@@ -78,7 +85,6 @@ def _torch():
 
 def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0):
     """``{"refconv": {pass: fn}, "torch": {pass: fn}}`` on one layer's random fp32 arrays."""
-    from refconv import reference as ref
 
     rng = numpy.random.default_rng(seed)
     Ho = (H + 2 * padding - K) // stride + 1
@@ -209,8 +215,6 @@ def _data(batch, channels, size, classes, seed=0):
 def step_contenders(model_name, batch, comm, torch):
     """``({"refconv": step, "torch": step}, (refconv first loss, torch first loss))`` of one model;
     with ``comm.size > 1`` both are sample-parallel (refconv's grid, torch's DDP)."""
-    from refconv import Model, train
-    from refconv.optim import SGD
 
     spec_name, size, _ = MODELS[model_name]
     classes = 10
@@ -256,7 +260,6 @@ def run_step(args, comm):
         contenders, (ours, theirs) = step_contenders(name, batch, comm, torch)
         if not math.isclose(ours, theirs, rel_tol=1e-3):
             raise SystemExit(f"{name}: first-step losses differ: refconv {ours:.6f}, torch {theirs:.6f}")
-        from refconv import collectives
 
         spans = timing.compare(contenders, rounds=args.rounds, warmup=1, sync=lambda: collectives.barrier(comm))
         r = timing.ratio(spans, "torch", "refconv")
@@ -269,9 +272,7 @@ def run_step(args, comm):
 
 def _init_torch_distributed(comm, torch):
     """gloo over loopback, rendezvous through MPI (rank 0's free port)."""
-    import socket
 
-    from refconv import collectives
 
     port = None
     if comm.Get_rank() == 0:
@@ -289,8 +290,6 @@ def _init_torch_distributed(comm, torch):
 def run_columns(args):
     """Forward + backward-filter with the columns recomputed in each pass, against computed once
     and kept (``cols=``), on the pass shapes; prints the time saved and the memory it holds."""
-    from refconv import reference as ref
-    from refconv.reference import conv as ref_conv
 
     shapes = _shapes(args)
     print(f"{'shape':<11}{'recomputed ms':>24}{'kept ms':>24}{'kept vs recomputed':>22}{'held MiB':>10}")
@@ -324,9 +323,7 @@ def run_memory(args, comm):
     """Peak memory of one DistConv2d forward and backward (sample-parallel on ``comm``),
     from tracemalloc: the arrays alive before the passes (x_loc, the weight) plus the
     passes' own peak, against the layer's x, y, w and dw together."""
-    import tracemalloc
 
-    from refconv import DistConv2d, ProcessGrid
 
     C, F, H, K, stride, padding = MEMORY_LAYER
     batch = args.batch or 8
@@ -364,7 +361,6 @@ MEMORY_LAYER = (1024, 1024, 7, 3, 1, 1)  # C, F, H=W, K, stride, padding: issue 
 
 def _blas_kernels():
     """OpenBLAS's kernel set (``OPENBLAS_CORETYPE`` overrides what it detects): it changes GEMM speed."""
-    from threadpoolctl import threadpool_info
 
     found = [f"{p['internal_api']} {p.get('version')} {p.get('architecture')}" for p in threadpool_info()
              if p["user_api"] == "blas" and "numpy" in p["filepath"]]
@@ -386,7 +382,6 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     choice = threads.configure(comm, args.threads)

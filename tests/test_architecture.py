@@ -1,0 +1,144 @@
+"""The architecture's rules, checked: a docs claim is a test (STYLE.md, habit 13).
+
+- every MPI data movement goes through refconv/collectives.py;
+- only refconv/arrays.py imports CuPy (the one array-module helper);
+- imports sit at the top of a module unless they defer an optional dependency
+  or an expensive initialisation (each one listed here, with why);
+- model_spec does not import model (no cycle), and kernels/ use only public
+  validators;
+- the worked example of docs/testing.md is the class that
+  tests/mpi/test_fifth_algorithm.py registers, letter for letter.
+"""
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SOURCES = sorted([*ROOT.glob("refconv/**/*.py"), *ROOT.glob("kernels/*.py")])
+
+# comm.<method>( for a method that moves data
+DATA_MOVEMENT = re.compile(
+    r"(\w+)\.(Allreduce|Iallreduce|Allgatherv?|Iallgatherv?|Reduce_scatter|Ireduce_scatter|Alltoallv?|Ialltoallv?|"
+    r"Send|Recv|Isend|Irecv|Sendrecv|Bcast|Ibcast|bcast|allgather|allreduce|gather|scatter|Gatherv?|Scatterv?|"
+    r"Barrier|barrier|alltoall|send|recv|reduce|Reduce)\(")
+# module names whose methods of these names are not MPI calls
+NOT_MPI = {"collectives", "sharding", "refconv", "functools", "halo", "_halo", "self"}
+# files allowed to call MPI directly, and why
+MPI_ALLOWED = {
+    "refconv/collectives.py": "the one module of MPI calls",
+    "refconv/bench/collectives.py": "times raw comm.Allreduce as the contender of collectives.allreduce",
+    "refconv/testing/mpirun.py": "the test harness's own barrier between tests, outside the code under test",
+}
+
+# (file, imported module prefix) allowed inside a function, and why
+LAZY_IMPORTS = {
+    ("refconv/arrays.py", "cupy"): "optional dependency; importing it proves nothing about a GPU",
+    ("refconv/backend.py", "refconv"): "refconv.kernels imports numba.cuda, which must see NUMBA_ENABLE_CUDASIM first",
+    ("refconv/device.py", "numba"): "numba.cuda initialises the driver: only after the GPU is chosen",
+    ("refconv/bench/kernels.py", "torch"): "optional contender",
+    ("refconv/bench/kernels.py", "cupy"): "optional contender (cuDNN through CuPy)",
+    ("refconv/bench/kernels.py", "refconv"): "refconv.kernels imports numba.cuda: only when timing the GPU",
+    ("refconv/bench/torch_step.py", "torch"): "optional contender",
+    ("refconv/bench/step.py", "torch"): "optional contender",
+    ("refconv/plan/project.py", "matplotlib"): "optional (the test and docs extras): only for plots",
+    ("refconv/plot.py", "matplotlib"): "optional (the test and docs extras): only for plots",
+    ("refconv/torch.py", "torch"): "optional: refconv.torch is the only module that needs PyTorch",
+    ("refconv/testing/mpirun.py", "mpi4py"): "the launcher lists tests without initialising MPI",
+    ("refconv/testing/mpirun.py", "hypothesis"): "runs only inside a launched rank",
+    ("refconv/testing/mpirun.py", "refconv.testing.profiles"): "runs only inside a launched rank",
+}
+
+
+def _rel(path):
+    return str(path.relative_to(ROOT))
+
+
+def _code_lines(path):
+    """Source lines outside docstrings and comments."""
+    tree = ast.parse(path.read_text())
+    doc_lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(getattr(node, "value", None), ast.Constant) \
+                and isinstance(node.value.value, str):
+            doc_lines.update(range(node.lineno, node.end_lineno + 1))
+    for k, line in enumerate(path.read_text().splitlines(), 1):
+        if k not in doc_lines:
+            yield k, line.split("#", 1)[0]
+
+
+def test_the_sources_are_found():
+    assert len(SOURCES) > 40 and any(p.name == "collectives.py" for p in SOURCES)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_rel)
+def test_mpi_data_movement_only_in_collectives(path):
+    if _rel(path) in MPI_ALLOWED:
+        return
+    calls = [f"{_rel(path)}:{k}: {line.strip()}" for k, line in _code_lines(path)
+             for m in DATA_MOVEMENT.finditer(line) if m.group(1) not in NOT_MPI]
+    assert not calls, "call MPI through refconv.collectives:\n" + "\n".join(calls)
+
+
+def test_the_mpi_scan_finds_a_direct_call(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('"""comm.Allreduce(x) in a docstring is fine."""\ny = comm.Allreduce(x, out)  # but not here\n')
+    found = [m.group(0) for _, line in _code_lines(bad) for m in DATA_MOVEMENT.finditer(line)]
+    assert found == ["comm.Allreduce("]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_rel)
+def test_only_arrays_imports_cupy(path):
+    if _rel(path) in ("refconv/arrays.py", "refconv/bench/kernels.py"):  # the bench times cuDNN through CuPy
+        return
+    imports = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = [a.name for n in imports if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in imports if isinstance(n, ast.ImportFrom)]
+    assert not [n for n in names if n.split(".")[0] == "cupy"], f"{_rel(path)} imports cupy: use refconv.arrays"
+
+
+def _lazy_imports(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Import):
+                    yield from ((sub.lineno, a.name) for a in sub.names)
+                elif isinstance(sub, ast.ImportFrom):
+                    yield sub.lineno, sub.module or "."
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_rel)
+def test_imports_at_the_top(path):
+    hidden = [f"{_rel(path)}:{line}: import {name}" for line, name in _lazy_imports(path)
+              if not any(_rel(path) == f and (name == m or name.startswith(m + ".")) for f, m in LAZY_IMPORTS)]
+    assert not hidden, "move these imports to the top of the module (or list why in LAZY_IMPORTS):\n" + \
+        "\n".join(hidden)
+
+
+def test_no_import_cycle_between_model_and_spec():
+    spec = ast.parse((ROOT / "refconv/model_spec.py").read_text())
+    imported = {n.module for n in ast.walk(spec) if isinstance(n, ast.ImportFrom)}
+    assert "refconv.model" not in imported
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("kernels/*.py")), ids=_rel)
+def test_kernels_use_only_public_validators(path):
+    text = path.read_text()
+    assert not re.search(r"from refconv[\w.]* import _|refconv\.\w+\._", text), f"{_rel(path)} imports a private"
+
+
+def _between(text, start, end):
+    i = text.index(start)
+    return text[i:text.index(end, i)].rstrip()
+
+
+START = "@algorithms.register\nclass AllreduceX"
+
+
+def test_the_worked_example_is_the_tested_class():
+    tested = _between((ROOT / "tests/mpi/test_fifth_algorithm.py").read_text(), START,
+                      "# -- end of the algorithm")
+    page = _between((ROOT / "docs/testing.md").read_text(), START, "```")
+    assert page == tested, "docs/testing.md shows a different AllreduceX than tests/mpi/test_fifth_algorithm.py"
