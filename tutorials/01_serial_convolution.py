@@ -23,7 +23,7 @@
 # for the rest of the course, **which index each pass sums over**: that is what
 # a parallel algorithm splits, and what its collectives then finish.
 #
-# Specification: `ALGORITHMS.md` section 1. Code: `refconv/reference/conv.py`
+# Specification: `docs/algorithms.md` section 1. Code: `refconv/reference/conv.py`
 # (vectorised) and `refconv/reference/conv_loops.py` (loops).
 
 # %%

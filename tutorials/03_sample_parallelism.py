@@ -116,7 +116,7 @@ print("y, dx, db match; the partial dw's sum to dw, which every rank holds after
 # values) and of `db` (`F`), over all 4 ranks. Their size does not depend on
 # the batch at all: it is the size of the weights. A ring allreduce of `m`
 # bytes over `q` ranks sends `2 (q-1)/q m` bytes from each rank
-# (`ALGORITHMS.md` section 4).
+# (`docs/algorithms.md` section 4).
 
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))

@@ -22,7 +22,7 @@
 # and its adjoint in one process, and finally runs it, and a whole layer, on
 # 4 ranks.
 #
-# Specification: `ALGORITHMS.md` section 3. Code: `refconv/halo.py` and the
+# Specification: `docs/algorithms.md` section 3. Code: `refconv/halo.py` and the
 # sample/spatial algorithm module. Reference page: `docs/spatial.md`.
 
 # %%

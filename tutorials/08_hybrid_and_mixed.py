@@ -23,7 +23,7 @@
 # the layer grows, X where it shrinks). refconv lets every layer have its own
 # grid and algorithm, and inserts the redistributions between them.
 #
-# Specification: `ALGORITHMS.md` section 5. The model format: `docs/models.md`.
+# Specification: `docs/algorithms.md` section 5. The model format: `docs/models.md`.
 
 # %%
 import json
