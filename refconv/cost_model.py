@@ -12,7 +12,14 @@ module prices them with the alpha-beta model of :class:`refconv.algorithms.Call`
 
 Local compute is the same for X, Y and W (each rank does ``1/P`` of the
 FLOPs), so :func:`choose_algorithm` (:func:`refconv.algorithms.choose`)
-compares communication alone.  It is what ``DistConv2d(algorithm="auto")`` uses.
+compares communication alone.  ``DistConv2d(algorithm="auto")`` prices the
+same records together with compute, with a machine file
+(:func:`refconv.plan.choose_for_layer`); grouped layers use this choice.
+
+The functions live with the registry in :mod:`refconv.algorithms` (so that
+importing refconv does not import this module, and ``python -m
+refconv.cost_model`` runs cleanly); this module names them and adds the table
+on the command line.
 """
 
 import argparse
@@ -23,20 +30,7 @@ from refconv.algorithms.base import ALPHA, BETA, Call, ConvGeometry
 __all__ = ["ALPHA", "BETA", "Call", "layer_records", "candidates", "choose_algorithm", "main"]
 
 
-def layer_records(algorithm, in_shape, out_channels, kernel, *, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
-                  groups=1, grid_shape=(1, 1, 1, 1), coords=(0, 0, 0, 0), filter_groups=None, bias=True, itemsize=4,
-                  padding_mode="zeros"):
-    """The calls one forward + backward of ``DistConv2d`` makes on the rank at ``coords``.
-
-    ``algorithm`` as the layer takes it; with ``P_c = 1`` it is sample/spatial whatever
-    its name.  Sizes are global; the rank's blocks follow ``numpy.array_split``.
-    """
-    geom = ConvGeometry.of(in_shape, (out_channels, in_shape[1] // groups) + tuple(kernel), stride=stride,
-                           padding=padding, dilation=dilation, groups=groups, bias=bias, itemsize=itemsize,
-                           padding_mode=padding_mode)
-    return algorithms.records(algorithm, geom, grid_shape, coords, filter_groups)
-
-
+layer_records = algorithms.layer_records
 candidates = algorithms.candidates
 choose_algorithm = algorithms.choose
 

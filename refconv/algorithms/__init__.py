@@ -69,6 +69,20 @@ def records(name, geom, grid_shape, coords=(0, 0, 0, 0), filter_groups=None):
     return cls.records(geom, tuple(grid_shape), tuple(coords), filter_groups)
 
 
+def layer_records(algorithm, in_shape, out_channels, kernel, *, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+                  groups=1, grid_shape=(1, 1, 1, 1), coords=(0, 0, 0, 0), filter_groups=None, bias=True, itemsize=4,
+                  padding_mode="zeros"):
+    """The calls one forward + backward of ``DistConv2d`` makes on the rank at ``coords``.
+
+    ``algorithm`` as the layer takes it; with ``P_c = 1`` it is sample/spatial whatever
+    its name.  Sizes are global; the rank's blocks follow ``numpy.array_split``.
+    """
+    geom = ConvGeometry.of(in_shape, (out_channels, in_shape[1] // groups) + tuple(kernel), stride=stride,
+                           padding=padding, dilation=dilation, groups=groups, bias=bias, itemsize=itemsize,
+                           padding_mode=padding_mode)
+    return records(algorithm, geom, grid_shape, coords, filter_groups)
+
+
 def candidates(P_c):
     """``(algorithm, filter_groups)`` pairs worth pricing on a channel group of ``P_c``."""
     out = []

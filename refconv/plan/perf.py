@@ -6,7 +6,7 @@ module predicts, on the rank with the largest blocks (coordinate 0 everywhere):
 - compute: forward and backward FLOPs (or bytes, for batch norm, pooling and
   element-wise layers) priced by the machine's fitted rates;
 - communication: every call the layer makes, priced by the machine file.  A
-  convolution's calls come from :func:`refconv.cost_model.layer_records`, a pooling
+  convolution's calls come from :func:`refconv.algorithms.layer_records`, a pooling
   layer's halo from the same function (a ``P_c = 1`` convolution with the pool's
   geometry has the same halo); batch norm, global average pooling, the classifier
   and the loss are written out in :func:`layer_calls` from refconv/layers;
@@ -30,7 +30,7 @@ import math
 import numpy
 
 from refconv import algorithms
-from refconv.cost_model import candidates, layer_records
+from refconv.algorithms import candidates, layer_records
 from refconv.distribution import Distribution
 from refconv.reference.layers import pool_geometry
 
@@ -152,7 +152,7 @@ def _weight_block(F, C, P_c, name, filter_groups):
 
 
 def conv_calls(layer, grid, algorithm, filter_groups):
-    """The calls of a conv, from :func:`refconv.cost_model.layer_records`; all its allreduces
+    """The calls of a conv, from :func:`refconv.algorithms.layer_records`; all its allreduces
     are the weight-gradient ones (``dw``, then ``db``)."""
     spec = layer.spec
     records = layer_records(algorithm, layer.in_shape, spec["out"], _pair(spec["kernel"]), grid_shape=grid,
