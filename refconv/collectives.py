@@ -62,6 +62,7 @@ import numpy
 from mpi4py import MPI
 
 from refconv import arrays
+from refconv.failure import LINE_GRACE_S
 
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 
@@ -169,7 +170,6 @@ stats = CommStats()
 # -- deadlines: the collective watchdog --------------------------------------------------
 TRAINING_TIMEOUT_S = 300.0      # refconv train's default --timeout
 EXIT_TIMEOUT = 124              # the abort code of a timed-out collective (as coreutils timeout)
-_LINE_GRACE_S = 0.2
 
 
 def _check_timeout(seconds, what="timeout"):
@@ -245,7 +245,7 @@ def _abort_timed_out(kind, comm, buffers, started, timeout):
                      f"{comm.Get_name()!r} ({comm.Get_size()} ranks) with {_describe(buffers)}: "
                      f"this rank waited {waited:.1f} s (timeout {timeout:g} s); aborting the job\n")
     sys.stderr.flush()
-    time.sleep(_LINE_GRACE_S)        # mpiexec may drop output still in flight when the abort lands
+    time.sleep(LINE_GRACE_S)         # mpiexec may drop output still in flight when the abort lands
     world.Abort(EXIT_TIMEOUT)
 
 

@@ -100,6 +100,9 @@ def install_if_several_ranks():
     return False
 
 
+LINE_GRACE_S = 0.2  # between printing the error line and aborting (the collective watchdog waits the same)
+
+
 def exit_on_shared_error(message, status=2, *, grace_s=None):
     """End the job over an error that every rank raised alike; returns ``status`` with one rank.
 
@@ -114,6 +117,7 @@ def exit_on_shared_error(message, status=2, *, grace_s=None):
         return status
     if world.Get_rank() == 0:
         write_line(message)
+        time.sleep(LINE_GRACE_S)  # mpiexec drops a line still in flight when the abort lands first
         world.Abort(status)
     time.sleep(SHARED_GRACE_S if grace_s is None else grace_s)
     write_line(f"[rank {world.Get_rank()}] {message}")
