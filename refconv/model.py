@@ -127,6 +127,6 @@ class Model(Wrapper):
         """One line per layer: name, layer (with its grid and algorithm) and output shape."""
         lines = []
         for name, layer in zip(self.body.names, self.body.layers):
-            out = getattr(layer, "output_shape", None) if self._input_shape else None
+            out = layer.output_shape if self._input_shape else None
             lines.append(f"{name if name is not None else '-':>4}  {layer!r}" + (f"  -> {out}" if out else ""))
         return "\n".join(lines)

@@ -110,7 +110,12 @@ class Sequential:
 
 
 class Wrapper:
-    """Something built around a :class:`Sequential` ``body``: it is laid out as its body."""
+    """Something built around a :class:`Sequential` ``body``: it is laid out, and shaped at
+    its output, as its body."""
+
+    @property
+    def output_shape(self):
+        return self.body.output_shape
 
     @property
     def input_distribution(self):
@@ -151,12 +156,7 @@ class Residual(Wrapper):
         if out_b != out_s:
             raise ValueError(f"residual: the body gives {out_b} but the shortcut gives {out_s}; "
                              f"add a projection shortcut (a 1x1 conv with the body's stride and channels)")
-        self._output_shape = out_b
         return self
-
-    @property
-    def output_shape(self):
-        return self._output_shape
 
     def forward(self, x_loc):
         y = self.body.forward(x_loc)
