@@ -14,14 +14,14 @@ PAGE = ROOT / "docs" / "cluster.md"
 MARKER = "<!-- tested: tests/test_cluster_docs.py -->"
 
 
-def tested_block():
+def _tested_block():
     match = re.search(re.escape(MARKER) + r"\n```sh\n(.*?)^```", PAGE.read_text(), re.S | re.M)
     assert match, f"{PAGE.name}: no ```sh block after {MARKER}"
     return match.group(1)
 
 
 def test_the_local_block_runs_and_leaves_results_and_plots(tmp_path):
-    block = tested_block()
+    block = _tested_block()
     env = dict(os.environ, PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     result = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=300)
