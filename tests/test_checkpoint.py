@@ -10,26 +10,16 @@ from mpi4py import MPI
 
 from refconv import checkpoint, collectives
 from refconv.checkpoint import CheckpointError
-from refconv.layers import DistConv2d
 from refconv.grid import ProcessGrid
 from refconv.optim import SGD
+from refconv.testing.models import TwoConvs
 
 
-class TinyModel:
-    """Two DistConv2d layers and the model protocol: named_parameters()."""
+class TinyModel(TwoConvs):
+    """Two DistConv2d layers (refconv.testing.models.TwoConvs), 2 output channels by default."""
 
-    def __init__(self, grid, *, algorithm="stationary-x", seed=0, out2=2):
-        kw = dict(grid=grid, algorithm=algorithm, dtype=numpy.float64, backend="numpy")
-        self.layers = {"conv1": DistConv2d(4, 6, 3, seed=seed, **kw),
-                       "conv2": DistConv2d(6, out2, 1, seed=seed + 1, **kw)}
-
-    def named_parameters(self):
-        for lname, layer in self.layers.items():
-            for pname in layer.parameters():
-                yield f"{lname}.{pname}", layer, pname
-
-    def named_buffers(self):
-        return []                           # convolutions have no buffers
+    def __init__(self, grid, *, out2=2, **kw):
+        super().__init__(grid, out2=out2, **kw)
 
 
 def fake_backward(model, scale):

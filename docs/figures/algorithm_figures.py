@@ -154,32 +154,32 @@ def weight_panel(ax, w, C, F, title):
         side.set_visible(False)
 
 
+def _flow(layouts, dims, labels, op, partial):
+    """The steps of one pass: ``a -> allgather -> b -> op -> c -> reduce-scatter -> d`` (a
+    collective between equal layouts draws as "stays"); forward and backward mirror each other."""
+    (a, b, c, d), ((n_in, k_in), (n_out, k_out)) = layouts, dims
+    first, read, made, last, moved, summed, over = labels
+    return [(n_in, a, first, False, k_in),
+            collective(a, b, "allgather", f"({moved} stays)"),
+            (n_in, b, read, False, k_in),
+            op,
+            (n_out, c, made + (f"\n(partial over {over})" if partial else ""), partial, k_out),
+            collective(c, d, "reduce-scatter", f"({summed} complete)"),
+            (n_out, d, last, False, k_out)]
+
+
 def channel_figure(path, algorithm_class, title, dims_label, C=9, F=7, P_c=4, filter_groups=None, note=""):
     L = channel_layouts(algorithm_class, C, F, P_c, filter_groups)
     w = L["weight"]
     full_C, full_F = [[(0, C)]] * P_c, [[(0, F)]] * P_c
     y_partial = L["conv_in"] != full_C          # the local conv summed over only some channels
     dx_partial = L["conv_out"] != full_F        # backward-data summed over only some filters
-    forward = [
-        (C, L["x_loc"], "x[:, C_i]", False, "c"),
-        collective(L["x_loc"], L["conv_in"], "allgather", "(x stays)"),
-        (C, L["conv_in"], "x read by the\nlocal conv", False, "c"),
-        "local conv\nwith w shard",
-        (F, L["conv_out"], "y from the local conv" + ("\n(partial over C)" if y_partial else ""),
-         y_partial, "f"),
-        collective(L["conv_out"], L["y_loc"], "reduce-scatter", "(y complete)"),
-        (F, L["y_loc"], "y[:, F_i]", False, "f"),
-    ]
-    backward = [
-        (F, L["y_loc"], "dy[:, F_i]", False, "f"),
-        collective(L["y_loc"], L["conv_out"], "allgather", "(dy stays)"),
-        (F, L["conv_out"], "dy read by the\nlocal backward", False, "f"),
-        "local backward-data\n(dw is local too)",
-        (C, L["conv_in"], "dx from backward-data" + ("\n(partial over F)" if dx_partial else ""),
-         dx_partial, "c"),
-        collective(L["conv_in"], L["x_loc"], "reduce-scatter", "(dx complete)"),
-        (C, L["x_loc"], "dx[:, C_i]", False, "c"),
-    ]
+    forward = _flow((L["x_loc"], L["conv_in"], L["conv_out"], L["y_loc"]), ((C, "c"), (F, "f")),
+                    ("x[:, C_i]", "x read by the\nlocal conv", "y from the local conv", "y[:, F_i]", "x", "y", "C"),
+                    "local conv\nwith w shard", y_partial)
+    backward = _flow((L["y_loc"], L["conv_out"], L["conv_in"], L["x_loc"]), ((F, "f"), (C, "c")),
+                     ("dy[:, F_i]", "dy read by the\nlocal backward", "dx from backward-data", "dx[:, C_i]", "dy",
+                      "dx", "F"), "local backward-data\n(dw is local too)", dx_partial)
     fig = plt.figure(figsize=(15, 7.6))
     gs = fig.add_gridspec(2, 2, width_ratios=[1, 3.6], hspace=0.25, wspace=0.08)
     weight_panel(fig.add_subplot(gs[:, 0]), w, C, F,

@@ -199,6 +199,11 @@ class Algorithm:
     def conv_data(self, dy, w_loc, x_win_shape):
         return self.backend.conv2d_backward_data(dy, w_loc, x_win_shape, **self._local)
 
+    def conv_backward(self, dy, w_loc):
+        """``(dx_win, dw_part)``: backward-data and backward-filter of this rank's window
+        ``self.x_win`` (kept by forward); partial sums, no communication."""
+        return self.conv_data(dy, w_loc, self.x_win.shape), self.conv_filter(self.x_win, dy, w_loc.shape)
+
     def conv_filter(self, x_win, dy, w_shape):
         return self.backend.conv2d_backward_filter(x_win, dy, w_shape, **self._local)
 

@@ -36,8 +36,8 @@ class SampleSpatial(Algorithm):
 
     def backward(self, dy_loc, w_loc):
         # dy_loc: (n, F, h', w')
-        dw_loc = self.conv_filter(self.x_win, dy_loc, w_loc.shape)  # (F, C/groups, Kh, Kw), partial over n, h', w'
-        dx_win = self.conv_data(dy_loc, w_loc, self.x_win.shape)  # (n, C, h_win, w_win)
+        # dx_win: (n, C, h_win, w_win); dw_loc: (F, C/groups, Kh, Kw) partial over n, h', w'
+        dx_win, dw_loc = self.conv_backward(dy_loc, w_loc)
         dx_loc = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C, h, w)
         dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
         return dx_loc, dw_loc, db_loc

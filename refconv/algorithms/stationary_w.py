@@ -75,8 +75,8 @@ class StationaryW(Algorithm):
     def backward(self, dy_loc, w_loc):
         # dy_loc: (n, F_i, h', w')
         dy_a = collectives.allgather(self.comm_c, dy_loc, self.f_counts, axis=1)  # (n, F_a, h', w')
-        dw_loc = self.conv_filter(self.x_win, dy_a, w_loc.shape)  # (F_a, C_b, Kh, Kw), partial over n, h', w'
-        dx_win = self.conv_data(dy_a, w_loc, self.x_win.shape)  # (n, C_b, h_win, w_win), partial over F
+        # dx_win: (n, C_b, h_win, w_win), partial over F; dw_loc: (F_a, C_b, Kh, Kw) partial over n, h', w'
+        dx_win, dw_loc = self.conv_backward(dy_a, w_loc)
         dx_part = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C_b, h, w)
         dx_loc = collectives.reduce_scatter(self.comm_f, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
         dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers

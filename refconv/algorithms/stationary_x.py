@@ -40,8 +40,8 @@ class StationaryX(Algorithm):
     def backward(self, dy_loc, w_loc):
         # dy_loc: (n, F_i, h', w')
         dy_full = collectives.allgather(self.comm, dy_loc, self.f_counts, axis=1)  # (n, F, h', w')
-        dw_loc = self.conv_filter(self.x_win, dy_full, w_loc.shape)  # (F, C_i, Kh, Kw), partial over n, h', w'
-        dx_win = self.conv_data(dy_full, w_loc, self.x_win.shape)  # (n, C_i, h_win, w_win)
+        # dx_win: (n, C_i, h_win, w_win); dw_loc: (F, C_i, Kh, Kw) partial over n, h', w'
+        dx_win, dw_loc = self.conv_backward(dy_full, w_loc)
         dx_loc = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C_i, h, w)
         dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
         return dx_loc, dw_loc, db_loc

@@ -39,8 +39,8 @@ class StationaryY(Algorithm):
 
     def backward(self, dy_loc, w_loc):
         # dy_loc: (n, F_i, h', w')
-        dw_loc = self.conv_filter(self.x_win, dy_loc, w_loc.shape)  # (F_i, C, Kh, Kw), partial over n, h', w'
-        dx_win = self.conv_data(dy_loc, w_loc, self.x_win.shape)  # (n, C, h_win, w_win), partial over F
+        # dx_win: (n, C, h_win, w_win), partial over F; dw_loc: (F_i, C, Kh, Kw) partial over n, h', w'
+        dx_win, dw_loc = self.conv_backward(dy_loc, w_loc)
         dx_part = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C, h, w)
         dx_loc = collectives.reduce_scatter(self.comm, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
         dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers

@@ -10,33 +10,17 @@ from mpi4py import MPI
 
 from refconv import checkpoint
 from refconv.checkpoint import CheckpointError
-from refconv.layers import DistConv2d
 from refconv.grid import ProcessGrid
 from refconv.optim import SGD
 from refconv.sharding import allgather
 from refconv.testing.asserts import assert_all_ranks
+from refconv.testing.models import TwoConvs
 from refconv.testing.mpirun import mpi_test
-
-
-class TinyModel:
-    def __init__(self, grid, *, algorithm="stationary-x", filter_groups=None, seed=0):
-        kw = dict(grid=grid, algorithm=algorithm, filter_groups=filter_groups,
-                  dtype=numpy.float64, backend="numpy")
-        self.layers = {"conv1": DistConv2d(4, 6, 3, seed=seed, **kw),
-                       "conv2": DistConv2d(6, 4, 1, seed=seed + 1, **kw)}
-
-    def named_parameters(self):
-        for lname, layer in self.layers.items():
-            for pname in layer.parameters():
-                yield f"{lname}.{pname}", layer, pname
-
-    def named_buffers(self):
-        return []                           # convolutions have no buffers
 
 
 def trained(grid, **kw):
     """A model and optimizer after one step with rank-independent gradients."""
-    model = TinyModel(grid, **kw)
+    model = TwoConvs(grid, **kw)
     opt = SGD(model, lr=0.1, momentum=0.9)
     for i, (_, layer, pname) in enumerate(model.named_parameters()):
         setattr(layer, f"{pname}_grad", layer.parameters()[pname] * (i + 1.0) + 0.5)
@@ -91,7 +75,7 @@ def test_reshard_between_grids_and_algorithms():
         want = global_state(model, opt)
         checkpoint.save(directory, model, opt, step=11, extra={"from": i})
         for grid_b, kw_b in layouts:
-            other = TinyModel(grid_b, seed=7, **kw_b)
+            other = TwoConvs(grid_b, seed=7, **kw_b)
             other_opt = SGD(other, lr=0.1, momentum=0.9)
             step, extra = checkpoint.load(directory, other, other_opt)
             got = global_state(other, other_opt)
@@ -109,7 +93,7 @@ def test_reshard_to_a_different_world_size():
     model, opt = trained(ProcessGrid(comm, channel=comm.size))
     want = global_state(model, opt)
     checkpoint.save(directory, model, opt, step=3)
-    solo = TinyModel(ProcessGrid(MPI.COMM_SELF), seed=5)
+    solo = TwoConvs(ProcessGrid(MPI.COMM_SELF), seed=5)
     solo_opt = SGD(solo, lr=0.1, momentum=0.9)
     checkpoint.load(directory, solo, solo_opt)
     got = global_state(solo, solo_opt)
@@ -119,7 +103,7 @@ def test_reshard_to_a_different_world_size():
     if comm.rank == 0:
         checkpoint.save(directory1, solo, solo_opt, step=4)
     comm.Barrier()
-    back = TinyModel(ProcessGrid(comm, sample=comm.size // 2, channel=2), seed=6)
+    back = TwoConvs(ProcessGrid(comm, sample=comm.size // 2, channel=2), seed=6)
     back_opt = SGD(back, lr=0.1, momentum=0.9)
     step, _ = checkpoint.load(directory1, back, back_opt)
     got = global_state(back, back_opt)
@@ -137,7 +121,7 @@ def test_corrupt_or_missing_shard_raises_on_every_rank():
     checkpoint.save(directory, model, opt, step=1)
     last = os.path.join(directory, checkpoint.shard_name(comm.size - 1, comm.size, 1, save=1))
     # a sample-parallel model needs only shard 0, yet the corrupt last shard is still found
-    loaders = [TinyModel(grid, seed=3), TinyModel(ProcessGrid(comm, sample=comm.size), seed=3)]
+    loaders = [TwoConvs(grid, seed=3), TwoConvs(ProcessGrid(comm, sample=comm.size), seed=3)]
     for damage, match in (("flip", "corrupt shard"), ("delete", "missing shard")):
         comm.Barrier()
         if comm.rank == 0:

@@ -60,13 +60,18 @@ def _grid(dist):
     return ProcessGrid(MPI.COMM_WORLD, **dict(zip(AXES, dist.grid_shape)))
 
 
+def _drawn(data, dtype):
+    """A (source, target) pair of distributions for this world size, the source's grid, and
+    0, 1, 2, ... laid out in the global shape: every element tells where it came from."""
+    src, dst = data.draw(distribution_pairs(MPI.COMM_WORLD.size))
+    return src, dst, _grid(src), numpy.arange(numpy.prod(src.global_shape), dtype=dtype).reshape(src.global_shape)
+
+
 @mpi_test(sizes=SIZES, timeout=120)
 @given(data=st.data())
 def test_scatter_gather_allgather_roundtrip(data):
-    comm = MPI.COMM_WORLD
-    dist, _ = data.draw(distribution_pairs(comm.size))
-    grid = _grid(dist)
-    x = numpy.arange(numpy.prod(dist.global_shape), dtype=numpy.float64).reshape(dist.global_shape)
+    dist, _, grid, x = _drawn(data, numpy.float64)
+    comm = grid.comm
     loc = sc.scatter(x if grid.rank == 0 else None, dist, grid)
     assert_all_ranks(comm, numpy.array_equal(loc, dist.extract(x, grid.rank)),
                      f"scatter wrong under {dist}")
@@ -80,12 +85,9 @@ def test_scatter_gather_allgather_roundtrip(data):
 @mpi_test(sizes=SIZES, timeout=120)
 @given(data=st.data())
 def test_redistribute_matches_extract(data):
-    comm = MPI.COMM_WORLD
-    src, dst = data.draw(distribution_pairs(comm.size))
-    grid = _grid(src)
-    x = numpy.arange(numpy.prod(src.global_shape), dtype=numpy.float32).reshape(src.global_shape)
+    src, dst, grid, x = _drawn(data, numpy.float32)
     out = sc.redistribute(src.extract(x, grid.rank), src, dst, grid)
-    assert_all_ranks(comm, numpy.array_equal(out, dst.extract(x, grid.rank)),
+    assert_all_ranks(grid.comm, numpy.array_equal(out, dst.extract(x, grid.rank)),
                      f"redistribute {src} -> {dst} wrong")
 
 

@@ -47,13 +47,18 @@ def activations(draw, shape, min_hw=(1, 1)):
     return N, C, H, W
 
 
+def _grid_and_activations(data):
+    """A grid shape for this world size, activations that split over it, and the grid."""
+    shape = data.draw(grid_shapes(comm.size))
+    x_shape = data.draw(activations(shape))
+    return shape, x_shape, _grid(shape)
+
+
 @mpi_test(sizes=SIZES, timeout=120)
 @settings(max_examples=15)
 @given(st.data())
 def test_batchnorm_matches_reference(data):
-    shape = data.draw(grid_shapes(comm.size))
-    x_shape = data.draw(activations(shape))
-    grid = _grid(shape)
+    shape, x_shape, grid = _grid_and_activations(data)
     rng = numpy.random.default_rng(list(x_shape))
     x = rng.standard_normal(x_shape) * 3 + 1
     dy = rng.standard_normal(x_shape)
@@ -133,10 +138,8 @@ test_avgpool_matches_reference = mpi_test(sizes=SIZES, timeout=120)(_pool_test(
 @settings(max_examples=10)
 @given(st.data())
 def test_gap_linear_loss_match_reference(data):
-    shape = data.draw(grid_shapes(comm.size))
-    x_shape = data.draw(activations(shape))
+    shape, x_shape, grid = _grid_and_activations(data)
     K = data.draw(st.integers(2, 5))
-    grid = _grid(shape)
     N, C = x_shape[:2]
     rng = numpy.random.default_rng(list(x_shape) + [K])
     x = rng.standard_normal(x_shape)
