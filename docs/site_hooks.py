@@ -33,6 +33,8 @@ API = {
                                                      "refconv.halo"]),
     "reference": ("Serial reference", ["refconv.reference"]),
     "cost_model": ("Cost model", ["refconv.cost_model"]),
+    "checks": ("Argument checks", ["refconv.checks"]),
+    "torch": ("PyTorch interop", ["refconv.torch"]),
     "plan": ("Planning", ["refconv.plan", "refconv.plan.search", "refconv.plan.machine"]),
     "testing": ("refconv.testing", ["refconv.testing.strategies", "refconv.testing.check",
                                     "refconv.testing.asserts", "refconv.testing.mutants",

@@ -27,11 +27,10 @@ from mpi4py import MPI
 
 from refconv import checks, cli
 from refconv.bench import schema
-from refconv.bench.common import SHAPES, grid_text, parse_shape, strategy_grid
+from refconv.bench.common import SHAPES, STRATEGIES, grid_text, parse_shape, strategy_grid
 from refconv.testing.mpirun import find_mpiexec
 
 NAME = "sweep"
-STRATEGIES = ("sample", "spatial", "stationary-x", "stationary-y", "stationary-w")
 MAIN_PASS = {"layer": "forward+backward", "step": "step"}  # the time a series is made of
 
 

@@ -13,8 +13,9 @@ share of the node's cores::
 The user's choice wins: ``--threads N`` (passed as ``requested``), else
 ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` or ``MKL_NUM_THREADS`` from the
 environment.  The limit is applied at run time through threadpoolctl, to every
-BLAS and OpenMP pool loaded in the process, so it holds whatever was imported
-first.  :func:`oversubscribed` says whether ranks x threads exceeds the cores
+BLAS and OpenMP pool loaded in the process when it runs; a library imported
+later (torch, in the benchmarks) gets the same count through :func:`match`.
+:func:`oversubscribed` says whether ranks x threads exceeds the cores
 (for a warning).
 """
 
@@ -108,6 +109,13 @@ def configure(comm, requested=None, environ=None):
 def limit(threads):
     """Cap every BLAS and OpenMP pool in this process at ``threads`` (until changed again)."""
     threadpool_limits(limits=_positive(threads, "threads"))
+
+
+def match(torch):
+    """Give ``torch``, imported after :func:`configure`, the thread count the BLAS pools have
+    (threadpoolctl limits only the pools loaded when it runs)."""
+    counts = [p["num_threads"] for p in threadpool_info() if p["internal_api"] != "openmp"]
+    torch.set_num_threads(min(counts) if counts else 1)
 
 
 def current():

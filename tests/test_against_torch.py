@@ -1,7 +1,8 @@
 """Cross-check the reference against PyTorch, where PyTorch is installed.
 
-CI does not install PyTorch, so there these tests are reported as skipped (not
-passed).  Developers run them with ``pip install torch`` in the venv.
+Where torch is not installed these tests are reported as skipped (not passed);
+CI installs the CPU build (``.ci/run``), and so can a developer:
+``pip install torch==2.13.0`` in the venv.
 """
 
 import numpy

@@ -33,6 +33,7 @@ import time
 import pytest
 
 from refconv import checkpoint, collectives
+from refconv.testing.mpirun import find_mpiexec
 
 TIMEOUT_S = 2.0          # --timeout of the faulted runs: a stopped peer is noticed after this
 END_SLACK_S = 8.0        # from the fault to the end of the job, beyond TIMEOUT_S (launch, abort)
@@ -98,9 +99,7 @@ class Ended:
 
 def launch(args, *, fault=None, timeout=HANG_S):
     """``mpiexec -n 2 python -m refconv.cli ARGS``; returns Ended (seconds from the fault's line)."""
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if not os.path.exists(mpiexec):
-        mpiexec = shutil.which("mpiexec")
+    mpiexec = find_mpiexec()
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     env.pop("REFCONV_TIMEOUT", None)
     env.pop("REFCONV_FAULT", None)

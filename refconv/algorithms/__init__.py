@@ -64,7 +64,10 @@ def resolve(name, P_c, filter_groups=None, groups=1, channels=None):
 
 
 def records(name, geom, grid_shape, coords=(0, 0, 0, 0), filter_groups=None):
-    """The calls of one forward and backward of algorithm ``name`` (see the module docstring)."""
+    """The calls of one forward and backward of algorithm ``name`` (see the module docstring):
+    a name a layer asks for, or one that :func:`choose` returns (``grouped``, ``grouped-x``...)."""
+    if name in CHOSEN_ONLY and grid_shape[1] > 1:  # already the class that runs: no resolving
+        return REGISTRY[name].records(geom, tuple(grid_shape), tuple(coords), filter_groups)
     cls, filter_groups = resolve(name, grid_shape[1], filter_groups, geom.groups, (geom.C, geom.F))
     return cls.records(geom, tuple(grid_shape), tuple(coords), filter_groups)
 
@@ -101,16 +104,15 @@ def choose(geom, grid_shape, *, alpha=ALPHA, beta=BETA):
     Local compute is the same for every algorithm (each rank does ``1/P`` of the
     FLOPs), so communication decides.  ``table`` maps each candidate to its predicted
     seconds per iteration, priced on the rank with the largest blocks (coordinate 0
-    everywhere).  :mod:`refconv.cost_model` documents the model.
+    everywhere; an edge rank along height and width, so halos are priced as an edge
+    rank sends them).  :mod:`refconv.cost_model` documents the model.
     """
-    table = {}
     if geom.groups > 1 and grid_shape[1] > 1:  # the ways to run a grouped layer (grouped.py)
-        for cls, p_f in grouped_classes(grid_shape[1], geom.groups, (geom.C, geom.F)):
-            calls = cls.records(geom, tuple(grid_shape), (0, 0, 0, 0), p_f)
-            table[(cls.name, p_f)] = sum(c.seconds(alpha, beta) for c in calls)
-    for algorithm, p_f in candidates(grid_shape[1]) if not table else ():
-        calls = records(algorithm, geom, grid_shape, (0, 0, 0, 0), p_f)
-        table[(algorithm, p_f)] = sum(c.seconds(alpha, beta) for c in calls)
+        pairs = [(cls.name, p_f) for cls, p_f in grouped_classes(grid_shape[1], geom.groups, (geom.C, geom.F))]
+    else:
+        pairs = candidates(grid_shape[1])
+    price = lambda calls: sum(c.seconds(alpha, beta) for c in calls)  # noqa: E731
+    table = {(a, p_f): price(records(a, geom, grid_shape, (0, 0, 0, 0), p_f)) for a, p_f in pairs}
     (algorithm, p_f), _ = min(table.items(), key=lambda item: item[1])
     return algorithm, p_f, table
 

@@ -30,6 +30,7 @@ from refconv.algorithms import channel_algorithms
 from refconv.train_config import GRID_AXES, parse_grid
 
 ALGORITHMS = channel_algorithms()
+STRATEGIES = ("sample", "spatial") + ALGORITHMS  # what --strategies takes: strategy_grid knows each
 # name: (C, F, H=W, K, stride, padding)
 SHAPES = {
     "conv2": (64, 64, 56, 3, 1, 1),      # the ResNet-50-like shapes of the kernels issue
@@ -137,7 +138,7 @@ def strategy_grid(strategy, ranks):
         return {"height": ranks}, "stationary-x"
     if strategy in ALGORITHMS:
         return {"channel": ranks}, strategy
-    raise BenchError(f"--strategies: unknown {strategy!r}; expected some of {('sample', 'spatial') + ALGORITHMS}")
+    raise BenchError(f"--strategies: unknown {strategy!r}; expected some of {STRATEGIES}")
 
 
 def summarize(times):

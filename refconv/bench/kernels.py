@@ -21,7 +21,7 @@ import platform
 
 import numpy
 
-from refconv import arrays
+from refconv import arrays, threads
 from refconv import reference as ref
 from refconv.bench import timing
 from refconv.bench.common import SHAPE_KEYS, BenchError, option, parse_shape, pause_for, record, reject
@@ -75,6 +75,7 @@ def torch_passes(x, w, dy, stride, padding, device):
         import torch
     except ImportError:
         return None, "torch is not installed"
+    threads.match(torch)  # the same threads as refconv's contender
     if device == "cuda":
         if not torch.cuda.is_available():
             return None, "torch is installed without CUDA"

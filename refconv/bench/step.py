@@ -16,7 +16,7 @@ import math
 
 import numpy
 
-from refconv import train
+from refconv import threads, train
 from refconv.bench import timing, torch_step
 from refconv.bench.common import full_grid, grid_text, option, pause_for, record, reject, time_ranks, traffic
 from refconv.optim import SGD
@@ -76,6 +76,8 @@ def torch_comparison(model_name, batch, comm, repeat, warmup, pause):
     if comm.Get_size() > 1 or model_name not in torch_step.MODELS or importlib.util.find_spec("torch") is None:
         return None
     import torch  # optional: only to compare against
+
+    threads.match(torch)  # the same threads as refconv's contender
 
     contenders, (ours, theirs) = torch_step.step_contenders(model_name, batch, comm, torch)
     if not math.isclose(ours, theirs, rel_tol=1e-3):

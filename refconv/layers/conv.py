@@ -233,7 +233,8 @@ class DistConv2d(Layer):
         return dx_loc
 
     def records(self):
-        """The calls one forward and backward of this bound layer make on this rank."""
+        """The calls one forward and backward of this bound layer make on this rank (a layer that
+        binds itself in its first forward also makes, that once, one allreduce of its local extents)."""
         self._require_bound()
         cls = algorithms.REGISTRY[self.algorithm]
         return cls.records(self._geom, self.grid.shape, self.grid.coords, self.filter_groups)

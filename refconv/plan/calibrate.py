@@ -36,8 +36,8 @@ from mpi4py import MPI
 from refconv import ProcessGrid, collectives
 from refconv.backend import get_backend
 from refconv.layers import DistConv2d
+from refconv.plan.machine import KINDS
 
-KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "halo")
 WARM_S = 0.05
 COMPUTE_WINDOW_S = 0.02  # each compute sample: this long back to back on every rank at once
 COLLECTIVE_WINDOW_S = 0.005  # each collective sample: this long back to back
