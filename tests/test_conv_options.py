@@ -61,3 +61,13 @@ def test_one_rank_halo_window_is_the_padded_image(problem):
     d = numpy.random.default_rng(9).standard_normal(x_win.shape)
     lhs, rhs = float((x_win * d).sum()), float((x * halo.reduce(d, numpy)).sum())
     assert abs(lhs - rhs) <= 1e-9 * (1 + abs(lhs))
+
+
+def test_records_take_the_name_choose_returns_for_a_grouped_layer():
+    from refconv import algorithms
+
+    geom = algorithms.ConvGeometry.of((2, 8, 6, 6), (8, 1, 3, 3), groups=8, padding=1)
+    name, p_f, table = algorithms.choose(geom, (1, 2, 1, 1))
+    calls = algorithms.records(name, geom, (1, 2, 1, 1), (0, 0, 0, 0), p_f)
+    assert name == "grouped" and [c.kind for c in calls] == ["allreduce", "allreduce"]  # no channel collective
+    assert table[(name, p_f)] == sum(c.seconds() for c in calls)
