@@ -1,11 +1,12 @@
 """The ``refconv`` command line: ``refconv COMMAND ...`` (distributed commands run under mpiexec).
 
 Subcommands are registered in :data:`COMMANDS`, one ``(name, module)`` line each.
-A command module exposes two functions::
+A command module exposes::
 
-    def add_parser(subparsers):     # subparsers.add_parser(name, help=..., description=...),
-        ...                         # its arguments; returns the parser
-    def run(args) -> int:           # does the work; returns the exit status (0: success)
+    HELP = "..."                    # its line in ``refconv --help``
+    DESCRIPTION = "..."             # the paragraph atop ``refconv NAME --help``
+    def add_arguments(parser): ...  # its options, on the subparser main made for it
+    def run(args) -> int: ...       # does the work; returns the exit status (0: success)
 
 Adding a command is one new module and one line in ``COMMANDS``.  ``main`` owns
 what every command shares, on every rank alike:
@@ -59,9 +60,8 @@ def build_parser():
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS:
         module = importlib.import_module(module_name)
-        sub = module.add_parser(subparsers)
-        if sub.prog.split()[-1] != name:
-            raise RuntimeError(f"refconv.cli.COMMANDS: {module_name}.add_parser added {sub.prog!r}, not {name!r}")
+        sub = subparsers.add_parser(name, help=module.HELP, description=module.DESCRIPTION)
+        module.add_arguments(sub)
         sub.set_defaults(run=module.run)
     return parser
 

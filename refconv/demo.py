@@ -30,16 +30,14 @@ def command(args):
             *train_config.to_arguments(args)]
 
 
-def add_parser(subparsers):
-    parser = subparsers.add_parser(
-        "demo", usage="%(prog)s [OPTION ...]",
-        help=f"train the digits CNN on {RANKS} ranks (sample=2 x channel=2, Stationary-X) and replay its "
-             f"first 5 steps on one rank",
-        description=f"Train the digits CNN on {RANKS} ranks (sample=2 x channel=2, Stationary-X) and replay "
-                    f"its first 5 steps on one rank. From one process it starts mpiexec -n {RANKS} itself; "
-                    f"under mpiexec -n {RANKS} it trains in place. It takes every refconv train option, "
-                    f"with the demo's defaults.")
-    return train_config.add_arguments(parser, DEFAULTS)
+HELP = f"train the digits CNN on {RANKS} ranks (sample=2 x channel=2, Stationary-X) and replay its first 5 steps on one rank"
+DESCRIPTION = (f"Train the digits CNN on {RANKS} ranks (sample=2 x channel=2, Stationary-X) and replay its first 5 "
+               f"steps on one rank. From one process it starts mpiexec -n {RANKS} itself; under mpiexec -n {RANKS} "
+               f"it trains in place. It takes every refconv train option, with the demo's defaults.")
+
+
+def add_arguments(parser):
+    train_config.add_arguments(parser, DEFAULTS)
 
 
 def run(args):

@@ -29,6 +29,7 @@ import socket
 import sys
 
 from refconv import arrays, collectives, threads
+from refconv.backend import BACKENDS
 
 OVERSUBSCRIBE_ENV = "REFCONV_OVERSUBSCRIBE_GPUS"
 
@@ -93,7 +94,7 @@ def threads_per_rank():
 
 def resolve_backend(backend):
     """``"auto"`` -> ``"cuda"`` on a real GPU, else ``"numpy"``; others unchanged."""
-    if backend not in ("auto", "numpy", "cuda"):
+    if backend not in BACKENDS:
         raise BindError(f"backend: expected 'auto', 'numpy' or 'cuda', got {backend!r}")
     if backend == "auto":
         return "cuda" if arrays.gpu_available() else "numpy"

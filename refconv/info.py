@@ -17,6 +17,7 @@ import sys
 from mpi4py import MPI
 
 from refconv import __version__, arrays, cli, collectives, device, threads
+from refconv.backend import BACKENDS
 
 NAME = "info"
 PACKAGES = (("numpy", "numpy"), ("numba", "numba"), ("numba-cuda", "numba-cuda"), ("cupy", None),
@@ -80,15 +81,16 @@ def format_text(record):
     return "\n".join(lines)
 
 
-def add_parser(subparsers):
-    p = subparsers.add_parser(NAME, help="versions, MPI library, CUDA-awareness and each rank's GPU and threads",
-                              description=__doc__.split("\n\n")[0])
+HELP = "versions, MPI library, CUDA-awareness and each rank's GPU and threads"
+DESCRIPTION = __doc__.split("\n\n")[0]
+
+
+def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print the record as JSON (one line)")
-    p.add_argument("--backend", choices=("auto", "numpy", "cuda"), default="auto",
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="the backend to bind for; auto: cuda when a GPU answers")
     p.add_argument("--oversubscribe-gpus", action="store_true",
                    help=f"allow more ranks per node than GPUs (or {device.OVERSUBSCRIBE_ENV}=1)")
-    return p
 
 
 def run(args):

@@ -38,14 +38,15 @@ PARTS = (("compute", ()), ("allreduce", ("allreduce",)), ("reduce-scatter", ("re
 COLORS = ("#9e9e9e", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
 
 
-def add_parser(subparsers):
-    p = subparsers.add_parser(NAME, help="plot speedup, efficiency and the time breakdown of a sweep",
-                              description=__doc__.split("\n\n")[0])
+HELP = "plot speedup, efficiency and the time breakdown of a sweep"
+DESCRIPTION = __doc__.split("\n\n")[0]
+
+
+def add_arguments(p):
     p.add_argument("results", help="a JSON-lines results file from refconv sweep / refconv bench --out")
     p.add_argument("--out-dir", default=None, help="where the PNGs go (default: the results file's folder)")
     p.add_argument("--machine", default=None,
                    help="a machine file or built-in name for the predicted-vs-measured overlay (refconv plan's model)")
-    return p
 
 
 def breakdown(line):

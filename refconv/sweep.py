@@ -26,6 +26,7 @@ import uuid
 from mpi4py import MPI
 
 from refconv import checks, cli
+from refconv.backend import BACKENDS
 from refconv.bench import schema
 from refconv.bench.common import SHAPES, STRATEGIES, grid_text, parse_shape, strategy_grid
 from refconv.testing.mpirun import find_mpiexec
@@ -44,9 +45,11 @@ def _ints(text):
     return values
 
 
-def add_parser(subparsers):
-    p = subparsers.add_parser(NAME, help="strong or weak scaling series over rank counts and strategies",
-                              description=__doc__.split("\n\n")[0])
+HELP = "strong or weak scaling series over rank counts and strategies"
+DESCRIPTION = __doc__.split("\n\n")[0]
+
+
+def add_arguments(p):
     p.add_argument("--ranks", default="1,2,4", help="rank counts, e.g. 1,2,4,8")
     p.add_argument("--strategies", default="sample,stationary-x,stationary-y,stationary-w",
                    help=f"comma-separated, from {', '.join(STRATEGIES)}")
@@ -63,10 +66,9 @@ def add_parser(subparsers):
                    help="mpiexec: mpiexec -n P on this machine; srun: srun -n P inside a Slurm allocation")
     p.add_argument("--launcher-args", default="",
                    help="extra launcher arguments, written with '=': --launcher-args='--gpus-per-task=1'")
-    p.add_argument("--backend", choices=("auto", "numpy", "cuda"), default="auto")
+    p.add_argument("--backend", choices=BACKENDS, default="auto")
     p.add_argument("--out", default="results.jsonl", help="results file (appended to)")
     p.add_argument("--dry-run", action="store_true", help="print the launch commands only")
-    return p
 
 
 def plan(args):

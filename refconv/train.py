@@ -32,7 +32,7 @@ from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
 from refconv.train_config import MAX_CLASSES, OptionError, TrainConfig
 
-__all__ = ["TrainConfig", "train", "step", "evaluate", "learning_rate", "format_summary", "add_parser", "run"]
+__all__ = ["TrainConfig", "train", "step", "evaluate", "learning_rate", "format_summary", "add_arguments", "run"]
 
 KINDS = ("allreduce", "reduce_scatter", "allgather", "halo", "alltoallv", "bcast", "scatter", "gather")
 
@@ -338,14 +338,14 @@ def format_summary(result):
 
 
 # -- ``refconv train`` (the command protocol of refconv.cli) ------------------------------------------
-def add_parser(subparsers):
-    parser = subparsers.add_parser(
-        "train", usage="%(prog)s [OPTION ...]", help="train a CNN with sample, channel/filter and spatial parallelism",
-        description="Train a CNN on the process grid of every rank of MPI.COMM_WORLD. Rank 0 prints the "
-                    "setup, the loss and test accuracy per epoch, and a summary of the time and bytes "
-                    "communicated per step by kind of collective; progress goes to stderr.")
+HELP = "train a CNN with sample, channel/filter and spatial parallelism"
+DESCRIPTION = ("Train a CNN on the process grid of every rank of MPI.COMM_WORLD. Rank 0 prints the setup, the "
+               "loss and test accuracy per epoch, and a summary of the time and bytes communicated per step by "
+               "kind of collective; progress goes to stderr.")
+
+
+def add_arguments(parser):
     train_config.add_arguments(parser)
-    return parser
 
 
 def run(args):

@@ -20,6 +20,7 @@ import numbers
 import re
 
 from refconv import algorithms, checks
+from refconv.backend import BACKENDS
 from refconv.collectives import TRAINING_TIMEOUT_S, env_timeout
 from refconv.grid import AXES
 
@@ -170,9 +171,9 @@ OPTIONS = (
     Option("seed", 0, _int(0), OPTIM, "parameters and data order: same seed, same run", parse=int),
     Option("max_steps", None, _int(1, optional=True), OPTIM, "stop after this many steps in all",
            parse=int),
-    Option("backend", "auto", _one_of(("auto", "numpy", "cuda")), RUN,
+    Option("backend", "auto", _one_of(BACKENDS), RUN,
            "numpy: the CPU path; cuda: the Numba kernels; auto: cuda when a GPU answers", parse=str,
-           choices=("auto", "numpy", "cuda")),
+           choices=BACKENDS),
     Option("dtype", "float32", _one_of(("float32", "float64")), RUN, "parameter and activation dtype",
            parse=str, choices=("float32", "float64")),
     Option("threads", None, _int(1, optional=True), RUN, "BLAS threads per rank (unset: OMP_NUM_THREADS, "
@@ -235,7 +236,9 @@ TrainConfig.__module__ = __name__
 # -- the command line ------------------------------------------------------------------------------
 def add_arguments(parser, defaults=None):
     """Add every option to ``parser`` (an argparse parser), one section per group;
-    ``defaults`` (name -> value) replaces some defaults (``refconv demo``'s)."""
+    ``defaults`` (name -> value) replaces some defaults (``refconv demo``'s).  The usage line
+    says ``[OPTION ...]`` rather than listing every option."""
+    parser.usage = "%(prog)s [OPTION ...]"
     groups, defaults = {}, defaults or {}
     for o in OPTIONS:
         if o.group not in groups:

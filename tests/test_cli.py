@@ -49,7 +49,8 @@ def test_every_registered_command_has_the_protocol_and_is_listed(capsys):
     assert len(set(names)) == len(names) and {"train", "demo"} <= set(names)
     for name, module_name in cli.COMMANDS:
         module = importlib.import_module(module_name)
-        assert callable(module.add_parser) and callable(module.run), module_name
+        assert isinstance(module.HELP, str) and module.HELP and isinstance(module.DESCRIPTION, str), module_name
+        assert callable(module.add_arguments) and callable(module.run), module_name
     status, out, _ = _main(capsys, "--help")
     assert status == 0 and all(name in out for name in names)
 

@@ -29,11 +29,8 @@ SUBCOMMANDS = {
 }
 
 
-def add_parser(subparsers):
-    p = subparsers.add_parser(NAME, help="benchmarks: kernels, collectives, layer, step (JSON lines with --out)",
-                              description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    return p
+HELP = "benchmarks: kernels, collectives, layer, step (JSON lines with --out)"
+DESCRIPTION = __doc__.split("\n\n")[0]
 
 
 def add_arguments(p):

@@ -27,6 +27,7 @@ import numpy
 from refconv import arrays, checks, collectives, cost_model
 from refconv.bench import timing
 from refconv.algorithms import channel_algorithms
+from refconv.backend import BACKENDS
 from refconv.train_config import GRID_AXES, parse_grid
 
 ALGORITHMS = channel_algorithms()
@@ -93,7 +94,7 @@ def add_arguments(p):
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--repeat", type=int, help="timed repetitions (min, median and max reported)")
     g.add_argument("--warmup", type=int, help="untimed repetitions first")
-    g.add_argument("--backend", choices=("auto", "numpy", "cuda"), default="auto",
+    g.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="numpy: the CPU path; cuda: the Numba kernels; auto: cuda when a GPU answers")
     g.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores / ranks on the node)")
     g.add_argument("--oversubscribe-gpus", action="store_true", help="allow more ranks per node than GPUs")

@@ -34,7 +34,7 @@ import yaml
 from mpi4py import MPI
 
 from refconv import ProcessGrid, collectives
-from refconv.backend import get_backend
+from refconv.backend import BACKENDS, get_backend
 from refconv.layers import DistConv2d
 from refconv.plan.machine import KINDS
 
@@ -43,15 +43,16 @@ COMPUTE_WINDOW_S = 0.02  # each compute sample: this long back to back on every 
 COLLECTIVE_WINDOW_S = 0.005  # each collective sample: this long back to back
 
 
-def add_parser(subparsers):
-    p = subparsers.add_parser(
-        "calibrate", help="measure this machine's collectives and kernels into a machine file",
-        description="Time collectives (a sweep of buffer sizes per communicator size, least-squares "
-                    "alpha-beta fit) and the local kernels (throughput fit per shape class) on every rank "
-                    "of MPI.COMM_WORLD; rank 0 writes the machine file. See docs/planning.md.")
+HELP = "measure this machine's collectives and kernels into a machine file"
+DESCRIPTION = ("Time collectives (a sweep of buffer sizes per communicator size, least-squares alpha-beta fit) "
+               "and the local kernels (throughput fit per shape class) on every rank of MPI.COMM_WORLD; rank 0 "
+               "writes the machine file. See docs/planning.md.")
+
+
+def add_arguments(p):
     p.add_argument("--out", required=True, help="the machine file to write (.yaml)")
     p.add_argument("--quick", action="store_true", help="few sizes and repeats: seconds, for tests")
-    p.add_argument("--backend", choices=("auto", "numpy", "cuda"), default="auto", help="kernels to time")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="kernels to time")
     p.add_argument("--name", default="this-machine", help="the machine's name in the file")
     return p
 

@@ -24,12 +24,13 @@ from refconv.model_spec import load_spec
 from refconv.plan import machine as machine_mod, report, search
 
 
-def add_parser(subparsers):
-    p = subparsers.add_parser(
-        "plan", help="plan every layer's grid and algorithm from a performance model",
-        description="Search every factorisation of the ranks into sample x channel x height x width per "
-                    "layer (and every channel algorithm and p_f), minimising the predicted step time with "
-                    "the shuffles between layers, under a memory limit. See docs/planning.md.")
+HELP = "plan every layer's grid and algorithm from a performance model"
+DESCRIPTION = ("Search every factorisation of the ranks into sample x channel x height x width per layer (and "
+               "every channel algorithm and p_f), minimising the predicted step time with the shuffles between "
+               "layers, under a memory limit. See docs/planning.md.")
+
+
+def add_arguments(p):
     p.add_argument("--model", required=True, help="a preset (digits-cnn, resnet50, resnet50-wide2, "
                                                   "resnet50-wide4) or a JSON/YAML model file")
     p.add_argument("--ranks", type=int, required=True, help="number of ranks P")
