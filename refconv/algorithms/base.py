@@ -11,7 +11,7 @@ halo exchange and return, its channel collectives and its call of
 import dataclasses
 
 from refconv import checks, collectives
-from refconv.distribution import block_size
+from refconv.distribution import block_size, block_sizes
 from refconv.halo import Halo, exchanges, halo_plan
 
 KINDS = ("allreduce", "allgather", "reduce_scatter", "halo")
@@ -213,3 +213,18 @@ class Algorithm:
     def bias_grad(self, dy_loc):
         """This rank's partial ``db``: ``dy`` summed over its samples and rows (None without bias)."""
         return self.backend.bias_grad(dy_loc) if self.geom.bias else None
+
+
+class ChannelAlgorithm(Algorithm):
+    """An algorithm that moves activations over a channel group: ``channel_comm``, whose
+    rank ``i`` holds ``c_counts[i]`` channels of ``x`` and ``f_counts[i]`` of ``y``."""
+
+    def __init__(self, grid, geom, backend, filter_groups=None):
+        super().__init__(grid, geom, backend, filter_groups)
+        self.channel_comm, self.c_counts, self.f_counts = self.channel_group(grid, geom, filter_groups)
+
+    @staticmethod
+    def channel_group(grid, geom, filter_groups):
+        """``(comm, c_counts, f_counts)``: here the whole channel group, ``P_c`` ranks by
+        channel coordinate, with the blocks ``|C_i|`` and ``|F_i|`` of each."""
+        return grid.channel_comm, block_sizes(geom.C, grid.P_c), block_sizes(geom.F, grid.P_c)

@@ -71,9 +71,12 @@ class GroupedChannels(SampleSpatial):
         return exchange + back + gradient_records(geom, grid_shape, coords, (b.F_i,) + geom.w_shape[1:])
 
 
-def _group_ranks(grid, groups):
-    """The ``q = P_c/groups`` ranks ``(g, .)`` that hold this rank's group, ordered by ``j``."""
-    return grid.stationary_w_comms(groups)[1]
+def _group_of(grid, geom, filter_groups=None):
+    """``(comm, c_counts, f_counts)`` of this rank's group: its ``q = P_c/groups`` ranks
+    ``(g, .)`` ordered by ``j``, each holding ``C/P_c`` of its channels and ``F/P_c`` of its
+    filters.  The channel collectives of X and Y run there."""
+    q = grid.P_c // geom.groups
+    return grid.stationary_w_comms(geom.groups)[1], [geom.C // grid.P_c] * q, [geom.F // grid.P_c] * q
 
 
 class GroupSpanX(StationaryX):
@@ -83,10 +86,9 @@ class GroupSpanX(StationaryX):
 
     def __init__(self, grid, geom, backend, filter_groups):
         super().__init__(grid, geom, backend, filter_groups)
-        q = grid.P_c // geom.groups
-        self.comm = _group_ranks(grid, geom.groups)  # the reduce-scatter and allgather of X, over (g, .)
-        self.f_counts = [geom.F // grid.P_c] * q  # |F_i| of the group's ranks
         self._local["groups"] = 1  # this rank's channels all belong to one group
+
+    channel_group = staticmethod(_group_of)  # the channel collectives run over the group's q ranks
 
     @classmethod
     def weight_dims(cls, P_c, filter_groups):
@@ -111,10 +113,9 @@ class GroupSpanY(StationaryY):
 
     def __init__(self, grid, geom, backend, filter_groups):
         super().__init__(grid, geom, backend, filter_groups)
-        q = grid.P_c // geom.groups
-        self.comm = _group_ranks(grid, geom.groups)  # the allgather and reduce-scatter of Y, over (g, .)
-        self.c_counts = [geom.C // grid.P_c] * q  # |C_i| of the group's ranks
         self._local["groups"] = 1
+
+    channel_group = staticmethod(_group_of)  # the channel collectives run over the group's q ranks
 
     @classmethod
     def weight_dims(cls, P_c, filter_groups):

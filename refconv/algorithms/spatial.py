@@ -29,6 +29,13 @@ class SampleSpatial(Algorithm):
     name = "sample-spatial"
     weight_layout = (None, None, None, None)  # every rank holds the whole F x C/groups x Kh x Kw weight
 
+    @staticmethod
+    def records(geom, grid_shape, coords, filter_groups=None):
+        """This rank's calls, in order: the halo exchange of x; the halo return of dx, then the
+        segmented allreduce of dw (and db)."""
+        exchange, back = halo_records(geom, grid_shape, coords, geom.C)
+        return exchange + back + gradient_records(geom, grid_shape, coords, geom.w_shape)
+
     def forward(self, x_loc, w_loc, b_loc):
         # x_loc: (n, C, h, w); w_loc: (F, C/groups, Kh, Kw); b_loc: (F,) or None
         self.x_win = self.halo.extend(x_loc, self.xp)  # halo exchange -> (n, C, h_win, w_win)
@@ -41,10 +48,3 @@ class SampleSpatial(Algorithm):
         dx_loc = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C, h, w)
         dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
         return dx_loc, dw_loc, db_loc
-
-    @staticmethod
-    def records(geom, grid_shape, coords, filter_groups=None):
-        """The calls of one forward and backward, in order, on the rank at ``coords``."""
-        exchange, back = halo_records(geom, grid_shape, coords, geom.C)
-        return exchange + back + gradient_records(geom, grid_shape, coords, geom.w_shape)
-

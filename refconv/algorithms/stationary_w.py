@@ -64,6 +64,21 @@ class StationaryW(Algorithm):
         return (Split.stationary_w_filters(P_c, filter_groups), Split.stationary_w_channels(P_c, filter_groups),
                 None, None)
 
+    @staticmethod
+    def records(geom, grid_shape, coords, filter_groups):
+        """This rank's calls, in order: the allgather of x over (., b), the halo exchange, the
+        reduce-scatter of y over (a, .); the allgather of dy over (a, .), the halo return, the
+        reduce-scatter of dx over (., b), then the segmented allreduce."""
+        b, P_c = local_blocks(geom, grid_shape, coords), grid_shape[1]
+        c_counts, f_counts = _groups(geom, P_c, filter_groups, coords[1])
+        C_b, F_a = sum(c_counts), sum(f_counts)
+        exchange, back = halo_records(geom, grid_shape, coords, C_b)
+        x_b = b.n * C_b * b.h * b.w * geom.itemsize  # the gathered x, and the partial dx
+        y_a = b.n * F_a * b.ho * b.wo * geom.itemsize  # the partial y, and the gathered dy
+        return ([Call("allgather", len(c_counts), x_b)] + exchange + [Call("reduce_scatter", len(f_counts), y_a),
+                Call("allgather", len(f_counts), y_a)] + back + [Call("reduce_scatter", len(c_counts), x_b)]
+                + gradient_records(geom, grid_shape, coords, (F_a, C_b) + geom.kernel))
+
     def forward(self, x_loc, w_loc, b_loc):
         # x_loc: (n, C_i, h, w); w_loc: (F_a, C_b, Kh, Kw); b_loc: (F_i,) or None
         x_b = collectives.allgather(self.comm_f, x_loc, self.c_counts, axis=1)  # (n, C_b, h, w)
@@ -81,16 +96,3 @@ class StationaryW(Algorithm):
         dx_loc = collectives.reduce_scatter(self.comm_f, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
         dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
         return dx_loc, dw_loc, db_loc
-
-    @staticmethod
-    def records(geom, grid_shape, coords, filter_groups):
-        """The calls of one forward and backward, in order, on the rank at ``coords``."""
-        b, P_c = local_blocks(geom, grid_shape, coords), grid_shape[1]
-        c_counts, f_counts = _groups(geom, P_c, filter_groups, coords[1])
-        C_b, F_a = sum(c_counts), sum(f_counts)
-        exchange, back = halo_records(geom, grid_shape, coords, C_b)
-        x_b = b.n * C_b * b.h * b.w * geom.itemsize  # the gathered x, and the partial dx
-        y_a = b.n * F_a * b.ho * b.wo * geom.itemsize  # the partial y, and the gathered dy
-        return ([Call("allgather", len(c_counts), x_b)] + exchange + [Call("reduce_scatter", len(f_counts), y_a),
-                Call("allgather", len(f_counts), y_a)] + back + [Call("reduce_scatter", len(c_counts), x_b)]
-                + gradient_records(geom, grid_shape, coords, (F_a, C_b) + geom.kernel))

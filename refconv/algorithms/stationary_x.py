@@ -16,41 +16,37 @@ F; a reduce-scatter over the channel group sums the partials and leaves
 """
 
 from refconv import collectives
-from refconv.algorithms.base import (Algorithm, Call, gradient_records, halo_records, local_blocks,
+from refconv.algorithms.base import (Call, ChannelAlgorithm, gradient_records, halo_records, local_blocks,
                                     segmented_allreduce)
-from refconv.distribution import block_sizes
 
 
-class StationaryX(Algorithm):
+class StationaryX(ChannelAlgorithm):
     name = "stationary-x"
     weight_layout = (None, "channel", None, None)  # w[:, C_i]
 
-    def __init__(self, grid, geom, backend, filter_groups=None):
-        super().__init__(grid, geom, backend, filter_groups)
-        self.comm = grid.channel_comm
-        self.f_counts = block_sizes(geom.F, grid.P_c)  # |F_i| for every i
+    @staticmethod
+    def records(geom, grid_shape, coords, filter_groups=None):
+        """This rank's calls, in order: the halo exchange of x[:, C_i], the reduce-scatter of the
+        partial y; the allgather of dy, the halo return, then the segmented allreduce."""
+        b, P_c = local_blocks(geom, grid_shape, coords), grid_shape[1]
+        exchange, back = halo_records(geom, grid_shape, coords, b.C_i)
+        y_full = b.n * geom.F * b.ho * b.wo * geom.itemsize  # the partial y, and the gathered dy
+        return (exchange + [Call("reduce_scatter", P_c, y_full)]  # forward
+                + [Call("allgather", P_c, y_full)] + back  # backward
+                + gradient_records(geom, grid_shape, coords, (geom.F, b.C_i) + geom.kernel))
 
     def forward(self, x_loc, w_loc, b_loc):
         # x_loc: (n, C_i, h, w); w_loc: (F, C_i, Kh, Kw); b_loc: (F_i,) or None
         self.x_win = self.halo.extend(x_loc, self.xp)  # halo exchange -> (n, C_i, h_win, w_win)
         y_part = self.conv(self.x_win, w_loc)  # (n, F, h', w'), partial over C
-        y_loc = collectives.reduce_scatter(self.comm, y_part, self.f_counts, axis=1)  # (n, F_i, h', w')
+        y_loc = collectives.reduce_scatter(self.channel_comm, y_part, self.f_counts, axis=1)  # (n, F_i, h', w')
         return self.add_bias(y_loc, b_loc)
 
     def backward(self, dy_loc, w_loc):
         # dy_loc: (n, F_i, h', w')
-        dy_full = collectives.allgather(self.comm, dy_loc, self.f_counts, axis=1)  # (n, F, h', w')
+        dy_full = collectives.allgather(self.channel_comm, dy_loc, self.f_counts, axis=1)  # (n, F, h', w')
         # dx_win: (n, C_i, h_win, w_win); dw_loc: (F, C_i, Kh, Kw) partial over n, h', w'
         dx_win, dw_loc = self.conv_backward(dy_full, w_loc)
         dx_loc = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C_i, h, w)
         dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
         return dx_loc, dw_loc, db_loc
-
-    @staticmethod
-    def records(geom, grid_shape, coords, filter_groups=None):
-        """The calls of one forward and backward, in order, on the rank at ``coords``."""
-        b, P_c = local_blocks(geom, grid_shape, coords), grid_shape[1]
-        exchange, back = halo_records(geom, grid_shape, coords, b.C_i)
-        y_full = b.n * geom.F * b.ho * b.wo * geom.itemsize  # the partial y, and the gathered dy
-        return (exchange + [Call("reduce_scatter", P_c, y_full), Call("allgather", P_c, y_full)] + back
-                + gradient_records(geom, grid_shape, coords, (geom.F, b.C_i) + geom.kernel))

@@ -17,23 +17,28 @@ Cheap when ``C h w < F h' w'``.
 """
 
 from refconv import collectives
-from refconv.algorithms.base import (Algorithm, Call, gradient_records, halo_records, local_blocks,
+from refconv.algorithms.base import (Call, ChannelAlgorithm, gradient_records, halo_records, local_blocks,
                                     segmented_allreduce)
-from refconv.distribution import block_sizes
 
 
-class StationaryY(Algorithm):
+class StationaryY(ChannelAlgorithm):
     name = "stationary-y"
     weight_layout = ("channel", None, None, None)  # w[F_i, :]
 
-    def __init__(self, grid, geom, backend, filter_groups=None):
-        super().__init__(grid, geom, backend, filter_groups)
-        self.comm = grid.channel_comm
-        self.c_counts = block_sizes(geom.C, grid.P_c)  # |C_i| for every i
+    @staticmethod
+    def records(geom, grid_shape, coords, filter_groups=None):
+        """This rank's calls, in order: the allgather of x, its halo exchange; the halo return of
+        the partial dx, its reduce-scatter, then the segmented allreduce."""
+        b, P_c = local_blocks(geom, grid_shape, coords), grid_shape[1]
+        exchange, back = halo_records(geom, grid_shape, coords, geom.C)
+        x_full = b.n * geom.C * b.h * b.w * geom.itemsize  # the gathered x, and the partial dx
+        return ([Call("allgather", P_c, x_full)] + exchange  # forward
+                + back + [Call("reduce_scatter", P_c, x_full)]  # backward
+                + gradient_records(geom, grid_shape, coords, (b.F_i, geom.C) + geom.kernel))
 
     def forward(self, x_loc, w_loc, b_loc):
         # x_loc: (n, C_i, h, w); w_loc: (F_i, C, Kh, Kw); b_loc: (F_i,) or None
-        x_full = collectives.allgather(self.comm, x_loc, self.c_counts, axis=1)  # (n, C, h, w)
+        x_full = collectives.allgather(self.channel_comm, x_loc, self.c_counts, axis=1)  # (n, C, h, w)
         self.x_win = self.halo.extend(x_full, self.xp)  # halo exchange -> (n, C, h_win, w_win)
         return self.add_bias(self.conv(self.x_win, w_loc), b_loc)  # (n, F_i, h', w')
 
@@ -42,15 +47,6 @@ class StationaryY(Algorithm):
         # dx_win: (n, C, h_win, w_win), partial over F; dw_loc: (F_i, C, Kh, Kw) partial over n, h', w'
         dx_win, dw_loc = self.conv_backward(dy_loc, w_loc)
         dx_part = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C, h, w)
-        dx_loc = collectives.reduce_scatter(self.comm, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
+        dx_loc = collectives.reduce_scatter(self.channel_comm, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
         dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
         return dx_loc, dw_loc, db_loc
-
-    @staticmethod
-    def records(geom, grid_shape, coords, filter_groups=None):
-        """The calls of one forward and backward, in order, on the rank at ``coords``."""
-        b, P_c = local_blocks(geom, grid_shape, coords), grid_shape[1]
-        exchange, back = halo_records(geom, grid_shape, coords, geom.C)
-        x_full = b.n * geom.C * b.h * b.w * geom.itemsize  # the gathered x, and the partial dx
-        return ([Call("allgather", P_c, x_full)] + exchange + back + [Call("reduce_scatter", P_c, x_full)]
-                + gradient_records(geom, grid_shape, coords, (b.F_i, geom.C) + geom.kernel))
