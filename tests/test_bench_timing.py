@@ -22,6 +22,13 @@ def test_calls_per_sample_and_sync():
     assert len(spans["a"].values) == 2
 
 
+def test_calls_and_settle_per_contender():
+    events = []
+    timing.compare({"a": lambda: events.append("a"), "b": lambda: events.append("b")}, rounds=1, warmup=0,
+                   pause=0, calls={"a": 2, "b": 1}, settle={"a": 1, "b": 0}, sync=lambda: events.append("|"))
+    assert events == ["a", "|", "a", "a", "|", "|", "b", "|"]  # a: one untimed call, then two timed
+
+
 def test_span_and_ratio():
     s = timing.Span((0.003, 0.001, 0.002))
     assert (s.min, s.median, s.max) == (0.001, 0.002, 0.003)

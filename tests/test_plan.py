@@ -267,3 +267,22 @@ def test_calibration_fits_recover_known_costs():
     doc["compute"]["conv_fwd"]["kxk"]["bw"] = 2e9
     m = machine.from_dict(doc)
     assert m.conv_seconds("conv_fwd", 9, 1e8, 4e6) == pytest.approx(1e-5 + 1e8 / 1e10 + 4e6 / 2e9)
+
+
+def test_validation_pick_rates_strict_and_within_noise():
+    """The strict pick is the measured fastest by median; within noise, the pick's min..max
+    overlaps the fastest's.  Worked by hand on three constructed (layer, P) cases."""
+    from refconv.bench.timing import Span
+    from refconv.plan.validate import Row, picks
+
+    def row(layer, label, predicted, *measured):
+        return Row(layer, 2, label, perf.StageCost((2, 1, 1, 1), fwd=predicted), Span(measured))
+
+    rows = [row("hit", "sample", 1.0, 1.0, 1.1, 1.2), row("hit", "X", 2.0, 2.0, 2.1, 2.2),
+            row("tie", "sample", 1.0, 1.05, 1.2, 1.3), row("tie", "X", 2.0, 0.9, 1.1, 1.2),  # pick 1.2 vs 1.1
+            row("miss", "sample", 1.0, 1.5, 1.6, 1.7), row("miss", "X", 2.0, 1.0, 1.1, 1.2),
+            row("alone", "sample", 1.0, 1.0)]  # one strategy: not a choice
+    got = {p.layer: (p.chosen.label, p.fastest.label, p.strict, p.within_noise) for p in picks(rows)}
+    assert got == {"hit": ("sample", "sample", True, True), "tie": ("sample", "X", False, True),
+                   "miss": ("sample", "X", False, False)}
+    assert rows[5].error == pytest.approx((2.0 - 1.1) / 1.1)

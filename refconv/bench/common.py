@@ -19,6 +19,7 @@ repetition, and the time it spent inside each kind of MPI call (:func:`traffic`)
 import argparse
 import datetime
 import json
+import math
 import statistics
 import time
 
@@ -155,17 +156,37 @@ def pause_for(env):
     return timing.PAUSE if on_cpu and max(r["threads"] for r in on_cpu) > 1 else 0.0
 
 
-def time_ranks(comm, contenders, repeat, warmup, pause):
+def time_ranks(comm, contenders, repeat, warmup, pause, *, window=0.0, settle=0.0):
     """``{name: seconds of each round}`` of ``contenders`` (``{name: fn}``), timed by
     ``refconv.bench.timing.compare`` in alternating rounds: every rank starts a call
     together (a barrier), the device is synchronized before the clock stops, and a
-    round's time is the slowest rank's.  ``pause``: see :func:`pause_for`."""
+    round's time is the slowest rank's.  ``pause``: see :func:`pause_for`.
+
+    ``window`` seconds: each round runs a contender back to back about this long
+    (as many calls as its first call says fit, at most 200).  On a node with more
+    ranks than cores every rank then computes while the others do, as in training,
+    instead of slipping into the gaps of the others.  ``settle`` seconds of untimed
+    calls follow each pause (at most 50).  Every rank makes the same number of calls
+    (a contender may hold collectives): the counts come from the slowest rank's first
+    call, which is then also the warm-up."""
 
     def sync():
         arrays.synchronize()
         collectives.barrier(comm)
 
-    spans = timing.compare(contenders, rounds=repeat, warmup=warmup, pause=pause, sync=sync)
+    calls, settles = 1, 0
+    if window or settle:
+        first = []
+        for fn in contenders.values():
+            start = time.perf_counter()
+            fn()
+            first.append(time.perf_counter() - start)
+        first = collectives.allreduce(comm, numpy.array(first), op="max")
+        fit = lambda seconds, cap: {name: min(cap, max(1, math.ceil(seconds / max(t, 1e-6))))  # noqa: E731
+                                    for name, t in zip(contenders, first)}
+        calls, settles = fit(window, 200), (fit(settle, 50) if settle else 0)
+    spans = timing.compare(contenders, rounds=repeat, warmup=warmup, pause=pause, sync=sync, calls=calls,
+                           settle=settles)
     names = list(contenders)
     mine = numpy.array([spans[name].values for name in names], numpy.float64)  # (contenders, rounds)
     slowest = collectives.allreduce(comm, mine, op="max")

@@ -67,21 +67,24 @@ class Span:
         return self.format()
 
 
-def compare(contenders, *, rounds=5, warmup=1, pause=PAUSE, calls=1, sync=None):
+def compare(contenders, *, rounds=5, warmup=1, pause=PAUSE, calls=1, sync=None, settle=0):
     """Time each of ``contenders`` (``{name: fn}``, ``fn()`` does one unit of work) in
     ``rounds`` interleaved rounds; returns ``{name: Span of seconds per call}``.
 
     Each timed sample is ``calls`` back-to-back calls divided by ``calls``, started
-    ``pause`` seconds after the previous contender finished.  ``sync``, if given,
-    is called before the clock is read at both ends (e.g. a device synchronize or
-    a barrier).
+    ``pause`` seconds after the previous contender finished, and after ``settle``
+    untimed calls (they bring the caches and the clock back to a busy core's after
+    the pause).  ``calls`` and ``settle`` are an int or ``{name: int}``.  ``sync``, if
+    given, is called before the clock is read at both ends (e.g. a device
+    synchronize or a barrier).
     """
     if not contenders:
         raise ValueError("contenders: expected at least one {name: callable}")
-    if rounds < 1 or calls < 1 or warmup < 0 or pause < 0:
-        raise ValueError(f"compare: expected rounds >= 1, calls >= 1, warmup >= 0, pause >= 0; "
-                         f"got rounds={rounds}, calls={calls}, warmup={warmup}, pause={pause}")
     names = list(contenders)
+    calls, settle = (v if isinstance(v, dict) else dict.fromkeys(names, v) for v in (calls, settle))
+    if rounds < 1 or min(calls.values()) < 1 or warmup < 0 or pause < 0 or min(settle.values()) < 0:
+        raise ValueError(f"compare: expected rounds >= 1, calls >= 1, warmup >= 0, pause >= 0, settle >= 0; "
+                         f"got rounds={rounds}, calls={calls}, warmup={warmup}, pause={pause}, settle={settle}")
     sync = sync or (lambda: None)
     for _ in range(warmup):
         for name in names:
@@ -91,12 +94,14 @@ def compare(contenders, *, rounds=5, warmup=1, pause=PAUSE, calls=1, sync=None):
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:  # who goes first rotates
             time.sleep(pause)
-            sync()
-            start = time.perf_counter()
-            for _ in range(calls):
+            for _ in range(settle[name]):
                 contenders[name]()
             sync()
-            times[name].append((time.perf_counter() - start) / calls)
+            start = time.perf_counter()
+            for _ in range(calls[name]):
+                contenders[name]()
+            sync()
+            times[name].append((time.perf_counter() - start) / calls[name])
     return {name: Span(tuple(t)) for name, t in times.items()}
 
 

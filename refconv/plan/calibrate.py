@@ -24,8 +24,8 @@ The fit's relative error per class is written in the file's ``notes``.
 
 import copy
 import datetime
-import math
 import os
+import statistics
 import time
 
 import numpy
@@ -33,14 +33,20 @@ import numpy
 import yaml
 from mpi4py import MPI
 
-from refconv import ProcessGrid, collectives
+from refconv import ProcessGrid, collectives, device, threads
 from refconv.backend import BACKENDS, get_backend
+from refconv.bench.common import time_ranks
 from refconv.layers import DistConv2d
 from refconv.plan.machine import KINDS
 
-WARM_S = 0.05
 COMPUTE_WINDOW_S = 0.02  # each compute sample: this long back to back on every rank at once
 COLLECTIVE_WINDOW_S = 0.005  # each collective sample: this long back to back
+# Every collective is timed right after a burst of compute on every rank (a BURST x BURST
+# matrix product, about 0.5 ms here), less the burst's own time, because that is how a
+# layer calls it.  On a node with more ranks than cores a call then waits for peers that
+# the scheduler has not run yet; a tight loop of collectives alone never sees that wait
+# and priced the channel algorithms' calls 30-50% low on 4 ranks of 2 cores.
+BURST = 256
 
 
 HELP = "measure this machine's collectives and kernels into a machine file"
@@ -54,47 +60,27 @@ def add_arguments(p):
     p.add_argument("--quick", action="store_true", help="few sizes and repeats: seconds, for tests")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="kernels to time")
     p.add_argument("--name", default="this-machine", help="the machine's name in the file")
+    p.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores / ranks on the node)")
     return p
 
 
-def time_runs(comm, runs, repeats, pause=0.0, min_time=0.0):
-    """Median seconds per call of each callable on the slowest rank of ``comm``.
-
-    The callables take turns, so that a change of load hits them alike.  Each timed
-    sample runs a callable back to back for about ``min_time`` seconds (a barrier before):
-    on a node with more ranks than cores, every rank then computes while the others do,
-    as in training, instead of each slipping into the gaps of the others.  ``pause``
-    seconds before each turn let OpenBLAS's spinning threads settle, and about ``WARM_S``
-    of untimed calls then bring the caches and clock back to a busy core's.  Every rank
-    makes the same number of calls (they may hold collectives): the counts are agreed.
-    """
-
-    first = []
-    for run in runs:
-        t = time.perf_counter()
-        run()
-        first.append(time.perf_counter() - t)
-    first = collectives.allreduce(comm, numpy.array(first), op="max")
-    loops = [min(200, max(1, math.ceil(min_time / max(t, 1e-6)))) for t in first]
-    warm = [min(50, math.ceil(WARM_S / max(t, 1e-6))) if pause else 0 for t in first]
-    times = [[] for _ in runs]
-    for _ in range(repeats):
-        for i, run in enumerate(runs):
-            if pause:
-                time.sleep(pause)
-            for _ in range(warm[i]):
-                run()
-            collectives.barrier(comm)
-            t = time.perf_counter()
-            for _ in range(loops[i]):
-                run()
-            times[i].append((time.perf_counter() - t) / loops[i])
-    slowest = collectives.allreduce(comm, numpy.array(times), op="max")
-    return [float(numpy.median(row)) for row in slowest]
+def _median_time(comm, fn, repeats, window):
+    """Median seconds of one call of ``fn`` on the slowest rank, each sample ``window``
+    seconds of calls back to back on every rank at once (no pause: a collective or one
+    BLAS thread per rank leaves no spinning workers)."""
+    return statistics.median(time_ranks(comm, {"fn": fn}, repeats, 0, 0.0, window=window)["fn"])
 
 
-def _median_time(comm, fn, repeats, min_time=0.0):
-    return time_runs(comm, [fn], repeats, min_time=min_time)[0]
+def _amid_compute(comm, fn, burst, repeats):
+    """Median seconds of one call of ``fn`` made right after ``burst()`` on every rank: the
+    burst then the call, and the burst alone, in alternating rounds (the load changes alike
+    for both), their difference per round.  Without a burst (``BURST = 0``), ``fn`` alone."""
+    if not BURST:
+        return _median_time(comm, fn, repeats, COLLECTIVE_WINDOW_S)
+    rounds = time_ranks(comm, {"amid": lambda: (burst(), fn()), "burst": burst}, repeats, 0, 0.0,
+                        window=COLLECTIVE_WINDOW_S)
+    # no faster than the burst alone is noise: a floor of 0.1 us keeps the relative fit defined
+    return max(statistics.median(a - b for a, b in zip(rounds["amid"], rounds["burst"])), 1e-7)
 
 
 def fit_line(x, y):
@@ -165,7 +151,13 @@ def collective_calls(kind, sub, nbytes):
 
 
 def measure_collectives(comm, quick):
+    """``({kind: {q: [alpha, beta]}}, notes)``: each call timed amid compute (see BURST)."""
     P = comm.Get_size()
+    square = numpy.ones((BURST, BURST), numpy.float32)
+
+    def burst():
+        return square @ square
+
     sizes = [2**k for k in ((10, 14, 18) if quick else range(10, 23))]
     repeats = 3 if quick else 7
     out, notes = {k: {} for k in KINDS}, []
@@ -181,9 +173,8 @@ def measure_collectives(comm, quick):
             for m in sizes:
                 fn, messages, counted = collective_calls(kind, sub, m)
                 fn()  # warm-up
-                t = _median_time(comm, fn, repeats, COLLECTIVE_WINDOW_S)
                 xs.append(counted)
-                ys.append(t)
+                ys.append(_amid_compute(comm, fn, burst, repeats))
             a, b = fit_line(xs, ys)
             if kind == "alltoall":
                 a /= q - 1  # per message
@@ -321,7 +312,8 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine"):
         "name": name,
         "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "source": f"refconv calibrate{' --quick' if quick else ''} on {P} ranks of one node "
-                  f"({os.cpu_count()} CPUs, load average {load:.1f} at the start), backend "
+                  f"({os.cpu_count()} CPUs, load average {load:.1f} at the start, "
+                  f"{device.threads_per_rank()} BLAS thread(s) per rank), backend "
                   f"{type(backend).__name__}, {time.perf_counter() - started:.0f} s",
         "ranks_per_node": P,
         "collectives": {"intra": links, "inter": copy.deepcopy(links)},
@@ -335,6 +327,9 @@ def run(args):
     comm = MPI.COMM_WORLD
     if not args.out.endswith((".yaml", ".yml")):  # checked identically on every rank, before any collective
         raise ValueError(f"--out: expected a .yaml path, got {args.out!r}")
+    choice = threads.configure(comm, args.threads)  # as training runs: the rates are per rank at this count
+    if comm.Get_rank() == 0:
+        print(choice.describe(), flush=True)
     doc = calibrate(comm, args.backend, args.quick, args.name)
     if comm.Get_rank() == 0:
         with open(args.out, "w") as f:

@@ -2,40 +2,53 @@
 
     mpiexec -n 4 python -m mpi4py -m refconv.plan.validate --machine dev-cpu
 
-1. Layers: for each layer (narrow and wide, 3x3 and 1x1) and each strategy at
-   1, 2 and 4 ranks (sample, spatial, Stationary-X, -Y, -W and sample x channel),
-   the measured time of one ``DistConv2d`` forward + backward (median of repeats,
-   slowest rank) next to the model's prediction for that rank count.  A world of 4
-   measures P = 1 and 2 on groups of P ranks running at once, so every rank is
-   busy, as when the machine file was calibrated.  Prints the median and worst
-   relative error, and the fraction of (layer, P) where the model's first choice
-   is the measured fastest.
+1. Layers: for each of six layers (narrow and wide, 3x3 and 1x1, small and large
+   images) and each strategy at 1, 2 and 4 ranks (sample, spatial, Stationary-X,
+   -Y, -W and sample x channel), the measured time of one ``DistConv2d`` forward +
+   backward (each round the slowest rank; median, min and max over rounds) next
+   to the model's prediction for that rank count, split into compute and
+   communication.  A world of 4 measures P = 1 and 2 on groups of P ranks running
+   at once, so every rank is busy, as when the machine file was calibrated.
+   Prints the median and worst relative error, and for each (layer, P) with more
+   than one strategy whether the model's first choice is the measured fastest
+   (the strict pick rate, the headline) and whether its min..max range overlaps
+   the fastest's (the pick is within the noise of the best).
 2. A model: ``refconv plan``'s plan of a small wide CNN (batch 4, one sample per
    rank at 4 ranks: the strong-scaling regime) on all ranks against the same model
    purely sample-parallel, their training steps timed alternately.
 
 Times are CPU (numpy backend) figures of this machine; one BLAS thread per rank
-(``OMP_NUM_THREADS=1``) and a pause between contenders (OpenBLAS threads spin
-after a call).
+(``refconv.threads.configure``) and a pause between contenders.
 """
 
 import argparse
+import dataclasses
+import os
 import statistics
 
 import numpy
 from mpi4py import MPI
 
-from refconv import ProcessGrid
+from refconv import ProcessGrid, threads
+from refconv.bench.common import time_ranks
+from refconv.bench.timing import Span, ratio
 from refconv.layers import DistConv2d
 from refconv.model import Model
 from refconv.optim import SGD
 from refconv.plan import graph, machine as machine_mod, perf, search
-from refconv.plan.calibrate import time_runs
 from refconv.train import step
 
 # name: (N, C, F, H, K)
-LAYERS = {"narrow 3x3": (8, 16, 16, 16, 3), "wide 3x3": (8, 128, 128, 8, 3), "wide 1x1": (8, 256, 256, 8, 1)}
-PAUSE_S = 0.2
+LAYERS = {
+    "narrow 3x3": (8, 16, 16, 16, 3),
+    "narrow 3x3 large": (8, 32, 32, 32, 3),   # a large image: halos are cheap beside the compute
+    "narrow 1x1 large": (8, 32, 32, 32, 1),   # little compute per byte moved
+    "expand 1x1": (8, 64, 256, 16, 1),        # a bottleneck's expansion: F = 4 C
+    "wide 3x3": (8, 128, 128, 8, 3),
+    "wide 1x1": (8, 256, 256, 8, 1),
+}
+PAUSE_S = 0.15  # between contenders: the other ranks' BLAS and MPI progress settle
+SETTLE_S = 0.05  # untimed calls after the pause: caches and clock back to a busy core's
 WINDOW_S = 0.02  # each sample: the layer back to back this long, as calibrate times kernels
 MODEL = {  # wide enough that a weight-gradient allreduce costs as much as the layer's compute
     "name": "wide-cnn", "in_channels": 8,
@@ -47,6 +60,45 @@ MODEL = {  # wide enough that a weight-gradient allreduce costs as much as the l
         {"type": "relu"}, {"type": "gap"}, {"type": "linear", "out": 10},
     ],
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One (layer, P, strategy): the model's StageCost and the measured Span of seconds."""
+
+    layer: str
+    P: int
+    label: str
+    cost: perf.StageCost
+    measured: Span
+
+    @property
+    def predicted(self):
+        return self.cost.seconds
+
+    @property
+    def error(self):
+        return (self.predicted - self.measured.median) / self.measured.median
+
+
+@dataclasses.dataclass(frozen=True)
+class Pick:
+    """The model's first choice in one (layer, P) against the measured fastest."""
+
+    layer: str
+    P: int
+    chosen: Row
+    fastest: Row
+
+    @property
+    def strict(self):
+        """The choice is the measured fastest (median)."""
+        return self.chosen is self.fastest
+
+    @property
+    def within_noise(self):
+        """The choice's min..max range overlaps the fastest's: the two are not told apart."""
+        return self.chosen.measured.min <= self.fastest.measured.max
 
 
 def strategies(P):
@@ -86,7 +138,7 @@ def built_layer(sub, dims, grid_shape, algorithm, p_f):
 
 
 def layer_rows(world, machine, repeats, layers=LAYERS):
-    """[(layer, P, label, predicted, measured)] for P in 1, 2, 4 (as the world allows)."""
+    """[Row] for P in 1, 2, 4 (as the world allows)."""
     rows = []
     for P in (1, 2, 4):
         if P > world.Get_size() or world.Get_size() % P:
@@ -96,19 +148,29 @@ def layer_rows(world, machine, repeats, layers=LAYERS):
         for name, dims in layers.items():
             layer = conv_layer(*dims)
             chosen = [s for s in strategies(P) if perf.feasible(layer, s[1])]
-            built = [built_layer(sub, dims, grid_shape, algorithm, p_f) for _, grid_shape, algorithm, p_f in chosen]
-            measured = time_runs(world, [run for _, run in built], repeats, PAUSE_S, WINDOW_S)
-            for (label, grid_shape, algorithm, p_f), t in zip(chosen, measured):
-                predicted = perf.layer_cost(layer, grid_shape, machine, algorithm, p_f).seconds
-                rows.append((name, P, label, predicted, t))
-            for grid, _ in built:
+            built = {s[0]: built_layer(sub, dims, *s[1:]) for s in chosen}
+            measured = time_ranks(world, {label: run for label, (_, run) in built.items()}, repeats, 0, PAUSE_S,
+                                  window=WINDOW_S, settle=SETTLE_S)
+            for label, grid_shape, algorithm, p_f in chosen:
+                cost = perf.layer_cost(layer, grid_shape, machine, algorithm, p_f)
+                rows.append(Row(name, P, label, cost, Span(tuple(measured[label]))))
+            for grid, _ in built.values():
                 grid.free()
         groups.free()
     return rows
 
 
+def picks(rows):
+    """[Pick] of every (layer, P) with more than one strategy measured, in the order of ``rows``."""
+    cases = {}
+    for r in rows:
+        cases.setdefault((r.layer, r.P), []).append(r)
+    return [Pick(layer, P, min(group, key=lambda r: r.predicted), min(group, key=lambda r: r.measured.median))
+            for (layer, P), group in cases.items() if len(group) > 1]
+
+
 def model_rows(world, machine, steps, batch=4, image=8):
-    """Measured seconds per step of the planned model and of pure sample parallelism."""
+    """(plan, sample-parallel prediction, {"planned"|"sample": Span of seconds per step})."""
 
     P = world.Get_size()
     planner, plan = search.plan_model(MODEL, (batch, 8, image, image), P, machine)
@@ -120,18 +182,17 @@ def model_rows(world, machine, steps, batch=4, image=8):
     y = rng.integers(0, 10, batch)
     models = {k: Model.from_spec(s, comm=world, backend="numpy", seed=0) for k, s in contenders.items()}
     opts = {k: SGD(m, 0.01) for k, m in models.items()}
-    runs = [lambda m=m, k=k: step(m, opts[k], x, y) for k, m in models.items()]
-    for run in runs:
-        run()  # warm-up
-    measured = dict(zip(models, time_runs(world, runs, steps, PAUSE_S)))
-    return plan, sample, measured
+    runs = {k: (lambda m=m, k=k: step(m, opts[k], x, y)) for k, m in models.items()}
+    measured = time_ranks(world, runs, steps, 1, PAUSE_S, settle=SETTLE_S)
+    return plan, sample, {k: Span(tuple(v)) for k, v in measured.items()}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m refconv.plan.validate", description=__doc__.splitlines()[0])
     parser.add_argument("--machine", default="dev-cpu", help="a machine file or built-in name")
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=7, help="measured rounds per layer contender")
     parser.add_argument("--steps", type=int, default=9, help="measured steps per model contender")
+    parser.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores / ranks on the node)")
     parser.add_argument("--quick", action="store_true", help="the narrow layer once and one step: a smoke test")
     args = parser.parse_args(argv)
     layers = {"narrow 3x3": LAYERS["narrow 3x3"]} if args.quick else LAYERS
@@ -139,40 +200,54 @@ def main(argv=None):
         args.repeats, args.steps = 1, 1
     world = MPI.COMM_WORLD
     machine = machine_mod.load(args.machine)
+    choice = threads.configure(world, args.threads)
     say = print if world.Get_rank() == 0 else (lambda *a, **k: None)
     say(f"model vs measurement on {world.Get_size()} ranks, machine {machine.name} "
-        f"({'measured ' + str(machine.measured) if machine.measured else 'not measured'}), numpy backend, float32")
+        f"({'measured ' + str(machine.measured) if machine.measured else 'not measured'}), numpy backend, float32; "
+        f"{choice.describe()}; load average {os.getloadavg()[0]:.1f} at the start")
     rows = layer_rows(world, machine, args.repeats, layers)
-    say(f"{'layer':12s} {'P':>2s} {'strategy':12s} {'predicted ms':>13s} {'measured ms':>12s} {'error':>7s}")
-    errors = []
-    for name, P, label, pred, meas in rows:
-        errors.append(abs(pred - meas) / meas)
-        say(f"{name:12s} {P:2d} {label:12s} {pred * 1e3:13.2f} {meas * 1e3:12.2f} {(pred - meas) / meas:+7.0%}")
-    picks, near = [], []  # the pick is the measured fastest; it is within 10% of it
-    for name in layers:
-        for P in (2, 4):
-            group = [r for r in rows if r[0] == name and r[1] == P]
-            if len(group) > 1:
-                chosen = min(group, key=lambda r: r[3])
-                fastest = min(group, key=lambda r: r[4])
-                picks.append(chosen is fastest)
-                near.append(chosen[4] <= 1.1 * fastest[4])
-                say(f"  {name}, P={P}: model picks {chosen[2]}, measured fastest {fastest[2]}"
-                    + ("" if chosen is fastest else f" (the pick is {chosen[4] / fastest[4]:.2f}x slower)"))
-    say(f"{len(rows)} (layer, strategy) pairs: median relative error {statistics.median(errors):.0%}, "
-        f"worst {max(errors):.0%}; the model's first choice is the measured fastest on "
-        f"{sum(picks)}/{len(picks)} (layer, P), within 10% of it on {sum(near)}/{len(near)}")
-    result = {"rows": rows, "errors": errors, "picks": picks, "near": near}
+    chosen = picks(rows)
+    report_layers(say, rows, chosen)
+    result = {"rows": rows, "picks": chosen, "errors": [abs(r.error) for r in rows]}
     if world.Get_size() > 1:
         plan, sample, measured = model_rows(world, machine, args.steps)
         result.update(plan=plan, sample=sample, measured=measured)
+        speedup = ratio(measured, "sample", "planned")
         say(f"model {MODEL['name']} on {world.Get_size()} ranks, batch 4, 8x8: planned "
             f"{sorted({search.strategy_label(r.cost.grid) for r in plan.rows})}")
         say(f"  predicted: planned {plan.seconds * 1e3:.1f} ms, sample-parallel {sample.seconds * 1e3:.1f} ms "
             f"({sample.seconds / plan.seconds:.2f}x)")
-        say(f"  measured:  planned {measured['planned'] * 1e3:.1f} ms, sample-parallel "
-            f"{measured['sample'] * 1e3:.1f} ms ({measured['sample'] / measured['planned']:.2f}x)")
+        say(f"  measured (median, min-max of {args.steps} steps): planned {measured['planned']}, sample-parallel "
+            f"{measured['sample']}; sample / planned {speedup.format(1, 'x', 2)} per step pair")
     return result
+
+
+def report_layers(say, rows, chosen):
+    """The per-case table (predicted compute and communication, measured, error; the model's
+    pick ``<`` and the measured fastest ``*``), then the error and pick-rate summary."""
+    marks = {}
+    for p in chosen:
+        marks[id(p.chosen)] = marks.get(id(p.chosen), "") + "<"
+        marks[id(p.fastest)] = marks.get(id(p.fastest), "") + "*"
+    say(f"{'layer':16s} {'P':>2s} {'strategy':12s} {'compute':>8s} {'comm':>7s} {'predicted':>9s}   "
+        f"{'measured ms (min-max)':24s} {'error':>6s}")
+    for r in rows:
+        compute = r.cost.fwd + r.cost.bwd
+        say(f"{r.layer:16s} {r.P:2d} {r.label:12s} {compute * 1e3:8.2f} {(r.predicted - compute) * 1e3:7.2f} "
+            f"{r.predicted * 1e3:9.2f}   {r.measured.format(digits=2):24s} {r.error:+6.0%} {marks.get(id(r), '')}")
+    say("  (< the model's first choice, * the measured fastest by median)")
+    for p in chosen:
+        if not p.strict:
+            say(f"  {p.layer}, P={p.P}: model picks {p.chosen.label}, measured fastest {p.fastest.label}; the pick "
+                f"is {p.chosen.measured.median / p.fastest.measured.median:.2f}x slower "
+                f"({'ranges overlap: within noise' if p.within_noise else 'ranges apart: a real miss'})")
+    errors = [abs(r.error) for r in rows]
+    say(f"{len(rows)} (layer, strategy) pairs: median relative error {statistics.median(errors):.0%}, "
+        f"worst {max(errors):.0%}")
+    say(f"pick rate, strict (the model's first choice is the measured fastest): "
+        f"{sum(p.strict for p in chosen)}/{len(chosen)} (layer, P)")
+    say(f"pick rate, within noise (the first choice's min..max overlaps the fastest's): "
+        f"{sum(p.within_noise for p in chosen)}/{len(chosen)} (layer, P)")
 
 
 def run(argv=None):

@@ -60,7 +60,8 @@ def test_quick_validation_measures_every_strategy_at_1_and_2_ranks():
     from refconv.plan import validate
 
     result = validate.main(["--quick", "--machine", "v100-edr"])
-    labels = {(r[1], r[2]) for r in result["rows"]}
+    labels = {(r.P, r.label) for r in result["rows"]}
     assert_all_ranks(comm, labels == {(1, "serial"), (2, "sample"), (2, "height"), (2, "X"), (2, "Y")}
-                     and all(r[3] > 0 and r[4] > 0 for r in result["rows"])
-                     and result["measured"]["planned"] > 0 and result["measured"]["sample"] > 0, f"{result}")
+                     and all(r.predicted > 0 and r.measured.min > 0 for r in result["rows"])
+                     and [(p.layer, p.P) for p in result["picks"]] == [("narrow 3x3", 2)]
+                     and result["measured"]["planned"].min > 0 and result["measured"]["sample"].min > 0, f"{result}")
