@@ -63,18 +63,19 @@ class Split:
         return cls(axis)
 
     @classmethod
-    def stationary_w_filters(cls, P_c, p_f):
-        """F of Stationary-W: coordinate a*p_c'+b holds F blocks a*p_c' .. a*p_c'+p_c'-1."""
-        p_cp = _factor(P_c, p_f)
-        return cls("channel", P_c, [[(c // p_cp) * p_cp + j for j in range(p_cp)]
-                                    for c in range(P_c)])
+    def stationary_w_filters(cls, P_c, p_f, groups=1):
+        """F of Stationary-W: coordinate c = g q + a p_c' + b (``q = P_c/groups``, docs/grouped.md
+        for ``groups > 1``) holds F blocks g q + a p_c' .. g q + a p_c' + p_c' - 1."""
+        p_cp = _factor(P_c // groups, p_f)
+        return cls("channel", P_c, [[(c // p_cp) * p_cp + j for j in range(p_cp)] for c in range(P_c)])
 
     @classmethod
-    def stationary_w_channels(cls, P_c, p_f):
-        """C of Stationary-W: coordinate a*p_c'+b holds C blocks b, p_c'+b, ..., (p_f-1)p_c'+b."""
-        p_cp = _factor(P_c, p_f)
-        return cls("channel", P_c, [[k * p_cp + c % p_cp for k in range(p_f)]
-                                    for c in range(P_c)])
+    def stationary_w_channels(cls, P_c, p_f, groups=1):
+        """C of Stationary-W: coordinate c = g q + a p_c' + b holds C blocks b, p_c'+b, ...,
+        (p_f-1)p_c'+b of ``q`` blocks; with ``groups > 1`` those are blocks of the group's
+        ``C/groups`` input channels, the columns of a grouped weight."""
+        p_cp = _factor(P_c // groups, p_f)
+        return cls("channel", P_c // groups, [[k * p_cp + c % p_cp for k in range(p_f)] for c in range(P_c)])
 
     def table(self, axis_size):
         """blocks_of tabulated for coordinates 0..axis_size-1, and nblocks."""
@@ -99,10 +100,10 @@ class Split:
         return f"Split({self.axis!r}, {self.nblocks!r}, {self.blocks_of!r})"
 
 
-def _factor(P_c, p_f):
-    if p_f < 1 or P_c % p_f:
-        raise ValueError(f"Split: p_f={p_f} must divide P_c={P_c}")
-    return P_c // p_f
+def _factor(q, p_f):
+    if p_f < 1 or q % p_f:
+        raise ValueError(f"Split: p_f={p_f} must divide the {q} ranks it factors")
+    return q // p_f
 
 
 class Distribution:

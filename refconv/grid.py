@@ -114,8 +114,7 @@ class ProcessGrid:
     def _split(self, key, color, order):
         if key not in self._cache:
             sub = collectives.split(self.comm, color, order)
-            # named for the collective watchdog's timeout line: "channel", "sample+height+width", ...
-            sub.Set_name("+".join(key[1]) if key[0] == "sub" else f"stationary-w comm_{key[0][2:]} (p_f={key[1]})")
+            sub.Set_name(_comm_name(key))
             self._cache[key] = sub
         return self._cache[key]
 
@@ -146,23 +145,28 @@ class ProcessGrid:
         """The P / P_c ranks sharing this rank's channel coordinate (same weight shard)."""
         return self.sub_comm(("sample", "height", "width"))
 
-    def stationary_w_comms(self, filter_groups):
-        """(comm_f, comm_c) of Stationary-W, with c = a * p_c' + b and p_f = filter_groups.
+    def stationary_w_comms(self, filter_groups, groups=1):
+        """(comm_f, comm_c) of Stationary-W, with p_f = filter_groups.
 
-        comm_f: the p_f ranks (., b) of this channel group, ordered by a.
-        comm_c: the p_c' ranks (a, .) of this channel group, ordered by b.
+        The channel group is factored ``P_c = groups x p_f x p_c'``: coordinate
+        ``c = g q + a p_c' + b`` with ``q = P_c / groups`` (``groups = 1``, ``g = 0``
+        but for a grouped layer whose groups span ranks: docs/grouped.md).
+        comm_f: the p_f ranks (g, ., b) of this channel group, ordered by a.
+        comm_c: the p_c' ranks (g, a, .) of this channel group, ordered by b.
         """
-        p_f = _check_size("filter_groups", filter_groups)
-        if self.P_c % p_f:
-            divisors = [d for d in range(1, self.P_c + 1) if self.P_c % d == 0]
-            raise ValueError(f"grid: filter_groups={p_f} must divide P_c={self.P_c}; "
-                             f"choose one of {divisors}")
-        p_cp = self.P_c // p_f
+        p_f, groups = _check_size("filter_groups", filter_groups), _check_size("groups", groups)
+        if self.P_c % (groups * p_f):
+            q = self.P_c // groups
+            divisors = [d for d in range(1, q + 1) if q % d == 0]
+            within = f"P_c={self.P_c}" if groups == 1 else f"P_c/groups={q} (P_c={self.P_c}, groups={groups})"
+            raise ValueError(f"grid: filter_groups={p_f} must divide {within}; choose one of {divisors}")
+        q = self.P_c // groups
+        p_cp = q // p_f
         n, c, h, w = self.coords
-        a, b = divmod(c, p_cp)
-        outside = _linear((n, h, w), (self.P_N, self.P_H, self.P_W))
-        comm_f = self._split(("w_f", p_f), outside * p_cp + b, a)
-        comm_c = self._split(("w_c", p_f), outside * p_f + a, b)
+        g, (a, b) = c // q, divmod(c % q, p_cp)
+        outside = _linear((n, h, w), (self.P_N, self.P_H, self.P_W)) * groups + g
+        comm_f = self._split(("w_f", p_f, groups), outside * p_cp + b, a)
+        comm_c = self._split(("w_c", p_f, groups), outside * p_f + a, b)
         return comm_f, comm_c
 
     def free(self):
@@ -182,6 +186,15 @@ class ProcessGrid:
     def __repr__(self):
         return (f"ProcessGrid(sample={self.P_N}, channel={self.P_c}, "
                 f"height={self.P_H}, width={self.P_W}; rank {self.rank} at {self.coords})")
+
+
+def _comm_name(key):
+    """A sub-communicator's name, for the collective watchdog's timeout line: "channel",
+    "sample+height+width", "stationary-w comm_f (p_f=2)"..."""
+    if key[0] == "sub":
+        return "+".join(key[1])
+    kind, p_f, groups = key
+    return f"stationary-w comm_{kind[2:]} (p_f={p_f}" + (f", groups={groups})" if groups > 1 else ")")
 
 
 def _linear(coords, sizes):

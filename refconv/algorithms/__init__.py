@@ -3,8 +3,8 @@
 Every algorithm is a class (a subclass of :class:`base.Algorithm`) with
 
 - ``name``: what ``DistConv2d(algorithm=...)`` and model files call it;
-- ``weight_dims(P_c, filter_groups)``: how the weight is laid out on the grid;
-- ``resolve_filter_groups(P_c, filter_groups)``: the ``p_f`` it runs with (None but for W);
+- ``weight_dims(P_c, filter_groups, groups)``: how the weight is laid out on the grid;
+- ``resolve_filter_groups(P_c, filter_groups, groups)``: the ``p_f`` it runs with (None but for W);
 - ``records(geom, grid_shape, coords, filter_groups)``: every call one forward and
   backward makes on the rank at ``coords``, in order, with the bytes
   :data:`refconv.collectives.stats` records.  :mod:`refconv.cost_model` prices these
@@ -19,7 +19,8 @@ docs/testing.md does).  ``"sample-spatial"`` runs every layer whose grid has no
 channel split (``P_c = 1``), whatever algorithm was asked for, and ``"grouped"``
 every grouped layer (``groups > 1``) on a channel split whose ranks hold whole
 groups (no channel collective); ``"grouped-x"`` and ``"grouped-y"`` run X and Y
-within each group's ranks where a group spans several (docs/grouped.md).
+within each group's ranks where a group spans several, and ``"stationary-w"`` runs
+W there itself (docs/grouped.md).
 """
 
 from refconv.algorithms.base import ALPHA, BETA, Algorithm, Call, ConvGeometry
@@ -51,16 +52,16 @@ def channel_algorithms():
 def resolve(name, P_c, filter_groups=None, groups=1, channels=None):
     """``(cls, filter_groups)``: the class that runs ``name`` on a channel group of ``P_c``
     ranks for a layer of ``groups`` groups and ``channels = (C, F)``, and the ``p_f`` it
-    runs with (validated by the algorithm asked for; None for sample-spatial and grouped,
-    ``groups`` for a group spanning ranks: :mod:`.grouped`)."""
+    runs with (validated by the algorithm asked for; None but for Stationary-W, whose ``p_f``
+    divides ``P_c/groups`` when a group spans ranks: :mod:`.grouped`)."""
     if name not in channel_algorithms() and not (name == NO_CHANNEL_SPLIT and P_c == 1):
         raise ValueError(f"algorithm: expected one of {channel_algorithms() + ('auto',)}, got {name!r}")
-    filter_groups = REGISTRY[name].resolve_filter_groups(P_c, filter_groups)
+    resolved = REGISTRY[name].resolve_filter_groups(P_c, filter_groups)
     if P_c == 1:
-        return REGISTRY[NO_CHANNEL_SPLIT], filter_groups
+        return REGISTRY[NO_CHANNEL_SPLIT], resolved
     if groups > 1:
-        return grouped_class(name, P_c, groups, channels)
-    return REGISTRY[name], filter_groups
+        return grouped_class(name, P_c, groups, channels, filter_groups)
+    return REGISTRY[name], resolved
 
 
 def records(name, geom, grid_shape, coords=(0, 0, 0, 0), filter_groups=None):

@@ -181,12 +181,12 @@ class Algorithm:
         self._local = dict(stride=geom.stride, padding=0, dilation=geom.dilation, groups=geom.groups)
 
     @classmethod
-    def weight_dims(cls, P_c, filter_groups=None):
+    def weight_dims(cls, P_c, filter_groups=None, groups=1):
         """How ``F x C/groups x Kh x Kw`` is laid out: a grid axis (or a Split) per dim."""
         return cls.weight_layout
 
     @staticmethod
-    def resolve_filter_groups(P_c, filter_groups):
+    def resolve_filter_groups(P_c, filter_groups, groups=1):
         """The ``filter_groups`` this algorithm runs with; only Stationary-W takes one."""
         if filter_groups is not None:
             raise ValueError(f"filter_groups: only 'stationary-w' takes filter_groups, got {filter_groups!r}")

@@ -40,13 +40,17 @@ y, dy      reduce-scatter over (g, .) of the partial   ``y[:, F_i]``, local
            ``y[:, F_g]`` -> ``y[:, F_i]``
 =========  ==========================================  ==========================================
 
+``"stationary-w"`` asked for runs :class:`.StationaryW` itself, which factors the
+group's ``q`` ranks once more (``q = p_f x p_c'``; see its module).
+
 :func:`grouped_class` picks the class for a layer, or raises a ValueError that says
-what to do instead (uneven blocks that would have to follow group boundaries,
-and Stationary-W within a group, are not done).
+what to do instead (uneven blocks that would have to follow group boundaries are
+not done).
 """
 
 from refconv.algorithms.base import Call, gradient_records, halo_records, local_blocks
 from refconv.algorithms.spatial import SampleSpatial
+from refconv.algorithms.stationary_w import StationaryW
 from refconv.algorithms.stationary_x import StationaryX
 from refconv.algorithms.stationary_y import StationaryY
 from refconv.distribution import Split
@@ -80,24 +84,23 @@ def _group_of(grid, geom, filter_groups=None):
 
 
 class GroupSpanX(StationaryX):
-    """Stationary-X within each group's ``q`` ranks (``filter_groups`` is ``groups``)."""
+    """Stationary-X within each group's ``q`` ranks."""
 
     name = "grouped-x"
 
-    def __init__(self, grid, geom, backend, filter_groups):
+    def __init__(self, grid, geom, backend, filter_groups=None):
         super().__init__(grid, geom, backend, filter_groups)
         self._local["groups"] = 1  # this rank's channels all belong to one group
 
     channel_group = staticmethod(_group_of)  # the channel collectives run over the group's q ranks
 
-    @classmethod
-    def weight_dims(cls, P_c, filter_groups):
-        q = P_c // filter_groups
-        return (Split.stationary_w_filters(P_c, filter_groups),  # F_g: the group's filters
-                Split("channel", q, [[c % q] for c in range(P_c)]), None, None)  # block j of C/groups
+    @staticmethod
+    def weight_dims(P_c, filter_groups=None, groups=1):
+        """``w[F_g, block j of C/groups]``: Stationary-W's layout within the group with ``p_f = 1``."""
+        return StationaryW.weight_dims(P_c, 1, groups)
 
     @staticmethod
-    def records(geom, grid_shape, coords, filter_groups):
+    def records(geom, grid_shape, coords, filter_groups=None):
         b, q, Fg = local_blocks(geom, grid_shape, coords), grid_shape[1] // geom.groups, geom.F // geom.groups
         exchange, back = halo_records(geom, grid_shape, coords, b.C_i)
         y_group = b.n * Fg * b.ho * b.wo * geom.itemsize  # the partial y of the group, and the gathered dy
@@ -106,23 +109,20 @@ class GroupSpanX(StationaryX):
 
 
 class GroupSpanY(StationaryY):
-    """Stationary-Y within each group's ``q`` ranks (``filter_groups`` is ``groups``)."""
+    """Stationary-Y within each group's ``q`` ranks."""
 
     name = "grouped-y"
     weight_layout = ("channel", None, None, None)  # w[F_i, :], all of the group's C/groups channels
 
-    def __init__(self, grid, geom, backend, filter_groups):
+    def __init__(self, grid, geom, backend, filter_groups=None):
         super().__init__(grid, geom, backend, filter_groups)
         self._local["groups"] = 1
 
     channel_group = staticmethod(_group_of)  # the channel collectives run over the group's q ranks
 
-    @classmethod
-    def weight_dims(cls, P_c, filter_groups):
-        return cls.weight_layout
 
     @staticmethod
-    def records(geom, grid_shape, coords, filter_groups):
+    def records(geom, grid_shape, coords, filter_groups=None):
         b, q, Cg = local_blocks(geom, grid_shape, coords), grid_shape[1] // geom.groups, geom.C // geom.groups
         exchange, back = halo_records(geom, grid_shape, coords, Cg)
         x_group = b.n * Cg * b.h * b.w * geom.itemsize  # the gathered x of the group, and the partial dx
@@ -130,13 +130,14 @@ class GroupSpanY(StationaryY):
                 + gradient_records(geom, grid_shape, coords, (b.F_i, Cg) + geom.kernel))
 
 
-SPANNING = {"stationary-x": GroupSpanX, "stationary-y": GroupSpanY}  # asked for -> runs
+SPANNING = {"stationary-x": GroupSpanX, "stationary-y": GroupSpanY, "stationary-w": StationaryW}  # asked for -> runs
 
 
-def grouped_class(name, P_c, groups, channels):
+def grouped_class(name, P_c, groups, channels, filter_groups=None):
     """``(cls, filter_groups)`` that runs a grouped layer (``groups > 1``, ``channels = (C, F)``)
-    on a channel group of ``P_c > 1`` ranks when algorithm ``name`` was asked for; a
-    ValueError that says what would work where nothing does."""
+    on a channel group of ``P_c > 1`` ranks when algorithm ``name`` was asked for (with
+    ``filter_groups``, Stationary-W's ``p_f`` within a group); a ValueError that says what
+    would work where nothing does."""
     if groups % P_c == 0:
         return GroupedChannels, None
     C, F = channels
@@ -151,10 +152,17 @@ def grouped_class(name, P_c, groups, channels):
     if name not in SPANNING:
         raise ValueError(f"algorithm: each group spans {P_c // groups} ranks here (groups={groups}, channel={P_c}) "
                          f"and {name!r} does not run within a group; use one of {tuple(SPANNING)} or 'auto'")
-    return SPANNING[name], groups
+    if name == StationaryW.name:
+        return StationaryW, StationaryW.resolve_filter_groups(P_c, filter_groups, groups)
+    return SPANNING[name], None
 
 
 def grouped_classes(P_c, groups, channels):
-    """The ``(cls, filter_groups)`` pairs that can run the layer (what ``"auto"`` prices)."""
-    return sorted({grouped_class(name, P_c, groups, channels) for name in SPANNING} if groups % P_c
-                  else {(GroupedChannels, None)}, key=lambda pair: pair[0].name)
+    """The ``(cls, filter_groups)`` pairs that can run the layer (what ``"auto"`` prices): X and Y
+    within each group, and W for every ``p_f`` strictly between 1 and ``q = P_c/groups``."""
+    if groups % P_c == 0:
+        return [(GroupedChannels, None)]
+    grouped_class("stationary-x", P_c, groups, channels)  # raises where no group holds whole ranks
+    q = P_c // groups
+    return ([(GroupSpanX, None), (GroupSpanY, None)]
+            + [(StationaryW, p_f) for p_f in range(2, q) if q % p_f == 0])

@@ -21,6 +21,12 @@ b, db      ``b[F_i]``                                 backward: allreduce of db 
 ``p_f = 1`` is Stationary-X and ``p_c' = 1`` is Stationary-Y.  The order of the
 gathered ``x`` pieces (by ``a``) is the order of ``C_b`` in the weight, so the
 non-contiguous block needs no reordering.
+
+A grouped layer whose groups span ranks (``groups`` dividing ``P_c``: docs/grouped.md)
+runs W within each group: ``P_c = groups x p_f x p_c'``, coordinate
+``i = g q + a p_c' + b`` with ``q = P_c/groups``, every collective among the ranks
+of group ``g``, and ``C_b`` counted within the group's ``C/groups`` weight columns.
+For an ungrouped layer ``groups = 1`` and ``g = 0``.
 """
 
 from refconv import collectives
@@ -30,12 +36,14 @@ from refconv.distribution import Split, block_sizes
 
 
 def _groups(geom, P_c, p_f, c):
-    """``(c_counts, f_counts)`` of channel coordinate ``c``: the |C_i| of ranks (., b), gathered
-    into ``C_b``, and the |F_i| of ranks (a, .), gathered into ``F_a``."""
-    p_cp = P_c // p_f
-    a, b = divmod(c, p_cp)
+    """``(c_counts, f_counts)`` of channel coordinate ``c = g q + a p_c' + b``: the |C_i| of
+    ranks (g, ., b), gathered into ``C_b``, and the |F_i| of ranks (g, a, .), gathered into ``F_a``."""
+    q = P_c // geom.groups
+    p_cp, first = q // p_f, c - c % q  # first: the group's first coordinate, g q
+    a, b = divmod(c % q, p_cp)
     c_counts, f_counts = block_sizes(geom.C, P_c), block_sizes(geom.F, P_c)
-    return [c_counts[k * p_cp + b] for k in range(p_f)], [f_counts[a * p_cp + j] for j in range(p_cp)]
+    return ([c_counts[first + k * p_cp + b] for k in range(p_f)],
+            [f_counts[first + a * p_cp + j] for j in range(p_cp)])
 
 
 class StationaryW(Algorithm):
@@ -43,26 +51,30 @@ class StationaryW(Algorithm):
 
     def __init__(self, grid, geom, backend, filter_groups):
         super().__init__(grid, geom, backend, filter_groups)
-        self.comm_f, self.comm_c = grid.stationary_w_comms(filter_groups)  # (., b) and (a, .)
+        self.comm_f, self.comm_c = grid.stationary_w_comms(filter_groups, geom.groups)  # (g, ., b) and (g, a, .)
         self.c_counts, self.f_counts = _groups(geom, grid.P_c, filter_groups, grid.coords[1])
+        self._local["groups"] = 1  # within a group: this rank's channels all belong to group g
 
     @staticmethod
-    def resolve_filter_groups(P_c, filter_groups):
-        """``p_f``: a divisor of ``P_c``; by default the divisor nearest ``sqrt(P_c)`` from below,
-        which makes both collectives about ``1/sqrt(P_c)`` of the activations."""
-        divisors = [d for d in range(1, P_c + 1) if P_c % d == 0]
+    def resolve_filter_groups(P_c, filter_groups, groups=1):
+        """``p_f``: a divisor of ``q = P_c/groups``; by default the divisor nearest ``sqrt(q)``
+        from below, which makes both collectives about ``1/sqrt(q)`` of the activations."""
+        q = P_c // groups
+        divisors = [d for d in range(1, q + 1) if q % d == 0]
         if filter_groups is None:
-            return max(d for d in divisors if d * d <= P_c)
+            return max(d for d in divisors if d * d <= q)
         if isinstance(filter_groups, bool) or filter_groups not in divisors:
-            raise ValueError(f"filter_groups: expected a divisor of grid.P_c={P_c} (one of {divisors}), "
+            within = f"grid.P_c={P_c}" if groups == 1 else f"grid.P_c/groups={q} (groups={groups} span the ranks)"
+            raise ValueError(f"filter_groups: expected a divisor of {within} (one of {divisors}), "
                              f"got {filter_groups!r}")
         return int(filter_groups)
 
     @staticmethod
-    def weight_dims(P_c, filter_groups=None):
-        """``w[F_a, C_b]``: F in blocks ``a*p_c' .. a*p_c'+p_c'-1``, C in blocks ``b, p_c'+b, ...``."""
-        return (Split.stationary_w_filters(P_c, filter_groups), Split.stationary_w_channels(P_c, filter_groups),
-                None, None)
+    def weight_dims(P_c, filter_groups=None, groups=1):
+        """``w[F_a, C_b]``: F in blocks ``g q + a p_c' ..`` (p_c' of them), C in blocks ``b, p_c'+b, ...``
+        of ``q`` (of the group's ``C/groups`` columns when ``groups > 1``)."""
+        return (Split.stationary_w_filters(P_c, filter_groups, groups),
+                Split.stationary_w_channels(P_c, filter_groups, groups), None, None)
 
     @staticmethod
     def records(geom, grid_shape, coords, filter_groups):

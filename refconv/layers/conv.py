@@ -39,7 +39,7 @@ class DistConv2d(Layer):
     priced by their communication alone (:func:`refconv.algorithms.choose`).  The
     estimates are kept in ``layer.cost_estimates``.  A grouped layer (``groups > 1``) on a channel split runs
     "grouped" when ``groups`` is a multiple of ``P_c`` (each rank convolves its own groups,
-    no channel collective), or X or Y within each group's ranks when a group spans
+    no channel collective), or X, Y or W within each group's ranks when a group spans
     several (docs/grouped.md).
     ``padding`` is an int, an ``(h, w)`` pair, ``'valid'`` or ``'same'`` (torch's: with an
     even dilated kernel the odd pad goes on the high side); ``padding_mode`` zeros, reflect,
@@ -107,7 +107,7 @@ class DistConv2d(Layer):
     def weight_distribution(self):
         """How ``F x C/groups x Kh x Kw`` is laid out (see each algorithm's table)."""
         self._require_algorithm()
-        dims = algorithms.REGISTRY[self.algorithm].weight_dims(self.grid.P_c, self.filter_groups)
+        dims = algorithms.REGISTRY[self.algorithm].weight_dims(self.grid.P_c, self.filter_groups, self.groups)
         return Distribution(self.grid, self.w_shape, dims, names=("F", "C", "Kh", "Kw"))
 
     @property

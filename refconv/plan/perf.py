@@ -140,14 +140,15 @@ def local_weight_shape(layer, grid, algorithm, filter_groups):
     """``(F_rows, C_cols)`` of the weight block of rank 0: the algorithm's own layout
     (``weight_dims``) of ``F x C/groups x Kh x Kw`` on the grid."""
     spec = layer.spec
-    return _weight_block(spec["out"], layer.in_shape[1] // spec.get("groups", 1), grid[1],
-                         algorithm if grid[1] > 1 else "sample-spatial", filter_groups)
+    groups = spec.get("groups", 1)
+    return _weight_block(spec["out"], layer.in_shape[1] // groups, grid[1],
+                         algorithm if grid[1] > 1 else "sample-spatial", filter_groups, groups)
 
 
 @functools.lru_cache(maxsize=None)
-def _weight_block(F, C, P_c, name, filter_groups):
+def _weight_block(F, C, P_c, name, filter_groups, groups):
     # Only the channel axis splits a weight: a grid (1, P_c, 1, 1) gives the same block.
-    dims = algorithms.REGISTRY[name].weight_dims(P_c, filter_groups)
+    dims = algorithms.REGISTRY[name].weight_dims(P_c, filter_groups, groups)
     return Distribution((1, P_c, 1, 1), (F, C, 1, 1), dims, names=("F", "C", "Kh", "Kw")).local_shape(0)[:2]
 
 

@@ -192,14 +192,14 @@ def dist_conv_cases(draw, world_size, *, algorithms=ALGORITHMS, axes=AXES, dtype
     Grouped convolutions are drawn when channels are not split, and with
     ``grouped_channel_split=True`` also when they are: groups a multiple of ``P_c``
     (the "grouped" algorithm runs them, whatever ``algorithm`` says; depthwise ones
-    among them), or, for X and Y, groups that span ranks (a divisor of ``P_c`` between
-    1 and ``P_c``, with ``C`` and ``F`` multiples of ``P_c``: "grouped-x", "grouped-y").
+    among them), or groups that span ranks (a divisor of ``P_c`` between 1 and ``P_c``,
+    with ``C`` and ``F`` multiples of ``P_c``: "grouped-x", "grouped-y", and
+    "stationary-w" within each group, its ``p_f`` a divisor of ``P_c/groups``).
     """
     shape = grid_shape or draw(grid_shapes(world_size, axes=axes))
     P_N, P_c, P_H, P_W = shape
     algorithm = draw(st.sampled_from(algorithms))
-    filter_groups = draw(st.sampled_from(_divisors(P_c))) if algorithm == "stationary-w" else None
-    spanning = [d for d in _divisors(P_c)[1:-1] if grouped_channel_split and algorithm != "stationary-w"]
+    spanning = [d for d in _divisors(P_c)[1:-1] if grouped_channel_split]
     if spanning and draw(st.booleans()):
         groups, multiple = tuple(spanning), P_c
     else:
@@ -209,4 +209,6 @@ def dist_conv_cases(draw, world_size, *, algorithms=ALGORITHMS, axes=AXES, dtype
         groups=groups, channel_multiple=multiple, dtypes=dtypes,
         padding_modes=padding_modes, min_hw=(P_H, P_W), max_extra=max_extra, padding_strings=padding_strings,
     ))
+    q = P_c // math.gcd(P_c, problem.groups)  # the ranks W factors: a spanned group's, or the channel group
+    filter_groups = draw(st.sampled_from(_divisors(q))) if algorithm == "stationary-w" else None
     return DistConvCase(problem, shape, algorithm, filter_groups)

@@ -150,6 +150,20 @@ def test_w_with_one_filter_group_is_x_and_with_P_c_is_y(data):
 
 
 @mpi_test(sizes=(8,), timeout=180)
+def test_stationary_w_within_groups_at_eight_ranks():
+    """Stationary-W inside each group's ranks: groups=2 on channel=8 (q=4, p_f=2: both W
+    collectives on 2 ranks), on sample=2 x channel=4 (q=2), and groups=4 on channel=8 (q=2)."""
+    for shape, groups, p_f in [((1, 8, 1, 1), 2, 2), ((2, 4, 1, 1), 2, 2), ((1, 8, 1, 1), 4, 1), ((1, 4, 2, 1), 2, 1)]:
+        problem = ConvProblem(N=2, C=8, F=16, H=5, W=4, Kh=3, Kw=3, padding=(1, 1), groups=groups)
+        grid = ProcessGrid(comm, **dict(zip(("sample", "channel", "height", "width"), shape)))
+        layer = DistConv2d(problem.C, problem.F, 3, padding=1, groups=groups, grid=grid, algorithm="stationary-w",
+                           filter_groups=p_f, backend="numpy", dtype=numpy.float64)
+        assert_all_ranks(comm, layer.algorithm == "stationary-w" and layer.filter_groups == p_f, layer.algorithm)
+        check_layer(layer, problem)
+        grid.free()
+
+
+@mpi_test(sizes=(8,), timeout=180)
 @settings(max_examples=8)
 @given(st.data())
 def test_drawn_at_eight_ranks(data):
@@ -188,12 +202,13 @@ def test_errors_are_raised_on_every_rank_at_construction():
         except ValueError as exc:
             if "groups: a grouped convolution on a channel split needs every rank to hold whole groups" not in str(exc):
                 messages.append(str(exc))
-    if comm.size == 4:  # groups=2 spans 2 ranks each: X and Y run within a group, W does not
+    if comm.size == 4:  # groups=2 spans 2 ranks each: W factors those 2, so p_f=4 divides P_c but not them
         try:
-            DistConv2d(8, 8, 3, groups=2, grid=grid, backend="numpy", algorithm="stationary-w")
-            messages.append("no error for stationary-w on groups spanning ranks")
+            DistConv2d(8, 8, 3, groups=2, grid=grid, backend="numpy", algorithm="stationary-w", filter_groups=4)
+            messages.append("no error for stationary-w with p_f=4 within groups of 2 ranks")
         except ValueError as exc:
-            if "'stationary-w' does not run within a group; use one of ('stationary-x'" not in str(exc):
+            if "filter_groups: expected a divisor of grid.P_c/groups=2 (groups=2 span the ranks) (one of [1, 2]), " \
+               "got 4" not in str(exc):
                 messages.append(str(exc))
     try:  # a channel block would be empty
         DistConv2d(comm.size - 1 or 1, 4, 3, grid=grid, backend="numpy")

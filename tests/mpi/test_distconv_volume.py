@@ -45,6 +45,13 @@ def expected_records(case):
         return sorted([("allreduce", peers, F_i * Cg * KK * isz), ("allreduce", peers, F_i * isz)])
     if p.groups > 1:  # a group on q = P_c / groups ranks: X or Y among them, on the group's channels only
         q = P_c // p.groups
+        if case.algorithm == "stationary-w":  # q = p_f x p_c': C_b is p_f blocks of C/P_c, F_a p_c' blocks of F/P_c
+            p_f = case.filter_groups
+            C_b, F_a = p_f * (p.C // P_c), q // p_f * (p.F // P_c)
+            x_m, y_m = n * C_b * p.H * p.W * isz, n * F_a * Ho * Wo * isz
+            return sorted([("allgather", p_f, x_m), ("reduce_scatter", q // p_f, y_m), ("allgather", q // p_f, y_m),
+                           ("reduce_scatter", p_f, x_m), ("allreduce", peers, F_a * C_b * KK * isz),
+                           ("allreduce", peers, F_i * isz)])
         if case.algorithm == "stationary-x":
             m = n * Fg * Ho * Wo * isz
             return sorted([("reduce_scatter", q, m), ("allgather", q, m), ("allreduce", peers, Fg * C_i * KK * isz),
@@ -140,6 +147,20 @@ def test_aligned_depthwise_moves_no_activation_data():
         records = measured_records(DistConvCase(problem, (1, P_c, 1, 1), algorithm, p_f))
         expected = sorted([("allreduce", 1, 2 * 9 * 8), ("allreduce", 1, 2 * 8)])  # 2 filters of 1 x 3 x 3, float64
         assert_all_ranks(comm, records == expected, f"{algorithm}: {records}")
+
+
+@mpi_test(sizes=(8,), timeout=60)
+def test_stationary_w_within_a_group_moves_only_its_group():
+    """groups=2 on channel=8, p_f=2: each group's 4 ranks factored 2 x 2; every collective but the
+    weight-gradient allreduce runs on 2 ranks and moves that group's channels only, as records() says."""
+    problem = ConvProblem(N=2, C=8, F=16, H=5, W=4, Kh=3, Kw=3, padding=(1, 1), groups=2)
+    case = DistConvCase(problem, (1, 8, 1, 1), "stationary-w", 2)
+    expected, measured = expected_records(case), measured_records(case)
+    sizes = {r[1] for r in measured if r[0] != "allreduce"}
+    # x: n C_b h w = 2 x (2 blocks of C/8) x 5 x 4 x 8 bytes; y: 2 x (2 blocks of F/8) x 5 x 4 x 8
+    moved = sorted(r[2] for r in measured if r[0] != "allreduce")
+    assert_all_ranks(comm, expected == measured and sizes == {2} and moved == [640] * 2 + [1280] * 2,
+                     f"expected {expected}\nmeasured {measured}")
 
 
 @mpi_test(sizes=(4,), timeout=60)
