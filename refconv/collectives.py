@@ -2,7 +2,9 @@
 
 Arrays may be NumPy or CuPy; results have the array module of the inputs.
 Non-contiguous inputs are packed first, and the device stream is synchronized
-before MPI touches device memory.  When the MPI library is CUDA-aware (see
+before MPI touches device memory.  ``reduce_scatter`` and ``allgather`` along an
+inner axis let MPI datatypes walk the strided blocks of host buffers instead of
+packing them (``_split_axis``).  When the MPI library is CUDA-aware (see
 ``cuda_aware``) device buffers go to MPI directly, otherwise they are staged
 through host memory.
 
@@ -47,6 +49,7 @@ at import (or ``set_fault``), makes world rank ``rank`` ``kill`` (SIGKILL),
 Unset, it costs one ``is None`` test per call.
 """
 
+import collections
 import contextlib
 import ctypes
 import dataclasses
@@ -471,26 +474,42 @@ def reduce_scatter(comm, x, counts, axis=0):
     """Sum x (the full buffer) over ranks; return this rank's block along ``axis``.
 
     counts[i] is the length along ``axis`` of rank i's block; blocks are consecutive.
+    The result is always a new array, also on one rank (see ``_split_axis``).
     """
     counts = _check_counts(comm, counts, x.shape[axis], "reduce_scatter")
     stats.add("reduce_scatter", comm.Get_size(), x.size, x.nbytes)
     xp = arrays.array_module(x)
-    packed = xp.moveaxis(x, axis, 0)            # (L, ...rest): block i is a row range
-    rest = packed.shape[1:]
-    inner = int(numpy.prod(rest, dtype=numpy.int64))
-    me = comm.Get_rank()
     if comm.Get_size() == 1:
         return xp.array(x, copy=True)
-    send = _to_mpi(packed)
-    recv = _empty((counts[me],) + rest, send.dtype, x)
+    me = comm.Get_rank()
+    outer, length, inner = _split_axis(x.shape, axis)
+    if _blocks_apply(x, outer, inner * length):
+        # An all-to-all of the blocks, then a local sum: rank q receives every rank's block q
+        # through a datatype that walks its runs, so nothing is packed.  (MPI's Reduce_scatter
+        # would need MPI.SUM over a derived datatype, which MPICH refuses.)
+        send = _to_mpi(x)                       # (outer, L, inner), contiguous, on the host
+        size, item = comm.Get_size(), send.dtype.itemsize
+        parts = numpy.empty((size, outer, counts[me], inner), send.dtype)  # parts[s]: rank s's block me
+        blocks = [_block_type(send.dtype, outer, c * inner, length * inner) for c in counts]
+        with _watchdog("reduce_scatter", comm, {"x": x, "axis": axis, "counts": counts}):
+            comm.Alltoallw([send, ([1] * size, [d * inner * item for d in _displs(counts)]), blocks],
+                           [parts, ([parts[0].size] * size, [q * parts[0].nbytes for q in range(size)]),
+                            [_predefined(send.dtype)] * size])
+        out = parts.sum(axis=0, dtype=send.dtype)  # (outer, L_me, inner)
+        return _from_mpi(out.reshape(x.shape[:axis] + (counts[me],) + x.shape[axis + 1:]), x)
+    send = _to_mpi(xp.moveaxis(x, axis, 0))     # packed (L, ...rest): no copy when outer == 1
+    recv = _empty((counts[me],) + send.shape[1:], send.dtype, x)
     with _watchdog("reduce_scatter", comm, {"x": x, "axis": axis, "counts": counts}):
-        comm.Reduce_scatter(_spec(send), _spec(recv), [c * inner for c in counts], op=MPI.SUM)
-    out = _from_mpi(recv, x)
-    return xp.ascontiguousarray(xp.moveaxis(out, 0, axis))
+        comm.Reduce_scatter(_spec(send), _spec(recv), [c * outer * inner for c in counts], op=MPI.SUM)
+    out = _from_mpi(recv, x)                    # (L_me, ...rest)
+    return arrays.array_module(out).ascontiguousarray(xp.moveaxis(out, 0, axis))
 
 
 def allgather(comm, x, counts, axis=0):
-    """Concatenate every rank's x along ``axis``; counts[i] = rank i's length there."""
+    """Concatenate every rank's x along ``axis``; counts[i] = rank i's length there.
+
+    The result is always a new array, also on one rank (see ``_split_axis``).
+    """
     xp = arrays.array_module(x)
     total = sum(int(c) for c in counts)
     counts = _check_counts(comm, counts, total, "allgather")
@@ -498,19 +517,91 @@ def allgather(comm, x, counts, axis=0):
     if x.shape[axis] != counts[me]:
         raise ValueError(f"allgather: x has length {x.shape[axis]} along axis {axis} "
                          f"but counts[{me}] = {counts[me]}")
-    packed = xp.moveaxis(x, axis, 0)
-    rest = packed.shape[1:]
-    inner = int(numpy.prod(rest, dtype=numpy.int64))
-    stats.add("allgather", comm.Get_size(), total * inner, total * inner * x.itemsize)
+    outer, _, inner = _split_axis(x.shape, axis)
+    stats.add("allgather", comm.Get_size(), total * outer * inner, total * outer * inner * x.itemsize)
     if comm.Get_size() == 1:
         return xp.array(x, copy=True)
-    send = _to_mpi(packed)
-    recv = _empty((total,) + rest, send.dtype, x)
-    el = [c * inner for c in counts]
+    shape = x.shape[:axis] + (total,) + x.shape[axis + 1:]
+    if _blocks_apply(x, outer, inner * total):
+        # Received in its final layout, nothing packed or unpacked: rank q's block is a
+        # datatype of ``outer`` runs of L_q * inner elements, L * inner apart, in recv.
+        send = _to_mpi(x)                       # (outer, L_me, inner), contiguous, on the host
+        recv = numpy.empty(shape, send.dtype)   # (outer, L, inner)
+        blocks = [_block_type(send.dtype, outer, c * inner, total * inner) for c in counts]
+        with _watchdog("allgather", comm, {"x": x, "axis": axis, "counts": counts}):
+            if len(set(counts)) == 1:           # one receive datatype for all: MPI's allgather
+                comm.Allgather([send, send.size, _predefined(send.dtype)], [recv, 1, blocks[0]])
+            else:                               # one per sender: an all-to-all that sends everyone x
+                size, item = comm.Get_size(), send.dtype.itemsize
+                comm.Alltoallw([send, ([send.size] * size, [0] * size), [_predefined(send.dtype)] * size],
+                               [recv, ([1] * size, [d * inner * item for d in _displs(counts)]), blocks])
+        return _from_mpi(recv, x)
+    send = _to_mpi(xp.moveaxis(x, axis, 0))     # packed (L_me, ...rest): no copy when outer == 1
+    recv = _empty((total,) + send.shape[1:], send.dtype, x)
+    el = [c * outer * inner for c in counts]
     with _watchdog("allgather", comm, {"x": x, "axis": axis, "counts": counts}):
         comm.Allgatherv(_spec(send), _spec(recv, el, _displs(el)))
-    out = _from_mpi(recv, x)
-    return xp.ascontiguousarray(xp.moveaxis(out, 0, axis))
+    out = _from_mpi(recv, x)                    # (L, ...rest)
+    return arrays.array_module(out).ascontiguousarray(xp.moveaxis(out, 0, axis))
+
+
+# -- a split along one axis: blocks that MPI reads and writes in place --------------------
+def _split_axis(shape, axis):
+    """(outer, L, inner): the sizes of the dims before ``axis``, of ``axis``, and after it.
+
+    A C-contiguous x is an (outer, L, inner) array whose block of rank i is
+    ``x[:, start_i:start_i + L_i]``.  With outer == 1 (axis 0, or only size-1 dims
+    before it) each block is one contiguous range: MPI uses x as it is, no copy.
+    Otherwise a block is ``outer`` runs of ``L_i * inner`` elements, and on host
+    buffers an MPI datatype walks them (``_block_type``), so nothing is packed or
+    unpacked: allgather receives every block in place, reduce_scatter sends each
+    rank its block in place (an all-to-all) and sums what it receives.  Device
+    buffers handed to a CUDA-aware MPI are packed instead (axis ``axis`` moved
+    first, then back): datatypes over device memory are not tested here.
+
+    reduce_scatter and allgather return a new array also on one rank, where the block
+    is x itself: callers keep results (Stationary-Y keeps the gathered x for its
+    backward) and may write into them (``add_bias``), and a view of the caller's x
+    would make either depend on the communicator's size.  That costs one copy.
+    """
+    outer = int(numpy.prod(shape[:axis], dtype=numpy.int64))
+    inner = int(numpy.prod(shape[axis + 1:], dtype=numpy.int64))
+    return outer, shape[axis], inner
+
+
+def _blocks_apply(x, outer, row):
+    """Whether MPI datatypes replace packing for x (the same answer on every rank): its
+    blocks are not single ranges (outer > 1), there is data (``row``, the elements of the
+    whole split axis for one outer index, L * inner, is not 0), MPI will see a host buffer
+    (x is one, or is staged), and MPI predefines x's dtype."""
+    on_host = not arrays.is_device_array(x) or not cuda_aware()
+    return outer > 1 and row > 0 and on_host and _predefined(x.dtype) is not None
+
+
+def _predefined(dtype):
+    """MPI's predefined datatype of ``dtype`` (MPI.FLOAT for float32), or None: the table
+    mpi4py itself infers a buffer's datatype from."""
+    return MPI._typedict.get(numpy.dtype(dtype).char)
+
+
+_BLOCK_TYPES = collections.OrderedDict()  # (dtype, outer, run, stride) -> committed MPI datatype
+_BLOCK_TYPES_KEPT = 64                    # past this many the least recently used is freed
+
+
+def _block_type(dtype, outer, run, stride):
+    """The MPI datatype of one rank's block in a C-contiguous buffer: ``outer`` runs of
+    ``run`` elements, ``stride`` elements apart, with an extent of ``run`` elements (so
+    that block q of an even split starts q extents in).  Committed once and kept."""
+    key = (numpy.dtype(dtype).str, outer, run, stride)
+    block = _BLOCK_TYPES.pop(key, None)
+    if block is None:
+        runs = _predefined(dtype).Create_vector(outer, run, stride)
+        block = runs.Create_resized(0, run * numpy.dtype(dtype).itemsize).Commit()
+        runs.Free()
+    _BLOCK_TYPES[key] = block
+    if len(_BLOCK_TYPES) > _BLOCK_TYPES_KEPT:
+        _BLOCK_TYPES.popitem(last=False)[1].Free()
+    return block
 
 
 def exchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None):

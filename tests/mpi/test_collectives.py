@@ -1,10 +1,12 @@
 """Every wrapper in refconv.collectives, uneven counts, expected values derived from the size."""
 
+import tracemalloc
+
 import numpy
 from mpi4py import MPI
 
 from refconv import collectives as coll
-from refconv.testing.asserts import assert_all_ranks, collective_assert_close
+from refconv.testing.asserts import assert_all_ranks, close_message, collective_assert_close
 from refconv.testing.mpirun import mpi_test
 
 ALL = (1, 2, 3, 4, 8)
@@ -65,6 +67,64 @@ def test_allgather_uneven():
     counts = [0 if q == 0 else 2 for q in range(p)]
     y = coll.allgather(comm, numpy.full((counts[r],), r, numpy.int32), counts)
     assert_all_ranks(comm, numpy.array_equal(y, numpy.repeat(numpy.arange(p), counts)), str(y))
+
+
+@mpi_test(sizes=(1, 2, 3), timeout=60)
+def test_split_axis_every_layout():
+    """reduce_scatter and allgather along axes 0, 1 and 3 of a 4-d array, float32 and float64,
+    uneven counts (a zero-length block too), contiguous and strided input: on the host the
+    axis-0 calls take the plain path and the others MPI datatypes, and all match numpy."""
+    comm, r, p = _world()
+    problems = []
+    for dtype in (numpy.float32, numpy.float64):
+        for axis in (0, 1, 3):
+            for counts in ([q % 3 + 1 for q in range(p)], [0] + [2] * (p - 1)):
+                L, start = sum(counts), sum(counts[:r])
+                shape = [2, 3, 2, 3]
+                shape[axis] = L
+                full = numpy.arange(numpy.prod(shape), dtype=dtype).reshape(shape) % 11
+                mine = numpy.take(full, numpy.arange(start, start + counts[r]), axis=axis)
+                strided = numpy.repeat(full * (r + 1), 2, axis=-1)[..., ::2]  # not contiguous
+                for x in (full * (r + 1), strided):
+                    got = coll.reduce_scatter(comm, x, counts, axis=axis)
+                    if got.dtype != dtype or not got.flags.c_contiguous or \
+                            close_message(got, mine * (p * (p + 1) // 2), reduction_length=p):
+                        problems.append(f"reduce_scatter {dtype.__name__} axis={axis} counts={counts}")
+                gathered = coll.allgather(comm, numpy.repeat(mine, 2, axis=-1)[..., ::2], counts, axis=axis)
+                if gathered.dtype != dtype or not gathered.flags.c_contiguous or \
+                        not numpy.array_equal(gathered, full):
+                    problems.append(f"allgather {dtype.__name__} axis={axis} counts={counts}")
+    assert_all_ranks(comm, not problems, str(problems))
+
+
+@mpi_test(sizes=(1, 2, 3), timeout=60)
+def test_split_axis_copies_nothing_it_can_avoid():
+    """Traced by tracemalloc (numpy reports its buffers to it): with the split axis
+    outermost, or behind MPI datatypes, a call allocates its result and no packed copy
+    of x; and the result is a new array on any number of ranks, never a view of x."""
+    comm, r, p = _world()
+    mib = 2**20
+    counts = [2 * mib // 4 // 64] * p                 # a 2 MiB float32 block per rank
+    L = sum(counts)
+    problems = []
+    for axis, shape in ((0, (L, 64)), (1, (1, L, 64)), (1, (4, L, 16))):
+        full = numpy.ones(shape, numpy.float32)
+        mine = numpy.ones(shape[:axis] + (counts[r],) + shape[axis + 1:], numpy.float32)
+        outer = int(numpy.prod(shape[:axis]))
+        # what each call may allocate: its result, and reduce_scatter's all-to-all (outer > 1)
+        # receives every rank's copy of block r, the size of x; a packed x would come on top
+        gathered_bytes = mine.nbytes + (full.nbytes if p == 1 or outer > 1 else 0)
+        for name, call, x, allowed in (("reduce_scatter", coll.reduce_scatter, full, gathered_bytes),
+                                       ("allgather", coll.allgather, mine, full.nbytes)):
+            tracemalloc.start()
+            out = call(comm, x, counts, axis=axis)
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            if peak > allowed + mib // 2:
+                problems.append(f"{name} axis={axis} {shape}: peak {peak} B, allowed {allowed} B")
+            if numpy.shares_memory(out, x):
+                problems.append(f"{name} axis={axis} {shape}: the result is a view of x")
+    assert_all_ranks(comm, not problems, str(problems))
 
 
 @mpi_test(sizes=ALL)
