@@ -200,9 +200,18 @@ class Halo:
         self.owned, self.window, self.pieces = halo_plan(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation,
                                                          padding_mode)
         self.image = Box(0, in_hw[0], 0, in_hw[1])
-        self.me = comm.Get_rank()
+        self.me, self.size = comm.Get_rank(), comm.Get_size()
         self.mine = self.pieces.get((self.me, self.me))  # my own block's part of my window
         self.sends, self.receives = exchanges(self.pieces, self.me)
+        # extend and reduce run every step: their index tuples are built once, here.
+        own, win = self.owned[self.me], self.window[self.me]
+        self.is_block = win == own and self.size == 1  # one rank, nothing padded or cut off
+        self.fill_index = [(slice(None), slice(None)) + strip.slices(win)  # zero padding: no rank owns it
+                           for strip in (_outside(win, self.image) if self.padding_mode == "zeros" else ())]
+        self.mine_index = (self.mine.window_index(), self.mine.owned_index()) if self.mine is not None else None
+        self.mine_whole = self.mine is not None and self.mine.is_whole(own.shape)
+        self.send_index = {r: piece.owned_index() for r, piece in self.sends.items()}      # my cells rank r reads
+        self.recv_index = {s: piece.window_index() for s, piece in self.receives.items()}  # rank s's cells in my window
 
     @property
     def window_shape(self):
@@ -216,58 +225,58 @@ class Halo:
 
         On one rank, when the window is the whole image (no padding, nothing cut
         off), ``x_loc`` itself is returned: no copy; do not write into it."""
-        n, c = x_loc.shape[:2]
-        own, win = self.owned[self.me], self.window[self.me]
-        if win == own and self.comm.Get_size() == 1:
+        if self.is_block:
             return x_loc
-        x_win = xp.empty((n, c) + win.shape, dtype=x_loc.dtype)  # (n, c, h_win, w_win)
-        if self.padding_mode == "zeros":
-            for strip in _outside(win, self.image):  # padding: the only cells no rank owns
-                x_win[(slice(None), slice(None)) + strip.slices(win)] = fill
-        if self.mine is not None:
-            x_win[self.mine.window_index()] = x_loc[self.mine.owned_index()]
-        if self.comm.Get_size() == 1:
+        n, c = x_loc.shape[:2]
+        x_win = xp.empty((n, c) + self.window_shape, dtype=x_loc.dtype)  # (n, c, h_win, w_win)
+        for index in self.fill_index:
+            x_win[index] = fill
+        if self.mine_index is not None:
+            window_index, owned_index = self.mine_index
+            x_win[window_index] = x_loc[owned_index]
+        if self.size == 1:
             return x_win
-        sends = {r: x_loc[piece.owned_index()] for r, piece in self.sends.items()}  # my cells rank r reads
+        sends = {r: x_loc[index] for r, index in self.send_index.items()}
         recv_shapes = {s: (n, c) + piece.shape for s, piece in self.receives.items()}
         received = collectives.exchange(self.comm, sends, recv_shapes, x_loc.dtype, like=x_loc)
-        for s, piece in self.receives.items():
-            x_win[piece.window_index()] = received[s]
+        for s, index in self.recv_index.items():
+            x_win[index] = received[s]
         return x_win
 
     def reduce(self, dx_win, xp):
         """The adjoint of :meth:`extend` (the halo return): ``(n, c, h_win, w_win)`` -> ``(n, c, h, w)``,
         each window cell's gradient sent to the owner of the cell it holds and added there.
         On one rank, when the window is the whole image, ``dx_win`` itself is returned."""
-        n, c = dx_win.shape[:2]
-        own, win = self.owned[self.me], self.window[self.me]
-        if win == own and self.comm.Get_size() == 1:
+        if self.is_block:
             return dx_win
-        mine = self.mine
-        if mine is not None and mine.is_whole(own.shape):
+        n, c = dx_win.shape[:2]
+        own = self.owned[self.me]
+        if self.mine_whole:
+            window_index, _ = self.mine_index
             dx_loc = xp.empty((n, c) + own.shape, dtype=dx_win.dtype)  # (n, c, h, w), each cell held once
-            dx_loc[...] = dx_win[mine.window_index()]
+            dx_loc[...] = dx_win[window_index]
         else:  # rows read by no output of mine (stride, a neighbour's window only), or read twice
             dx_loc = xp.zeros((n, c) + own.shape, dtype=dx_win.dtype)
-            if mine is not None:
-                _add_into(dx_loc, mine, dx_win[mine.window_index()], xp)
-        if self.comm.Get_size() == 1:
+            if self.mine_index is not None:
+                window_index, owned_index = self.mine_index
+                _add_into(dx_loc, owned_index, dx_win[window_index], xp)
+        if self.size == 1:
             return dx_loc
-        sends = {s: dx_win[piece.window_index()] for s, piece in self.receives.items()}  # back to the owners
+        sends = {s: dx_win[index] for s, index in self.recv_index.items()}  # back to the owners
         recv_shapes = {r: (n, c) + piece.shape for r, piece in self.sends.items()}
         received = collectives.exchange(self.comm, sends, recv_shapes, dx_win.dtype, like=dx_win)
-        for r, piece in self.sends.items():
-            _add_into(dx_loc, piece, received[r], xp)
+        for r, index in self.send_index.items():
+            _add_into(dx_loc, index, received[r], xp)
         return dx_loc
 
 
-def _add_into(dx_loc, piece, values, xp):
-    """``dx_loc[piece's owned cells] += values``, summing where several window cells hold one cell
-    (reflect and replicate padding read a row twice)."""
-    if isinstance(piece.own_h, slice) and isinstance(piece.own_w, slice):
-        dx_loc[piece.owned_index()] += values
+def _add_into(dx_loc, index, values, xp):
+    """``dx_loc[index] += values`` for an index of a piece's owned cells, summing where several
+    window cells hold one cell (reflect and replicate padding read a row twice)."""
+    if isinstance(index[2], slice) and isinstance(index[3], slice):
+        dx_loc[index] += values
     else:
-        xp.add.at(dx_loc, piece.owned_index(), values)
+        xp.add.at(dx_loc, index, values)
 
 
 def _outside(box, image):
