@@ -7,8 +7,9 @@ Run it under mpiexec on the ranks of one node (2 to 4 here)::
 
 Collectives: for each kind and each communicator size ``q`` (2, 4, ... up to the
 ranks; ``q < P`` runs ``P / q`` groups at once, as channel groups do in training)
-it times a sweep of buffer sizes and fits ``time = alpha(q) + beta(q) * m`` by least
-squares (``m`` as :class:`refconv.cost_model.Call` records it; for ``alltoall``
+it times a sweep of buffer sizes, each call right after a burst of compute on every
+rank (less the burst alone, timed in alternating rounds: see ``BURST``), and fits
+``time = alpha(q) + beta(q) * m`` by least squares (``m`` as :class:`refconv.cost_model.Call` records it; for ``alltoall``
 and ``halo`` alpha is per message).  One node gives only the ``intra`` figures:
 ``inter`` is written as a copy and the file says so.
 
@@ -20,6 +21,10 @@ kernels, per byte of its input and output).  We fit a throughput model rather th
 because the planner prices local shapes nobody measured (ResNet-50 split 1024 ways
 has hundreds), and because the datasheet machine files can only give rates.
 The fit's relative error per class is written in the file's ``notes``.
+
+BLAS threads per rank are pinned first (``refconv.threads.configure``, ``--threads``),
+as training pins them: the rates are per rank at that count.  The timing is
+``refconv.bench.common.time_ranks``, the benchmarks' own.
 """
 
 import copy

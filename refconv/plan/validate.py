@@ -244,6 +244,9 @@ def report_layers(say, rows, chosen):
     errors = [abs(r.error) for r in rows]
     say(f"{len(rows)} (layer, strategy) pairs: median relative error {statistics.median(errors):.0%}, "
         f"worst {max(errors):.0%}")
+    fastest = [abs(r.predicted - r.measured.min) / r.measured.min for r in rows]
+    say(f"  against each pair's fastest round instead of its median (a shared machine's load only adds time): "
+        f"median {statistics.median(fastest):.0%}, worst {max(fastest):.0%}")
     say(f"pick rate, strict (the model's first choice is the measured fastest): "
         f"{sum(p.strict for p in chosen)}/{len(chosen)} (layer, P)")
     say(f"pick rate, within noise (the first choice's min..max overlaps the fastest's): "
