@@ -273,7 +273,7 @@ def test_validation_pick_rates_strict_and_within_noise():
     """The strict pick is the measured fastest by median; within noise, the pick's min..max
     overlaps the fastest's.  Worked by hand on three constructed (layer, P) cases."""
     from refconv.bench.timing import Span
-    from refconv.plan.validate import Row, picks
+    from refconv.plan.validate import Row, picks, relative_to_sample
 
     def row(layer, label, predicted, *measured):
         return Row(layer, 2, label, perf.StageCost((2, 1, 1, 1), fwd=predicted), Span(measured))
@@ -286,3 +286,5 @@ def test_validation_pick_rates_strict_and_within_noise():
     assert got == {"hit": ("sample", "sample", True, True), "tie": ("sample", "X", False, True),
                    "miss": ("sample", "X", False, False)}
     assert rows[5].error == pytest.approx((2.0 - 1.1) / 1.1)
+    assert relative_to_sample(rows) == pytest.approx([(2 / 1) / (2.1 / 1.1), (2 / 1) / (1.1 / 1.2),
+                                                      (2 / 1) / (1.1 / 1.6)])

@@ -169,6 +169,14 @@ def picks(rows):
             for (layer, P), group in cases.items() if len(group) > 1]
 
 
+def relative_to_sample(rows):
+    """[(predicted / predicted sample) / (measured / measured sample)] of every row besides
+    sample parallelism, in the (layer, P) cases that measured it (medians)."""
+    sample = {(r.layer, r.P): r for r in rows if r.label == "sample"}
+    return [(r.predicted / s.predicted) / (r.measured.median / s.measured.median)
+            for r in rows if r.label != "sample" and (s := sample.get((r.layer, r.P)))]
+
+
 def model_rows(world, machine, steps, batch=4, image=8):
     """(plan, sample-parallel prediction, {"planned"|"sample": Span of seconds per step})."""
 
@@ -247,6 +255,12 @@ def report_layers(say, rows, chosen):
     fastest = [abs(r.predicted - r.measured.min) / r.measured.min for r in rows]
     say(f"  against each pair's fastest round instead of its median (a shared machine's load only adds time): "
         f"median {statistics.median(fastest):.0%}, worst {max(fastest):.0%}")
+    relative = relative_to_sample(rows)
+    if relative:
+        say(f"  each strategy's time over sample parallelism's in the same (layer, P), predicted over measured "
+            f"(what a pick depends on; contenders alternate, so the load cancels more): median "
+            f"{statistics.median(relative):.2f}, within 0.8-1.25 on {sum(0.8 <= v <= 1.25 for v in relative)}"
+            f"/{len(relative)}")
     say(f"pick rate, strict (the model's first choice is the measured fastest): "
         f"{sum(p.strict for p in chosen)}/{len(chosen)} (layer, P)")
     say(f"pick rate, within noise (the first choice's min..max overlaps the fastest's): "
