@@ -27,6 +27,11 @@ def positive_int(value, name):
     return integer(value, name, minimum=1)
 
 
+def divisors(n):
+    """The divisors of ``n``, ascending: what a split of ``n`` ranks may be (for error messages too)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def one_of(value, name, choices):
     """``value`` if it is one of ``choices``."""
     if value not in choices:

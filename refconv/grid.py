@@ -33,7 +33,7 @@ import operator
 
 from mpi4py import MPI
 
-from refconv import collectives
+from refconv import checks, collectives
 
 AXES = ("sample", "channel", "height", "width")
 
@@ -157,7 +157,7 @@ class ProcessGrid:
         p_f, groups = _check_size("filter_groups", filter_groups), _check_size("groups", groups)
         if self.P_c % (groups * p_f):
             q = self.P_c // groups
-            divisors = [d for d in range(1, q + 1) if q % d == 0]
+            divisors = checks.divisors(q)
             within = f"P_c={self.P_c}" if groups == 1 else f"P_c/groups={q} (P_c={self.P_c}, groups={groups})"
             raise ValueError(f"grid: filter_groups={p_f} must divide {within}; choose one of {divisors}")
         q = self.P_c // groups

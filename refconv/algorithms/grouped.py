@@ -48,12 +48,12 @@ what to do instead (uneven blocks that would have to follow group boundaries are
 not done).
 """
 
+from refconv import checks
 from refconv.algorithms.base import Call, gradient_records, halo_records, local_blocks
 from refconv.algorithms.spatial import SampleSpatial
 from refconv.algorithms.stationary_w import StationaryW
 from refconv.algorithms.stationary_x import StationaryX
 from refconv.algorithms.stationary_y import StationaryY
-from refconv.distribution import Split
 
 
 class GroupedChannels(SampleSpatial):
@@ -142,7 +142,7 @@ def grouped_class(name, P_c, groups, channels, filter_groups=None):
         return GroupedChannels, None
     C, F = channels
     if P_c % groups or C % P_c or F % P_c:
-        whole = [d for d in range(1, groups + 1) if groups % d == 0]
+        whole = checks.divisors(groups)
         raise ValueError(
             f"groups: a grouped convolution on a channel split needs every rank to hold whole groups "
             f"(groups a multiple of channel) or every group to hold whole ranks (channel a multiple of groups, "

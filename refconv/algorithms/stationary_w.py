@@ -29,7 +29,7 @@ of group ``g``, and ``C_b`` counted within the group's ``C/groups`` weight colum
 For an ungrouped layer ``groups = 1`` and ``g = 0``.
 """
 
-from refconv import collectives
+from refconv import checks, collectives
 from refconv.algorithms.base import (Algorithm, Call, gradient_records, halo_records, local_blocks,
                                     segmented_allreduce)
 from refconv.distribution import Split, block_sizes
@@ -60,7 +60,7 @@ class StationaryW(Algorithm):
         """``p_f``: a divisor of ``q = P_c/groups``; by default the divisor nearest ``sqrt(q)``
         from below, which makes both collectives about ``1/sqrt(q)`` of the activations."""
         q = P_c // groups
-        divisors = [d for d in range(1, q + 1) if q % d == 0]
+        divisors = checks.divisors(q)
         if filter_groups is None:
             return max(d for d in divisors if d * d <= q)
         if isinstance(filter_groups, bool) or filter_groups not in divisors:

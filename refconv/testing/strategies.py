@@ -140,8 +140,6 @@ PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 ALGORITHMS = ("stationary-x", "stationary-y", "stationary-w")
 
 
-def _divisors(n):
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @st.composite
@@ -153,7 +151,7 @@ def grid_shapes(draw, world_size, *, axes=AXES):
             shape.append(1)
             continue
         later = [a for a in AXES[k + 1:] if a in axes]
-        p = left if not later else draw(st.sampled_from(_divisors(left)))
+        p = left if not later else draw(st.sampled_from(checks.divisors(left)))
         shape.append(p)
         left //= p
     if left != 1:  # the last allowed axis took the rest above unless none was allowed
@@ -199,7 +197,7 @@ def dist_conv_cases(draw, world_size, *, algorithms=ALGORITHMS, axes=AXES, dtype
     shape = grid_shape or draw(grid_shapes(world_size, axes=axes))
     P_N, P_c, P_H, P_W = shape
     algorithm = draw(st.sampled_from(algorithms))
-    spanning = [d for d in _divisors(P_c)[1:-1] if grouped_channel_split]
+    spanning = [d for d in checks.divisors(P_c)[1:-1] if grouped_channel_split]
     if spanning and draw(st.booleans()):
         groups, multiple = tuple(spanning), P_c
     else:
@@ -210,5 +208,5 @@ def dist_conv_cases(draw, world_size, *, algorithms=ALGORITHMS, axes=AXES, dtype
         padding_modes=padding_modes, min_hw=(P_H, P_W), max_extra=max_extra, padding_strings=padding_strings,
     ))
     q = P_c // math.gcd(P_c, problem.groups)  # the ranks W factors: a spanned group's, or the channel group
-    filter_groups = draw(st.sampled_from(_divisors(q))) if algorithm == "stationary-w" else None
+    filter_groups = draw(st.sampled_from(checks.divisors(q))) if algorithm == "stationary-w" else None
     return DistConvCase(problem, shape, algorithm, filter_groups)
