@@ -54,6 +54,8 @@ import contextlib
 import ctypes
 import dataclasses
 import functools
+import itertools
+import math
 import numbers
 import os
 import signal
@@ -410,7 +412,7 @@ def _spec(buf, counts=None, displs=None):
 
 
 def _displs(counts):
-    return [int(d) for d in numpy.concatenate([[0], numpy.cumsum(counts)[:-1]])]
+    return list(itertools.accumulate(counts, initial=0))[:-1]
 
 
 def _check_counts(comm, counts, length, what):
@@ -483,7 +485,8 @@ def reduce_scatter(comm, x, counts, axis=0):
         return xp.array(x, copy=True)
     me = comm.Get_rank()
     outer, length, inner = _split_axis(x.shape, axis)
-    if _blocks_apply(x, outer, inner * length):
+    shape = x.shape[:axis] + (counts[me],) + x.shape[axis + 1:]
+    if _blocks_apply(x, outer, x.nbytes):
         # An all-to-all of the blocks, then a local sum: rank q receives every rank's block q
         # through a datatype that walks its runs, so nothing is packed.  (MPI's Reduce_scatter
         # would need MPI.SUM over a derived datatype, which MPICH refuses.)
@@ -495,14 +498,12 @@ def reduce_scatter(comm, x, counts, axis=0):
             comm.Alltoallw([send, ([1] * size, [d * inner * item for d in _displs(counts)]), blocks],
                            [parts, ([parts[0].size] * size, [q * parts[0].nbytes for q in range(size)]),
                             [_predefined(send.dtype)] * size])
-        out = parts.sum(axis=0, dtype=send.dtype)  # (outer, L_me, inner)
-        return _from_mpi(out.reshape(x.shape[:axis] + (counts[me],) + x.shape[axis + 1:]), x)
-    send = _to_mpi(xp.moveaxis(x, axis, 0))     # packed (L, ...rest): no copy when outer == 1
-    recv = _empty((counts[me],) + send.shape[1:], send.dtype, x)
+        return _from_mpi(parts.sum(axis=0, dtype=send.dtype).reshape(shape), x)
+    send = _pack(_to_mpi(x), outer, length, inner)  # (L, outer, inner): block i is a row range
+    recv = _empty((counts[me], outer, inner), send.dtype, x)
     with _watchdog("reduce_scatter", comm, {"x": x, "axis": axis, "counts": counts}):
         comm.Reduce_scatter(_spec(send), _spec(recv), [c * outer * inner for c in counts], op=MPI.SUM)
-    out = _from_mpi(recv, x)                    # (L_me, ...rest)
-    return arrays.array_module(out).ascontiguousarray(xp.moveaxis(out, 0, axis))
+    return _pack(_from_mpi(recv, x), counts[me], outer, inner).reshape(shape)  # unpacked
 
 
 def allgather(comm, x, counts, axis=0):
@@ -522,7 +523,7 @@ def allgather(comm, x, counts, axis=0):
     if comm.Get_size() == 1:
         return xp.array(x, copy=True)
     shape = x.shape[:axis] + (total,) + x.shape[axis + 1:]
-    if _blocks_apply(x, outer, inner * total):
+    if _blocks_apply(x, outer, total * outer * inner * x.itemsize):
         # Received in its final layout, nothing packed or unpacked: rank q's block is a
         # datatype of ``outer`` runs of L_q * inner elements, L * inner apart, in recv.
         send = _to_mpi(x)                       # (outer, L_me, inner), contiguous, on the host
@@ -536,13 +537,12 @@ def allgather(comm, x, counts, axis=0):
                 comm.Alltoallw([send, ([send.size] * size, [0] * size), [_predefined(send.dtype)] * size],
                                [recv, ([1] * size, [d * inner * item for d in _displs(counts)]), blocks])
         return _from_mpi(recv, x)
-    send = _to_mpi(xp.moveaxis(x, axis, 0))     # packed (L_me, ...rest): no copy when outer == 1
-    recv = _empty((total,) + send.shape[1:], send.dtype, x)
+    send = _pack(_to_mpi(x), outer, counts[me], inner)  # (L_me, outer, inner)
+    recv = _empty((total, outer, inner), send.dtype, x)
     el = [c * outer * inner for c in counts]
     with _watchdog("allgather", comm, {"x": x, "axis": axis, "counts": counts}):
         comm.Allgatherv(_spec(send), _spec(recv, el, _displs(el)))
-    out = _from_mpi(recv, x)                    # (L, ...rest)
-    return arrays.array_module(out).ascontiguousarray(xp.moveaxis(out, 0, axis))
+    return _pack(_from_mpi(recv, x), total, outer, inner).reshape(shape)  # unpacked
 
 
 # -- a split along one axis: blocks that MPI reads and writes in place --------------------
@@ -553,29 +553,36 @@ def _split_axis(shape, axis):
     ``x[:, start_i:start_i + L_i]``.  With outer == 1 (axis 0, or only size-1 dims
     before it) each block is one contiguous range: MPI uses x as it is, no copy.
     Otherwise a block is ``outer`` runs of ``L_i * inner`` elements, and on host
-    buffers an MPI datatype walks them (``_block_type``), so nothing is packed or
-    unpacked: allgather receives every block in place, reduce_scatter sends each
-    rank its block in place (an all-to-all) and sums what it receives.  Device
-    buffers handed to a CUDA-aware MPI are packed instead (axis ``axis`` moved
-    first, then back): datatypes over device memory are not tested here.
+    buffers of at least DATATYPES_FROM_BYTES an MPI datatype walks them
+    (``_block_type``), so nothing is packed or unpacked: allgather receives every
+    block in place, reduce_scatter sends each rank its block in place (an
+    all-to-all) and sums what it receives.  Smaller calls pack (``_pack``: the
+    split axis first, then back), as do device buffers handed to a CUDA-aware MPI
+    (datatypes over device memory are not tested here).
 
     reduce_scatter and allgather return a new array also on one rank, where the block
     is x itself: callers keep results (Stationary-Y keeps the gathered x for its
     backward) and may write into them (``add_bias``), and a view of the caller's x
     would make either depend on the communicator's size.  That costs one copy.
     """
-    outer = int(numpy.prod(shape[:axis], dtype=numpy.int64))
-    inner = int(numpy.prod(shape[axis + 1:], dtype=numpy.int64))
-    return outer, shape[axis], inner
+    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
 
 
-def _blocks_apply(x, outer, row):
+def _pack(buf, a, b, inner):
+    """A contiguous (a, b, inner) ``buf`` as a contiguous (b, a, inner): a copy unless a or b is 1."""
+    return arrays.array_module(buf).ascontiguousarray(buf.reshape(a, b, inner).swapaxes(0, 1))
+
+
+DATATYPES_FROM_BYTES = 2**20  # smaller calls pack: the datatypes' calls cost more per call (docs/benchmarks.md)
+
+
+def _blocks_apply(x, outer, nbytes):
     """Whether MPI datatypes replace packing for x (the same answer on every rank): its
-    blocks are not single ranges (outer > 1), there is data (``row``, the elements of the
-    whole split axis for one outer index, L * inner, is not 0), MPI will see a host buffer
-    (x is one, or is staged), and MPI predefines x's dtype."""
+    blocks are not single ranges (outer > 1), the full buffer has ``nbytes`` >=
+    DATATYPES_FROM_BYTES, MPI will see a host buffer (x is one, or is staged), and MPI
+    predefines x's dtype."""
     on_host = not arrays.is_device_array(x) or not cuda_aware()
-    return outer > 1 and row > 0 and on_host and _predefined(x.dtype) is not None
+    return outer > 1 and nbytes >= DATATYPES_FROM_BYTES and on_host and _predefined(x.dtype) is not None
 
 
 def _predefined(dtype):

@@ -31,7 +31,7 @@ from mpi4py import MPI
 
 from refconv import collectives
 from refconv.bench import timing
-from refconv.bench.common import BenchError, option, record, reject, time_ranks
+from refconv.bench.common import BenchError, option, pause_for, record, reject, time_ranks
 from refconv.distribution import block_sizes
 
 ORDER = ("raw", "refconv_out", "refconv_inplace", "refconv", "raw")
@@ -107,7 +107,7 @@ def _split_axis(args, comm, env):
         print(f"{args.op} along axis 1 of (n, C, 16, 16) {dtype.name} on {p} ranks, "
               f"median (min-max) of {repeat} rounds:")
         print(f"  {'n':>3} {'full':>9} {'refconv':>22} {'packed':>22} {'mpi only':>22} "
-              f"{'pack share':>10} {'packed/refconv':>14}")
+              f"{'pack share':>10} {'packed/refconv (min-max)':>24}")
     for n in SPLIT_BATCH if args.batch is None else (option(args, "batch", 1),):
         for mib in SPLIT_MIB if args.mb is None else args.mb:
             C = max(p, int(mib * 2**20) // (n * HW * dtype.itemsize))
@@ -116,9 +116,10 @@ def _split_axis(args, comm, env):
             for name, call in calls.items():  # every contender's output is checked before timing
                 got = call()
                 timing.check({"expected": expected, name: got}, reference="expected", reduction_length=p)
-            # rounds alternate, paused; a sample is ~20 ms of back-to-back calls after ~5 ms of
-            # untimed ones, since one small call alone right after the pause measures the wake-up
-            times = time_ranks(comm, calls, repeat, warmup, pause=timing.PAUSE, window=0.02, settle=0.005)
+            # Rounds alternate; a sample is ~20 ms of back-to-back calls after ~5 ms of untimed ones
+            # (one small call alone measures the wake-up).  No BLAS runs here: with one BLAS thread
+            # per rank pause_for gives no pause, which under load let other processes in.
+            times = time_ranks(comm, calls, repeat, warmup, pause=pause_for(env), window=0.02, settle=0.005)
             spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
             # per round, from times measured seconds apart: what packing costs, what refconv gained
             share = timing.Span(tuple(1 - m / k for m, k in zip(times["mpi"], times["packed"])))
@@ -131,8 +132,9 @@ def _split_axis(args, comm, env):
                                 {args.op: times["refconv"], **{f"{args.op} {k}": times[k] for k in
                                                                ("packed", "mpi")}}, extra=extra))
             if me == 0:
-                print(f"  {n:>3} {_size(config['bytes']):>9} {str(spans['refconv']):>22} {str(spans['packed']):>22} "
-                      f"{str(spans['mpi']):>22} {share.median:>10.0%} {gain.median:>14.2f}", flush=True)
+                ms = {name: span.format(1e3, " ms", 2) for name, span in spans.items()}
+                print(f"  {n:>3} {_size(config['bytes']):>9} {ms['refconv']:>22} {ms['packed']:>22} "
+                      f"{ms['mpi']:>22} {share.median:>10.0%} {gain.format(1, '', 2):>24}", flush=True)
     return lines
 
 

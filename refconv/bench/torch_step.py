@@ -5,6 +5,7 @@
     mpiexec -n 2 python -m mpi4py -m refconv.bench.torch_step ddp --model digits-cnn
     python -m refconv.bench.torch_step columns
     python -m refconv.bench.torch_step memory
+    python -m refconv.bench.torch_step profile --model digits-cnn [--rounds 7]
 
 - ``passes``: forward, backward-data and backward-filter of the numpy backend
   against ``torch.nn.functional.conv2d`` and its gradients, on the five
@@ -22,6 +23,8 @@
   each pass, against computed once and kept (``cols=``), and the memory kept.
 - ``memory``: the peak memory of one DistConv2d forward and backward on the
   C=F=1024, 7x7, N=8 layer, against the size of its x, y, w and dw.
+- ``profile``: refconv's step alone under cProfile (torch not needed): the
+  functions that take the most time of their own, per step and as a share.
 
 Every figure is the median (min-max) over interleaved rounds of
 :mod:`refconv.bench.timing`; "vs torch" is torch's time divided by refconv's
@@ -31,9 +34,13 @@ gets the same number.  torch is imported only here, and only when it runs.
 """
 
 import argparse
+import cProfile
 import math
+import os
+import pstats
 import socket
 import sys
+import time
 import tracemalloc
 
 import numpy
@@ -212,18 +219,28 @@ def _data(batch, channels, size, classes, seed=0):
     return x, rng.integers(0, classes, batch)
 
 
-def step_contenders(model_name, batch, comm, torch):
-    """``({"refconv": step, "torch": step}, (refconv first loss, torch first loss))`` of one model;
-    with ``comm.size > 1`` both are sample-parallel (refconv's grid, torch's DDP)."""
-
+def refconv_step_of(model_name, batch, comm):
+    """``(step, model, x, y)``: one training step of a preset on the numpy backend (SGD with
+    momentum and weight decay), the model, and the global batch it trains on."""
     spec_name, size, _ = MODELS[model_name]
     classes = 10
     model = Model.from_spec(spec_name, comm=comm, backend="numpy", dtype=numpy.float32, seed=0,
                             **({"num_classes": classes} if isinstance(spec_name, str) else {}))
-    spec = model.spec
-    x, y = _data(batch, spec["in_channels"], size, classes)
+    x, y = _data(batch, model.spec["in_channels"], size, classes)
     optimizer = SGD(model, LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
 
+    def step():
+        return train.step(model, optimizer, x, y)
+
+    return step, model, x, y
+
+
+def step_contenders(model_name, batch, comm, torch):
+    """``({"refconv": step, "torch": step}, (refconv first loss, torch first loss))`` of one model;
+    with ``comm.size > 1`` both are sample-parallel (refconv's grid, torch's DDP)."""
+
+    refconv_step, model, x, y = refconv_step_of(model_name, batch, comm)
+    spec = model.spec
     net = torch_model(spec, torch)
     copy_parameters(model, net, torch)
     P, rank = comm.Get_size(), comm.Get_rank()
@@ -243,9 +260,6 @@ def step_contenders(model_name, batch, comm, torch):
         loss.backward()
         t_opt.step()
         return loss
-
-    def refconv_step():
-        return train.step(model, optimizer, x, y)
 
     first = (float(refconv_step()), first_loss)
     return {"refconv": refconv_step, "torch": torch_step}, first
@@ -359,6 +373,31 @@ MEMORY_LAYER = (1024, 1024, 7, 3, 1, 1)  # C, F, H=W, K, stride, padding: issue 
 # ----------------------------------------------------------------------------------------- main
 
 
+def run_profile(args, comm):
+    """Where refconv's step goes: cProfile over ``--rounds`` steps after one warm-up (one rank,
+    torch not needed), the functions that take the most time of their own."""
+    if comm.Get_size() > 1:
+        raise SystemExit("profile: one rank")
+    for name in args.model or ["digits-cnn"]:
+        step, _, _, _ = refconv_step_of(name, args.batch or MODELS[name][2], comm)
+        step()
+        profile = cProfile.Profile()
+        start = time.perf_counter()
+        profile.runcall(lambda: [step() for _ in range(args.rounds)])
+        per_step = (time.perf_counter() - start) / args.rounds
+        stats = pstats.Stats(profile)
+        rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:PROFILE_ROWS]  # by own time
+        print(f"{name}: {per_step * 1e3:.1f} ms a step under cProfile (mean of {args.rounds}); own time:")
+        for (path, line, function), (_, calls, own, _, _) in rows:
+            where = f"{os.path.basename(path)}:{line}({function})" if line else function
+            print(f"  {own / args.rounds * 1e3:7.2f} ms {own / args.rounds / per_step:6.1%}  "
+                  f"{calls // args.rounds:>4} calls  {where}")
+    return 0
+
+
+PROFILE_ROWS = 15
+
+
 def _blas_kernels():
     """OpenBLAS's kernel set (``OPENBLAS_CORETYPE`` overrides what it detects): it changes GEMM speed."""
 
@@ -369,7 +408,7 @@ def _blas_kernels():
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m refconv.bench.torch_step", description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("passes", "step", "ddp", "memory", "columns"))
+    parser.add_argument("what", choices=("passes", "step", "ddp", "memory", "columns", "profile"))
     parser.add_argument("--model", choices=sorted(MODELS), nargs="+", help="step/ddp: models (default: all)")
     parser.add_argument("--batch", type=int, help="global batch (passes: 8; step: per model)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timed rounds (default 7)")
@@ -390,6 +429,8 @@ def main(argv=None):
     if args.what == "columns":
         args.batch = args.batch or (2 if args.quick else 8)
         return run_columns(args)
+    if args.what == "profile":
+        return run_profile(args, comm)
     torch = _torch()
     torch.set_num_threads(choice.threads)
     if comm.Get_rank() == 0:

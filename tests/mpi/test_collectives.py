@@ -1,5 +1,6 @@
 """Every wrapper in refconv.collectives, uneven counts, expected values derived from the size."""
 
+import itertools
 import tracemalloc
 
 import numpy
@@ -72,36 +73,44 @@ def test_allgather_uneven():
 @mpi_test(sizes=(1, 2, 3), timeout=60)
 def test_split_axis_every_layout():
     """reduce_scatter and allgather along axes 0, 1 and 3 of a 4-d array, float32 and float64,
-    uneven counts (a zero-length block too), contiguous and strided input: on the host the
-    axis-0 calls take the plain path and the others MPI datatypes, and all match numpy."""
+    uneven counts (a zero-length block too), contiguous and strided input, packed and (from
+    0 bytes on) through MPI datatypes: all match numpy."""
     comm, r, p = _world()
     problems = []
-    for dtype in (numpy.float32, numpy.float64):
-        for axis in (0, 1, 3):
-            for counts in ([q % 3 + 1 for q in range(p)], [0] + [2] * (p - 1)):
-                L, start = sum(counts), sum(counts[:r])
-                shape = [2, 3, 2, 3]
-                shape[axis] = L
-                full = numpy.arange(numpy.prod(shape), dtype=dtype).reshape(shape) % 11
-                mine = numpy.take(full, numpy.arange(start, start + counts[r]), axis=axis)
-                strided = numpy.repeat(full * (r + 1), 2, axis=-1)[..., ::2]  # not contiguous
-                for x in (full * (r + 1), strided):
-                    got = coll.reduce_scatter(comm, x, counts, axis=axis)
-                    if got.dtype != dtype or not got.flags.c_contiguous or \
-                            close_message(got, mine * (p * (p + 1) // 2), reduction_length=p):
-                        problems.append(f"reduce_scatter {dtype.__name__} axis={axis} counts={counts}")
-                gathered = coll.allgather(comm, numpy.repeat(mine, 2, axis=-1)[..., ::2], counts, axis=axis)
-                if gathered.dtype != dtype or not gathered.flags.c_contiguous or \
-                        not numpy.array_equal(gathered, full):
-                    problems.append(f"allgather {dtype.__name__} axis={axis} counts={counts}")
+    threshold = coll.DATATYPES_FROM_BYTES
+    try:
+        for dtype, from_bytes in itertools.product((numpy.float32, numpy.float64), (threshold, 0)):
+            coll.DATATYPES_FROM_BYTES = from_bytes
+            for axis in (0, 1, 3):
+                for counts in ([q % 3 + 1 for q in range(p)], [0] + [2] * (p - 1)):
+                    L, start = sum(counts), sum(counts[:r])
+                    shape = [2, 3, 2, 3]
+                    shape[axis] = L
+                    full = numpy.arange(numpy.prod(shape), dtype=dtype).reshape(shape) % 11
+                    mine = numpy.take(full, numpy.arange(start, start + counts[r]), axis=axis)
+                    strided = numpy.repeat(full * (r + 1), 2, axis=-1)[..., ::2]  # not contiguous
+                    for x in (full * (r + 1), strided):
+                        got = coll.reduce_scatter(comm, x, counts, axis=axis)
+                        if got.dtype != dtype or not got.flags.c_contiguous or \
+                                close_message(got, mine * (p * (p + 1) // 2), reduction_length=p):
+                            problems.append(f"reduce_scatter {dtype.__name__} axis={axis} counts={counts} "
+                                            f"datatypes from {from_bytes} B")
+                    gathered = coll.allgather(comm, numpy.repeat(mine, 2, axis=-1)[..., ::2], counts, axis=axis)
+                    if gathered.dtype != dtype or not gathered.flags.c_contiguous or \
+                            not numpy.array_equal(gathered, full):
+                        problems.append(f"allgather {dtype.__name__} axis={axis} counts={counts} "
+                                        f"datatypes from {from_bytes} B")
+    finally:
+        coll.DATATYPES_FROM_BYTES = threshold
     assert_all_ranks(comm, not problems, str(problems))
 
 
 @mpi_test(sizes=(1, 2, 3), timeout=60)
 def test_split_axis_copies_nothing_it_can_avoid():
     """Traced by tracemalloc (numpy reports its buffers to it): with the split axis
-    outermost, or behind MPI datatypes, a call allocates its result and no packed copy
-    of x; and the result is a new array on any number of ranks, never a view of x."""
+    outermost, or behind MPI datatypes (the blocks here are 2 MiB, past
+    DATATYPES_FROM_BYTES), a call allocates its result and no packed copy of x; and the
+    result is a new array on any number of ranks, never a view of x."""
     comm, r, p = _world()
     mib = 2**20
     counts = [2 * mib // 4 // 64] * p                 # a 2 MiB float32 block per rank
