@@ -7,9 +7,8 @@ Run it under mpiexec on the ranks of one node (2 to 4 here)::
 
 Collectives: for each kind and each communicator size ``q`` (2, 4, ... up to the
 ranks; ``q < P`` runs ``P / q`` groups at once, as channel groups do in training)
-it times a sweep of buffer sizes, each call right after a burst of compute on every
-rank (less the burst alone, timed in alternating rounds: see ``BURST``), and fits
-``time = alpha(q) + beta(q) * m`` by least squares (``m`` as :class:`refconv.cost_model.Call` records it; for ``alltoall``
+it times a sweep of buffer sizes and fits ``time = alpha(q) + beta(q) * m`` by least
+squares (``m`` as :class:`refconv.cost_model.Call` records it; for ``alltoall``
 and ``halo`` alpha is per message).  One node gives only the ``intra`` figures:
 ``inter`` is written as a copy and the file says so.
 
@@ -46,12 +45,6 @@ from refconv.plan.machine import KINDS
 
 COMPUTE_WINDOW_S = 0.02  # each compute sample: this long back to back on every rank at once
 COLLECTIVE_WINDOW_S = 0.005  # each collective sample: this long back to back
-# Every collective is timed right after a burst of compute on every rank (a BURST x BURST
-# matrix product, about 0.5 ms here), less the burst's own time, because that is how a
-# layer calls it.  On a node with more ranks than cores a call then waits for peers that
-# the scheduler has not run yet; a tight loop of collectives alone never sees that wait
-# and priced the channel algorithms' calls 30-50% low on 4 ranks of 2 cores.
-BURST = 256
 
 
 HELP = "measure this machine's collectives and kernels into a machine file"
@@ -74,18 +67,6 @@ def _median_time(comm, fn, repeats, window):
     seconds of calls back to back on every rank at once (no pause: a collective or one
     BLAS thread per rank leaves no spinning workers)."""
     return statistics.median(time_ranks(comm, {"fn": fn}, repeats, 0, 0.0, window=window)["fn"])
-
-
-def _amid_compute(comm, fn, burst, repeats):
-    """Median seconds of one call of ``fn`` made right after ``burst()`` on every rank: the
-    burst then the call, and the burst alone, in alternating rounds (the load changes alike
-    for both), their difference per round.  Without a burst (``BURST = 0``), ``fn`` alone."""
-    if not BURST:
-        return _median_time(comm, fn, repeats, COLLECTIVE_WINDOW_S)
-    rounds = time_ranks(comm, {"amid": lambda: (burst(), fn()), "burst": burst}, repeats, 0, 0.0,
-                        window=COLLECTIVE_WINDOW_S)
-    # no faster than the burst alone is noise: a floor of 0.1 us keeps the relative fit defined
-    return max(statistics.median(a - b for a, b in zip(rounds["amid"], rounds["burst"])), 1e-7)
 
 
 def fit_line(x, y):
@@ -156,12 +137,8 @@ def collective_calls(kind, sub, nbytes):
 
 
 def measure_collectives(comm, quick):
-    """``({kind: {q: [alpha, beta]}}, notes)``: each call timed amid compute (see BURST)."""
+    """``({kind: {q: [alpha, beta]}}, notes)``."""
     P = comm.Get_size()
-    square = numpy.ones((BURST, BURST), numpy.float32)
-
-    def burst():
-        return square @ square
 
     sizes = [2**k for k in ((10, 14, 18) if quick else range(10, 23))]
     repeats = 3 if quick else 7
@@ -179,7 +156,7 @@ def measure_collectives(comm, quick):
                 fn, messages, counted = collective_calls(kind, sub, m)
                 fn()  # warm-up
                 xs.append(counted)
-                ys.append(_amid_compute(comm, fn, burst, repeats))
+                ys.append(_median_time(comm, fn, repeats, COLLECTIVE_WINDOW_S))
             a, b = fit_line(xs, ys)
             if kind == "alltoall":
                 a /= q - 1  # per message
