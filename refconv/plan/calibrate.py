@@ -137,33 +137,36 @@ def collective_calls(kind, sub, nbytes):
 
 
 def measure_collectives(comm, quick):
-    """``({kind: {q: [alpha, beta]}}, notes)``."""
-    P = comm.Get_size()
+    """``({kind: {q: [alpha, beta]}}, notes)``.
 
+    Every (kind, q, size) is a contender of one :func:`time_ranks` call: each takes its
+    turn in every round, so a change of load during the run (the machine may be shared)
+    hits them all alike instead of whichever kind or ``q`` was being timed then."""
+    P = comm.Get_size()
     sizes = [2**k for k in ((10, 14, 18) if quick else range(10, 23))]
     repeats = 3 if quick else 7
-    out, notes = {k: {} for k in KINDS}, []
-    q = 2
-    while q <= P:
-        grid = ProcessGrid(comm, sample=P // q, channel=q) if P % q == 0 else None
-        if grid is None:
-            q *= 2
-            continue
-        sub = grid.channel_comm
+    sizes_q = [2**k for k in range(1, P.bit_length()) if P % 2**k == 0]  # 2, 4, ... dividing P
+    grids = {q: ProcessGrid(comm, sample=P // q, channel=q) for q in sizes_q}
+    calls, counted = {}, {}
+    for q, grid in grids.items():
         for kind in KINDS:
-            xs, ys = [], []
             for m in sizes:
-                fn, messages, counted = collective_calls(kind, sub, m)
+                fn, _, counted[kind, q, m] = collective_calls(kind, grid.channel_comm, m)
                 fn()  # warm-up
-                xs.append(counted)
-                ys.append(_median_time(comm, fn, repeats, COLLECTIVE_WINDOW_S))
+                calls[kind, q, m] = fn
+    rounds = time_ranks(comm, calls, repeats, 0, 0.0, window=COLLECTIVE_WINDOW_S)
+    out, notes = {k: {} for k in KINDS}, []
+    for q in sizes_q:
+        for kind in KINDS:
+            xs = [counted[kind, q, m] for m in sizes]
+            ys = [statistics.median(rounds[kind, q, m]) for m in sizes]
             a, b = fit_line(xs, ys)
             if kind == "alltoall":
                 a /= q - 1  # per message
             out[kind][q] = [a, b]
             notes.append(f"{kind} q={q}: fit median relative error {_fit_error(xs, ys, a * (q - 1 if kind == 'alltoall' else 1), b):.0%}")
+    for grid in grids.values():
         grid.free()
-        q *= 2
     return out, notes
 
 
