@@ -161,10 +161,8 @@ def measure_collectives(comm, quick):
             xs = [counted[kind, q, m] for m in sizes]
             ys = [statistics.median(rounds[kind, q, m]) for m in sizes]
             a, b = fit_line(xs, ys)
-            if kind == "alltoall":
-                a /= q - 1  # per message
-            out[kind][q] = [a, b]
-            notes.append(f"{kind} q={q}: fit median relative error {_fit_error(xs, ys, a * (q - 1 if kind == 'alltoall' else 1), b):.0%}")
+            notes.append(f"{kind} q={q}: fit median relative error {_fit_error(xs, ys, a, b):.0%}")
+            out[kind][q] = [a / (q - 1) if kind == "alltoall" else a, b]  # alltoall: alpha per message
     for grid in grids.values():
         grid.free()
     return out, notes
