@@ -44,6 +44,13 @@ def register(cls):
     return cls
 
 
+def asked_as(name):
+    """The name a layer or a model file asks for to run algorithm ``name``: ``name`` itself,
+    or for a class that only runs when chosen (:data:`CHOSEN_ONLY`), the one that resolves
+    to it ("grouped-y" is asked for as "stationary-y")."""
+    return REGISTRY[name].asked_as or name
+
+
 def channel_algorithms():
     """The names a layer with a channel split may ask for."""
     return tuple(name for name in REGISTRY if name not in CHOSEN_ONLY)
@@ -87,8 +94,15 @@ def layer_records(algorithm, in_shape, out_channels, kernel, *, stride=(1, 1), p
     return records(algorithm, geom, grid_shape, coords, filter_groups)
 
 
-def candidates(P_c):
-    """``(algorithm, filter_groups)`` pairs worth pricing on a channel group of ``P_c``."""
+def candidates(P_c, groups=1, channels=None):
+    """``(algorithm, filter_groups)`` pairs worth pricing on a channel group of ``P_c``.
+
+    For a grouped layer on a channel split (``groups > 1``, ``channels = (C, F)``) these are the classes that
+    run it (:func:`.grouped.grouped_classes`: "grouped", or X, Y and W within each group);
+    :func:`asked_as` gives the name a layer or model file asks for each by.  Raises the
+    ValueError of :func:`.grouped.grouped_class` where no class runs the layer."""
+    if groups > 1 and P_c > 1:
+        return [(cls.name, p_f) for cls, p_f in grouped_classes(P_c, groups, channels)]
     out = []
     for name in channel_algorithms():
         if name == "stationary-w":  # p_f = 1 is X and p_f = P_c is Y
@@ -108,10 +122,7 @@ def choose(geom, grid_shape, *, alpha=ALPHA, beta=BETA):
     everywhere; an edge rank along height and width, so halos are priced as an edge
     rank sends them).  :mod:`refconv.cost_model` documents the model.
     """
-    if geom.groups > 1 and grid_shape[1] > 1:  # the ways to run a grouped layer (grouped.py)
-        pairs = [(cls.name, p_f) for cls, p_f in grouped_classes(grid_shape[1], geom.groups, (geom.C, geom.F))]
-    else:
-        pairs = candidates(grid_shape[1])
+    pairs = candidates(grid_shape[1], geom.groups, (geom.C, geom.F))
     price = lambda calls: sum(c.seconds(alpha, beta) for c in calls)  # noqa: E731
     table = {(a, p_f): price(records(a, geom, grid_shape, (0, 0, 0, 0), p_f)) for a, p_f in pairs}
     (algorithm, p_f), _ = min(table.items(), key=lambda item: item[1])
@@ -119,4 +130,4 @@ def choose(geom, grid_shape, *, alpha=ALPHA, beta=BETA):
 
 
 __all__ = ["Algorithm", "Call", "ConvGeometry", "REGISTRY", "CHOSEN_ONLY", "register", "channel_algorithms", "resolve",
-           "records", "candidates", "choose", "grouped_class", "ALPHA", "BETA"]
+           "records", "candidates", "choose", "asked_as", "grouped_class", "ALPHA", "BETA"]

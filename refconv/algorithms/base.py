@@ -170,6 +170,7 @@ class Algorithm:
     """
 
     name = None
+    asked_as = None  # what a layer asks for to run this class, where that is another name (grouped.py)
     weight_layout = (None, None, None, None)  # the weight's dims over the grid axes; see weight_dims
 
     def __init__(self, grid, geom, backend, filter_groups=None):

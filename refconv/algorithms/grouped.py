@@ -60,6 +60,7 @@ class GroupedChannels(SampleSpatial):
     """Each rank convolves its own ``groups/P_c`` groups; ``P_c > 1``, ``groups % P_c == 0``."""
 
     name = "grouped"
+    asked_as = "stationary-x"  # any channel algorithm asked for runs it
     weight_layout = ("channel", None, None, None)  # w[F_i, :]: the filters of this rank's groups
 
     def __init__(self, grid, geom, backend, filter_groups=None):
@@ -87,6 +88,7 @@ class GroupSpanX(StationaryX):
     """Stationary-X within each group's ``q`` ranks."""
 
     name = "grouped-x"
+    asked_as = "stationary-x"
 
     def __init__(self, grid, geom, backend, filter_groups=None):
         super().__init__(grid, geom, backend, filter_groups)
@@ -112,6 +114,7 @@ class GroupSpanY(StationaryY):
     """Stationary-Y within each group's ``q`` ranks."""
 
     name = "grouped-y"
+    asked_as = "stationary-y"
     weight_layout = ("channel", None, None, None)  # w[F_i, :], all of the group's C/groups channels
 
     def __init__(self, grid, geom, backend, filter_groups=None):

@@ -27,6 +27,7 @@ class SampleSpatial(Algorithm):
     """Sample x spatial parallelism with replicated weights (``P_c = 1``)."""
 
     name = "sample-spatial"
+    asked_as = "stationary-x"  # any algorithm asked for runs it where P_c = 1
     weight_layout = (None, None, None, None)  # every rank holds the whole F x C/groups x Kh x Kw weight
 
     @staticmethod

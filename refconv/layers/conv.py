@@ -35,8 +35,8 @@ class DistConv2d(Layer):
     ``p_f`` with the least predicted step time when the layer is bound to an input shape:
     the planner's whole-step model (compute and every call of ``records()``,
     :func:`refconv.plan.choose_for_layer`), priced with ``machine`` (a machine file, a
-    built-in name, or None for the built-in defaults, with a warning); grouped layers are
-    priced by their communication alone (:func:`refconv.algorithms.choose`).  The
+    built-in name, or None for the built-in defaults, with a warning), grouped layers
+    among the classes that run them (:func:`refconv.algorithms.candidates`).  The
     estimates are kept in ``layer.cost_estimates``.  A grouped layer (``groups > 1``) on a channel split runs
     "grouped" when ``groups`` is a multiple of ``P_c`` (each rank convolves its own groups,
     no channel collective), or X, Y or W within each group's ranks when a group spans
@@ -147,13 +147,11 @@ class DistConv2d(Layer):
         P_c = self.grid.P_c
         if P_c == 1:
             algorithm, filter_groups = algorithms.NO_CHANNEL_SPLIT, None
-        elif self.groups > 1:  # the whole-step model does not price grouped layers on a channel split yet
-            algorithm, filter_groups, self.cost_estimates = algorithms.choose(geom, self.grid.shape)
         else:  # the planner's whole-step model: compute and every call, priced by the machine file
             algorithm, filter_groups, self.cost_estimates = choose_for_layer(
                 geom.in_shape, geom.F, geom.kernel, grid_shape=self.grid.shape, stride=geom.stride,
-                padding=self.padding, dilation=geom.dilation, bias=geom.bias, padding_mode=geom.padding_mode,
-                machine=self.machine)
+                padding=self.padding, dilation=geom.dilation, groups=geom.groups, bias=geom.bias,
+                padding_mode=geom.padding_mode, machine=self.machine)
         self.algorithm, self.filter_groups = algorithm, filter_groups
         self.set_global_parameters(*self._global_init)
 

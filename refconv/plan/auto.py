@@ -34,7 +34,7 @@ def choose_for_layer(in_shape, out_channels, kernel, *, grid_shape, stride=(1, 1
     N, C, H, W = shape
     if P_N > N or P_c > min(C, out_channels) or P_H > layer.out_shape[2] or P_W > layer.out_shape[3]:
         raise ValueError(f"grid_shape: {grid} leaves a rank an empty block of input {shape} -> {layer.out_shape}")
-    choices = perf.candidates(P_c) if P_c > 1 else [("stationary-x", None)]
+    choices = perf.candidates(P_c, groups, (C, out_channels)) if P_c > 1 else [("stationary-x", None)]
     table = {}
     for algorithm, p_f in choices:
         cost = perf.layer_cost(layer, grid, machine, algorithm, p_f)

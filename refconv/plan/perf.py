@@ -119,8 +119,11 @@ def feasible(layer, grid):
     spec = layer.spec
     if P_N > N or P_c > (C if layer.kind == "linear" else min(C, F)):  # the classifier splits only its input
         return False
-    if layer.kind == "conv" and P_c > 1 and spec.get("groups", 1) != 1:
-        return False
+    if layer.kind == "conv" and P_c > 1 and spec.get("groups", 1) > 1:
+        try:  # whole groups per rank, or whole ranks per group (refconv.algorithms.grouped)
+            candidates(P_c, spec["groups"], (C, F))
+        except ValueError:
+            return False
     if layer.kind in ("gap", "linear"):
         return True
     kernel = _pair(spec.get("kernel", 1)) if layer.kind in ("conv", "maxpool", "avgpool") else (1, 1)
@@ -259,7 +262,9 @@ def stage_options(stage, grid, machine):
         return []
     choices = [(None, None)]
     if stage.main.kind == "conv":
-        choices = candidates(grid[1]) if grid[1] > 1 else [("stationary-x", None)]
+        spec = stage.main.spec
+        choices = (candidates(grid[1], spec.get("groups", 1), (stage.main.in_shape[1], spec["out"])) if grid[1] > 1
+                   else [("stationary-x", None)])
     out = []
     for algorithm, p_f in choices:
         cost = layer_cost(stage.main, grid, machine, algorithm, p_f)

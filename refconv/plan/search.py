@@ -32,6 +32,7 @@ import math
 
 import numpy
 
+from refconv import algorithms
 from refconv.plan import graph, perf
 from refconv.plan.graph import Block, Stage
 
@@ -267,8 +268,7 @@ class Planner:
             for g in (grid, folded):
                 opts = self.options(stage)[self.grids.index(g)]
                 if opts:
-                    match = [c for c in opts if c.algorithm in (None, algorithm, "stationary-x" if g[1] == 1 else 0)
-                             and (c.algorithm != "stationary-w" or c.filter_groups == filter_groups)]
+                    match = [c for c in opts if _runs(c, algorithm, filter_groups, g)]
                     if match:
                         choices[stage.main.path] = match[0]
                         break
@@ -286,6 +286,16 @@ class Planner:
                 if plan is not None and (best is None or plan.seconds < best[1].seconds):
                     best = (strategy_label(g, algorithm if g[1] > 1 else None, p_f), plan)
         return best
+
+
+def _runs(cost, algorithm, filter_groups, grid):
+    """Is ``cost`` (a StageCost) what asking for ``algorithm`` (and ``filter_groups``) runs on
+    ``grid``?  A grouped layer runs "grouped" whatever is asked, or X/Y within its groups."""
+    if cost.algorithm is None or (grid[1] == 1 and cost.algorithm == "stationary-x") or cost.algorithm == "grouped":
+        return True
+    if cost.algorithm == "stationary-w":
+        return algorithm == "stationary-w" and cost.filter_groups == filter_groups
+    return algorithms.asked_as(cost.algorithm) == algorithm
 
 
 def strategy_label(grid, algorithm=None, filter_groups=None):
@@ -321,7 +331,7 @@ def to_spec(spec, plan):
         main.pop("algorithm", None)
         main.pop("filter_groups", None)
         if stage.main.kind == "conv" and cost.grid[1] > 1:
-            main["algorithm"] = cost.algorithm
+            main["algorithm"] = algorithms.asked_as(cost.algorithm)  # "grouped-y" runs when "stationary-y" is asked
             if cost.filter_groups:
                 main["filter_groups"] = cost.filter_groups
         for layer in stage.followers:
