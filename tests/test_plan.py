@@ -1,6 +1,7 @@
 """The planner (refconv.plan): machine files, the shuffle model, and the dynamic programme
 checked against a brute force over every assignment and a hand-worked optimum."""
 
+import dataclasses
 import itertools
 import math
 import os
@@ -288,3 +289,120 @@ def test_validation_pick_rates_strict_and_within_noise():
     assert rows[5].error == pytest.approx((2.0 - 1.1) / 1.1)
     assert relative_to_sample(rows) == pytest.approx([(2 / 1) / (2.1 / 1.1), (2 / 1) / (1.1 / 1.2),
                                                       (2 / 1) / (1.1 / 1.6)])
+
+
+# -- the per-local-shape conv table ----------------------------------------------------------------------
+TABLED = machine.ConvShape(2, 4, 8, 10, 10, 3, 3)  # [n, C, F, H_win, W_win, Kh, Kw]; stride, dilation 1, groups 1
+
+
+def tabled_doc(*entries):
+    doc = machine_doc()
+    doc["compute"]["conv_table"] = list(entries) or [
+        {"shape": TABLED.as_list(), "conv_fwd": 1.0, "conv_bwd_data": 2.0, "conv_bwd_filter": 4.0}]
+    return doc
+
+
+@pytest.mark.parametrize("table, needle", [
+    ({"shape": [1] * 12}, r"compute.conv_table: expected a list"),
+    ([{"shape": [1] * 12, "conv_fwd": 1.0}], r"conv_table\[0\]: expected the keys shape, conv_fwd"),
+    ([{"shape": [1] * 11, "conv_fwd": 1, "conv_bwd_data": 1, "conv_bwd_filter": 1}],
+     r"conv_table\[0\].shape: expected 12 positive ints"),
+    ([{"shape": [1, 0] + [1] * 10, "conv_fwd": 1, "conv_bwd_data": 1, "conv_bwd_filter": 1}],
+     r"conv_table\[0\].shape: expected 12 positive ints"),
+    ([{"shape": [1, 3, 4] + [1] * 8 + [2], "conv_fwd": 1, "conv_bwd_data": 1, "conv_bwd_filter": 1}],
+     r"groups=2 must divide C=3"),
+    ([{"shape": [1] * 12, "conv_fwd": 1, "conv_bwd_data": 0, "conv_bwd_filter": 1}],
+     r"conv_table\[0\].conv_bwd_data: must be > 0"),
+    ([{"shape": [1] * 12, "conv_fwd": "fast", "conv_bwd_data": 1, "conv_bwd_filter": 1}],
+     r"conv_table\[0\].conv_fwd: expected a non-negative number"),
+    ([{"shape": [1] * 12, "conv_fwd": 1, "conv_bwd_data": 1, "conv_bwd_filter": 1}] * 2,
+     r"conv_table\[1\].shape: \[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1\] is listed twice"),
+])
+def test_malformed_conv_table_is_named(table, needle):
+    doc = machine_doc()
+    doc["compute"]["conv_table"] = table
+    with pytest.raises(machine.MachineError, match=needle):
+        machine.from_dict(doc)
+
+
+def test_conv_table_prices_its_shapes_and_the_fit_the_rest():
+    fit, tabled = machine.from_dict(machine_doc()), machine.from_dict(tabled_doc())
+    assert tabled.conv_seconds("conv_bwd_filter", 9, 1e8, 1e6, TABLED) == 4.0
+    assert tabled.conv_seconds("conv_fwd", 9, 1e8, 1e6, dataclasses.replace(TABLED, n=3)) == pytest.approx(
+        1e-5 + 1e8 / 1e10)  # another shape: the kxk class fit
+    assert tabled.conv_seconds("conv_fwd", 9, 1e8) == fit.conv_seconds("conv_fwd", 9, 1e8)  # no shape given
+    # Through the planner's pricing: the 3x3 conv, padding 1, of (4, 4, 8, 8) on 2 samples is the tabled
+    # shape (2 samples, a 10x10 window); on 2 channels (Stationary-X: 2 input channels) it is not.
+    spec = {"type": "conv", "out": 8, "kernel": 3, "padding": 1}
+    layer = _conv_layer(spec, (4, 4, 8, 8))
+    on_samples = [perf.layer_cost(layer, (2, 1, 1, 1), m, "stationary-x") for m in (fit, tabled)]
+    fitted = 1e-5 + (2 * 2 * 8 * 8 * 8 * 4 * 9) / 1e10  # t0 + FLOPs / rate, each pass alike in machine_doc
+    assert on_samples[1].fwd - on_samples[0].fwd == pytest.approx(1.0 - fitted)
+    assert on_samples[1].bwd - on_samples[0].bwd == pytest.approx(2.0 + 4.0 - 2 * fitted)
+    on_channels = [perf.layer_cost(layer, (1, 2, 1, 1), m, "stationary-x") for m in (fit, tabled)]
+    assert on_channels[0] == on_channels[1]
+
+
+def _conv_layer(spec, shape):
+    from refconv.plan.graph import Layer, _out_shape
+
+    spec = {"type": "conv", **spec}
+    return Layer("conv", spec, ("layers", 0), shape, _out_shape("conv", spec, shape, "layers.0"))
+
+
+@pytest.mark.parametrize("spec", [{"out": 8, "kernel": 3, "padding": 1}, {"out": 8, "kernel": 3, "stride": 2},
+                                  {"out": 4, "kernel": 5, "padding": 4, "dilation": 2}, {"out": 4, "kernel": 1}])
+def test_table_key_is_the_window_the_algorithm_convolves(spec):
+    """On one rank, the window a DistConv2d convolves (padding included) and its weight are the
+    ConvShape the planner keys; tests/mpi/test_plan.py checks split grids."""
+    from mpi4py import MPI
+
+    from refconv import ProcessGrid
+    from refconv.layers import DistConv2d
+
+    shape = (2, 4, 9, 9)
+    layer = DistConv2d(4, spec["out"], spec["kernel"], padding=spec.get("padding", 0), stride=spec.get("stride", 1),
+                       dilation=spec.get("dilation", 1), grid=ProcessGrid(MPI.COMM_SELF), backend="numpy",
+                       input_shape=shape)
+    layer.forward(numpy.zeros(shape, numpy.float32))
+    planned = _conv_layer(spec, shape)
+    key = perf.local_conv_shape(planned, (1, 1, 1, 1), *perf.local_weight_shape(planned, (1, 1, 1, 1), None, None))
+    assert (key.n, key.C, key.H_win, key.W_win) == layer._algo.x_win.shape
+    assert (key.F, key.C // key.groups, key.Kh, key.Kw) == layer.weight.shape
+
+
+def test_plan_runs_with_a_tabled_machine_file(tmp_path):
+    """Every conv shape the planner prices for digits-cnn on 2 ranks tabled at 1 s a pass (the
+    fit gives well under 10 ms): every conv stage of the plan is priced from the table (plus
+    its followers and overhead, milliseconds), and `refconv plan` runs with the file."""
+    import yaml
+
+    from refconv.model_spec import load_spec
+    from refconv.plan import calibrate
+
+    spec, shape = load_spec("digits-cnn"), (8, 1, 16, 16)
+    shapes = calibrate.model_shapes(spec, shape, 2, machine.load("dev-cpu"))
+    doc = tabled_doc(*({"shape": s.as_list(), "conv_fwd": 1.0, "conv_bwd_data": 1.0, "conv_bwd_filter": 1.0}
+                       for s in shapes))
+    _, plan = search.plan_model(spec, shape, 2, machine.from_dict(doc))
+    convs = [r.cost for r in plan.rows if r.kind == "conv"]
+    assert len(convs) == 3 and all(1.0 < c.fwd < 1.01 and 2.0 < c.bwd < 2.01 for c in convs)
+    path = tmp_path / "tabled.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    r = _refconv("plan", "--model", "digits-cnn", "--ranks", "2", "--batch", "8", "--image-size", "16",
+                 "--machine", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "pure sample parallelism" in r.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--batch", "8"), "--batch: given without --model"),
+    (("--model", "digits-cnn"), "--batch, --image-size, --max-shapes: expected positive ints"),
+    (("--model", "digits-cnn", "--batch", "8", "--max-shapes", "2"), "--max-shapes: the model has"),
+    (("--model", "no-such.yaml", "--batch", "8"), "--model: spec: file 'no-such.yaml' does not exist"),
+])
+def test_calibrate_model_bad_input_is_one_line_and_status_2(tmp_path, args, needle):
+    r = _refconv("calibrate", "--out", str(tmp_path / "m.yaml"), "--quick", *args)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and needle in r.stderr
+    assert not (tmp_path / "m.yaml").exists()

@@ -21,12 +21,23 @@ because the planner prices local shapes nobody measured (ResNet-50 split 1024 wa
 has hundreds), and because the datasheet machine files can only give rates.
 The fit's relative error per class is written in the file's ``notes``.
 
+With ``--model PRESET|FILE --batch B [--image-size S]`` it also times, after the
+above, every local convolution that ``refconv plan`` prices for that model on
+the ranks it runs on (each conv layer on every grid and algorithm the planner
+enumerates, deduplicated), all ranks running the same shape at once, into the
+file's ``compute.conv_table`` (see :mod:`refconv.plan.machine`): the planner then
+prices those shapes as measured, the paper's per-shape method, and any other shape
+by the fit::
+
+    mpiexec -n 4 refconv calibrate --out m.yaml --model resnet50 --batch 8   # + the table
+
 BLAS threads per rank are pinned first (``refconv.threads.configure``, ``--threads``),
 as training pins them: the rates are per rank at that count.  The timing is
 ``refconv.bench.common.time_ranks``, the benchmarks' own.
 """
 
 import copy
+import dataclasses
 import datetime
 import os
 import statistics
@@ -41,7 +52,10 @@ from refconv import ProcessGrid, collectives, device, threads
 from refconv.backend import BACKENDS, get_backend
 from refconv.bench.common import time_ranks
 from refconv.layers import DistConv2d
-from refconv.plan.machine import KINDS
+from refconv.model_spec import load_spec
+from refconv.plan import graph, search
+from refconv.plan import machine as machine_mod
+from refconv.plan.machine import CONV_OPS, KINDS
 
 COMPUTE_WINDOW_S = 0.02  # each compute sample: this long back to back on every rank at once
 COLLECTIVE_WINDOW_S = 0.005  # each collective sample: this long back to back
@@ -59,6 +73,12 @@ def add_arguments(p):
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="kernels to time")
     p.add_argument("--name", default="this-machine", help="the machine's name in the file")
     p.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores / ranks on the node)")
+    p.add_argument("--model", help="also time the local convolutions `refconv plan` prices for this preset or "
+                                   "model file on these ranks, into compute.conv_table")
+    p.add_argument("--batch", type=int, help="global batch size of --model (required with it)")
+    p.add_argument("--image-size", type=int, default=32, help="image height and width of --model (default 32)")
+    p.add_argument("--max-shapes", type=int, default=300, help="refuse a --model with more local shapes than this "
+                                                                 "(default 300; about 0.5 s each here)")
     return p
 
 
@@ -276,8 +296,62 @@ def measure_layer_overhead(comm, kernel_fits, quick, repeats):
     return xs, ys
 
 
-def calibrate(comm, backend_name="auto", quick=False, name="this-machine"):
-    """The machine file as a dict (every rank gets the same)."""
+class _AskedShapes:
+    """A stand-in ``conv_table`` with no entries that keeps every local shape asked for."""
+
+    def __init__(self):
+        self.shapes = {}  # ConvShape -> None: a set in the order asked
+
+    def get(self, key, default=None):
+        self.shapes[key[1]] = None
+        return default
+
+
+def priced_shapes(machine, price):
+    """The :class:`ConvShape` s that ``price(m)`` asks ``m.conv_seconds`` for, deduplicated in
+    order: ``m`` is ``machine`` with a recording table, so the shapes are exactly those the
+    pricing code (refconv.plan.perf) keys, with no second copy of how it derives them."""
+    asked = _AskedShapes()
+    price(dataclasses.replace(machine, conv_table=asked))
+    return list(asked.shapes)
+
+
+def model_shapes(spec, input_shape, P, machine):
+    """The local conv shapes ``refconv plan`` prices for ``spec`` on ``P`` ranks: every stage on
+    every grid, algorithm and p_f the planner enumerates (raises BindError as plan does)."""
+
+    def price(m):
+        planner = search.Planner(spec, input_shape, P, m)
+        for stage in graph.stages(planner.elements):
+            planner.options(stage)
+
+    return priced_shapes(machine, price)
+
+
+def measure_conv_table(comm, backend, shapes, repeats, say=lambda *a: None):
+    """``[{shape: [...], conv_fwd: s, conv_bwd_data: s, conv_bwd_filter: s}]``: each local shape's
+    three passes timed with every rank running the same shape at once (the passes take turns
+    within each round), ``padding=0`` on the window as the algorithms run them."""
+    rng = numpy.random.default_rng(comm.Get_rank())
+    entries, started = [], time.perf_counter()
+    for i, s in enumerate(shapes):
+        local = dict(stride=s.stride, dilation=s.dilation, groups=s.groups)
+        x = backend.asarray(rng.standard_normal((s.n, s.C, s.H_win, s.W_win), dtype=numpy.float32))
+        w = backend.asarray(rng.standard_normal((s.F, s.C // s.groups, s.Kh, s.Kw), dtype=numpy.float32))
+        dy = backend.conv2d_forward(x, w, **local)  # (n, F, h, w): the output block
+        passes = {"conv_fwd": lambda: backend.conv2d_forward(x, w, **local),
+                  "conv_bwd_data": lambda: backend.conv2d_backward_data(dy, w, x.shape, **local),
+                  "conv_bwd_filter": lambda: backend.conv2d_backward_filter(x, dy, w.shape, **local)}
+        rounds = time_ranks(comm, passes, repeats, 0, 0.0, window=COMPUTE_WINDOW_S)
+        entries.append({"shape": s.as_list(), **{op: float(f"{statistics.median(rounds[op]):.4g}") for op in CONV_OPS}})
+        if (i + 1) % 10 == 0 or i + 1 == len(shapes):
+            say(f"conv table: {i + 1}/{len(shapes)} local shapes timed ({time.perf_counter() - started:.0f} s)")
+    return entries
+
+
+def calibrate(comm, backend_name="auto", quick=False, name="this-machine", shapes=(), say=lambda *a: None):
+    """The machine file as a dict (every rank gets the same); ``shapes`` (ConvShapes, e.g. of
+    :func:`model_shapes`) are timed into ``compute.conv_table`` as well."""
 
     backend = get_backend(backend_name)
     started = time.perf_counter()
@@ -291,7 +365,12 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine"):
     else:  # one rank: nothing to measure; zero-cost links (every communicator has one rank)
         links = {k: {"alpha": 0.0, "beta": 0.0} for k in KINDS}
     round_rate = lambda r: {k: float(f"{v:.4g}") for k, v in r.items()}  # noqa: E731
-    return {
+    if shapes:
+        say(f"conv table: timing {len(shapes)} local shapes of the model")
+        compute["conv_table"] = measure_conv_table(comm, backend, shapes, 2 if quick else 5, say)
+        knotes.append(f"conv_table: {len(shapes)} local shapes of --model at {P} ranks, every rank timing the "
+                      f"same shape at once")
+    doc = {
         "name": name,
         "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "source": f"refconv calibrate{' --quick' if quick else ''} on {P} ranks of one node "
@@ -300,23 +379,49 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine"):
                   f"{type(backend).__name__}, {time.perf_counter() - started:.0f} s",
         "ranks_per_node": P,
         "collectives": {"intra": links, "inter": copy.deepcopy(links)},
-        "compute": {op: ({c: round_rate(r) for c, r in v.items()} if op.startswith("conv") else round_rate(v))
-                    for op, v in compute.items()},
+        "compute": {op: (v if op == "conv_table" else {c: round_rate(r) for c, r in v.items()}
+                         if op.startswith("conv") else round_rate(v)) for op, v in compute.items()},
         "notes": ["one node: 'inter' is a copy of 'intra' (nothing across nodes was measured)"] + cnotes + knotes,
     }
+    return doc
 
 
 def run(args):
     comm = MPI.COMM_WORLD
     if not args.out.endswith((".yaml", ".yml")):  # checked identically on every rank, before any collective
         raise ValueError(f"--out: expected a .yaml path, got {args.out!r}")
+    shapes = _model_shapes(args, comm.Get_size())  # every rank alike, before any collective
     choice = threads.configure(comm, args.threads)  # as training runs: the rates are per rank at this count
-    if comm.Get_rank() == 0:
-        print(choice.describe(), flush=True)
-    doc = calibrate(comm, args.backend, args.quick, args.name)
+    say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
+    say(choice.describe(), flush=True)
+    doc = calibrate(comm, args.backend, args.quick, args.name, shapes, lambda text: say(text, flush=True))
     if comm.Get_rank() == 0:
         with open(args.out, "w") as f:
             f.write("# Measured by refconv calibrate (see the 'source' and 'notes' keys).\n")
             yaml.safe_dump(doc, f, sort_keys=False, default_flow_style=None)
         print(f"wrote {args.out} ({doc['source']})", flush=True)
     return 0
+
+
+def _model_shapes(args, P):
+    """The local conv shapes of ``--model`` on ``P`` ranks (empty without it); ValueError naming
+    the option (a BindError from the planner names the layer)."""
+    if args.model is None:
+        if args.batch is not None:
+            raise ValueError("--batch: given without --model (it is the batch of --model's local shapes)")
+        return []
+    if args.batch is None or args.batch < 1 or args.image_size < 1 or args.max_shapes < 1:
+        raise ValueError(f"--batch, --image-size, --max-shapes: expected positive ints with --model, got "
+                         f"{args.batch}, {args.image_size}, {args.max_shapes}")
+    try:
+        spec = load_spec(args.model)
+    except Exception as exc:  # noqa: BLE001  a model file that does not parse
+        raise ValueError(f"--model: {exc}") from None
+    in_channels = spec.get("in_channels", 3) if isinstance(spec, dict) else 3
+    shapes = model_shapes(spec, (args.batch, in_channels, args.image_size, args.image_size), P,
+                          machine_mod.load(machine_mod.DEFAULT_MACHINE))  # any machine: only the shapes count
+    if len(shapes) > args.max_shapes:
+        raise ValueError(f"--max-shapes: the model has {len(shapes)} local conv shapes on {P} ranks, more than "
+                         f"{args.max_shapes}; raise --max-shapes (each takes about 0.5 s here) or give a smaller "
+                         f"model")
+    return shapes

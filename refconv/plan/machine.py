@@ -20,6 +20,9 @@ A machine file is YAML (see docs/planning.md and the files in
       batchnorm: {t0: 1.0e-5, rate: 4.0e11}            # bytes of the local input per second
       pool: ...; elementwise: ...; pack: ...
       layer: {t0: 2.0e-5, rate: 4.0e11}                # per layer, besides its kernels
+      conv_table:                   # optional: measured local convolutions (refconv calibrate --model)
+        - {shape: [n, C, F, H_win, W_win, Kh, Kw, sh, sw, dh, dw, groups],
+           conv_fwd: s, conv_bwd_data: s, conv_bwd_filter: s}
 
 A collective of kind ``k`` over ``q`` ranks moving the buffer ``m`` (what
 :class:`refconv.cost_model.Call` records) costs ``steps_k(q) * alpha + factor_k(q) *
@@ -44,6 +47,13 @@ the bandwidth-bound layers), and for a convolution class with ``bw`` also
 ``columns / bw`` (the bytes of its im2col columns).  ``layer`` is what every layer costs besides its
 kernels (the framework's per-call overhead, argument checks, the window copy and
 bias), per byte of its local input and output.
+
+``conv_table`` (optional) holds measured seconds of local convolutions, keyed by
+the local problem (:class:`ConvShape`: the halo-extended window a rank convolves
+with ``padding=0``, as ``refconv.algorithms.base.Algorithm.conv`` runs it), each
+timed with every rank of the calibration running it at once.  A convolution whose
+shape is in the table is priced from it, any other from the class fit: the
+paper's model timed cuDNN per local shape the same way.
 """
 
 import dataclasses
@@ -58,6 +68,7 @@ from refconv.algorithms.base import Call
 KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "halo")
 COMPUTE = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter", "batchnorm", "pool", "elementwise", "pack", "layer")
 CONV_CLASSES = ("1x1", "kxk")
+CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")
 MACHINES_DIR = os.path.join(os.path.dirname(__file__), "machines")
 DEFAULT_MACHINE = "v100-edr"
 
@@ -125,6 +136,33 @@ class Rate:
 
 
 @dataclasses.dataclass(frozen=True)
+class ConvShape:
+    """One rank's local convolution: ``x_win (n, C, H_win, W_win)`` with ``w_loc (F, C / groups,
+    Kh, Kw)``, ``padding=0`` (the window already holds the halo and the padding)."""
+
+    n: int
+    C: int
+    F: int
+    H_win: int
+    W_win: int
+    Kh: int
+    Kw: int
+    stride: tuple = (1, 1)
+    dilation: tuple = (1, 1)
+    groups: int = 1
+
+    def as_list(self):
+        """The ``shape`` of a ``conv_table`` entry: ``[n, C, F, H_win, W_win, Kh, Kw, sh, sw, dh, dw, groups]``."""
+        return [self.n, self.C, self.F, self.H_win, self.W_win, self.Kh, self.Kw, *self.stride, *self.dilation,
+                self.groups]
+
+    @classmethod
+    def of_list(cls, v):
+        n, C, F, H, W, Kh, Kw, sh, sw, dh, dw, groups = v
+        return cls(n, C, F, H, W, Kh, Kw, (sh, sw), (dh, dw), groups)
+
+
+@dataclasses.dataclass(frozen=True)
 class Machine:
     name: str
     measured: object  # False, or the date of the calibration run
@@ -132,11 +170,17 @@ class Machine:
     links: dict  # {"intra"|"inter": {kind: Link}}
     compute: dict  # {"conv_fwd": {"1x1": Rate, "kxk": Rate}, "batchnorm": Rate, ...}
     path: str = None
+    conv_table: dict = dataclasses.field(default_factory=dict)  # {(op, ConvShape): seconds}, measured
 
     def comm_seconds(self, kind, q, nbytes, messages=0, *, intra=True):
         return self.links["intra" if intra else "inter"][kind].seconds(kind, q, nbytes, messages)
 
-    def conv_seconds(self, op, kernel_area, flops, columns=0):
+    def conv_seconds(self, op, kernel_area, flops, columns=0, shape=None):
+        """Seconds of one local convolution pass: the table's where it has ``shape`` (a
+        :class:`ConvShape`), else the class fit on its FLOPs and im2col ``columns``."""
+        measured = self.conv_table.get((op, shape)) if shape is not None else None
+        if measured is not None:
+            return measured
         return self.compute[op]["1x1" if kernel_area == 1 else "kxk"].seconds(flops, columns)
 
     def local_seconds(self, op, nbytes):
@@ -217,7 +261,38 @@ def from_dict(doc, path="<dict>"):
             compute[op] = {c: _rate(spec[c], f"compute.{op}.{c}", path, allow_bw=True) for c in CONV_CLASSES}
         else:
             compute[op] = _rate(spec, f"compute.{op}", path)
-    return Machine(str(doc["name"]), doc.get("measured", False), rpn, links, compute, path)
+    table = _conv_table(doc["compute"].get("conv_table", []), path)
+    return Machine(str(doc["name"]), doc.get("measured", False), rpn, links, compute, path, table)
+
+
+def _conv_table(entries, path):
+    """``{(op, ConvShape): seconds}`` of ``compute.conv_table``, a list of
+    ``{shape: [12 positive ints], conv_fwd: s, conv_bwd_data: s, conv_bwd_filter: s}``."""
+    where = f"machine file {path}: compute.conv_table"
+    if not isinstance(entries, list):
+        raise MachineError(f"{where}: expected a list of {{shape: [...], {', '.join(CONV_OPS)}}}, got "
+                           f"{type(entries).__name__}")
+    table = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or set(entry) != {"shape", *CONV_OPS}:
+            raise MachineError(f"{where}[{i}]: expected the keys shape, {', '.join(CONV_OPS)}, got {entry!r}")
+        v = entry["shape"]
+        if (not isinstance(v, list) or len(v) != 12
+                or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in v)):
+            raise MachineError(f"{where}[{i}].shape: expected 12 positive ints [n, C, F, H_win, W_win, Kh, Kw, "
+                               f"stride_h, stride_w, dilation_h, dilation_w, groups], got {v!r}")
+        shape = ConvShape.of_list(v)
+        if shape.C % shape.groups or shape.F % shape.groups:
+            raise MachineError(f"{where}[{i}].shape: groups={shape.groups} must divide C={shape.C} and "
+                               f"F={shape.F}")
+        if ("conv_fwd", shape) in table:
+            raise MachineError(f"{where}[{i}].shape: {v} is listed twice")
+        for op in CONV_OPS:
+            t = _number(entry[op], f"compute.conv_table[{i}].{op}", path)
+            if t == 0:
+                raise MachineError(f"{where}[{i}].{op}: must be > 0 seconds")
+            table[op, shape] = t
+    return table
 
 
 def builtin(name):

@@ -32,6 +32,7 @@ import numpy
 from refconv import algorithms
 from refconv.algorithms import candidates, layer_records
 from refconv.distribution import Distribution
+from refconv.plan.machine import ConvShape
 from refconv.reference.layers import pool_geometry
 
 AXES = ("sample", "channel", "height", "width")
@@ -212,6 +213,22 @@ def price_calls(calls, grid, machine, cost):
             cost.workspace = max(cost.workspace, c.bytes)
 
 
+def local_conv_shape(layer, grid, F_rows, C_cols):
+    """The :class:`refconv.plan.machine.ConvShape` rank 0 convolves: ``x_win (n, C_cols x groups,
+    H_win, W_win)`` (its output block plus the halo, padding included) with the weight block
+    ``(F_rows, C_cols, Kh, Kw)``, at ``padding=0``.  None for a grouped conv on a channel split,
+    whose local groups the table does not key."""
+    spec = layer.spec
+    groups = spec.get("groups", 1)
+    if groups > 1 and grid[1] > 1:
+        return None
+    (Kh, Kw), (sh, sw), (dh, dw) = _pair(spec["kernel"]), _pair(spec.get("stride", 1)), _pair(spec.get("dilation", 1))
+    _, _, Ho, Wo = layer.out_shape
+    h, w = _ceil(Ho, grid[2]), _ceil(Wo, grid[3])  # output rows and columns of rank 0
+    return ConvShape(_ceil(layer.in_shape[0], grid[0]), C_cols * groups, F_rows, (h - 1) * sh + dh * (Kh - 1) + 1,
+                     (w - 1) * sw + dw * (Kw - 1) + 1, Kh, Kw, (sh, sw), (dh, dw), groups)
+
+
 def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
     """StageCost of one layer on ``grid`` (a conv with the given algorithm)."""
     cost = StageCost(grid, algorithm, filter_groups)
@@ -226,9 +243,10 @@ def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
         flops = 2 * pixels * shard  # each output pixel meets the local weight shard once
         columns = pixels * C_cols * Kh * Kw * ITEMSIZE  # the im2col matrix of the local conv
         area = Kh * Kw
-        cost.fwd = machine.conv_seconds("conv_fwd", area, flops, columns)
-        cost.bwd = (machine.conv_seconds("conv_bwd_data", area, flops, columns)
-                    + machine.conv_seconds("conv_bwd_filter", area, flops, columns))
+        shape = local_conv_shape(layer, grid, F_rows, C_cols)  # for a machine's measured table
+        cost.fwd = machine.conv_seconds("conv_fwd", area, flops, columns, shape)
+        cost.bwd = (machine.conv_seconds("conv_bwd_data", area, flops, columns, shape)
+                    + machine.conv_seconds("conv_bwd_filter", area, flops, columns, shape))
         gathered = max([c.bytes for c in calls if c.kind == "allgather"] + [0])
         cost.memory = 3 * (shard + (layer.out_shape[1] if layer.spec.get("bias", True) else 0)) * ITEMSIZE \
             + max(x_bytes, gathered if algorithm != "stationary-x" else 0)

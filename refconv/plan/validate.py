@@ -17,6 +17,15 @@
    rank at 4 ranks: the strong-scaling regime) on all ranks against the same model
    purely sample-parallel, their training steps timed alternately.
 
+``--table`` first times every local convolution the model prices above (each
+layer's strategies and the wide CNN's planner search) on all ranks at once, as
+``refconv calibrate --model`` does, into the machine's ``conv_table``, and reports
+the model with the class fit only and with the table side by side (both priced
+against the same measurements; the table's plan of the wide CNN is timed too if it
+differs).  The table is measured on this machine in this run, like the layers it
+is checked against: that is the paper's method (cuDNN timed per local shape), not
+an independent test of it.
+
 Times are CPU (numpy backend) figures of this machine; one BLAS thread per rank
 (``refconv.threads.configure``) and a pause between contenders.
 """
@@ -30,12 +39,13 @@ import numpy
 from mpi4py import MPI
 
 from refconv import ProcessGrid, threads
+from refconv.backend import get_backend
 from refconv.bench.common import time_ranks
 from refconv.bench.timing import Span, ratio
 from refconv.layers import DistConv2d
 from refconv.model import Model
 from refconv.optim import SGD
-from refconv.plan import graph, machine as machine_mod, perf, search
+from refconv.plan import calibrate, graph, machine as machine_mod, perf, search
 from refconv.train import step
 
 # name: (N, C, F, H, K)
@@ -160,6 +170,42 @@ def layer_rows(world, machine, repeats, layers=LAYERS):
     return rows
 
 
+def reprice(rows, machine, layers=LAYERS):
+    """``rows`` with the same measurements, priced with ``machine``."""
+    out = []
+    for r in rows:
+        _, grid_shape, algorithm, p_f = next(s for s in strategies(r.P) if s[0] == r.label)
+        cost = perf.layer_cost(conv_layer(*layers[r.layer]), grid_shape, machine, algorithm, p_f)
+        out.append(dataclasses.replace(r, cost=cost))
+    return out
+
+
+def priced_everywhere(machine, world_size, layers=LAYERS):
+    """The local conv shapes this validation prices: each layer's strategies at 1, 2 and 4
+    ranks, and the planner's whole search of the wide CNN on ``world_size`` ranks."""
+
+    def price(m):
+        for P in (1, 2, 4):
+            for dims in layers.values():
+                layer = conv_layer(*dims)
+                for _, grid_shape, algorithm, p_f in strategies(P):
+                    if perf.feasible(layer, grid_shape):
+                        perf.layer_cost(layer, grid_shape, m, algorithm, p_f)
+
+    return (calibrate.priced_shapes(machine, price)
+            + calibrate.model_shapes(MODEL, (4, 8, 8, 8), world_size, machine))
+
+
+def with_table(world, machine, repeats, layers, say):
+    """``machine`` with a ``conv_table`` of every shape :func:`priced_everywhere` gives, timed
+    here on all ranks at once (refconv calibrate's own timing)."""
+    shapes = list(dict.fromkeys(priced_everywhere(machine, world.Get_size(), layers)))
+    say(f"conv table: timing {len(shapes)} local shapes on all {world.Get_size()} ranks at once")
+    entries = calibrate.measure_conv_table(world, get_backend("numpy"), shapes, repeats, say)
+    table = {(op, machine_mod.ConvShape.of_list(e["shape"])): e[op] for e in entries for op in machine_mod.CONV_OPS}
+    return dataclasses.replace(machine, conv_table=table)
+
+
 def picks(rows):
     """[Pick] of every (layer, P) with more than one strategy measured, in the order of ``rows``."""
     cases = {}
@@ -177,22 +223,31 @@ def relative_to_sample(rows):
             for r in rows if r.label != "sample" and (s := sample.get((r.layer, r.P)))]
 
 
-def model_rows(world, machine, steps, batch=4, image=8):
-    """(plan, sample-parallel prediction, {"planned"|"sample": Span of seconds per step})."""
+def model_rows(world, machine, steps, batch=4, image=8, tabled=None):
+    """({name: (plan, sample-parallel prediction)}, {name | "sample": Span of seconds per step}).
 
-    P = world.Get_size()
-    planner, plan = search.plan_model(MODEL, (batch, 8, image, image), P, machine)
-    sample = planner.uniform((P, 1, 1, 1), "stationary-x")
-    contenders = {"planned": search.to_spec(MODEL, plan),
-                  "sample": dict(MODEL, defaults={"grid": {"sample": P}})}
+    ``name`` is "planned" (priced with ``machine``) and with ``tabled`` (a machine with a
+    table) also "planned (table)", which is timed only if it is another plan."""
+
+    P, shape = world.Get_size(), (batch, 8, image, image)
+    predicted = {}
+    for name, m in (("planned", machine), ("planned (table)", tabled)):
+        if m is not None:
+            planner, plan = search.plan_model(MODEL, shape, P, m)
+            predicted[name] = plan, planner.uniform((P, 1, 1, 1), "stationary-x")
+    contenders = {"sample": dict(MODEL, defaults={"grid": {"sample": P}})}
+    for name, (plan, _) in predicted.items():
+        spec = search.to_spec(MODEL, plan)
+        if spec not in contenders.values():
+            contenders[name] = spec
     rng = numpy.random.default_rng(0)
-    x = rng.standard_normal((batch, 8, image, image)).astype(numpy.float32)
+    x = rng.standard_normal(shape).astype(numpy.float32)
     y = rng.integers(0, 10, batch)
     models = {k: Model.from_spec(s, comm=world, backend="numpy", seed=0) for k, s in contenders.items()}
     opts = {k: SGD(m, 0.01) for k, m in models.items()}
     runs = {k: (lambda m=m, k=k: step(m, opts[k], x, y)) for k, m in models.items()}
     measured = time_ranks(world, runs, steps, 1, PAUSE_S, settle=SETTLE_S)
-    return plan, sample, {k: Span(tuple(v)) for k, v in measured.items()}
+    return predicted, {k: Span(tuple(v)) for k, v in measured.items()}
 
 
 def main(argv=None):
@@ -202,6 +257,9 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=9, help="measured steps per model contender")
     parser.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores / ranks on the node)")
     parser.add_argument("--quick", action="store_true", help="the narrow layer once and one step: a smoke test")
+    parser.add_argument("--table", action="store_true", help="first time every local conv shape priced here into "
+                                                             "the machine's conv_table, and report the model with "
+                                                             "and without it side by side")
     args = parser.parse_args(argv)
     layers = {"narrow 3x3": LAYERS["narrow 3x3"]} if args.quick else LAYERS
     if args.quick:
@@ -213,58 +271,85 @@ def main(argv=None):
     say(f"model vs measurement on {world.Get_size()} ranks, machine {machine.name} "
         f"({'measured ' + str(machine.measured) if machine.measured else 'not measured'}), numpy backend, float32; "
         f"{choice.describe()}; load average {os.getloadavg()[0]:.1f} at the start")
+    tabled = with_table(world, machine, 2 if args.quick else 5, layers, say) if args.table else None
     rows = layer_rows(world, machine, args.repeats, layers)
+    priced = {"class fit": rows}
+    if tabled is not None:
+        priced["with table"] = reprice(rows, tabled, layers)
+    report_layers(say, priced)
     chosen = picks(rows)
-    report_layers(say, rows, chosen)
     result = {"rows": rows, "picks": chosen, "errors": [abs(r.error) for r in rows]}
+    if tabled is not None:
+        result["table"] = {"rows": priced["with table"], "picks": picks(priced["with table"])}
     if world.Get_size() > 1:
-        plan, sample, measured = model_rows(world, machine, args.steps)
-        result.update(plan=plan, sample=sample, measured=measured)
-        speedup = ratio(measured, "sample", "planned")
-        say(f"model {MODEL['name']} on {world.Get_size()} ranks, batch 4, 8x8: planned "
-            f"{sorted({search.strategy_label(r.cost.grid) for r in plan.rows})}")
-        say(f"  predicted: planned {plan.seconds * 1e3:.1f} ms, sample-parallel {sample.seconds * 1e3:.1f} ms "
-            f"({sample.seconds / plan.seconds:.2f}x)")
-        say(f"  measured (median, min-max of {args.steps} steps): planned {measured['planned']}, sample-parallel "
-            f"{measured['sample']}; sample / planned {speedup.format(1, 'x', 2)} per step pair")
+        predicted, measured = model_rows(world, machine, args.steps, tabled=tabled)
+        result.update(plan=predicted["planned"][0], sample=predicted["planned"][1], measured=measured,
+                      predicted=predicted)
+        say(f"model {MODEL['name']} on {world.Get_size()} ranks, batch 4, 8x8:")
+        for name, (plan, sample) in predicted.items():
+            say(f"  {name}: {sorted({search.strategy_label(r.cost.grid) for r in plan.rows})}"
+                f"{'' if name in measured else ' (the class fit plan: not timed twice)'}; predicted "
+                f"{plan.seconds * 1e3:.1f} ms, sample-parallel {sample.seconds * 1e3:.1f} ms "
+                f"({sample.seconds / plan.seconds:.2f}x)")
+        for name in [k for k in measured if k != "sample"]:
+            say(f"  measured (median, min-max of {args.steps} steps): {name} {measured[name]}, sample-parallel "
+                f"{measured['sample']}; sample / {name} {ratio(measured, 'sample', name).format(1, 'x', 2)} "
+                f"per step pair")
     return result
 
 
-def report_layers(say, rows, chosen):
-    """The per-case table (predicted compute and communication, measured, error; the model's
-    pick ``<`` and the measured fastest ``*``), then the error and pick-rate summary."""
-    marks = {}
-    for p in chosen:
-        marks[id(p.chosen)] = marks.get(id(p.chosen), "") + "<"
-        marks[id(p.fastest)] = marks.get(id(p.fastest), "") + "*"
-    say(f"{'layer':16s} {'P':>2s} {'strategy':12s} {'compute':>8s} {'comm':>7s} {'predicted':>9s}   "
-        f"{'measured ms (min-max)':24s} {'error':>6s}")
-    for r in rows:
-        compute = r.cost.fwd + r.cost.bwd
-        say(f"{r.layer:16s} {r.P:2d} {r.label:12s} {compute * 1e3:8.2f} {(r.predicted - compute) * 1e3:7.2f} "
-            f"{r.predicted * 1e3:9.2f}   {r.measured.format(digits=2):24s} {r.error:+6.0%} {marks.get(id(r), '')}")
+def report_layers(say, priced):
+    """The per-pair table (measured; per pricing: predicted, error, the model's pick ``<`` and
+    the measured fastest ``*``), each pricing's misses, then the summaries side by side.
+    ``priced``: {name: [Row]}, every list with the same measurements."""
+    names = list(priced)
+    first = priced[names[0]]
+    marks = {name: {} for name in names}
+    for name, rows in priced.items():
+        for p in picks(rows):
+            marks[name][p.chosen.label, p.layer, p.P] = marks[name].get((p.chosen.label, p.layer, p.P), "") + "<"
+            marks[name][p.fastest.label, p.layer, p.P] = marks[name].get((p.fastest.label, p.layer, p.P), "") + "*"
+    say(f"{'layer':16s} {'P':>2s} {'strategy':12s} {'measured ms (min-max)':24s} "
+        + " ".join(f"| {name + ': compute comm predicted error':43s}" for name in names))
+    for i, r in enumerate(first):
+        cells = []
+        for name in names:
+            q = priced[name][i]
+            compute = q.cost.fwd + q.cost.bwd
+            cells.append(f"| {compute * 1e3:8.2f} {(q.predicted - compute) * 1e3:7.2f} {q.predicted * 1e3:9.2f} "
+                         f"{q.error:+6.0%} {marks[name].get((r.label, r.layer, r.P), ''):8s}")
+        say(f"{r.layer:16s} {r.P:2d} {r.label:12s} {r.measured.format(digits=2):24s} " + " ".join(cells))
     say("  (< the model's first choice, * the measured fastest by median)")
-    for p in chosen:
-        if not p.strict:
-            say(f"  {p.layer}, P={p.P}: model picks {p.chosen.label}, measured fastest {p.fastest.label}; the pick "
-                f"is {p.chosen.measured.median / p.fastest.measured.median:.2f}x slower "
-                f"({'ranges overlap: within noise' if p.within_noise else 'ranges apart: a real miss'})")
+    for name, rows in priced.items():
+        for p in picks(rows):
+            if not p.strict:
+                say(f"  {name}: {p.layer}, P={p.P}: model picks {p.chosen.label}, measured fastest "
+                    f"{p.fastest.label}; the pick is {p.chosen.measured.median / p.fastest.measured.median:.2f}x "
+                    f"slower ({'ranges overlap: within noise' if p.within_noise else 'ranges apart: a real miss'})")
+    summary = {name: summarize(rows) for name, rows in priced.items()}
+    say(f"{len(first)} (layer, strategy) pairs, {len(picks(first))} choices (layer, P): "
+        + ", ".join(f"{name}" for name in names))
+    for label in summary[names[0]]:
+        say(f"  {label:88s} " + "".join(f"{summary[name][label]:>14s}" for name in names))
+
+
+def summarize(rows):
+    """{line label: figure} of one pricing of the measured rows; the strict pick rate is the headline."""
     errors = [abs(r.error) for r in rows]
-    say(f"{len(rows)} (layer, strategy) pairs: median relative error {statistics.median(errors):.0%}, "
-        f"worst {max(errors):.0%}")
     fastest = [abs(r.predicted - r.measured.min) / r.measured.min for r in rows]
-    say(f"  against each pair's fastest round instead of its median (a shared machine's load only adds time): "
-        f"median {statistics.median(fastest):.0%}, worst {max(fastest):.0%}")
     relative = relative_to_sample(rows)
+    chosen = picks(rows)
+    out = {"median relative error": f"{statistics.median(errors):.0%}", "worst relative error": f"{max(errors):.0%}",
+           "against each pair's fastest round (a shared machine's load only adds time): median, worst":
+               f"{statistics.median(fastest):.0%}, {max(fastest):.0%}"}
     if relative:
-        say(f"  each strategy's time over sample parallelism's in the same (layer, P), predicted over measured "
-            f"(what a pick depends on; contenders alternate, so the load cancels more): median "
-            f"{statistics.median(relative):.2f}, within 0.8-1.25 on {sum(0.8 <= v <= 1.25 for v in relative)}"
-            f"/{len(relative)}")
-    say(f"pick rate, strict (the model's first choice is the measured fastest): "
-        f"{sum(p.strict for p in chosen)}/{len(chosen)} (layer, P)")
-    say(f"pick rate, within noise (the first choice's min..max overlaps the fastest's): "
-        f"{sum(p.within_noise for p in chosen)}/{len(chosen)} (layer, P)")
+        out["each strategy over sample parallelism's, predicted/measured: median, in 0.8-1.25"] = \
+            f"{statistics.median(relative):.2f}, {sum(0.8 <= v <= 1.25 for v in relative)}/{len(relative)}"
+    out["pick rate, STRICT (the headline): the model's first choice is the measured fastest"] = \
+        f"{sum(p.strict for p in chosen)}/{len(chosen)}"
+    out["pick rate within noise (labelled apart): the first choice's min..max overlaps the fastest's"] = \
+        f"{sum(p.within_noise for p in chosen)}/{len(chosen)}"
+    return out
 
 
 def run(argv=None):

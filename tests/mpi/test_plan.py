@@ -46,22 +46,61 @@ def test_planned_models_train_as_the_serial_model():
 
 
 @mpi_test(sizes=(2,), timeout=120)
-def test_quick_calibration_gives_a_loadable_machine_file():
+def test_quick_calibration_gives_a_loadable_machine_file_with_the_models_table():
+    """``refconv calibrate --quick --model SPEC`` (as a function): a machine file that loads, whose
+    conv_table holds exactly the local shapes the planner prices for SPEC here, each measured."""
     from refconv.plan import calibrate
 
-    doc = calibrate.calibrate(comm, "numpy", quick=True)
+    shapes = calibrate.model_shapes(SPEC, (BATCH, 1, 16, 16), comm.size, machine.load("v100-edr"))
+    doc = calibrate.calibrate(comm, "numpy", quick=True, shapes=shapes)
     m = machine.from_dict(doc)  # raises on a malformed file
     assert_all_ranks(comm, m.ranks_per_node == comm.size and m.comm_seconds("allreduce", 2, 1 << 20) > 0
                      and m.conv_seconds("conv_fwd", 9, 1e8) > 0, f"{doc}")
+    keys = {s for _, s in m.conv_table}
+    assert_all_ranks(comm, len(shapes) == len(set(shapes)) > 5 and keys == set(shapes)
+                     and len(m.conv_table) == 3 * len(shapes) and all(t > 0 for t in m.conv_table.values()),
+                     f"{len(shapes)} shapes, table {m.conv_table}")
+    _, plan = search.plan_model(SPEC, (BATCH, 1, 16, 16), comm.size, m)  # plans with the table
+    assert_all_ranks(comm, plan.seconds > 0, f"{plan}")
+
+
+@mpi_test(sizes=(2,), timeout=60)
+def test_table_key_is_each_strategys_window_and_weight_block():
+    """On split grids (samples, rows, Stationary-X and -Y), rank 0's convolved window and weight
+    block are the ConvShape the planner prices (tests/test_plan.py checks one rank)."""
+    import numpy
+
+    from refconv import ProcessGrid
+    from refconv.layers import DistConv2d
+    from refconv.plan import perf, validate
+
+    N, C, F, H, K = 4, 4, 6, 8, 3
+    planned = validate.conv_layer(N, C, F, H, K)
+    for label, grid_shape, algorithm, p_f in validate.strategies(comm.size):
+        grid = ProcessGrid(comm, **dict(zip(perf.AXES, grid_shape)))
+        layer = DistConv2d(C, F, K, padding=1, grid=grid, algorithm=algorithm, filter_groups=p_f, backend="numpy",
+                           input_shape=(N, C, H, H))
+        layer.forward(numpy.zeros(layer.input_distribution.local_shape(grid.rank), numpy.float32))
+        key = perf.local_conv_shape(planned, grid_shape, *perf.local_weight_shape(planned, grid_shape, algorithm, p_f))
+        got = layer._algo.x_win.shape + layer.weight.shape
+        grid.free()
+        if comm.rank == 0:
+            assert got == (key.n, key.C, key.H_win, key.W_win, key.F, key.C, key.Kh, key.Kw), (label, got, key)
 
 
 @mpi_test(sizes=(2,), timeout=180)
 def test_quick_validation_measures_every_strategy_at_1_and_2_ranks():
     from refconv.plan import validate
 
-    result = validate.main(["--quick", "--machine", "v100-edr"])
+    result = validate.main(["--quick", "--table", "--machine", "v100-edr"])
     labels = {(r.P, r.label) for r in result["rows"]}
     assert_all_ranks(comm, labels == {(1, "serial"), (2, "sample"), (2, "height"), (2, "X"), (2, "Y")}
                      and all(r.predicted > 0 and r.measured.min > 0 for r in result["rows"])
                      and [(p.layer, p.P) for p in result["picks"]] == [("narrow 3x3", 2)]
                      and result["measured"]["planned"].min > 0 and result["measured"]["sample"].min > 0, f"{result}")
+    # --table: the same measurements priced from the conv times measured here, which the datasheet
+    # V100's rates (GPU speed) are far from
+    tabled = result["table"]["rows"]
+    assert_all_ranks(comm, [(r.label, r.measured) for r in tabled] == [(r.label, r.measured) for r in result["rows"]]
+                     and all(t.cost.fwd > 5 * r.cost.fwd for t, r in zip(tabled, result["rows"]))
+                     and "planned (table)" in result["predicted"], f"{result}")
