@@ -493,7 +493,7 @@ def reduce_scatter(comm, x, counts, axis=0):
         send = _to_mpi(x)                       # (outer, L, inner), contiguous, on the host
         size, item = comm.Get_size(), send.dtype.itemsize
         parts = numpy.empty((size, outer, counts[me], inner), send.dtype)  # parts[s]: rank s's block me
-        blocks = [_block_type(send.dtype, outer, c * inner, length * inner) for c in counts]
+        blocks = _block_types(send.dtype, outer, counts, inner, length * inner)
         with _watchdog("reduce_scatter", comm, {"x": x, "axis": axis, "counts": counts}):
             comm.Alltoallw([send, ([1] * size, [d * inner * item for d in _displs(counts)]), blocks],
                            [parts, ([parts[0].size] * size, [q * parts[0].nbytes for q in range(size)]),
@@ -528,7 +528,7 @@ def allgather(comm, x, counts, axis=0):
         # datatype of ``outer`` runs of L_q * inner elements, L * inner apart, in recv.
         send = _to_mpi(x)                       # (outer, L_me, inner), contiguous, on the host
         recv = numpy.empty(shape, send.dtype)   # (outer, L, inner)
-        blocks = [_block_type(send.dtype, outer, c * inner, total * inner) for c in counts]
+        blocks = _block_types(send.dtype, outer, counts, inner, total * inner)
         with _watchdog("allgather", comm, {"x": x, "axis": axis, "counts": counts}):
             if len(set(counts)) == 1:           # one receive datatype for all: MPI's allgather
                 comm.Allgather([send, send.size, _predefined(send.dtype)], [recv, 1, blocks[0]])
@@ -592,7 +592,17 @@ def _predefined(dtype):
 
 
 _BLOCK_TYPES = collections.OrderedDict()  # (dtype, outer, run, stride) -> committed MPI datatype
-_BLOCK_TYPES_KEPT = 64                    # past this many the least recently used is freed
+_BLOCK_TYPES_KEPT = 64                    # past this many the least recently used are freed
+
+
+def _block_types(dtype, outer, counts, inner, stride):
+    """Every rank's block datatype (``_block_type``) for the lengths ``counts`` along the
+    split axis, ``stride`` elements apart.  The cache is trimmed after the list is made, and
+    never below this call's distinct types: freeing one of them would hand MPI a null type."""
+    blocks = [_block_type(dtype, outer, c * inner, stride) for c in counts]
+    while len(_BLOCK_TYPES) > max(_BLOCK_TYPES_KEPT, len(set(counts))):
+        _BLOCK_TYPES.popitem(last=False)[1].Free()     # the least recently used: not this call's
+    return blocks
 
 
 def _block_type(dtype, outer, run, stride):
@@ -605,9 +615,7 @@ def _block_type(dtype, outer, run, stride):
         runs = _predefined(dtype).Create_vector(outer, run, stride)
         block = runs.Create_resized(0, run * numpy.dtype(dtype).itemsize).Commit()
         runs.Free()
-    _BLOCK_TYPES[key] = block
-    if len(_BLOCK_TYPES) > _BLOCK_TYPES_KEPT:
-        _BLOCK_TYPES.popitem(last=False)[1].Free()
+    _BLOCK_TYPES[key] = block                          # the most recently used go last
     return block
 
 

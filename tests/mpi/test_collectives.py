@@ -136,6 +136,26 @@ def test_split_axis_copies_nothing_it_can_avoid():
     assert_all_ranks(comm, not problems, str(problems))
 
 
+@mpi_test(sizes=(3,), timeout=60)
+def test_block_types_of_a_call_outlive_the_cache_limit():
+    """With the cache of MPI datatypes kept to one, a call whose three ranks have three
+    different block lengths (three datatypes) still hands MPI three live ones: the cache
+    is trimmed after a call's datatypes are made, never below them."""
+    comm, r, p = _world()
+    kept, threshold = coll._BLOCK_TYPES_KEPT, coll.DATATYPES_FROM_BYTES
+    counts, start = [1, 2, 3], [0, 1, 3][r]
+    full = numpy.arange(2 * 6 * 2, dtype=numpy.float64).reshape(2, 6, 2)  # (outer, L, inner)
+    coll._BLOCK_TYPES_KEPT, coll.DATATYPES_FROM_BYTES = 1, 0
+    try:
+        gathered = coll.allgather(comm, full[:, start:start + counts[r]], counts, axis=1)
+        summed = coll.reduce_scatter(comm, full, counts, axis=1)
+    finally:
+        coll._BLOCK_TYPES_KEPT, coll.DATATYPES_FROM_BYTES = kept, threshold
+    assert_all_ranks(comm, numpy.array_equal(gathered, full)
+                     and numpy.array_equal(summed, p * full[:, start:start + counts[r]]),
+                     f"gathered {gathered}, summed {summed}")
+
+
 @mpi_test(sizes=ALL)
 def test_exchange_reaches_two_neighbours():
     comm, r, p = _world()
