@@ -8,18 +8,22 @@ packing them (``_split_axis``).  When the MPI library is CUDA-aware (see
 ``cuda_aware``) device buffers go to MPI directly, otherwise they are staged
 through host memory.
 
-=====================  =============  ==========================================
-function               MPI call       ``stats`` bytes recorded (per rank)
-=====================  =============  ==========================================
-``allreduce``          Allreduce      the full buffer
-``reduce_scatter``     Reduce_scatter the full input buffer (all ranks' blocks)
-``allgather``          Allgatherv     the full output buffer
-``exchange``           Isend/Irecv    bytes sent to other ranks         [kind "halo"]
-``alltoallv``          Alltoallv      bytes sent to other ranks (not self)
-``bcast``              Bcast          the buffer
-``scatter``            Scatterv       the block this rank receives
-``gather``             Gatherv        the block this rank contributes
-=====================  =============  ==========================================
+=====================  ========================  ==========================================
+function               MPI call                  ``stats`` bytes recorded (per rank)
+=====================  ========================  ==========================================
+``allreduce``          Allreduce                 the full buffer
+``reduce_scatter``     Reduce_scatter (*)        the full input buffer (all ranks' blocks)
+``allgather``          Allgatherv (*)            the full output buffer
+``exchange``           Isend/Irecv               bytes sent to other ranks         [kind "halo"]
+``alltoallv``          Alltoallv                 bytes sent to other ranks (not self)
+``bcast``              Bcast                     the buffer
+``scatter``            Scatterv                  the block this rank receives
+``gather``             Gatherv                   the block this rank contributes
+=====================  ========================  ==========================================
+
+(*) Along an inner axis, on host buffers of at least ``DATATYPES_FROM_BYTES``, through
+MPI datatypes instead (``_split_axis``): reduce_scatter is an Alltoallw of the blocks
+and a local sum, allgather an Allgather (even counts) or an Alltoallw (uneven).
 
 ``elements`` is bytes / itemsize.  The figures are buffer sizes by definition,
 not wire traffic: a size-1 communicator records the same figures (with
