@@ -14,7 +14,8 @@ Local compute is the same for X, Y and W (each rank does ``1/P`` of the
 FLOPs), so :func:`choose_algorithm` (:func:`refconv.algorithms.choose`)
 compares communication alone.  ``DistConv2d(algorithm="auto")`` prices the
 same records together with compute, with a machine file
-(:func:`refconv.plan.choose_for_layer`); grouped layers use this choice.
+(:func:`refconv.plan.choose_for_layer`), grouped layers too (among the classes
+that run them, :func:`refconv.algorithms.candidates`).
 
 The functions live with the registry in :mod:`refconv.algorithms` (so that
 importing refconv does not import this module, and ``python -m
