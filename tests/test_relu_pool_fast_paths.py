@@ -84,3 +84,28 @@ def test_max_pool_matches_the_loop(k, s, p, dtype):
     dx = ref.max_pool2d_backward(dy, argmax, x.shape, k, s, p)
     # overlapping windows add several dy into one cell, in another order than the loop's
     assert_close(dx, max_pool_backward_loop(dy, argmax, x.shape, k, s, p), reduction_length=k * k)
+
+
+def test_the_cuda_kernels_treat_inf_and_nan_as_the_reference_does():
+    """The reference's docstrings say its NaN handling is the CUDA kernels': NaN is never a
+    pooling maximum (a window of NaN only gives -inf), and ReLU's gradient is 0 where x is not
+    positive even where dy is inf or NaN.  Checked here on one small case each."""
+    from refconv import kernels
+    from refconv.arrays import to_host
+    from refconv.backend import get_backend
+
+    device = get_backend("cuda")  # NumPy arrays under the CUDA simulator, CuPy on a GPU
+    x = numpy.arange(2 * 4 * 4, dtype=numpy.float64).reshape(1, 2, 4, 4) % 5 - 2
+    x[0, 0, :2, :2] = numpy.nan                          # a window of NaN only
+    x[0, 1, 2, 3] = numpy.nan                            # one NaN beside numbers
+    for k, s, p in [(2, 2, 0), (3, 1, 1)]:
+        y, argmax = ref.max_pool2d_forward(x, k, s, p)
+        y_d, argmax_d = kernels.max_pool2d_forward(device.asarray(x), k, s, p)
+        numpy.testing.assert_array_equal(to_host(y_d), y)
+        numpy.testing.assert_array_equal(to_host(argmax_d), argmax)
+        assert y[0, 0, 0, 0] == -numpy.inf and not numpy.isnan(y).any(), (k, s, p)  # NaN and padding only there
+    dy = numpy.where(x > 0, 1.5, numpy.inf)
+    dy[0, 1, 0, 0] = numpy.nan
+    got = to_host(kernels.relu_backward(device.asarray(dy), device.asarray(x)))
+    numpy.testing.assert_array_equal(got, ref.relu_backward(dy, x))
+    assert numpy.isfinite(got).all()

@@ -134,6 +134,8 @@ def max_pool2d_forward(x, kernel_size, stride=None, padding=0):
 
     ``argmax[n, c, oh, ow]`` is the flat kernel offset ``i*Kw + j`` of the first
     maximum in the window, which :func:`max_pool2d_backward` routes ``dy`` to.
+    A NaN is never the maximum (a window of NaN only gives ``-inf``), as in the CUDA
+    kernel; ``torch.nn.MaxPool2d`` returns NaN for a window holding one instead.
     """
     checks.array(x, "x", 4)
     kernel, stride, padding, out = pool_geometry(x.shape, kernel_size, stride, padding)
@@ -145,7 +147,9 @@ def max_pool2d_forward(x, kernel_size, stride=None, padding=0):
     # against 0.8 ms now.
     for (i, j), view in _windows(x_pad, kernel, stride, out):
         better = view > y  # strict: the first maximum wins
-        numpy.fmax(y, view, out=y)  # where(better, view, y): a NaN in view is skipped as > skips it
+        # fmax is where(better, view, y): a NaN in view is skipped as > skips it (only a tie of
+        # 0.0 and -0.0 may keep either sign, equal values)
+        numpy.fmax(y, view, out=y)
         argmax += better * (i * kernel[1] + j - argmax)  # where(better, i*Kw + j, argmax)
     return y, argmax
 
