@@ -71,3 +71,18 @@ def test_records_take_the_name_choose_returns_for_a_grouped_layer():
     calls = algorithms.records(name, geom, (1, 2, 1, 1), (0, 0, 0, 0), p_f)
     assert name == "grouped" and [c.kind for c in calls] == ["allreduce", "allreduce"]  # no channel collective
     assert table[(name, p_f)] == sum(c.seconds() for c in calls)
+
+
+def test_filter_groups_error_offers_only_divisors_of_a_spanned_group():
+    """groups=2 on channel=8 (a group spans 4 ranks): a p_f that divides neither P_c nor 4 is
+    refused with the divisors of 4, not of P_c (8 would then be refused in turn)."""
+    import pytest
+
+    from refconv import algorithms
+
+    for p_f in (3, 8):
+        with pytest.raises(ValueError, match=r"expected a divisor of grid\.P_c/groups=4 .*\(one of \[1, 2, 4\]\)"):
+            algorithms.resolve("stationary-w", 8, p_f, 2, (16, 16))
+    assert algorithms.resolve("stationary-w", 8, 2, 2, (16, 16))[1] == 2
+    with pytest.raises(ValueError, match=r"expected a divisor of grid\.P_c=8 \(one of \[1, 2, 4, 8\]\)"):
+        algorithms.resolve("stationary-w", 8, 3)  # ungrouped: the whole channel group

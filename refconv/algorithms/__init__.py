@@ -63,7 +63,8 @@ def resolve(name, P_c, filter_groups=None, groups=1, channels=None):
     divides ``P_c/groups`` when a group spans ranks: :mod:`.grouped`)."""
     if name not in channel_algorithms() and not (name == NO_CHANNEL_SPLIT and P_c == 1):
         raise ValueError(f"algorithm: expected one of {channel_algorithms() + ('auto',)}, got {name!r}")
-    resolved = REGISTRY[name].resolve_filter_groups(P_c, filter_groups)
+    spanned = groups if 1 < groups < P_c and P_c % groups == 0 else 1  # W then factors a group's ranks
+    resolved = REGISTRY[name].resolve_filter_groups(P_c, filter_groups, spanned)
     if P_c == 1:
         return REGISTRY[NO_CHANNEL_SPLIT], resolved
     if groups > 1:
