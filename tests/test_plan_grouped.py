@@ -6,7 +6,7 @@ import pytest
 from test_plan import brute_force, machine_doc
 
 from refconv import algorithms
-from refconv.plan import choose_for_layer, machine, perf, search
+from refconv.plan import choose_for_layer, machine, search
 from refconv.plan.graph import stages
 
 GROUPED = {

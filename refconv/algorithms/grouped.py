@@ -123,7 +123,6 @@ class GroupSpanY(StationaryY):
 
     channel_group = staticmethod(_group_of)  # the channel collectives run over the group's q ranks
 
-
     @staticmethod
     def records(geom, grid_shape, coords, filter_groups=None):
         b, q, Cg = local_blocks(geom, grid_shape, coords), grid_shape[1] // geom.groups, geom.C // geom.groups
