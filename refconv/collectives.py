@@ -429,6 +429,15 @@ def _check_counts(comm, counts, length, what):
     return counts
 
 
+def _check_axis(x, axis, what):
+    """``axis`` of x as a non-negative index (-1 is the last): ``_split_axis`` counts the
+    dims before and after it, which a negative axis would miscount."""
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral) or not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"{what}: axis must be an int in [-{x.ndim}, {x.ndim}) for x of shape "
+                         f"{tuple(x.shape)}, got {axis!r}")
+    return int(axis) % x.ndim
+
+
 # -- collectives -----------------------------------------------------------------
 def allreduce(comm, x, op="sum", *, out=None):
     """The elementwise ``op`` ("sum", "prod", "max", "min") of every rank's x.
@@ -482,6 +491,7 @@ def reduce_scatter(comm, x, counts, axis=0):
     counts[i] is the length along ``axis`` of rank i's block; blocks are consecutive.
     The result is always a new array, also on one rank (see ``_split_axis``).
     """
+    axis = _check_axis(x, axis, "reduce_scatter")
     counts = _check_counts(comm, counts, x.shape[axis], "reduce_scatter")
     stats.add("reduce_scatter", comm.Get_size(), x.size, x.nbytes)
     xp = arrays.array_module(x)
@@ -516,6 +526,7 @@ def allgather(comm, x, counts, axis=0):
     The result is always a new array, also on one rank (see ``_split_axis``).
     """
     xp = arrays.array_module(x)
+    axis = _check_axis(x, axis, "allgather")
     total = sum(int(c) for c in counts)
     counts = _check_counts(comm, counts, total, "allgather")
     me = comm.Get_rank()

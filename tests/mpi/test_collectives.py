@@ -72,16 +72,16 @@ def test_allgather_uneven():
 
 @mpi_test(sizes=(1, 2, 3), timeout=60)
 def test_split_axis_every_layout():
-    """reduce_scatter and allgather along axes 0, 1 and 3 of a 4-d array, float32 and float64,
+    """reduce_scatter and allgather along axes 0, 1, 3 and -1 of a 4-d array, float32 and float64,
     uneven counts (a zero-length block too), contiguous and strided input, packed and (from
-    0 bytes on) through MPI datatypes: all match numpy."""
+    0 bytes on) through MPI datatypes: all match numpy.  An axis out of range is named."""
     comm, r, p = _world()
     problems = []
     threshold = coll.DATATYPES_FROM_BYTES
     try:
         for dtype, from_bytes in itertools.product((numpy.float32, numpy.float64), (threshold, 0)):
             coll.DATATYPES_FROM_BYTES = from_bytes
-            for axis in (0, 1, 3):
+            for axis in (0, 1, 3, -1):
                 for counts in ([q % 3 + 1 for q in range(p)], [0] + [2] * (p - 1)):
                     L, start = sum(counts), sum(counts[:r])
                     shape = [2, 3, 2, 3]
@@ -102,6 +102,13 @@ def test_split_axis_every_layout():
                                         f"datatypes from {from_bytes} B")
     finally:
         coll.DATATYPES_FROM_BYTES = threshold
+    for call in (coll.reduce_scatter, coll.allgather):
+        try:
+            call(comm, numpy.zeros((2, p)), [1] * p, axis=2)
+            problems.append(f"{call.__name__}: no error for axis=2 of a 2-d x")
+        except ValueError as exc:
+            if "axis must be an int in [-2, 2) for x of shape (2, " not in str(exc):
+                problems.append(str(exc))
     assert_all_ranks(comm, not problems, str(problems))
 
 
