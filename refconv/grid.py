@@ -23,7 +23,9 @@ name                 members (differ from this rank only in)  used for
 Stationary-W factors the channel coordinate ``c = a * p_c' + b`` with
 ``P_c = p_f * p_c'``; ``stationary_w_comms(p_f)`` returns ``(comm_f, comm_c)``:
 the ``p_f`` ranks ``(., b)`` ordered by ``a``, and the ``p_c'`` ranks ``(a, .)``
-ordered by ``b``.
+ordered by ``b``.  ``stationary_w_comms(p_f, groups)`` does the same within each
+group of ``q = P_c / groups`` ranks of a grouped layer whose groups span ranks
+(``c = g q + a p_c' + b``, ``q = p_f * p_c'``; docs/grouped.md).
 
 Every method that builds a communicator is collective over ``comm``: all ranks
 must call it, with the same arguments, in the same order.
