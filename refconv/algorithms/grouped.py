@@ -81,7 +81,8 @@ def _group_of(grid, geom, filter_groups=None):
     ``(g, .)`` ordered by ``j``, each holding ``C/P_c`` of its channels and ``F/P_c`` of its
     filters.  The channel collectives of X and Y run there."""
     q = grid.P_c // geom.groups
-    return grid.stationary_w_comms(geom.groups)[1], [geom.C // grid.P_c] * q, [geom.F // grid.P_c] * q
+    group_ranks = grid.stationary_w_comms(1, geom.groups)[1]  # W's (g, a, .) with p_f = 1: all q ranks of g
+    return group_ranks, [geom.C // grid.P_c] * q, [geom.F // grid.P_c] * q
 
 
 class GroupSpanX(StationaryX):

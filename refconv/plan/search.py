@@ -290,7 +290,8 @@ class Planner:
 
 def _runs(cost, algorithm, filter_groups, grid):
     """Is ``cost`` (a StageCost) what asking for ``algorithm`` (and ``filter_groups``) runs on
-    ``grid``?  A grouped layer runs "grouped" whatever is asked, or X/Y within its groups."""
+    ``grid``?  A grouped layer runs "grouped" whatever is asked, or X, Y or W within its groups
+    (the baseline's W asks for a ``p_f`` of ``P_c``; within a group it matches only where equal)."""
     if cost.algorithm is None or (grid[1] == 1 and cost.algorithm == "stationary-x") or cost.algorithm == "grouped":
         return True
     if cost.algorithm == "stationary-w":

@@ -140,8 +140,6 @@ PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 ALGORITHMS = ("stationary-x", "stationary-y", "stationary-w")
 
 
-
-
 @st.composite
 def grid_shapes(draw, world_size, *, axes=AXES):
     """A factorization ``(P_N, P_c, P_H, P_W)`` of ``world_size``; axes not in ``axes`` stay 1."""
