@@ -330,23 +330,30 @@ def model_shapes(spec, input_shape, P, machine):
 
 def measure_conv_table(comm, backend, shapes, repeats, say=lambda *a: None):
     """``[{shape: [...], conv_fwd: s, conv_bwd_data: s, conv_bwd_filter: s}]``: each local shape's
-    three passes timed with every rank running the same shape at once (the passes take turns
-    within each round), ``padding=0`` on the window as the algorithms run them."""
+    three passes, ``padding=0`` on the window as the algorithms run them, with every rank running
+    the same pass at once.  Every (shape, pass) is a contender of each round, as the collectives
+    are: a change of load during the run (the machine may be shared) hits every shape alike
+    instead of whichever was being timed then.  All shapes' arrays are held at once."""
     rng = numpy.random.default_rng(comm.Get_rank())
-    entries, started = [], time.perf_counter()
+    passes = {}
     for i, s in enumerate(shapes):
         local = dict(stride=s.stride, dilation=s.dilation, groups=s.groups)
         x = backend.asarray(rng.standard_normal((s.n, s.C, s.H_win, s.W_win), dtype=numpy.float32))
         w = backend.asarray(rng.standard_normal((s.F, s.C // s.groups, s.Kh, s.Kw), dtype=numpy.float32))
         dy = backend.conv2d_forward(x, w, **local)  # (n, F, h, w): the output block
-        passes = {"conv_fwd": lambda: backend.conv2d_forward(x, w, **local),
-                  "conv_bwd_data": lambda: backend.conv2d_backward_data(dy, w, x.shape, **local),
-                  "conv_bwd_filter": lambda: backend.conv2d_backward_filter(x, dy, w.shape, **local)}
-        rounds = time_ranks(comm, passes, repeats, 0, 0.0, window=COMPUTE_WINDOW_S)
-        entries.append({"shape": s.as_list(), **{op: float(f"{statistics.median(rounds[op]):.4g}") for op in CONV_OPS}})
-        if (i + 1) % 10 == 0 or i + 1 == len(shapes):
-            say(f"conv table: {i + 1}/{len(shapes)} local shapes timed ({time.perf_counter() - started:.0f} s)")
-    return entries
+        passes[i, "conv_fwd"] = lambda x=x, w=w, local=local: backend.conv2d_forward(x, w, **local)
+        passes[i, "conv_bwd_data"] = lambda dy=dy, w=w, x=x, local=local: backend.conv2d_backward_data(
+            dy, w, x.shape, **local)
+        passes[i, "conv_bwd_filter"] = lambda x=x, dy=dy, w=w, local=local: backend.conv2d_backward_filter(
+            x, dy, w.shape, **local)
+    rounds, started = {key: [] for key in passes}, time.perf_counter()
+    for r in range(repeats):  # one time_ranks call per round, for the progress line
+        for key, seconds in time_ranks(comm, passes, 1, 0, 0.0, window=COMPUTE_WINDOW_S).items():
+            rounds[key] += seconds
+        say(f"conv table: round {r + 1}/{repeats} of {len(shapes)} local shapes x 3 passes "
+            f"({time.perf_counter() - started:.0f} s)")
+    return [{"shape": s.as_list(), **{op: float(f"{statistics.median(rounds[i, op]):.4g}") for op in CONV_OPS}}
+            for i, s in enumerate(shapes)]
 
 
 def calibrate(comm, backend_name="auto", quick=False, name="this-machine", shapes=(), say=lambda *a: None):
