@@ -16,9 +16,10 @@ Compute: the backend's kernels (the ones training uses) are timed on every rank
 at once on a sweep of local shapes, and ``time = t0 + work / rate`` is fitted per
 shape class (1x1 and KxK convolutions; batch norm, pooling, ReLU and packing per
 byte; and ``layer``: a one-rank ``DistConv2d`` forward + backward less its fitted
-kernels, per byte of its input and output).  We fit a throughput model rather than keep the paper's per-shape table
-because the planner prices local shapes nobody measured (ResNet-50 split 1024 ways
-has hundreds), and because the datasheet machine files can only give rates.
+kernels, per byte of its input and output).  The fit is always there because the planner
+prices local shapes nobody measured (ResNet-50 split 1024 ways has hundreds), and because
+the datasheet machine files can only give rates; the paper's per-shape table is added on
+request for one model (``--model``, below).
 The fit's relative error per class is written in the file's ``notes``.
 
 With ``--model PRESET|FILE --batch B [--image-size S]`` it also times, after the
@@ -78,7 +79,7 @@ def add_arguments(p):
     p.add_argument("--batch", type=int, help="global batch size of --model (required with it)")
     p.add_argument("--image-size", type=int, default=32, help="image height and width of --model (default 32)")
     p.add_argument("--max-shapes", type=int, default=300, help="refuse a --model with more local shapes than this "
-                                                                 "(default 300; about 0.5 s each here)")
+                                                                 "(default 300; about 0.4 s each on 4 ranks here)")
     return p
 
 
@@ -429,6 +430,6 @@ def _model_shapes(args, P):
                           machine_mod.load(machine_mod.DEFAULT_MACHINE))  # any machine: only the shapes count
     if len(shapes) > args.max_shapes:
         raise ValueError(f"--max-shapes: the model has {len(shapes)} local conv shapes on {P} ranks, more than "
-                         f"{args.max_shapes}; raise --max-shapes (each takes about 0.5 s here) or give a smaller "
-                         f"model")
+                         f"{args.max_shapes}; raise --max-shapes (each takes about 0.4 s on 4 ranks here) or give "
+                         f"a smaller model")
     return shapes
