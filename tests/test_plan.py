@@ -235,6 +235,14 @@ def test_plan_bad_input_is_one_line_and_status_2(args, needle):
     assert len([l for l in r.stderr.splitlines() if "error" in l]) == 1
 
 
+def test_plan_model_file_that_does_not_parse_is_named_as_refconv_train_names_it(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("layers: [unclosed\n")
+    r = _refconv("plan", "--model", str(bad), "--ranks", "2", "--batch", "8", "--machine", "v100-edr")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"refconv plan: error: --model: '{bad}' is not a valid YAML model" in r.stderr
+
+
 def test_plan_writes_a_model_file(tmp_path):
     out = tmp_path / "plan.yaml"
     r = _refconv("plan", "--model", "digits-cnn", "--ranks", "2", "--batch", "8", "--image-size", "16",

@@ -20,7 +20,7 @@ import warnings
 import yaml
 from mpi4py import MPI
 
-from refconv.model_spec import load_spec
+from refconv.train import load_model_spec
 from refconv.plan import machine as machine_mod, report, search
 
 
@@ -59,10 +59,7 @@ def _plan(args):
         warnings.simplefilter("always")
         machine = machine_mod.load(args.machine)
     kwargs = {"num_classes": args.num_classes} if args.num_classes else {}
-    try:
-        spec = load_spec(args.model, **kwargs)
-    except Exception as exc:  # noqa: BLE001  a model file that does not parse
-        raise ValueError(f"--model: {exc}") from None
+    spec = load_model_spec(args.model, **kwargs)  # a file that does not parse: "--model: ..." (as refconv train)
     shape = (args.batch, spec.get("in_channels", 3) if isinstance(spec, dict) else 3, args.image_size,
              args.image_size)
     limit = args.memory_per_rank * 2**30 if args.memory_per_rank else None
