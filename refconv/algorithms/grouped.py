@@ -155,9 +155,8 @@ def grouped_class(name, P_c, groups, channels, filter_groups=None):
     if name not in SPANNING:
         raise ValueError(f"algorithm: each group spans {P_c // groups} ranks here (groups={groups}, channel={P_c}) "
                          f"and {name!r} does not run within a group; use one of {tuple(SPANNING)} or 'auto'")
-    if name == StationaryW.name:
-        return StationaryW, StationaryW.resolve_filter_groups(P_c, filter_groups, groups)
-    return SPANNING[name], None
+    cls = SPANNING[name]
+    return cls, cls.resolve_filter_groups(P_c, filter_groups, groups)  # W's p_f divides P_c/groups; X, Y: None
 
 
 def grouped_classes(P_c, groups, channels):
