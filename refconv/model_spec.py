@@ -125,8 +125,9 @@ def resnet50(width=1, num_classes=1000, in_channels=3):
 def resnext(cardinality=32, group_width=4, num_classes=1000, in_channels=3, stages=RESNET50_STAGES, stem=64):
     """ResNeXt (torchvision's ResNeXt-50 32x4d by default): ResNet's bottlenecks with a grouped
     3x3 conv of ``cardinality`` groups of ``group_width * planes / stages[0].planes`` channels.
-    On a channel split, ``cardinality`` must be a multiple of ``channel`` (docs/grouped.md);
-    ``stages`` and ``stem`` make smaller ones."""
+    On a channel split, ``cardinality`` must be a multiple of ``channel``, or ``channel`` a
+    multiple of ``cardinality`` with the inner widths multiples of ``channel`` (each group then
+    spans ranks; docs/grouped.md); ``stages`` and ``stem`` make smaller ones."""
     first = stages[0][0]
     inner = lambda planes: cardinality * group_width * planes // first  # noqa: E731
     layers = _stem(stem, in_channels) + _bottlenecks(stages, stem, inner, groups=cardinality)
