@@ -85,8 +85,8 @@ class Conv2d(torch.nn.Module):
     """``torch.nn.Conv2d`` split over a refconv grid: ``in_channels``, ``out_channels``,
     ``kernel_size``, ``stride``, ``padding`` (ints, pairs, ``'same'``, ``'valid'``),
     ``dilation``, ``groups``, ``bias`` and ``padding_mode`` as torch takes them; ``grid``,
-    ``algorithm``, ``filter_groups``, ``input_shape`` and ``seed`` as
-    :class:`refconv.DistConv2d` takes them.  ``dtype`` is ``torch.float32`` or
+    ``algorithm``, ``filter_groups``, ``input_shape``, ``seed`` and ``machine`` (what
+    ``"auto"`` prices with) as :class:`refconv.DistConv2d` takes them.  ``dtype`` is ``torch.float32`` or
     ``torch.float64``; ``device`` ``"cpu"`` (NumPy) or ``"cuda"`` (CuPy).
 
     ``forward(x_loc)`` takes and returns this rank's blocks (the table in the module
@@ -97,7 +97,7 @@ class Conv2d(torch.nn.Module):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
                  bias=True, padding_mode="zeros", *, grid, algorithm="stationary-x", filter_groups=None,
-                 dtype=torch.float32, device="cpu", input_shape=None, seed=0):
+                 dtype=torch.float32, device="cpu", input_shape=None, seed=0, machine=None):
         super().__init__()
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype: expected torch.float32 or torch.float64, got {dtype}")
@@ -107,7 +107,7 @@ class Conv2d(torch.nn.Module):
                                 algorithm=algorithm, filter_groups=filter_groups,
                                 backend="numpy" if device == "cpu" else "cuda",
                                 dtype=numpy.float32 if dtype == torch.float32 else numpy.float64,
-                                input_shape=input_shape, seed=seed)
+                                input_shape=input_shape, seed=seed, machine=machine)
         if self.layer.algorithm is None:  # "auto": the layout is chosen when bound
             raise ValueError("algorithm: 'auto' needs input_shape=(N, C, H, W), so that the weight's layout "
                              "is known when the parameters are made")

@@ -66,8 +66,9 @@ def test_one_rank_module_is_a_torch_module():
         refconv.torch.Conv2d(3, 4, 3, grid=grid, dtype=torch.float16)
     with pytest.raises(ValueError, match=r"algorithm: 'auto' needs input_shape=\(N, C, H, W\)"):
         refconv.torch.Conv2d(3, 4, 3, grid=grid, algorithm="auto")
-    auto = refconv.torch.Conv2d(3, 4, 3, grid=grid, algorithm="auto", input_shape=(2, 3, 5, 5))
+    auto = refconv.torch.Conv2d(3, 4, 3, grid=grid, algorithm="auto", input_shape=(2, 3, 5, 5), machine="dev-cpu")
     assert auto.layer.algorithm == "sample-spatial" and auto.weight.shape == (4, 3, 3, 3)
+    assert auto.layer.machine == "dev-cpu"  # what 'auto' prices with where channel > 1
     grid.free()
 
 
