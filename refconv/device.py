@@ -95,7 +95,7 @@ def threads_per_rank():
 def resolve_backend(backend):
     """``"auto"`` -> ``"cuda"`` on a real GPU, else ``"numpy"``; others unchanged."""
     if backend not in BACKENDS:
-        raise BindError(f"backend: expected 'auto', 'numpy' or 'cuda', got {backend!r}")
+        raise BindError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
         return "cuda" if arrays.gpu_available() else "numpy"
     return backend

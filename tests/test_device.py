@@ -72,3 +72,9 @@ def test_bind_on_the_cpu_selects_nothing():
     picked = []
     mine, _ = device.bind(MPI.COMM_WORLD, "numpy", count=4, select=picked.append, warn=False)
     assert mine.gpu is None and mine.backend == "numpy" and picked == []
+
+
+def test_an_unknown_backend_is_named_with_the_choices():
+    assert device.resolve_backend("numpy") == "numpy"
+    with pytest.raises(BindError, match=r"backend: expected one of \('auto', 'numpy', 'cuda'\), got 'tpu'"):
+        device.resolve_backend("tpu")
