@@ -11,50 +11,52 @@ next) and rotate their order, reporting the median per-call time over rounds:
   is the ratio deadline / no deadline.
 
 It also times the guard alone (no MPI call), with the deadline off and on, and
-``fault_point`` with REFCONV_FAULT unset.
+``fault_point`` with REFCONV_FAULT unset, on each rank in alternating rounds too
+(``refconv.bench.timing.compare``; the allreduce rounds are
+``refconv.bench.common.time_ranks``).
 """
 
 import argparse
 import statistics
-import time
 
 import numpy
 from mpi4py import MPI
 
 from refconv import collectives
+from refconv.bench import timing
+from refconv.bench.common import time_ranks
 
 
-def _per_call(comm, fn, calls):
-    """Seconds per call of ``fn``, the slowest rank's, all ranks starting together."""
-    collectives.barrier(comm)
-    t0 = time.perf_counter()
+def _loop(fn, calls):
+    """One contender's unit of work: ``calls`` calls of ``fn`` back to back."""
     for _ in range(calls):
         fn()
-    elapsed = numpy.array([time.perf_counter() - t0])
-    return float(collectives.allreduce(comm, elapsed, op="max")[0]) / calls
 
 
-def _guard_alone(calls, comm, x):
-    t0 = time.perf_counter()
+def _guards(calls, comm, x):
+    """The watchdog's guard ``calls`` times around no MPI call."""
     for _ in range(calls):
         with collectives._watchdog("allreduce", comm, {"send": x, "recv": x}):
             pass
-    return (time.perf_counter() - t0) / calls
 
 
-def _loop_alone(calls, comm, x):
-    """The baseline of _guard_alone: the loop and the dict, no guard."""
-    t0 = time.perf_counter()
+def _dicts(calls, x):
+    """The baseline of _guards: the loop and the dict, no guard."""
     for _ in range(calls):
         {"send": x, "recv": x}
-    return (time.perf_counter() - t0) / calls
 
 
-def _fault_point_alone(calls):
-    t0 = time.perf_counter()
+def _fault_points(calls):
     for _ in range(calls):
         collectives.fault_point("checkpoint.begin")
-    return (time.perf_counter() - t0) / calls
+
+
+def _with_deadline(fn):
+    """``fn`` run under a 300 s deadline (entered once per contender's loop, as training enters it once)."""
+    def run():
+        with collectives.timeout(300):
+            fn()
+    return run
 
 
 def main(argv=None):
@@ -70,34 +72,27 @@ def main(argv=None):
     x = numpy.ones(int(args.kb * 1e3) // 4, numpy.float32)
     out = numpy.empty_like(x)
 
-    def with_deadline():
-        with collectives.timeout(300):
-            return _per_call(comm, lambda: collectives.allreduce(comm, x, out=out), args.calls)
-
-    contenders = {
-        "no deadline": lambda: _per_call(comm, lambda: collectives.allreduce(comm, x, out=out), args.calls),
-        "deadline": with_deadline,
-    }
-    times = {name: [] for name in contenders}
-    for name in contenders:                     # warm-up round, not recorded
-        contenders[name]()
-    names = list(contenders)
-    for r in range(args.rounds):
-        for name in names[r % 2:] + names[:r % 2]:   # each contender goes first in turn
-            time.sleep(args.pause)
-            times[name].append(contenders[name]())
+    per_call = lambda t: statistics.median(t) / args.calls  # noqa: E731  seconds of one call
+    allreduce = lambda: _loop(lambda: collectives.allreduce(comm, x, out=out), args.calls)  # noqa: E731
+    # Rounds alternate the contenders (rotating who goes first), a pause before each; a
+    # round's time is the slowest rank's, all ranks starting together (time_ranks).
+    times = time_ranks(comm, {"no deadline": allreduce, "deadline": _with_deadline(allreduce)}, args.rounds, 1,
+                       args.pause)
     ratios = [d / n for d, n in zip(times["deadline"], times["no deadline"])]
-
-    guard_off = statistics.median(_guard_alone(args.calls, comm, x) for _ in range(args.rounds))
-    with collectives.timeout(300):
-        guard_on = statistics.median(_guard_alone(args.calls, comm, x) for _ in range(args.rounds))
-    loop = statistics.median(_loop_alone(args.calls, comm, x) for _ in range(args.rounds))
-    fault = statistics.median(_fault_point_alone(args.calls) for _ in range(args.rounds))
+    # The guard alone, on each rank by itself, in alternating rounds too: the bare loop and dict,
+    # the guard without a deadline and with one, fault_point with REFCONV_FAULT unset.
+    alone = timing.compare({"loop": lambda: _dicts(args.calls, x),
+                            "guard off": lambda: _guards(args.calls, comm, x),
+                            "guard on": _with_deadline(lambda: _guards(args.calls, comm, x)),
+                            "fault": lambda: _fault_points(args.calls)},
+                           rounds=args.rounds, warmup=1, pause=args.pause)
+    loop, guard_off, guard_on, fault = (alone[k].median / args.calls for k in ("loop", "guard off", "guard on",
+                                                                               "fault"))
     if comm.rank == 0:
-        med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+        med = {k: per_call(v) * 1e6 for k, v in times.items()}
         print(f"allreduce of {x.nbytes} B float32 on {comm.size} ranks, median of {args.rounds} rounds "
               f"of {args.calls} calls (per call):")
-        for name in contenders:
+        for name in times:
             print(f"  {name:<12} {med[name]:7.2f} us")
         print(f"  ratio deadline / no deadline: median {statistics.median(ratios):.3f}, "
               f"rounds {min(ratios):.3f}-{max(ratios):.3f}")
