@@ -189,7 +189,6 @@ def run(args):
 
 def main(argv=None):
     """``python -m refconv.plot``: the same as ``refconv plot``."""
-
     return cli.main([NAME, *(sys.argv[1:] if argv is None else argv)])
 
 

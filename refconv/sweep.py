@@ -177,7 +177,6 @@ def format_series(table):
 
 def main(argv=None):
     """``python -m refconv.sweep``: the same as ``refconv sweep``."""
-
     return cli.main([NAME, *(sys.argv[1:] if argv is None else argv)])
 
 

@@ -59,7 +59,6 @@ def run(args):
 
 def main(argv=None):
     """``python -m refconv.bench ...``: the same as ``refconv bench ...``."""
-
     return cli.main([NAME, *(sys.argv[1:] if argv is None else argv)])
 
 

@@ -119,7 +119,6 @@ def check(outputs, reference, *, reduction_length=1, rtol=None, atol=None):
     """Raise AssertionError unless every output of ``outputs`` (``{name: array or tuple of
     arrays}``, torch tensors included) matches ``outputs[reference]`` within
     :func:`refconv.testing.assert_close`'s tolerance for that reduction length."""
-
     if reference not in outputs:
         raise ValueError(f"reference: expected one of {sorted(outputs)}, got {reference!r}")
     expected = _arrays(outputs[reference])

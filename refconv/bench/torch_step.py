@@ -92,7 +92,6 @@ def _torch():
 
 def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0):
     """``{"refconv": {pass: fn}, "torch": {pass: fn}}`` on one layer's random fp32 arrays."""
-
     rng = numpy.random.default_rng(seed)
     Ho = (H + 2 * padding - K) // stride + 1
     x = rng.standard_normal((batch, C, H, H), dtype=numpy.float32)
@@ -238,7 +237,6 @@ def refconv_step_of(model_name, batch, comm):
 def step_contenders(model_name, batch, comm, torch):
     """``({"refconv": step, "torch": step}, (refconv first loss, torch first loss))`` of one model;
     with ``comm.size > 1`` both are sample-parallel (refconv's grid, torch's DDP)."""
-
     refconv_step, model, x, y = refconv_step_of(model_name, batch, comm)
     spec = model.spec
     net = torch_model(spec, torch)
@@ -286,8 +284,6 @@ def run_step(args, comm):
 
 def _init_torch_distributed(comm, torch):
     """gloo over loopback, rendezvous through MPI (rank 0's free port)."""
-
-
     port = None
     if comm.Get_rank() == 0:
         with socket.socket() as s:
@@ -304,7 +300,6 @@ def _init_torch_distributed(comm, torch):
 def run_columns(args):
     """Forward + backward-filter with the columns recomputed in each pass, against computed once
     and kept (``cols=``), on the pass shapes; prints the time saved and the memory it holds."""
-
     shapes = _shapes(args)
     print(f"{'shape':<11}{'recomputed ms':>24}{'kept ms':>24}{'kept vs recomputed':>22}{'held MiB':>10}")
     for name, (C, F, H, K, stride, padding) in shapes.items():
@@ -337,8 +332,6 @@ def run_memory(args, comm):
     """Peak memory of one DistConv2d forward and backward (sample-parallel on ``comm``),
     from tracemalloc: the arrays alive before the passes (x_loc, the weight) plus the
     passes' own peak, against the layer's x, y, w and dw together."""
-
-
     C, F, H, K, stride, padding = MEMORY_LAYER
     batch = args.batch or 8
     grid = ProcessGrid(comm, sample=comm.Get_size())
@@ -400,7 +393,6 @@ PROFILE_ROWS = 15
 
 def _blas_kernels():
     """OpenBLAS's kernel set (``OPENBLAS_CORETYPE`` overrides what it detects): it changes GEMM speed."""
-
     found = [f"{p['internal_api']} {p.get('version')} {p.get('architecture')}" for p in threadpool_info()
              if p["user_api"] == "blas" and "numpy" in p["filepath"]]
     return ", ".join(found) or "unknown"
@@ -421,7 +413,6 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-
     comm = MPI.COMM_WORLD
     choice = threads.configure(comm, args.threads)
     if args.what == "memory":

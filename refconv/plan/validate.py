@@ -130,7 +130,6 @@ def conv_layer(N, C, F, H, K):
 
 def built_layer(sub, dims, grid_shape, algorithm, p_f):
     """(grid, a forward + backward callable) of one strategy on the group ``sub``."""
-
     N, C, F, H, K = dims
     grid = ProcessGrid(sub, **dict(zip(perf.AXES, grid_shape)))
     layer = DistConv2d(C, F, K, padding=K // 2, grid=grid, algorithm=algorithm, filter_groups=p_f, backend="numpy",
@@ -228,7 +227,6 @@ def model_rows(world, machine, steps, batch=4, image=8, tabled=None):
 
     ``name`` is "planned" (priced with ``machine``) and with ``tabled`` (a machine with a
     table) also "planned (table)", which is timed only if it is another plan."""
-
     P, shape = world.Get_size(), (batch, 8, image, image)
     predicted = {}
     for name, m in (("planned", machine), ("planned (table)", tabled)):
