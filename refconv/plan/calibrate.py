@@ -85,8 +85,9 @@ def add_arguments(p):
 
 def _median_time(comm, fn, repeats, window):
     """Median seconds of one call of ``fn`` on the slowest rank, each sample ``window``
-    seconds of calls back to back on every rank at once (no pause: a collective or one
-    BLAS thread per rank leaves no spinning workers)."""
+    seconds of calls back to back on every rank at once.  No pause: the samples run back to
+    back as training's calls do, at the BLAS threads training pins (one per rank once the
+    ranks fill the cores, so no worker spins between samples)."""
     return statistics.median(time_ranks(comm, {"fn": fn}, repeats, 0, 0.0, window=window)["fn"])
 
 
@@ -135,7 +136,6 @@ def collective_calls(kind, sub, nbytes):
     The channel collectives work on activations split along the channel axis (axis 1 of
     ``(n, C, h, w)``), as the algorithms call them, so their packing is timed too.
     """
-
     q, me = sub.Get_size(), sub.Get_rank()
     n = max(q, nbytes // 4 // q * q)  # float32 elements, a multiple of q
     x = numpy.ones(n, numpy.float32)
@@ -272,8 +272,6 @@ def measure_compute(comm, backend, quick):
 def measure_layer_overhead(comm, kernel_fits, quick, repeats):
     """(bytes, seconds): a one-rank DistConv2d's forward + backward less its three kernels
     as fitted, against the bytes of its input and output."""
-
-
     grid = ProcessGrid(MPI.COMM_SELF)
     rng = numpy.random.default_rng(0)
     xs, ys = [], []
@@ -360,7 +358,6 @@ def measure_conv_table(comm, backend, shapes, repeats, say=lambda *a: None):
 def calibrate(comm, backend_name="auto", quick=False, name="this-machine", shapes=(), say=lambda *a: None):
     """The machine file as a dict (every rank gets the same); ``shapes`` (ConvShapes, e.g. of
     :func:`model_shapes`) are timed into ``compute.conv_table`` as well."""
-
     backend = get_backend(backend_name)
     started = time.perf_counter()
     load = os.getloadavg()[0]  # a shared machine measures slow when busy: the file says how busy
