@@ -125,3 +125,26 @@ def test_schema_checker_finds_each_problem(tmp_path):
     path.write_text(json.dumps(good) + "\nnot json\n")
     with pytest.raises(ValueError, match=r"mixed.jsonl:2: not a JSON line"):
         read_lines(path)
+
+
+def _module(name, args, ranks=2):
+    """``mpiexec -n RANKS python -m refconv.bench.NAME ARGS`` with one BLAS thread per rank."""
+    return subprocess.run([find_mpiexec(), "-n", str(ranks), sys.executable, "-m", f"refconv.bench.{name}", *args],
+                          capture_output=True, text=True, timeout=TIMEOUT,
+                          env={k: v for k, v in dict(os.environ, OMP_NUM_THREADS="1").items()
+                               if k != "REFCONV_TIMEOUT"})
+
+
+def test_watchdog_bench_prints_the_ratio_and_the_guard():
+    r = _module("watchdog", ["--rounds", "2", "--calls", "5", "--pause", "0"])
+    assert r.returncode == 0, r.stderr
+    assert "allreduce of 4000 B float32 on 2 ranks, median of 2 rounds of 5 calls" in r.stdout
+    assert "ratio deadline / no deadline: median" in r.stdout and "fault_point with REFCONV_FAULT unset" in r.stdout
+
+
+def test_longrun_bench_reads_memory_on_every_rank():
+    r = _module("longrun", ["--steps", "4", "--warmup", "2", "--samples", "32", "--grid", "channel=2"])
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.lstrip().startswith("rank ")]
+    assert [line.split(":")[0].strip() for line in lines] == ["rank 0", "rank 1"], r.stdout
+    assert all("MB per 1000 steps" in line for line in lines)
