@@ -3,10 +3,11 @@ and the cost model, and padding modes in the one-rank halo (the distributed prop
 draw them too: tests/mpi/test_distconv.py)."""
 
 import numpy
+import pytest
 from hypothesis import given, settings
 from mpi4py import MPI
 
-from refconv import Model, checks, cost_model
+from refconv import Model, algorithms, checks, cost_model
 from refconv.halo import Halo
 from refconv.plan import graph
 from refconv import reference as ref
@@ -64,8 +65,6 @@ def test_one_rank_halo_window_is_the_padded_image(problem):
 
 
 def test_records_take_the_name_choose_returns_for_a_grouped_layer():
-    from refconv import algorithms
-
     geom = algorithms.ConvGeometry.of((2, 8, 6, 6), (8, 1, 3, 3), groups=8, padding=1)
     name, p_f, table = algorithms.choose(geom, (1, 2, 1, 1))
     calls = algorithms.records(name, geom, (1, 2, 1, 1), (0, 0, 0, 0), p_f)
@@ -76,10 +75,6 @@ def test_records_take_the_name_choose_returns_for_a_grouped_layer():
 def test_filter_groups_error_offers_only_divisors_of_a_spanned_group():
     """groups=2 on channel=8 (a group spans 4 ranks): a p_f that divides neither P_c nor 4 is
     refused with the divisors of 4, not of P_c (8 would then be refused in turn)."""
-    import pytest
-
-    from refconv import algorithms
-
     for p_f in (3, 8):
         with pytest.raises(ValueError, match=r"expected a divisor of grid\.P_c/groups=4 .*\(one of \[1, 2, 4\]\)"):
             algorithms.resolve("stationary-w", 8, p_f, 2, (16, 16))
