@@ -23,6 +23,7 @@ from refconv import algorithms, checks
 from refconv.backend import BACKENDS
 from refconv.collectives import TRAINING_TIMEOUT_S, env_timeout
 from refconv.grid import AXES
+from refconv.plan.machine import DEFAULT_MACHINE, builtin_names
 
 GRID_AXES = AXES        # the axes --grid takes (refconv.grid's)
 MAX_CLASSES = 100_000   # a classifier head beyond this is a mistake (a label of 2**40), not a model
@@ -150,8 +151,8 @@ OPTIONS = (
            "p_f of stationary-w, a divisor of the channel size; only with --algorithm stationary-w",
            parse=int),
     Option("machine", None, _instance((str, type(None)), "a machine file or a built-in name"), STRATEGY,
-           "what --algorithm auto prices with: a machine file (refconv calibrate) or a built-in name "
-           "(dev-cpu, v100-edr, h200-node); unset: the built-in v100-edr figures, with a warning", parse=str),
+           f"what --algorithm auto prices with: a machine file (refconv calibrate) or a built-in name "
+           f"({', '.join(builtin_names())}); unset: the built-in {DEFAULT_MACHINE} figures, with a warning", parse=str),
     Option("model", "digits-cnn", _instance((str, dict), "a preset name, a JSON/YAML path or a spec dict"), DATA,
            "preset (digits-cnn, resnet50, resnet50-wide2, resnet50-wide4) or a JSON/YAML model file", parse=str,
            metavar="PRESET|FILE"),
