@@ -407,7 +407,7 @@ def test_plan_runs_with_a_tabled_machine_file(tmp_path):
     (("--batch", "8"), "--batch: given without --model"),
     (("--model", "digits-cnn"), "--batch, --image-size, --max-shapes: expected positive ints"),
     (("--model", "digits-cnn", "--batch", "8", "--max-shapes", "2"), "--max-shapes: the model has"),
-    (("--model", "no-such.yaml", "--batch", "8"), "--model: spec: file 'no-such.yaml' does not exist"),
+    (("--model", "no-such.yaml", "--batch", "8"), "--model: file 'no-such.yaml' does not exist"),
 ])
 def test_calibrate_model_bad_input_is_one_line_and_status_2(tmp_path, args, needle):
     r = _refconv("calibrate", "--out", str(tmp_path / "m.yaml"), "--quick", *args)

@@ -53,10 +53,10 @@ from refconv import ProcessGrid, collectives, device, threads
 from refconv.backend import BACKENDS, get_backend
 from refconv.bench.common import time_ranks
 from refconv.layers import DistConv2d
-from refconv.model_spec import load_spec
 from refconv.plan import graph, search
 from refconv.plan import machine as machine_mod
 from refconv.plan.machine import CONV_OPS, KINDS
+from refconv.train import load_model_spec
 
 COMPUTE_WINDOW_S = 0.02  # each compute sample: this long back to back on every rank at once
 COLLECTIVE_WINDOW_S = 0.005  # each collective sample: this long back to back
@@ -418,10 +418,7 @@ def _model_shapes(args, P):
     if args.batch is None or args.batch < 1 or args.image_size < 1 or args.max_shapes < 1:
         raise ValueError(f"--batch, --image-size, --max-shapes: expected positive ints with --model, got "
                          f"{args.batch}, {args.image_size}, {args.max_shapes}")
-    try:
-        spec = load_spec(args.model)
-    except Exception as exc:  # noqa: BLE001  a model file that does not parse
-        raise ValueError(f"--model: {exc}") from None
+    spec = load_model_spec(args.model)  # a file that does not parse: "--model: ..." (as refconv train and plan)
     in_channels = spec.get("in_channels", 3) if isinstance(spec, dict) else 3
     shapes = model_shapes(spec, (args.batch, in_channels, args.image_size, args.image_size), P,
                           machine_mod.load(machine_mod.DEFAULT_MACHINE))  # any machine: only the shapes count
