@@ -39,8 +39,9 @@ def add_arguments(p):
     p.add_argument("--num-classes", type=int, default=None, help="classes of a preset's classifier "
                                                                   "(default: the preset's)")
     p.add_argument("--machine", default=None,
-                   help="a machine file (refconv calibrate --out) or a built-in name (dev-cpu, v100-edr, "
-                        "h200-node); unset: the built-in v100-edr figures, with a warning")
+                   help=f"a machine file (refconv calibrate --out) or a built-in name "
+                        f"({', '.join(machine_mod.builtin_names())}); unset: the built-in "
+                        f"{machine_mod.DEFAULT_MACHINE} figures, with a warning")
     p.add_argument("--memory-per-rank", type=float, default=None, metavar="GiB", help="memory limit per rank")
     p.add_argument("--out", default=None, help="write the planned model file here (.yaml or .json)")
     return p

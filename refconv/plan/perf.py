@@ -29,7 +29,7 @@ import math
 
 import numpy
 
-from refconv import algorithms
+from refconv import algorithms, checks
 from refconv.algorithms import candidates, layer_records
 from refconv.distribution import Distribution
 from refconv.plan.machine import ConvShape
@@ -50,7 +50,7 @@ def _pair(v):
 @functools.lru_cache(maxsize=None)
 def grids(P):
     """Every factorisation of ``P`` into ``(P_N, P_c, P_H, P_W)``."""
-    divisors = [d for d in range(1, P + 1) if P % d == 0]
+    divisors = checks.divisors(P)
     out = []
     for a, b, c in itertools.product(divisors, repeat=3):
         if P % (a * b * c) == 0:
