@@ -64,7 +64,16 @@ def refconv(*args):
 # searches every factorisation of the 4 ranks into
 # `sample x channel x height x width` for every layer, every channel algorithm
 # and `p_f`, and the redistributions between layers, by dynamic programming
-# over the chain of layers.
+# over the chain of layers. Grouped and depthwise convolutions are planned
+# too, among the classes that run them ("grouped", or X, Y and W within each
+# group: `docs/grouped.md`); the model file the planner writes asks for each by
+# a name a layer accepts (`refconv.algorithms.asked_as`).
+#
+# For a model you mean to run, `refconv calibrate --model NAME --batch B`
+# also times every local convolution shape the planner prices for it on your
+# ranks, into the machine file's `conv_table`; `refconv train --algorithm auto
+# --machine FILE` prices each convolution with the same model
+# (`docs/planning.md`).
 
 # %%
 plan_text = refconv("plan", "--model", "digits-cnn", "--ranks", "4", "--batch", "32", "--image-size", "16",
