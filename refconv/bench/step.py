@@ -12,7 +12,6 @@ step in PyTorch is timed beside it (:func:`torch_comparison`).
 """
 
 import importlib.util
-import math
 
 import numpy
 
@@ -79,9 +78,7 @@ def torch_comparison(model_name, batch, comm, repeat, warmup, pause):
 
     threads.match(torch)  # the same threads as refconv's contender
 
-    contenders, (ours, theirs) = torch_step.step_contenders(model_name, batch, comm, torch)
-    if not math.isclose(ours, theirs, rel_tol=1e-3):
-        raise AssertionError(f"{model_name}: first-step losses differ: refconv {ours:.6f}, torch {theirs:.6f}")
+    contenders, _ = torch_step.step_contenders(model_name, batch, comm, torch)  # checks the first losses agree
     spans = timing.compare(contenders, rounds=repeat, warmup=warmup, pause=pause)
     return {"torch_step_s": spans["torch"].as_dict(), "vs_torch": timing.ratio(spans, "torch", "refconv").as_dict()}
 
