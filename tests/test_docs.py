@@ -1,6 +1,6 @@
 """The docs cannot rot: their code runs and the outputs they show are regenerated and compared.
 
-- Every ```python block in docs/ and tutorials/ runs (blocks of one page share a
+- Every ```python block in docs/, tutorials/ and README.md runs (blocks of one page share a
   namespace and run in a temporary directory).  A ```text block marked
   ``<!-- output: python -->`` must be what the python block above it printed.
 - Every ```console block marked ``<!-- output -->`` (in docs/, tutorials/ or
@@ -21,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import doc_outputs  # noqa: E402  (scripts/ is not a package)
 
-PAGES = sorted([*ROOT.glob("docs/*.md"), *ROOT.glob("tutorials/*.md")])
+PAGES = sorted([*ROOT.glob("docs/*.md"), *ROOT.glob("tutorials/*.md")]) + [ROOT / "README.md"]  # its layer script too
 
 
 def _name(path):
