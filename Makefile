@@ -1,6 +1,7 @@
 # make demo  -- set up a virtual environment and run the main job
-# make test  -- set up a virtual environment and run the whole test suite
-# make test-fast -- the quick set only (skips tests marked slow)
+# make test  -- set up a virtual environment and run the whole test suite (what CI runs;
+#               the extended set is left out, by pyproject.toml's addopts)
+# make test-fast -- the quick set only (skips tests marked slow, and extended)
 # make test-extended -- the long set the default run leaves out (fault injection, executed site, ...)
 
 VENV   ?= .venv
