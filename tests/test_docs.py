@@ -12,7 +12,10 @@ When a check fails, ``.venv/bin/python scripts/doc_outputs.py --write <page>``
 rewrites the page's blocks; read the new output before committing it.
 """
 
+import importlib.util
 import pathlib
+import pydoc
+import re
 import sys
 
 import pytest
@@ -47,6 +50,21 @@ def test_code_blocks_run(page, tmp_path, monkeypatch):
     for block in doc_outputs.parse(text, _name(page)):
         if block.kind == "python":
             _compare(block, doc_outputs.python_body(block, printed))
+
+
+NAMED = re.compile(r"`(refconv(?:\.[A-Za-z_]\w*)+)")  # `refconv.plan.perf.local_conv_shape`, ...
+
+
+def test_named_refconv_objects_exist():
+    """Every `refconv.x.y` a page or tutorial names in code font is a module or an attribute today
+    (refconv.torch's only where torch is installed, as in CI)."""
+    sources = [*PAGES, *ROOT.glob("tutorials/*.py")]
+    names = {(_name(p), n) for p in sources for n in NAMED.findall(p.read_text())}
+    if importlib.util.find_spec("torch") is None:
+        names = {(p, n) for p, n in names if not n.startswith("refconv.torch")}
+    assert len(names) > 50  # the pattern still finds the pages' names
+    missing = sorted(f"{page}: {name}" for page, name in names if pydoc.locate(name) is None)
+    assert not missing, "named in the docs but not in refconv:\n" + "\n".join(missing)
 
 
 def test_output_markers_are_well_formed():
