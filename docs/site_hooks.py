@@ -27,7 +27,7 @@ API = {
     "layers": ("Layers", ["refconv.layers"]),
     "algorithms": ("Algorithms", ["refconv.algorithms", "refconv.algorithms.spatial",
                                   "refconv.algorithms.stationary_x", "refconv.algorithms.stationary_y",
-                                  "refconv.algorithms.stationary_w"]),
+                                  "refconv.algorithms.stationary_w", "refconv.algorithms.grouped"]),
     "collectives": ("Collectives", ["refconv.collectives"]),
     "distribution": ("Grid, distributions, halos", ["refconv.grid", "refconv.distribution", "refconv.sharding",
                                                      "refconv.halo"]),
