@@ -1,11 +1,13 @@
 """The documentation site builds with ``mkdocs build --strict``: no broken link, no missing page.
 
-Needs the ``docs`` extra (mkdocs-material, mkdocs-jupyter, mkdocstrings); without
-mkdocs the test is skipped, saying so.  The default test builds without executing
+Needs the ``docs`` extra (mkdocs-material, mkdocs-jupyter, mkdocstrings), which the
+``test`` extra pulls in: without mkdocs the tests fail, saying what to install (a
+skip here could only hide a broken install).  The default test builds without executing
 the notebooks (tests/test_tutorials.py runs them); the ``extended`` one builds the
 site as ``make docs`` does, notebooks executed, and looks for their outputs.
 """
 
+import functools
 import importlib.util
 import os
 import pathlib
@@ -15,8 +17,14 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-needs_mkdocs = pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
-                                  reason="mkdocs is not installed: pip install -e '.[docs]'")
+
+
+def needs_mkdocs(test):
+    """Fail, naming the install, when mkdocs is missing (``pip install -e '.[test]'`` brings it)."""
+    def run(*args, **kwargs):
+        assert importlib.util.find_spec("mkdocs") is not None, "mkdocs is not installed: pip install -e '.[test]'"
+        return test(*args, **kwargs)
+    return functools.wraps(test)(run)
 
 
 def build(site, execute, timeout):
