@@ -23,7 +23,7 @@ from refconv.bench import collectives, common, kernels, layer, step
 NAME = "bench"
 SUBCOMMANDS = {
     "kernels": (kernels, "the convolution kernels of one process vs cuDNN (GPU) or torch (CPU)"),
-    "collectives": (collectives, "allreduce bandwidth: refconv.collectives vs raw mpi4py"),
+    "collectives": (collectives, "allreduce, reduce-scatter or allgather (--op): refconv.collectives vs raw mpi4py"),
     "layer": (layer, "one DistConv2d forward + backward per strategy: time and bytes per collective"),
     "step": (step, "one training step of a model preset: time and bytes per collective"),
 }
