@@ -84,6 +84,17 @@ def test_harness_reports_failed_rank_and_continues():
 
 
 @pytest.mark.mpi
+def test_harness_keeps_a_failure_report_the_job_lost():
+    path = str(FIXTURES / "silent_failure.py")
+    tests = mpirun.list_tests([path])[path]
+    out = mpirun.run_file(path, 2, tests)["test_fails_silently_on_rank_1"]
+    assert not out.passed
+    assert "reports the job lost" in out.output
+    assert "FAIL test_fails_silently_on_rank_1 rank 1" in out.output
+    assert "deliberate silent failure on rank 1" in out.output
+
+
+@pytest.mark.mpi
 def test_harness_missing_mpiexec_fails(monkeypatch):
     monkeypatch.setattr(mpirun, "find_mpiexec", lambda: None)
     t = mpirun.MpiTest("x.py", "test_x", (2,), 5.0)

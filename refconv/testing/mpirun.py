@@ -40,6 +40,10 @@ and ``@@refconv-mpi PASS <name>`` once every rank finished it (barrier).  An
 exception prints ``@@refconv-mpi FAIL <name> rank <r>`` and the traceback, then
 ``MPI.COMM_WORLD.Abort(1)`` ends the job in seconds.  A watchdog thread prints
 ``rank r: TIMEOUT in test <name>`` and exits after ``timeout`` seconds.
+Abort can kill the job before mpiexec has forwarded the failing rank's last
+lines, so a rank also writes each failure report to a file in the directory
+named by ``REFCONV_MPI_REPORTS`` (the launcher sets it) before it aborts; the
+launcher appends any report missing from the captured output.
 
 The pytest side (``run_file``) reports the aborted test failed with the
 captured output (naming the rank), then re-launches the remaining tests of the
@@ -63,6 +67,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -71,6 +76,7 @@ MARK = "@@refconv-mpi"
 SLACK_S = 30.0
 DEFAULT_SIZES = (1, 2, 3, 4)
 _MARKER = re.compile(re.escape(MARK) + r" (START|PASS|FAIL) (\S+)")
+REPORTS_ENV = "REFCONV_MPI_REPORTS"
 
 
 def mpi_test(fn=None, *, sizes=DEFAULT_SIZES, timeout=60):
@@ -111,9 +117,20 @@ def _say(text):
     sys.stdout.flush()
 
 
+def _report(rank, text):
+    """Say a failure report, and keep it in a file the launcher reads if mpiexec loses it."""
+    _say(text)
+    directory = os.environ.get(REPORTS_ENV)
+    if directory:
+        with open(os.path.join(directory, f"rank{rank}-{time.monotonic_ns()}.txt"), "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def _watchdog(rank, name, timeout, done):
     if not done.wait(timeout):
-        _say(f"rank {rank}: TIMEOUT in test {name} after {timeout:g} s")
+        _report(rank, f"rank {rank}: TIMEOUT in test {name} after {timeout:g} s")
         sys.stderr.flush()
         os._exit(3)
 
@@ -128,7 +145,7 @@ def run_rank(path, size, only=None):
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     if comm.Get_size() != size:
-        _say(f"{MARK} FAIL <launch> rank {rank}\nworld size is {comm.Get_size()}, "
+        _report(rank, f"{MARK} FAIL <launch> rank {rank}\nworld size is {comm.Get_size()}, "
              f"--size says {size}")
         comm.Abort(1)
     register_profiles()
@@ -136,7 +153,7 @@ def run_rank(path, size, only=None):
     try:
         tests = _registered(_import(path))
     except BaseException:
-        _say(f"{MARK} FAIL <import> rank {rank}\n{traceback.format_exc()}")
+        _report(rank, f"{MARK} FAIL <import> rank {rank}\n{traceback.format_exc()}")
         comm.Abort(1)
     tests = [(n, f) for n, f in tests
              if size in f.mpi_sizes and (only is None or n in only)]
@@ -149,9 +166,9 @@ def run_rank(path, size, only=None):
         try:
             fn()
         except BaseException:
-            _say(f"{MARK} FAIL {name} rank {rank}\n"
-                 + "".join(f"[rank {rank}] {line}\n"
-                           for line in traceback.format_exc().rstrip().splitlines()))
+            _report(rank, f"{MARK} FAIL {name} rank {rank}\n"
+                    + "".join(f"[rank {rank}] {line}\n"
+                              for line in traceback.format_exc().rstrip().splitlines()))
             sys.stderr.flush()
             comm.Abort(1)
         comm.Barrier()
@@ -232,15 +249,28 @@ def launch(path, size, names, timeout):
     cmd = [mpiexec, "-n", str(size), sys.executable, "-m", "mpi4py",
            "-m", "refconv.testing.mpirun", os.path.abspath(path), "--size", str(size),
            "--only", ",".join(names)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=_env(), start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return None, out + f"\n[harness] launch killed after {timeout:g} s\n"
+    with tempfile.TemporaryDirectory(prefix="refconv-mpi-") as reports:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=_env() | {REPORTS_ENV: reports}, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            out, rc = out + f"\n[harness] launch killed after {timeout:g} s\n", None
+        return rc, out + _lost_reports(reports, out)
+
+
+def _lost_reports(directory, out):
+    """The rank failure reports in ``directory`` that the captured output ``out`` lacks."""
+    lost = ""
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name)) as f:
+            report = f.read().strip()
+        if report not in out:
+            lost += report + "\n"
+    return f"[harness] reports the job lost when it ended:\n{lost}" if lost else ""
 
 
 def run_file(path, size, tests):
