@@ -67,3 +67,25 @@ def test_torch_comparison_runs_and_checks_first(capsys):
     out = capsys.readouterr().out
     assert "geometric mean vs torch, backward-filter" in out
     assert "digits-cnn batch 4: first loss refconv" in out
+
+
+@pytest.mark.parametrize("shape", [(4, 6, 5, 3, 1, 1), (3, 2, 7, 3, 2, 0), (5, 4, 6, 1, 1, 0)])
+def test_gemm_floor_contender_is_the_pass_product(shape):
+    # `passes`' GEMM contender must do the pass's own arithmetic, or its floor means nothing:
+    # its products, laid back out, are refconv's forward and backward-filter, and backward-data's
+    # columns, which col2im turns into dx.
+    torch = pytest.importorskip("torch")
+    from refconv.bench import torch_step
+    from refconv.reference import conv as ref_conv
+
+    C, F, H, K, stride, padding = shape
+    N = 2
+    fns = torch_step.pass_contenders(C, F, H, K, stride, padding, N, torch)
+    gemm, mine = fns["GEMM"], fns["refconv"]
+    y, dx, dw = (mine[p]() for p in torch_step.PASSES)
+    Ho = y.shape[2]
+    numpy.testing.assert_allclose(gemm["forward"]().reshape(F, N, Ho, Ho).transpose(1, 0, 2, 3), y, rtol=1e-5, atol=1e-5)
+    numpy.testing.assert_allclose(gemm["backward-filter"]().reshape(F, C, K, K), dw, rtol=1e-5, atol=1e-5)
+    dcols = gemm["backward-data"]().reshape(C, K, K, N, Ho, Ho).transpose(3, 0, 1, 2, 4, 5)
+    numpy.testing.assert_allclose(ref_conv.col2im(dcols, dx.shape, (stride,) * 2, (padding,) * 2, (1, 1)), dx,
+                                  rtol=1e-5, atol=1e-5)

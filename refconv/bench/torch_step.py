@@ -10,7 +10,10 @@
 - ``passes``: forward, backward-data and backward-filter of the numpy backend
   against ``torch.nn.functional.conv2d`` and its gradients, on the five
   ResNet-50 3x3 and stem shapes plus a 1x1 layer; prints the geometric mean
-  of the per-shape ratios for each pass.
+  of the per-shape ratios for each pass.  A third contender, ``GEMM``, is the
+  pass's matrix product alone on operands built beforehand: the floor of any
+  im2col formulation on numpy's BLAS, so ``refconv / GEMM`` is what the copies
+  around it cost.
 - ``step``: one training step (forward, loss, backward, SGD update) of a model
   preset built by ``refconv.Model.from_spec`` against the same model written in
   PyTorch (``torch.nn`` modules built from the same spec, holding the same
@@ -62,7 +65,8 @@ SHAPES = {
     "conv1": (3, 64, 224, 7, 2, 3),
     "conv4-1x1": (1024, 256, 14, 1, 1, 0),
 }
-EXTRA_SHAPES = {"foundation": (64, 64, 32, 3, 1, 1)}  # the foundation issue's layer (use --batch 32)
+EXTRA_SHAPES = {"foundation": (64, 64, 32, 3, 1, 1),  # the foundation issue's layer (use --batch 32)
+                "digits2": (32, 32, 16, 3, 1, 1), "digits3": (32, 64, 8, 3, 1, 1)}  # the digits CNN's (--batch 64)
 QUICK_SHAPES = {"quick3x3": (8, 8, 8, 3, 1, 1), "quick1x1": (8, 4, 6, 1, 1, 0)}
 PASSES = ("forward", "backward-data", "backward-filter")
 
@@ -99,6 +103,10 @@ def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0):
     dy = rng.standard_normal((batch, F, Ho, Ho), dtype=numpy.float32)
     g = dict(stride=stride, padding=padding)
     xt, wt, dyt = (torch.from_numpy(a) for a in (x, w, dy))
+    # The GEMM of each pass alone, on operands laid out as the numpy backend multiplies them.
+    cols = ref_conv.conv2d_columns(x, w.shape, **g)[0]  # (C K K, N Ho Wo)
+    w_2d = w.reshape(F, C * K * K)
+    dy_2d = numpy.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(F, -1)  # (F, N Ho Wo)
     return {
         "refconv": {"forward": lambda: ref.conv2d_forward(x, w, **g),
                     "backward-data": lambda: ref.conv2d_backward_data(dy, w, x.shape, **g),
@@ -106,6 +114,9 @@ def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0):
         "torch": {"forward": lambda: torch.nn.functional.conv2d(xt, wt, **g),
                   "backward-data": lambda: torch.nn.grad.conv2d_input(xt.shape, wt, dyt, **g),
                   "backward-filter": lambda: torch.nn.grad.conv2d_weight(xt, wt.shape, dyt, **g)},
+        "GEMM": {"forward": lambda: w_2d @ cols,
+                 "backward-data": lambda: w_2d.T @ dy_2d,
+                 "backward-filter": lambda: dy_2d @ cols.T},
     }
 
 
@@ -124,14 +135,15 @@ def _shapes(args):
 def run_passes(args):
     torch = _torch()
     ratios = {p: [] for p in PASSES}
-    print(f"{'shape':<11}{'pass':<17}{'refconv ms':>24}{'GFLOP/s':>9}{'torch ms':>24}{'GFLOP/s':>9}{'vs torch':>20}")
+    print(f"{'shape':<11}{'pass':<17}{'refconv ms':>24}{'GFLOP/s':>9}{'torch ms':>24}{'GFLOP/s':>9}{'vs torch':>20}"
+          f"{'GEMM ms':>24}{'refconv / GEMM':>20}")
     for name, (C, F, H, K, stride, padding) in _shapes(args).items():
         Ho = (H + 2 * padding - K) // stride + 1
         gflop = 2 * args.batch * F * Ho * Ho * C * K * K / 1e9  # each pass does the same arithmetic
         fns = pass_contenders(C, F, H, K, stride, padding, args.batch, torch)
         for p in PASSES:
             contenders = {who: fns[who][p] for who in fns}
-            outputs = {who: fn() for who, fn in contenders.items()}
+            outputs = {who: contenders[who]() for who in ("refconv", "torch")}  # GEMM's is not the answer
             length = {"forward": C * K * K, "backward-data": F * K * K, "backward-filter": args.batch * H * H}[p]
             # fp32 sums of `length` O(1) terms: error ~ eps * sqrt(length) relative to the largest value
             scale = float(numpy.abs(numpy.asarray(outputs["torch"])).max())
@@ -140,7 +152,8 @@ def run_passes(args):
             r = timing.ratio(spans, "torch", "refconv")
             ratios[p].append(r.median)
             print(f"{name:<11}{p:<17}{spans['refconv'].format():>24}{gflop / spans['refconv'].median:>9.1f}"
-                  f"{spans['torch'].format():>24}{gflop / spans['torch'].median:>9.1f}{r.format(1, '', 2):>20}")
+                  f"{spans['torch'].format():>24}{gflop / spans['torch'].median:>9.1f}{r.format(1, '', 2):>20}"
+                  f"{spans['GEMM'].format():>24}{timing.ratio(spans, 'refconv', 'GEMM').format(1, '', 2):>20}")
     for p in PASSES:
         print(f"geometric mean vs torch, {p}: {_geomean(ratios[p]):.2f}")
     return 0
