@@ -156,6 +156,7 @@ for P_c_case, q, nbytes, ring in rows:
 assert rows[0][3] > rows[1][3] > rows[2][3] == 0
 w_ranks = cases[2]["ranks"]
 assert all(info["w_loc"][:2] == [F // p_f, C // (P_c // p_f)] for info in w_ranks)      # w[F_a, C_b]: 4 x 4
-assert [r[1] for r in w_ranks[0]["records"][:4]] == [p_f, P_c // p_f, P_c // p_f, p_f]  # two pairs, smaller groups
+activation_calls = [r for r in w_ranks[0]["records"] if r[0] != "allreduce"]
+assert [r[1] for r in activation_calls] == [p_f, P_c // p_f, P_c // p_f, p_f]  # two pairs, smaller groups
 assert all(a > b for a, b in zip(ring_per_rank, ring_per_rank[1:]))
 print("tutorial 7: all checks passed")

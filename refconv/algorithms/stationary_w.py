@@ -22,6 +22,14 @@ b, db      ``b[F_i]``                                 backward: allreduce of db 
 gathered ``x`` pieces (by ``a``) is the order of ``C_b`` in the weight, so the
 non-contiguous block needs no reordering.
 
+So the code is Stationary-X with one collective before it and one after: the
+class extends :class:`.StationaryX`, whose channel group is here the ``p_c'``
+ranks ``(a, .)``.  ``forward`` allgathers ``x`` over ``(., b)`` and hands
+``x[:, C_b]`` to X's forward (halo exchange, local conv, reduce-scatter of the
+partial ``y``).  ``backward`` runs X's backward (allgather of ``dy``, local
+backward, halo return, segmented allreduce of ``dw`` and ``db``) and then
+reduce-scatters the partial ``dx`` over ``(., b)``.
+
 A grouped layer whose groups span ranks (``groups`` dividing ``P_c``: docs/grouped.md)
 runs W within each group: ``P_c = groups x p_f x p_c'``, coordinate
 ``i = g q + a p_c' + b`` with ``q = P_c/groups``, every collective among the ranks
@@ -30,8 +38,8 @@ For an ungrouped layer ``groups = 1`` and ``g = 0``.
 """
 
 from refconv import checks, collectives
-from refconv.algorithms.base import (Algorithm, Call, gradient_records, halo_records, local_blocks,
-                                    segmented_allreduce)
+from refconv.algorithms.base import Call, gradient_records, halo_records, local_blocks
+from refconv.algorithms.stationary_x import StationaryX
 from refconv.distribution import Split, block_sizes
 
 
@@ -46,14 +54,22 @@ def _groups(geom, P_c, p_f, c):
             [f_counts[first + a * p_cp + j] for j in range(p_cp)])
 
 
-class StationaryW(Algorithm):
+class StationaryW(StationaryX):
     name = "stationary-w"
 
     def __init__(self, grid, geom, backend, filter_groups):
-        super().__init__(grid, geom, backend, filter_groups)
-        self.comm_f, self.comm_c = grid.stationary_w_comms(filter_groups, geom.groups)  # (g, ., b) and (g, a, .)
-        self.c_counts, self.f_counts = _groups(geom, grid.P_c, filter_groups, grid.coords[1])
+        super().__init__(grid, geom, backend, filter_groups)  # X's state, over the p_c' ranks (g, a, .)
+        self.gather_comm = grid.stationary_w_comms(filter_groups, geom.groups)[0]  # the p_f ranks (g, ., b)
         self._local["groups"] = 1  # within a group: this rank's channels all belong to group g
+
+    @staticmethod
+    def channel_group(grid, geom, filter_groups):
+        """X's channel group here: the ``p_c'`` ranks ``(g, a, .)``, which sum the partial ``y``,
+        with ``f_counts`` their ``|F_i|`` (the blocks of ``F_a``).  ``c_counts`` are the ``|C_i|``
+        of the ``p_f`` ranks ``(g, ., b)`` of ``gather_comm``, whose allgather makes ``C_b``."""
+        comm_c = grid.stationary_w_comms(filter_groups, geom.groups)[1]
+        c_counts, f_counts = _groups(geom, grid.P_c, filter_groups, grid.coords[1])
+        return comm_c, c_counts, f_counts
 
     @staticmethod
     def resolve_filter_groups(P_c, filter_groups, groups=1):
@@ -80,31 +96,30 @@ class StationaryW(Algorithm):
     def records(geom, grid_shape, coords, filter_groups):
         """This rank's calls, in order: the allgather of x over (., b), the halo exchange, the
         reduce-scatter of y over (a, .); the allgather of dy over (a, .), the halo return, the
-        reduce-scatter of dx over (., b), then the segmented allreduce."""
+        segmented allreduce (the end of X's backward), then the reduce-scatter of dx over (., b)."""
         b, P_c = local_blocks(geom, grid_shape, coords), grid_shape[1]
         c_counts, f_counts = _groups(geom, P_c, filter_groups, coords[1])
         C_b, F_a = sum(c_counts), sum(f_counts)
         exchange, back = halo_records(geom, grid_shape, coords, C_b)
         x_b = b.n * C_b * b.h * b.w * geom.itemsize  # the gathered x, and the partial dx
         y_a = b.n * F_a * b.ho * b.wo * geom.itemsize  # the partial y, and the gathered dy
-        return ([Call("allgather", len(c_counts), x_b)] + exchange + [Call("reduce_scatter", len(f_counts), y_a),
-                Call("allgather", len(f_counts), y_a)] + back + [Call("reduce_scatter", len(c_counts), x_b)]
-                + gradient_records(geom, grid_shape, coords, (F_a, C_b) + geom.kernel))
+        return ([Call("allgather", len(c_counts), x_b)] + exchange + [Call("reduce_scatter", len(f_counts), y_a)]
+                + [Call("allgather", len(f_counts), y_a)] + back
+                + gradient_records(geom, grid_shape, coords, (F_a, C_b) + geom.kernel)
+                + [Call("reduce_scatter", len(c_counts), x_b)])
 
     def forward(self, x_loc, w_loc, b_loc):
         # x_loc: (n, C_i, h, w); w_loc: (F_a, C_b, Kh, Kw); b_loc: (F_i,) or None
-        x_b = collectives.allgather(self.comm_f, x_loc, self.c_counts, axis=1)  # (n, C_b, h, w)
-        self.x_win = self.halo.extend(x_b, self.xp)  # halo exchange -> (n, C_b, h_win, w_win)
-        y_part = self.conv(self.x_win, w_loc)  # (n, F_a, h', w'), partial over C
-        y_loc = collectives.reduce_scatter(self.comm_c, y_part, self.f_counts, axis=1)  # (n, F_i, h', w')
-        return self.add_bias(y_loc, b_loc)
+        x_b = collectives.allgather(self.gather_comm, x_loc, self.c_counts, axis=1)  # (n, C_b, h, w)
+        # Stationary-X over (a, .) on x_b: halo exchange, local conv -> (n, F_a, h', w') partial
+        # over C_b, reduce-scatter -> y_loc (n, F_i, h', w'), plus the bias
+        return super().forward(x_b, w_loc, b_loc)
 
     def backward(self, dy_loc, w_loc):
         # dy_loc: (n, F_i, h', w')
-        dy_a = collectives.allgather(self.comm_c, dy_loc, self.f_counts, axis=1)  # (n, F_a, h', w')
-        # dx_win: (n, C_b, h_win, w_win), partial over F; dw_loc: (F_a, C_b, Kh, Kw) partial over n, h', w'
-        dx_win, dw_loc = self.conv_backward(dy_a, w_loc)
-        dx_part = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C_b, h, w)
-        dx_loc = collectives.reduce_scatter(self.comm_f, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
-        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
+        # Stationary-X over (a, .): allgather of dy -> (n, F_a, h', w'), local backward, halo return
+        # -> dx_part (n, C_b, h, w) partial over F_a; dw_loc (F_a, C_b, Kh, Kw) and db_loc allreduced
+        # over the weight peers
+        dx_part, dw_loc, db_loc = super().backward(dy_loc, w_loc)
+        dx_loc = collectives.reduce_scatter(self.gather_comm, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
         return dx_loc, dw_loc, db_loc

@@ -13,6 +13,10 @@ forward: local conv of ``x[:, C_i]`` with ``w[:, C_i]`` is a partial ``y`` over 
 F; a reduce-scatter over the channel group sums the partials and leaves
 ``y[:, F_i]``.  backward: allgather ``dy[:, F_i]`` into the full ``dy``; then
 ``dw[:, C_i]`` and ``dx[:, C_i]`` are local.  Cheap when ``F h' w' < C h w``.
+
+Stationary-W (stationary_w.py) extends this class: it runs X's forward and
+backward over part of the channel group, between an allgather of ``x`` and a
+reduce-scatter of ``dx``.
 """
 
 from refconv import collectives
