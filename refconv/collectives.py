@@ -601,9 +601,13 @@ def _blocks_apply(x, outer, nbytes):
 
 
 def _predefined(dtype):
-    """MPI's predefined datatype of ``dtype`` (MPI.FLOAT for float32), or None: the table
-    mpi4py itself infers a buffer's datatype from."""
-    return MPI._typedict.get(numpy.dtype(dtype).char)
+    """MPI's predefined datatype of ``dtype`` (MPI.FLOAT for float32), or None where MPI has none:
+    the handle mpi4py itself infers a buffer's datatype from (``mpi4py.util.dtlib`` would give a
+    derived copy, which MPICH refuses for ``MPI.SUM``)."""
+    try:
+        return MPI.Datatype.fromcode(numpy.dtype(dtype).char)
+    except ValueError:
+        return None
 
 
 _BLOCK_TYPES = collections.OrderedDict()  # (dtype, outer, run, stride) -> committed MPI datatype
