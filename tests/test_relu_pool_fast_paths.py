@@ -58,7 +58,9 @@ def test_relu_backward_zero_where_x_is_not_positive_whatever_dy(dtype):
     x = rng.standard_normal((2, 3, 4, 5)).astype(dtype)
     x[0, 0, 0, :3] = [0.0, -0.0, numpy.nan]          # not > 0: the gradient is 0
     dy = rng.standard_normal(x.shape).astype(dtype)
-    numpy.testing.assert_array_equal(ref.relu_backward(dy, x), relu_backward_loop(dy, x))  # finite: the product
+    got = ref.relu_backward(dy, x)                      # finite: the product
+    numpy.testing.assert_array_equal(got, relu_backward_loop(dy, x))
+    assert (dy[x <= 0] < 0).any() and not numpy.signbit(got[x <= 0]).any()  # +0.0, as torch, never -0.0
     dy[x <= 0] = numpy.inf                              # would be NaN in a product with the mask
     dy[0, 0, 0, 2] = numpy.nan                          # at x = NaN
     dy[1, 0, 0, 0], x[1, 0, 0, 0] = numpy.nan, 1.0      # passed through where x > 0

@@ -31,10 +31,14 @@ def _keep(dy, mask):
     """``numpy.where(mask, dy, 0)``, fast.  numpy.where branches on every element, and the
     masks of ReLU and max pooling are random: mispredicted branches make it ~15x slower
     than a product (2.1 ms against 0.12 ms on a (64, 32, 16, 16) float32 dy).  The
-    product is exact where dy is finite (dy * 1 = dy, dy * 0 = 0, signed), but inf * 0
-    and NaN * 0 are NaN, so a dy holding those goes through where."""
+    product is exact where dy is finite (dy * 1 = dy), but a negative dy * 0 is -0.0,
+    so 0.0 is added (-0.0 + 0.0 = +0.0, and x + 0.0 = x otherwise): the zeros are
+    where's and torch's +0.0.  inf * 0 and NaN * 0 are NaN, so a dy holding those
+    goes through where."""
     if numpy.isfinite(dy).all():
-        return dy * mask
+        kept = dy * mask
+        kept += 0.0
+        return kept
     return numpy.where(mask, dy, numpy.zeros((), dtype=dy.dtype))
 
 
