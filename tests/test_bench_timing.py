@@ -84,7 +84,8 @@ def test_gemm_floor_contender_is_the_pass_product(shape):
     gemm, mine = fns["GEMM"], fns["refconv"]
     y, dx, dw = (mine[p]() for p in torch_step.PASSES)
     Ho = y.shape[2]
-    numpy.testing.assert_allclose(gemm["forward"]().reshape(F, N, Ho, Ho).transpose(1, 0, 2, 3), y, rtol=1e-5, atol=1e-5)
+    y_gemm = gemm["forward"]().reshape(F, N, Ho, Ho).transpose(1, 0, 2, 3)
+    numpy.testing.assert_allclose(y_gemm, y, rtol=1e-5, atol=1e-5)
     numpy.testing.assert_allclose(gemm["backward-filter"]().reshape(F, C, K, K), dw, rtol=1e-5, atol=1e-5)
     dcols = gemm["backward-data"]().reshape(C, K, K, N, Ho, Ho).transpose(3, 0, 1, 2, 4, 5)
     numpy.testing.assert_allclose(ref_conv.col2im(dcols, dx.shape, (stride,) * 2, (padding,) * 2, (1, 1)), dx,

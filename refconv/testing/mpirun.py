@@ -146,7 +146,7 @@ def run_rank(path, size, only=None):
     rank = comm.Get_rank()
     if comm.Get_size() != size:
         _report(rank, f"{MARK} FAIL <launch> rank {rank}\nworld size is {comm.Get_size()}, "
-             f"--size says {size}")
+                      f"--size says {size}")
         comm.Abort(1)
     register_profiles()
     settings.load_profile("mpi")
