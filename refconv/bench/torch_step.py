@@ -103,10 +103,12 @@ def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0):
     dy = rng.standard_normal((batch, F, Ho, Ho), dtype=numpy.float32)
     g = dict(stride=stride, padding=padding)
     xt, wt, dyt = (torch.from_numpy(a) for a in (x, w, dy))
-    # The GEMM of each pass alone, on operands laid out as the numpy backend multiplies them.
+    # The GEMM of each pass alone, on operands laid out as the numpy backend multiplies them,
+    # into results allocated once (the backend reuses its large buffers too).
     cols = ref_conv.conv2d_columns(x, w.shape, **g)[0]  # (C K K, N Ho Wo)
     w_2d = w.reshape(F, C * K * K)
     dy_2d = numpy.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(F, -1)  # (F, N Ho Wo)
+    y_2d, dcols, dw_2d = numpy.empty_like(dy_2d), numpy.empty_like(cols), numpy.empty_like(w_2d)
     return {
         "refconv": {"forward": lambda: ref.conv2d_forward(x, w, **g),
                     "backward-data": lambda: ref.conv2d_backward_data(dy, w, x.shape, **g),
@@ -114,9 +116,9 @@ def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0):
         "torch": {"forward": lambda: torch.nn.functional.conv2d(xt, wt, **g),
                   "backward-data": lambda: torch.nn.grad.conv2d_input(xt.shape, wt, dyt, **g),
                   "backward-filter": lambda: torch.nn.grad.conv2d_weight(xt, wt.shape, dyt, **g)},
-        "GEMM": {"forward": lambda: w_2d @ cols,
-                 "backward-data": lambda: w_2d.T @ dy_2d,
-                 "backward-filter": lambda: dy_2d @ cols.T},
+        "GEMM": {"forward": lambda: numpy.matmul(w_2d, cols, out=y_2d),
+                 "backward-data": lambda: numpy.matmul(w_2d.T, dy_2d, out=dcols),
+                 "backward-filter": lambda: numpy.matmul(dy_2d, cols.T, out=dw_2d)},
     }
 
 

@@ -27,15 +27,17 @@ def relu_backward(dy, x):
     return _keep(dy, x > 0)
 
 
-def _keep(dy, mask):
-    """``numpy.where(mask, dy, 0)``, fast.  numpy.where branches on every element, and the
+def _keep(dy, mask, finite=None):
+    """``numpy.where(mask, dy, 0)``, fast (``finite``: ``isfinite(dy).all()``, if known).  numpy.where branches on every element, and the
     masks of ReLU and max pooling are random: mispredicted branches make it ~15x slower
     than a product (2.1 ms against 0.12 ms on a (64, 32, 16, 16) float32 dy).  The
     product is exact where dy is finite (dy * 1 = dy), but a negative dy * 0 is -0.0,
     so 0.0 is added (-0.0 + 0.0 = +0.0, and x + 0.0 = x otherwise): the zeros are
     where's and torch's +0.0.  inf * 0 and NaN * 0 are NaN, so a dy holding those
     goes through where."""
-    if numpy.isfinite(dy).all():
+    if finite is None:
+        finite = numpy.isfinite(dy).all()
+    if finite:
         kept = dy * mask
         kept += 0.0
         return kept
@@ -164,8 +166,9 @@ def max_pool2d_backward(dy, argmax, x_shape, kernel_size, stride=None, padding=0
     N, C, H, W = x_shape
     ph, pw = padding
     dx_pad = numpy.zeros((N, C, H + 2 * ph, W + 2 * pw), dtype=dy.dtype)
+    finite = numpy.isfinite(dy).all()  # once, not once per kernel offset
     for (i, j), view in _windows(dx_pad, kernel, stride, out):
-        view += _keep(dy, argmax == i * kernel[1] + j)
+        view += _keep(dy, argmax == i * kernel[1] + j, finite)
     return dx_pad[:, :, ph:ph + H, pw:pw + W]
 
 
