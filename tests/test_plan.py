@@ -3,6 +3,7 @@ checked against a brute force over every assignment and a hand-worked optimum.""
 
 import dataclasses
 import itertools
+import json
 import math
 import os
 import subprocess
@@ -68,6 +69,19 @@ def test_malformed_machine_files_name_the_problem(tmp_path, text, needle):
     path.write_text(text)
     with pytest.raises(machine.MachineError, match=needle.replace("[", r"\[")):
         machine.load(str(path))
+
+
+def test_a_machine_file_is_parsed_once_until_it_changes(tmp_path):
+    # Every 'auto' conv of a model loads the same file: one parse, one shared (frozen) Machine.
+    path = tmp_path / "m.yaml"
+    path.write_text(json.dumps(machine_doc()))
+    first = machine.load(str(path))
+    assert machine.load(str(path)) is first
+    doc = machine_doc()
+    doc["name"] = "edited"
+    path.write_text(json.dumps(doc))
+    os.utime(path, ns=(0, os.stat(path).st_mtime_ns + 1))  # a new modification time, even on a coarse clock
+    assert machine.load(str(path)).name == "edited"
 
 
 def test_bad_rate_is_named():

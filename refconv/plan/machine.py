@@ -321,10 +321,17 @@ def load(path=None):
     if not os.path.exists(path):
         raise MachineError(f"--machine: file {path!r} does not exist; give a YAML machine file or one of "
                            f"{builtin_names()}")
-    try:
-        with open(path) as f:
-            doc = yaml.safe_load(f)
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise MachineError(f"machine file {path}: not valid YAML ({first})") from None
-    return from_dict(doc, path)
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _LOADED:  # every 'auto' conv of a model loads the same file: parse it once
+        try:
+            with open(path) as f:
+                doc = yaml.safe_load(f)
+        except yaml.YAMLError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise MachineError(f"machine file {path}: not valid YAML ({first})") from None
+        _LOADED[key] = from_dict(doc, path)
+    return _LOADED[key]
+
+
+_LOADED = {}  # (real path, modification time, size) -> Machine (frozen): a changed file is parsed again
