@@ -16,6 +16,13 @@ def test_contenders_alternate_and_the_first_rotates():
     assert {k: len(s.values) for k, s in spans.items()} == {"a": 3, "b": 3, "c": 3}
 
 
+def test_progress_is_told_after_each_round():
+    events = []
+    timing.compare({"a": lambda: events.append("a"), "b": lambda: events.append("b")}, rounds=3, warmup=0,
+                   pause=0, progress=lambda done: events.append(done))
+    assert events == ["a", "b", 1, "b", "a", 2, "a", "b", 3]
+
+
 def test_calls_per_sample_and_sync():
     events = []
     spans = timing.compare({"a": lambda: events.append("a")}, rounds=2, warmup=0, pause=0, calls=3,

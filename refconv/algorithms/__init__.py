@@ -131,4 +131,4 @@ def choose(geom, grid_shape, *, alpha=ALPHA, beta=BETA):
 
 
 __all__ = ["Algorithm", "Call", "ConvGeometry", "REGISTRY", "CHOSEN_ONLY", "register", "channel_algorithms", "resolve",
-           "records", "candidates", "choose", "asked_as", "grouped_class", "ALPHA", "BETA"]
+           "records", "layer_records", "candidates", "choose", "asked_as", "grouped_class", "ALPHA", "BETA"]

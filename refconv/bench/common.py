@@ -156,7 +156,7 @@ def pause_for(env):
     return timing.PAUSE if on_cpu and max(r["threads"] for r in on_cpu) > 1 else 0.0
 
 
-def time_ranks(comm, contenders, repeat, warmup, pause, *, window=0.0, settle=0.0):
+def time_ranks(comm, contenders, repeat, warmup, pause, *, window=0.0, settle=0.0, progress=None):
     """``{name: seconds of each round}`` of ``contenders`` (``{name: fn}``), timed by
     ``refconv.bench.timing.compare`` in alternating rounds: every rank starts a call
     together (a barrier), the device is synchronized before the clock stops, and a
@@ -168,7 +168,8 @@ def time_ranks(comm, contenders, repeat, warmup, pause, *, window=0.0, settle=0.
     instead of slipping into the gaps of the others.  ``settle`` seconds of untimed
     calls follow each pause (at most 50).  Every rank makes the same number of calls
     (a contender may hold collectives): the counts come from the slowest rank's first
-    call, which is then also the warm-up."""
+    call, which is then also the warm-up.  ``progress``: called after each round with the
+    rounds done (``timing.compare``'s)."""
 
     def sync():
         arrays.synchronize()
@@ -186,7 +187,7 @@ def time_ranks(comm, contenders, repeat, warmup, pause, *, window=0.0, settle=0.
                                     for name, t in zip(contenders, first)}
         calls, settles = fit(window, 200), (fit(settle, 50) if settle else 0)
     spans = timing.compare(contenders, rounds=repeat, warmup=warmup, pause=pause, sync=sync, calls=calls,
-                           settle=settles)
+                           settle=settles, progress=progress)
     names = list(contenders)
     mine = numpy.array([spans[name].values for name in names], numpy.float64)  # (contenders, rounds)
     slowest = collectives.allreduce(comm, mine, op="max")

@@ -67,7 +67,7 @@ class Span:
         return self.format()
 
 
-def compare(contenders, *, rounds=5, warmup=1, pause=PAUSE, calls=1, sync=None, settle=0):
+def compare(contenders, *, rounds=5, warmup=1, pause=PAUSE, calls=1, sync=None, settle=0, progress=None):
     """Time each of ``contenders`` (``{name: fn}``, ``fn()`` does one unit of work) in
     ``rounds`` interleaved rounds; returns ``{name: Span of seconds per call}``.
 
@@ -76,7 +76,8 @@ def compare(contenders, *, rounds=5, warmup=1, pause=PAUSE, calls=1, sync=None, 
     untimed calls (they bring the caches and the clock back to a busy core's after
     the pause).  ``calls`` and ``settle`` are an int or ``{name: int}``.  ``sync``, if
     given, is called before the clock is read at both ends (e.g. a device
-    synchronize or a barrier).
+    synchronize or a barrier).  ``progress``, if given, is called with the number of
+    rounds done after each round (for a progress line on long runs).
     """
     if not contenders:
         raise ValueError("contenders: expected at least one {name: callable}")
@@ -102,6 +103,8 @@ def compare(contenders, *, rounds=5, warmup=1, pause=PAUSE, calls=1, sync=None, 
                 contenders[name]()
             sync()
             times[name].append((time.perf_counter() - start) / calls[name])
+        if progress is not None:
+            progress(r + 1)
     return {name: Span(tuple(t)) for name, t in times.items()}
 
 

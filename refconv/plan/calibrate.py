@@ -79,7 +79,8 @@ def add_arguments(p):
     p.add_argument("--batch", type=int, help="global batch size of --model (required with it)")
     p.add_argument("--image-size", type=int, default=32, help="image height and width of --model (default 32)")
     p.add_argument("--max-shapes", type=int, default=300, help="refuse a --model with more local shapes than this "
-                                                                 "(default 300; about 0.4 s each on 4 ranks here)")
+                                                                 "(default 300; about 0.4 s each on 4 ranks of the 2-core "
+                                                                 "dev-cpu machine, 2026-11-30)")
     return p
 
 
@@ -345,12 +346,10 @@ def measure_conv_table(comm, backend, shapes, repeats, say=lambda *a: None):
             dy, w, x.shape, **local)
         passes[i, "conv_bwd_filter"] = lambda x=x, dy=dy, w=w, local=local: backend.conv2d_backward_filter(
             x, dy, w.shape, **local)
-    rounds, started = {key: [] for key in passes}, time.perf_counter()
-    for r in range(repeats):  # one time_ranks call per round, for the progress line
-        for key, seconds in time_ranks(comm, passes, 1, 0, 0.0, window=COMPUTE_WINDOW_S).items():
-            rounds[key] += seconds
-        say(f"conv table: round {r + 1}/{repeats} of {len(shapes)} local shapes x 3 passes "
-            f"({time.perf_counter() - started:.0f} s)")
+    started = time.perf_counter()
+    rounds = time_ranks(comm, passes, repeats, 0, 0.0, window=COMPUTE_WINDOW_S,
+                        progress=lambda done: say(f"conv table: round {done}/{repeats} of {len(shapes)} local "
+                                                  f"shapes x 3 passes ({time.perf_counter() - started:.0f} s)"))
     return [{"shape": s.as_list(), **{op: float(f"{statistics.median(rounds[i, op]):.4g}") for op in CONV_OPS}}
             for i, s in enumerate(shapes)]
 
@@ -420,8 +419,11 @@ def _model_shapes(args, P):
                          f"{args.batch}, {args.image_size}, {args.max_shapes}")
     spec = load_model_spec(args.model)  # a file that does not parse: "--model: ..." (as refconv train and plan)
     in_channels = spec.get("in_channels", 3) if isinstance(spec, dict) else 3
-    shapes = model_shapes(spec, (args.batch, in_channels, args.image_size, args.image_size), P,
-                          machine_mod.load(machine_mod.DEFAULT_MACHINE))  # any machine: only the shapes count
+    try:
+        shapes = model_shapes(spec, (args.batch, in_channels, args.image_size, args.image_size), P,
+                              machine_mod.load(machine_mod.DEFAULT_MACHINE))  # any machine: only the shapes count
+    except graph.BindError as exc:
+        raise graph.BindError(f"--model/--image-size: {exc}") from None
     if len(shapes) > args.max_shapes:
         raise ValueError(f"--max-shapes: the model has {len(shapes)} local conv shapes on {P} ranks, more than "
                          f"{args.max_shapes}; raise --max-shapes (each takes about 0.4 s on 4 ranks here) or give "

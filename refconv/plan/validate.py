@@ -181,10 +181,13 @@ def reprice(rows, machine, layers=LAYERS):
 
 def priced_everywhere(machine, world_size, layers=LAYERS):
     """The local conv shapes this validation prices: each layer's strategies at 1, 2 and 4
-    ranks, and the planner's whole search of the wide CNN on ``world_size`` ranks."""
+    ranks (those ``world_size`` measures), and the planner's whole search of the wide CNN on
+    ``world_size`` ranks."""
 
     def price(m):
         for P in (1, 2, 4):
+            if P > world_size or world_size % P:  # layer_rows measures no such P
+                continue
             for dims in layers.values():
                 layer = conv_layer(*dims)
                 for _, grid_shape, algorithm, p_f in strategies(P):

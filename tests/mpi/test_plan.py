@@ -64,9 +64,10 @@ def test_quick_calibration_gives_a_loadable_machine_file_with_the_models_table()
     assert_all_ranks(comm, plan.seconds > 0, f"{plan}")
 
 
-@mpi_test(sizes=(2,), timeout=60)
+@mpi_test(sizes=(2, 4), timeout=60)
 def test_table_key_is_each_strategys_window_and_weight_block():
-    """On split grids (samples, rows, Stationary-X and -Y), rank 0's convolved window and weight
+    """On split grids (samples, rows, Stationary-X and -Y; at 4 ranks also Stationary-W and
+    sample 2 x X), rank 0's convolved window and weight
     block are the ConvShape the planner prices (tests/test_plan.py checks one rank)."""
     import numpy
 
@@ -99,7 +100,8 @@ def test_quick_validation_measures_every_strategy_at_1_and_2_ranks():
                      and [(p.layer, p.P) for p in result["picks"]] == [("narrow 3x3", 2)]
                      and result["measured"]["planned"].min > 0 and result["measured"]["sample"].min > 0, f"{result}")
     # --table: the same measurements priced from the conv times measured here, which the datasheet
-    # V100's rates (GPU speed) are far from
+    # V100's rates (GPU speed) are far from: this CPU's convolutions run about 100x slower than the
+    # V100 file prices them, so the 5x bound below has a wide margin and no timing race
     tabled = result["table"]["rows"]
     assert_all_ranks(comm, [(r.label, r.measured) for r in tabled] == [(r.label, r.measured) for r in result["rows"]]
                      and all(t.cost.fwd > 5 * r.cost.fwd for t, r in zip(tabled, result["rows"]))
