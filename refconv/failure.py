@@ -33,6 +33,7 @@ from mpi4py import MPI
 
 GRACE_S = 1.0          # a raising rank waits this long before aborting, so its peers can print
 SHARED_GRACE_S = 10.0  # a rank with a shared error waits this long for rank 0's abort
+LINE_GRACE_S = 0.2     # between printing the error line and aborting (the collective watchdog waits the same)
 
 _previous = None       # (sys.excepthook, threading.excepthook) before install
 
@@ -100,8 +101,6 @@ def install_if_several_ranks():
     return False
 
 
-LINE_GRACE_S = 0.2  # between printing the error line and aborting (the collective watchdog waits the same)
-
 
 def exit_on_shared_error(message, status=2, *, grace_s=None):
     """End the job over an error that every rank raised alike; returns ``status`` with one rank.
@@ -121,5 +120,6 @@ def exit_on_shared_error(message, status=2, *, grace_s=None):
         world.Abort(status)
     time.sleep(SHARED_GRACE_S if grace_s is None else grace_s)
     write_line(f"[rank {world.Get_rank()}] {message}")
+    time.sleep(LINE_GRACE_S)
     world.Abort(status)
     return status  # not reached

@@ -218,7 +218,9 @@ class Algorithm:
 
 class ChannelAlgorithm(Algorithm):
     """An algorithm that moves activations over a channel group: ``channel_comm``, whose
-    rank ``i`` holds ``c_counts[i]`` channels of ``x`` and ``f_counts[i]`` of ``y``."""
+    rank ``i`` holds ``f_counts[i]`` channels of ``y``; ``c_counts`` are the ``|C_i|`` of the
+    ranks whose ``x`` this rank gathers (``channel_comm``'s for Stationary-Y, Stationary-W's
+    ``gather_comm``'s; Stationary-X does not use them)."""
 
     def __init__(self, grid, geom, backend, filter_groups=None):
         super().__init__(grid, geom, backend, filter_groups)

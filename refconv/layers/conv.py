@@ -30,8 +30,9 @@ class DistConv2d(Layer):
 
     ``algorithm`` (a name in :data:`refconv.algorithms.REGISTRY`: "stationary-x",
     "stationary-y", "stationary-w", or "auto") matters only when ``grid.P_c > 1``.
-    For "stationary-w", ``filter_groups`` is ``p_f``, a divisor of ``P_c`` (default:
-    the largest divisor not above ``sqrt(P_c)``).  ``"auto"`` picks the algorithm and
+    For "stationary-w", ``filter_groups`` is ``p_f``, a divisor of ``P_c`` (of ``P_c/groups``
+    when a grouped layer's groups span ranks; default: the largest divisor not above its
+    square root).  ``"auto"`` picks the algorithm and
     ``p_f`` with the least predicted step time when the layer is bound to an input shape:
     the planner's whole-step model (compute and every call of ``records()``,
     :func:`refconv.plan.choose_for_layer`), priced with ``machine`` (a machine file, a

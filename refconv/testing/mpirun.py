@@ -263,12 +263,13 @@ def launch(path, size, names, timeout):
 
 
 def _lost_reports(directory, out):
-    """The rank failure reports in ``directory`` that the captured output ``out`` lacks."""
+    """The rank failure reports in ``directory`` that the captured output ``out`` lacks (line by
+    line: mpiexec may interleave two ranks' reports that both arrived)."""
     lost = ""
     for name in sorted(os.listdir(directory)):
         with open(os.path.join(directory, name)) as f:
             report = f.read().strip()
-        if report not in out:
+        if not all(line in out for line in report.splitlines()):
             lost += report + "\n"
     return f"[harness] reports the job lost when it ended:\n{lost}" if lost else ""
 

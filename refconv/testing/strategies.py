@@ -205,6 +205,8 @@ def dist_conv_cases(draw, world_size, *, algorithms=ALGORITHMS, axes=AXES, dtype
         groups=groups, channel_multiple=multiple, dtypes=dtypes,
         padding_modes=padding_modes, min_hw=(P_H, P_W), max_extra=max_extra, padding_strings=padding_strings,
     ))
-    q = P_c // math.gcd(P_c, problem.groups)  # the ranks W factors: a spanned group's, or the channel group
+    # the ranks W factors: a spanned group's, or the channel group (on a layer of whole groups per
+    # rank, any p_f is accepted and the layer runs 'grouped': drawn too, so that stays tested)
+    q = P_c if problem.groups % P_c == 0 else P_c // math.gcd(P_c, problem.groups)
     filter_groups = draw(st.sampled_from(checks.divisors(q))) if algorithm == "stationary-w" else None
     return DistConvCase(problem, shape, algorithm, filter_groups)

@@ -73,8 +73,9 @@ def test_allgather_uneven():
 @mpi_test(sizes=(1, 2, 3), timeout=60)
 def test_split_axis_every_layout():
     """reduce_scatter and allgather along axes 0, 1, 3 and -1 of a 4-d array, float32 and float64,
-    uneven counts (a zero-length block too), contiguous and strided input, packed and (from
-    0 bytes on) through MPI datatypes: all match numpy.  An axis out of range is named."""
+    uneven counts (a zero-length block too) and even ones (allgather's Allgather branch),
+    contiguous and strided input, packed and (from 0 bytes on) through MPI datatypes: all
+    match numpy.  An axis out of range is named."""
     comm, r, p = _world()
     problems = []
     threshold = coll.DATATYPES_FROM_BYTES
@@ -82,7 +83,7 @@ def test_split_axis_every_layout():
         for dtype, from_bytes in itertools.product((numpy.float32, numpy.float64), (threshold, 0)):
             coll.DATATYPES_FROM_BYTES = from_bytes
             for axis in (0, 1, 3, -1):
-                for counts in ([q % 3 + 1 for q in range(p)], [0] + [2] * (p - 1)):
+                for counts in ([q % 3 + 1 for q in range(p)], [0] + [2] * (p - 1), [2] * p):  # even: Allgather
                     L, start = sum(counts), sum(counts[:r])
                     shape = [2, 3, 2, 3]
                     shape[axis] = L

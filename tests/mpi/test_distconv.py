@@ -152,7 +152,9 @@ def test_w_with_one_filter_group_is_x_and_with_P_c_is_y(data):
 @mpi_test(sizes=(8,), timeout=180)
 def test_stationary_w_within_groups_at_eight_ranks():
     """Stationary-W inside each group's ranks: groups=2 on channel=8 (q=4, p_f=2: both W
-    collectives on 2 ranks), on sample=2 x channel=4 (q=2), and groups=4 on channel=8 (q=2)."""
+    collectives on 2 ranks), on sample=2 x channel=4 (q=2, p_f=2: Y within the group),
+    groups=4 on channel=8 (q=2, p_f=1: X within the group), and groups=2 on channel=4 x
+    height=2 (q=2, p_f=1, with a halo)."""
     for shape, groups, p_f in [((1, 8, 1, 1), 2, 2), ((2, 4, 1, 1), 2, 2), ((1, 8, 1, 1), 4, 1), ((1, 4, 2, 1), 2, 1)]:
         problem = ConvProblem(N=2, C=8, F=16, H=5, W=4, Kh=3, Kw=3, padding=(1, 1), groups=groups)
         grid = ProcessGrid(comm, **dict(zip(("sample", "channel", "height", "width"), shape)))
