@@ -21,8 +21,9 @@ SOURCES = sorted([*ROOT.glob("refconv/**/*.py"), *ROOT.glob("kernels/*.py")])
 
 # comm.<method>( for a method that moves data
 DATA_MOVEMENT = re.compile(
-    r"(\w+)\.(Allreduce|Iallreduce|Allgatherv?|Iallgatherv?|Reduce_scatter|Ireduce_scatter|Alltoall[vw]?|Ialltoall[vw]?|"
-    r"Send|Recv|Isend|Irecv|Sendrecv|Bcast|Ibcast|bcast|allgather|allreduce|gather|scatter|Gatherv?|Scatterv?|"
+    r"(\w+)\.(Allreduce|Iallreduce|Allgatherv?|Iallgatherv?|I?Reduce_scatter(?:_block)?|Alltoall[vw]?|Ialltoall[vw]?|"
+    r"Send|Recv|Isend|Irecv|[Ss]endrecv(?:_replace)?|Bcast|Ibcast|bcast|allgather|allreduce|gather|scatter|Gatherv?|Scatterv?|"
+    r"I?[Ee]xscan|I?[Ss]can|"
     r"Barrier|barrier|alltoall|send|recv|reduce|Reduce)\(")
 # module names whose methods of these names are not MPI calls
 NOT_MPI = {"collectives", "sharding", "refconv", "functools", "halo", "_halo", "self"}

@@ -82,8 +82,23 @@ def test_step_line(tmp_path):
     assert line["passes"]["step"]["min"] > 0 and len(line["passes"]["step"]["times"]) == 1
 
 
+@pytest.mark.parametrize("op", ["reduce_scatter", "allgather"])
+def test_collectives_split_axis_lines(tmp_path, op):
+    out = tmp_path / "results.jsonl"
+    result = bench(["collectives", "--op", op, "--mb", "0.0625", "2", "--batch", "2", "--repeat", "1",
+                    "--warmup", "0", "--out", str(out)], ranks=2)
+    assert result.returncode == 0, result.stderr
+    lines = read_lines(out)
+    assert [line["config"]["op"] for line in lines] == [op, op]  # one line per size
+    assert [line["config"]["bytes"] for line in lines] == [2 ** 16, 2 * 2 ** 20]
+    for line in lines:
+        assert line["extra"]["packed_over_refconv"]["median"] > 0 and "pack_share" in line["extra"]
+
+
 @pytest.mark.parametrize("args, ranks, message", [
     (["layer", "--grid", "channel=4"], 2, "--grid: channel=4 has 4 ranks but 2 are running"),
+    (["collectives", "--batch", "2"], 1, "--op allreduce times a flat buffer"),
+    (["collectives", "--op", "allgather", "--mb", "0"], 1, "--mb: every size must be > 0"),
     (["step", "--shape", "tiny"], 1, "--shape: bench step times a whole model"),
     (["kernels", "--grid", "sample=1"], 1, "--grid: bench kernels times one process"),
     (["layer", "--repeat", "0"], 1, "--repeat: expected a positive int, got 0"),

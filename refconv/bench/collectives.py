@@ -116,9 +116,9 @@ def _split_axis(args, comm, env):
             for name, call in calls.items():  # every contender's output is checked before timing
                 got = call()
                 timing.check({"expected": expected, name: got}, reference="expected", reduction_length=p)
-            # Rounds alternate; a sample is ~20 ms of back-to-back calls after ~5 ms of untimed ones
-            # (one small call alone measures the wake-up).  No BLAS runs here: with one BLAS thread
-            # per rank pause_for gives no pause, which under load let other processes in.
+            # Rounds alternate; a sample is ~20 ms of back-to-back calls after ~5 ms of untimed ones,
+            # because one small call alone measures only the wake-up.  No BLAS runs here, and at one
+            # BLAS thread per rank pause_for gives no pause: nothing spins between contenders.
             times = time_ranks(comm, calls, repeat, warmup, pause=pause_for(env), window=0.02, settle=0.005)
             spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
             # per round, from times measured seconds apart: what packing costs, what refconv gained
