@@ -106,3 +106,31 @@ def test_quick_validation_measures_every_strategy_at_1_and_2_ranks():
     assert_all_ranks(comm, [(r.label, r.measured) for r in tabled] == [(r.label, r.measured) for r in result["rows"]]
                      and all(t.cost.fwd > 5 * r.cost.fwd for t, r in zip(tabled, result["rows"]))
                      and "planned (table)" in result["predicted"], f"{result}")
+
+
+@mpi_test(sizes=(2,), timeout=60)
+def test_a_models_machine_reaches_its_auto_convs():
+    """``defaults.machine`` (``refconv train --machine``) is what the model's 'auto' convs on a
+    channel split price with: their estimates are that machine's, and differ between machines."""
+    import warnings
+
+    from refconv import DistConv2d, Model
+    from refconv.plan import choose_for_layer
+
+    spec = {"name": "one-conv", "in_channels": 4, "layers": [
+        {"type": "conv", "out": 8, "kernel": 3, "padding": 1, "grid": {"channel": 2}},
+        {"type": "gap"}, {"type": "linear", "out": 2}]}
+    shape = (2, 4, 6, 6)
+    estimates = {}
+    for name in ("v100-edr", "dev-cpu"):
+        model = Model.from_spec(spec, comm=comm, backend="numpy",
+                                defaults={"algorithm": "auto", "machine": name})
+        model.bind(shape)
+        [conv] = [layer for _, layer in model.named_layers() if isinstance(layer, DistConv2d)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a named machine: no fallback warning
+            _, _, expected = choose_for_layer(shape, 8, (3, 3), grid_shape=(1, 2, 1, 1), padding=(1, 1),
+                                              machine=name)
+        estimates[name] = conv.cost_estimates
+        assert_all_ranks(comm, conv.cost_estimates == expected, f"{name}: {conv.cost_estimates} != {expected}")
+    assert_all_ranks(comm, estimates["v100-edr"] != estimates["dev-cpu"], f"{estimates}")
