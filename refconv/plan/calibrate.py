@@ -207,22 +207,17 @@ def conv_shapes(quick):
 def measure_compute(comm, backend, quick):
     rng = numpy.random.default_rng(comm.Get_rank())
     repeats = 2 if quick else 5
-    rows = {op: {"1x1": ([], [], []), "kxk": ([], [], [])}  # (FLOPs, columns bytes, seconds)
-            for op in ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")}
-    for N, C, F, H, K in conv_shapes(quick):
-        x = backend.asarray(rng.standard_normal((N, C, H, H), dtype=numpy.float32))
-        w = backend.asarray(rng.standard_normal((F, C, K, K), dtype=numpy.float32))
-        dy = backend.asarray(rng.standard_normal((N, F, H, H), dtype=numpy.float32))
-        pad = K // 2
-        flops = 2 * N * F * H * H * C * K * K
+    rows = {op: {"1x1": ([], [], []), "kxk": ([], [], [])} for op in CONV_OPS}  # (FLOPs, columns bytes, seconds)
+    # The sweep's shapes as the algorithms convolve them (a window of the padded input, padding 0),
+    # timed as the conv table is: every (shape, pass) a contender of each round.
+    sweep = conv_shapes(quick)
+    windows = [machine_mod.ConvShape(N, C, F, H + 2 * (K // 2), H + 2 * (K // 2), K, K) for N, C, F, H, K in sweep]
+    for (N, C, F, H, K), entry in zip(sweep, measure_conv_table(comm, backend, windows, repeats)):
         cls = "1x1" if K == 1 else "kxk"
-        for op, fn in (("conv_fwd", lambda: backend.conv2d_forward(x, w, padding=pad)),
-                       ("conv_bwd_data", lambda: backend.conv2d_backward_data(dy, w, x.shape, padding=pad)),
-                       ("conv_bwd_filter", lambda: backend.conv2d_backward_filter(x, dy, w.shape, padding=pad))):
-            fn()
-            rows[op][cls][0].append(flops)
-            rows[op][cls][1].append(N * H * H * C * K * K * 4)
-            rows[op][cls][2].append(_median_time(comm, fn, repeats, COMPUTE_WINDOW_S))
+        for op in CONV_OPS:
+            rows[op][cls][0].append(2 * N * F * H * H * C * K * K)  # FLOPs
+            rows[op][cls][1].append(N * H * H * C * K * K * 4)  # bytes of im2col columns
+            rows[op][cls][2].append(entry[op])
     sizes = [(2, 8, 16), (4, 16, 16)] if quick else [(2, 16, 16), (4, 32, 16), (8, 32, 32), (8, 64, 32)]
     bw = {op: ([], []) for op in ("batchnorm", "pool", "elementwise", "pack")}  # and "layer", below
     for N, C, H in sizes:
@@ -248,7 +243,6 @@ def measure_compute(comm, backend, quick):
             backend.xp.ascontiguousarray(x[:, :C // 2])
 
         for op, fn in (("batchnorm", bn), ("pool", pool), ("elementwise", relu), ("pack", pack)):
-            fn()
             work = x.size * 4 if op != "pack" else x.size * 2  # pack: the half it copies
             bw[op][0].append(work)
             bw[op][1].append(_median_time(comm, fn, repeats, COMPUTE_WINDOW_S))
@@ -285,8 +279,7 @@ def measure_layer_overhead(comm, kernel_fits, quick, repeats):
             layer.forward(x)
             layer.backward(dy)
 
-        fn()
-        t = _median_time(comm, fn, repeats, COMPUTE_WINDOW_S)
+        t = _median_time(comm, fn, repeats, COMPUTE_WINDOW_S)  # its untimed first call warms up
         flops = 2 * N * F * H * H * C * K * K
         cls = "1x1" if K == 1 else "kxk"
         columns = N * H * H * C * K * K * 4
