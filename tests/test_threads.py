@@ -1,5 +1,7 @@
 """refconv.threads: who chooses the BLAS threads, and that the choice is applied."""
 
+import types
+
 import pytest
 from mpi4py import MPI
 
@@ -44,4 +46,17 @@ def test_configure_applies_and_describes_the_choice():
         assert set(threads.current().values()) == {1}  # every loaded pool, numpy's OpenBLAS included
     finally:
         for library, n in before.items():  # leave the process as the test found it
+            threads.limit(n)
+
+
+def test_match_gives_torch_the_blas_pools_count():
+    # threads.match hands a library imported after configure (torch) the count the pools have.
+    before = threads.current()
+    told = []
+    try:
+        threads.limit(1)
+        threads.match(types.SimpleNamespace(set_num_threads=told.append))
+        assert told == [1]
+    finally:
+        for library, n in before.items():
             threads.limit(n)

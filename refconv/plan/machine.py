@@ -84,8 +84,9 @@ def ring_steps(kind, q, messages=0, schedule="ring"):
     for large communicators; Thakur, Rabenseifner and Gropp, IJHPCA 2005)."""
     if kind in ("halo", "alltoall"):
         return messages
-    steps = (q - 1) if schedule == "ring" else math.ceil(math.log2(q))
-    return (2 if kind == "allreduce" else 1) * steps
+    if schedule == "ring":
+        return Call(kind, q, 1).steps
+    return (2 if kind == "allreduce" else 1) * math.ceil(math.log2(q))
 
 
 def ring_factor(kind, q):
