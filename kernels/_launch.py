@@ -31,6 +31,12 @@ TILE_K = 16  # depth of one shared-memory stage
 # One padding column in the shared tiles: a tile written column-wise then does not
 # send every store of a warp to the same bank.
 PAD = 1
+# The shared-memory stage shapes, as module-level constants: Numba freezes a global
+# tuple of ints into literals, which ``cuda.shared.array`` needs.  Written inline as
+# ``(TILE_K, TILE_M + PAD)`` the sum is typed as a run-time int64, and NVVM's front
+# end (not the simulator, which runs plain Python) rejects the kernel.
+A_STAGE = (TILE_K, TILE_M + PAD)
+B_STAGE = (TILE_K, TILE_N + PAD)
 # Tile elements each thread copies into shared memory per stage.
 LOADS_A = TILE_K * TILE_M // (THREADS * THREADS)  # 4
 LOADS_B = TILE_K * TILE_N // (THREADS * THREADS)  # 4

@@ -20,7 +20,7 @@ from numba import cuda
 
 from ._launch import (
     multiply_stage,
-    LOADS_A, LOADS_B, MICRO, PAD, THREADS, TILE_K, TILE_M, TILE_N,
+    A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
     ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
 from .conv_forward import check_version
@@ -90,8 +90,8 @@ def backward_filter_tiled(dtype):
         t = ty * THREADS + tx
         zero = dtype(0)
 
-        a_tile = cuda.shared.array((TILE_K, TILE_M + PAD), dtype)
-        b_tile = cuda.shared.array((TILE_K, TILE_N + PAD), dtype)
+        a_tile = cuda.shared.array(A_STAGE, dtype)
+        b_tile = cuda.shared.array(B_STAGE, dtype)
         acc = cuda.local.array((MICRO, MICRO), dtype)
         a_reg = cuda.local.array(MICRO, dtype)
         b_reg = cuda.local.array(MICRO, dtype)

@@ -1,0 +1,411 @@
+"""Every kernel compiled for real GPUs, without a GPU, and what each one uses.
+
+The CUDA simulator runs a kernel as plain Python, so it cannot catch what
+NVVM rejects: a shared array of non-literal shape, say, runs there and fails on
+the first real GPU.  This module compiles every kernel of ``refconv.kernels``
+with numba-cuda's real compiler (NVVM and libdevice from the pip CUDA wheels;
+no driver, no device), then assembles the PTX with ``ptxas -v`` and reads the
+registers, spills and shared memory of each kernel.  From those it works out
+the occupancy on an SM and, for the convolutions, the bound each version can
+reach on the six ResNet-50 shapes (a roofline on H200 figures).
+
+    NUMBA_ENABLE_CUDASIM=0 python -m refconv.kernels.resources            # the table
+    NUMBA_ENABLE_CUDASIM=0 python -m refconv.kernels.resources --json F   # every figure
+    NUMBA_ENABLE_CUDASIM=0 python -m refconv.kernels.resources --check docs/kernels.md
+    NUMBA_ENABLE_CUDASIM=0 python -m refconv.kernels.resources --write docs/kernels.md
+
+It needs the ``gpu-compile`` extra (``pip install -e '.[gpu-compile]'``, which the
+``test`` extra includes).  ``tests/test_kernel_compile.py`` runs it on every CI
+run and fails on a typing error, an NVVM error, or a spill in a tiled kernel.
+
+``KERNELS`` is the inventory: every ``@cuda.jit`` kernel of the package with the
+argument types its host function launches it with.  :func:`missing_kernels`
+finds a kernel that the inventory lacks, so a new one cannot escape the proof.
+"""
+
+import argparse
+import dataclasses
+import functools
+import importlib
+import json
+import math
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import types as pytypes
+
+import numpy
+
+CCS = ((8, 0), (9, 0))
+DTYPES = (numpy.float32, numpy.float64)
+MODULES = ("conv_forward", "conv_backward_data", "conv_backward_filter", "elementwise", "batch_norm", "pooling")
+
+
+# ------------------------------------------------------------------ the inventory
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One kernel: where it lives, how to get it for a dtype, and its launch signature."""
+
+    module: str    # a module of refconv.kernels
+    name: str      # the @cuda.jit function, or the cached factory of a tiled kernel
+    version: int   # 1 (direct) or 2 (tiled); 0 for kernels with one version
+    args: str      # argument types, one letter each (see signature)
+    threads: int   # threads per block at launch
+
+    @property
+    def label(self):
+        return f"{self.module}.{self.name}"
+
+    @property
+    def tiled(self):
+        return self.version == 2
+
+    def dispatcher(self, dtype):
+        obj = getattr(importlib.import_module(f"refconv.kernels.{self.module}"), self.name)
+        return obj(dtype) if self.tiled else obj
+
+    def signature(self, dtype):
+        """Numba types for ``args``: ``1``-``4`` a C-contiguous array of that rank in
+        ``dtype``, ``L`` an int64 array of rank 4, ``i`` an int64, ``f`` a float64,
+        ``b`` a bool."""
+        from numba import types
+
+        element = types.float32 if dtype == numpy.float32 else types.float64
+        kinds = {"i": types.int64, "f": types.float64, "b": types.boolean,
+                 "L": types.Array(types.int64, 4, "C")}
+        return tuple(types.Array(element, int(a), "C") if a.isdigit() else kinds[a] for a in self.args)
+
+
+TILE_THREADS = 256  # _launch.THREADS ** 2, checked in missing_kernels
+KERNELS = (
+    Kernel("conv_forward", "forward_direct", 1, "444iiiiiii", 256),
+    Kernel("conv_forward", "forward_tiled", 2, "424iiiiiiiii", TILE_THREADS),
+    Kernel("conv_backward_data", "backward_data_direct", 1, "444iiiiiii", 256),
+    Kernel("conv_backward_data", "backward_data_tiled", 2, "444iiiiiii", TILE_THREADS),
+    Kernel("conv_backward_filter", "backward_filter_direct", 1, "444iiiiiii", 256),
+    Kernel("conv_backward_filter", "backward_filter_tiled", 2, "444iiiiiiiii", TILE_THREADS),
+    Kernel("elementwise", "bias_add_kernel", 0, "41", 256),
+    Kernel("elementwise", "relu_forward_kernel", 0, "11", 256),
+    Kernel("elementwise", "relu_backward_kernel", 0, "111", 256),
+    Kernel("batch_norm", "channel_sums_kernel", 0, "331111b", 256),
+    Kernel("batch_norm", "batch_norm_apply_kernel", 0, "411114", 256),
+    Kernel("batch_norm", "batch_norm_backward_apply_kernel", 0, "4411111f4", 256),
+    Kernel("pooling", "max_pool_forward_kernel", 0, "44Liiiiii", 256),
+    Kernel("pooling", "max_pool_backward_kernel", 0, "4L4iiiiii", 256),
+    Kernel("pooling", "avg_pool_forward_kernel", 0, "44iiiiii", 256),
+    Kernel("pooling", "avg_pool_backward_kernel", 0, "44iiiiii", 256),
+)
+
+
+def missing_kernels():
+    """Kernels of the package that ``KERNELS`` does not list (should be empty)."""
+    from numba.cuda.dispatcher import CUDADispatcher
+
+    from refconv.kernels import _launch
+
+    assert _launch.THREADS ** 2 == TILE_THREADS, "TILE_THREADS must be _launch.THREADS ** 2"
+    listed = {k.label for k in KERNELS}
+    found = set()
+    for name in MODULES:
+        module = importlib.import_module(f"refconv.kernels.{name}")
+        for attr, obj in vars(module).items():
+            if getattr(obj, "__module__", module.__name__) != module.__name__:
+                continue  # imported from elsewhere
+            if isinstance(obj, CUDADispatcher) and not obj.targetoptions.get("device"):
+                found.add(f"{name}.{attr}")
+            elif attr.endswith("_tiled") and callable(obj):
+                found.add(f"{name}.{attr}")
+    return sorted(found - listed)
+
+
+# ------------------------------------------------------------------ compiling
+def _require_compiler():
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        raise SystemExit("refconv.kernels.resources: Numba's CUDA simulator is on; run with "
+                         "NUMBA_ENABLE_CUDASIM=0 (the simulator cannot compile for a GPU)")
+
+
+@functools.cache
+def _target_device(cc):
+    """A stand-in for the current device, with the compute capability we compile for.
+
+    A kernel that calls a ``@cuda.jit(device=True)`` function compiles that function
+    for ``get_current_device().compute_capability``, which needs a driver; the
+    kernel's own ``cc`` decides the PTX in the end, so only the number matters.
+    """
+    return pytypes.SimpleNamespace(compute_capability=cc)
+
+
+def compile_ptx(kernel, dtype, cc):
+    """PTX of ``kernel`` for ``dtype`` on compute capability ``cc`` (raises numba's TypingError or NVVM's error)."""
+    from numba import cuda
+    from numba.cuda import dispatcher as cuda_dispatcher
+
+    saved = cuda_dispatcher.get_current_device
+    cuda_dispatcher.get_current_device = lambda: _target_device(cc)
+    try:
+        ptx, _ = cuda.compile_ptx(kernel.dispatcher(dtype).py_func, kernel.signature(dtype), cc=cc)
+    finally:
+        cuda_dispatcher.get_current_device = saved
+    return ptx
+
+
+def ptxas_path():
+    """``ptxas`` from the nvidia-cuda-nvcc wheel, else from PATH, else None."""
+    try:
+        import nvidia.cuda_nvcc
+
+        candidate = pathlib.Path(list(nvidia.cuda_nvcc.__path__)[0]) / "bin" / "ptxas"
+        if candidate.exists():
+            return str(candidate)
+    except ImportError:
+        pass
+    return shutil.which("ptxas")
+
+
+_PTXAS_USED = re.compile(r"Used (\d+) registers")
+_PTXAS_SMEM = re.compile(r"Used \d+ registers.*?(\d+) bytes smem")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def assemble(ptx, cc, ptxas):
+    """``{registers, shared_bytes, stack_bytes, spill_bytes}`` from ``ptxas -v`` on ``ptx``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = pathlib.Path(tmp) / "kernel.ptx"
+        source.write_text(ptx)
+        done = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-O3", "-v", "-o", os.devnull, str(source)],
+                              capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"ptxas failed on sm_{cc[0]}{cc[1]}: {done.stderr.strip()}")
+    used = _PTXAS_USED.search(done.stderr)
+    spill = _PTXAS_SPILL.search(done.stderr)
+    if not used or not spill:
+        raise RuntimeError(f"ptxas -v printed no resource line: {done.stderr.strip()}")
+    smem = _PTXAS_SMEM.search(done.stderr)
+    return {"registers": int(used.group(1)), "shared_bytes": int(smem.group(1)) if smem else 0,
+            "stack_bytes": int(spill.group(1)), "spill_bytes": int(spill.group(2)) + int(spill.group(3))}
+
+
+def ptxas_version(ptxas):
+    out = subprocess.run([ptxas, "--version"], capture_output=True, text=True, check=False).stdout
+    found = re.search(r"release (\S+), V(\S+)", out)
+    return found.group(2) if found else out.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------ occupancy
+@dataclasses.dataclass(frozen=True)
+class SM:
+    """Per-SM limits that decide occupancy (CUDA C Programming Guide, compute capabilities table)."""
+
+    name: str
+    registers: int = 65536
+    register_unit: int = 256      # registers are given to a warp in units of this many
+    max_warps: int = 64
+    max_blocks: int = 32
+    shared_bytes: int = 228 * 1024
+    shared_per_block_reserved: int = 1024
+    shared_unit: int = 128
+
+
+SMS = {(8, 0): SM("A100 (sm_80)", shared_bytes=164 * 1024), (9, 0): SM("H200 (sm_90)")}
+
+
+def occupancy(registers, shared_bytes, threads, sm):
+    """``(resident blocks per SM, fraction of the SM's warps they fill, the limiting resource)``."""
+    warps = math.ceil(threads / 32)
+    per_warp = math.ceil(registers * 32 / sm.register_unit) * sm.register_unit
+    shared = math.ceil((shared_bytes + sm.shared_per_block_reserved) / sm.shared_unit) * sm.shared_unit
+    limits = {
+        "registers": (sm.registers // per_warp) // warps if per_warp else sm.max_blocks,
+        "shared memory": sm.shared_bytes // shared,
+        "warps": sm.max_warps // warps,
+        "blocks": sm.max_blocks,
+    }
+    blocks = min(limits.values())
+    return blocks, blocks * warps / sm.max_warps, min(limits, key=limits.get)
+
+
+# ------------------------------------------------------------------ roofline
+H200_FP32_FLOPS = 67e12   # FP32, no tensor cores (H200 SXM datasheet)
+H200_BYTES_PER_S = 4.8e12  # HBM3e
+
+
+def six_shapes():
+    """The six ResNet-50 shapes of ``refconv bench`` (``torch_step.SHAPES``): name -> (C, F, H, K, stride, padding)."""
+    from refconv.bench.torch_step import SHAPES
+
+    return SHAPES
+
+
+def gemm_dims(pass_, N, C, F, H, K, stride, padding):
+    """The implicit GEMM ``(M, N_gemm, depth)`` that the tiled kernel of ``pass_`` runs."""
+    Ho = (H + 2 * padding - K) // stride + 1
+    return {"forward": (N * Ho * Ho, F, C * K * K),
+            "backward-data": (N * H * H, C, F * K * K),
+            "backward-filter": (F, C * K * K, N * Ho * Ho)}[pass_]
+
+
+def intensity(version, M, Ng, depth, itemsize=4):
+    """FLOP per byte of DRAM traffic as the loads are written, with no reuse through caches.
+
+    Version 1 (direct) loads one input and one weight per multiply-add.  Version 2
+    (tiled) loads a ``TILE_M x depth`` and a ``depth x TILE_N`` panel per output
+    tile, and writes each output once.
+    """
+    from refconv.kernels._launch import TILE_M, TILE_N
+
+    flops = 2.0 * M * Ng * depth
+    if version == 1:
+        return flops / (2 * itemsize * M * Ng * depth + itemsize * M * Ng)
+    tiles = math.ceil(M / TILE_M) * math.ceil(Ng / TILE_N)
+    return flops / (itemsize * (tiles * depth * (TILE_M + TILE_N) + M * Ng))
+
+
+def roofline(batch=32):
+    """Per (shape, pass, version): intensity, the bound and the best fraction of FP32 peak on H200."""
+    ridge = H200_FP32_FLOPS / H200_BYTES_PER_S
+    rows = []
+    for name, (C, F, H, K, stride, padding) in six_shapes().items():
+        for pass_ in ("forward", "backward-data", "backward-filter"):
+            M, Ng, depth = gemm_dims(pass_, batch, C, F, H, K, stride, padding)
+            for version in (1, 2):
+                ai = intensity(version, M, Ng, depth)
+                rows.append({"shape": name, "pass": pass_, "version": version, "flop_per_byte": ai,
+                             "bound": "compute" if ai >= ridge else "memory",
+                             "peak_fraction": min(1.0, ai / ridge)})
+    return rows
+
+
+# ------------------------------------------------------------------ the run
+def measure(ccs=CCS, dtypes=DTYPES, progress=None):
+    """Compile every kernel for every ``cc`` and dtype; assemble where ptxas exists.
+
+    Returns ``{"ptxas": version or None, "kernels": [row, ...]}``; each row has
+    ``kernel, version, dtype, cc``, ``error`` where the compiler refused it, and, with ptxas, ``registers, shared_bytes,
+    stack_bytes, spill_bytes, blocks_per_sm, occupancy, limited_by``.
+    """
+    _require_compiler()
+    ptxas = ptxas_path()
+    rows = []
+    for kernel in KERNELS:
+        for dtype in dtypes:
+            for cc in ccs:
+                row = {"kernel": kernel.label, "version": kernel.version, "tiled": kernel.tiled,
+                       "dtype": numpy.dtype(dtype).name, "cc": f"sm_{cc[0]}{cc[1]}"}
+                try:
+                    ptx = compile_ptx(kernel, dtype, cc)
+                except Exception as error:  # noqa: BLE001 (a typing or NVVM error is the finding)
+                    row["error"] = f"{type(error).__name__}: {' '.join(str(error).split())[:400]}"
+                    ptx = None
+                if ptx and ptxas:
+                    row.update(assemble(ptx, cc, ptxas))
+                    blocks, fraction, limit = occupancy(row["registers"], row["shared_bytes"], kernel.threads, SMS[cc])
+                    row.update(threads=kernel.threads, blocks_per_sm=blocks, occupancy=fraction, limited_by=limit)
+                rows.append(row)
+                if progress:
+                    progress(row)
+    return {"ptxas": ptxas_version(ptxas) if ptxas else None, "kernels": rows}
+
+
+def failures(result):
+    """What the proof refuses: kernels missing from the inventory, spills in tiled kernels."""
+    problems = [f"{name}: a kernel that KERNELS does not list (add it, with its signature)" for name in missing_kernels()]
+    for row in result["kernels"]:
+        if "error" in row:
+            problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: does not compile: {row['error']}")
+        if row["tiled"] and row.get("spill_bytes"):
+            problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: spills {row['spill_bytes']} bytes")
+    return problems
+
+
+BEGIN, END = "<!-- kernel-resources:begin -->", "<!-- kernel-resources:end -->"
+
+
+def markdown(result):
+    """The tables of docs/kernels.md (between the BEGIN and END markers)."""
+    lines = [BEGIN, "",
+             f"Generated by `python -m refconv.kernels.resources --write docs/kernels.md` (ptxas {result['ptxas']}, "
+             "`-O3`); CI regenerates it and fails if it differs. Occupancy is on an H200 SM (sm_90), "
+             "float32 and float64; a tiled kernel that spills fails the proof.", "",
+             "| kernel | version | dtype | registers | spills (B) | shared (B) | blocks/SM | occupancy | limited by |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in result["kernels"]:
+        if row["cc"] != "sm_90":
+            continue
+        lines.append(f"| `{row['kernel']}` | {row['version'] or '-'} | {row['dtype']} | {row['registers']} | "
+                     f"{row['spill_bytes']} | {row['shared_bytes']} | {row['blocks_per_sm']} | "
+                     f"{row['occupancy']:.0%} | {row['limited_by']} |")
+    lines += ["", "Roofline on H200 figures (67 TFLOP/s FP32 without tensor cores, 4.8 TB/s HBM3e; ridge "
+              f"{H200_FP32_FLOPS / H200_BYTES_PER_S:.1f} FLOP/B), float32, batch 32. Intensity counts the loads "
+              "as each kernel writes them, with no reuse through L1/L2 (a lower bound); the best fraction of peak "
+              "is min(1, intensity / ridge).", "",
+              "| shape | pass | v1 FLOP/B | v1 bound, best % of peak | v2 FLOP/B | v2 bound, best % of peak |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    by_key = {(r["shape"], r["pass"], r["version"]): r for r in roofline()}
+    for name in six_shapes():
+        for pass_ in ("forward", "backward-data", "backward-filter"):
+            v1, v2 = by_key[name, pass_, 1], by_key[name, pass_, 2]
+            lines.append(f"| {name} | {pass_} | {v1['flop_per_byte']:.2f} | {v1['bound']}, "
+                         f"{v1['peak_fraction']:.1%} | {v2['flop_per_byte']:.1f} | {v2['bound']}, "
+                         f"{v2['peak_fraction']:.0%} |")
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def replace_block(text, block):
+    """``text`` with the part from BEGIN to END replaced by ``block``."""
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"the page has no {BEGIN} ... {END} block")
+    head, rest = text.split(BEGIN, 1)
+    return head + block + rest.split(END, 1)[1]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m refconv.kernels.resources", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", metavar="FILE", help="write every figure as JSON")
+    p.add_argument("--check", metavar="PAGE", help="fail if PAGE's generated tables differ from a fresh run")
+    p.add_argument("--write", metavar="PAGE", help="rewrite PAGE's generated tables")
+    p.add_argument("--quiet", action="store_true", help="no line per compiled kernel")
+    args = p.parse_args(argv)
+
+    def progress(row):
+        if not args.quiet:
+            extra = (f": {row['error']}" if "error" in row else f": {row['registers']} registers, {row['spill_bytes']} B spilled, {row['shared_bytes']} B shared"
+                     if "registers" in row else "")
+            print(f"compiled {row['kernel']} {row['dtype']} {row['cc']}{extra}", flush=True)
+
+    result = measure(progress=progress)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
+    problems = failures(result)
+    if result["ptxas"] is None:
+        print("ptxas not found: compiled to PTX only (no registers, spills or occupancy); "
+              "install the gpu-compile extra for them")
+    if args.check or args.write:
+        if problems:
+            pass  # the tables need every kernel compiled
+        elif result["ptxas"] is None:
+            problems.append("--check/--write need ptxas (the gpu-compile extra)")
+        else:
+            page = pathlib.Path(args.check or args.write)
+            text = page.read_text()
+            fresh = replace_block(text, markdown(result))
+            if args.write:
+                page.write_text(fresh)
+            elif fresh != text:
+                problems.append(f"{page}: the generated tables differ from a fresh run; regenerate them with "
+                                f"NUMBA_ENABLE_CUDASIM=0 python -m refconv.kernels.resources --write {page}")
+    for problem in problems:
+        print(f"FAIL {problem}")
+    print(f"{len(result['kernels'])} compilations of {len(KERNELS)} kernels; {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""The compile proof: every kernel compiles for real GPUs (sm_80, sm_90) with NVVM, without a GPU.
+
+The rest of the suite runs the kernels under Numba's simulator, which runs them as
+plain Python and so cannot see what NVVM rejects.  These tests run
+``refconv.kernels.resources`` in a subprocess with the simulator off (it must be
+off before numba is first imported, and this process has it on).  The toolchain
+comes from the ``gpu-compile`` extra, which the ``test`` extra includes: without
+it these tests fail, they do not skip.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_compiler(*args, code=None, timeout=600):
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "refconv.kernels.resources", *args]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_and_the_docs_table_is_current(tmp_path):
+    out = tmp_path / "resources.json"
+    done = run_compiler("--quiet", "--json", str(out), "--check", "docs/kernels.md")
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["ptxas"], "ptxas from the gpu-compile extra must be found, so registers and spills are read"
+    rows = result["kernels"]
+    compiled = {(r["kernel"], r["dtype"], r["cc"]) for r in rows if "error" not in r}
+    from_inventory = {r["kernel"] for r in rows}
+    assert len(from_inventory) >= 16  # every kernel of the package (missing_kernels() keeps the list complete)
+    assert compiled == {(k, d, c) for k in from_inventory for d in ("float32", "float64") for c in ("sm_80", "sm_90")}
+    tiled = [r for r in rows if r["tiled"]]
+    assert {r["kernel"].split(".")[1] for r in tiled} == {"forward_tiled", "backward_data_tiled", "backward_filter_tiled"}
+    assert all(r["spill_bytes"] == 0 and r["shared_bytes"] > 0 and 0 < r["occupancy"] <= 1 for r in tiled), tiled
+
+
+def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill():
+    """The defect this proof exists for: a shared array whose shape is a run-time sum."""
+    code = textwrap.dedent("""
+        import numpy
+        from numba import cuda, types
+        from numba.core.errors import TypingError
+        from refconv.kernels import resources
+        from refconv.kernels._launch import PAD, TILE_K, TILE_M
+
+        def bad(x):  # as the tiled kernels were written before the proof
+            tile = cuda.shared.array((TILE_K, TILE_M + PAD), numpy.float32)
+            tile[0, 0] = x[0]
+
+        def good(x):
+            tile = cuda.shared.array((TILE_K, TILE_M), numpy.float32)
+            tile[0, 0] = x[0]
+            x[0] = tile[0, 0]
+
+        sig = (types.Array(types.float32, 1, "C"),)
+        try:
+            cuda.compile_ptx(bad, sig, cc=(9, 0))
+        except TypingError:
+            print("bad: TypingError")
+        ptx, _ = cuda.compile_ptx(good, sig, cc=(9, 0))
+        print("good:", resources.assemble(ptx, (9, 0), resources.ptxas_path()))
+        row = dict(kernel="conv_forward.forward_tiled", tiled=True, dtype="float32", cc="sm_90", spill_bytes=8)
+        print("spill:", resources.failures({"kernels": [row]}))
+        print("blocks:", resources.occupancy(128, 8320, 256, resources.SMS[(9, 0)]))
+    """)
+    done = run_compiler(code=code)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
+    assert lines["bad"] == "TypingError"
+    assert "'shared_bytes': 4096" in lines["good"] and "'spill_bytes': 0" in lines["good"]
+    assert "spills 8 bytes" in lines["spill"]
+    # 128 registers x 32 lanes = 4096 per warp; 65536 / 4096 = 16 warps = 2 blocks of 8 warps: 25%, by registers
+    assert lines["blocks"] == "(2, 0.25, 'registers')"
