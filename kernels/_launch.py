@@ -61,6 +61,15 @@ def xp():
     return arrays.device_module()
 
 
+def stream():
+    """The stream every launch uses: ``kernel[blocks, threads, stream()](...)``.
+
+    CuPy's current stream on a real GPU (``refconv.arrays.kernel_stream``), so
+    kernels, CuPy's own work and the wait before each MPI call share one stream.
+    """
+    return arrays.kernel_stream()
+
+
 def contiguous(a):
     """``a`` as a C-contiguous device array (a no-op when it already is one)."""
     return xp().ascontiguousarray(a)

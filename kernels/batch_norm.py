@@ -14,7 +14,7 @@ checks them against it.  Benchmark: ``python -m refconv.bench kernels``.
 import numpy
 from numba import cuda, float64
 
-from ._launch import BLOCK_1D, contiguous, grid_1d, split2, split4, xp
+from ._launch import BLOCK_1D, contiguous, grid_1d, split2, split4, xp, stream
 from refconv import checks
 
 
@@ -63,7 +63,7 @@ def channel_sums(a, b, shift, scale, dtype_ab):
     sum_ab = xp().empty(C, dtype=dtype_ab)
     a3 = contiguous(a).reshape(N, C, H * W)
     b3 = a3 if b is None else contiguous(b).reshape(N, C, H * W)
-    channel_sums_kernel[C, BLOCK_1D](a3, b3, shift, scale, sum_a, sum_ab, b is not None)
+    channel_sums_kernel[C, BLOCK_1D, stream()](a3, b3, shift, scale, sum_a, sum_ab, b is not None)
     return sum_a if b is None else (sum_a, sum_ab)
 
 
@@ -106,7 +106,7 @@ def batch_norm_apply(x, mean, invstd, gamma, beta):
     _per_channel(x.shape[1], mean=mean, invstd=invstd, gamma=gamma, beta=beta)
     y = xp().empty(x.shape, dtype=x.dtype)
     blocks, threads = grid_1d(y.size)
-    batch_norm_apply_kernel[blocks, threads](x, mean, invstd, gamma, beta, y)
+    batch_norm_apply_kernel[blocks, threads, stream()](x, mean, invstd, gamma, beta, y)
     return y
 
 
@@ -132,5 +132,5 @@ def batch_norm_backward_apply(dy, x, mean, invstd, gamma, dbeta, dgamma, count):
     _per_channel(x.shape[1], mean=mean, invstd=invstd, gamma=gamma, dbeta=dbeta, dgamma=dgamma)
     dx = xp().empty(x.shape, dtype=x.dtype)
     blocks, threads = grid_1d(dx.size)
-    batch_norm_backward_apply_kernel[blocks, threads](dy, x, mean, invstd, gamma, dbeta, dgamma, float(count), dx)
+    batch_norm_backward_apply_kernel[blocks, threads, stream()](dy, x, mean, invstd, gamma, dbeta, dgamma, float(count), dx)
     return dx

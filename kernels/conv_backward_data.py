@@ -21,7 +21,7 @@ import functools
 from numba import cuda
 
 from ._launch import (
-    multiply_stage,
+    multiply_stage, stream,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
     contiguous, gemm_grid, grid_1d, output_pixel, split3, split4, xp,
 )
@@ -157,8 +157,8 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     dx = xp().empty(x_shape, dtype=dy.dtype)
     if version == 1:
         blocks, threads = grid_1d(dx.size)
-        backward_data_direct[blocks, threads](dy, w, dx, sh, sw, ph, pw, dh, dw, groups)
+        backward_data_direct[blocks, threads, stream()](dy, w, dx, sh, sw, ph, pw, dh, dw, groups)
     else:
         blocks, threads = gemm_grid(N * H * W, C // groups, groups)
-        backward_data_tiled(dy.dtype.type)[blocks, threads](dy, w, dx, sh, sw, ph, pw, dh, dw, groups)
+        backward_data_tiled(dy.dtype.type)[blocks, threads, stream()](dy, w, dx, sh, sw, ph, pw, dh, dw, groups)
     return dx

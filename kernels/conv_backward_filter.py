@@ -19,7 +19,7 @@ import functools
 from numba import cuda
 
 from ._launch import (
-    multiply_stage,
+    multiply_stage, stream,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
     ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
@@ -177,7 +177,7 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     if version == 1:
         dw = xp().empty(w_shape, dtype=x.dtype)
         blocks, threads = grid_1d(dw.size)
-        backward_filter_direct[blocks, threads](x, dy, dw, sh, sw, ph, pw, dil_h, dil_w, groups)
+        backward_filter_direct[blocks, threads, stream()](x, dy, dw, sh, sw, ph, pw, dil_h, dil_w, groups)
         return dw
     dw = xp().zeros(w_shape, dtype=x.dtype)  # zeros: split-K slices add into it
     K = N * out_hw[0] * out_hw[1]
@@ -188,5 +188,5 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
         k_split = ceil_div(ceil_div(K, splits), TILE_K) * TILE_K
         splits = ceil_div(K, k_split)
     blocks = (bx, by, groups * splits)
-    backward_filter_tiled(x.dtype.type)[blocks, threads](x, dy, dw, sh, sw, ph, pw, dil_h, dil_w, groups, splits, k_split)
+    backward_filter_tiled(x.dtype.type)[blocks, threads, stream()](x, dy, dw, sh, sw, ph, pw, dil_h, dil_w, groups, splits, k_split)
     return dw

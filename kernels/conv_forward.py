@@ -18,7 +18,7 @@ import functools
 from numba import cuda
 
 from ._launch import (
-    multiply_stage,
+    multiply_stage, stream,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
     contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
@@ -157,11 +157,11 @@ def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, v
     y = xp().empty((N, F, Ho, Wo), dtype=x.dtype)
     if version == 1:
         blocks, threads = grid_1d(y.size)
-        forward_direct[blocks, threads](x, w, y, sh, sw, ph, pw, dh, dw, groups)
+        forward_direct[blocks, threads, stream()](x, w, y, sh, sw, ph, pw, dh, dw, groups)
     else:
         blocks, threads = gemm_grid(N * Ho * Wo, F // groups, groups)
         w2 = w.reshape(F, Cg * Kh * Kw)
-        forward_tiled(x.dtype.type)[blocks, threads](x, w2, y, Kh, Kw, sh, sw, ph, pw, dh, dw, groups)
+        forward_tiled(x.dtype.type)[blocks, threads, stream()](x, w2, y, Kh, Kw, sh, sw, ph, pw, dh, dw, groups)
     if b is not None:
         bias_add(y, b)
     return y

@@ -9,7 +9,7 @@ normalization (see ``batch_norm.channel_sums``).  Checked against
 
 from numba import cuda
 
-from ._launch import contiguous, grid_1d, split4, xp
+from ._launch import contiguous, grid_1d, split4, xp, stream
 from .batch_norm import channel_sums
 from refconv import checks
 
@@ -30,7 +30,7 @@ def bias_add(y, b):
     if b.shape[0] != y.shape[1]:
         raise ValueError(f"b: expected shape ({y.shape[1]},) to match F of y, got {tuple(b.shape)}")
     blocks, threads = grid_1d(y.size)
-    bias_add_kernel[blocks, threads](y, b)
+    bias_add_kernel[blocks, threads, stream()](y, b)
     return y
 
 
@@ -70,7 +70,7 @@ def relu_forward(x):
     x = contiguous(x)
     y = xp().empty(x.shape, dtype=x.dtype)
     blocks, threads = grid_1d(x.size)
-    relu_forward_kernel[blocks, threads](x.reshape(-1), y.reshape(-1))
+    relu_forward_kernel[blocks, threads, stream()](x.reshape(-1), y.reshape(-1))
     return y
 
 
@@ -81,5 +81,5 @@ def relu_backward(dy, x):
     dy, x = contiguous(dy), contiguous(x)
     dx = xp().empty(dy.shape, dtype=dy.dtype)
     blocks, threads = grid_1d(dx.size)
-    relu_backward_kernel[blocks, threads](dy.reshape(-1), x.reshape(-1), dx.reshape(-1))
+    relu_backward_kernel[blocks, threads, stream()](dy.reshape(-1), x.reshape(-1), dx.reshape(-1))
     return dx

@@ -15,7 +15,7 @@ import math
 import numpy
 from numba import cuda
 
-from ._launch import contiguous, grid_1d, input_pixel, split4, xp
+from ._launch import contiguous, grid_1d, input_pixel, split4, xp, stream
 from refconv import checks
 from refconv.reference import pool_geometry
 
@@ -125,7 +125,7 @@ def max_pool2d_forward(x, kernel_size, stride=None, padding=0):
     y = xp().empty(x.shape[:2] + out, dtype=x.dtype)
     argmax = xp().empty(y.shape, dtype=numpy.int64)
     blocks, threads = grid_1d(y.size)
-    max_pool_forward_kernel[blocks, threads](contiguous(x), y, argmax, *params)
+    max_pool_forward_kernel[blocks, threads, stream()](contiguous(x), y, argmax, *params)
     return y, argmax
 
 
@@ -139,7 +139,7 @@ def max_pool2d_backward(dy, argmax, x_shape, kernel_size, stride=None, padding=0
         raise ValueError(f"argmax: expected the shape of dy {tuple(dy.shape)}, got {tuple(argmax.shape)}")
     dx = xp().empty(x_shape, dtype=dy.dtype)
     blocks, threads = grid_1d(dx.size)
-    max_pool_backward_kernel[blocks, threads](contiguous(dy), contiguous(argmax), dx, *params)
+    max_pool_backward_kernel[blocks, threads, stream()](contiguous(dy), contiguous(argmax), dx, *params)
     return dx
 
 
@@ -149,7 +149,7 @@ def avg_pool2d_forward(x, kernel_size, stride=None, padding=0):
     params, out = _geometry(x.shape, kernel_size, stride, padding)
     y = xp().empty(x.shape[:2] + out, dtype=x.dtype)
     blocks, threads = grid_1d(y.size)
-    avg_pool_forward_kernel[blocks, threads](contiguous(x), y, *params)
+    avg_pool_forward_kernel[blocks, threads, stream()](contiguous(x), y, *params)
     return y
 
 
@@ -161,5 +161,5 @@ def avg_pool2d_backward(dy, x_shape, kernel_size, stride=None, padding=0):
     _check_dy(dy, x_shape, out)
     dx = xp().empty(x_shape, dtype=dy.dtype)
     blocks, threads = grid_1d(dx.size)
-    avg_pool_backward_kernel[blocks, threads](contiguous(dy), dx, *params)
+    avg_pool_backward_kernel[blocks, threads, stream()](contiguous(dy), dx, *params)
     return dx

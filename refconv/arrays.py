@@ -74,8 +74,40 @@ def to_host(x):
     return numpy.asarray(x)
 
 
+# ---------------------------------------------------------------- one stream end to end
+# CuPy allocates, copies and computes on its current stream; every kernel of
+# refconv.kernels launches on that same stream (kernel_stream); and before MPI reads
+# or writes device memory, synchronize() waits for it.  So work is ordered by one
+# stream, with one host wait per MPI call and none per kernel launch.
+
+
+@functools.lru_cache(maxsize=8)
+def _numba_stream(pointer):
+    from numba import cuda  # numba-cuda: only reached on a real GPU
+
+    from numba.cuda.core import config
+
+    # Numba would otherwise wait for the stream named in each CuPy array's
+    # __cuda_array_interface__ before every launch; that stream is the one we
+    # launch on, so the wait only stalls the host.
+    config.CUDA_ARRAY_INTERFACE_SYNC = False
+    return cuda.default_stream() if pointer == 0 else cuda.external_stream(pointer)
+
+
+def kernel_stream():
+    """The stream every kernel launches on: CuPy's current stream as a Numba stream.
+
+    ``kernel[blocks, threads, kernel_stream()](...)``.  Under the CUDA simulator
+    (no CuPy) it is ``0``, which the simulator ignores.
+    """
+    cp = _cupy()
+    if cp is None:
+        return 0
+    return _numba_stream(cp.cuda.get_current_stream().ptr)
+
+
 def synchronize(x=None):
-    """Wait for the current device stream, so MPI may read or write device memory."""
+    """Wait for the current device stream (the one kernels launch on), so MPI may read or write device memory."""
     cp = _cupy()
     if cp is not None:
         cp.cuda.get_current_stream().synchronize()

@@ -1,0 +1,96 @@
+"""One stream end to end: every kernel launches on the stream that MPI waits for.
+
+On a GPU, CuPy works on its current stream; the kernels must launch on that same
+stream (``refconv.arrays.kernel_stream``), and the collectives must wait for it
+before MPI touches device memory.  No GPU here, so these tests check the order
+with stand-ins: a recording ``kernel_stream`` and ``synchronize``, and a fake
+communicator that records the MPI call.
+"""
+
+import ast
+import pathlib
+
+import numpy
+import pytest
+
+from refconv import arrays, collectives, kernels
+
+KERNELS = pathlib.Path(kernels.__file__).parent
+
+
+def launches(path):
+    """Every ``kernel[...](...)`` launch in a module: (line, the last item of its configuration)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript):
+            config = node.func.slice
+            last = config.elts[-1] if isinstance(config, ast.Tuple) else config
+            yield node.lineno, ast.unparse(last)
+
+
+def test_every_launch_in_kernels_names_the_stream():
+    found = [(path.name, line, last) for path in sorted(KERNELS.glob("*.py")) for line, last in launches(path)]
+    assert len(found) >= 16, found  # every host function launches at least one kernel
+    wrong = [f"{name}:{line} [..., {last}]" for name, line, last in found if last != "stream()"]
+    assert not wrong, f"launches without the stream (kernel[blocks, threads, stream()]): {wrong}"
+
+
+class Log(list):
+    def event(self, name, result=None):
+        def record(*args, **kwargs):
+            self.append(name)
+            return result
+        return record
+
+
+class FakeComm:
+    """Two ranks' worth of Allreduce: records the call and doubles the buffer."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def Get_size(self):
+        return 2
+
+    def Get_rank(self):
+        return 0
+
+    def Get_name(self):
+        return "fake"
+
+    def Allreduce(self, send, recv, op=None):
+        self.log.append("mpi")
+        recv[...] = 2 * send
+
+
+@pytest.fixture
+def as_if_on_a_gpu(monkeypatch):
+    """NumPy arrays treated as device arrays, with the stream calls recorded."""
+    log = Log()
+    monkeypatch.setattr(arrays, "kernel_stream", log.event("launch", 0))
+    monkeypatch.setattr(arrays, "synchronize", log.event("sync"))
+    monkeypatch.setattr(arrays, "is_device_array", lambda x: isinstance(x, numpy.ndarray))
+    monkeypatch.setattr(arrays, "array_module", lambda x: numpy)
+    monkeypatch.setattr(arrays, "to_host", numpy.asarray)
+    return log
+
+
+@pytest.mark.parametrize("cuda_aware", [False, True])
+def test_kernel_then_stream_wait_then_mpi(as_if_on_a_gpu, monkeypatch, cuda_aware):
+    monkeypatch.setenv("REFCONV_CUDA_AWARE", str(int(cuda_aware)))
+    log = as_if_on_a_gpu
+    x = numpy.array([-1.0, 2.0, -3.0, 4.0])
+    y = kernels.relu_forward(x)
+    assert log == ["launch"]  # the kernel asked for the stream once, at its launch
+    total = collectives.allreduce(FakeComm(log), y)
+    numpy.testing.assert_array_equal(total, [0.0, 4.0, 0.0, 8.0])
+    # MPI reads y only after the stream the kernel ran on has been waited for
+    assert log.index("sync") < log.index("mpi"), log
+    assert log[0] == "launch" and log.count("mpi") == 1
+
+
+def test_kernel_stream_is_zero_without_a_gpu():
+    """Under the simulator there is no CuPy stream: 0, which the simulator ignores."""
+    if arrays.gpu_available():
+        pytest.skip("a real GPU is present: kernel_stream is CuPy's current stream there")
+    assert arrays.kernel_stream() == 0
