@@ -372,7 +372,11 @@ def main(argv=None):
     p.add_argument("--check", metavar="PAGE", help="fail if PAGE's generated tables differ from a fresh run")
     p.add_argument("--write", metavar="PAGE", help="rewrite PAGE's generated tables")
     p.add_argument("--quiet", action="store_true", help="no line per compiled kernel")
+    p.add_argument("--cc", nargs="+", choices=[f"{a}{b}" for a, b in CCS], help="only these targets (e.g. 90)")
+    p.add_argument("--dtype", nargs="+", choices=[numpy.dtype(d).name for d in DTYPES], help="only these dtypes")
     args = p.parse_args(argv)
+    ccs = tuple(cc for cc in CCS if not args.cc or f"{cc[0]}{cc[1]}" in args.cc)
+    dtypes = tuple(d for d in DTYPES if not args.dtype or numpy.dtype(d).name in args.dtype)
 
     def progress(row):
         if not args.quiet:
@@ -380,7 +384,7 @@ def main(argv=None):
                      if "registers" in row else "")
             print(f"compiled {row['kernel']} {row['dtype']} {row['cc']}{extra}", flush=True)
 
-    result = measure(progress=progress)
+    result = measure(ccs, dtypes, progress=progress)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
     problems = failures(result)
@@ -390,6 +394,8 @@ def main(argv=None):
     if args.check or args.write:
         if problems:
             pass  # the tables need every kernel compiled
+        elif (ccs, dtypes) != (CCS, DTYPES):
+            problems.append("--check/--write need every target and dtype (no --cc or --dtype)")
         elif result["ptxas"] is None:
             problems.append("--check/--write need ptxas (the gpu-compile extra)")
         else:

@@ -15,8 +15,11 @@ verdicts below are the same on every rank and no rank is left waiting:
   GPUs, or a launcher that hands every rank the same one) raise ``BindError``
   unless the user opts in with ``oversubscribe=True``
   (``--oversubscribe-gpus``, or ``REFCONV_OVERSUBSCRIBE_GPUS=1``).  A GPU is
-  known by its ``CUDA_VISIBLE_DEVICES`` entry, so Slurm's one-GPU-per-task
-  binding (each rank sees a different single device 0) is not a conflict.
+  known by its PCI bus id, which no launcher renumbers: with Slurm's
+  one-GPU-per-task binding, or a launcher that hides the other devices by cgroups
+  without setting ``CUDA_VISIBLE_DEVICES``, every rank sees a single device 0,
+  and that is not a conflict when the devices differ.  (Tests, which inject a
+  device count, identify GPUs by their ``CUDA_VISIBLE_DEVICES`` entries instead.)
 - On the CPU, ranks per node x threads per rank above the node's cores prints
   one warning (rank 0).  ``refconv.threads`` chooses and applies the threads
   (cores / ranks per node unless the user set them); this module only reads
@@ -64,6 +67,13 @@ def visible_gpu_ids(count, env=None):
     if listed is None:
         return [str(i) for i in range(count)]
     return [item.strip() for item in listed.split(",") if item.strip()][:count]
+
+
+def physical_gpu_ids(count):
+    """The PCI bus id of each of the ``count`` visible devices (the same device has the
+    same id in every process of the node, whatever number the launcher gave it)."""
+    cp = arrays.device_module()
+    return [cp.cuda.Device(i).pci_bus_id for i in range(count)]
 
 
 def choose_gpu(local_rank, count):
@@ -153,8 +163,12 @@ def bind(comm, backend="auto", *, oversubscribe=None, count=None, env=None, core
     local_rank, local_size = node.Get_rank(), node.Get_size()
     node.Free()
     cores = cores or threads.node_layout(comm)[0]
-    count = (gpu_count() if backend == "cuda" else 0) if count is None else count
-    ids = visible_gpu_ids(count, env) if backend == "cuda" else []
+    measured = count is None  # a real device count: name GPUs by PCI bus id; injected: by CUDA_VISIBLE_DEVICES
+    count = (gpu_count() if backend == "cuda" else 0) if measured else count
+    if backend != "cuda" or not count:
+        ids = []
+    else:
+        ids = physical_gpu_ids(count) if measured else visible_gpu_ids(count, env)
     gpu = choose_gpu(local_rank, len(ids))
     mine = Binding(
         rank=comm.Get_rank(), host=host or socket.gethostname(), local_rank=local_rank, local_size=local_size,

@@ -3,6 +3,8 @@ CUDA_VISIBLE_DEVICES, fake hosts): no GPU is needed to check which device a rank
 picks and when a binding is refused.  The multi-rank half is tests/mpi/test_device.py;
 the real device selection runs in scripts/gpu_check.sh."""
 
+import dataclasses
+
 import pytest
 from mpi4py import MPI
 
@@ -66,6 +68,20 @@ def test_bind_selects_the_chosen_device_with_fakes():
                               select=picked.append, host="fake-node", warn=False)
     assert (mine.local_rank, mine.local_size, mine.gpu, mine.gpu_id, mine.simulator) == (0, 1, 0, "5", False)
     assert picked == [0] and table == [mine]
+
+
+def test_a_launcher_that_renumbers_every_rank_s_gpu_to_0_is_not_a_conflict(monkeypatch):
+    """Each rank sees one device, numbered 0, and no CUDA_VISIBLE_DEVICES: the PCI bus id tells them apart."""
+    monkeypatch.setattr(device, "gpu_count", lambda: 1)
+    monkeypatch.setattr(device, "physical_gpu_ids", lambda count: ["00000000:3B:00.0"][:count])
+    picked = []
+    mine, table = device.bind(MPI.COMM_WORLD, "cuda", env={}, select=picked.append, host="node", warn=False)
+    assert (mine.gpu, mine.gpu_id, picked) == (0, "00000000:3B:00.0", [0])
+    other = Binding(rank=1, host="node", local_rank=1, local_size=2, backend="cuda", gpu=0,
+                    gpu_id="00000000:5E:00.0", threads=1, cores=8)
+    device.check_gpu_sharing(table + [other], oversubscribe=False)  # two devices, both "0" to their ranks
+    with pytest.raises(BindError, match="2 ranks on node node share 1 GPU"):
+        device.check_gpu_sharing(table + [dataclasses.replace(other, gpu_id=mine.gpu_id)], oversubscribe=False)
 
 
 def test_bind_on_the_cpu_selects_nothing():
