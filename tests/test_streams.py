@@ -94,3 +94,45 @@ def test_kernel_stream_is_zero_without_a_gpu():
     if arrays.gpu_available():
         pytest.skip("a real GPU is present: kernel_stream is CuPy's current stream there")
     assert arrays.kernel_stream() == 0
+
+
+# The device-to-host reads a training step on the cuda backend may make, by (module, function):
+# each is a wait for the stream.  The loss is read once per step, as torch users' loss.item():
+# the step returns it as a float, for the log and the non-finite guard.  Setting global parameters
+# reads its argument, which may be a device array, once, before training.
+ALLOWED_HOST_READS = {("layers/loss.py", "forward"), ("layers/conv.py", "set_global_parameters")}
+STEP_MODULES = ("layers", "algorithms", "halo.py", "optim.py")
+HOST_READS = {"to_host", "asnumpy", "item", "tolist", "get"}
+
+
+def host_reads(path, root):
+    """``(module, enclosing function, line)`` of every call that reads a device array into host memory."""
+    tree = ast.parse(path.read_text())
+    found = []
+
+    def visit(node, function):
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and child.func.attr in HOST_READS:
+                if child.func.attr != "get" or not child.args:  # dict.get(key) reads nothing; cupy's .get() does
+                    found.append((str(path.relative_to(root)), function, child.lineno))
+            visit(child, name)
+
+    visit(tree, None)
+    return found
+
+
+def test_no_host_round_trip_comes_back_into_the_training_step():
+    """A read of device memory in the layers, algorithms, halos or optimizer is a stall per step on
+    a GPU: any read not listed above fails here, naming where it is.  (The collectives stage device
+    buffers through the host only for an MPI library that is not CUDA-aware, by design.)"""
+    import refconv
+
+    root = pathlib.Path(refconv.__file__).parent
+    paths = [p for name in STEP_MODULES for p in ((root / name).rglob("*.py") if (root / name).is_dir()
+                                                   else [root / name]) if p.exists()]
+    found = [read for path in paths for read in host_reads(path, root)]
+    unexpected = [f"{module}:{line} in {function}" for module, function, line in found
+                  if (module, function) not in ALLOWED_HOST_READS]
+    assert not unexpected, f"host reads in the training step's path: {unexpected}"
+    assert {(m, f) for m, f, _ in found} >= ALLOWED_HOST_READS  # the allowed ones are still where this says
