@@ -52,7 +52,7 @@ from refconv import checks, collectives
 from refconv.arrays import array_module, to_host
 from refconv.optim import named_parameters
 
-__all__ = ["save", "load", "CheckpointError", "shard_name", "MANIFEST", "FORMAT", "VERSION"]
+__all__ = ["save", "load", "nonfinite", "CheckpointError", "shard_name", "MANIFEST", "FORMAT", "VERSION"]
 
 FORMAT = "refconv-checkpoint"
 VERSION = 2
@@ -113,6 +113,18 @@ def _entries(model, optimizer):
     return entries
 
 
+def nonfinite(model, optimizer=None):
+    """This rank's first tensor with a NaN or an infinity, as ``"param/conv1.weight (12 of
+    864 values)"``, or None when every parameter, buffer and momentum shard is finite.
+    Local: no communication (``save`` agrees on it; ``refconv train`` checks with it)."""
+    for e in _entries(model, optimizer):
+        xp = array_module(e.local)
+        bad = int(e.local.size - xp.count_nonzero(xp.isfinite(e.local)))
+        if bad:
+            return f"{e.key} ({bad} of {e.local.size} values on rank {e.rank})"
+    return None
+
+
 # -- save ------------------------------------------------------------------------------------
 def save(directory, model, optimizer=None, *, step, extra=None):
     """Write a checkpoint of ``model`` (and ``optimizer``'s momentum) to ``directory``.
@@ -120,6 +132,8 @@ def save(directory, model, optimizer=None, *, step, extra=None):
     Collective over the model's communicator.  ``step``: an int; ``extra``: any
     JSON-serialisable value (numpy scalars and arrays are converted), rank 0's is kept.
     An existing checkpoint in ``directory`` is replaced once the new one is committed.
+    A tensor with a NaN or an infinity on any rank is refused (CheckpointError on every
+    rank) before anything is written: a diverged run never replaces a good checkpoint.
     """
     entries = _entries(model, optimizer)
     comm = entries[0].comm
@@ -130,6 +144,9 @@ def save(directory, model, optimizer=None, *, step, extra=None):
     try:
         step = _check_step(step)
         extra = json.loads(json.dumps(extra, default=_json_default))
+        bad = nonfinite(model, optimizer)
+        if bad is not None:
+            raise ValueError(f"{bad} are not finite (NaN or inf); the checkpoint already there is kept")
         os.makedirs(directory, exist_ok=True)
         if rank == 0:
             save_number = 1 + max(_save_numbers(directory), default=0)

@@ -13,7 +13,9 @@ collective.  Two paths, both ending every rank:
   call :func:`uninstall_abort_on_exception` after the import.
 - **A bad input that every rank rejects alike** (:func:`exit_on_shared_error`, used
   by the ``refconv`` commands): rank 0 prints the one line and aborts with status 2;
-  the other ranks stay silent.  Should a rank outlive rank 0's abort by
+  the other ranks stay silent.  A :class:`SharedFailure` (a failure every rank meets
+  alike that is not bad input, such as a diverged run) ends the same way with its
+  own ``status``.  Should a rank outlive rank 0's abort by
   ``SHARED_GRACE_S`` (so the error was not shared after all), it prints its line,
   prefixed ``[rank r]``, and aborts itself: never a hang, never a lost message.
 
@@ -36,6 +38,14 @@ SHARED_GRACE_S = 10.0  # a rank with a shared error waits this long for rank 0's
 LINE_GRACE_S = 0.2     # between printing the error line and aborting (the collective watchdog waits the same)
 
 _previous = None       # (sys.excepthook, threading.excepthook) before install
+
+
+class SharedFailure(RuntimeError):
+    """A failure that every rank meets alike and that is not bad input (e.g. a run whose
+    loss is no longer finite): the ``refconv`` commands end the job with its message on
+    one line and exit status ``status`` (:func:`exit_on_shared_error`)."""
+
+    status = 3
 
 
 def write_line(text, stream=None):

@@ -231,3 +231,15 @@ def test_plain_python_script_cannot_hang_on_a_raise(tmp_path):
     assert r.returncode == 1 and time.monotonic() - t0 < 30
     assert "[rank 1] uncaught ValueError: only rank 1 fails (raised at script.py:4 in <module>)\n" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_resnet50_takes_a_learning_rate_scaled_to_its_batch():
+    """Unset, --lr is 0.1 x batch / 256 for the ImageNet presets (0.1 for the rest): at batch 4,
+    ResNet-50 on --synthetic images keeps a sane loss where 0.1 blows it up (issue 24)."""
+    from refconv.model_spec import default_lr
+    assert TrainConfig(model="resnet50", batch_size=4).lr == default_lr("resnet50", 4) == 0.1 * 4 / 256
+    assert TrainConfig(batch_size=4).lr == 0.1 and TrainConfig(model="resnet50", lr=0.3).lr == 0.3
+    runs = {lr: train(TrainConfig(model="resnet50", synthetic=True, synthetic_samples=32, batch_size=4, epochs=1,
+                                  progress=False, lr=lr), log=lambda *a: None)["losses"] for lr in (None, 0.1)}
+    assert max(runs[None]) < 2 * runs[None][0], runs[None]            # measured: 3.12 at most 3.46
+    assert max(runs[0.1]) > 10 * runs[0.1][0], runs[0.1]             # measured: 3.12 then 135

@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 
+import numpy
 import pytest
 
 from refconv import checkpoint, collectives
@@ -230,6 +231,38 @@ def test_checkpoint_fault_loses_nothing(case, runs, tmp_path, request):
     assert losses(tmp_path / "resumed.jsonl") == {s: want[s] for s in range(step + 1, 5)}
     _, _, files = committed(directory)
     assert sorted(os.listdir(directory)) == files        # the killed save's leftovers are gone
+
+
+def finite(directory):
+    """True when every tensor of every shard the manifest of ``directory`` names is finite."""
+    with open(os.path.join(directory, checkpoint.MANIFEST)) as f:
+        shards = [s["file"] for s in json.load(f)["shards"]]
+    for name in shards:
+        with numpy.load(os.path.join(directory, name)) as arrays:
+            if not all(numpy.isfinite(arrays[key]).all() for key in arrays.files):
+                return False
+    return True
+
+
+def test_a_diverged_run_stops_and_keeps_the_last_good_checkpoint(runs, tmp_path):
+    """--lr 1e30 from a good checkpoint, saving every step: the guard stops the run with one
+    line naming the step (exit 3) before any non-finite state is committed; the checkpoint it
+    keeps is whole, finite and resumable."""
+    _, step2 = runs
+    directory = tmp_path / "ck"
+    shutil.copytree(step2, directory)
+    ended = launch([*TRAIN, *CHANNEL, "--resume", "--lr", "1e30", "--checkpoint-every", "1",
+                    "--checkpoint-dir", str(directory)])
+    lines = [line for line in ended.output.splitlines() if "training diverged" in line]
+    assert ended.status == 3 and len(lines) == 1, ended.output
+    said = re.fullmatch(r"refconv train: training diverged: (?:the loss of step (\d+) is nan|after step (\d+), "
+                        r"\S+ \(\d+ of \d+ values on rank \d\) are not finite \(NaN or inf\)); nothing of it is "
+                        r"saved: the checkpoint of step (\d+) in '.+' is kept; lower --lr \(it is 1e\+30\)", lines[0])
+    assert said, lines[0]
+    step, _, files = committed(directory)
+    assert int(said[3]) == step < int(said[1] or said[2]) and finite(directory), (step, lines[0])
+    assert sorted(os.listdir(directory)) == files        # the good step's shards are all there
+    assert ended.seconds < END_SLACK_S, ended.output
 
 
 def _table(cases):
