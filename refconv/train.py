@@ -215,7 +215,7 @@ def train(cfg, *, comm=None, log=print, report=None):
     (default: stderr) receives progress.  Every collective runs under ``cfg.timeout``."""
     cfg.validate()
     comm = comm or MPI.COMM_WORLD
-    with collectives.timeout(cfg.timeout):
+    with collectives.timeout(cfg.timeout), failure.training(comm):
         return _train(cfg, comm, log if comm.Get_rank() == 0 else (lambda *a, **k: None), report)
 
 

@@ -3,7 +3,9 @@ chosen point, and check that the whole job ends, soon, non-zero, with nothing lo
 
 The faults come from ``REFCONV_FAULT=rank:point:action[:n]`` (``refconv.collectives``):
 ``kill`` is SIGKILL, ``stop`` SIGSTOP (a frozen rank: its peer's collective watchdog
-must end the job), ``raise`` an uncaught exception (the abort hook must end it).
+must end the job), ``raise`` an uncaught exception (the abort hook must end it),
+``exit`` and ``osexit`` a rank that leaves with ``sys.exit(0)`` or ``os._exit(0)``
+(``refconv.failure.training`` must end it, non-zero, naming the rank).
 Points: ``startup``, the n-th MPI call of the run (mid-step), inside each collective
 kind, and each point of a checkpoint save (``checkpoint.FAULT_POINTS``).
 
@@ -72,7 +74,9 @@ TRAINING_CASES = [Case("1:allreduce:kill:3", default=True),
                   Case("1:allgather:stop:2", default=True),
                   Case("0:reduce_scatter:raise", default=True),
                   Case("1:startup:stop", default=True),
-                  Case("1:halo:stop:3", grid=HEIGHT, default=True)]
+                  Case("1:halo:stop:3", grid=HEIGHT, default=True),
+                  Case("1:allreduce:exit:3", default=True),
+                  Case("0:allgather:osexit:2", default=True)]
 # (point, n): the n-th visit; "collective" counts every MPI call, so its 30th is mid-step
 POINTS = (("startup", 1), ("collective", 30), ("allreduce", 5), ("allgather", 3), ("reduce_scatter", 3),
           ("alltoallv", 3), ("halo", 5), ("split", 4))    # the 4th split: the grid's first sub-communicator
@@ -145,6 +149,12 @@ def check_ended(case, ended):
         assert TIMEOUT_LINE.search(timeouts[0]), timeouts[0]
     if case.action == "raise":
         assert "FaultInjected" in ended.output, where
+    if case.action in ("exit", "osexit"):
+        rank = case.fault.split(":")[0]
+        how = re.escape("SystemExit(0)" if case.action == "exit" else "os._exit(0)")
+        lines = [line for line in ended.output.splitlines() if "is leaving" in line]
+        assert len(lines) == 1 and re.fullmatch(rf"\[rank {rank}\] refconv: rank {rank} is leaving during training "
+                                                rf"\({how}.*\); aborting the job", lines[0]), where
 
 
 def _marks(case):
@@ -231,6 +241,31 @@ def test_checkpoint_fault_loses_nothing(case, runs, tmp_path, request):
     assert losses(tmp_path / "resumed.jsonl") == {s: want[s] for s in range(step + 1, 5)}
     _, _, files = committed(directory)
     assert sorted(os.listdir(directory)) == files        # the killed save's leftovers are gone
+
+
+def test_a_rank_returning_from_main_while_the_others_train_ends_the_job(tmp_path):
+    """Rank 1 returns from its main without training; rank 0 is inside refconv train, waiting
+    for it in a collective (with a 60 s --timeout).  Rank 1's exit notice ends the job within
+    seconds, non-zero, with one line naming rank 1."""
+    script = tmp_path / "leave.py"
+    script.write_text("import sys\n"
+                      "from mpi4py import MPI\n"
+                      "from refconv import cli\n"
+                      "def main():\n"
+                      "    if MPI.COMM_WORLD.Get_rank() == 1:\n"
+                      "        return 0\n"
+                      f"    return cli.main({[*TRAIN[:-1], '60', *CHANNEL]!r})\n"
+                      "sys.exit(main())\n")
+    mpiexec = find_mpiexec()
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    start = time.monotonic()
+    out = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=HANG_S)
+    seconds = time.monotonic() - start
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if "left the job" in line]
+    assert out.returncode == 1 and seconds < END_SLACK_S, (seconds, out.stdout + out.stderr)
+    assert lines == ["[rank 0] refconv: rank 1 left the job while the others train (it reached its exit outside "
+                     "training); aborting the job"], out.stdout + out.stderr
 
 
 def finite(directory):
