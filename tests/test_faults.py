@@ -268,6 +268,74 @@ def test_a_rank_returning_from_main_while_the_others_train_ends_the_job(tmp_path
                      "training); aborting the job"], out.stdout + out.stderr
 
 
+def _children(pid):
+    """The pids whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError, ValueError):
+            continue
+        if entry.isdigit() and int(fields[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
+def _running(marker):
+    """Pids of processes whose command line contains ``marker``."""
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    out.append(int(entry))
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
+def test_killing_the_launcher_proxy_ends_every_rank_and_resume_is_identical(tmp_path):
+    """SIGKILL of mpiexec's hydra_pmi_proxy mid-run.  Its ranks used to run on, orphaned, after
+    mpiexec returned, and kept saving into --checkpoint-dir (so a resume started then read a
+    checkpoint that moved under it).  Now they die with the proxy: the directory keeps the last
+    checkpoint committed before the kill, and resuming from it gives the uninterrupted losses."""
+    steps = 12
+    args = [*TRAIN, *CHANNEL, "--max-steps", str(steps), "--checkpoint-every", "1"]
+    assert launch([*args, "--metrics-out", str(tmp_path / "straight.jsonl")]).status == 0
+    directory, metrics = tmp_path / "ck", tmp_path / "killed.jsonl"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.pop("REFCONV_FAULT", None)
+    proc = subprocess.Popen([find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", *args,
+                             "--checkpoint-dir", str(directory), "--metrics-out", str(metrics)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + HANG_S
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before the kill"
+            time.sleep(0.01)
+        proxies = _children(proc.pid)
+        assert proxies, "mpiexec has no proxy process"
+        for pid in proxies:
+            os.kill(pid, signal.SIGKILL)
+        assert proc.wait(timeout=HANG_S) != 0
+        time.sleep(3.0)                                  # an orphan would finish its 12 steps in this time
+        assert _running(str(directory)) == [], "ranks outlived their proxy"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in _running(str(directory)):
+            os.kill(pid, signal.SIGKILL)
+    step, _, _ = committed(directory)
+    assert step < steps, f"the checkpoint moved on to step {step} after the kill"
+    resumed = launch([*TRAIN, *CHANNEL, "--max-steps", str(steps - step), "--checkpoint-every", "1", "--resume",
+                      "--checkpoint-dir", str(directory), "--metrics-out", str(tmp_path / "resumed.jsonl")])
+    assert resumed.status == 0, resumed.output
+    straight = losses(tmp_path / "straight.jsonl")
+    assert losses(tmp_path / "resumed.jsonl") == {s: straight[s] for s in range(step + 1, steps + 1)}
+
+
 def finite(directory):
     """True when every tensor of every shard the manifest of ``directory`` names is finite."""
     with open(os.path.join(directory, checkpoint.MANIFEST)) as f:
