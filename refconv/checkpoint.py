@@ -40,6 +40,8 @@ assigned, so an error is raised on every rank with the same text and nothing is
 partially loaded.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -52,7 +54,7 @@ from refconv import checks, collectives
 from refconv.arrays import array_module, to_host
 from refconv.optim import named_parameters
 
-__all__ = ["save", "load", "nonfinite", "CheckpointError", "shard_name", "MANIFEST", "FORMAT", "VERSION"]
+__all__ = ["save", "load", "nonfinite", "lock", "CheckpointError", "shard_name", "MANIFEST", "FORMAT", "VERSION"]
 
 FORMAT = "refconv-checkpoint"
 VERSION = 2
@@ -123,6 +125,27 @@ def nonfinite(model, optimizer=None):
         if bad:
             return f"{e.key} ({bad} of {e.local.size} values on rank {e.rank})"
     return None
+
+
+def lock(directory):
+    """Hold an exclusive lock on ``directory`` (created if missing) for as long as the returned
+    file descriptor stays open: a second run that writes the same checkpoints is refused at its
+    start instead of racing this one.  One process takes it (``refconv train``: rank 0).
+    ``flock`` on the folder itself, so no lock file is left behind; it is local to a node
+    unless the shared filesystem forwards flock (Lustre with ``-o flock``, NFSv4)."""
+    directory = os.fspath(directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create {directory!r}: {exc.strerror}; give a folder you may write") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise CheckpointError(f"{directory!r} is in use by another run (it holds the folder's lock); give "
+                              f"another checkpoint folder, or wait for that run to end") from None
+    return fd
 
 
 # -- save ------------------------------------------------------------------------------------
@@ -229,10 +252,15 @@ def _write_atomic(path, data, fault_point):
     """Temp file in the same directory, fsync, then os.replace: all or nothing.
     ``fault_point`` names the moment between the two for REFCONV_FAULT."""
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)                        # a full disk leaves no partial file to trip the next save
+        raise
     collectives.fault_point(fault_point)
     os.replace(tmp, path)
 

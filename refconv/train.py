@@ -26,14 +26,16 @@ depends only on them, so every rank raises the same ``ValueError``.  The options
 themselves are defined once, in :mod:`refconv.train_config`.
 """
 
+import contextlib
 import json
 import math
+import os
 import time
 
 import numpy
 from mpi4py import MPI
 
-from refconv import checkpoint, collectives, datasets, device, failure, progress, threads, train_config
+from refconv import checkpoint, checks, collectives, datasets, device, failure, progress, threads, train_config
 from refconv.model import Model
 from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
@@ -215,8 +217,38 @@ def train(cfg, *, comm=None, log=print, report=None):
     (default: stderr) receives progress.  Every collective runs under ``cfg.timeout``."""
     cfg.validate()
     comm = comm or MPI.COMM_WORLD
-    with collectives.timeout(cfg.timeout), failure.training(comm):
+    with collectives.timeout(cfg.timeout), failure.training(comm), _outputs(cfg, comm):
         return _train(cfg, comm, log if comm.Get_rank() == 0 else (lambda *a, **k: None), report)
+
+
+@contextlib.contextmanager
+def _outputs(cfg, comm):
+    """Collective: check --metrics-out and --checkpoint-dir on every rank before any work (the
+    first rank's error is raised on every rank alike), then hold the checkpoint folder's lock
+    (rank 0) for the run, so that a second run writing it is refused at its start."""
+    error = None
+    for name, check in (("metrics_out", checks.output_file), ("checkpoint_dir", checks.output_folder)):
+        try:
+            if getattr(cfg, name) is not None:
+                check(getattr(cfg, name), name)
+        except ValueError as exc:
+            error = error or (name, str(exc).removeprefix(f"{name}: "))
+    held = None
+    if error is None and cfg.checkpoint_dir and comm.Get_rank() == 0:
+        try:
+            held = checkpoint.lock(cfg.checkpoint_dir)
+        except (OSError, checkpoint.CheckpointError) as exc:
+            error = ("checkpoint_dir", str(exc))
+    errors = [e for e in collectives.allgather_object(comm, error) if e]
+    if errors:
+        if held is not None:
+            os.close(held)
+        raise OptionError(*errors[0])
+    try:
+        yield
+    finally:
+        if held is not None:
+            os.close(held)
 
 
 def _bind(cfg, comm):

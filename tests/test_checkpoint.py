@@ -273,3 +273,33 @@ def test_a_nonfinite_tensor_is_refused_and_training_names_it(saved, kind):
     with pytest.raises(train.Diverged, match="the loss of step 8 is nan"):
         train.check_loss(cfg, float("nan"), 8, 1)
     train.check_loss(cfg, 2.5, 8, 1)
+
+
+def test_a_failed_write_leaves_no_temporary_file(saved, monkeypatch):
+    """A full disk (ENOSPC at fsync) fails the save on every rank and removes its temporary
+    file, so the previous checkpoint stays whole and the next save in place is not tripped."""
+    import errno
+    directory, model, opt = saved
+    before = {name: (directory / name).read_bytes() for name in os.listdir(directory)}
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        checkpoint.save(directory, model, opt, step=2)
+    assert {name: (directory / name).read_bytes() for name in os.listdir(directory)} == before
+    monkeypatch.undo()
+    checkpoint.save(directory, model, opt, step=2)
+    assert checkpoint.load(directory, model, opt)[0] == 2
+
+
+def test_a_locked_checkpoint_folder_is_refused(tmp_path):
+    """checkpoint.lock: a second holder is refused with one line until the first lets go."""
+    held = checkpoint.lock(tmp_path / "ck")
+    try:
+        with pytest.raises(CheckpointError, match="is in use by another run"):
+            checkpoint.lock(tmp_path / "ck")
+    finally:
+        os.close(held)
+    os.close(checkpoint.lock(tmp_path / "ck"))
+    assert os.listdir(tmp_path / "ck") == []                        # no lock file left behind

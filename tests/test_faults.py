@@ -336,6 +336,51 @@ def test_killing_the_launcher_proxy_ends_every_rank_and_resume_is_identical(tmp_
     assert losses(tmp_path / "resumed.jsonl") == {s: straight[s] for s in range(step + 1, steps + 1)}
 
 
+@pytest.mark.parametrize("command", [
+    ("train", "--metrics-out", "{missing}/m.jsonl"),
+    ("train", "--checkpoint-dir", "{file}"),
+    ("train", "--metrics-out", "{tmp}"),
+    ("bench", "collectives", "--out", "{missing}/b.jsonl"),
+    ("plot", "{file}", "--out-dir", "{file}"),
+])
+def test_an_output_path_that_cannot_be_written_is_refused_at_the_start(command, tmp_path):
+    """Every rank checks every output path before any work: one line, exit 2, no traceback
+    (a missing --metrics-out folder used to fail on rank 0 only, after training)."""
+    (tmp_path / "a_file").write_text("x")
+    args = [a.format(missing=tmp_path / "missing", file=tmp_path / "a_file", tmp=tmp_path) for a in command]
+    if command[0] == "train":
+        args = [*TRAIN, *CHANNEL, *args[1:]]
+    ended = launch(args)
+    errors = [line for line in ended.output.splitlines() if line.startswith(f"refconv {command[0]}: error:")]
+    assert ended.status == 2 and len(errors) == 1 and "Traceback" not in ended.output, ended.output
+    assert "step 1" not in ended.output and "epoch 1" not in ended.output, ended.output
+
+
+def test_a_second_run_on_a_checkpoint_folder_in_use_is_refused(tmp_path):
+    """Two runs writing one --checkpoint-dir: the second is refused at its start with one line
+    (exit 2), and the first runs on untouched."""
+    directory, metrics = tmp_path / "ck", tmp_path / "first.jsonl"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.pop("REFCONV_FAULT", None)
+    first = subprocess.Popen([find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", *TRAIN, *CHANNEL,
+                              "--max-steps", "200", "--checkpoint-every", "1", "--checkpoint-dir", str(directory),
+                              "--metrics-out", str(metrics)],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + HANG_S
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+            assert first.poll() is None and time.monotonic() < deadline, "the first run ended too soon"
+            time.sleep(0.01)
+        second = launch([*TRAIN, *CHANNEL, "--checkpoint-dir", str(directory)])
+        assert first.poll() is None, "the first run did not outlive the second's refusal"
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    lines = [line for line in second.output.splitlines() if "is in use by another run" in line]
+    assert second.status == 2 and len(lines) == 1, second.output
+    assert lines[0].startswith(f"refconv train: error: --checkpoint-dir: {str(directory)!r} is in use"), lines[0]
+
+
 def finite(directory):
     """True when every tensor of every shard the manifest of ``directory`` names is finite."""
     with open(os.path.join(directory, checkpoint.MANIFEST)) as f:
