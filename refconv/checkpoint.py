@@ -322,6 +322,8 @@ def _read_manifest(directory):
     if not os.path.exists(path):
         raise CheckpointError(f"incomplete checkpoint: {directory!r} has no {MANIFEST} "
                               f"(the save did not finish, or this is not a checkpoint)")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{MANIFEST} in {directory!r} is not a regular file (a FIFO would block every rank)")
     try:
         with open(path, "rb") as f:
             manifest = json.loads(f.read().decode())
@@ -413,6 +415,8 @@ def _read_blocks(directory, m, entries, rank, size):
         path = os.path.join(directory, name)
         if not os.path.exists(path):
             raise CheckpointError(f"missing shard {name} (rank {r} of {m['world_size']})")
+        if not os.path.isfile(path):
+            raise CheckpointError(f"shard {name} is not a regular file (a FIFO would block every rank)")
         with open(path, "rb") as f:
             blob = f.read()
         if hashlib.sha256(blob).hexdigest() != m["shards"][r]["sha256"]:

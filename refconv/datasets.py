@@ -99,6 +99,9 @@ def load_npz(path, *, dtype=numpy.float32, num_classes=None):
         raise ValueError(f"{where} does not exist")
     if os.path.isdir(path):
         raise ValueError(f"{where} is a directory; expected an .npz file")
+    if not os.path.isfile(path):
+        raise ValueError(f"{where} is not a regular file (a FIFO or a device would block every rank); expected "
+                         f"an .npz file")
     try:
         z = numpy.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:

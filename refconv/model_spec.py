@@ -190,11 +190,34 @@ def load_spec(spec, **preset_kwargs):
     if spec.endswith((".json", ".yaml", ".yml")):
         if not os.path.exists(spec):
             raise ValueError(f"spec: file {spec!r} does not exist")
+        if not os.path.isfile(spec):
+            raise ValueError(f"spec: {spec!r} is not a regular file (a FIFO or a folder); give a .json/.yaml file")
         with open(spec) as f:
             if spec.endswith(".json"):
                 return json.load(f)
             return yaml.safe_load(f)
     raise ValueError(f"spec: {spec!r} is neither a preset {sorted(PRESETS)} nor a .json/.yaml file")
+
+
+MAX_LAYERS = 100_000   # a spec with more is a mistake or a YAML alias bomb (aliases nest: 9 levels of
+                       # 9 references each expand to 387 million layers in a file of a few lines)
+
+
+def _count_layers(specs, limit):
+    """The layers in ``specs`` (a list), residual blocks' included, counting no further than
+    ``limit`` + 1: the walk is bounded however far YAML aliases would expand."""
+    count, stack = 0, [specs]
+    while stack and count <= limit:
+        items = stack.pop()
+        if not isinstance(items, list):
+            continue
+        for spec in items:
+            count += 1
+            if count > limit:
+                break
+            if isinstance(spec, dict):
+                stack += [spec.get("layers"), spec.get("shortcut")]
+    return count
 
 
 # -- building -------------------------------------------------------------------------------------
@@ -338,6 +361,9 @@ def build(spec, *, comm=None, backend="auto", dtype=None, seed=0, serial=False, 
         raise ValueError(f"spec: unknown key {sorted(bad)[0]!r}; allowed: {sorted(_TOP_KEYS)}")
     if "layers" not in spec:
         raise ValueError("spec: needs 'layers', a list of layer dicts")
+    if _count_layers(spec["layers"], MAX_LAYERS) > MAX_LAYERS:
+        raise ValueError(f"layers: more than {MAX_LAYERS:,} layers (residual blocks' included); a model this "
+                         f"deep is a mistake, e.g. YAML aliases nested into an alias bomb")
     merged = dict(spec.get("defaults") or {})
     if not isinstance(merged, dict) or set(merged) - _DEFAULT_KEYS:
         raise ValueError(f"spec.defaults: expected a dict with keys among {sorted(_DEFAULT_KEYS)}, got {merged!r}")

@@ -243,3 +243,24 @@ def test_resnet50_takes_a_learning_rate_scaled_to_its_batch():
                                   progress=False, lr=lr), log=lambda *a: None)["losses"] for lr in (None, 0.1)}
     assert max(runs[None]) < 2 * runs[None][0], runs[None]            # measured: 3.12 at most 3.46
     assert max(runs[0.1]) > 10 * runs[0.1][0], runs[0.1]             # measured: 3.12 then 135
+
+
+def _alias_bomb(levels=6, width=9):
+    """A YAML model a few lines long whose aliases expand to width**levels layers (531,441)."""
+    lines = ["description:", "- &l0 [" + ", ".join(["{type: relu}"] * width) + "]"]
+    for i in range(1, levels):
+        lines.append(f"- &l{i} [" + ", ".join([f"{{type: residual, layers: *l{i - 1}}}"] * width) + "]")
+    lines += ["in_channels: 1", f"layers: [{{type: conv, out: 4, kernel: 3}}, {{type: residual, layers: *l{levels - 1}}}, "
+              "{type: gap}, {type: linear, out: 10}]"]
+    return "\n".join(lines) + "\n"
+
+
+def test_unbounded_inputs_are_refused_with_one_line(capsys, tmp_path):
+    """A YAML alias bomb (it never finished building) and a data file that is a FIFO (every rank
+    blocked reading it) are refused at once: one line, exit 2 (issue 25)."""
+    (tmp_path / "bomb.yaml").write_text(_alias_bomb())
+    status, _, err = _main(capsys, "train", "--backend", "numpy", "--model", str(tmp_path / "bomb.yaml"))
+    assert status == 2 and "layers: more than 100,000 layers" in _one_error_line(err)
+    os.mkfifo(tmp_path / "fifo.npz")
+    status, _, err = _main(capsys, "train", "--backend", "numpy", "--data", str(tmp_path / "fifo.npz"))
+    assert status == 2 and "is not a regular file (a FIFO" in _one_error_line(err)
