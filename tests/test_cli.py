@@ -182,6 +182,7 @@ def test_header_progress_lines_and_metrics(tmp_path, monkeypatch):
     result = train(cfg, log=lines.append, report=report)
     text = "\n".join(lines)
     for part in ("1 rank;", "backend numpy", "float32", "1 BLAS thread per rank (set by OMP_NUM_THREADS)",
+                 f"; collective timeout {cfg.timeout:g} s",
                  "lr 0.05 (cosine)", "layers 0..11: grid 1 rank", "convolutions: sample-spatial x3"):
         assert part in text, text
     progress_lines = report.getvalue().splitlines()
