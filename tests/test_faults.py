@@ -295,16 +295,13 @@ def _running(marker):
     return out
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
-def test_killing_the_launcher_proxy_ends_every_rank_and_resume_is_identical(tmp_path):
-    """SIGKILL of mpiexec's hydra_pmi_proxy mid-run.  Its ranks used to run on, orphaned, after
-    mpiexec returned, and kept saving into --checkpoint-dir (so a resume started then read a
-    checkpoint that moved under it).  Now they die with the proxy: the directory keeps the last
-    checkpoint committed before the kill, and resuming from it gives the uninterrupted losses."""
-    steps = 12
+def kill_the_proxy(root, steps=12):
+    """A 2-rank run saving every step, its hydra_pmi_proxy SIGKILLed after 3 steps; returns
+    (mpiexec's status, seconds from the kill to mpiexec's end, the ranks still running 3 s later,
+    the committed step, whether resuming from it gives the uninterrupted losses)."""
     args = [*TRAIN, *CHANNEL, "--max-steps", str(steps), "--checkpoint-every", "1"]
-    assert launch([*args, "--metrics-out", str(tmp_path / "straight.jsonl")]).status == 0
-    directory, metrics = tmp_path / "ck", tmp_path / "killed.jsonl"
+    assert launch([*args, "--metrics-out", str(root / "straight.jsonl")]).status == 0
+    directory, metrics = root / "killed", root / "killed.jsonl"
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     env.pop("REFCONV_FAULT", None)
     proc = subprocess.Popen([find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", *args,
@@ -319,21 +316,36 @@ def test_killing_the_launcher_proxy_ends_every_rank_and_resume_is_identical(tmp_
         assert proxies, "mpiexec has no proxy process"
         for pid in proxies:
             os.kill(pid, signal.SIGKILL)
-        assert proc.wait(timeout=HANG_S) != 0
+        killed = time.monotonic()
+        status = proc.wait(timeout=HANG_S)
+        seconds = time.monotonic() - killed
         time.sleep(3.0)                                  # an orphan would finish its 12 steps in this time
-        assert _running(str(directory)) == [], "ranks outlived their proxy"
+        orphans = _running(str(directory))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         for pid in _running(str(directory)):
             os.kill(pid, signal.SIGKILL)
     step, _, _ = committed(directory)
-    assert step < steps, f"the checkpoint moved on to step {step} after the kill"
     resumed = launch([*TRAIN, *CHANNEL, "--max-steps", str(steps - step), "--checkpoint-every", "1", "--resume",
-                      "--checkpoint-dir", str(directory), "--metrics-out", str(tmp_path / "resumed.jsonl")])
-    assert resumed.status == 0, resumed.output
-    straight = losses(tmp_path / "straight.jsonl")
-    assert losses(tmp_path / "resumed.jsonl") == {s: straight[s] for s in range(step + 1, steps + 1)}
+                      "--checkpoint-dir", str(directory), "--metrics-out", str(root / "resumed.jsonl")])
+    straight = losses(root / "straight.jsonl")
+    same = resumed.status == 0 and losses(root / "resumed.jsonl") == {s: straight[s]
+                                                                      for s in range(step + 1, steps + 1)}
+    return status, seconds, orphans, step, same
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
+def test_killing_the_launcher_proxy_ends_every_rank_and_resume_is_identical(tmp_path):
+    """SIGKILL of mpiexec's hydra_pmi_proxy mid-run.  Its ranks used to run on, orphaned, after
+    mpiexec returned, and kept saving into --checkpoint-dir (so a resume started then read a
+    checkpoint that moved under it).  Now they die with the proxy: the directory keeps the last
+    checkpoint committed before the kill, and resuming from it gives the uninterrupted losses."""
+    status, seconds, orphans, step, same = kill_the_proxy(tmp_path)
+    assert status != 0 and seconds < END_SLACK_S, (status, seconds)
+    assert orphans == [], "ranks outlived their proxy"
+    assert step < 12, f"the checkpoint moved on to step {step} after the kill"
+    assert same, f"the resume from step {step} differs from the uninterrupted run"
 
 
 @pytest.mark.parametrize("command", [
@@ -432,9 +444,87 @@ def _table(cases):
     shutil.rmtree(root, ignore_errors=True)
 
 
+def _script(path, body):
+    """A script for ``mpiexec -n 2``: ``body`` runs in main() on every rank (rank 1: ``rank == 1``)."""
+    path.write_text("import sys\nfrom mpi4py import MPI\nfrom refconv import cli, train_config\n"
+                    "def main():\n    rank = MPI.COMM_WORLD.Get_rank()\n"
+                    + "".join(f"    {line}\n" for line in body) + "sys.exit(main())\n")
+    return [sys.executable, str(path)]
+
+
+def _run(command, env=None):
+    start = time.monotonic()
+    out = subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})), capture_output=True,
+                         text=True, timeout=HANG_S)
+    return out.returncode, time.monotonic() - start
+
+
+def _exit_table():
+    """Issue 25's table: each way a rank or the job can end badly, how long the job took to end
+    (from the fault's line, else from the launch), its exit status, and whether a resume from
+    what the run left in --checkpoint-dir (saved every step) gives the uninterrupted losses."""
+    import pathlib
+    import tempfile
+
+    root = pathlib.Path(tempfile.mkdtemp(prefix="refconv-exits-"))
+    mpiexec = [find_mpiexec(), "-n", "2"]
+    cli = [*mpiexec, sys.executable, "-m", "refconv.cli"]
+    launch([*TRAIN, *CHANNEL, "--metrics-out", str(root / "straight.jsonl")])
+    straight = losses(root / "straight.jsonl")
+
+    def resumed(directory):
+        if not (directory / checkpoint.MANIFEST).exists():
+            return "no checkpoint yet"
+        step = committed(directory)[0]
+        if step >= 4:
+            return f"step {step}: nothing to resume"
+        launch([*TRAIN, *CHANNEL, "--resume", "--max-steps", str(4 - step), "--checkpoint-dir", str(directory),
+                "--metrics-out", str(directory) + ".jsonl"])
+        same = losses(str(directory) + ".jsonl") == {s: straight[s] for s in range(step + 1, 5)}
+        return f"{'yes' if same else 'NO'} (from step {step})"
+
+    rows = []
+    for i, fault in enumerate(["1:allreduce:kill:12", "1:allgather:stop:8", "1:allreduce:raise:12",
+                               "1:allreduce:exit:12", "0:allgather:osexit:8", "1:collective:150:exit",
+                               "1:checkpoint.shard:exit:2"]):
+        directory = root / f"ck{i}"
+        ended = launch([*TRAIN, *CHANNEL, "--checkpoint-every", "1", "--checkpoint-dir", str(directory)], fault=fault)
+        rows.append((f"`REFCONV_FAULT={fault}`", ended.seconds, ended.status, resumed(directory)))
+    status, seconds = _run([*mpiexec, *_script(root / "leave.py", [
+        "if rank == 1:", "    return 0", f"return cli.main({[*TRAIN, *CHANNEL]!r})"])])
+    rows.append(("rank 1 returns from main while rank 0 trains (from the launch)", seconds, status, ""))
+    status, seconds = _run([*mpiexec, *_script(root / "one.py", [
+        "if rank == 1:", "    train_config.from_arguments = lambda args: (_ for _ in ()).throw(ValueError('x: bad'))",
+        f"return cli.main({[*TRAIN[:-2], *CHANNEL]!r})"])])
+    rows.append(("a `ValueError` on rank 1 only, in `refconv.cli.main` (default `--timeout`)", seconds, status, ""))
+    status, seconds, orphans, step, same = kill_the_proxy(root)
+    rows.append((f"SIGKILL of `hydra_pmi_proxy` after step 3 ({len(orphans)} ranks left running)", seconds, status,
+                 f"{'yes' if same else 'NO'} (from step {step})"))
+    launch([*TRAIN, *CHANNEL, "--max-steps", "2", "--checkpoint-dir", str(root / "div2")])
+    ended = launch([*TRAIN, *CHANNEL, "--resume", "--lr", "1e30", "--checkpoint-every", "1",
+                    "--checkpoint-dir", str(root / "div2")])
+    rows.append(("diverged: `--lr 1e30` resumed at step 2, saving every step", ended.seconds, ended.status,
+                 f"kept step {committed(root / 'div2')[0]}, finite: {finite(root / 'div2')}"))
+    (root / "file").write_text("x")
+    os.mkfifo(root / "fifo.npz")
+    for what, args in (("`--metrics-out` in a missing folder", ["--metrics-out", str(root / "no" / "m.jsonl")]),
+                       ("`--checkpoint-dir` that is a file", ["--checkpoint-dir", str(root / "file")]),
+                       ("`--data` that is a FIFO", ["--data", str(root / "fifo.npz")])):
+        status, seconds = _run([*cli, *TRAIN, *CHANNEL, *args])
+        rows.append((what, seconds, status, ""))
+    print("| fault (2 ranks, `--grid channel=2 --timeout 2`) | seconds to end | exit status | resume identical |")
+    print("| --- | --- | --- | --- |")
+    for what, seconds, status, same in rows:
+        print(f"| {what} | {seconds:.1f} | {status} | {same} |", flush=True)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 if __name__ == "__main__":
-    every = "--all" in sys.argv
-    _table([c for c in TRAINING_CASES + CHECKPOINT_CASES if every or c.default])
+    if "--exits" in sys.argv:
+        _exit_table()
+    else:
+        every = "--all" in sys.argv
+        _table([c for c in TRAINING_CASES + CHECKPOINT_CASES if every or c.default])
 
 
 def test_refconv_timeout_sets_the_default_of_training_and_the_api():
