@@ -40,6 +40,8 @@ assigned, so an error is raised on every rank with the same text and nothing is
 partially loaded.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -52,7 +54,7 @@ from refconv import checks, collectives
 from refconv.arrays import array_module, to_host
 from refconv.optim import named_parameters
 
-__all__ = ["save", "load", "CheckpointError", "shard_name", "MANIFEST", "FORMAT", "VERSION"]
+__all__ = ["save", "load", "nonfinite", "lock", "CheckpointError", "shard_name", "MANIFEST", "FORMAT", "VERSION"]
 
 FORMAT = "refconv-checkpoint"
 VERSION = 2
@@ -113,6 +115,39 @@ def _entries(model, optimizer):
     return entries
 
 
+def nonfinite(model, optimizer=None):
+    """This rank's first tensor with a NaN or an infinity, as ``"param/conv1.weight (12 of
+    864 values)"``, or None when every parameter, buffer and momentum shard is finite.
+    Local: no communication (``save`` agrees on it; ``refconv train`` checks with it)."""
+    for e in _entries(model, optimizer):
+        xp = array_module(e.local)
+        bad = int(e.local.size - xp.count_nonzero(xp.isfinite(e.local)))
+        if bad:
+            return f"{e.key} ({bad} of {e.local.size} values on rank {e.rank})"
+    return None
+
+
+def lock(directory):
+    """Hold an exclusive lock on ``directory`` (created if missing) for as long as the returned
+    file descriptor stays open: a second run that writes the same checkpoints is refused at its
+    start instead of racing this one.  One process takes it (``refconv train``: rank 0).
+    ``flock`` on the folder itself, so no lock file is left behind; it is local to a node
+    unless the shared filesystem forwards flock (Lustre with ``-o flock``, NFSv4)."""
+    directory = os.fspath(directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create {directory!r}: {exc.strerror}; give a folder you may write") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise CheckpointError(f"{directory!r} is in use by another run (it holds the folder's lock); give "
+                              f"another checkpoint folder, or wait for that run to end") from None
+    return fd
+
+
 # -- save ------------------------------------------------------------------------------------
 def save(directory, model, optimizer=None, *, step, extra=None):
     """Write a checkpoint of ``model`` (and ``optimizer``'s momentum) to ``directory``.
@@ -120,6 +155,8 @@ def save(directory, model, optimizer=None, *, step, extra=None):
     Collective over the model's communicator.  ``step``: an int; ``extra``: any
     JSON-serialisable value (numpy scalars and arrays are converted), rank 0's is kept.
     An existing checkpoint in ``directory`` is replaced once the new one is committed.
+    A tensor with a NaN or an infinity on any rank is refused (CheckpointError on every
+    rank) before anything is written: a diverged run never replaces a good checkpoint.
     """
     entries = _entries(model, optimizer)
     comm = entries[0].comm
@@ -130,6 +167,9 @@ def save(directory, model, optimizer=None, *, step, extra=None):
     try:
         step = _check_step(step)
         extra = json.loads(json.dumps(extra, default=_json_default))
+        bad = nonfinite(model, optimizer)
+        if bad is not None:
+            raise ValueError(f"{bad} are not finite (NaN or inf); the checkpoint already there is kept")
         os.makedirs(directory, exist_ok=True)
         if rank == 0:
             save_number = 1 + max(_save_numbers(directory), default=0)
@@ -212,10 +252,15 @@ def _write_atomic(path, data, fault_point):
     """Temp file in the same directory, fsync, then os.replace: all or nothing.
     ``fault_point`` names the moment between the two for REFCONV_FAULT."""
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)                        # a full disk leaves no partial file to trip the next save
+        raise
     collectives.fault_point(fault_point)
     os.replace(tmp, path)
 
@@ -277,6 +322,8 @@ def _read_manifest(directory):
     if not os.path.exists(path):
         raise CheckpointError(f"incomplete checkpoint: {directory!r} has no {MANIFEST} "
                               f"(the save did not finish, or this is not a checkpoint)")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{MANIFEST} in {directory!r} is not a regular file (a FIFO would block every rank)")
     try:
         with open(path, "rb") as f:
             manifest = json.loads(f.read().decode())
@@ -368,6 +415,8 @@ def _read_blocks(directory, m, entries, rank, size):
         path = os.path.join(directory, name)
         if not os.path.exists(path):
             raise CheckpointError(f"missing shard {name} (rank {r} of {m['world_size']})")
+        if not os.path.isfile(path):
+            raise CheckpointError(f"shard {name} is not a regular file (a FIFO would block every rank)")
         with open(path, "rb") as f:
             blob = f.read()
         if hashlib.sha256(blob).hexdigest() != m["shards"][r]["sha256"]:

@@ -8,6 +8,7 @@ every rank raises the same error and none is left waiting.
 """
 
 import numbers
+import os
 
 import numpy
 
@@ -196,3 +197,31 @@ def dy_shape(dy, x_shape, w_shape, out_hw):
     expected = (x_shape[0], w_shape[0], *out_hw)
     if tuple(dy.shape) != expected:
         raise ValueError(f"dy: expected shape {expected} (N, F, Ho, Wo), got {tuple(dy.shape)}")
+
+
+def output_file(path, name):
+    """A file that a command will write (or append to): its folder must exist and be writable,
+    and ``path`` must not be a folder or a read-only file.  Check it at the start, on every
+    rank, rather than fail at the end on the one rank that writes."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{name}: {path!r} is a folder; give a file name")
+    if not os.path.isdir(folder):
+        raise ValueError(f"{name}: the folder {folder!r} does not exist; create it or give a path in one that does")
+    if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"{name}: {path!r} is not writable here; give a path you may write")
+    return path
+
+
+def output_folder(path, name):
+    """A folder that a command will create (if missing) and write into: it must be a folder,
+    or not exist under a writable folder."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{name}: {path!r} exists and is not a folder")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}: {path!r} is not writable here ({existing!r} is not a writable folder); give "
+                         f"a folder you may write")
+    return path

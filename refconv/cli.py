@@ -16,7 +16,9 @@ what every command shares, on every rank alike:
 - a ``ValueError`` out of ``run`` is a bad input that every rank rejects alike
   (options, data, model files: see :mod:`refconv.train_config`): rank 0 prints
   ``refconv NAME: error: ...`` on one line and the job ends with status 2, no
-  traceback (:func:`refconv.failure.exit_on_shared_error`);
+  traceback (:func:`refconv.failure.exit_on_shared_error`); a
+  :class:`refconv.failure.SharedFailure` ends it the same way with its own status
+  (3 for a diverged run);
 - any other exception ends every rank through the abort hook that ``import refconv``
   installs under more than one rank (:mod:`refconv.failure`).
 """
@@ -78,6 +80,8 @@ def main(argv=None):
         return failure.exit_on_shared_error(f"refconv {args.command}: error: {exc.render(flag)}")
     except ValueError as exc:
         return failure.exit_on_shared_error(f"refconv {args.command}: error: {' '.join(str(exc).split())}")
+    except failure.SharedFailure as exc:
+        return failure.exit_on_shared_error(f"refconv {args.command}: {' '.join(str(exc).split())}", exc.status)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,8 @@ instead of hanging it.  The timeout comes from ``set_timeout(seconds)`` or
 
 Fault injection (for tests).  ``REFCONV_FAULT=rank:point:action[:n]``, read once
 at import (or ``set_fault``), makes world rank ``rank`` ``kill`` (SIGKILL),
-``stop`` (SIGSTOP) or ``raise`` (``FaultInjected``) itself the ``n``-th time
-(default 1) it reaches ``point``:
+``stop`` (SIGSTOP), ``raise`` (``FaultInjected``), ``exit`` (``sys.exit(0)``) or
+``osexit`` (``os._exit(0)``) itself the ``n``-th time (default 1) it reaches ``point``:
 
 - ``startup``: this module's import;
 - a collective kind, just before its MPI call: ``allreduce``, ``reduce_scatter``,
@@ -302,7 +302,7 @@ class FaultInjected(RuntimeError):
 
 
 class _Fault:
-    ACTIONS = ("kill", "stop", "raise")
+    ACTIONS = ("kill", "stop", "raise", "exit", "osexit")
 
     def __init__(self, spec):
         parts = spec.split(":")
@@ -329,6 +329,10 @@ class _Fault:
         sys.stderr.flush()
         if self.action == "raise":
             raise FaultInjected(f"REFCONV_FAULT: injected at {where}")
+        if self.action == "exit":
+            sys.exit(0)
+        if self.action == "osexit":
+            os._exit(0)
         os.kill(os.getpid(), signal.SIGKILL if self.action == "kill" else signal.SIGSTOP)
 
 

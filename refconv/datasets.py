@@ -21,6 +21,7 @@ The digits live in ``refconv/data/``, a directory of package data (no code).
 
 import importlib.resources
 import io
+import math
 import os
 import zipfile
 
@@ -99,6 +100,9 @@ def load_npz(path, *, dtype=numpy.float32, num_classes=None):
         raise ValueError(f"{where} does not exist")
     if os.path.isdir(path):
         raise ValueError(f"{where} is a directory; expected an .npz file")
+    if not os.path.isfile(path):
+        raise ValueError(f"{where} is not a regular file (a FIFO or a device would block every rank); expected "
+                         f"an .npz file")
     try:
         z = numpy.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
@@ -113,11 +117,33 @@ def load_npz(path, *, dtype=numpy.float32, num_classes=None):
             raise ValueError(f"{where} has no array {' or '.join(missing)} (it holds "
                              f"{sorted(z.files)}); save with numpy.savez(path, x=images, y=labels)")
         try:
+            _check_claimed_sizes(path, ("x", "y"), where)
             x, y = z["x"], z["y"]
         except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
             raise ValueError(f"{where}: cannot read x and y ({exc}); object arrays and "
                              f"damaged archives are refused") from None
     return _check_xy(x, y, where, dtype, num_classes)
+
+
+def _check_claimed_sizes(path, keys, where):
+    """Each array's header must not claim more bytes than its member holds: a header that says
+    (100000, 3, 1000, 1000) over 64 bytes of data (a header bomb) would have numpy allocate
+    terabytes before it finds out (a MemoryError, not a one-line refusal)."""
+    with zipfile.ZipFile(path) as archive:
+        for key in keys:
+            info = archive.getinfo(f"{key}.npy")
+            with archive.open(info) as f:
+                version = numpy.lib.format.read_magic(f)
+                if version not in ((1, 0), (2, 0)):
+                    continue                                  # numpy itself refuses what it cannot read
+                read = numpy.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                    numpy.lib.format.read_array_header_2_0
+                shape, _, dtype = read(f)
+                claimed = math.prod(shape) * dtype.itemsize
+                held = info.file_size - f.tell()
+                if claimed > held:
+                    raise ValueError(f"its array {key} claims shape {shape} of {dtype} ({claimed:,} bytes) but holds "
+                                     f"{held:,} bytes")
 
 
 def _check_xy(x, y, where, dtype, num_classes):

@@ -13,9 +13,28 @@ collective.  Two paths, both ending every rank:
   call :func:`uninstall_abort_on_exception` after the import.
 - **A bad input that every rank rejects alike** (:func:`exit_on_shared_error`, used
   by the ``refconv`` commands): rank 0 prints the one line and aborts with status 2;
-  the other ranks stay silent.  Should a rank outlive rank 0's abort by
+  the other ranks stay silent.  A :class:`SharedFailure` (a failure every rank meets
+  alike that is not bad input, such as a diverged run) ends the same way with its
+  own ``status``.  Should a rank outlive rank 0's abort by
   ``SHARED_GRACE_S`` (so the error was not shared after all), it prints its line,
   prefixed ``[rank r]``, and aborts itself: never a hang, never a lost message.
+
+A third path covers a rank that **leaves early** while the others train
+(:func:`training`, entered by :func:`refconv.train.train`):
+
+- a ``SystemExit`` (of any code) or ``KeyboardInterrupt`` raised inside training,
+  and ``os._exit`` called there, print ``[rank r] refconv: rank r is leaving during
+  training (...); aborting the job`` and abort every rank (status 1);
+- a rank that reaches its exit (``return`` from main, ``sys.exit`` outside training)
+  without having finished a training run tells every other rank so, with a small
+  point-to-point message on ``MPI.COMM_WORLD`` (tag ``LEAVING_TAG``), before MPI's
+  finalize, which would otherwise wait for ranks that wait for it.  A rank inside
+  training that still is, ``LEAVE_CONFIRM_S`` after such a notice, prints ``[rank q]
+  refconv: rank r left the job while the others train; aborting the job`` (the lowest
+  such rank; the others only if it did not) and aborts every rank (status 1).
+
+What no hook can see: ``os._exit(0)`` outside training, or a C library's ``_exit(0)``.
+MPICH's launcher then ends the job at once (under a second) but with status 0.
 
 Every line is written whole, newline included, in one ``write`` and flushed, so
 lines from different ranks never run together.  MPICH adds its own one-line
@@ -23,7 +42,10 @@ lines from different ranks never run together.  MPICH adds its own one-line
 and an error is just printed.
 """
 
+import atexit
+import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -32,10 +54,20 @@ import traceback
 from mpi4py import MPI
 
 GRACE_S = 1.0          # a raising rank waits this long before aborting, so its peers can print
-SHARED_GRACE_S = 10.0  # a rank with a shared error waits this long for rank 0's abort
+SHARED_GRACE_S = 2.0   # a rank with a shared error waits this long for rank 0's abort: rank 0 meets the
+                       # same check within this time when the error is shared; when it is not (one rank's
+                       # ValueError), this is how long the job takes to end (10 s before: issue 25)
 LINE_GRACE_S = 0.2     # between printing the error line and aborting (the collective watchdog waits the same)
 
 _previous = None       # (sys.excepthook, threading.excepthook) before install
+
+
+class SharedFailure(RuntimeError):
+    """A failure that every rank meets alike and that is not bad input (e.g. a run whose
+    loss is no longer finite): the ``refconv`` commands end the job with its message on
+    one line and exit status ``status`` (:func:`exit_on_shared_error`)."""
+
+    status = 3
 
 
 def write_line(text, stream=None):
@@ -97,8 +129,28 @@ def install_if_several_ranks():
         return False
     if MPI.COMM_WORLD.Get_size() > 1:
         install_abort_on_exception()
+        die_with_launcher()
         return True
     return False
+
+
+PR_SET_PDEATHSIG = 1   # prctl(2): the signal this process gets when its parent dies
+
+
+def die_with_launcher():
+    """Linux: have the kernel SIGKILL this rank when its parent (the launcher's proxy that
+    started it, e.g. MPICH's hydra_pmi_proxy) dies.  Without it, a rank whose proxy was killed
+    runs on, orphaned, after mpiexec has returned: it trained on and saved later checkpoints
+    into the directory that the next run resumes from (measured: killed at step 18, the
+    directory reached step 30 a few seconds later).  Returns whether it is in force."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 
@@ -123,3 +175,123 @@ def exit_on_shared_error(message, status=2, *, grace_s=None):
     time.sleep(LINE_GRACE_S)
     world.Abort(status)
     return status  # not reached
+
+
+# -- a rank that leaves early ---------------------------------------------------------------------
+LEAVING_TAG = 32_001   # the notices' tag on COMM_WORLD (MPI allows tags up to at least 32767)
+LEAVE_CONFIRM_S = 1.0  # a notice ends the job only if this rank is still training this much later
+LEAVE_POLL_S = 0.1     # how often a training rank looks for notices
+
+
+class _Leaving:
+    """This process's state: how deep inside training it is, whether its last training run
+    finished, the notices received, and the watcher thread that looks for them."""
+
+    def __init__(self):
+        self.depth = 0
+        self.finished = False
+        self.request = None         # the posted receive of a notice
+        self.notice = bytearray(8)
+        self.left = None            # (rank that left, monotonic time its notice arrived)
+        self.thread = None
+        self.real_exit = None       # os._exit, while it is wrapped
+        self.pid = None
+
+
+_leaving = _Leaving()
+
+
+def _leave_line(rank, how):
+    return f"[rank {rank}] refconv: rank {rank} is leaving during training ({how}); aborting the job"
+
+
+def _leave_now(how):
+    """This rank leaves inside training: one line, then end every rank."""
+    sys.stdout.flush()
+    write_line(_leave_line(MPI.COMM_WORLD.Get_rank(), how))
+    time.sleep(LINE_GRACE_S)
+    MPI.COMM_WORLD.Abort(1)
+
+
+def _wrapped_exit(status):
+    """os._exit inside training: it skips every Python hook, so this one speaks first (in
+    this process only: a child forked by a library calls the real one)."""
+    if _leaving.depth and os.getpid() == _leaving.pid:
+        _leave_now(f"os._exit({status})")
+    _leaving.real_exit(status)
+
+
+def _watch_for_leavers():
+    """Daemon thread: a notice from a rank that left, while this rank trains, ends the job."""
+    world = MPI.COMM_WORLD
+    me, status = world.Get_rank(), MPI.Status()
+    while True:
+        time.sleep(LEAVE_POLL_S)
+        if _leaving.left is None and _leaving.request is not None and _leaving.request.Test(status):
+            _leaving.left = (status.Get_source(), time.monotonic())
+        if _leaving.left is None or not _leaving.depth:
+            continue
+        rank, since = _leaving.left
+        if time.monotonic() - since < LEAVE_CONFIRM_S:
+            continue                # a rank that just finished training with the others is let go
+        first = 1 if rank == 0 else 0
+        if me != first:
+            time.sleep(GRACE_S)     # the lowest training rank speaks; the others only if it did not
+        sys.stdout.flush()
+        write_line(f"[rank {me}] refconv: rank {rank} left the job while the others train (it reached its exit "
+                   f"outside training); aborting the job")
+        time.sleep(LINE_GRACE_S)
+        world.Abort(1)
+
+
+def _notify_at_exit():
+    """atexit (before MPI's finalize): a rank that leaves without having finished a training run
+    tells the others, in case they are training (they wait in collectives for it)."""
+    world = MPI.COMM_WORLD
+    if MPI.Is_finalized() or world.Get_size() == 1:
+        return
+    if _leaving.request is not None and _leaving.left is None:
+        _leaving.request.Cancel()    # MPI's finalize wants no receive left pending
+        _leaving.request.Wait()
+    if _leaving.finished:
+        return
+    me = world.Get_rank()
+    note = bytearray(me.to_bytes(8, "little"))
+    requests = [world.Isend([note, MPI.BYTE], dest=r, tag=LEAVING_TAG) for r in range(world.Get_size()) if r != me]
+    MPI.Request.Waitall(requests)   # small: sent eagerly, so this does not wait for the receivers
+
+
+@contextlib.contextmanager
+def training(comm):
+    """``with training(comm):`` marks this rank as training with the other ranks of
+    ``comm`` (every rank of ``MPI.COMM_WORLD``): leaving early by any route inside ends
+    the job, and a notice that another rank left ends it too.  A run that ends normally
+    marks this rank finished: its exit sends no notice."""
+    if comm.Get_size() == 1 or comm.Get_size() != MPI.COMM_WORLD.Get_size() \
+            or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        yield        # nobody to strand, or not every rank trains; the watcher thread needs MPI threads
+        return
+    if _leaving.thread is None:
+        _leaving.request = MPI.COMM_WORLD.Irecv([_leaving.notice, MPI.BYTE], source=MPI.ANY_SOURCE,
+                                                tag=LEAVING_TAG)
+        _leaving.thread = threading.Thread(target=_watch_for_leavers, name="refconv-leavers", daemon=True)
+        _leaving.thread.start()
+    if _leaving.depth == 0:
+        _leaving.real_exit, _leaving.pid, os._exit = os._exit, os.getpid(), _wrapped_exit
+    _leaving.depth += 1
+    _leaving.finished = False
+    try:
+        yield
+    except (SystemExit, KeyboardInterrupt) as exc:
+        where = _where(exc.__traceback__)
+        code = f"({exc.code!r})" if isinstance(exc, SystemExit) else ""
+        _leave_now(f"{type(exc).__name__}{code}" + (f" raised at {where}" if where else ""))
+    else:
+        _leaving.finished = True
+    finally:
+        _leaving.depth -= 1
+        if _leaving.depth == 0:
+            os._exit = _leaving.real_exit
+
+
+atexit.register(_notify_at_exit)

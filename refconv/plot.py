@@ -25,7 +25,7 @@ the command says so.
 import os
 import sys
 
-from refconv import cli, sweep
+from refconv import checks, cli, sweep
 from refconv.bench import schema
 from refconv.model_spec import load_spec
 from refconv.plan import machine as machines, search
@@ -163,6 +163,10 @@ def _strategies(table, scaling, bench, workload):
 
 
 def run(args):
+    if not os.path.isfile(args.results):
+        raise ValueError(f"results: {args.results!r} is not a file; give the JSON-lines file of refconv sweep --out")
+    out_dir = args.out_dir or os.path.dirname(os.path.abspath(args.results))
+    checks.output_folder(out_dir, "--out-dir")      # one line (exit 2), not a traceback at the first PNG
     lines = schema.read_lines(args.results)  # not JSON lines: a ValueError naming the line
     table = sweep.series(lines)
     if not table:
@@ -174,7 +178,6 @@ def run(args):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out_dir = args.out_dir or os.path.dirname(os.path.abspath(args.results))
     os.makedirs(out_dir, exist_ok=True)
     written = [os.path.join(out_dir, "scaling.png"), os.path.join(out_dir, "breakdown.png")]
     plot_scaling(plt, table, predict, written[0])

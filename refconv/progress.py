@@ -48,6 +48,11 @@ def threads_text(choice):
     return f"{choice.threads} BLAS thread{'s' if choice.threads > 1 else ''} per rank ({why})"
 
 
+def timeout_text(seconds):
+    """``collective timeout 300 s``: the deadline in force (``--timeout``; see docs/parallel.md)."""
+    return "no collective timeout" if seconds is None else f"collective timeout {seconds:g} s"
+
+
 def header(model, cfg, ranks, binding, threads, n_train, n_test, per_epoch):
     """The lines that open a run (call after the model is bound, so ``auto`` has chosen).
     ``binding``: this rank's :class:`refconv.device.Binding`; ``threads``: its
@@ -57,7 +62,7 @@ def header(model, cfg, ranks, binding, threads, n_train, n_test, per_epoch):
              f"{model.num_parameters()} parameters, {len(model.named_layers())} layers; "
              f"train {n_train} / test {n_test} samples",
              f"{ranks} rank{'s' if ranks > 1 else ''}; backend {binding.backend}{gpu}, {cfg.dtype}; "
-             f"{threads_text(threads)}",
+             f"{threads_text(threads)}; {timeout_text(cfg.timeout)}",
              f"batch {cfg.batch_size}, {per_epoch} steps per epoch; lr {cfg.lr:g} ({cfg.lr_schedule}), "
              f"momentum {cfg.momentum:g}, weight decay {cfg.weight_decay:g}"]
     for first, last, grid, convs in layer_runs(model):

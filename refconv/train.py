@@ -14,25 +14,40 @@ step is exactly the traffic of one training step.  Checkpoints (every epoch, if 
 directory is given) hold the parameters, SGD's momentum and BatchNorm's running
 statistics; ``resume`` reloads them onto the current grids (any strategy).
 
+A run that diverges stops: a loss that is not finite (the same on every rank: it is
+an allreduced mean), or a parameter, buffer or momentum shard with a NaN or an
+infinity on any rank before a checkpoint is saved or the run ends, raises
+:class:`Diverged` on every rank alike, naming the step and the tensor; ``refconv
+train`` ends with that one line and exit status 3.  Nothing after the last good
+step is saved: the last checkpoint stays as it was.
+
 Every check of the options, the data and the model runs before the first step and
 depends only on them, so every rank raises the same ``ValueError``.  The options
 themselves are defined once, in :mod:`refconv.train_config`.
 """
 
+import contextlib
 import json
 import math
+import os
 import time
 
 import numpy
 from mpi4py import MPI
 
-from refconv import checkpoint, collectives, datasets, device, progress, threads, train_config
+from refconv import checkpoint, checks, collectives, datasets, device, failure, progress, threads, train_config
 from refconv.model import Model
 from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
 from refconv.train_config import MAX_CLASSES, OptionError, TrainConfig
 
-__all__ = ["TrainConfig", "train", "step", "evaluate", "learning_rate", "format_summary", "add_arguments", "run"]
+__all__ = ["TrainConfig", "Diverged", "train", "step", "evaluate", "learning_rate", "format_summary", "add_arguments", "run"]
+
+class Diverged(failure.SharedFailure):
+    """The loss or the model stopped being finite (raised on every rank alike; exit status 3)."""
+
+    status = 3
+
 
 KINDS = ("allreduce", "reduce_scatter", "allgather", "halo", "alltoallv", "bcast", "scatter", "gather")
 
@@ -171,6 +186,30 @@ def _save(cfg, model, optimizer, global_step):
     checkpoint.save(cfg.checkpoint_dir, model, optimizer, step=global_step, extra={"seed": cfg.seed})
 
 
+def _kept(cfg, saved):
+    """What a diverged run leaves behind, for its one line."""
+    if not cfg.checkpoint_dir:
+        return "lower --lr (it is {:g})".format(cfg.lr)
+    last = f"the checkpoint of step {saved}" if saved is not None else "any checkpoint already there"
+    return f"{last} in {cfg.checkpoint_dir!r} is kept; lower --lr (it is {cfg.lr:g})"
+
+
+def check_loss(cfg, loss, global_step, saved):
+    """Raise :class:`Diverged` if ``loss`` (the same on every rank) is not finite."""
+    if not math.isfinite(loss):
+        raise Diverged(f"training diverged: the loss of step {global_step} is {loss}; nothing of it is "
+                       f"saved: {_kept(cfg, saved)}")
+
+
+def check_finite(cfg, comm, model, optimizer, global_step, saved):
+    """Collective: raise :class:`Diverged` on every rank if any rank holds a tensor with a
+    NaN or an infinity (named in the message) after step ``global_step``."""
+    bad = [b for b in collectives.allgather_object(comm, checkpoint.nonfinite(model, optimizer)) if b]
+    if bad:
+        raise Diverged(f"training diverged: after step {global_step}, {bad[0]} are not finite (NaN or "
+                       f"inf); nothing of it is saved: {_kept(cfg, saved)}")
+
+
 def train(cfg, *, comm=None, log=print, report=None):
     """Run ``cfg`` (a :class:`TrainConfig`); returns a dict of results (``losses`` per step,
     ``epochs``, ``accuracy``, ``time_per_step``, ``bytes_per_step`` and ``calls_per_step`` per
@@ -178,8 +217,38 @@ def train(cfg, *, comm=None, log=print, report=None):
     (default: stderr) receives progress.  Every collective runs under ``cfg.timeout``."""
     cfg.validate()
     comm = comm or MPI.COMM_WORLD
-    with collectives.timeout(cfg.timeout):
+    with collectives.timeout(cfg.timeout), failure.training(comm), _outputs(cfg, comm):
         return _train(cfg, comm, log if comm.Get_rank() == 0 else (lambda *a, **k: None), report)
+
+
+@contextlib.contextmanager
+def _outputs(cfg, comm):
+    """Collective: check --metrics-out and --checkpoint-dir on every rank before any work (the
+    first rank's error is raised on every rank alike), then hold the checkpoint folder's lock
+    (rank 0) for the run, so that a second run writing it is refused at its start."""
+    error = None
+    for name, check in (("metrics_out", checks.output_file), ("checkpoint_dir", checks.output_folder)):
+        try:
+            if getattr(cfg, name) is not None:
+                check(getattr(cfg, name), name)
+        except ValueError as exc:
+            error = error or (name, str(exc).removeprefix(f"{name}: "))
+    held = None
+    if error is None and cfg.checkpoint_dir and comm.Get_rank() == 0:
+        try:
+            held = checkpoint.lock(cfg.checkpoint_dir)
+        except (OSError, checkpoint.CheckpointError) as exc:
+            error = ("checkpoint_dir", str(exc))
+    errors = [e for e in collectives.allgather_object(comm, error) if e]
+    if errors:
+        if held is not None:
+            os.close(held)
+        raise OptionError(*errors[0])
+    try:
+        yield
+    finally:
+        if held is not None:
+            os.close(held)
 
 
 def _bind(cfg, comm):
@@ -227,6 +296,7 @@ def _train(cfg, comm, say, report):
                             every=cfg.log_every, stream=report, enabled=cfg.progress and rank == 0)
     metrics = progress.Metrics(cfg.metrics_out if rank == 0 else None)
     losses, epochs, totals, step_times = [], [], {}, []
+    saved = global_step if cfg.resume else None      # the step of the last checkpoint this run vouches for
     stop = False
     try:
         for epoch in range(start_epoch, cfg.epochs):
@@ -240,26 +310,31 @@ def _train(cfg, comm, say, report):
                 with collectives.stats.recording() as region:
                     loss = step(model, optimizer, x_b, y_b)
                 seconds = time.perf_counter() - t0
+                global_step += 1
+                check_loss(cfg, loss, global_step, saved)
                 moved = region.summary(moved_only=True)  # calls on one-rank communicators move nothing
                 _add(totals, moved)
                 step_times.append(seconds)
                 losses.append(loss)
                 epoch_losses.append(loss)
-                global_step += 1
                 metrics.write(step=global_step, epoch=epoch + 1, loss=loss, lr=optimizer.lr, step_time_s=seconds,
                               images_per_s=cfg.batch_size / seconds, collectives=progress.per_kind(moved, region.seconds))
                 bar.step(epoch, b + 1, per_epoch, global_step, loss)
                 if cfg.checkpoint_dir and cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
+                    check_finite(cfg, comm, model, optimizer, global_step, saved)
                     _save(cfg, model, optimizer, global_step)
+                    saved = global_step
                 if cfg.max_steps is not None and len(losses) >= cfg.max_steps:
                     stop = True
                     break
             bar.end_epoch()
+            check_finite(cfg, comm, model, optimizer, global_step, saved)
             accuracy = evaluate(model, x_test, y_test, cfg.batch_size)
             epochs.append({"epoch": epoch + 1, "loss": float(numpy.mean(epoch_losses)), "accuracy": accuracy})
             say(f"epoch {epoch + 1}/{cfg.epochs}: loss {epochs[-1]['loss']:.4f}, test accuracy {accuracy:.4f}")
             if cfg.checkpoint_dir and not (cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0):
                 _save(cfg, model, optimizer, global_step)
+                saved = global_step
             if stop:
                 break
     finally:

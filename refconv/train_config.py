@@ -23,6 +23,7 @@ from refconv import algorithms, checks
 from refconv.backend import BACKENDS
 from refconv.collectives import TRAINING_TIMEOUT_S, env_timeout
 from refconv.grid import AXES
+from refconv.model_spec import default_lr
 from refconv.plan.machine import DEFAULT_MACHINE, builtin_names
 
 GRID_AXES = AXES        # the axes --grid takes (refconv.grid's)
@@ -164,7 +165,9 @@ OPTIONS = (
     Option("image_size", 32, _int(1), DATA, "height and width of --synthetic images", parse=int),
     Option("epochs", 4, _int(1), OPTIM, "passes over the training set", parse=int),
     Option("batch_size", 32, _int(1), OPTIM, "global batch size (split over the sample axis)", parse=int),
-    Option("lr", 0.1, _real(0), OPTIM, "peak SGD learning rate", parse=float),
+    Option("lr", None, lambda v, name: v if v is None else _real(0)(v, name), OPTIM,
+           "peak SGD learning rate (unset: 0.1, and for the ImageNet presets 0.1 x batch-size / 256, the linear "
+           "scaling rule)", parse=float),
     Option("lr_schedule", "cosine", _one_of(("cosine", "constant")), OPTIM,
            "cosine: decay to 0 over the run", parse=str, choices=("cosine", "constant")),
     Option("momentum", 0.9, _real(0, below=1), OPTIM, "SGD momentum", parse=float),
@@ -213,6 +216,8 @@ def _check_together(cfg):
         raise OptionError("resume", "needs {checkpoint_dir}, the directory of the run to continue")
     if cfg.synthetic and cfg.data is not None:
         raise OptionError("synthetic", "give either {data} or {synthetic}, not both")
+    if cfg.lr is None:
+        cfg.lr = default_lr(cfg.model, cfg.batch_size)
 
 
 def _validate(cfg):

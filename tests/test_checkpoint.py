@@ -251,3 +251,55 @@ def test_interrupted_save_loses_nothing(saved, grid, point, same_step):
     checkpoint.save(directory, model, opt, step=3)          # cleans up after the stopped save
     m = json.loads((directory / "manifest.json").read_text())
     assert m["step"] == 3 and sorted(os.listdir(directory)) == ["manifest.json", m["shards"][0]["file"]]
+
+
+@pytest.mark.parametrize("kind", ["param", "momentum"])
+def test_a_nonfinite_tensor_is_refused_and_training_names_it(saved, kind):
+    """A NaN or inf in a parameter or its momentum: save refuses before writing anything,
+    and refconv train's guard (train.check_finite) names the step and the tensor."""
+    from refconv import train
+    directory, model, opt = saved
+    before = {name: (directory / name).read_bytes() for name in os.listdir(directory)}
+    q, layer, p = list(model.named_parameters())[1]
+    tensor = opt.state()[q] if kind == "momentum" else layer.parameters()[p]
+    tensor.flat[-1] = numpy.inf
+    assert checkpoint.nonfinite(model, opt) == f"{kind}/{q} (1 of {tensor.size} values on rank 0)"
+    with pytest.raises(CheckpointError, match=f"{kind}/{q} .* are not finite"):
+        checkpoint.save(directory, model, opt, step=2)
+    assert {name: (directory / name).read_bytes() for name in os.listdir(directory)} == before
+    cfg = train.TrainConfig(checkpoint_dir=str(directory))
+    with pytest.raises(train.Diverged, match=rf"after step 7, {kind}/{q} \(1 of .*the checkpoint of step 1 in "):
+        train.check_finite(cfg, MPI.COMM_SELF, model, opt, 7, 1)
+    with pytest.raises(train.Diverged, match="the loss of step 8 is nan"):
+        train.check_loss(cfg, float("nan"), 8, 1)
+    train.check_loss(cfg, 2.5, 8, 1)
+
+
+def test_a_failed_write_leaves_no_temporary_file(saved, monkeypatch):
+    """A full disk (ENOSPC at fsync) fails the save on every rank and removes its temporary
+    file, so the previous checkpoint stays whole and the next save in place is not tripped."""
+    import errno
+    directory, model, opt = saved
+    before = {name: (directory / name).read_bytes() for name in os.listdir(directory)}
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        checkpoint.save(directory, model, opt, step=2)
+    assert {name: (directory / name).read_bytes() for name in os.listdir(directory)} == before
+    monkeypatch.undo()
+    checkpoint.save(directory, model, opt, step=2)
+    assert checkpoint.load(directory, model, opt)[0] == 2
+
+
+def test_a_locked_checkpoint_folder_is_refused(tmp_path):
+    """checkpoint.lock: a second holder is refused with one line until the first lets go."""
+    held = checkpoint.lock(tmp_path / "ck")
+    try:
+        with pytest.raises(CheckpointError, match="is in use by another run"):
+            checkpoint.lock(tmp_path / "ck")
+    finally:
+        os.close(held)
+    os.close(checkpoint.lock(tmp_path / "ck"))
+    assert os.listdir(tmp_path / "ck") == []                        # no lock file left behind

@@ -182,6 +182,7 @@ def test_header_progress_lines_and_metrics(tmp_path, monkeypatch):
     result = train(cfg, log=lines.append, report=report)
     text = "\n".join(lines)
     for part in ("1 rank;", "backend numpy", "float32", "1 BLAS thread per rank (set by OMP_NUM_THREADS)",
+                 f"; collective timeout {cfg.timeout:g} s",
                  "lr 0.05 (cosine)", "layers 0..11: grid 1 rank", "convolutions: sample-spatial x3"):
         assert part in text, text
     progress_lines = report.getvalue().splitlines()
@@ -231,3 +232,36 @@ def test_plain_python_script_cannot_hang_on_a_raise(tmp_path):
     assert r.returncode == 1 and time.monotonic() - t0 < 30
     assert "[rank 1] uncaught ValueError: only rank 1 fails (raised at script.py:4 in <module>)\n" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_resnet50_takes_a_learning_rate_scaled_to_its_batch():
+    """Unset, --lr is 0.1 x batch / 256 for the ImageNet presets (0.1 for the rest): at batch 4,
+    ResNet-50 on --synthetic images keeps a sane loss where 0.1 blows it up (issue 24)."""
+    from refconv.model_spec import default_lr
+    assert TrainConfig(model="resnet50", batch_size=4).lr == default_lr("resnet50", 4) == 0.1 * 4 / 256
+    assert TrainConfig(batch_size=4).lr == 0.1 and TrainConfig(model="resnet50", lr=0.3).lr == 0.3
+    runs = {lr: train(TrainConfig(model="resnet50", synthetic=True, synthetic_samples=32, batch_size=4, epochs=1,
+                                  progress=False, lr=lr), log=lambda *a: None)["losses"] for lr in (None, 0.1)}
+    assert max(runs[None]) < 2 * runs[None][0], runs[None]            # measured: 3.12 at most 3.46
+    assert max(runs[0.1]) > 10 * runs[0.1][0], runs[0.1]             # measured: 3.12 then 135
+
+
+def _alias_bomb(levels=6, width=9):
+    """A YAML model a few lines long whose aliases expand to width**levels layers (531,441)."""
+    lines = ["description:", "- &l0 [" + ", ".join(["{type: relu}"] * width) + "]"]
+    for i in range(1, levels):
+        lines.append(f"- &l{i} [" + ", ".join([f"{{type: residual, layers: *l{i - 1}}}"] * width) + "]")
+    lines += ["in_channels: 1", f"layers: [{{type: conv, out: 4, kernel: 3}}, {{type: residual, layers: *l{levels - 1}}}, "
+              "{type: gap}, {type: linear, out: 10}]"]
+    return "\n".join(lines) + "\n"
+
+
+def test_unbounded_inputs_are_refused_with_one_line(capsys, tmp_path):
+    """A YAML alias bomb (it never finished building) and a data file that is a FIFO (every rank
+    blocked reading it) are refused at once: one line, exit 2 (issue 25)."""
+    (tmp_path / "bomb.yaml").write_text(_alias_bomb())
+    status, _, err = _main(capsys, "train", "--backend", "numpy", "--model", str(tmp_path / "bomb.yaml"))
+    assert status == 2 and "layers: more than 100,000 layers" in _one_error_line(err)
+    os.mkfifo(tmp_path / "fifo.npz")
+    status, _, err = _main(capsys, "train", "--backend", "numpy", "--data", str(tmp_path / "fifo.npz"))
+    assert status == 2 and "is not a regular file (a FIFO" in _one_error_line(err)

@@ -1,6 +1,9 @@
 """refconv.datasets: the bundled digits, load_npz's errors, synthetic images and batches."""
 
 import importlib.resources
+import io
+import struct
+import zipfile
 
 import numpy
 import pytest
@@ -183,3 +186,30 @@ def test_batches_of_synthetic_images():
     x, y = datasets.synthetic(9, 1, 4, 4, 3, seed=2)
     for xb, yb in datasets.batches(x, y, 4, seed=0, epoch=0):
         assert isinstance(xb, numpy.ndarray) and xb.shape[1:] == (1, 4, 4)
+
+
+def _npy(shape, data, header_padding=0):
+    """The bytes of a version 1.0 .npy whose header claims ``shape`` (float32) over ``data``."""
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': %r, }" % (shape,) + " " * header_padding
+    header += " " * (63 - (len(header) + 10) % 64) + "\n"
+    if len(header) < 65536:
+        return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + data
+    return b"\x93NUMPY\x02\x00" + struct.pack("<I", len(header)) + header.encode() + data
+
+
+@pytest.mark.parametrize("shape, padding, message", [
+    ((100_000, 3, 1000, 1000), 0, r"its array x claims shape \(100000, 3, 1000, 1000\) of float32 "
+                                  r"\(1,200,000,000,000 bytes\) but holds 64 bytes"),
+    ((1, 1, 2, 2), 2_000_000, "Header info length"),
+])
+def test_load_npz_refuses_a_header_bomb(tmp_path, shape, padding, message):
+    """A header claiming terabytes over 64 bytes (numpy would try to allocate them: a MemoryError,
+    exit 1) or a header of megabytes: a ValueError naming the file, before any allocation."""
+    path = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("x.npy", _npy(shape, numpy.zeros(16, numpy.float32).tobytes(), padding))
+        buffer = io.BytesIO()
+        numpy.save(buffer, numpy.zeros(1, numpy.int64))
+        archive.writestr("y.npy", buffer.getvalue())
+    with pytest.raises(ValueError, match=f"data file '.*bomb.npz': cannot read x and y \\({message}"):
+        datasets.load_npz(path)

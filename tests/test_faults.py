@@ -3,7 +3,9 @@ chosen point, and check that the whole job ends, soon, non-zero, with nothing lo
 
 The faults come from ``REFCONV_FAULT=rank:point:action[:n]`` (``refconv.collectives``):
 ``kill`` is SIGKILL, ``stop`` SIGSTOP (a frozen rank: its peer's collective watchdog
-must end the job), ``raise`` an uncaught exception (the abort hook must end it).
+must end the job), ``raise`` an uncaught exception (the abort hook must end it),
+``exit`` and ``osexit`` a rank that leaves with ``sys.exit(0)`` or ``os._exit(0)``
+(``refconv.failure.training`` must end it, non-zero, naming the rank).
 Points: ``startup``, the n-th MPI call of the run (mid-step), inside each collective
 kind, and each point of a checkpoint save (``checkpoint.FAULT_POINTS``).
 
@@ -30,6 +32,7 @@ import sys
 import threading
 import time
 
+import numpy
 import pytest
 
 from refconv import checkpoint, collectives
@@ -71,7 +74,9 @@ TRAINING_CASES = [Case("1:allreduce:kill:3", default=True),
                   Case("1:allgather:stop:2", default=True),
                   Case("0:reduce_scatter:raise", default=True),
                   Case("1:startup:stop", default=True),
-                  Case("1:halo:stop:3", grid=HEIGHT, default=True)]
+                  Case("1:halo:stop:3", grid=HEIGHT, default=True),
+                  Case("1:allreduce:exit:3", default=True),
+                  Case("0:allgather:osexit:2", default=True)]
 # (point, n): the n-th visit; "collective" counts every MPI call, so its 30th is mid-step
 POINTS = (("startup", 1), ("collective", 30), ("allreduce", 5), ("allgather", 3), ("reduce_scatter", 3),
           ("alltoallv", 3), ("halo", 5), ("split", 4))    # the 4th split: the grid's first sub-communicator
@@ -144,6 +149,12 @@ def check_ended(case, ended):
         assert TIMEOUT_LINE.search(timeouts[0]), timeouts[0]
     if case.action == "raise":
         assert "FaultInjected" in ended.output, where
+    if case.action in ("exit", "osexit"):
+        rank = case.fault.split(":")[0]
+        how = re.escape("SystemExit(0)" if case.action == "exit" else "os._exit(0)")
+        lines = [line for line in ended.output.splitlines() if "is leaving" in line]
+        assert len(lines) == 1 and re.fullmatch(rf"\[rank {rank}\] refconv: rank {rank} is leaving during training "
+                                                rf"\({how}.*\); aborting the job", lines[0]), where
 
 
 def _marks(case):
@@ -232,6 +243,188 @@ def test_checkpoint_fault_loses_nothing(case, runs, tmp_path, request):
     assert sorted(os.listdir(directory)) == files        # the killed save's leftovers are gone
 
 
+def test_a_rank_returning_from_main_while_the_others_train_ends_the_job(tmp_path):
+    """Rank 1 returns from its main without training; rank 0 is inside refconv train, waiting
+    for it in a collective (with a 60 s --timeout).  Rank 1's exit notice ends the job within
+    seconds, non-zero, with one line naming rank 1."""
+    script = tmp_path / "leave.py"
+    script.write_text("import sys\n"
+                      "from mpi4py import MPI\n"
+                      "from refconv import cli\n"
+                      "def main():\n"
+                      "    if MPI.COMM_WORLD.Get_rank() == 1:\n"
+                      "        return 0\n"
+                      f"    return cli.main({[*TRAIN[:-1], '60', *CHANNEL]!r})\n"
+                      "sys.exit(main())\n")
+    mpiexec = find_mpiexec()
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    start = time.monotonic()
+    out = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=HANG_S)
+    seconds = time.monotonic() - start
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if "left the job" in line]
+    assert out.returncode == 1 and seconds < END_SLACK_S, (seconds, out.stdout + out.stderr)
+    assert lines == ["[rank 0] refconv: rank 1 left the job while the others train (it reached its exit outside "
+                     "training); aborting the job"], out.stdout + out.stderr
+
+
+def _children(pid):
+    """The pids whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError, ValueError):
+            continue
+        if entry.isdigit() and int(fields[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
+def _running(marker):
+    """Pids of processes whose command line contains ``marker``."""
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    out.append(int(entry))
+        except OSError:
+            continue
+    return out
+
+
+def kill_the_proxy(root, steps=12):
+    """A 2-rank run saving every step, its hydra_pmi_proxy SIGKILLed after 3 steps; returns
+    (mpiexec's status, seconds from the kill to mpiexec's end, the ranks still running 3 s later,
+    the committed step, whether resuming from it gives the uninterrupted losses)."""
+    args = [*TRAIN, *CHANNEL, "--max-steps", str(steps), "--checkpoint-every", "1"]
+    assert launch([*args, "--metrics-out", str(root / "straight.jsonl")]).status == 0
+    directory, metrics = root / "killed", root / "killed.jsonl"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.pop("REFCONV_FAULT", None)
+    proc = subprocess.Popen([find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", *args,
+                             "--checkpoint-dir", str(directory), "--metrics-out", str(metrics)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + HANG_S
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before the kill"
+            time.sleep(0.01)
+        proxies = _children(proc.pid)
+        assert proxies, "mpiexec has no proxy process"
+        for pid in proxies:
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        status = proc.wait(timeout=HANG_S)
+        seconds = time.monotonic() - killed
+        time.sleep(3.0)                                  # an orphan would finish its 12 steps in this time
+        orphans = _running(str(directory))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in _running(str(directory)):
+            os.kill(pid, signal.SIGKILL)
+    step, _, _ = committed(directory)
+    resumed = launch([*TRAIN, *CHANNEL, "--max-steps", str(steps - step), "--checkpoint-every", "1", "--resume",
+                      "--checkpoint-dir", str(directory), "--metrics-out", str(root / "resumed.jsonl")])
+    straight = losses(root / "straight.jsonl")
+    same = resumed.status == 0 and losses(root / "resumed.jsonl") == {s: straight[s]
+                                                                      for s in range(step + 1, steps + 1)}
+    return status, seconds, orphans, step, same
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
+def test_killing_the_launcher_proxy_ends_every_rank_and_resume_is_identical(tmp_path):
+    """SIGKILL of mpiexec's hydra_pmi_proxy mid-run.  Its ranks used to run on, orphaned, after
+    mpiexec returned, and kept saving into --checkpoint-dir (so a resume started then read a
+    checkpoint that moved under it).  Now they die with the proxy: the directory keeps the last
+    checkpoint committed before the kill, and resuming from it gives the uninterrupted losses."""
+    status, seconds, orphans, step, same = kill_the_proxy(tmp_path)
+    assert status != 0 and seconds < END_SLACK_S, (status, seconds)
+    assert orphans == [], "ranks outlived their proxy"
+    assert step < 12, f"the checkpoint moved on to step {step} after the kill"
+    assert same, f"the resume from step {step} differs from the uninterrupted run"
+
+
+@pytest.mark.parametrize("command", [
+    ("train", "--metrics-out", "{missing}/m.jsonl"),
+    ("train", "--checkpoint-dir", "{file}"),
+    ("train", "--metrics-out", "{tmp}"),
+    ("bench", "collectives", "--out", "{missing}/b.jsonl"),
+    ("plot", "{file}", "--out-dir", "{file}"),
+])
+def test_an_output_path_that_cannot_be_written_is_refused_at_the_start(command, tmp_path):
+    """Every rank checks every output path before any work: one line, exit 2, no traceback
+    (a missing --metrics-out folder used to fail on rank 0 only, after training)."""
+    (tmp_path / "a_file").write_text("x")
+    args = [a.format(missing=tmp_path / "missing", file=tmp_path / "a_file", tmp=tmp_path) for a in command]
+    if command[0] == "train":
+        args = [*TRAIN, *CHANNEL, *args[1:]]
+    ended = launch(args)
+    errors = [line for line in ended.output.splitlines() if line.startswith(f"refconv {command[0]}: error:")]
+    assert ended.status == 2 and len(errors) == 1 and "Traceback" not in ended.output, ended.output
+    assert "step 1" not in ended.output and "epoch 1" not in ended.output, ended.output
+
+
+def test_a_second_run_on_a_checkpoint_folder_in_use_is_refused(tmp_path):
+    """Two runs writing one --checkpoint-dir: the second is refused at its start with one line
+    (exit 2), and the first runs on untouched."""
+    directory, metrics = tmp_path / "ck", tmp_path / "first.jsonl"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.pop("REFCONV_FAULT", None)
+    first = subprocess.Popen([find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", *TRAIN, *CHANNEL,
+                              "--max-steps", "200", "--checkpoint-every", "1", "--checkpoint-dir", str(directory),
+                              "--metrics-out", str(metrics)],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + HANG_S
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+            assert first.poll() is None and time.monotonic() < deadline, "the first run ended too soon"
+            time.sleep(0.01)
+        second = launch([*TRAIN, *CHANNEL, "--checkpoint-dir", str(directory)])
+        assert first.poll() is None, "the first run did not outlive the second's refusal"
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    lines = [line for line in second.output.splitlines() if "is in use by another run" in line]
+    assert second.status == 2 and len(lines) == 1, second.output
+    assert lines[0].startswith(f"refconv train: error: --checkpoint-dir: {str(directory)!r} is in use"), lines[0]
+
+
+def finite(directory):
+    """True when every tensor of every shard the manifest of ``directory`` names is finite."""
+    with open(os.path.join(directory, checkpoint.MANIFEST)) as f:
+        shards = [s["file"] for s in json.load(f)["shards"]]
+    for name in shards:
+        with numpy.load(os.path.join(directory, name)) as arrays:
+            if not all(numpy.isfinite(arrays[key]).all() for key in arrays.files):
+                return False
+    return True
+
+
+def test_a_diverged_run_stops_and_keeps_the_last_good_checkpoint(runs, tmp_path):
+    """--lr 1e30 from a good checkpoint, saving every step: the guard stops the run with one
+    line naming the step (exit 3) before any non-finite state is committed; the checkpoint it
+    keeps is whole, finite and resumable."""
+    _, step2 = runs
+    directory = tmp_path / "ck"
+    shutil.copytree(step2, directory)
+    ended = launch([*TRAIN, *CHANNEL, "--resume", "--lr", "1e30", "--checkpoint-every", "1",
+                    "--checkpoint-dir", str(directory)])
+    lines = [line for line in ended.output.splitlines() if "training diverged" in line]
+    assert ended.status == 3 and len(lines) == 1, ended.output
+    said = re.fullmatch(r"refconv train: training diverged: (?:the loss of step (\d+) is nan|after step (\d+), "
+                        r"\S+ \(\d+ of \d+ values on rank \d\) are not finite \(NaN or inf\)); nothing of it is "
+                        r"saved: the checkpoint of step (\d+) in '.+' is kept; lower --lr \(it is 1e\+30\)", lines[0])
+    assert said, lines[0]
+    step, _, files = committed(directory)
+    assert int(said[3]) == step < int(said[1] or said[2]) and finite(directory), (step, lines[0])
+    assert sorted(os.listdir(directory)) == files        # the good step's shards are all there
+    assert ended.seconds < END_SLACK_S, ended.output
+
+
 def _table(cases):
     """Run ``cases`` (checkpoint ones included) and print a Markdown table of how each ended."""
     import tempfile
@@ -251,9 +444,87 @@ def _table(cases):
     shutil.rmtree(root, ignore_errors=True)
 
 
+def _script(path, body):
+    """A script for ``mpiexec -n 2``: ``body`` runs in main() on every rank (rank 1: ``rank == 1``)."""
+    path.write_text("import sys\nfrom mpi4py import MPI\nfrom refconv import cli, train_config\n"
+                    "def main():\n    rank = MPI.COMM_WORLD.Get_rank()\n"
+                    + "".join(f"    {line}\n" for line in body) + "sys.exit(main())\n")
+    return [sys.executable, str(path)]
+
+
+def _run(command, env=None):
+    start = time.monotonic()
+    out = subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})), capture_output=True,
+                         text=True, timeout=HANG_S)
+    return out.returncode, time.monotonic() - start
+
+
+def _exit_table():
+    """Issue 25's table: each way a rank or the job can end badly, how long the job took to end
+    (from the fault's line, else from the launch), its exit status, and whether a resume from
+    what the run left in --checkpoint-dir (saved every step) gives the uninterrupted losses."""
+    import pathlib
+    import tempfile
+
+    root = pathlib.Path(tempfile.mkdtemp(prefix="refconv-exits-"))
+    mpiexec = [find_mpiexec(), "-n", "2"]
+    cli = [*mpiexec, sys.executable, "-m", "refconv.cli"]
+    launch([*TRAIN, *CHANNEL, "--metrics-out", str(root / "straight.jsonl")])
+    straight = losses(root / "straight.jsonl")
+
+    def resumed(directory):
+        if not (directory / checkpoint.MANIFEST).exists():
+            return "no checkpoint yet"
+        step = committed(directory)[0]
+        if step >= 4:
+            return f"step {step}: nothing to resume"
+        launch([*TRAIN, *CHANNEL, "--resume", "--max-steps", str(4 - step), "--checkpoint-dir", str(directory),
+                "--metrics-out", str(directory) + ".jsonl"])
+        same = losses(str(directory) + ".jsonl") == {s: straight[s] for s in range(step + 1, 5)}
+        return f"{'yes' if same else 'NO'} (from step {step})"
+
+    rows = []
+    for i, fault in enumerate(["1:allreduce:kill:12", "1:allgather:stop:8", "1:allreduce:raise:12",
+                               "1:allreduce:exit:12", "0:allgather:osexit:8", "1:collective:150:exit",
+                               "1:checkpoint.shard:exit:2"]):
+        directory = root / f"ck{i}"
+        ended = launch([*TRAIN, *CHANNEL, "--checkpoint-every", "1", "--checkpoint-dir", str(directory)], fault=fault)
+        rows.append((f"`REFCONV_FAULT={fault}`", ended.seconds, ended.status, resumed(directory)))
+    status, seconds = _run([*mpiexec, *_script(root / "leave.py", [
+        "if rank == 1:", "    return 0", f"return cli.main({[*TRAIN, *CHANNEL]!r})"])])
+    rows.append(("rank 1 returns from main while rank 0 trains (from the launch)", seconds, status, ""))
+    status, seconds = _run([*mpiexec, *_script(root / "one.py", [
+        "if rank == 1:", "    train_config.from_arguments = lambda args: (_ for _ in ()).throw(ValueError('x: bad'))",
+        f"return cli.main({[*TRAIN[:-2], *CHANNEL]!r})"])])
+    rows.append(("a `ValueError` on rank 1 only, in `refconv.cli.main` (default `--timeout`)", seconds, status, ""))
+    status, seconds, orphans, step, same = kill_the_proxy(root)
+    rows.append((f"SIGKILL of `hydra_pmi_proxy` after step 3 ({len(orphans)} ranks left running)", seconds, status,
+                 f"{'yes' if same else 'NO'} (from step {step})"))
+    launch([*TRAIN, *CHANNEL, "--max-steps", "2", "--checkpoint-dir", str(root / "div2")])
+    ended = launch([*TRAIN, *CHANNEL, "--resume", "--lr", "1e30", "--checkpoint-every", "1",
+                    "--checkpoint-dir", str(root / "div2")])
+    rows.append(("diverged: `--lr 1e30` resumed at step 2, saving every step", ended.seconds, ended.status,
+                 f"kept step {committed(root / 'div2')[0]}, finite: {finite(root / 'div2')}"))
+    (root / "file").write_text("x")
+    os.mkfifo(root / "fifo.npz")
+    for what, args in (("`--metrics-out` in a missing folder", ["--metrics-out", str(root / "no" / "m.jsonl")]),
+                       ("`--checkpoint-dir` that is a file", ["--checkpoint-dir", str(root / "file")]),
+                       ("`--data` that is a FIFO", ["--data", str(root / "fifo.npz")])):
+        status, seconds = _run([*cli, *TRAIN, *CHANNEL, *args])
+        rows.append((what, seconds, status, ""))
+    print("| fault (2 ranks, `--grid channel=2 --timeout 2`) | seconds to end | exit status | resume identical |")
+    print("| --- | --- | --- | --- |")
+    for what, seconds, status, same in rows:
+        print(f"| {what} | {seconds:.1f} | {status} | {same} |", flush=True)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 if __name__ == "__main__":
-    every = "--all" in sys.argv
-    _table([c for c in TRAINING_CASES + CHECKPOINT_CASES if every or c.default])
+    if "--exits" in sys.argv:
+        _exit_table()
+    else:
+        every = "--all" in sys.argv
+        _table([c for c in TRAINING_CASES + CHECKPOINT_CASES if every or c.default])
 
 
 def test_refconv_timeout_sets_the_default_of_training_and_the_api():

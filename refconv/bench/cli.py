@@ -17,7 +17,7 @@ import sys
 
 from mpi4py import MPI
 
-from refconv import cli, device, info, threads
+from refconv import checks, cli, device, info, threads
 from refconv.bench import collectives, common, kernels, layer, step
 
 NAME = "bench"
@@ -47,6 +47,8 @@ def run(args):
     Bad input raises ValueError on every rank alike (``refconv.cli.main`` reports it)."""
     comm = MPI.COMM_WORLD
     module, _ = SUBCOMMANDS[args.bench]
+    if args.out:
+        checks.output_file(args.out, "--out")  # every rank, before the run: not rank 0 alone at its end
     threads.configure(comm, args.threads)  # BLAS threads: cores / ranks per node unless the user chose
     binding = device.bind(comm, args.backend, oversubscribe=args.oversubscribe_gpus)
     env = info.collect(comm, binding=binding)

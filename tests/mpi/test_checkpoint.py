@@ -146,3 +146,29 @@ def test_corrupt_or_missing_shard_raises_on_every_rank():
                              and all(numpy.array_equal(before[k], after[k]) for k in before),
                              f"{damage}: {message!r}")
     remove(comm, directory)
+
+
+@mpi_test(sizes=(2, 4), timeout=60)
+def test_a_nonfinite_tensor_is_never_saved():
+    """A NaN in one rank's shard: save raises on every rank before writing, naming the
+    tensor, and the committed checkpoint and its files stay as they were."""
+    comm = MPI.COMM_WORLD
+    directory = shared_dir(comm)
+    model, opt = trained(ProcessGrid(comm, channel=comm.size))
+    checkpoint.save(directory, model, opt, step=1)
+    files = sorted(os.listdir(directory))
+    manifest = open(os.path.join(directory, checkpoint.MANIFEST)).read()
+    _, layer, pname = next(iter(model.named_parameters()))
+    if comm.rank == comm.size - 1:
+        layer.parameters()[pname].flat[0] = numpy.nan
+    try:
+        checkpoint.save(directory, model, opt, step=2)
+        message = None
+    except CheckpointError as exc:
+        message = str(exc)
+    messages = comm.allgather(message)
+    comm.Barrier()
+    assert_all_ranks(comm, message is not None and "not finite" in message and f"rank {comm.size - 1}" in message
+                     and len(set(messages)) == 1 and sorted(os.listdir(directory)) == files
+                     and open(os.path.join(directory, checkpoint.MANIFEST)).read() == manifest, repr(messages))
+    remove(comm, directory)
