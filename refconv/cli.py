@@ -27,7 +27,7 @@ import sys
 
 from mpi4py import MPI
 
-from refconv import __version__, failure
+from refconv import __version__, collectives, failure
 from refconv.train_config import OptionError, flag
 
 COMMANDS = (
@@ -67,6 +67,7 @@ def build_parser():
 
 
 def main(argv=None):
+    collectives.fault_point("startup")      # where REFCONV_FAULT=rank:startup:... strikes
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
