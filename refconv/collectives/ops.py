@@ -25,8 +25,10 @@ not wire traffic: a size-1 communicator records the same figures (with
 ``reduce_scatter`` and ``allgather`` split one axis; an MPI datatype per rank
 walks its block in place (``staging.block_types``), so no block is packed.
 MPICH refuses ``MPI.SUM`` over a derived datatype, so ``reduce_scatter`` sends
-rank q its block q (an all-to-all of the same volume as a pairwise
-reduce-scatter) and sums the blocks it receives.  Both return a new array also on
+every other rank q its part of block q (an all-to-all of the same volume as a
+pairwise reduce-scatter) and adds the parts it receives to its own.  Below
+about 1 MiB packing was faster by 20-60 us a call; from 4 MiB these are 1.2-5x
+faster than packing (docs/benchmarks.md, "One implementation per operation").  Both return a new array also on
 one rank, where the block is x itself: callers keep results (Stationary-Y keeps
 the gathered x for its backward) and write into them (``add_bias``), and a view
 of x would make either depend on the communicator's size.
@@ -121,15 +123,19 @@ def reduce_scatter(comm, x, counts, axis=0):
         return arrays.array_module(x).array(x, copy=True)
     size, me = comm.Get_size(), comm.Get_rank()
     outer, length, inner = split_axis(x.shape, axis)
+    start, item = displs(counts)[me], x.itemsize
     send = to_mpi(x)                                        # (outer, L, inner)
-    parts = empty((size, outer, counts[me], inner), send.dtype, x)  # parts[s]: rank s's block me
-    item = send.dtype.itemsize
+    own = send.reshape(outer, length, inner)[:, start:start + counts[me]]  # this rank's part of its block
+    theirs = empty((size - 1, outer, counts[me], inner), send.dtype, x)    # the other ranks' parts, in rank order
+    block = theirs[0].nbytes
     with guard("reduce_scatter", comm, {"x": x, "axis": axis, "counts": counts}):
-        comm.Alltoallw([send, ([1] * size, [d * inner * item for d in displs(counts)]),
+        comm.Alltoallw([send, ([int(q != me) for q in range(size)], [d * inner * item for d in displs(counts)]),
                         block_types(send.dtype, outer, counts, inner, length * inner)],
-                       [parts, ([parts[0].nbytes] * size, [q * parts[0].nbytes for q in range(size)]),
-                        [MPI.BYTE] * size])
-    summed = arrays.array_module(parts).sum(parts, axis=0, dtype=send.dtype)
+                       [theirs, ([block * (q != me) for q in range(size)],
+                                 [block * (q - (q > me)) for q in range(size)]), [MPI.BYTE] * size])
+    summed = own + theirs[0]                                # (outer, L_me, inner), a new array
+    for part in theirs[1:]:
+        summed += part
     return from_mpi(summed.reshape(x.shape[:axis] + (counts[me],) + x.shape[axis + 1:]), x)
 
 
