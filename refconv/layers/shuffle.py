@@ -2,13 +2,16 @@
 
 from refconv import checks
 from refconv.layers.base import KINDS, Layer, layout
-from refconv.sharding import redistribute
+from refconv.sharding import plan_shuffle, redistribute
 
 
 class Redistribute(Layer):
     """Move a tensor from the layout of one grid to another's (between layers on different grids).
 
     forward: all-to-all with uneven counts (src -> dst) · backward: the reverse all-to-all
+
+    ``bind`` plans both directions once (``refconv.sharding.plan_shuffle``): the plan is
+    pure geometry, milliseconds of Python per call at 64 ranks if made on every call.
     """
 
     def __init__(self, src_grid, dst_grid, kind="activations"):
@@ -24,6 +27,8 @@ class Redistribute(Layer):
         self.src = layout(self.src_grid, shape, self.kind_in)
         self.dst = layout(self.grid, shape, self.kind_out)
         self._input_shape = self._output_shape = shape
+        self._forward_plan = plan_shuffle(self.src, self.dst, self.grid.rank)
+        self._backward_plan = plan_shuffle(self.dst, self.src, self.grid.rank)
         return self
 
     @property
@@ -32,10 +37,12 @@ class Redistribute(Layer):
         return self.src
 
     def forward(self, x_loc):
-        return redistribute(x_loc, self.src, self.dst, self.grid)
+        self._require_bound()
+        return redistribute(x_loc, self.src, self.dst, self.grid, shuffle=self._forward_plan)
 
     def backward(self, dy_loc):
-        return redistribute(dy_loc, self.dst, self.src, self.grid)
+        self._require_bound()
+        return redistribute(dy_loc, self.dst, self.src, self.grid, shuffle=self._backward_plan)
 
     def __repr__(self):
         return f"Redistribute({self.src_grid.shape} -> {self.grid.shape}, {self.kind_in})"
