@@ -27,6 +27,7 @@ import numpy
 from mpi4py import MPI
 
 from refconv import checkpoint, collectives, datasets, device, progress, threads, train_config
+from refconv.collectives import KINDS
 from refconv.model import Model
 from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
@@ -34,7 +35,6 @@ from refconv.train_config import MAX_CLASSES, OptionError, TrainConfig
 
 __all__ = ["TrainConfig", "train", "step", "evaluate", "learning_rate", "format_summary", "add_arguments", "run"]
 
-KINDS = ("allreduce", "reduce_scatter", "allgather", "halo", "alltoallv", "bcast", "scatter", "gather")
 
 
 # -- what the run trains on ----------------------------------------------------------------------

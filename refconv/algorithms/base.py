@@ -14,7 +14,6 @@ from refconv import checks, collectives
 from refconv.distribution import block_size, block_sizes
 from refconv.halo import Halo, exchanges, halo_plan
 
-KINDS = ("allreduce", "allgather", "reduce_scatter", "halo")
 ALPHA = 2e-6  # default seconds per message step (a typical inter-node latency)
 BETA = 1 / 10e9  # default seconds per byte (10 GB/s)
 

@@ -11,10 +11,15 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class Record:
-    kind: str        # "allreduce", "reduce_scatter", "allgather", "halo", "alltoallv", ...
+    kind: str        # one of KINDS
     comm_size: int
     elements: int
     bytes: int
+
+
+# the kinds of record, one per wrapper of refconv.collectives.ops (exchange records "halo");
+# the first five are what training moves data with, and what a machine file prices
+KINDS = ("allreduce", "allgather", "reduce_scatter", "halo", "alltoallv", "bcast", "scatter", "gather")
 
 
 class Region:

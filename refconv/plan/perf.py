@@ -32,10 +32,10 @@ import numpy
 from refconv import algorithms, checks
 from refconv.algorithms import candidates, layer_records
 from refconv.distribution import Distribution
+from refconv.grid import AXES
 from refconv.plan.machine import ConvShape
 from refconv.reference.layers import pool_geometry
 
-AXES = ("sample", "channel", "height", "width")
 ITEMSIZE = 4  # float32
 
 
@@ -334,8 +334,8 @@ def shuffle_matrix(shape, grid_list, machine):
     received = (size.T - keep) * ITEMSIZE
     peers = peers - 1
     intra = P <= machine.ranks_per_node
-    a = machine.comm_seconds("alltoall", P, 0, 1, intra=intra)
-    b = machine.comm_seconds("alltoall", P, 1, 0, intra=intra)
+    a = machine.comm_seconds("alltoallv", P, 0, 1, intra=intra)
+    b = machine.comm_seconds("alltoallv", P, 1, 0, intra=intra)
     pack = machine.compute["pack"]
     moved = sent + received
     one_way = peers * a + numpy.maximum(sent, received) * b + numpy.where(moved > 0, pack.t0 + moved / pack.rate, 0)

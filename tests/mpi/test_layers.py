@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from refconv import reference as ref
 from refconv import sharding
-from refconv.grid import ProcessGrid
+from refconv.grid import AXES, ProcessGrid
 from refconv.layers import GlobalAvgPool, Linear, Redistribute, SoftmaxCrossEntropy, layout
 from refconv.layers import AvgPool2d, BatchNorm2d, MaxPool2d
 from refconv.sharding import allgather
@@ -25,7 +25,7 @@ comm = MPI.COMM_WORLD
 
 
 def _grid(shape):
-    return ProcessGrid(comm, **dict(zip(("sample", "channel", "height", "width"), shape)))
+    return ProcessGrid(comm, **dict(zip(AXES, shape)))
 
 
 def _gathered(local, dist, grid):
