@@ -18,7 +18,8 @@ function               MPI call                     ``stats`` bytes recorded (pe
 ``gather``             Gatherv                      the block this rank contributes
 =====================  ===========================  =========================================
 
-``elements`` is bytes / itemsize.  The figures are buffer sizes by definition,
+``elements`` is bytes / itemsize.  ``messages`` counts the sends to other ranks of
+``exchange`` (every one) and ``alltoallv`` (the non-empty ones); it is 0 for the rest.  The figures are buffer sizes by definition,
 not wire traffic: a size-1 communicator records the same figures (with
 ``comm_size=1``) and makes no MPI call.
 
@@ -176,7 +177,7 @@ def exchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None):
     if like is None and sends:
         like = next(iter(sends.values()))
     nsent = sum(int(a.size) for r, a in sends.items() if r != me)
-    stats.add("halo", comm.Get_size(), nsent, nsent * dtype.itemsize)
+    stats.add("halo", comm.Get_size(), nsent, nsent * dtype.itemsize, sum(r != me for r in sends))
     requests, staged, keep = [], {}, []
     for src, shape in sorted(recv_shapes.items()):
         if src != me:
@@ -207,7 +208,7 @@ def alltoallv(comm, send_blocks, recv_shapes, dtype=None):
     dtype = numpy.dtype(dtype if dtype is not None else like.dtype)
     scounts = [int(b.size) for b in send_blocks]
     nsent = sum(c for q, c in enumerate(scounts) if q != me)
-    stats.add("alltoallv", size, nsent, nsent * dtype.itemsize)
+    stats.add("alltoallv", size, nsent, nsent * dtype.itemsize, sum(c > 0 for q, c in enumerate(scounts) if q != me))
     rcounts = [int(numpy.prod(s, dtype=numpy.int64)) for s in recv_shapes]
     if size == 1:
         return [xp.array(send_blocks[0], dtype=dtype, copy=True).reshape(tuple(recv_shapes[0]))]

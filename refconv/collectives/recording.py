@@ -15,6 +15,7 @@ class Record:
     comm_size: int
     elements: int
     bytes: int
+    messages: int = 0  # "halo" and "alltoallv": the messages this rank sent to other ranks
 
 
 # the kinds of record, one per wrapper of refconv.collectives.ops (exchange records "halo");
@@ -75,8 +76,8 @@ class CommStats:
         self.records.clear()
         self._folded = ({}, {})
 
-    def add(self, kind, comm_size, elements, nbytes):
-        rec = Record(kind, int(comm_size), int(elements), int(nbytes))
+    def add(self, kind, comm_size, elements, nbytes, messages=0):
+        rec = Record(kind, int(comm_size), int(elements), int(nbytes), int(messages))
         self.records.append(rec)
         for region in self._regions:
             region.records.append(rec)
