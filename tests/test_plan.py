@@ -110,13 +110,20 @@ def test_grids_are_every_ordered_factorisation():
     ((3, 12, 9, 9), (1, 3, 2, 1), (1, 2, 3, 1)),
     ((6, 4, 8, 8), (2, 1, 1, 3), (3, 2, 1, 1)),
 ])
-def test_shuffle_closed_form_matches_sharding_plan(shape, src, dst):
-    """Rank 0's sent/received bytes and peers agree with refconv.sharding's own plan."""
+def test_shuffle_matrix_prices_the_sharding_plan(shape, src, dst):
+    """shuffle_matrix, which the planner prices shuffles with, on two machines with free packing:
+    alpha 1 s per message (it counts rank 0's peers, there and back) and beta 1 s per byte (the
+    larger of what rank 0 sends and receives, there and back), against refconv.sharding's plan."""
     a, b = Distribution.activations(src, shape), Distribution.activations(dst, shape)
     counts = send_counts(a, b, 0)
-    received = sum(send_counts(a, b, r)[0] for r in range(1, math.prod(src)))
-    expected = (sum(counts[1:]) * 4, received * 4, sum(1 for c in counts[1:] if c))
-    assert perf.shuffle_bytes(shape, src, dst) == expected
+    sent, received = sum(counts[1:]) * 4, sum(send_counts(a, b, r)[0] for r in range(1, math.prod(src))) * 4
+    peers = sum(1 for c in counts[1:] if c)
+    for alpha, beta, expected in ((1.0, 0.0, 2 * peers), (0.0, 1.0, 2 * max(sent, received))):
+        doc = machine_doc(ranks_per_node=64)
+        doc["collectives"]["intra"]["alltoallv"] = {"alpha": alpha, "beta": beta}
+        doc["compute"]["pack"] = {"t0": 0.0, "rate": 1e30}
+        matrix = perf.shuffle_matrix(shape, [src, dst], machine.from_dict(doc))
+        assert matrix[0, 1] == pytest.approx(expected, rel=1e-9) and matrix[0, 0] == matrix[1, 1] == 0
 
 
 # -- the dynamic programme against brute force and by hand ---------------------------------------------

@@ -344,16 +344,6 @@ def shuffle_matrix(shape, grid_list, machine):
     return out
 
 
-def shuffle_bytes(shape, src, dst):
-    """(sent, received, peers) of rank 0 for one direction: the closed form of :func:`shuffle_matrix`."""
-    size = keep = peers = 1
-    for L, a, b in zip(shape, src, dst):
-        e_a, meets = _first_block_peers(L, a, b)
-        size, keep, peers = size * e_a, keep * min(e_a, _ceil(L, b)), peers * meets
-    dst_size = local_elements(shape, dst)
-    return (size - keep) * ITEMSIZE, (dst_size - keep) * ITEMSIZE, peers - 1
-
-
 def overlapped_step(costs):
     """Step seconds if each weight-gradient allreduce overlapped the backward compute of
     the layers before it (one communication stream): ``costs`` in forward order."""
