@@ -109,6 +109,10 @@ def check_layer(layer, problem, *, seed=0, rtol=None, atol=None):
     return True
 
 
+def _order(call):
+    return call.kind, call.comm_size, call.bytes, call.messages
+
+
 def measure_records(run):
     """The calls ``run()`` makes through :mod:`refconv.collectives`, in order, as
     :class:`refconv.algorithms.base.Call` (kind, communicator size, bytes, messages)."""
@@ -117,13 +121,17 @@ def measure_records(run):
     return [Call(r.kind, r.comm_size, r.bytes, r.messages) for r in region.records]
 
 
-def check_records(comm, run, expected, what=""):
+def check_records(comm, run, expected, what="", *, ordered=True):
     """Run ``run()`` on every rank of ``comm`` and assert, on every rank alike, that the calls it
     makes (kind, communicator size, bytes and messages, in order) are the ``expected`` Calls:
     what a layer's ``records()`` (or a model's, summed over its layers) predicts and the
-    planner prices.  Returns the measured Calls."""
+    planner prices.  ``ordered=False`` compares them as multisets (a model's records list
+    each layer's forward and backward together; a step runs every forward first).
+    Returns the measured Calls."""
     measured = measure_records(run)
     expected = [Call(c.kind, c.comm_size, c.bytes, c.messages) for c in expected]
+    if not ordered:
+        measured, expected = sorted(measured, key=_order), sorted(expected, key=_order)
     diff = next((i for i, (m, e) in enumerate(zip(measured, expected)) if m != e), min(len(measured), len(expected)))
     assert_all_ranks(comm, measured == expected,
                      f"{what}: the calls made differ from the records from call {diff} on:\n"
