@@ -29,7 +29,7 @@ import sys
 
 from mpi4py import MPI
 
-from refconv import __version__, failure
+from refconv import __version__, collectives, failure
 from refconv.train_config import OptionError, flag
 
 COMMANDS = (
@@ -69,6 +69,7 @@ def build_parser():
 
 
 def main(argv=None):
+    collectives.fault_point("startup")      # where REFCONV_FAULT=rank:startup:... strikes
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -123,6 +123,12 @@ class Model(Wrapper):
         """Backpropagate the last :meth:`loss`; leaves every layer's gradients."""
         return self.body.backward(self.head.backward())
 
+    def records(self):
+        """The calls one training step (forward, loss, backward) makes on this rank: the sum
+        of every layer's ``records()`` and the loss's, as a multiset (the planner prices them;
+        ``refconv.testing.check.check_records(..., ordered=False)`` checks them)."""
+        return self.body.records() + self.head.records(self.body.layers[-1].dtype.itemsize)
+
     def describe(self):
         """One line per layer: name, layer (with its grid and algorithm) and output shape."""
         lines = []

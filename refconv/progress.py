@@ -14,11 +14,12 @@ import json
 import sys
 import time
 
+from refconv.grid import AXES
+
 
 def grid_text(grid):
     """``"sample=2,channel=2"`` (axes of size 1 left out; ``"1 rank"`` when all are)."""
-    names = ("sample", "channel", "height", "width")
-    text = ",".join(f"{n}={p}" for n, p in zip(names, grid.shape) if p > 1)
+    text = ",".join(f"{n}={p}" for n, p in zip(AXES, grid.shape) if p > 1)
     return text or "1 rank"
 
 

@@ -22,6 +22,7 @@ not use, and, on each axis it does use, the lowest coordinate holding that
 element's blocks.  Only owners send in gather, allgather and redistribute.
 """
 
+import dataclasses
 import itertools
 
 import numpy
@@ -216,32 +217,55 @@ def send_counts(src_dist, dst_dist, rank):
     return [_plan_size(_plan(mine, dst_dist, q)) for q in range(int(numpy.prod(dst_dist.grid_shape)))]
 
 
-def redistribute(local, src_dist, dst_dist, grid):
+@dataclasses.dataclass(frozen=True)
+class Shuffle:
+    """One rank's part of :func:`redistribute` from ``src`` to ``dst``: pure geometry, made
+    once (``plan_shuffle``) and reused by every call (``refconv.layers.Redistribute`` plans
+    at bind).  A piece is (src local slices, dst local slices), in a fixed order."""
+    src: object                 # the Distribution sent from
+    dst: object                 # the Distribution received into
+    rank: int
+    sends: list                 # sends[q]: the pieces this rank sends to rank q
+    receives: list              # receives[r]: the pieces rank r sends to this rank
+
+
+def plan_shuffle(src_dist, dst_dist, rank):
+    """The :class:`Shuffle` of ``rank`` from ``src_dist`` to ``dst_dist`` (same global shape).
+
+    It costs milliseconds of Python at 64 ranks (every rank's owned boxes are intersected
+    with this rank's), which is why a layer makes it once."""
+    if src_dist.global_shape != dst_dist.global_shape:
+        raise ValueError(f"redistribute: global shapes differ: {src_dist.global_shape} "
+                         f"vs {dst_dist.global_shape}")
+    size = int(numpy.prod(src_dist.grid_shape))
+    mine = owned_boxes(src_dist, rank)
+    return Shuffle(src_dist, dst_dist, rank, sends=[_plan(mine, dst_dist, q) for q in range(size)],
+                   receives=[_plan(owned_boxes(src_dist, r), dst_dist, rank) for r in range(size)])
+
+
+def redistribute(local, src_dist, dst_dist, grid, *, shuffle=None):
     """This rank's block under ``src_dist`` -> its block under ``dst_dist`` (same global
     shape), with one uneven all-to-all.  Each element is sent once, by its owner.
 
     The two distributions may be of different grid shapes (consecutive layers on
     different grids); ``grid`` is any grid over the communicator of both: only its
     ``comm``, ``rank`` and ``size`` are used.  Rank ``r`` has coordinates
-    ``src_dist.coords_of(r)`` in one and ``dst_dist.coords_of(r)`` in the other."""
+    ``src_dist.coords_of(r)`` in one and ``dst_dist.coords_of(r)`` in the other.
+    ``shuffle``: this rank's plan (``plan_shuffle``), made here when not given."""
     _check_size(local, src_dist, grid)
     _check_size(None, dst_dist, grid)
-    if src_dist.global_shape != dst_dist.global_shape:
-        raise ValueError(f"redistribute: global shapes differ: {src_dist.global_shape} "
-                         f"vs {dst_dist.global_shape}")
+    if shuffle is None:
+        shuffle = plan_shuffle(src_dist, dst_dist, grid.rank)
+    elif (shuffle.src, shuffle.dst, shuffle.rank) != (src_dist, dst_dist, grid.rank):
+        raise ValueError(f"redistribute: shuffle was planned for rank {shuffle.rank} from {shuffle.src} "
+                         f"to {shuffle.dst}, not rank {grid.rank} from {src_dist} to {dst_dist}")
     xp = array_module(local)
-    me = grid.rank
-    mine = owned_boxes(src_dist, me)
-    sends = []
-    for q in range(grid.size):
-        plan = _plan(mine, dst_dist, q)
-        sends.append(xp.concatenate([xp.ravel(local[s]) for s, _ in plan]) if plan
-                     else xp.empty(0, local.dtype))
-    incoming = [_plan(owned_boxes(src_dist, r), dst_dist, me) for r in range(grid.size)]
-    received = collectives.alltoallv(grid.comm, sends, [(_plan_size(p),) for p in incoming],
+    sends = [xp.concatenate([xp.ravel(local[s]) for s, _ in plan]) if plan else xp.empty(0, local.dtype)
+             for plan in shuffle.sends]
+    received = collectives.alltoallv(grid.comm, sends, [(_plan_size(p),) for p in shuffle.receives],
                                      dtype=local.dtype)
-    out = xp.empty(dst_dist.local_shape(me), local.dtype)
-    for flat, plan in zip(received, incoming):
+    out = xp.empty(dst_dist.local_shape(grid.rank), local.dtype)
+    for flat, plan in zip(received, shuffle.receives):
         offset = 0
         for _, dst in plan:
             shape = [sl.stop - sl.start for sl in dst]

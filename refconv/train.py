@@ -36,6 +36,7 @@ import numpy
 from mpi4py import MPI
 
 from refconv import checkpoint, checks, collectives, datasets, device, failure, progress, threads, train_config
+from refconv.collectives import KINDS
 from refconv.model import Model
 from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
@@ -49,7 +50,6 @@ class Diverged(failure.SharedFailure):
     status = 3
 
 
-KINDS = ("allreduce", "reduce_scatter", "allgather", "halo", "alltoallv", "bcast", "scatter", "gather")
 
 
 # -- what the run trains on ----------------------------------------------------------------------

@@ -43,10 +43,16 @@ def test_builtin_machine_files_load_and_are_marked():
 
 
 def test_ring_pricing_is_the_cost_models_alpha_beta():
+    """alpha = 2e-5 s, beta = 1e-9 s/B, worked by hand: steps * alpha + ring factor * m * beta."""
     m = machine.from_dict(machine_doc())
-    for kind, q, nbytes in (("allreduce", 4, 10_000), ("allgather", 3, 777), ("reduce_scatter", 8, 1 << 20)):
-        assert m.comm_seconds(kind, q, nbytes) == pytest.approx(Call(kind, q, nbytes).seconds(2e-5, 1e-9))
-    assert m.comm_seconds("halo", 4, 500, 2) == pytest.approx(Call("halo", 4, 500, 2).seconds(2e-5, 1e-9))
+    expected = {("allreduce", 4, 10_000): 6 * 2e-5 + 1.5 * 10_000e-9,            # 2 (q-1) steps, 2 (q-1)/q
+                ("allgather", 3, 777): 2 * 2e-5 + 518e-9,                        # q-1 steps, (q-1)/q of 777 B
+                ("reduce_scatter", 8, 1 << 20): 7 * 2e-5 + 917_504e-9}           # 7/8 of 1 MiB
+    for (kind, q, nbytes), seconds in expected.items():
+        assert m.comm_seconds(kind, q, nbytes) == pytest.approx(seconds, rel=1e-12)
+        assert Call(kind, q, nbytes).seconds(2e-5, 1e-9) == pytest.approx(seconds, rel=1e-12)
+    assert m.comm_seconds("halo", 4, 500, 2) == pytest.approx(2 * 2e-5 + 500e-9, rel=1e-12)  # per message, per byte
+    assert m.comm_seconds("alltoallv", 4, 500, 3) == pytest.approx(3 * 2e-5 + 500e-9, rel=1e-12)
     assert m.comm_seconds("allreduce", 1, 10_000) == 0.0  # a one-rank communicator moves nothing
 
 
@@ -104,13 +110,20 @@ def test_grids_are_every_ordered_factorisation():
     ((3, 12, 9, 9), (1, 3, 2, 1), (1, 2, 3, 1)),
     ((6, 4, 8, 8), (2, 1, 1, 3), (3, 2, 1, 1)),
 ])
-def test_shuffle_closed_form_matches_sharding_plan(shape, src, dst):
-    """Rank 0's sent/received bytes and peers agree with refconv.sharding's own plan."""
+def test_shuffle_matrix_prices_the_sharding_plan(shape, src, dst):
+    """shuffle_matrix, which the planner prices shuffles with, on two machines with free packing:
+    alpha 1 s per message (it counts rank 0's peers, there and back) and beta 1 s per byte (the
+    larger of what rank 0 sends and receives, there and back), against refconv.sharding's plan."""
     a, b = Distribution.activations(src, shape), Distribution.activations(dst, shape)
     counts = send_counts(a, b, 0)
-    received = sum(send_counts(a, b, r)[0] for r in range(1, math.prod(src)))
-    expected = (sum(counts[1:]) * 4, received * 4, sum(1 for c in counts[1:] if c))
-    assert perf.shuffle_bytes(shape, src, dst) == expected
+    sent, received = sum(counts[1:]) * 4, sum(send_counts(a, b, r)[0] for r in range(1, math.prod(src))) * 4
+    peers = sum(1 for c in counts[1:] if c)
+    for alpha, beta, expected in ((1.0, 0.0, 2 * peers), (0.0, 1.0, 2 * max(sent, received))):
+        doc = machine_doc(ranks_per_node=64)
+        doc["collectives"]["intra"]["alltoallv"] = {"alpha": alpha, "beta": beta}
+        doc["compute"]["pack"] = {"t0": 0.0, "rate": 1e30}
+        matrix = perf.shuffle_matrix(shape, [src, dst], machine.from_dict(doc))
+        assert matrix[0, 1] == pytest.approx(expected, rel=1e-9) and matrix[0, 0] == matrix[1, 1] == 0
 
 
 # -- the dynamic programme against brute force and by hand ---------------------------------------------
@@ -218,14 +231,33 @@ def test_resnet50_plans_at_64_ranks_quickly_and_beats_sample_parallelism():
 
 
 # -- algorithm: auto ----------------------------------------------------------------------------------------
-def test_choose_for_layer_warns_without_a_machine_and_returns_its_table_minimum():
+def free_compute_machine():
+    """machine_doc's links (alpha 2e-5 s, beta 1e-9 s/B) with every kernel free: a layer's price is its calls'."""
+    doc = machine_doc()
+    doc["compute"] = {op: ({c: {"t0": 0.0, "rate": 1e30} for c in machine.CONV_CLASSES} if op.startswith("conv")
+                           else {"t0": 0.0, "rate": 1e30}) for op in machine.COMPUTE}
+    return machine.from_dict(doc)
+
+
+def test_choose_for_layer_warns_without_a_machine_and_prices_each_algorithm_by_hand():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        algorithm, p_f, table = choose_for_layer((8, 64, 14, 14), 64, (3, 3), grid_shape=(1, 4, 1, 1),
-                                                 padding=(1, 1))
+        _, _, table = choose_for_layer((8, 64, 14, 14), 64, (3, 3), grid_shape=(1, 4, 1, 1), padding=(1, 1))
     assert any("built-in" in str(w.message) for w in caught)
-    assert table[(algorithm, p_f)] == min(table.values())
     assert set(table) == {("stationary-x", None), ("stationary-y", None), ("stationary-w", 2)}
+    # x (8, 64, 14, 14) -> y (8, 128, 14, 14) on channel=4 (weight peers: 1 rank, so no allreduce is priced).
+    # X: reduce-scatter y and allgather dy, m = 8*128*196*4 B over 4 ranks: 3 steps, 3/4 of m each.
+    # Y: allgather x and reduce-scatter dx, m = 8*64*196*4 B.  W (p_f = p_c' = 2): x and dx over p_f with
+    # C_b = 32 channels, y and dy over p_c' with F_a = 64 filters; 1 step and 1/2 of m each.
+    algorithm, p_f, table = choose_for_layer((8, 64, 14, 14), 128, (3, 3), grid_shape=(1, 4, 1, 1), padding=(1, 1),
+                                             machine=free_compute_machine())
+    def call(steps, moved):
+        return steps * 2e-5 + moved * 1e-9
+    assert table == pytest.approx({("stationary-x", None): 2 * call(3, 0.75 * 8 * 128 * 196 * 4),
+                                   ("stationary-y", None): 2 * call(3, 0.75 * 8 * 64 * 196 * 4),
+                                   ("stationary-w", 2): 2 * call(1, 0.5 * 8 * 32 * 196 * 4)
+                                   + 2 * call(1, 0.5 * 8 * 64 * 196 * 4)}, rel=1e-9)
+    assert (algorithm, p_f) == ("stationary-w", 2)   # 0.682 ms against Y's 0.722 and X's 1.324
     with pytest.raises(ValueError, match="grid_shape"):
         choose_for_layer((2, 4, 4, 4), 4, (3, 3), grid_shape=(4, 1, 1, 1), machine=V100)
 

@@ -44,7 +44,7 @@ import course
 # ## The algorithm: data parallelism from scratch
 #
 # `SampleSplit` convolves each rank's samples locally and allreduces the weight
-# gradients through `refconv.collectives` (the one module that talks to MPI).
+# gradients through `refconv.collectives` (the one package that talks to MPI).
 # The planted bug is a real one: with `average=True` it **averages** the
 # gradients over the ranks and rescales by the global batch, as data-parallel
 # frameworks commonly do. That is right only when every rank has the same

@@ -74,7 +74,7 @@ def resolve(name, P_c, filter_groups=None, groups=1, channels=None):
 
 def records(name, geom, grid_shape, coords=(0, 0, 0, 0), filter_groups=None):
     """The calls of one forward and backward of algorithm ``name`` (see the module docstring):
-    a name a layer asks for, or one that :func:`choose` returns (``grouped``, ``grouped-x``...)."""
+    a name a layer asks for, or one that ``refconv.plan.choose_for_layer`` returns (``grouped``, ``grouped-x``...)."""
     if name in CHOSEN_ONLY and grid_shape[1] > 1:  # already the class that runs: no resolving
         return REGISTRY[name].records(geom, tuple(grid_shape), tuple(coords), filter_groups)
     cls, filter_groups = resolve(name, grid_shape[1], filter_groups, geom.groups, (geom.C, geom.F))
@@ -113,22 +113,5 @@ def candidates(P_c, groups=1, channels=None):
     return out
 
 
-def choose(geom, grid_shape, *, alpha=ALPHA, beta=BETA):
-    """``(algorithm, filter_groups, table)``: the channel algorithm whose ``records()`` cost
-    least in the alpha-beta model, for the layer ``geom`` on a grid of ``grid_shape``.
-
-    Local compute is the same for every algorithm (each rank does ``1/P`` of the
-    FLOPs), so communication decides.  ``table`` maps each candidate to its predicted
-    seconds per iteration, priced on the rank with the largest blocks (coordinate 0
-    everywhere; an edge rank along height and width, so halos are priced as an edge
-    rank sends them).  :mod:`refconv.cost_model` documents the model.
-    """
-    pairs = candidates(grid_shape[1], geom.groups, (geom.C, geom.F))
-    price = lambda calls: sum(c.seconds(alpha, beta) for c in calls)  # noqa: E731
-    table = {(a, p_f): price(records(a, geom, grid_shape, (0, 0, 0, 0), p_f)) for a, p_f in pairs}
-    (algorithm, p_f), _ = min(table.items(), key=lambda item: item[1])
-    return algorithm, p_f, table
-
-
 __all__ = ["Algorithm", "Call", "ConvGeometry", "REGISTRY", "CHOSEN_ONLY", "register", "channel_algorithms", "resolve",
-           "records", "layer_records", "candidates", "choose", "asked_as", "grouped_class", "ALPHA", "BETA"]
+           "records", "layer_records", "candidates", "asked_as", "grouped_class", "ALPHA", "BETA"]

@@ -14,7 +14,6 @@ from refconv import checks, collectives
 from refconv.distribution import block_size, block_sizes
 from refconv.halo import Halo, exchanges, halo_plan
 
-KINDS = ("allreduce", "allgather", "reduce_scatter", "halo")
 ALPHA = 2e-6  # default seconds per message step (a typical inter-node latency)
 BETA = 1 / 10e9  # default seconds per byte (10 GB/s)
 
@@ -67,13 +66,18 @@ class Call:
     """One call as :data:`refconv.collectives.stats` records it.
 
     ``bytes`` is the full (gathered or reduced) buffer ``m`` of a collective, or the
-    bytes this rank sends in a halo exchange; ``messages`` counts a halo's sends.
+    bytes this rank sends in a halo exchange or shuffle; ``messages`` counts those sends
+    (a shuffle's non-empty ones).  Two facts for the planner, which a measurement does not
+    see and equality ignores: ``axes``, the grid axes the communicator spans (None: the
+    kind's usual ones), and ``grad``, a weight-gradient allreduce (backward may overlap it).
     """
 
     kind: str
     comm_size: int
     bytes: int
     messages: int = 0
+    axes: tuple = dataclasses.field(default=None, compare=False)
+    grad: bool = dataclasses.field(default=False, compare=False)
 
     @property
     def wire_bytes(self):

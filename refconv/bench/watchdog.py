@@ -23,6 +23,7 @@ import numpy
 from mpi4py import MPI
 
 from refconv import collectives
+from refconv.collectives.watchdog import guard
 from refconv.bench import timing
 from refconv.bench.common import time_ranks
 
@@ -36,7 +37,7 @@ def _loop(fn, calls):
 def _guards(calls, comm, x):
     """The watchdog's guard ``calls`` times around no MPI call."""
     for _ in range(calls):
-        with collectives._watchdog("allreduce", comm, {"send": x, "recv": x}):
+        with guard("allreduce", comm, {"send": x, "recv": x}):
             pass
 
 

@@ -28,6 +28,13 @@ def _kind_out(node, kind_in):
     return getattr(node, "kind_out", "activations")
 
 
+def _dtype(node):
+    """The dtype of what a layer (or the first leaf of a container) takes in."""
+    while not hasattr(node, "dtype"):
+        node = node.body.layers[0] if hasattr(node, "body") else node.layers[0]
+    return node.dtype
+
+
 class Sequential:
     """Layers run one after the other; a Redistribute is inserted wherever the grid changes.
 
@@ -42,13 +49,13 @@ class Sequential:
         grid = start_grid
         for name, layer in zip(names, layers):
             if grid is not None and grid.shape != _in_grid(layer).shape:
-                self.layers.append(Redistribute(grid, _in_grid(layer), kind))
+                self.layers.append(Redistribute(grid, _in_grid(layer), kind, _dtype(layer)))
                 self.names.append(None)  # a Redistribute has no parameters and no name
             self.layers.append(layer)
             self.names.append(name)
             grid, kind = _out_grid(layer), _kind_out(layer, kind)
         if end_grid is not None and grid is not None and grid.shape != end_grid.shape:
-            self.layers.append(Redistribute(grid, end_grid, kind))
+            self.layers.append(Redistribute(grid, end_grid, kind, _dtype(self.layers[-1])))
             self.names.append(None)
             grid = end_grid
         self.in_grid = start_grid if start_grid is not None else (_in_grid(layers[0]) if layers else None)
@@ -87,6 +94,11 @@ class Sequential:
         for layer in reversed(self.layers):
             dy_loc = layer.backward(dy_loc)
         return dy_loc
+
+    def records(self):
+        """Every layer's records (Redistributes included), in order: what one forward and
+        backward of the chain make on this rank, as a multiset (backward runs in reverse)."""
+        return [call for layer in self.layers for call in layer.records()]
 
     def set_training(self, training):
         for layer in self.layers:
@@ -164,6 +176,9 @@ class Residual(Wrapper):
 
     def backward(self, dy_loc):
         return self.body.backward(dy_loc) + self.shortcut.backward(dy_loc)
+
+    def records(self):
+        return self.body.records() + self.shortcut.records()
 
     def set_training(self, training):
         self.body.set_training(training)

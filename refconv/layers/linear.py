@@ -5,8 +5,19 @@ import math
 import numpy
 
 from refconv import checks, collectives
-from refconv.distribution import Distribution, block_range, block_sizes
+from refconv.algorithms.base import Call
+from refconv.distribution import Distribution, block_range, block_size, block_sizes
 from refconv.layers.base import Layer
+
+
+def linear_records(shape, out_features, bias, grid_shape, coords, itemsize):
+    """The calls of one forward and backward of the head at ``coords`` for features ``shape``
+    ``(N, C, 1, 1)``: forward, the allgather of ``(n, C)`` over the channel group; backward,
+    the allreduce of ``dW (K, C)`` and of ``db (K,)`` over the sample axis."""
+    n, C, K = block_size(shape[0], grid_shape[0], coords[0]), shape[1], out_features
+    return [Call("allgather", grid_shape[1], n * C * itemsize, axes=("channel",)),
+            Call("allreduce", grid_shape[0], K * C * itemsize, axes=("sample",), grad=True)] \
+        + ([Call("allreduce", grid_shape[0], K * itemsize, axes=("sample",), grad=True)] if bias else [])
 
 
 class Linear(Layer):
@@ -66,6 +77,12 @@ class Linear(Layer):
         c0, c1 = block_range(self.in_features, self.grid.P_c, self.grid.coords[1])
         dx = dy_loc @ self.weight  # (n, C): the whole dx; keep this rank's channels
         return self.xp.ascontiguousarray(dx[:, c0:c1]).reshape(dx.shape[0], c1 - c0, 1, 1)
+
+    def records(self):
+        """The calls one forward and backward of this bound layer make on this rank."""
+        self._require_bound()
+        return linear_records(self._input_shape, self.out_features, self.has_bias, self.grid.shape, self.grid.coords,
+                              self.dtype.itemsize)
 
     def parameters(self):
         return {"weight": self.weight, **({"bias": self.bias} if self.has_bias else {})}

@@ -1,7 +1,14 @@
 """The loss: softmax cross-entropy over the global batch."""
 
 from refconv import collectives
+from refconv.algorithms.base import Call
 from refconv.backend import get_backend
+
+
+def loss_records(grid_shape, itemsize):
+    """The call of one loss forward and backward: the allreduce of the local loss sum (one
+    element, of the logits' dtype) over the sample axis; backward is local."""
+    return [Call("allreduce", grid_shape[0], itemsize, axes=("sample",))]
 
 
 class SoftmaxCrossEntropy:
@@ -28,6 +35,10 @@ class SoftmaxCrossEntropy:
         total = collectives.allreduce(self.grid.axis_comm("sample"), local_sum)
         self._probs, self._labels, self._N = xp.exp(log_probs), labels, global_batch
         return float(self.backend.to_host(total)[0]) / global_batch
+
+    def records(self, itemsize=4):
+        """The call one forward and backward make on this rank, for logits of ``itemsize`` bytes."""
+        return loss_records(self.grid.shape, itemsize)
 
     def backward(self):
         """``dlogits (n, K) = (softmax - onehot(labels)) / N`` with N the global batch."""

@@ -11,8 +11,20 @@ channels ``C_i`` (viewed as ``(C, 1, 1, 1)`` split over the channel axis).
 import numpy
 
 from refconv import checks, collectives
-from refconv.distribution import Distribution
+from refconv.algorithms.base import Call
+from refconv.distribution import Distribution, block_size
 from refconv.layers.base import Layer
+
+
+def batch_norm_records(shape, grid_shape, coords, itemsize):
+    """The calls of one training forward and backward at ``coords``, over the weight peers
+    (the ranks that share this rank's channels): forward, allreduce of the channel sums and
+    then of the centred squares; backward, allreduce of (sum dy, sum dy xhat)."""
+    P_N, P_c, P_H, P_W = grid_shape
+    C_i, axes = block_size(shape[1], P_c, coords[1]), ("sample", "height", "width")
+    return [Call("allreduce", P_N * P_H * P_W, C_i * itemsize, axes=axes),
+            Call("allreduce", P_N * P_H * P_W, C_i * itemsize, axes=axes),
+            Call("allreduce", P_N * P_H * P_W, 2 * C_i * itemsize, axes=axes)]
 
 
 class BatchNorm2d(Layer):
@@ -82,6 +94,11 @@ class BatchNorm2d(Layer):
         self.bias_grad, self.weight_grad = sums[:C_i], sums[C_i:]  # dbeta, dgamma over the global batch
         return self.backend.batch_norm_backward_apply(dy_loc, x_loc, mean, invstd, self.weight,
                                                       self.bias_grad, self.weight_grad, N * H * W)
+
+    def records(self):
+        """The calls one training forward and backward of this bound layer make on this rank."""
+        self._require_bound()
+        return batch_norm_records(self._input_shape, self.grid.shape, self.grid.coords, self.dtype.itemsize)
 
     def parameters(self):
         return {"weight": self.weight, "bias": self.bias}

@@ -13,9 +13,30 @@ layer              forward                                          backward
 import numpy
 
 from refconv import collectives
+from refconv.algorithms.base import Call, ConvGeometry, halo_records
+from refconv.distribution import block_size
 from refconv.halo import Halo
 from refconv.layers.base import Layer
 from refconv.reference.layers import pool_geometry
+
+
+def pool_records(shape, kernel_size, stride, padding, grid_shape, coords, itemsize):
+    """The calls of one forward and backward of a max or average pooling at ``coords``: the
+    halo exchange of its window (forward) and its return (backward), on this rank's channels."""
+    kernel, stride, padding, out = pool_geometry(shape, kernel_size, stride, padding)
+    C_i = block_size(shape[1], grid_shape[1], coords[1])
+    geom = ConvGeometry(tuple(shape), (C_i, C_i) + kernel, tuple(shape[:2]) + out, stride, padding, bias=False,
+                        itemsize=itemsize)
+    exchange, back = halo_records(geom, grid_shape, coords, C_i)
+    return exchange + back
+
+
+def gap_records(shape, grid_shape, coords, itemsize):
+    """The call of one forward and backward of global average pooling at ``coords``: forward,
+    the allreduce of the local sums ``(n, C_i)`` over the spatial peers; backward, none."""
+    P_N, P_c, P_H, P_W = grid_shape
+    n, C_i = block_size(shape[0], P_N, coords[0]), block_size(shape[1], P_c, coords[1])
+    return [Call("allreduce", P_H * P_W, n * C_i * itemsize, axes=("height", "width"))]
 
 
 class _Pool2d(Layer):
@@ -50,6 +71,12 @@ class _Pool2d(Layer):
     def backward(self, dy_loc):
         self._check_local(dy_loc, self.output_distribution, "dy_loc")
         return self._halo.reduce(self._unpool(dy_loc), self.xp)  # (n, c, h, w)
+
+    def records(self):
+        """The calls one forward and backward of this bound layer make on this rank."""
+        self._require_bound()
+        return pool_records(self._input_shape, self.kernel_size, self.stride, self.padding, self.grid.shape,
+                            self.grid.coords, self.dtype.itemsize)
 
     def __repr__(self):
         return (f"{type(self).__name__}(kernel_size={self.kernel_size}, stride={self.stride}, "
@@ -109,3 +136,8 @@ class GlobalAvgPool(Layer):
         # dy, so the adjoint of the allreduce is the identity here: spread dy locally.
         H, W = self._input_shape[2:]
         return self.xp.broadcast_to(dy_loc / (H * W), self._x_shape).copy()  # (n, C_i, h, w)
+
+    def records(self):
+        """The call one forward and backward of this bound layer make on this rank."""
+        self._require_bound()
+        return gap_records(self._input_shape, self.grid.shape, self.grid.coords, self.dtype.itemsize)

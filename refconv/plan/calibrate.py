@@ -8,7 +8,7 @@ Run it under mpiexec on the ranks of one node (2 to 4 here)::
 Collectives: for each kind and each communicator size ``q`` (2, 4, ... up to the
 ranks; ``q < P`` runs ``P / q`` groups at once, as channel groups do in training)
 it times a sweep of buffer sizes and fits ``time = alpha(q) + beta(q) * m`` by least
-squares (``m`` as :class:`refconv.cost_model.Call` records it; for ``alltoall``
+squares (``m`` as :class:`refconv.cost_model.Call` records it; for ``alltoallv``
 and ``halo`` alpha is per message).  One node gives only the ``intra`` figures:
 ``inter`` is written as a copy and the file says so.
 
@@ -132,7 +132,7 @@ def _fit_error(x, y, a, b):
 def collective_calls(kind, sub, nbytes):
     """``(call, messages, m)``: a callable making one ``kind`` call of about ``nbytes`` on
     ``sub``, its point-to-point messages, and the bytes ``m`` as the cost model counts them
-    (the full buffer; for ``alltoall`` and ``halo`` the bytes this rank sends).
+    (the full buffer; for ``alltoallv`` and ``halo`` the bytes this rank sends).
 
     The channel collectives work on activations split along the channel axis (axis 1 of
     ``(n, C, h, w)``), as the algorithms call them, so their packing is timed too.
@@ -150,7 +150,7 @@ def collective_calls(kind, sub, nbytes):
             mine = numpy.ascontiguousarray(full[:, :c])
             return (lambda: collectives.allgather(sub, mine, [c] * q, axis=1)), 0, full.nbytes
         return (lambda: collectives.reduce_scatter(sub, full, [c] * q, axis=1)), 0, full.nbytes
-    if kind == "alltoall":  # m = bytes sent: q - 1 blocks
+    if kind == "alltoallv":  # m = bytes sent: q - 1 blocks
         block = max(1, n // max(q - 1, 1))
         blocks = [numpy.ones(block, numpy.float32) for _ in range(q)]
         return (lambda: collectives.alltoallv(sub, blocks, [(block,)] * q)), q - 1, block * 4 * (q - 1)
@@ -184,7 +184,7 @@ def measure_collectives(comm, quick):
             ys = [statistics.median(rounds[kind, q, m]) for m in sizes]
             a, b = fit_line(xs, ys)
             notes.append(f"{kind} q={q}: fit median relative error {_fit_error(xs, ys, a, b):.0%}")
-            out[kind][q] = [a / (q - 1) if kind == "alltoall" else a, b]  # alltoall: alpha per message
+            out[kind][q] = [a / (q - 1) if kind == "alltoallv" else a, b]  # alltoallv: alpha per message
     for grid in grids.values():
         grid.free()
     return out, notes

@@ -34,13 +34,13 @@ kind                steps(q)        factor(q)
 allreduce           2 (q - 1)       2 (q - 1) / q
 allgather           q - 1           (q - 1) / q
 reduce_scatter      q - 1           (q - 1) / q
-alltoall            messages        1 (m = bytes this rank sends)
+alltoallv           messages        1 (m = bytes this rank sends)
 halo                messages        1 (m = bytes this rank sends)
 ==================  ==============  ================
 
 A ``table`` entry (a measured machine) gives the fitted ``alpha(q), beta(q)`` of
 ``time = alpha(q) + beta(q) * m`` at the sizes measured (for ``halo`` and
-``alltoall``: alpha per message); another size is priced from the nearest
+``alltoallv``: alpha per message); another size is priced from the nearest
 measured one scaled by the ring schedule.  A local kernel costs
 ``t0 + work / rate`` (work: FLOPs for convolutions, bytes of the local input for
 the bandwidth-bound layers), and for a convolution class with ``bw`` also
@@ -63,9 +63,10 @@ import warnings
 
 import yaml
 
+from refconv import collectives
 from refconv.algorithms.base import Call
 
-KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "halo")
+KINDS = collectives.KINDS[:5]  # what a machine file prices: the kinds training moves data with
 COMPUTE = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter", "batchnorm", "pool", "elementwise", "pack", "layer")
 CONV_CLASSES = ("1x1", "kxk")
 CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")
@@ -82,7 +83,7 @@ def ring_steps(kind, q, messages=0, schedule="ring"):
     ``schedule="log"`` recursive doubling/halving's ``ceil(log2 q)`` (twice for
     allreduce: Rabenseifner's reduce-scatter + allgather, as MPICH and Open MPI pick
     for large communicators; Thakur, Rabenseifner and Gropp, IJHPCA 2005)."""
-    if kind in ("halo", "alltoall"):
+    if kind in ("halo", "alltoallv"):
         return messages
     if schedule == "ring":
         return Call(kind, q, 1).steps
@@ -91,7 +92,7 @@ def ring_steps(kind, q, messages=0, schedule="ring"):
 
 def ring_factor(kind, q):
     """Bytes on the wire per byte of the buffer: ``Call.wire_bytes``'s ring factor (1 point to point)."""
-    if kind in ("halo", "alltoall"):
+    if kind in ("halo", "alltoallv"):
         return 1.0
     return Call(kind, q, 1).wire_bytes
 
@@ -100,7 +101,7 @@ def ring_factor(kind, q):
 class Link:
     """Per-kind pricing: ring constants, or a table ``{q: (alpha(q), beta(q))}`` measured.
 
-    For ``halo`` and ``alltoall`` (point-to-point messages) alpha is per message and
+    For ``halo`` and ``alltoallv`` (point-to-point messages) alpha is per message and
     beta per byte sent, at any ``q``; ``messages`` is the number of peers.
     """
 
@@ -115,7 +116,7 @@ class Link:
         if not self.table:
             return ring_steps(kind, q, messages, self.schedule) * self.alpha + ring_factor(kind, q) * nbytes * self.beta
         q0, a0, b0 = min(self.table, key=lambda row: (abs(math.log(row[0] / q)), row[0]))
-        if kind in ("halo", "alltoall"):
+        if kind in ("halo", "alltoallv"):
             return messages * a0 + nbytes * b0
         a = a0 / ring_steps(kind, q0, 0, self.schedule) * ring_steps(kind, q, 0, self.schedule)
         b = b0 / ring_factor(kind, q0) * ring_factor(kind, q)

@@ -5,11 +5,11 @@ module predicts, on the rank with the largest blocks (coordinate 0 everywhere):
 
 - compute: forward and backward FLOPs (or bytes, for batch norm, pooling and
   element-wise layers) priced by the machine's fitted rates;
-- communication: every call the layer makes, priced by the machine file.  A
-  convolution's calls come from :func:`refconv.algorithms.layer_records`, a pooling
-  layer's halo from the same function (a ``P_c = 1`` convolution with the pool's
-  geometry has the same halo); batch norm, global average pooling, the classifier
-  and the loss are written out in :func:`layer_calls` from refconv/layers;
+- communication: every call the layer makes, priced by the machine file: the
+  ``records`` of the module that makes them.  A convolution's come from
+  :func:`refconv.algorithms.layer_records`, the other layers' from their modules in
+  refconv/layers (:func:`layer_calls`); ``refconv.testing.check.check_records``
+  checks both against the calls a training step makes;
 - memory: parameters x 3 (weight, gradient, SGD momentum), the activations each
   layer keeps for backward, and the largest buffer a collective gathers;
 - the shuffle (``refconv.sharding.redistribute``, an uneven all-to-all, forward and
@@ -32,10 +32,13 @@ import numpy
 from refconv import algorithms, checks
 from refconv.algorithms import candidates, layer_records
 from refconv.distribution import Distribution
+from refconv.grid import AXES
+from refconv.layers.linear import linear_records
+from refconv.layers.loss import loss_records
+from refconv.layers.norm import batch_norm_records
+from refconv.layers.pool import gap_records, pool_records
 from refconv.plan.machine import ConvShape
-from refconv.reference.layers import pool_geometry
 
-AXES = ("sample", "channel", "height", "width")
 ITEMSIZE = 4  # float32
 
 
@@ -66,18 +69,6 @@ def _axis_span(grid, axes):
 
 _COMM_AXES = {"halo": ("height", "width"), "allreduce": ("sample", "height", "width"),
               "allgather": ("channel",), "reduce_scatter": ("channel",)}
-
-
-@dataclasses.dataclass(frozen=True)
-class Priced:
-    """A call on communicator ``axes`` of the grid; ``grad``: a weight-gradient allreduce."""
-
-    kind: str
-    comm_size: int
-    bytes: int
-    messages: int = 0
-    axes: tuple = ()
-    grad: bool = False
 
 
 @dataclasses.dataclass
@@ -163,45 +154,29 @@ def conv_calls(layer, grid, algorithm, filter_groups):
     records = layer_records(algorithm, layer.in_shape, spec["out"], _pair(spec["kernel"]), grid_shape=grid,
                             filter_groups=filter_groups, bias=spec.get("bias", True), itemsize=ITEMSIZE,
                             **_conv_geometry(spec))
-    return [Priced(r.kind, r.comm_size, r.bytes, r.messages, _COMM_AXES[r.kind], r.kind == "allreduce")
-            for r in records]
+    return [dataclasses.replace(r, axes=_COMM_AXES[r.kind], grad=r.kind == "allreduce") for r in records]
 
 
 def layer_calls(layer, grid):
-    """The calls of a non-conv layer on ``grid`` (rank 0), written out from refconv/layers."""
-    P_N, P_c, P_H, P_W = grid
-    N, C, H, W = layer.in_shape
-    n, C_i = _ceil(N, P_N), _ceil(C, P_c)
-    peers = P_N * P_H * P_W
-    if layer.kind == "batchnorm":  # forward: sum, then centred squares; backward: (sum dy, sum dy xhat)
-        return [Priced("allreduce", peers, C_i * ITEMSIZE, axes=_COMM_AXES["allreduce"]),
-                Priced("allreduce", peers, C_i * ITEMSIZE, axes=_COMM_AXES["allreduce"]),
-                Priced("allreduce", peers, 2 * C_i * ITEMSIZE, axes=_COMM_AXES["allreduce"])]
-    if layer.kind in ("maxpool", "avgpool"):  # the halo of a conv with the pool's window, on C_i channels
-        kernel, stride, padding, _ = _pool_geometry(layer)
-        records = layer_records("stationary-x", (N, C_i, H, W), C_i, kernel, stride=stride, padding=padding,
-                                grid_shape=(P_N, 1, P_H, P_W), bias=False, itemsize=ITEMSIZE)
-        return [Priced(r.kind, r.comm_size, r.bytes, r.messages, _COMM_AXES["halo"])
-                for r in records if r.kind == "halo"]
-    if layer.kind == "gap":  # forward: allreduce of the spatial sums over the spatial peers
-        return [Priced("allreduce", P_H * P_W, n * C_i * ITEMSIZE, axes=("height", "width"))]
-    if layer.kind == "linear":  # forward: allgather of features; backward: dW, db over samples; the loss
-        K = layer.out_shape[1]
-        return [Priced("allgather", P_c, n * C * ITEMSIZE, axes=("channel",)),
-                Priced("allreduce", P_N, K * C * ITEMSIZE, axes=("sample",), grad=True),
-                Priced("allreduce", P_N, K * ITEMSIZE, axes=("sample",), grad=True),
-                Priced("allreduce", P_N, ITEMSIZE, axes=("sample",))]
+    """The calls of a non-conv layer on ``grid`` (rank 0): the ``records`` of its layer module
+    (the classifier's with the loss's, which follows it; ReLU has none)."""
+    origin, spec = (0, 0, 0, 0), layer.spec
+    if layer.kind == "batchnorm":
+        return batch_norm_records(layer.in_shape, grid, origin, ITEMSIZE)
+    if layer.kind in ("maxpool", "avgpool"):
+        return pool_records(layer.in_shape, spec["kernel"], spec.get("stride"), spec.get("padding", 0), grid, origin,
+                            ITEMSIZE)
+    if layer.kind == "gap":
+        return gap_records(layer.in_shape, grid, origin, ITEMSIZE)
+    if layer.kind == "linear":
+        return linear_records(layer.in_shape, layer.out_shape[1], spec.get("bias", True), grid, origin, ITEMSIZE) \
+            + loss_records(grid, ITEMSIZE)
     return []
-
-
-def _pool_geometry(layer):
-    spec = layer.spec
-    return pool_geometry(layer.in_shape, spec["kernel"], spec.get("stride"), spec.get("padding", 0))
 
 
 def price_calls(calls, grid, machine, cost):
     for c in calls:
-        intra = _axis_span(grid, c.axes) <= machine.ranks_per_node
+        intra = _axis_span(grid, c.axes or _COMM_AXES[c.kind]) <= machine.ranks_per_node
         t = machine.comm_seconds(c.kind, c.comm_size, c.bytes, c.messages, intra=intra)
         if c.kind == "halo" and c.bytes:  # the pieces are strided rows and columns: packed, then unpacked
             t += 2 * machine.local_seconds("pack", c.bytes)
@@ -334,24 +309,14 @@ def shuffle_matrix(shape, grid_list, machine):
     received = (size.T - keep) * ITEMSIZE
     peers = peers - 1
     intra = P <= machine.ranks_per_node
-    a = machine.comm_seconds("alltoall", P, 0, 1, intra=intra)
-    b = machine.comm_seconds("alltoall", P, 1, 0, intra=intra)
+    a = machine.comm_seconds("alltoallv", P, 0, 1, intra=intra)
+    b = machine.comm_seconds("alltoallv", P, 1, 0, intra=intra)
     pack = machine.compute["pack"]
     moved = sent + received
     one_way = peers * a + numpy.maximum(sent, received) * b + numpy.where(moved > 0, pack.t0 + moved / pack.rate, 0)
     out = 2 * one_way
     numpy.fill_diagonal(out, 0.0)
     return out
-
-
-def shuffle_bytes(shape, src, dst):
-    """(sent, received, peers) of rank 0 for one direction: the closed form of :func:`shuffle_matrix`."""
-    size = keep = peers = 1
-    for L, a, b in zip(shape, src, dst):
-        e_a, meets = _first_block_peers(L, a, b)
-        size, keep, peers = size * e_a, keep * min(e_a, _ceil(L, b)), peers * meets
-    dst_size = local_elements(shape, dst)
-    return (size - keep) * ITEMSIZE, (dst_size - keep) * ITEMSIZE, peers - 1
 
 
 def overlapped_step(costs):

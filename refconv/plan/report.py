@@ -1,9 +1,9 @@
 """The plan as text: a per-stage table and the totals against the alternatives."""
 
+from refconv.plan.machine import KINDS
 from refconv.plan.search import strategy_label
 
-KINDS = ("allreduce", "allgather", "reduce_scatter", "halo", "alltoall")
-_HEAD = ("allreduce", "allgather", "red-scat", "halo", "shuffle")
+_HEAD = [{"reduce_scatter": "red-scat", "alltoallv": "shuffle"}.get(k, k) for k in KINDS]  # column headings
 
 
 def _ms(s):

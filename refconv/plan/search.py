@@ -33,6 +33,7 @@ import math
 import numpy
 
 from refconv import algorithms
+from refconv.grid import AXES
 from refconv.plan import graph, perf
 from refconv.plan.graph import Block, Stage
 
@@ -241,7 +242,7 @@ class Planner:
                 cost = copy.deepcopy(choices[e.main.path])
                 if grid is not None and grid != cost.grid:
                     shuffle = self.shuffle(e.in_shape)[self.grids.index(grid), self.grids.index(cost.grid)]
-                    cost.comm["alltoall"] = cost.comm.get("alltoall", 0.0) + shuffle
+                    cost.comm["alltoallv"] = cost.comm.get("alltoallv", 0.0) + shuffle
                 rows.append(Row(e.name, e.main.kind, cost, e.out_shape))
                 grid = cost.grid
             else:
@@ -250,7 +251,7 @@ class Planner:
                 cost = perf.StageCost(out)
                 cost.fwd = cost.bwd = perf.add_seconds(e.out_shape, out, self.machine) / 2
                 if end != out:
-                    cost.comm["alltoall"] = self.shuffle(e.out_shape)[self.grids.index(end), self.grids.index(out)]
+                    cost.comm["alltoallv"] = self.shuffle(e.out_shape)[self.grids.index(end), self.grids.index(out)]
                 for layer in e.followers:
                     cost.add(perf.stage_options(Stage(layer, []), out, self.machine)[0])
                 rows.append(Row(".".join(str(p) for p in e.path if p != "layers") + ".sum", "residual", cost,
@@ -300,7 +301,7 @@ def _runs(cost, algorithm, filter_groups, grid):
 
 
 def strategy_label(grid, algorithm=None, filter_groups=None):
-    parts = [f"{a[0]}{p}" for a, p in zip(perf.AXES, grid) if p > 1] or ["serial"]
+    parts = [f"{a[0]}{p}" for a, p in zip(AXES, grid) if p > 1] or ["serial"]
     label = "x".join(parts)
     if algorithm and grid[1] > 1:
         label += " " + algorithm.replace("stationary-", "") + (f"(pf={filter_groups})" if filter_groups else "")
@@ -308,7 +309,7 @@ def strategy_label(grid, algorithm=None, filter_groups=None):
 
 
 def grid_dict(grid):
-    return {a: p for a, p in zip(perf.AXES, grid) if p > 1} or {"sample": 1}
+    return {a: p for a, p in zip(AXES, grid) if p > 1} or {"sample": 1}
 
 
 def to_spec(spec, plan):

@@ -14,13 +14,17 @@ runs the layer, allgathers ``y`` and ``dx``, and compares ``y, dx, dw, db`` with
 :mod:`refconv.reference`.  The tolerance grows with each result's reduction
 length; a mismatch raises AssertionError on every rank, naming the ranks, the
 tensor and the first mismatching indices (so all ranks stay in step).
+
+``check_records(comm, run, expected)`` asserts that the calls ``run()`` makes through
+:mod:`refconv.collectives` are the ``expected`` records, call for call.
 """
 
 import traceback
 
 import numpy
 
-from refconv import reference as ref
+from refconv import collectives, reference as ref
+from refconv.algorithms.base import Call
 from refconv.arrays import to_host
 from refconv.sharding import allgather
 from refconv.testing.asserts import assert_all_ranks, close_message, default_tolerance
@@ -103,3 +107,34 @@ def check_layer(layer, problem, *, seed=0, rtol=None, atol=None):
         message = f"raised {exc!r}\n{traceback.format_exc()}"
     assert_all_ranks(comm, not message, f"{layer!r} on {problem}:\n{message}")
     return True
+
+
+def _order(call):
+    return call.kind, call.comm_size, call.bytes, call.messages
+
+
+def measure_records(run):
+    """The calls ``run()`` makes through :mod:`refconv.collectives`, in order, as
+    :class:`refconv.algorithms.base.Call` (kind, communicator size, bytes, messages)."""
+    with collectives.stats.recording() as region:
+        run()
+    return [Call(r.kind, r.comm_size, r.bytes, r.messages) for r in region.records]
+
+
+def check_records(comm, run, expected, what="", *, ordered=True):
+    """Run ``run()`` on every rank of ``comm`` and assert, on every rank alike, that the calls it
+    makes (kind, communicator size, bytes and messages, in order) are the ``expected`` Calls:
+    what a layer's ``records()`` (or a model's, summed over its layers) predicts and the
+    planner prices.  ``ordered=False`` compares them as multisets (a model's records list
+    each layer's forward and backward together; a step runs every forward first).
+    Returns the measured Calls."""
+    measured = measure_records(run)
+    expected = [Call(c.kind, c.comm_size, c.bytes, c.messages) for c in expected]
+    if not ordered:
+        measured, expected = sorted(measured, key=_order), sorted(expected, key=_order)
+    diff = next((i for i, (m, e) in enumerate(zip(measured, expected)) if m != e), min(len(measured), len(expected)))
+    assert_all_ranks(comm, measured == expected,
+                     f"{what}: the calls made differ from the records from call {diff} on:\n"
+                     f"measured {measured[diff:diff + 4]} ({len(measured)} calls)\n"
+                     f"records  {expected[diff:diff + 4]} ({len(expected)} calls)")
+    return measured

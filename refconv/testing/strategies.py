@@ -12,6 +12,7 @@ import numpy
 from hypothesis import strategies as st
 
 from refconv import checks
+from refconv.grid import AXES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +136,6 @@ def conv_problems(
 
 # ------------------------------------------------------------------ grids and distributed cases
 
-AXES = ("sample", "channel", "height", "width")
 PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 ALGORITHMS = ("stationary-x", "stationary-y", "stationary-w")
 

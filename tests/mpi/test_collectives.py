@@ -7,6 +7,7 @@ import numpy
 from mpi4py import MPI
 
 from refconv import collectives as coll
+from refconv.collectives import staging
 from refconv.testing.asserts import assert_all_ranks, close_message, collective_assert_close
 from refconv.testing.mpirun import mpi_test
 
@@ -72,37 +73,29 @@ def test_allgather_uneven():
 
 @mpi_test(sizes=(1, 2, 3), timeout=60)
 def test_split_axis_every_layout():
-    """reduce_scatter and allgather along axes 0, 1, 3 and -1 of a 4-d array, float32 and float64,
-    uneven counts (a zero-length block too) and even ones (allgather's Allgather branch),
-    contiguous and strided input, packed and (from 0 bytes on) through MPI datatypes: all
-    match numpy.  An axis out of range is named."""
+    """reduce_scatter and allgather along axes 0, 1, 3 and -1 of a 4-d array, float32, float64
+    and int16, uneven counts (a zero-length block too) and even ones (allgather's Allgather
+    branch), contiguous and strided input: all match numpy.  An axis out of range is named."""
     comm, r, p = _world()
     problems = []
-    threshold = coll.DATATYPES_FROM_BYTES
-    try:
-        for dtype, from_bytes in itertools.product((numpy.float32, numpy.float64), (threshold, 0)):
-            coll.DATATYPES_FROM_BYTES = from_bytes
-            for axis in (0, 1, 3, -1):
-                for counts in ([q % 3 + 1 for q in range(p)], [0] + [2] * (p - 1), [2] * p):  # even: Allgather
-                    L, start = sum(counts), sum(counts[:r])
-                    shape = [2, 3, 2, 3]
-                    shape[axis] = L
-                    full = numpy.arange(numpy.prod(shape), dtype=dtype).reshape(shape) % 11
-                    mine = numpy.take(full, numpy.arange(start, start + counts[r]), axis=axis)
-                    strided = numpy.repeat(full * (r + 1), 2, axis=-1)[..., ::2]  # not contiguous
-                    for x in (full * (r + 1), strided):
-                        got = coll.reduce_scatter(comm, x, counts, axis=axis)
-                        if got.dtype != dtype or not got.flags.c_contiguous or \
-                                close_message(got, mine * (p * (p + 1) // 2), reduction_length=p):
-                            problems.append(f"reduce_scatter {dtype.__name__} axis={axis} counts={counts} "
-                                            f"datatypes from {from_bytes} B")
-                    gathered = coll.allgather(comm, numpy.repeat(mine, 2, axis=-1)[..., ::2], counts, axis=axis)
-                    if gathered.dtype != dtype or not gathered.flags.c_contiguous or \
-                            not numpy.array_equal(gathered, full):
-                        problems.append(f"allgather {dtype.__name__} axis={axis} counts={counts} "
-                                        f"datatypes from {from_bytes} B")
-    finally:
-        coll.DATATYPES_FROM_BYTES = threshold
+    layouts = ([q % 3 + 1 for q in range(p)], [0] + [2] * (p - 1), [2] * p)   # the last even: Allgather
+    for dtype, axis, counts in itertools.product((numpy.float32, numpy.float64, numpy.int16), (0, 1, 3, -1),
+                                                 layouts):
+        L, start = sum(counts), sum(counts[:r])
+        shape = [2, 3, 2, 3]
+        shape[axis] = L
+        full = numpy.arange(numpy.prod(shape), dtype=dtype).reshape(shape) % 11
+        mine = numpy.take(full, numpy.arange(start, start + counts[r]), axis=axis)
+        strided = numpy.repeat(full * (r + 1), 2, axis=-1)[..., ::2]  # not contiguous
+        for x in (full * (r + 1), strided):
+            got = coll.reduce_scatter(comm, x, counts, axis=axis)
+            if got.dtype != dtype or not got.flags.c_contiguous or \
+                    close_message(got, mine * (p * (p + 1) // 2), reduction_length=p):
+                problems.append(f"reduce_scatter {dtype.__name__} axis={axis} counts={counts}")
+        gathered = coll.allgather(comm, numpy.repeat(mine, 2, axis=-1)[..., ::2], counts, axis=axis)
+        if gathered.dtype != dtype or not gathered.flags.c_contiguous or \
+                not numpy.array_equal(gathered, full):
+            problems.append(f"allgather {dtype.__name__} axis={axis} counts={counts}")
     for call in (coll.reduce_scatter, coll.allgather):
         try:
             call(comm, numpy.zeros((2, p)), [1] * p, axis=2)
@@ -115,10 +108,9 @@ def test_split_axis_every_layout():
 
 @mpi_test(sizes=(1, 2, 3), timeout=60)
 def test_split_axis_copies_nothing_it_can_avoid():
-    """Traced by tracemalloc (numpy reports its buffers to it): with the split axis
-    outermost, or behind MPI datatypes (the blocks here are 2 MiB, past
-    DATATYPES_FROM_BYTES), a call allocates its result and no packed copy of x; and the
-    result is a new array on any number of ranks, never a view of x."""
+    """Traced by tracemalloc (numpy reports its buffers to it): MPI datatypes walk the
+    blocks, so a call allocates its result (and reduce_scatter the blocks it sums) and no
+    packed copy of x; and the result is a new array on any number of ranks, never a view of x."""
     comm, r, p = _world()
     mib = 2**20
     counts = [2 * mib // 4 // 64] * p                 # a 2 MiB float32 block per rank
@@ -127,10 +119,9 @@ def test_split_axis_copies_nothing_it_can_avoid():
     for axis, shape in ((0, (L, 64)), (1, (1, L, 64)), (1, (4, L, 16))):
         full = numpy.ones(shape, numpy.float32)
         mine = numpy.ones(shape[:axis] + (counts[r],) + shape[axis + 1:], numpy.float32)
-        outer = int(numpy.prod(shape[:axis]))
-        # what each call may allocate: its result, and reduce_scatter's all-to-all (outer > 1)
-        # receives every rank's copy of block r, the size of x; a packed x would come on top
-        gathered_bytes = mine.nbytes + (full.nbytes if p == 1 or outer > 1 else 0)
+        # what each call may allocate: its result, and reduce_scatter's all-to-all receives
+        # every rank's copy of block r, the size of x; a packed x would come on top
+        gathered_bytes = mine.nbytes + full.nbytes
         for name, call, x, allowed in (("reduce_scatter", coll.reduce_scatter, full, gathered_bytes),
                                        ("allgather", coll.allgather, mine, full.nbytes)):
             tracemalloc.start()
@@ -150,15 +141,15 @@ def test_block_types_of_a_call_outlive_the_cache_limit():
     different block lengths (three datatypes) still hands MPI three live ones: the cache
     is trimmed after a call's datatypes are made, never below them."""
     comm, r, p = _world()
-    kept, threshold = coll._BLOCK_TYPES_KEPT, coll.DATATYPES_FROM_BYTES
+    kept = staging.BLOCK_TYPES_KEPT
     counts, start = [1, 2, 3], [0, 1, 3][r]
     full = numpy.arange(2 * 6 * 2, dtype=numpy.float64).reshape(2, 6, 2)  # (outer, L, inner)
-    coll._BLOCK_TYPES_KEPT, coll.DATATYPES_FROM_BYTES = 1, 0
+    staging.BLOCK_TYPES_KEPT = 1
     try:
         gathered = coll.allgather(comm, full[:, start:start + counts[r]], counts, axis=1)
         summed = coll.reduce_scatter(comm, full, counts, axis=1)
     finally:
-        coll._BLOCK_TYPES_KEPT, coll.DATATYPES_FROM_BYTES = kept, threshold
+        staging.BLOCK_TYPES_KEPT = kept
     assert_all_ranks(comm, numpy.array_equal(gathered, full)
                      and numpy.array_equal(summed, p * full[:, start:start + counts[r]]),
                      f"gathered {gathered}, summed {summed}")

@@ -6,12 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
 
-from refconv import collectives
 from refconv.layers import DistConv2d
 from refconv.cost_model import layer_records
 from refconv.grid import ProcessGrid
 from refconv.testing.asserts import assert_all_ranks
-from refconv.testing.check import check_layer
+from refconv.testing.check import check_layer, check_records
 from refconv.testing.mpirun import mpi_test
 from refconv.testing.strategies import ConvProblem, dist_conv_cases
 
@@ -27,17 +26,13 @@ def test_predicted_calls_equal_measured_calls(data):
     grid = ProcessGrid(comm, **case.grid_kwargs())
     layer = DistConv2d(p.C, p.F, (p.Kh, p.Kw), grid=grid, backend="numpy", input_shape=p.x_shape, **case.layer_kwargs())
     x, w, b, dy = p.arrays()
-    with collectives.stats.recording() as region:
-        layer.forward(layer.input_distribution.extract(x, grid.rank))
-        layer.backward(layer.output_distribution.extract(dy, grid.rank))
-    measured = [(r.kind, r.comm_size, r.bytes) for r in region.records]
-    predicted = [(c.kind, c.comm_size, c.bytes) for c in layer_records(
+    predicted = layer_records(
         case.algorithm, p.x_shape, p.F, (p.Kh, p.Kw), stride=p.stride, padding=p.padding, dilation=p.dilation,
         groups=p.groups, grid_shape=case.grid_shape, coords=grid.coords, filter_groups=case.filter_groups,
-        itemsize=numpy.dtype(p.dtype).itemsize, padding_mode=p.padding_mode)]
-    own = [(c.kind, c.comm_size, c.bytes) for c in layer.records()]
-    assert_all_ranks(comm, measured == predicted == own,
-                     f"{case}\nmeasured  {measured}\npredicted {predicted}\nlayer     {own}")
+        itemsize=numpy.dtype(p.dtype).itemsize, padding_mode=p.padding_mode)
+    assert_all_ranks(comm, predicted == layer.records(), f"{case}\npredicted {predicted}\nlayer     {layer.records()}")
+    x_loc, dy_loc = layer.input_distribution.extract(x, grid.rank), layer.output_distribution.extract(dy, grid.rank)
+    check_records(comm, lambda: (layer.forward(x_loc), layer.backward(dy_loc)), predicted, str(case))
     grid.free()
 
 

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from refconv import collectives
 from refconv.layers import DistConv2d
-from refconv.grid import ProcessGrid
+from refconv.grid import AXES, ProcessGrid
 from refconv.testing.asserts import assert_all_ranks, collective_assert_close
 from refconv.testing.check import check_layer, run_layer
 from refconv.testing.mpirun import mpi_test
@@ -69,7 +69,7 @@ def test_hybrids_at_eight_ranks():
         ((1, 2, 2, 2), "stationary-x", None),
         ((2, 1, 4, 1), "stationary-x", None),
     ]:
-        grid = ProcessGrid(comm, **dict(zip(("sample", "channel", "height", "width"), shape)))
+        grid = ProcessGrid(comm, **dict(zip(AXES, shape)))
         layer = DistConv2d(problem.C, problem.F, 3, stride=problem.stride, padding=problem.padding,
                            dilation=problem.dilation, grid=grid, algorithm=algorithm, filter_groups=p_f,
                            backend="numpy", dtype=numpy.float64)
@@ -82,7 +82,7 @@ def test_grouped_convolution_sample_and_spatial():
     """groups > 1 with sample and height splits (no channel split)."""
     problem = ConvProblem(N=comm.size + 1, C=4, F=6, H=6, W=5, Kh=3, Kw=3, padding=(1, 1), groups=2)
     for shape in {(comm.size, 1, 1, 1), (1, 1, comm.size, 1)}:
-        grid = ProcessGrid(comm, **dict(zip(("sample", "channel", "height", "width"), shape)))
+        grid = ProcessGrid(comm, **dict(zip(AXES, shape)))
         layer = DistConv2d(4, 6, 3, padding=1, groups=2, grid=grid, backend="numpy", dtype=numpy.float64)
         check_layer(layer, problem)
         grid.free()
@@ -112,7 +112,7 @@ def test_padding_modes_fill_from_the_ranks_that_own_the_copies():
         for shape in ((1, 1, 4, 1), (1, 1, 2, 2), (1, 2, 2, 1)):
             problem = ConvProblem(N=2, C=2, F=4, H=9, W=5, Kh=3, Kw=2, padding="same", dilation=(3, 2),
                                   padding_mode=mode)
-            grid = ProcessGrid(comm, **dict(zip(("sample", "channel", "height", "width"), shape)))
+            grid = ProcessGrid(comm, **dict(zip(AXES, shape)))
             layer = DistConv2d(2, 4, (3, 2), padding="same", dilation=(3, 2), padding_mode=mode, grid=grid,
                                backend="numpy", dtype=numpy.float64)
             check_layer(layer, problem)
@@ -157,7 +157,7 @@ def test_stationary_w_within_groups_at_eight_ranks():
     height=2 (q=2, p_f=1, with a halo)."""
     for shape, groups, p_f in [((1, 8, 1, 1), 2, 2), ((2, 4, 1, 1), 2, 2), ((1, 8, 1, 1), 4, 1), ((1, 4, 2, 1), 2, 1)]:
         problem = ConvProblem(N=2, C=8, F=16, H=5, W=4, Kh=3, Kw=3, padding=(1, 1), groups=groups)
-        grid = ProcessGrid(comm, **dict(zip(("sample", "channel", "height", "width"), shape)))
+        grid = ProcessGrid(comm, **dict(zip(AXES, shape)))
         layer = DistConv2d(problem.C, problem.F, 3, padding=1, groups=groups, grid=grid, algorithm="stationary-w",
                            filter_groups=p_f, backend="numpy", dtype=numpy.float64)
         assert_all_ranks(comm, layer.algorithm == "stationary-w" and layer.filter_groups == p_f, layer.algorithm)

@@ -1,0 +1,33 @@
+"""Every MPI data movement in refconv goes through this package.
+
+``from refconv import collectives; collectives.allreduce(comm, x)``: the names below
+are the public API, each defined in one module.
+
+=============  ==========================================================================
+module         what it holds
+=============  ==========================================================================
+``ops``        the operations, one implementation each, with the table of what each moves
+``control``    calls that move no recorded data: barrier, split, small objects, node layout
+``recording``  ``stats``: exact counts of the calls made (kind, ranks, elements, bytes)
+``watchdog``   the collective deadline (``set_timeout``, ``timeout``, ``REFCONV_TIMEOUT``)
+``faults``     fault injection for tests (``REFCONV_FAULT``, read when first needed)
+``staging``    host staging of device buffers, and the MPI datatypes of split blocks
+=============  ==========================================================================
+
+Only this package calls MPI to move data (tests/test_architecture.py checks it).
+"""
+
+from refconv.collectives.control import allgather_object, barrier, bcast_object, library_version, node_comm, split
+from refconv.collectives.faults import FaultInjected, fault_point, set_fault
+from refconv.collectives.ops import allgather, allreduce, allreduce_, alltoallv, bcast, exchange, gather, \
+    reduce_scatter, scatter
+from refconv.collectives.recording import KINDS, CommStats, Record, Region, stats
+from refconv.collectives.staging import cuda_aware
+from refconv.collectives.watchdog import EXIT_TIMEOUT, TRAINING_TIMEOUT_S, env_timeout, get_timeout, \
+    set_timeout, timeout
+
+__all__ = ["allgather", "allgather_object", "allreduce", "allreduce_", "alltoallv", "barrier", "bcast",
+           "bcast_object", "CommStats", "cuda_aware", "env_timeout", "exchange", "EXIT_TIMEOUT",
+           "fault_point", "FaultInjected", "gather", "get_timeout", "KINDS", "library_version", "node_comm",
+           "Record", "reduce_scatter", "Region", "scatter", "set_fault", "set_timeout", "split", "stats",
+           "timeout", "TRAINING_TIMEOUT_S"]

@@ -1,0 +1,46 @@
+"""The MPI calls that move no recorded data: synchronisation, communicators, small objects,
+and the job's layout (``refconv.device``, ``refconv info``).  Each runs under the deadline."""
+
+from mpi4py import MPI
+
+from refconv.collectives.watchdog import guard
+
+
+def barrier(comm):
+    """comm.Barrier() (not recorded)."""
+    with guard("barrier", comm, {"barrier": "no data"}):
+        comm.Barrier()
+
+
+def split(comm, color, key):
+    """``comm.Split(color, key)`` under the deadline (collective; not recorded)."""
+    with guard("split", comm, {"color": color, "key": key}):
+        return comm.Split(color, key)
+
+
+def bcast_object(comm, obj, root=0):
+    """Root's small picklable ``obj`` (a shape, a flag) on every rank; metadata, not recorded."""
+    if comm.Get_size() == 1:
+        return obj
+    with guard("object", comm, {"bcast from root": root}):
+        return comm.bcast(obj, root=root)
+
+
+def allgather_object(comm, obj):
+    """Every rank's picklable ``obj``, as a list indexed by rank, on every rank."""
+    with guard("object", comm, {"allgather of": type(obj).__name__}):
+        return comm.allgather(obj)
+
+
+def node_comm(comm):
+    """The ranks of ``comm`` that share this rank's node (a shared-memory split);
+    its rank is the node-local rank.  The caller frees it."""
+    with guard("split", comm, {"split": "shared memory"}):
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    node.Set_name("node")                   # for the watchdog's timeout line
+    return node
+
+
+def library_version():
+    """The MPI library's own version string (``MPI_Get_library_version``)."""
+    return MPI.Get_library_version().strip()

@@ -1,0 +1,136 @@
+"""What the wrappers hand MPI: host staging of device arrays, and MPI datatypes for split blocks.
+
+Staging.  When the MPI library is CUDA-aware (``cuda_aware``) device buffers go to
+MPI directly; otherwise ``to_mpi`` copies them to the host and ``from_mpi`` copies
+the result back.  The device stream is synchronized before MPI touches device memory.
+
+Split blocks.  ``reduce_scatter`` and ``allgather`` split one axis of x.  A
+C-contiguous x is an (outer, L, inner) array (``split_axis``) whose block of rank i
+is ``x[:, start_i:start_i + L_i]``: ``outer`` runs of ``L_i * inner`` elements,
+``L * inner`` apart.  ``block_types`` describes each rank's block as one MPI
+datatype, so MPI reads and writes the blocks in place and nothing is packed or
+unpacked (docs/benchmarks.md, "The collectives' packing").
+"""
+
+import collections
+import ctypes
+import functools
+import itertools
+import math
+import os
+
+import numpy
+from mpi4py import MPI
+
+from refconv import arrays
+
+
+# -- CUDA-aware detection and staging ----------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def cuda_aware():
+    """True when device buffers may be handed to MPI directly.
+
+    REFCONV_CUDA_AWARE=0|1 decides if set; otherwise MPIX_Query_cuda_support()
+    of the libmpi this process loaded (found in /proc/self/maps), False if absent.
+    """
+    env = os.environ.get("REFCONV_CUDA_AWARE")
+    if env in ("0", "1"):
+        return env == "1"
+    for path in _loaded_libmpi():
+        try:
+            query = ctypes.CDLL(path).MPIX_Query_cuda_support
+        except (OSError, AttributeError):
+            continue
+        query.restype = ctypes.c_int
+        return bool(query())
+    return False
+
+
+def _loaded_libmpi():
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libmpi" in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if os.path.basename(p).startswith("libmpi"))
+
+
+def to_mpi(x):
+    """A contiguous buffer MPI may read: x itself, or a host copy when staging."""
+    xp = arrays.array_module(x)
+    x = xp.ascontiguousarray(x)
+    if arrays.is_device_array(x):
+        arrays.synchronize()
+        if not cuda_aware():
+            return arrays.to_host(x)
+    return x
+
+
+def empty(shape, dtype, like):
+    """A receive buffer: on the host when staging, else with ``like``'s module."""
+    if arrays.is_device_array(like) and cuda_aware():
+        return arrays.array_module(like).empty(shape, dtype)
+    return numpy.empty(shape, dtype)
+
+
+def new(shape, dtype, on_device):
+    """An empty array on the device or the host (for a rank that has no array to be ``like``)."""
+    return (arrays.device_module() if on_device else numpy).empty(shape, dtype)
+
+
+def from_mpi(buf, like):
+    """Back to ``like``'s array module after MPI has written ``buf``."""
+    if arrays.is_device_array(like):
+        if arrays.is_device_array(buf):
+            arrays.synchronize()
+            return buf
+        return arrays.array_module(like).asarray(buf)
+    return buf
+
+
+def spec(buf, counts=None, displs=None):
+    """An mpi4py buffer spec; mpi4py infers the MPI datatype from the buffer."""
+    if counts is None:
+        return buf
+    return [buf, (list(counts), list(displs))]
+
+
+def displs(counts):
+    """Where each of consecutive blocks of ``counts`` starts: 0, c0, c0 + c1, ..."""
+    return list(itertools.accumulate(counts, initial=0))[:-1]
+
+
+# -- MPI datatypes: a split along one axis, read and written in place ---------------------
+def split_axis(shape, axis):
+    """(outer, L, inner): the sizes of the dims before ``axis``, of ``axis``, and after it."""
+    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+
+
+_BLOCK_TYPES = collections.OrderedDict()  # (outer, run, stride) in bytes -> committed MPI datatype
+BLOCK_TYPES_KEPT = 64                     # past this many the least recently used are freed
+
+
+def block_types(dtype, outer, counts, inner, stride):
+    """Every rank's block datatype (``block_type``) for the lengths ``counts`` along the
+    split axis, ``stride`` elements apart.  The cache is trimmed after the list is made, and
+    never below this call's distinct types: freeing one of them would hand MPI a null type."""
+    item = numpy.dtype(dtype).itemsize
+    blocks = [block_type(outer, c * inner * item, stride * item) for c in counts]
+    while len(_BLOCK_TYPES) > max(BLOCK_TYPES_KEPT, len(set(counts))):
+        _BLOCK_TYPES.popitem(last=False)[1].Free()     # the least recently used: not this call's
+    return blocks
+
+
+def block_type(outer, run, stride):
+    """The MPI datatype of one rank's block in a C-contiguous buffer: ``outer`` runs of
+    ``run`` bytes, ``stride`` bytes apart, with an extent of ``run`` bytes (so that block
+    q of an even split starts q extents in).  Bytes, so that any dtype moves alike (the
+    wrappers sum nothing through MPI with these).  Committed once and kept."""
+    key = (outer, run, stride)
+    block = _BLOCK_TYPES.pop(key, None)
+    if block is None:
+        runs = MPI.BYTE.Create_vector(outer, run, stride)
+        block = runs.Create_resized(0, run).Commit()
+        runs.Free()
+    _BLOCK_TYPES[key] = block                          # the most recently used go last
+    return block

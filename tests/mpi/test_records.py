@@ -1,0 +1,63 @@
+"""A training step makes exactly the calls its layers' ``records()`` list: the calls the
+planner prices (refconv.plan.perf sums the same records), compared with what CommStats
+measures, kind, communicator size, bytes and messages (``check_records``).
+
+Every preset runs, the large ones in small versions built by the same functions (16x16
+digits-sized images, 10 classes): digits-cnn as shipped, resnet50 at 16x16, and the tiny
+mobilenet and resnext50-32x4d of tests/mpi/test_grouped_models.py.  The wide ResNets
+(resnet50-wide2, -wide4) are resnet50's builder with wider bottlenecks, the same layer
+kinds; at 69M and 240M parameters per rank they do not fit this test's memory.
+"""
+
+import numpy
+from mpi4py import MPI
+
+from refconv.model import Model
+from refconv.optim import SGD
+from refconv.testing.check import check_records
+from refconv.testing.mpirun import mpi_test
+from refconv.train import step
+
+comm = MPI.COMM_WORLD
+SMALL = {"digits-cnn": {},
+         "resnet50": dict(num_classes=10, in_channels=1),
+         "mobilenet": dict(width=1 / 8, blocks=((64, 1), (128, 2)), num_classes=10, in_channels=1),
+         "resnext50-32x4d": dict(cardinality=4, group_width=2, stages=((4, 1, 1), (8, 1, 2)), stem=8,
+                                 num_classes=10, in_channels=1)}
+# grids per world size; every preset runs on each (the grouped ones need channel | their groups)
+GRIDS = {1: [{"sample": 1}],
+         2: [{"sample": 2}, {"channel": 2}, {"height": 2}],
+         3: [{"sample": 3}, {"height": 3}],
+         4: [{"sample": 2, "channel": 2}, {"channel": 4}, {"height": 2, "width": 2}, {"sample": 2, "height": 2}]}
+SPATIAL_LIMIT = {"resnet50": 1, "resnext50-32x4d": 2}  # their last stages are 1x1 or 2x2 at 16x16
+
+
+def _step_records(name, grid, algorithm):
+    model = Model.from_spec(name, comm=comm, backend="numpy", seed=0,
+                            defaults={"grid": grid, "algorithm": algorithm}, **SMALL[name])
+    rng = numpy.random.default_rng(0)
+    x, y = rng.standard_normal((8, 1, 16, 16)).astype(numpy.float32), rng.integers(0, 10, 8)
+    optimizer = SGD(model.bind(x.shape), 0.1)   # bound first: an auto conv's weight layout is its choice's
+    step(model, optimizer, x, y)        # the first step may do one-off work; the second is measured
+    check_records(comm, lambda: step(model, optimizer, x, y), model.records(), f"{name} on {grid} ({algorithm})",
+                  ordered=False)
+
+
+def _runs(size):
+    for grid in GRIDS[size]:
+        spatial = grid.get("height", 1) * grid.get("width", 1)
+        for name in SMALL:
+            if spatial <= SPATIAL_LIMIT.get(name, spatial):
+                yield name, grid
+
+
+@mpi_test(sizes=(1, 2, 3, 4), timeout=600)
+def test_a_training_step_makes_the_calls_of_its_layers_records():
+    for name, grid in _runs(comm.size):
+        _step_records(name, grid, "stationary-y" if grid.get("channel", 1) > 1 else "stationary-x")
+
+
+@mpi_test(sizes=(2, 4), timeout=300)
+def test_the_records_of_auto_and_stationary_w_convs_are_the_calls_made():
+    for grid, algorithm in (({"channel": comm.size}, "auto"), ({"channel": comm.size}, "stationary-w")):
+        _step_records("digits-cnn", grid, algorithm)
