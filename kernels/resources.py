@@ -40,6 +40,10 @@ import types as pytypes
 
 import numpy
 
+from refconv.bench.torch_step import SHAPES as RESNET50_SHAPES
+
+from ._launch import THREADS, TILE_M, TILE_N
+
 CCS = ((8, 0), (9, 0))
 DTYPES = (numpy.float32, numpy.float64)
 MODULES = ("conv_forward", "conv_backward_data", "conv_backward_filter", "elementwise", "batch_norm", "pooling")
@@ -105,9 +109,7 @@ def missing_kernels():
     """Kernels of the package that ``KERNELS`` does not list (should be empty)."""
     from numba.cuda.dispatcher import CUDADispatcher
 
-    from refconv.kernels import _launch
-
-    assert _launch.THREADS ** 2 == TILE_THREADS, "TILE_THREADS must be _launch.THREADS ** 2"
+    assert THREADS ** 2 == TILE_THREADS, "TILE_THREADS must be _launch.THREADS ** 2"
     listed = {k.label for k in KERNELS}
     found = set()
     for name in MODULES:
@@ -238,9 +240,7 @@ H200_BYTES_PER_S = 4.8e12  # HBM3e
 
 def six_shapes():
     """The six ResNet-50 shapes of ``refconv bench`` (``torch_step.SHAPES``): name -> (C, F, H, K, stride, padding)."""
-    from refconv.bench.torch_step import SHAPES
-
-    return SHAPES
+    return RESNET50_SHAPES
 
 
 def gemm_dims(pass_, N, C, F, H, K, stride, padding):
@@ -258,8 +258,6 @@ def intensity(version, M, Ng, depth, itemsize=4):
     (tiled) loads a ``TILE_M x depth`` and a ``depth x TILE_N`` panel per output
     tile, and writes each output once.
     """
-    from refconv.kernels._launch import TILE_M, TILE_N
-
     flops = 2.0 * M * Ng * depth
     if version == 1:
         return flops / (2 * itemsize * M * Ng * depth + itemsize * M * Ng)
