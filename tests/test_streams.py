@@ -89,6 +89,18 @@ def test_kernel_then_stream_wait_then_mpi(as_if_on_a_gpu, monkeypatch, cuda_awar
     assert log[0] == "launch" and log.count("mpi") == 1
 
 
+def test_a_fresh_device_receive_buffer_waits_for_the_stream(as_if_on_a_gpu, monkeypatch):
+    """With a CUDA-aware MPI, the receive buffer comes from CuPy's pool, where a block may still be
+    read by a queued kernel: MPI must not write into it before the stream has run."""
+    from refconv.collectives import staging
+
+    monkeypatch.setenv("REFCONV_CUDA_AWARE", "1")
+    log = as_if_on_a_gpu
+    staging.empty((4,), numpy.float64, like=numpy.zeros(1))
+    staging.new((4,), numpy.float64, on_device=True)
+    assert log == ["sync", "sync"]
+
+
 def test_kernel_stream_is_zero_without_a_gpu():
     """Under the simulator there is no CuPy stream: 0, which the simulator ignores."""
     if arrays.gpu_available():

@@ -67,15 +67,25 @@ def to_mpi(x):
 
 
 def empty(shape, dtype, like):
-    """A receive buffer: on the host when staging, else with ``like``'s module."""
+    """A receive buffer: on the host when staging, else with ``like``'s module.
+
+    A fresh device buffer may be a block of CuPy's pool that a kernel still queued
+    on the stream reads (its last owner freed it, the stream has not run yet): MPI
+    writes without the stream's order, so the stream is waited for first."""
     if arrays.is_device_array(like) and cuda_aware():
-        return arrays.array_module(like).empty(shape, dtype)
+        buf = arrays.array_module(like).empty(shape, dtype)
+        arrays.synchronize()
+        return buf
     return numpy.empty(shape, dtype)
 
 
 def new(shape, dtype, on_device):
-    """An empty array on the device or the host (for a rank that has no array to be ``like``)."""
-    return (arrays.device_module() if on_device else numpy).empty(shape, dtype)
+    """An empty array on the device or the host (for a rank that has no array to be ``like``);
+    on the device, after the stream's queued work, as :func:`empty`."""
+    buf = (arrays.device_module() if on_device else numpy).empty(shape, dtype)
+    if on_device:
+        arrays.synchronize()
+    return buf
 
 
 def from_mpi(buf, like):
