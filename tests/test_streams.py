@@ -13,7 +13,9 @@ import pathlib
 import numpy
 import pytest
 
+import refconv
 from refconv import arrays, collectives, kernels
+from refconv.collectives import staging
 
 KERNELS = pathlib.Path(kernels.__file__).parent
 
@@ -75,9 +77,22 @@ def as_if_on_a_gpu(monkeypatch):
     return log
 
 
-@pytest.mark.parametrize("cuda_aware", [False, True])
-def test_kernel_then_stream_wait_then_mpi(as_if_on_a_gpu, monkeypatch, cuda_aware):
-    monkeypatch.setenv("REFCONV_CUDA_AWARE", str(int(cuda_aware)))
+@pytest.fixture
+def cuda_aware(monkeypatch):
+    """``cuda_aware(True)``: the collectives take MPI for CUDA-aware (their answer is cached per process)."""
+    def decide(flag):
+        monkeypatch.setenv("REFCONV_CUDA_AWARE", str(int(flag)))
+        staging.cuda_aware.cache_clear()
+        assert staging.cuda_aware() is flag
+
+    yield decide
+    monkeypatch.undo()
+    staging.cuda_aware.cache_clear()
+
+
+@pytest.mark.parametrize("aware", [False, True])
+def test_kernel_then_stream_wait_then_mpi(as_if_on_a_gpu, cuda_aware, aware):
+    cuda_aware(aware)
     log = as_if_on_a_gpu
     x = numpy.array([-1.0, 2.0, -3.0, 4.0])
     y = kernels.relu_forward(x)
@@ -89,12 +104,10 @@ def test_kernel_then_stream_wait_then_mpi(as_if_on_a_gpu, monkeypatch, cuda_awar
     assert log[0] == "launch" and log.count("mpi") == 1
 
 
-def test_a_fresh_device_receive_buffer_waits_for_the_stream(as_if_on_a_gpu, monkeypatch):
+def test_a_fresh_device_receive_buffer_waits_for_the_stream(as_if_on_a_gpu, cuda_aware):
     """With a CUDA-aware MPI, the receive buffer comes from CuPy's pool, where a block may still be
     read by a queued kernel: MPI must not write into it before the stream has run."""
-    from refconv.collectives import staging
-
-    monkeypatch.setenv("REFCONV_CUDA_AWARE", "1")
+    cuda_aware(True)
     log = as_if_on_a_gpu
     staging.empty((4,), numpy.float64, like=numpy.zeros(1))
     staging.new((4,), numpy.float64, on_device=True)
@@ -138,8 +151,6 @@ def test_no_host_round_trip_comes_back_into_the_training_step():
     """A read of device memory in the layers, algorithms, halos or optimizer is a stall per step on
     a GPU: any read not listed above fails here, naming where it is.  (The collectives stage device
     buffers through the host only for an MPI library that is not CUDA-aware, by design.)"""
-    import refconv
-
     root = pathlib.Path(refconv.__file__).parent
     paths = [p for name in STEP_MODULES for p in ((root / name).rglob("*.py") if (root / name).is_dir()
                                                    else [root / name]) if p.exists()]
