@@ -46,7 +46,8 @@ from refconv.bench.timing import Span, ratio
 from refconv.layers import DistConv2d
 from refconv.model import Model
 from refconv.optim import SGD
-from refconv.plan import calibrate, graph, machine as machine_mod, perf, search
+from refconv.plan import calibrate
+from refconv.pricing import graph, machine as machine_mod, perf, search
 from refconv.train import step
 
 # name: (N, C, F, H, K)
