@@ -127,7 +127,7 @@ def strategies(P):
 def conv_layer(N, C, F, H, K):
     spec = {"type": "conv", "out": F, "kernel": K, "padding": K // 2}
     shape = (N, C, H, H)
-    return graph.Layer("conv", spec, ("layer",), shape, graph._out_shape("conv", spec, shape, "layer"))
+    return graph.Layer.of(spec, shape)
 
 
 def built_layer(sub, dims, grid_shape, algorithm, p_f):

@@ -26,7 +26,7 @@ def choose_for_layer(in_shape, out_channels, kernel, *, grid_shape, stride=(1, 1
             "padding": padding if isinstance(padding, str) else tuple(padding), "dilation": tuple(dilation),
             "groups": groups, "bias": bias, "padding_mode": padding_mode}
     shape = tuple(in_shape)
-    layer = graph.Layer("conv", spec, ("layer",), shape, graph._out_shape("conv", spec, shape, "layer"))
+    layer = graph.Layer.of(spec, shape)
     if layer.out_shape[2] < 1 or layer.out_shape[3] < 1:
         raise ValueError(f"in_shape: {shape} gives an empty output")
     grid = tuple(grid_shape)
