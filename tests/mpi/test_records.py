@@ -43,8 +43,8 @@ MIXED = {"name": "mixed", "in_channels": 1, "layers": [
     {"type": "gap"}, {"type": "linear", "out": 10, "grid": {"sample": 2, "channel": 2}}]}
 
 
-def _step_records(name, grid, algorithm):
-    defaults = {"grid": grid, "algorithm": algorithm} if grid else None
+def _step_records(name, grid, algorithm, filter_groups=None):
+    defaults = {"grid": grid, "algorithm": algorithm, "filter_groups": filter_groups} if grid else None
     model = Model.from_spec(name, comm=comm, backend="numpy", seed=0, defaults=defaults,
                             **(SMALL[name] if isinstance(name, str) else {}))
     rng = numpy.random.default_rng(0)
@@ -67,6 +67,15 @@ def _runs(size):
 def test_a_training_step_makes_the_calls_of_its_layers_records():
     for name, grid in _runs(comm.size):
         _step_records(name, grid, "stationary-y" if grid.get("channel", 1) > 1 else "stationary-x")
+
+
+@mpi_test(sizes=(8,), timeout=300)
+def test_a_training_step_at_8_ranks_makes_the_calls_of_its_layers_records():
+    """The shipped digits-cnn at 8 ranks: sample x channel x height, and 8 channel ranks with
+    Stationary-W (p_f = 2 and 4)."""
+    for grid, algorithm, p_f in (({"sample": 2, "channel": 2, "height": 2}, "stationary-x", None),
+                                 ({"channel": 8}, "stationary-w", 2), ({"channel": 8}, "stationary-w", 4)):
+        _step_records("digits-cnn", grid, algorithm, p_f)
 
 
 @mpi_test(sizes=(2, 4), timeout=300)
