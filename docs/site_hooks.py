@@ -35,7 +35,7 @@ API = {
     "cost_model": ("Cost model", ["refconv.cost_model"]),
     "checks": ("Argument checks", ["refconv.checks"]),
     "torch": ("PyTorch interop", ["refconv.torch"]),
-    "plan": ("Planning", ["refconv.plan", "refconv.plan.search", "refconv.plan.machine", "refconv.plan.perf"]),
+    "plan": ("Planning", ["refconv.plan", "refconv.pricing.search", "refconv.pricing.machine", "refconv.pricing.perf"]),
     "testing": ("refconv.testing", ["refconv.testing.strategies", "refconv.testing.check",
                                     "refconv.testing.asserts", "refconv.testing.mutants",
                                     "refconv.testing.mpirun"]),

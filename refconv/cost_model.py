@@ -10,7 +10,7 @@ alpha-beta model of :class:`refconv.algorithms.Call` prices one call:
     ring allreduce                    2 (q-1) * alpha + 2 (q-1)/q * m * beta
     halo (point to point)             one alpha per message + bytes * beta
 
-There is one chooser, :func:`refconv.plan.choose_for_layer`: it prices these records
+There is one chooser, :func:`refconv.pricing.choose_for_layer`: it prices these records
 with a machine file's links, together with the local convolution (which differs
 between X, Y and W in its im2col columns), and ``DistConv2d(algorithm="auto")``
 takes its answer.  ``python -m refconv.cost_model`` prints its table for one layer.
@@ -24,8 +24,8 @@ import argparse
 
 from refconv import algorithms
 from refconv.algorithms.base import ALPHA, BETA, Call, ConvGeometry
-from refconv.plan import choose_for_layer
-from refconv.plan.machine import DEFAULT_MACHINE
+from refconv.pricing import choose_for_layer
+from refconv.pricing.machine import DEFAULT_MACHINE
 
 __all__ = ["ALPHA", "BETA", "Call", "layer_records", "candidates", "main"]
 

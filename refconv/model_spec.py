@@ -19,7 +19,7 @@ arrives on (so a BatchNorm/ReLU after a conv stays on the conv's grid and nothin
 moves).  ``defaults.grid`` defaults to pure sample parallelism over all ranks.
 ``algorithm`` and ``filter_groups`` (per conv, or in defaults) matter only where
 the conv's grid has ``channel > 1``; ``algorithm: auto`` prices each conv with
-``defaults.machine`` (a machine file or built-in name, :mod:`refconv.plan`).
+``defaults.machine`` (a machine file or built-in name, :mod:`refconv.pricing.machine`).
 Parameterised layers take seeds ``seed,
 seed + 1, ...`` in spec order.  See docs/models.md.
 """
@@ -230,7 +230,7 @@ class _Builder:
         self.algorithm = defaults.get("algorithm", "stationary-x")
         checks.one_of(self.algorithm, "defaults.algorithm", algorithms.channel_algorithms() + ("auto",))
         self.filter_groups = defaults.get("filter_groups")
-        self.machine = defaults.get("machine")  # what algorithm 'auto' prices with (refconv.plan)
+        self.machine = defaults.get("machine")  # what algorithm 'auto' prices with (refconv.pricing)
 
     def grid(self, spec, where):
         if self.serial:

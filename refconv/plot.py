@@ -16,7 +16,7 @@ number) and writes, with matplotlib's Agg backend:
   the time inside each kind of MPI call (``seconds``), compute the rest; with
   the prediction's total as a black tick.
 
-The prediction comes from ``refconv plan``'s model (``refconv.plan.search``)
+The prediction comes from ``refconv plan``'s model (``refconv.pricing.search``)
 with a machine file (``refconv calibrate --out machine.yaml``, or a built-in
 name such as ``h200-node``); without ``--machine`` there is no overlay, and
 the command says so.
@@ -28,7 +28,7 @@ import sys
 from refconv import checks, cli, sweep
 from refconv.bench import schema
 from refconv.model_spec import load_spec
-from refconv.plan import machine as machines, search
+from refconv.pricing import machine as machines, search
 
 NAME = "plot"
 # results-line kinds -> the parts of the breakdown, in stacking order

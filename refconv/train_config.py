@@ -24,7 +24,7 @@ from refconv.backend import BACKENDS
 from refconv.collectives import TRAINING_TIMEOUT_S, env_timeout
 from refconv.grid import AXES
 from refconv.model_spec import default_lr
-from refconv.plan.machine import DEFAULT_MACHINE, builtin_names
+from refconv.pricing.machine import DEFAULT_MACHINE, builtin_names
 
 GRID_AXES = AXES        # the axes --grid takes (refconv.grid's)
 MAX_CLASSES = 100_000   # a classifier head beyond this is a mistake (a label of 2**40), not a model

@@ -6,6 +6,8 @@
   or an expensive initialisation (each one listed here, with why);
 - model_spec does not import model (no cycle), and kernels/ use only public
   validators;
+- the pricing model (refconv/pricing/) imports no tool, and layers and training
+  import no planning tool (refconv.plan);
 - the worked example of docs/testing.md is the class that
   tests/mpi/test_fifth_algorithm.py registers, letter for letter.
 """
@@ -147,3 +149,42 @@ def test_the_worked_example_is_the_tested_class():
                       "# -- end of the algorithm")
     page = _between((ROOT / "docs/testing.md").read_text(), START, "```")
     assert page == tested, "docs/testing.md shows a different AllreduceX than tests/mpi/test_fifth_algorithm.py"
+
+
+# the modules that run things: commands, benchmarks, the planning tools
+TOOLS = ("refconv.plan", "refconv.train", "refconv.bench", "refconv.sweep", "refconv.cli", "refconv.demo",
+         "refconv.info", "refconv.plot")
+
+
+def _imported(path):
+    """Every module ``path`` imports, absolute (``from refconv import x`` gives refconv and refconv.x)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return names
+
+
+def _is_tool(name):
+    return any(name == t or name.startswith(t + ".") for t in TOOLS)
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if _rel(p).startswith("refconv/pricing/")], ids=_rel)
+def test_the_pricing_model_imports_no_tool(path):
+    assert not [n for n in _imported(path) if _is_tool(n)], f"{_rel(path)} imports a tool"
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if _rel(p).startswith("refconv/layers/")
+                                  or _rel(p) in ("refconv/train.py", "refconv/train_config.py", "refconv/model.py",
+                                                 "refconv/model_spec.py")], ids=_rel)
+def test_layers_and_training_import_no_planning_tool(path):
+    assert not [n for n in _imported(path) if n == "refconv.plan" or n.startswith("refconv.plan.")], \
+        f"{_rel(path)} imports refconv.plan: ask refconv.pricing"
+
+
+def test_the_import_scan_sees_from_imports(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from refconv import plan\nfrom refconv.bench import common\n")
+    assert [n for n in _imported(bad) if _is_tool(n)] == ["refconv.plan", "refconv.bench", "refconv.bench.common"]

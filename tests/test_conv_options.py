@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from refconv import Model, algorithms, checks, cost_model
 from refconv.halo import Halo
-from refconv.plan import choose_for_layer, graph
+from refconv.pricing import choose_for_layer, graph
 from refconv import reference as ref
 from refconv.reference import padding
 from refconv.testing.strategies import PADDING_MODES, conv_problems

@@ -52,7 +52,7 @@ def test_code_blocks_run(page, tmp_path, monkeypatch):
             _compare(block, doc_outputs.python_body(block, printed))
 
 
-NAMED = re.compile(r"`(refconv(?:\.[A-Za-z_]\w*)+)")  # `refconv.plan.perf.local_conv_shape`, ...
+NAMED = re.compile(r"`(refconv(?:\.[A-Za-z_]\w*)+)")  # `refconv.pricing.perf.local_conv_shape`, ...
 
 
 def test_named_refconv_objects_exist():

@@ -543,3 +543,19 @@ def test_refconv_timeout_sets_the_default_of_training_and_the_api():
 def test_a_malformed_fault_is_refused(spec):
     with pytest.raises(ValueError, match="REFCONV_FAULT: expected rank:point:action"):
         collectives.set_fault(spec)
+
+
+def test_importing_refconv_reads_no_fault_and_the_first_point_does():
+    """REFCONV_FAULT has no effect at import (no side effects there): it is read when the first
+    point is reached, here the 'startup' point that refconv.cli.main reaches first."""
+    env = dict(os.environ, REFCONV_FAULT="0:startup:raise")
+    imported = subprocess.run([sys.executable, "-c", "import refconv, refconv.collectives; print('imported')"],
+                              capture_output=True, text=True, timeout=60, env=env)
+    assert imported.returncode == 0 and imported.stdout.split() == ["imported"], imported.stderr
+    code = "from refconv import collectives; collectives.fault_point('startup')"
+    reached = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert reached.returncode != 0 and "FaultInjected: REFCONV_FAULT: injected at startup" in reached.stderr, \
+        reached.stderr
+    command = subprocess.run([sys.executable, "-m", "refconv.cli", "--version"], capture_output=True, text=True,
+                             timeout=60, env=env)
+    assert command.returncode != 0 and "REFCONV_FAULT: raise at startup" in command.stderr, command.stderr

@@ -15,8 +15,8 @@ import pytest
 
 from refconv.cost_model import Call
 from refconv.distribution import Distribution
-from refconv.plan import choose_for_layer, machine, perf, search
-from refconv.plan.graph import stages
+from refconv.pricing import choose_for_layer, graph, machine, perf, search
+from refconv.pricing.graph import stages
 from refconv.sharding import send_counts
 
 V100 = machine.load("v100-edr")
@@ -398,10 +398,7 @@ def test_conv_table_prices_its_shapes_and_the_fit_the_rest():
 
 
 def _conv_layer(spec, shape):
-    from refconv.plan.graph import Layer, _out_shape
-
-    spec = {"type": "conv", **spec}
-    return Layer("conv", spec, ("layers", 0), shape, _out_shape("conv", spec, shape, "layers.0"))
+    return graph.Layer.of({"type": "conv", **spec}, shape, ("layers", 0))
 
 
 @pytest.mark.parametrize("spec", [{"out": 8, "kernel": 3, "padding": 1}, {"out": 8, "kernel": 3, "stride": 2},

@@ -6,8 +6,8 @@ import pytest
 from test_plan import brute_force, free_compute_machine, machine_doc
 
 from refconv import algorithms
-from refconv.plan import choose_for_layer, machine, search
-from refconv.plan.graph import stages
+from refconv.pricing import choose_for_layer, machine, search
+from refconv.pricing.graph import stages
 
 GROUPED = {
     "in_channels": 4,

@@ -74,7 +74,8 @@ def resolve(name, P_c, filter_groups=None, groups=1, channels=None):
 
 def records(name, geom, grid_shape, coords=(0, 0, 0, 0), filter_groups=None):
     """The calls of one forward and backward of algorithm ``name`` (see the module docstring):
-    a name a layer asks for, or one that ``refconv.plan.choose_for_layer`` returns (``grouped``, ``grouped-x``...)."""
+    a name a layer asks for, or one that ``refconv.pricing.choose_for_layer`` returns (``grouped``,
+    ``grouped-x``...)."""
     if name in CHOSEN_ONLY and grid_shape[1] > 1:  # already the class that runs: no resolving
         return REGISTRY[name].records(geom, tuple(grid_shape), tuple(coords), filter_groups)
     cls, filter_groups = resolve(name, grid_shape[1], filter_groups, geom.groups, (geom.C, geom.F))

@@ -19,9 +19,9 @@ function               MPI call                     ``stats`` bytes recorded (pe
 =====================  ===========================  =========================================
 
 ``elements`` is bytes / itemsize.  ``messages`` counts the sends to other ranks of
-``exchange`` (every one) and ``alltoallv`` (the non-empty ones); it is 0 for the rest.  The figures are buffer sizes by definition,
-not wire traffic: a size-1 communicator records the same figures (with
-``comm_size=1``) and makes no MPI call.
+``exchange`` (every one) and ``alltoallv`` (the non-empty ones); it is 0 for the rest.
+The figures are buffer sizes by definition, not wire traffic: a size-1 communicator
+records the same figures (with ``comm_size=1``) and makes no MPI call.
 
 ``reduce_scatter`` and ``allgather`` split one axis; an MPI datatype per rank
 walks its block in place (``staging.block_types``), so no block is packed.

@@ -6,6 +6,8 @@ communicator); where two consecutive layers' grids differ, a
 section 5).
 """
 
+import numpy
+
 from refconv import checks
 from refconv.layers.shuffle import Redistribute
 
@@ -31,7 +33,7 @@ def _kind_out(node, kind_in):
 def _dtype(node):
     """The dtype of what a layer (or the first leaf of a container) takes in."""
     while not hasattr(node, "dtype"):
-        node = node.body.layers[0] if hasattr(node, "body") else node.layers[0]
+        node = node.body if hasattr(node, "body") else node.layers[0]
     return node.dtype
 
 
@@ -39,10 +41,12 @@ class Sequential:
     """Layers run one after the other; a Redistribute is inserted wherever the grid changes.
 
     ``start_grid``/``end_grid`` (optional) add a Redistribute before the first layer or
-    after the last when the tensor arrives on, or must leave on, another grid.
+    after the last when the tensor arrives on, or must leave on, another grid; ``dtype``
+    is what such a Redistribute moves when there is no layer (an identity shortcut).
     """
 
-    def __init__(self, layers, *, start_grid=None, end_grid=None, names=None, kind="activations"):
+    def __init__(self, layers, *, start_grid=None, end_grid=None, names=None, kind="activations",
+                 dtype=numpy.float32):
         layers = list(layers)
         names = list(names) if names is not None else [str(i) for i in range(len(layers))]
         self.layers, self.names = [], []
@@ -54,8 +58,8 @@ class Sequential:
             self.layers.append(layer)
             self.names.append(name)
             grid, kind = _out_grid(layer), _kind_out(layer, kind)
-        if end_grid is not None and grid is not None and grid.shape != end_grid.shape:
-            self.layers.append(Redistribute(grid, end_grid, kind, _dtype(self.layers[-1])))
+        if end_grid is not None and grid is not None and grid.shape != end_grid.shape:  # dtype: of an empty chain
+            self.layers.append(Redistribute(grid, end_grid, kind, _dtype(self.layers[-1]) if self.layers else dtype))
             self.names.append(None)
             grid = end_grid
         self.in_grid = start_grid if start_grid is not None else (_in_grid(layers[0]) if layers else None)
@@ -154,7 +158,8 @@ class Residual(Wrapper):
                                kind=kind)
         self.out_grid = self.body.out_grid
         shortcut = list(shortcut or [])
-        self.shortcut = Sequential(shortcut, start_grid=self.in_grid, end_grid=self.out_grid, kind=kind)
+        self.shortcut = Sequential(shortcut, start_grid=self.in_grid, end_grid=self.out_grid, kind=kind,
+                                   dtype=_dtype(self.body))
         self.grid = self.out_grid
 
     def bind(self, input_shape):

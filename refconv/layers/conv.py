@@ -21,7 +21,7 @@ from refconv import algorithms, checks, collectives
 from refconv.algorithms.base import ConvGeometry
 from refconv.distribution import Distribution
 from refconv.layers.base import Layer
-from refconv.plan.auto import choose_for_layer
+from refconv.pricing.chooser import choose_for_layer
 from refconv.sharding import allgather, scatter
 
 
@@ -35,7 +35,7 @@ class DistConv2d(Layer):
     square root).  ``"auto"`` picks the algorithm and
     ``p_f`` with the least predicted step time when the layer is bound to an input shape:
     the planner's whole-step model (compute and every call of ``records()``,
-    :func:`refconv.plan.choose_for_layer`), priced with ``machine`` (a machine file, a
+    :func:`refconv.pricing.choose_for_layer`), priced with ``machine`` (a machine file, a
     built-in name, or None for the built-in defaults, with a warning), grouped layers
     among the classes that run them (:func:`refconv.algorithms.candidates`).  The
     estimates are kept in ``layer.cost_estimates``.  A grouped layer (``groups > 1``) on a channel split runs

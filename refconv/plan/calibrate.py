@@ -26,7 +26,7 @@ With ``--model PRESET|FILE --batch B [--image-size S]`` it also times, after the
 above, every local convolution that ``refconv plan`` prices for that model on
 the ranks it runs on (each conv layer on every grid and algorithm the planner
 enumerates, deduplicated), all ranks running the same shape at once, into the
-file's ``compute.conv_table`` (see :mod:`refconv.plan.machine`): the planner then
+file's ``compute.conv_table`` (see :mod:`refconv.pricing.machine`): the planner then
 prices those shapes as measured, the paper's per-shape method, and any other shape
 by the fit::
 
@@ -53,9 +53,9 @@ from refconv import ProcessGrid, collectives, device, threads
 from refconv.backend import BACKENDS, get_backend
 from refconv.bench.common import time_ranks
 from refconv.layers import DistConv2d
-from refconv.plan import graph, search
-from refconv.plan import machine as machine_mod
-from refconv.plan.machine import CONV_OPS, KINDS
+from refconv.pricing import graph, search
+from refconv.pricing import machine as machine_mod
+from refconv.pricing.machine import CONV_OPS, KINDS
 from refconv.train import load_model_spec
 
 COMPUTE_WINDOW_S = 0.02  # each compute sample: this long back to back on every rank at once
@@ -303,7 +303,7 @@ class _AskedShapes:
 def priced_shapes(machine, price):
     """The :class:`ConvShape` s that ``price(m)`` asks ``m.conv_seconds`` for, deduplicated in
     order: ``m`` is ``machine`` with a recording table, so the shapes are exactly those the
-    pricing code (refconv.plan.perf) keys, with no second copy of how it derives them."""
+    pricing code (refconv.pricing.perf) keys, with no second copy of how it derives them."""
     asked = _AskedShapes()
     price(dataclasses.replace(machine, conv_table=asked))
     return list(asked.shapes)

@@ -21,7 +21,8 @@ import yaml
 from mpi4py import MPI
 
 from refconv.train import load_model_spec
-from refconv.plan import machine as machine_mod, report, search
+from refconv.plan import report
+from refconv.pricing import machine as machine_mod, search
 
 
 HELP = "plan every layer's grid and algorithm from a performance model"

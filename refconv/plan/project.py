@@ -19,8 +19,8 @@ import argparse
 import time
 
 from refconv.model_spec import load_spec
-from refconv.plan import machine as machine_mod, search
-from refconv.plan.search import NoFeasiblePlan
+from refconv.pricing import machine as machine_mod, search
+from refconv.pricing.search import NoFeasiblePlan
 
 MODELS = ("resnet50", "resnet50-wide2", "resnet50-wide4")
 GPUS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)

@@ -1,7 +1,7 @@
 """The plan as text: a per-stage table and the totals against the alternatives."""
 
-from refconv.plan.machine import KINDS
-from refconv.plan.search import strategy_label
+from refconv.pricing.machine import KINDS
+from refconv.pricing.search import strategy_label
 
 _HEAD = [{"reduce_scatter": "red-scat", "alltoallv": "shuffle"}.get(k, k) for k in KINDS]  # column headings
 

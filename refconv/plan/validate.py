@@ -46,7 +46,8 @@ from refconv.bench.timing import Span, ratio
 from refconv.layers import DistConv2d
 from refconv.model import Model
 from refconv.optim import SGD
-from refconv.plan import calibrate, graph, machine as machine_mod, perf, search
+from refconv.plan import calibrate
+from refconv.pricing import graph, machine as machine_mod, perf, search
 from refconv.train import step
 
 # name: (N, C, F, H, K)
@@ -126,7 +127,7 @@ def strategies(P):
 def conv_layer(N, C, F, H, K):
     spec = {"type": "conv", "out": F, "kernel": K, "padding": K // 2}
     shape = (N, C, H, H)
-    return graph.Layer("conv", spec, ("layer",), shape, graph._out_shape("conv", spec, shape, "layer"))
+    return graph.Layer.of(spec, shape)
 
 
 def built_layer(sub, dims, grid_shape, algorithm, p_f):

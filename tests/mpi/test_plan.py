@@ -8,7 +8,7 @@ agree (float64, relative 1e-6).
 
 from mpi4py import MPI
 
-from refconv.plan import machine, search
+from refconv.pricing import machine, search
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.mpirun import mpi_test
 from refconv.train import train
@@ -73,7 +73,8 @@ def test_table_key_is_each_strategys_window_and_weight_block():
 
     from refconv import ProcessGrid
     from refconv.layers import DistConv2d
-    from refconv.plan import perf, validate
+    from refconv.plan import validate
+    from refconv.pricing import perf
 
     N, C, F, H, K = 4, 4, 6, 8, 3
     planned = validate.conv_layer(N, C, F, H, K)
@@ -115,7 +116,7 @@ def test_a_models_machine_reaches_its_auto_convs():
     import warnings
 
     from refconv import DistConv2d, Model
-    from refconv.plan import choose_for_layer
+    from refconv.pricing import choose_for_layer
 
     spec = {"name": "one-conv", "in_channels": 4, "layers": [
         {"type": "conv", "out": 8, "kernel": 3, "padding": 1, "grid": {"channel": 2}},

@@ -1,5 +1,5 @@
 """A training step makes exactly the calls its layers' ``records()`` list: the calls the
-planner prices (refconv.plan.perf sums the same records), compared with what CommStats
+planner prices (refconv.pricing.perf sums the same records), compared with what CommStats
 measures, kind, communicator size, bytes and messages (``check_records``).
 
 Every preset runs, the large ones in small versions built by the same functions (16x16
@@ -30,16 +30,28 @@ GRIDS = {1: [{"sample": 1}],
          3: [{"sample": 3}, {"height": 3}],
          4: [{"sample": 2, "channel": 2}, {"channel": 4}, {"height": 2, "width": 2}, {"sample": 2, "height": 2}]}
 SPATIAL_LIMIT = {"resnet50": 1, "resnext50-32x4d": 2}  # their last stages are 1x1 or 2x2 at 16x16
+# a grid per layer: shuffles between them, around an identity shortcut too, and every algorithm
+MIXED = {"name": "mixed", "in_channels": 1, "layers": [
+    {"type": "conv", "out": 8, "kernel": 3, "padding": 1, "grid": {"sample": 2, "height": 2}},
+    {"type": "batchnorm"}, {"type": "relu"},
+    {"type": "residual", "layers": [{"type": "conv", "out": 8, "kernel": 3, "padding": 1, "grid": {"channel": 4},
+                                     "algorithm": "stationary-y"}, {"type": "batchnorm"}]},
+    {"type": "relu"}, {"type": "avgpool", "kernel": 2},
+    {"type": "conv", "out": 16, "kernel": 3, "padding": 1, "grid": {"channel": 4}, "algorithm": "stationary-w",
+     "filter_groups": 2},
+    {"type": "conv", "out": 8, "kernel": 1, "grid": {"sample": 2, "channel": 2}, "algorithm": "stationary-x"},
+    {"type": "gap"}, {"type": "linear", "out": 10, "grid": {"sample": 2, "channel": 2}}]}
 
 
-def _step_records(name, grid, algorithm):
-    model = Model.from_spec(name, comm=comm, backend="numpy", seed=0,
-                            defaults={"grid": grid, "algorithm": algorithm}, **SMALL[name])
+def _step_records(name, grid, algorithm, filter_groups=None):
+    defaults = {"grid": grid, "algorithm": algorithm, "filter_groups": filter_groups} if grid else None
+    model = Model.from_spec(name, comm=comm, backend="numpy", seed=0, defaults=defaults,
+                            **(SMALL[name] if isinstance(name, str) else {}))
     rng = numpy.random.default_rng(0)
     x, y = rng.standard_normal((8, 1, 16, 16)).astype(numpy.float32), rng.integers(0, 10, 8)
     optimizer = SGD(model.bind(x.shape), 0.1)   # bound first: an auto conv's weight layout is its choice's
     step(model, optimizer, x, y)        # the first step may do one-off work; the second is measured
-    check_records(comm, lambda: step(model, optimizer, x, y), model.records(), f"{name} on {grid} ({algorithm})",
+    check_records(comm, lambda: step(model, optimizer, x, y), model.records(), f"{name!s:.40} on {grid} ({algorithm})",
                   ordered=False)
 
 
@@ -57,7 +69,21 @@ def test_a_training_step_makes_the_calls_of_its_layers_records():
         _step_records(name, grid, "stationary-y" if grid.get("channel", 1) > 1 else "stationary-x")
 
 
+@mpi_test(sizes=(8,), timeout=300)
+def test_a_training_step_at_8_ranks_makes_the_calls_of_its_layers_records():
+    """The shipped digits-cnn at 8 ranks: sample x channel x height, and 8 channel ranks with
+    Stationary-W (p_f = 2 and 4)."""
+    for grid, algorithm, p_f in (({"sample": 2, "channel": 2, "height": 2}, "stationary-x", None),
+                                 ({"channel": 8}, "stationary-w", 2), ({"channel": 8}, "stationary-w", 4)):
+        _step_records("digits-cnn", grid, algorithm, p_f)
+
+
 @mpi_test(sizes=(2, 4), timeout=300)
 def test_the_records_of_auto_and_stationary_w_convs_are_the_calls_made():
     for grid, algorithm in (({"channel": comm.size}, "auto"), ({"channel": comm.size}, "stationary-w")):
         _step_records("digits-cnn", grid, algorithm)
+
+
+@mpi_test(sizes=(4,), timeout=120)
+def test_the_records_of_a_model_on_a_grid_per_layer_are_the_calls_made():
+    _step_records(MIXED, None, None)

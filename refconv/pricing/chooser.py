@@ -1,12 +1,12 @@
 """``algorithm: auto`` for one bound convolution: the fastest channel algorithm on its grid.
 
 ``choose_for_layer`` prices every algorithm (and ``p_f``) of a conv on its grid with
-the whole-step model of :mod:`refconv.plan.perf` (compute and every call, priced by
+the whole-step model of :mod:`refconv.pricing.perf` (compute and every call, priced by
 a machine file) instead of bytes alone.  Without a machine it uses the built-in
 default figures and warns so.
 """
 
-from refconv.plan import graph, machine as machine_mod, perf
+from refconv.pricing import graph, machine as machine_mod, perf
 
 
 def choose_for_layer(in_shape, out_channels, kernel, *, grid_shape, stride=(1, 1), padding=(0, 0),
@@ -15,7 +15,7 @@ def choose_for_layer(in_shape, out_channels, kernel, *, grid_shape, stride=(1, 1
     ``(P_N, P_c, P_H, P_W)``; ``table`` maps ``(algorithm, p_f)`` to predicted seconds per
     forward + backward on the rank with the largest blocks.
 
-    ``machine``: a :class:`refconv.plan.machine.Machine`, a path or built-in name, or
+    ``machine``: a :class:`refconv.pricing.machine.Machine`, a path or built-in name, or
     None (built-in defaults, with a warning).  With ``P_c = 1`` the answer is
     ``("stationary-x", None, {...})``: the conv is sample/spatial parallel.
     Raises ValueError naming the argument when the layer cannot run on the grid.
@@ -26,7 +26,7 @@ def choose_for_layer(in_shape, out_channels, kernel, *, grid_shape, stride=(1, 1
             "padding": padding if isinstance(padding, str) else tuple(padding), "dilation": tuple(dilation),
             "groups": groups, "bias": bias, "padding_mode": padding_mode}
     shape = tuple(in_shape)
-    layer = graph.Layer("conv", spec, ("layer",), shape, graph._out_shape("conv", spec, shape, "layer"))
+    layer = graph.Layer.of(spec, shape)
     if layer.out_shape[2] < 1 or layer.out_shape[3] < 1:
         raise ValueError(f"in_shape: {shape} gives an empty output")
     grid = tuple(grid_shape)

@@ -1,7 +1,7 @@
 """A machine file: what one collective and one local kernel cost on a machine.
 
 A machine file is YAML (see docs/planning.md and the files in
-``refconv/plan/machines/``)::
+``refconv/pricing/machines/``)::
 
     name: v100-edr
     measured: false                 # or the UTC date of the calibration run
@@ -298,7 +298,7 @@ def _conv_table(entries, path):
 
 
 def builtin(name):
-    """Path of a machine file shipped in ``refconv/plan/machines/`` (``name`` without .yaml)."""
+    """Path of a machine file shipped in ``refconv/pricing/machines/`` (``name`` without .yaml)."""
     return os.path.join(MACHINES_DIR, f"{name}.yaml")
 
 

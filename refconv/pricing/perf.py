@@ -1,6 +1,6 @@
 """Predicted time and memory of one training step, per stage and strategy.
 
-For a :class:`refconv.plan.graph.Stage` on a grid ``(P_N, P_c, P_H, P_W)`` this
+For a :class:`refconv.pricing.graph.Stage` on a grid ``(P_N, P_c, P_H, P_W)`` this
 module predicts, on the rank with the largest blocks (coordinate 0 everywhere):
 
 - compute: forward and backward FLOPs (or bytes, for batch norm, pooling and
@@ -37,7 +37,7 @@ from refconv.layers.linear import linear_records
 from refconv.layers.loss import loss_records
 from refconv.layers.norm import batch_norm_records
 from refconv.layers.pool import gap_records, pool_records
-from refconv.plan.machine import ConvShape
+from refconv.pricing.machine import ConvShape
 
 ITEMSIZE = 4  # float32
 
@@ -189,7 +189,7 @@ def price_calls(calls, grid, machine, cost):
 
 
 def local_conv_shape(layer, grid, F_rows, C_cols):
-    """The :class:`refconv.plan.machine.ConvShape` rank 0 convolves: ``x_win (n, C_cols x groups,
+    """The :class:`refconv.pricing.machine.ConvShape` rank 0 convolves: ``x_win (n, C_cols x groups,
     H_win, W_win)`` (its output block plus the halo, padding included) with the weight block
     ``(F_rows, C_cols, Kh, Kw)``, at ``padding=0``.  None for a grouped conv on a channel split,
     whose local groups the table does not key."""

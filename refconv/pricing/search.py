@@ -14,8 +14,8 @@ shortcut's (ending with the shuffle onto the body's exit grid) plus the local su
 both paths start from the same input grid and end on the same exit grid, exactly
 as :class:`refconv.model.Residual` runs them.  The top-level input is free on any
 grid (the loader scatters straight into the first layer's layout).  The result is
-the exact optimum of the model in :mod:`refconv.plan.perf` over every
-factorisation of ``P`` that :func:`refconv.plan.perf.feasible` keeps.
+the exact optimum of the model in :mod:`refconv.pricing.perf` over every
+factorisation of ``P`` that :func:`refconv.pricing.perf.feasible` keeps.
 
 A memory limit makes the problem a constrained shortest path.  When the fastest
 plan does not fit, the planner adds ``lambda`` seconds per byte of memory to every
@@ -34,8 +34,8 @@ import numpy
 
 from refconv import algorithms
 from refconv.grid import AXES
-from refconv.plan import graph, perf
-from refconv.plan.graph import Block, Stage
+from refconv.pricing import graph, perf
+from refconv.pricing.graph import Block, Stage
 
 
 class NoFeasiblePlan(ValueError):

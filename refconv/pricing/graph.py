@@ -32,6 +32,13 @@ class Layer:
     in_shape: tuple
     out_shape: tuple
 
+    @classmethod
+    def of(cls, spec, in_shape, path=("layer",)):
+        """The layer of ``spec`` (a model file's layer dict) on global ``in_shape``, its output
+        shape derived (BindError, naming ``path``, where the input does not fit)."""
+        name = ".".join(map(str, path))
+        return cls(spec["type"], spec, tuple(path), tuple(in_shape), _out_shape(spec["type"], spec, in_shape, name))
+
 
 @dataclasses.dataclass
 class Stage:
@@ -114,7 +121,7 @@ def chain(specs, path, shape):
             continue
         if kind not in ("conv", "maxpool", "avgpool", "gap", "linear") + _FOLLOWERS:
             raise BindError(f"{name}: the planner does not know layer type {kind!r}")
-        layer = Layer(kind, spec, where, shape, _out_shape(kind, spec, shape, name))
+        layer = Layer.of(spec, shape, where)
         shape = layer.out_shape
         joins = out and ((kind in _FOLLOWERS and (isinstance(out[-1], Block) or out[-1].main.kind != "gap"))
                          or (kind == "linear" and isinstance(out[-1], Stage) and out[-1].main.kind == "gap"))
