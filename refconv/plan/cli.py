@@ -15,11 +15,13 @@ plans and rank 0 prints.
 """
 
 import json
+import shlex
 import warnings
 
 import yaml
 from mpi4py import MPI
 
+from refconv import datasets, train_config
 from refconv.train import load_model_spec
 from refconv.plan import machine as machine_mod, report, search
 
@@ -78,9 +80,22 @@ def _plan(args):
                 json.dump(planned, f, indent=1)
             else:
                 yaml.safe_dump(planned, f, sort_keys=False, default_flow_style=None)
-        out.append(f"wrote {args.out}: run it with  mpiexec -n {args.ranks} refconv train --model {args.out} "
-                   f"--batch-size {args.batch}")
+        out.append(f"wrote {args.out}: run it with  mpiexec -n {args.ranks} refconv train "
+                   f"{shlex.join(train_arguments(args, shape))}")
     return "\n".join(out)
+
+
+def train_arguments(args, shape):
+    """The ``refconv train`` options that run the planned file on the input it was planned for:
+    the bundled digits when ``shape`` is theirs, else synthetic images of its channels and size
+    (at least one global batch of them)."""
+    out = ["--model", args.out, "--batch-size", str(args.batch)]
+    if tuple(shape[1:]) == datasets.DIGITS_SHAPE:
+        return out
+    out += ["--synthetic", "--image-size", str(args.image_size)]
+    if args.batch > train_config.BY_NAME["synthetic_samples"].default:
+        out += ["--synthetic-samples", str(args.batch)]
+    return out
 
 
 def run(args):
