@@ -68,7 +68,9 @@ def build_parser():
 
 def main(argv=None):
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # the command line, for a command that starts mpiexec with it (refconv.launch)
     if args.command is None:
         parser.print_help()
         return 0

@@ -452,3 +452,47 @@ def test_calibrate_model_bad_input_is_one_line_and_status_2(tmp_path, args, need
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and needle in r.stderr
     assert not (tmp_path / "m.yaml").exists()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("launched", ["by itself", "under mpiexec"])
+def test_calibrate_writes_a_machine_file_with_and_without_mpiexec(tmp_path, launched):
+    """As the hints say it (``refconv calibrate --out machine.yaml``, one process: it starts
+    mpiexec itself) and as docs/planning.md says it (under mpiexec): the same measured file,
+    with collectives timed between 2 ranks, that refconv plan then uses."""
+    out = tmp_path / "m.yaml"
+    args = ["-m", "refconv.cli", "calibrate", "--out", str(out), "--quick"]
+    if launched == "by itself":
+        command = [sys.executable, *args, "--ranks", "2"]
+    else:
+        command = [find_mpiexec(), "-n", "2", sys.executable, *args]
+    r = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "" and f"wrote {out}" in r.stdout
+    m = machine.load(str(out))
+    assert isinstance(m.measured, str) and m.ranks_per_node == 2
+    doc = yaml.safe_load(out.read_text())
+    assert all(list(doc["collectives"]["intra"][kind]["table"]) == [2] for kind in machine.KINDS)
+    p = _refconv("plan", "--model", "digits-cnn", "--ranks", "2", "--batch", "8", "--image-size", "16",
+                 "--machine", str(out))
+    assert p.returncode == 0 and "machine this-machine (measured" in p.stdout, p.stderr
+
+
+def test_calibrate_from_one_process_starts_four_ranks_by_default(tmp_path, monkeypatch, capsys):
+    from refconv import cli, launch
+
+    started = []
+    monkeypatch.setattr(launch, "relaunch", lambda ranks, argv: started.append((ranks, argv)) or 0)
+    argv = ["calibrate", "--out", str(tmp_path / "m.yaml"), "--quick"]
+    assert cli.main(argv) == 0 and started == [(4, argv)]
+    assert "starting mpiexec -n 4" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--ranks", "1"), "--ranks: expected an int >= 2"),
+    (("--ranks", "2", "--model", "digits-cnn", "--batch", "8", "--max-shapes", "2"), "on 2 ranks, more than 2"),
+])
+def test_calibrate_checks_its_input_before_starting_ranks(tmp_path, args, needle):
+    r = _refconv("calibrate", "--out", str(tmp_path / "m.yaml"), "--quick", *args)
+    assert r.returncode == 2 and "starting mpiexec" not in r.stdout, r.stdout
+    assert needle in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr

@@ -1,8 +1,10 @@
 """``refconv calibrate --out machine.yaml``: measure this machine's machine file.
 
-Run it under mpiexec on the ranks of one node (2 to 4 here)::
+Run it under mpiexec on the ranks of one node (2 to 4 here), or from one process, which
+starts ``mpiexec -n RANKS`` itself (``--ranks``, default 4; collectives need 2 or more)::
 
     mpiexec -n 4 refconv calibrate --out machine.yaml          # < 1 minute
+    refconv calibrate --out machine.yaml                       # the same: it starts mpiexec -n 4
     mpiexec -n 2 refconv calibrate --out m.yaml --quick        # a few seconds (tests)
 
 Collectives: for each kind and each communicator size ``q`` (2, 4, ... up to the
@@ -49,7 +51,7 @@ import numpy
 import yaml
 from mpi4py import MPI
 
-from refconv import ProcessGrid, collectives, device, threads
+from refconv import ProcessGrid, collectives, device, launch, threads
 from refconv.backend import BACKENDS, get_backend
 from refconv.bench.common import time_ranks
 from refconv.layers import DistConv2d
@@ -60,6 +62,7 @@ from refconv.train import load_model_spec
 
 COMPUTE_WINDOW_S = 0.02  # each compute sample: this long back to back on every rank at once
 COLLECTIVE_WINDOW_S = 0.005  # each collective sample: this long back to back
+RANKS = 4  # started from one process: the ranks of the docs' command (mpiexec -n 4 refconv calibrate)
 
 
 HELP = "measure this machine's collectives and kernels into a machine file"
@@ -70,6 +73,9 @@ DESCRIPTION = ("Time collectives (a sweep of buffer sizes per communicator size,
 
 def add_arguments(p):
     p.add_argument("--out", required=True, help="the machine file to write (.yaml)")
+    p.add_argument("--ranks", type=int, default=None, help=f"ranks to start when run without mpiexec (default "
+                                                           f"{RANKS}; collectives need 2 or more); under mpiexec, "
+                                                           f"its -n")
     p.add_argument("--quick", action="store_true", help="few sizes and repeats: seconds, for tests")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="kernels to time")
     p.add_argument("--name", default="this-machine", help="the machine's name in the file")
@@ -168,6 +174,9 @@ def measure_collectives(comm, quick):
     sizes = [2**k for k in ((10, 14, 18) if quick else range(10, 23))]
     repeats = 3 if quick else 7
     sizes_q = [2**k for k in range(1, P.bit_length()) if P % 2**k == 0]  # 2, 4, ... dividing P
+    sizes_q += [P] if P > 1 and P not in sizes_q else []  # and P itself (3 ranks: q = 3)
+    if not sizes_q:
+        return {k: {} for k in KINDS}, ["one rank: no collective measured"]
     grids = {q: ProcessGrid(comm, sample=P // q, channel=q) for q in sizes_q}
     calls, counted = {}, {}
     for q, grid in grids.items():
@@ -387,7 +396,17 @@ def run(args):
     comm = MPI.COMM_WORLD
     if not args.out.endswith((".yaml", ".yml")):  # checked identically on every rank, before any collective
         raise ValueError(f"--out: expected a .yaml path, got {args.out!r}")
-    shapes = _model_shapes(args, comm.Get_size())  # every rank alike, before any collective
+    if args.ranks is not None and args.ranks < 2:
+        raise ValueError(f"--ranks: expected an int >= 2 (collectives are timed between ranks), got {args.ranks}")
+    if comm.Get_size() > 1 and args.ranks not in (None, comm.Get_size()):
+        raise ValueError(f"--ranks: {args.ranks} given, but mpiexec started {comm.Get_size()}; leave --ranks out "
+                         f"under mpiexec (it is for runs without it)")
+    ranks = comm.Get_size() if comm.Get_size() > 1 else args.ranks or RANKS
+    shapes = _model_shapes(args, ranks)  # every rank alike, before any collective (and before starting them)
+    if comm.Get_size() == 1:  # from one process: start the ranks (as refconv demo does)
+        print(f"refconv calibrate: starting mpiexec -n {ranks} (collectives need ranks; --ranks sets how many)",
+              flush=True)
+        return launch.relaunch(ranks, args.argv)
     choice = threads.configure(comm, args.threads)  # as training runs: the rates are per rank at this count
     say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
     say(choice.describe(), flush=True)
