@@ -16,7 +16,8 @@ what every command shares, on every rank alike:
 - a ``ValueError`` out of ``run`` is a bad input that every rank rejects alike
   (options, data, model files: see :mod:`refconv.train_config`): rank 0 prints
   ``refconv NAME: error: ...`` on one line and the job ends with status 2, no
-  traceback (:func:`refconv.failure.exit_on_shared_error`);
+  traceback and, when every rank reports it within seconds, no ``MPI_Abort``
+  (:func:`refconv.failure.exit_on_shared_error`);
 - any other exception ends every rank through the abort hook that ``import refconv``
   installs under more than one rank (:mod:`refconv.failure`).
 """
@@ -24,6 +25,7 @@ what every command shares, on every rank alike:
 import argparse
 import importlib
 import sys
+import time
 
 from mpi4py import MPI
 
@@ -74,12 +76,55 @@ def main(argv=None):
     if args.command is None:
         parser.print_help()
         return 0
+    agree = SharedErrors()
     try:
-        return args.run(args)
+        status = args.run(args)
     except OptionError as exc:
-        return failure.exit_on_shared_error(f"refconv {args.command}: error: {exc.render(flag)}")
+        return agree.exit(f"refconv {args.command}: error: {exc.render(flag)}")
     except ValueError as exc:
-        return failure.exit_on_shared_error(f"refconv {args.command}: error: {' '.join(str(exc).split())}")
+        return agree.exit(f"refconv {args.command}: error: {' '.join(str(exc).split())}")
+    agree.close()
+    return status
+
+
+class SharedErrors:
+    """How a command ends over a bad input that every rank rejects alike, without ``MPI_Abort``
+    (whose MPICH ``Abort(2) ...`` line would follow the one line) when it can.
+
+    Made by every rank at the start: a duplicate of COMM_WORLD, non-blocking (a rank stopped
+    before it holds nobody up).  :meth:`exit` enters a non-blocking barrier on it: when every
+    rank arrives within ``AGREE_S`` the error is shared, rank 0 prints the line and every rank
+    returns the status (a clean exit).  Otherwise :func:`refconv.failure.exit_on_shared_error`
+    ends the job as it always does (rank 0 aborts; another rank waits out the rest of its grace)."""
+
+    AGREE_S = 2.0  # ranks raise a shared error at about the same moment: before any collective
+
+    def __init__(self):
+        world = MPI.COMM_WORLD
+        self.comm, self._made = world.Idup() if world.Get_size() > 1 else (None, None)
+
+    def exit(self, message, status=2):
+        started = time.monotonic()
+        if self.comm is not None and self._within(self._made, started) and self._within(self.comm.Ibarrier(), started):
+            if MPI.COMM_WORLD.Get_rank() == 0:
+                failure.write_line(message)
+            self.comm.Free()
+            return status
+        waited = time.monotonic() - started
+        return failure.exit_on_shared_error(message, status, grace_s=max(failure.SHARED_GRACE_S - waited, 0.0))
+
+    def _within(self, request, started):
+        while not request.Test():
+            if time.monotonic() - started > self.AGREE_S:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def close(self):
+        """After a command that returned: every rank made the duplicate, so it completes."""
+        if self.comm is not None:
+            self._made.Wait()
+            self.comm.Free()
 
 
 if __name__ == "__main__":

@@ -111,6 +111,18 @@ def _grid(v, name):
     return {axis: checks.integer(size, f"{name}: the size of {axis}") for axis, size in v.items()}
 
 
+def check_grid_ranks(grid, ranks):
+    """OptionError on ``grid`` unless its sizes multiply to ``ranks``: the one message, in
+    ``refconv train`` and ``refconv bench``, for a grid that does not fit the job (most often:
+    mpiexec forgotten, or its ``-n`` not the grid's)."""
+    product = math.prod(grid.values())
+    if product != ranks:
+        text = ",".join(f"{axis}={size}" for axis, size in grid.items() if size > 1) or "sample=1"
+        started = "1 was started" if ranks == 1 else f"{ranks} were started"
+        raise OptionError("grid", f"{text} needs {product} ranks but {started}; launch it as mpiexec -n {product} "
+                                  f"..., or choose sizes whose product is {ranks} (axes left out have size 1)")
+
+
 # -- the options ---------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Option:

@@ -213,6 +213,26 @@ def test_progress_draws_a_bar_only_on_a_terminal():
     assert plain.stream.getvalue().count("\n") == 1 and "\r" not in plain.stream.getvalue()  # the last step
 
 
+def test_forgetting_mpiexec_is_the_same_line_in_train_and_bench(capsys):
+    expected = ("error: --grid: sample=2,channel=2 needs 4 ranks but 1 was started; launch it as mpiexec -n 4 ..., "
+                "or choose sizes whose product is 1 (axes left out have size 1)")
+    lines = []
+    for argv in (["train", "--grid", "sample=2,channel=2"], ["bench", "layer", "--grid", "sample=2,channel=2"]):
+        status, _, err = _main(capsys, *argv)
+        assert status == 2
+        lines.append(_one_error_line(err))
+    assert lines == [f"refconv train: {expected}", f"refconv bench: {expected}"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("argv", [["train", "--epochs", "0"], ["bench", "layer", "--grid", "sample=4"]])
+def test_a_shared_error_under_mpiexec_is_one_line_without_mpichs_abort_line(argv):
+    r = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", *argv], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"refconv {argv[0]}: error: --") and "Abort" not in r.stderr + r.stdout
+
+
 # -- the abort hook ------------------------------------------------------------------------------------
 def test_one_rank_installs_no_hook():
     assert failure.install_if_several_ranks() is False and not failure.installed()

@@ -29,7 +29,7 @@ from refconv import arrays, checks, collectives, cost_model
 from refconv.bench import timing
 from refconv.algorithms import channel_algorithms
 from refconv.backend import BACKENDS
-from refconv.train_config import GRID_AXES, parse_grid
+from refconv.train_config import GRID_AXES, check_grid_ranks, parse_grid
 
 ALGORITHMS = channel_algorithms()
 STRATEGIES = ("sample", "spatial") + ALGORITHMS  # what --strategies takes: strategy_grid knows each
@@ -119,10 +119,7 @@ def option(args, name, default, minimum=1):
 def full_grid(grid, ranks):
     """``{"sample": 2}`` -> all four axes; the product must be the number of ranks."""
     grid = {axis: (grid or {}).get(axis, 1) for axis in GRID_AXES}
-    product = int(numpy.prod(list(grid.values())))
-    if product != ranks:
-        raise BenchError(f"--grid: {grid_text(grid)} has {product} ranks but {ranks} are running; "
-                         f"start mpiexec -n {product} or choose a grid whose sizes multiply to {ranks}")
+    check_grid_ranks(grid, ranks)  # refconv train's message
     return grid
 
 
