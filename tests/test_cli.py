@@ -213,6 +213,48 @@ def test_progress_draws_a_bar_only_on_a_terminal():
     assert plain.stream.getvalue().count("\n") == 1 and "\r" not in plain.stream.getvalue()  # the last step
 
 
+def test_progress_env_overrides_the_terminal_test(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    assert progress.on_terminal(Terminal(), environ={}) and not progress.on_terminal(io.StringIO(), environ={})
+    assert not progress.on_terminal(Terminal(), environ={progress.PROGRESS_ENV: "lines"})
+    assert progress.on_terminal(io.StringIO(), environ={progress.PROGRESS_ENV: "bar"})
+
+
+def _on_a_terminal(command):
+    """Run ``command`` with a pseudo-terminal as its stdin, stdout and stderr: all it printed."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the command, as from a shell in a terminal
+        os.environ["OMP_NUM_THREADS"] = "1"
+        os.execv(command[0], command)
+    out = b""
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:  # EIO: the terminal closed
+            break
+        if not data:
+            break
+        out += data
+    os.waitpid(pid, 0)
+    return out.decode(errors="replace")
+
+
+@pytest.mark.mpi
+def test_progress_bar_is_drawn_under_mpiexec_on_a_terminal():
+    """MPICH pipes rank 0's stderr to its launcher; the launcher's is the terminal."""
+    train = [find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", "train", "--max-steps", "3",
+             "--epochs", "1", "--grid", "sample=2"]
+    out = _on_a_terminal(train)
+    assert "\repoch 1/1 [" in out and "3/44 loss" in out, out
+    piped = subprocess.run([*train, "--log-every", "1"], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert piped.returncode == 0 and "\r" not in piped.stderr and "epoch 1/1 step 3/44" in piped.stderr, piped.stderr
+
+
 def test_forgetting_mpiexec_is_the_same_line_in_train_and_bench(capsys):
     expected = ("error: --grid: sample=2,channel=2 needs 4 ranks but 1 was started; launch it as mpiexec -n 4 ..., "
                 "or choose sizes whose product is 1 (axes left out have size 1)")
