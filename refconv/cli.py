@@ -23,15 +23,19 @@ what every command shares, on every rank alike:
 """
 
 import argparse
+import functools
 import importlib
+import os
 import sys
 import time
+import warnings
 
 from mpi4py import MPI
 
 from refconv import __version__, failure
 from refconv.train_config import OptionError, flag
 
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 COMMANDS = (
     ("train", "refconv.train"),
     ("demo", "refconv.demo"),
@@ -78,13 +82,25 @@ def main(argv=None):
         return 0
     agree = SharedErrors()
     try:
-        status = args.run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
+            status = args.run(args)
     except OptionError as exc:
         return agree.exit(f"refconv {args.command}: error: {exc.render(flag)}")
     except ValueError as exc:
         return agree.exit(f"refconv {args.command}: error: {' '.join(str(exc).split())}")
     agree.close()
     return status
+
+
+def _show_warning(previous, message, category, filename, lineno, file=None, line=None):
+    """A refconv UserWarning (it follows from the options, so every rank warns alike) as one line,
+    ``refconv: warning: ...``, from rank 0 only; any other warning as Python shows it."""
+    if issubclass(category, UserWarning) and os.path.abspath(filename).startswith(PACKAGE_DIR):
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            failure.write_line(f"refconv: warning: {' '.join(str(message).split())}", file)
+        return
+    previous(message, category, filename, lineno, file, line)
 
 
 class SharedErrors:

@@ -255,6 +255,17 @@ def test_progress_bar_is_drawn_under_mpiexec_on_a_terminal():
     assert piped.returncode == 0 and "\r" not in piped.stderr and "epoch 1/1 step 3/44" in piped.stderr, piped.stderr
 
 
+@pytest.mark.mpi
+def test_a_warning_of_the_options_is_one_line_from_rank_0():
+    r = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", "train", "--grid", "channel=2",
+                        "--algorithm", "auto", "--max-steps", "1", "--no-progress"], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr
+    warned = [line for line in r.stderr.splitlines() if "no machine file given" in line]
+    assert len(warned) == 1 and warned[0].startswith("refconv: warning: no machine file given"), r.stderr
+    assert "UserWarning" not in r.stderr
+
+
 def test_forgetting_mpiexec_is_the_same_line_in_train_and_bench(capsys):
     expected = ("error: --grid: sample=2,channel=2 needs 4 ranks but 1 was started; launch it as mpiexec -n 4 ..., "
                 "or choose sizes whose product is 1 (axes left out have size 1)")
