@@ -25,8 +25,7 @@ import uuid
 
 from mpi4py import MPI
 
-from refconv import checks, cli
-from refconv.backend import BACKENDS
+from refconv import checks, cli, train_config
 from refconv.bench import schema
 from refconv.bench.common import SHAPES, STRATEGIES, grid_text, parse_shape, strategy_grid
 from refconv.testing.mpirun import find_mpiexec
@@ -57,7 +56,7 @@ def add_arguments(p):
                    help="strong: the global batch stays --batch; weak: the batch per rank stays --batch")
     p.add_argument("--bench", choices=tuple(MAIN_PASS), default="layer", help="what one point times")
     p.add_argument("--shape", type=parse_shape, default="wide", help=f"bench layer's shape: {sorted(SHAPES)} or C=..,F=..,H=..,K=..")
-    p.add_argument("--model", default="digits-cnn", help="bench step's model preset")
+    train_config.add_option(p, "model", purpose="bench step's model")
     p.add_argument("--batch", type=int, default=16, help="global batch (strong) or batch per rank (weak)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--repeat", type=int, default=5, help="timed rounds per point")
@@ -69,7 +68,7 @@ def add_arguments(p):
     p.add_argument("--ranks-per-node", type=int, default=None, metavar="N",
                    help="srun: start P ranks on ceil(P / N) nodes (srun -N), so that they fill one node before "
                         "the next; unset: srun's default, every node of the allocation")
-    p.add_argument("--backend", choices=BACKENDS, default="auto")
+    train_config.add_option(p, "backend")
     p.add_argument("--out", default="results.jsonl", help="results file (appended to)")
     p.add_argument("--dry-run", action="store_true", help="print the launch commands only")
 

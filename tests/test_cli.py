@@ -11,6 +11,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -264,6 +265,49 @@ def test_a_warning_of_the_options_is_one_line_from_rank_0():
     warned = [line for line in r.stderr.splitlines() if "no machine file given" in line]
     assert len(warned) == 1 and warned[0].startswith("refconv: warning: no machine file given"), r.stderr
     assert "UserWarning" not in r.stderr
+
+
+SHARED = ("grid", "algorithm", "backend", "threads", "model", "machine")
+
+
+def test_the_shared_options_are_defined_once():
+    """--grid, --algorithm, --backend, --threads, --model and --machine come from
+    train_config.OPTIONS (train_config.add_option) in every parser; the exceptions are other options
+    that share a name: cost_model's --grid takes four ints, torch_step's --model torch models."""
+    pattern = re.compile(r"add_argument\(\s*[\"']--(" + "|".join(SHARED) + r")[\"']")
+    found = {}
+    for path in sorted((ROOT / "refconv").rglob("*.py")):
+        for name in pattern.findall(path.read_text()):
+            found.setdefault(str(path.relative_to(ROOT)), []).append(name)
+    assert found == {"refconv/cost_model.py": ["grid"], "refconv/bench/torch_step.py": ["model"]}
+
+
+@pytest.mark.parametrize("command", [["train"], ["demo"], ["plan"], ["calibrate"], ["bench", "step"], ["sweep"]])
+def test_every_model_help_lists_every_preset(capsys, command):
+    from refconv.model_spec import PRESETS
+
+    status, out, _ = _main(capsys, *command, "--help")
+    text = " ".join(out.split())
+    assert status == 0 and f"a preset ({', '.join(PRESETS)}) or a JSON/YAML model file" in text, text
+
+
+BACKEND_CHOICE = "argument --backend: invalid choice: 'gpu' (choose from auto, numpy, cuda)"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["calibrate", "--out", "m.yaml", "--backend", "gpu"], BACKEND_CHOICE),
+    (["sweep", "--backend", "gpu"], BACKEND_CHOICE),
+    (["info", "--backend", "gpu"], BACKEND_CHOICE),
+    (["bench", "layer", "--backend", "gpu"], BACKEND_CHOICE),
+    (["bench", "layer", "--algorithm", "auto"], "argument --algorithm: invalid choice: 'auto' (choose from "
+                                                "stationary-x, stationary-y, stationary-w)"),
+    (["bench", "step", "--grid", "samples=2"], "argument --grid: expected axis=size pairs"),
+    (["train", "--grid", "samples=2"], "argument --grid: expected axis=size pairs"),
+])
+def test_a_shared_option_reads_alike_in_every_command(capsys, argv, message):
+    """A bad value of a shared option: one line, in the same words (argparse prefixes the flag)."""
+    status, _, err = _main(capsys, *argv)
+    assert status == 2 and message in _one_error_line(err), err
 
 
 def test_forgetting_mpiexec_is_the_same_line_in_train_and_bench(capsys):

@@ -51,8 +51,8 @@ import numpy
 import yaml
 from mpi4py import MPI
 
-from refconv import ProcessGrid, collectives, device, launch, threads
-from refconv.backend import BACKENDS, get_backend
+from refconv import ProcessGrid, collectives, device, launch, threads, train_config
+from refconv.backend import get_backend
 from refconv.bench.common import time_ranks
 from refconv.layers import DistConv2d
 from refconv.plan import graph, search
@@ -77,11 +77,11 @@ def add_arguments(p):
                                                            f"{RANKS}; collectives need 2 or more); under mpiexec, "
                                                            f"its -n")
     p.add_argument("--quick", action="store_true", help="few sizes and repeats: seconds, for tests")
-    p.add_argument("--backend", choices=BACKENDS, default="auto", help="kernels to time")
+    train_config.add_option(p, "backend", purpose="the kernels to time")
     p.add_argument("--name", default="this-machine", help="the machine's name in the file")
-    p.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores / ranks on the node)")
-    p.add_argument("--model", help="also time the local convolutions `refconv plan` prices for this preset or "
-                                   "model file on these ranks, into compute.conv_table")
+    train_config.add_option(p, "threads")
+    train_config.add_option(p, "model", default=None, unset="no table", purpose="also time the local convolutions "
+                            "`refconv plan` prices for this model on these ranks, into compute.conv_table")
     p.add_argument("--batch", type=int, help="global batch size of --model (required with it)")
     p.add_argument("--image-size", type=int, default=32, help="image height and width of --model (default 32)")
     p.add_argument("--max-shapes", type=int, default=300, help="refuse a --model with more local shapes than this "

@@ -33,17 +33,13 @@ DESCRIPTION = ("Search every factorisation of the ranks into sample x channel x 
 
 
 def add_arguments(p):
-    p.add_argument("--model", required=True, help="a preset (digits-cnn, resnet50, resnet50-wide2, "
-                                                  "resnet50-wide4) or a JSON/YAML model file")
+    train_config.add_option(p, "model", default=None, unset=None, required=True)
     p.add_argument("--ranks", type=int, required=True, help="number of ranks P")
     p.add_argument("--batch", type=int, required=True, help="global batch size")
     p.add_argument("--image-size", type=int, default=32, help="height and width of the input images (default 32)")
     p.add_argument("--num-classes", type=int, default=None, help="classes of a preset's classifier "
                                                                   "(default: the preset's)")
-    p.add_argument("--machine", default=None,
-                   help=f"a machine file (refconv calibrate --out) or a built-in name "
-                        f"({', '.join(machine_mod.builtin_names())}); unset: the built-in "
-                        f"{machine_mod.DEFAULT_MACHINE} figures, with a warning")
+    train_config.add_option(p, "machine")
     p.add_argument("--memory-per-rank", type=float, default=None, metavar="GiB", help="memory limit per rank")
     p.add_argument("--out", default=None, help="write the planned model file here (.yaml or .json)")
     return p
