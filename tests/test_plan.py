@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from refconv.cost_model import Call
-from refconv.model_spec import PRESETS
+from refconv.model_spec import PRESETS, load_spec
 from refconv.distribution import Distribution
 from refconv.plan import choose_for_layer, machine, perf, search
 from refconv.plan.graph import stages
@@ -213,7 +213,6 @@ def test_written_spec_carries_every_stage_grid_and_algorithm():
 
 
 def test_resnet50_plans_at_64_ranks_quickly_and_beats_sample_parallelism():
-    from refconv.model_spec import load_spec
 
     planner, plan = search.plan_model(load_spec("resnet50"), (256, 3, 224, 224), 64, V100)
     sample = planner.uniform((64, 1, 1, 1), "stationary-x")
@@ -292,6 +291,29 @@ def test_the_command_plan_prints_trains_every_preset(tmp_path, preset):
     assert t.returncode == 0, t.stderr[-2000:]
     name = yaml.safe_load(out.read_text())["name"]
     assert f"model {name}:" in t.stdout and "trained 1 steps" in t.stdout, t.stdout
+
+
+@pytest.mark.parametrize("ranks, needle", [
+    (1_000_000, "--ranks: 1000000 is more than the 65536 ranks the planner searches; plan for at most 65536"),
+    (13824, "--ranks: 13824 ranks factor into 4400 grids (sample x channel x height x width), more than the 400 "
+            "the planner searches in minutes; choose a rank count with fewer factors (e.g. 2048: 364 grids)"),
+])
+def test_plan_refuses_a_rank_count_it_cannot_search_in_minutes(ranks, needle):
+    r = _refconv("plan", "--model", "resnet50", "--ranks", str(ranks), "--batch", "8")
+    assert r.returncode == 2 and r.stderr == f"refconv plan: error: {needle}\n", r.stderr
+
+
+def test_the_planner_reports_its_progress():
+    said = []
+    spec = load_spec("resnet50", num_classes=10)
+    planner = search.Planner(spec, (8, 3, 32, 32), 4, V100, progress=said.append, every_s=0.0)
+    planner.plan()
+    planner.best_uniform()
+    n = sum(1 for _ in stages(planner.elements))
+    assert said[0] == f"refconv plan: 4 ranks, 10 grids: search 1, stage 1/{n} (0 s)"
+    assert any(f"search 1, stage {n}/{n} (" in line for line in said)
+    assert said[-1].startswith("refconv plan: 4 ranks, 10 grids: the best single strategy, grid 10/10 (")
+    assert search.Planner(spec, (8, 3, 32, 32), 4, V100)._say is None  # silent unless asked
 
 
 def test_overlapped_step_by_hand():
@@ -423,7 +445,6 @@ def test_plan_runs_with_a_tabled_machine_file(tmp_path):
     fit gives well under 10 ms): every conv stage of the plan is priced from the table (plus
     its followers and overhead, milliseconds), and `refconv plan` runs with the file."""
 
-    from refconv.model_spec import load_spec
     from refconv.plan import calibrate
 
     spec, shape = load_spec("digits-cnn"), (8, 1, 16, 16)

@@ -16,6 +16,7 @@ plans and rank 0 prints.
 
 import json
 import shlex
+import sys
 import warnings
 
 import yaml
@@ -50,6 +51,7 @@ def _plan(args):
         v = getattr(args, name)
         if v < 1:
             raise ValueError(f"--{name.replace('_', '-')}: expected a positive int, got {v}")
+    search.check_ranks(args.ranks)  # before loading anything: a rank count it cannot search in minutes
     if args.memory_per_rank is not None and args.memory_per_rank <= 0:
         raise ValueError(f"--memory-per-rank: expected a positive number of GiB, got {args.memory_per_rank}")
     if args.out and not args.out.endswith((".yaml", ".yml", ".json")):
@@ -62,7 +64,8 @@ def _plan(args):
     shape = (args.batch, spec.get("in_channels", 3) if isinstance(spec, dict) else 3, args.image_size,
              args.image_size)
     limit = args.memory_per_rank * 2**30 if args.memory_per_rank else None
-    planner, plan = search.plan_model(spec, shape, args.ranks, machine, limit)
+    say = (lambda text: print(text, file=sys.stderr, flush=True)) if _rank() == 0 else None
+    planner, plan = search.plan_model(spec, shape, args.ranks, machine, limit, progress=say)
     sample = planner.uniform((args.ranks, 1, 1, 1), "stationary-x")
     out = [str(w.message) for w in caught]
     out.append(f"model {spec.get('name', args.model)}, input {shape}, {args.ranks} ranks, machine "
