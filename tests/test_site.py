@@ -11,6 +11,7 @@ import functools
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -45,6 +46,45 @@ def test_site_builds_strictly(tmp_path):
     api = (site / "api" / "testing" / "index.html").read_text()
     assert "expect_mismatch" in api and "check_layer" in api  # the API reference comes from docstrings
     assert (site / "stationary_w" / "index.html").is_file()
+    check_api_pages(site)
+
+
+def _hooks():
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import site_hooks
+    finally:
+        sys.path.pop(0)
+    return site_hooks
+
+
+def check_api_pages(site):
+    """Every API page shows its API: a re-exporting package each name it offers, and no page
+    raw reST (a Sphinx role such as :func:, a simple table's ===== border, a paragraph's ::)."""
+    hooks = _hooks()
+    for page, (_, modules) in hooks.API.items():
+        html = (site / "api" / page / "index.html").read_text()
+        article = html[html.index("<article"):html.index("</article>")]
+        text = re.sub(r"<[^>]+>", "", article)
+        assert not re.search(r":(func|class|mod|meth|attr|data|exc|obj):", text), page
+        assert not re.search(r"(?m)^\s*=+  +=+", text) and not re.search(r"(?m)\S::$", text), page
+        for module in modules:
+            names = hooks.public_names(module) if module in hooks.REEXPORTS else []
+            missing = [name for name in names if f'id="{module}.{name}"' not in article]
+            assert not missing, f"api/{page}: {module} does not show {missing}"
+        assert len(text.split()) > 100, f"api/{page} is nearly empty"
+
+
+@needs_mkdocs
+def test_rest_docstrings_become_markdown():
+    hooks = _hooks()
+    text = ("A :func:`f`, a :class:`~refconv.plan.Machine` and :ref:`the page <target>`.\n\n"
+            "  =====  ============\n  name   meaning\n  =====  ============\n  a      first\n"
+            "         and more\n  b      ``second``\n  =====  ============\n\nAn example::\n\n    x = 1\n")
+    assert hooks.rest_to_markdown(text) == (
+        "A `f`, a `Machine` and `the page`.\n\n"
+        "  | name | meaning |\n  |---|---|\n  | a | first and more |\n  | b | ``second`` |\n\n"
+        "An example:\n\n    x = 1\n")
 
 
 @pytest.mark.extended
