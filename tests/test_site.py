@@ -93,3 +93,22 @@ def test_site_renders_the_tutorials_with_their_outputs(tmp_path):
     site = build(tmp_path / "site", execute=True, timeout=900)
     page = (site / "tutorials" / "07_stationary_w" / "index.html").read_text()
     assert "tutorial 7: all checks passed" in page and "data:image/png;base64" in page
+
+
+@needs_mkdocs
+def test_a_tutorial_runs_headless_as_a_notebook_as_tutorials_readme_says(tmp_path):
+    """tutorials/README.md: ``jupytext --to ipynb --execute`` from tutorials/ (here with -o, so the
+    tree stays clean); the notebook it writes by default, and metrics.jsonl, are ignored by git."""
+    out = tmp_path / "01.ipynb"
+    jupytext = pathlib.Path(sys.executable).parent / "jupytext"
+    r = subprocess.run([str(jupytext), "--to", "ipynb", "--execute", "01_serial_convolution.py", "-o", str(out)],
+                       cwd=ROOT / "tutorials", capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr
+    import json
+
+    cells = json.loads(out.read_text())["cells"]
+    assert sum(len(c.get("outputs", [])) for c in cells if c["cell_type"] == "code") > 0
+    ignored = subprocess.run(["git", "check-ignore", "tutorials/01_serial_convolution.ipynb", "metrics.jsonl"],
+                             cwd=ROOT, capture_output=True, text=True)
+    assert ignored.stdout.split() == ["tutorials/01_serial_convolution.ipynb", "metrics.jsonl"]
