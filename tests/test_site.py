@@ -8,12 +8,14 @@ site as ``make docs`` does, notebooks executed, and looks for their outputs.
 """
 
 import functools
+import html
 import importlib.util
 import os
 import pathlib
 import re
 import subprocess
 import sys
+import urllib.parse
 
 import pytest
 
@@ -47,6 +49,33 @@ def test_site_builds_strictly(tmp_path):
     assert "expect_mismatch" in api and "check_layer" in api  # the API reference comes from docstrings
     assert (site / "stationary_w" / "index.html").is_file()
     check_api_pages(site)
+    assert broken_links(site) == []
+
+
+def broken_links(site):
+    """``(page, href)`` of every relative link of the built site to a missing page or anchor.
+    mkdocs checks the Markdown pages' anchors (mkdocs.yml ``validation``); this also sees the
+    notebooks' pages, whose tables of contents mkdocs-jupyter writes (a heading with code in it
+    got an anchor its link did not match).  404.html's links are absolute, for any depth."""
+    ids, bad = {}, []
+    for page in sorted(site.rglob("*.html")):
+        if page.name == "404.html" or "assets" in page.relative_to(site).parts:
+            continue
+        for href in re.findall(r'href="([^"]+)"', page.read_text(errors="replace")):
+            href = html.unescape(href)
+            link = urllib.parse.urlparse(href)
+            if link.scheme or href.startswith(("//", "mailto:")):
+                continue
+            target = (page.parent / urllib.parse.unquote(link.path)).resolve() if link.path else page
+            target = target / "index.html" if target.is_dir() else target
+            if not target.exists():
+                bad.append((str(page.relative_to(site)), href))
+            elif link.fragment and target.suffix == ".html":
+                if target not in ids:
+                    ids[target] = set(re.findall(r'id="([^"]+)"', target.read_text(errors="replace")))
+                if link.fragment not in ids[target]:
+                    bad.append((str(page.relative_to(site)), href))
+    return bad
 
 
 def _hooks():
