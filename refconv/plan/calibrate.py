@@ -45,6 +45,7 @@ import datetime
 import os
 import statistics
 import time
+import warnings
 
 import numpy
 
@@ -62,6 +63,7 @@ from refconv.train import load_model_spec
 
 COMPUTE_WINDOW_S = 0.02  # each compute sample: this long back to back on every rank at once
 COLLECTIVE_WINDOW_S = 0.005  # each collective sample: this long back to back
+SLOPE_FLOOR = 1e-15  # fit_line's slope where the time did not grow with the size: a rate of 1e15, "free"
 RANKS = 4  # started from one process: the ranks of the docs' command (mpiexec -n 4 refconv calibrate)
 
 
@@ -105,7 +107,7 @@ def fit_line(x, y):
     A = numpy.stack([numpy.ones(len(x)), x], axis=1) / y[:, None]
     (a, b), *_ = numpy.linalg.lstsq(A, numpy.ones(len(x)), rcond=None)
     if b <= 0:
-        return float(numpy.median(y)), 1e-15
+        return float(numpy.median(y)), SLOPE_FLOOR
     if a < 0:
         b, a = float(numpy.median(y / x)), 0.0
     return float(a), float(b)
@@ -389,7 +391,28 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine", shape
                          if op.startswith("conv") else round_rate(v)) for op, v in compute.items()},
         "notes": ["one node: 'inter' is a copy of 'intra' (nothing across nodes was measured)"] + cnotes + knotes,
     }
+    free = unmeasured(doc)
+    if free:
+        message = (f"the time of {', '.join(free)} did not grow with the size, so no rate was measured: the file "
+                   f"prices it as free (rate {1 / SLOPE_FLOOR:.0e}); measure again on a quieter machine"
+                   f"{' and without --quick' if quick else ''}")
+        doc["notes"].append(message)
+        warnings.warn(message, stacklevel=2)
     return doc
+
+
+def unmeasured(doc):
+    """The entries of a machine file (a dict) whose fitted slope hit ``SLOPE_FLOOR``: a collective
+    kind's beta (per q), or a kernel's seconds per unit of work (its ``rate`` 1 / SLOPE_FLOOR)."""
+    out = []
+    for kind, link in doc["collectives"]["intra"].items():
+        out += [f"{kind} q={q}" for q, (_, beta) in link.get("table", {}).items() if beta <= SLOPE_FLOOR]
+    for op, value in doc["compute"].items():
+        if op == "conv_table":
+            continue
+        classes = value.items() if op.startswith("conv") else [(None, value)]
+        out += [f"{op}{' ' + cls if cls else ''}" for cls, fit in classes if fit["rate"] >= 1 / SLOPE_FLOOR * 0.999]
+    return out
 
 
 def run(args):
