@@ -138,6 +138,7 @@ class Option:
     metavar: str = None
     choices: object = None  # listed in --help: a tuple, or a function giving it
     unset: str = None      # what an unset option (default None) means, in --help: "; unset: ..."
+    choice_help: dict = None  # choice -> what it means, in --help where the command offers that choice
 
     @property
     def flag(self):
@@ -159,9 +160,9 @@ OPTIONS = (
            "product must be the number of ranks", parse=parse_grid, metavar="AXIS=SIZE,...",
            unset="the model's (sample=<ranks> for the presets)"),
     Option("algorithm", None, lambda v, name: v if v is None else _one_of(_algorithms)(v, name), STRATEGY,
-           "channel/filter algorithm of the convolutions when channel > 1; auto: priced per layer by the "
-           "planner's model with --machine", parse=str, choices=_algorithms,
-           unset="the model's (stationary-x for the presets)"),
+           "channel/filter algorithm of the convolutions when channel > 1", parse=str, choices=_algorithms,
+           unset="the model's (stationary-x for the presets)",
+           choice_help={"auto": "priced per layer by the planner's model with --machine"}),
     Option("filter_groups", None, _int(1, optional=True), STRATEGY,
            "p_f of stationary-w, a divisor of the channel size; only with --algorithm stationary-w",
            parse=int),
@@ -296,6 +297,7 @@ def _argparse_keywords(o, default, choices=None, unset=_OWN):
         kwargs["action"] = "store_false" if o.default else "store_true"
         return kwargs
     listed = choices or (o.choices() if callable(o.choices) else o.choices)
+    kwargs["help"] += "".join(f"; {c}: {text}" for c, text in (o.choice_help or {}).items() if c in (listed or ()))
     metavar = "{" + ",".join(listed) + "}" if listed else {int: "N", float: "X"}.get(o.parse, "VALUE")
     kwargs.update(type=_argparse_type(o.parse, choices), metavar=o.metavar or metavar)  # narrowed: checked here
     if default is not None:
