@@ -8,13 +8,22 @@
   README becomes ``../PAGE.md``, ``../tutorials/X`` in a docs page ``tutorials/X``.
 - ``api/*.md``: one generated page per entry of ``API`` below, each a mkdocstrings
   ``:::`` block, so the reference is built from the docstrings and never edited by hand.
+  A package that only re-exports (``REEXPORTS``: ``refconv``, ``refconv.reference``) lists
+  the names it imports for its users, read from the package when the site is built.
+- The docstrings are reST (Sphinx roles, simple tables, ``::``) and the site is
+  Markdown: :class:`RestToMarkdown`, a griffe extension (mkdocs.yml), rewrites each
+  docstring with :func:`rest_to_markdown` before mkdocstrings renders it.
 - Notebooks executed at build time run in a kernel started from this process: it gets
   ``tutorials/`` on ``PYTHONPATH`` (for ``import course``) and one BLAS thread per process.
 """
 
+import importlib
+import inspect
 import os
 import pathlib
+import re
 
+import griffe
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File
 
@@ -41,6 +50,93 @@ API = {
                                     "refconv.testing.mpirun"]),
 }
 
+REEXPORTS = {"refconv", "refconv.reference"}  # packages whose API is the names they import
+
+
+def public_names(module_name):
+    """The names a re-exporting package offers: its public attributes that are not modules."""
+    module = importlib.import_module(module_name)
+    return [name for name, value in vars(module).items() if not name.startswith("_") and not inspect.ismodule(value)]
+
+
+def api_block(module_name):
+    """The mkdocstrings block of one module (a re-exporting package lists its names)."""
+    if module_name not in REEXPORTS:
+        return f"::: {module_name}"
+    members = ", ".join(public_names(module_name))
+    return f"::: {module_name}\n    options:\n      members: [{members}]"
+
+
+# -- reST docstrings as Markdown --------------------------------------------------------------------
+ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|exc|obj|const|ref|doc|term):`([^`]+)`")
+BORDER = re.compile(r"^( *)(=+)((?: +=+)+) *$")
+
+
+def _role(match):
+    text = match[1]
+    if "<" in text and text.endswith(">"):  # :ref:`words <target>`: the words
+        return f"`{text[:text.index('<')].strip()}`"
+    return f"`{text.lstrip('~').rsplit('.', 1)[-1] if text.startswith('~') else text}`"
+
+
+def _cells(line, spans):
+    return [line[start:stop if i + 1 < len(spans) else None].strip() for i, (start, stop) in enumerate(spans)]
+
+
+def _table(lines, indent):
+    """A reST simple table (its lines, border to border) as a Markdown table."""
+    spans = [(m.start(), m.end()) for m in re.finditer(r"=+", lines[0])]
+    body = [line[indent:] if line.strip() else "" for line in lines]
+    spans = [(a - indent, b - indent) for a, b in spans]
+    rows, header = [], None
+    for line in body[1:]:
+        if BORDER.match(" " * indent + line):
+            if header is None:
+                header, rows = rows, []
+            continue
+        cells = _cells(line, spans)
+        if not any(cells):
+            continue
+        if rows and not cells[0]:  # a continuation line: its text joins the row above
+            rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells)]
+        else:
+            rows.append(cells)
+    header = header or [[""] * len(spans)]
+    head = [" ".join(parts).strip() for parts in zip(*header)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(spans)]
+    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return [" " * indent + line for line in out]
+
+
+def rest_to_markdown(text):
+    """A reST docstring as Markdown: Sphinx roles become code (``:func:`f``` -> ```f```), simple
+    tables (``===  ===`` borders) Markdown tables, and a paragraph's closing ``::`` a colon."""
+    lines, out, i = text.split("\n"), [], 0
+    while i < len(lines):
+        border = BORDER.match(lines[i])
+        if border:
+            indent, ends = len(border[1]), [j for j in range(i + 1, len(lines)) if lines[j] == lines[i]]
+            last = ends[1] if len(ends) > 1 else (ends[0] if ends else None)
+            if last is not None:
+                if out and out[-1].strip():
+                    out.append("")
+                out += _table(lines[i:last + 1], indent)
+                i = last + 1
+                continue
+        out.append(lines[i])
+        i += 1
+    text = ROLE.sub(_role, "\n".join(out))
+    text = re.sub(r"(?m)^(\s*)::$", "", text)  # a lone "::" introduces the block after it
+    return re.sub(r"(?m)(\S)::$", r"\1:", text)
+
+
+class RestToMarkdown(griffe.Extension):
+    """Every docstring, rewritten by :func:`rest_to_markdown` when griffe loads it."""
+
+    def on_instance(self, *, obj, **kwargs):
+        if obj.docstring is not None:
+            obj.docstring.value = rest_to_markdown(obj.docstring.value)
+
 
 def on_config(config):
     path = [str(TUTORIALS), os.environ.get("PYTHONPATH", "")]
@@ -56,7 +152,7 @@ def on_files(files, config):
     for path in [TUTORIALS / "README.md", *sorted(TUTORIALS.glob("[0-9][0-9]_*.py")), *helpers]:
         files.append(File(f"tutorials/{path.name}", str(ROOT), config["site_dir"], config["use_directory_urls"]))
     for page, (title, modules) in API.items():
-        content = f"# {title}\n\n" + "\n\n".join(f"::: {m}" for m in modules) + "\n"
+        content = f"# {title}\n\n" + "\n\n".join(api_block(m) for m in modules) + "\n"
         files.append(File.generated(config, f"api/{page}.md", content=content))
     return files
 

@@ -16,7 +16,8 @@ what every command shares, on every rank alike:
 - a ``ValueError`` out of ``run`` is a bad input that every rank rejects alike
   (options, data, model files: see :mod:`refconv.train_config`): rank 0 prints
   ``refconv NAME: error: ...`` on one line and the job ends with status 2, no
-  traceback (:func:`refconv.failure.exit_on_shared_error`); a
+  traceback and, when every rank reports it within seconds, no ``MPI_Abort``
+  (:func:`refconv.failure.exit_on_shared_error`); a
   :class:`refconv.failure.SharedFailure` ends it the same way with its own status
   (3 for a diverged run);
 - any other exception ends every rank through the abort hook that ``import refconv``
@@ -24,14 +25,19 @@ what every command shares, on every rank alike:
 """
 
 import argparse
+import functools
 import importlib
+import os
 import sys
+import time
+import warnings
 
 from mpi4py import MPI
 
 from refconv import __version__, collectives, failure
 from refconv.train_config import OptionError, flag
 
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 COMMANDS = (
     ("train", "refconv.train"),
     ("demo", "refconv.demo"),
@@ -71,18 +77,75 @@ def build_parser():
 def main(argv=None):
     collectives.fault_point("startup")      # where REFCONV_FAULT=rank:startup:... strikes
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # the command line, for a command that starts mpiexec with it (refconv.launch)
     if args.command is None:
         parser.print_help()
         return 0
+    agree = SharedErrors()
     try:
-        return args.run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
+            status = args.run(args)
     except OptionError as exc:
-        return failure.exit_on_shared_error(f"refconv {args.command}: error: {exc.render(flag)}")
+        return agree.exit(f"refconv {args.command}: error: {exc.render(flag)}")
     except ValueError as exc:
-        return failure.exit_on_shared_error(f"refconv {args.command}: error: {' '.join(str(exc).split())}")
+        return agree.exit(f"refconv {args.command}: error: {' '.join(str(exc).split())}")
     except failure.SharedFailure as exc:
-        return failure.exit_on_shared_error(f"refconv {args.command}: {' '.join(str(exc).split())}", exc.status)
+        return agree.exit(f"refconv {args.command}: {' '.join(str(exc).split())}", exc.status)
+    agree.close()
+    return status
+
+
+def _show_warning(previous, message, category, filename, lineno, file=None, line=None):
+    """A refconv UserWarning (it follows from the options, so every rank warns alike) as one line,
+    ``refconv: warning: ...``, from rank 0 only; any other warning as Python shows it."""
+    if issubclass(category, UserWarning) and os.path.abspath(filename).startswith(PACKAGE_DIR):
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            failure.write_line(f"refconv: warning: {' '.join(str(message).split())}", file)
+        return
+    previous(message, category, filename, lineno, file, line)
+
+
+class SharedErrors:
+    """How a command ends over a bad input that every rank rejects alike, without ``MPI_Abort``
+    (whose MPICH ``Abort(2) ...`` line would follow the one line) when it can.
+
+    Made by every rank at the start: a duplicate of COMM_WORLD, non-blocking (a rank stopped
+    before it holds nobody up).  :meth:`exit` enters a non-blocking barrier on it: when every
+    rank arrives within ``AGREE_S`` the error is shared, rank 0 prints the line and every rank
+    returns the status (a clean exit).  Otherwise :func:`refconv.failure.exit_on_shared_error`
+    ends the job as it always does (rank 0 aborts; another rank waits out the rest of its grace)."""
+
+    AGREE_S = 2.0  # ranks raise a shared error at about the same moment: before any collective
+
+    def __init__(self):
+        world = MPI.COMM_WORLD
+        self.comm, self._made = world.Idup() if world.Get_size() > 1 else (None, None)
+
+    def exit(self, message, status=2):
+        started = time.monotonic()
+        if self.comm is not None and self._within(self._made, started) and self._within(self.comm.Ibarrier(), started):
+            if MPI.COMM_WORLD.Get_rank() == 0:
+                failure.write_line(message)
+            self.comm.Free()
+            return status
+        waited = time.monotonic() - started
+        return failure.exit_on_shared_error(message, status, grace_s=max(failure.SHARED_GRACE_S - waited, 0.0))
+
+    def _within(self, request, started):
+        while not request.Test():
+            if time.monotonic() - started > self.AGREE_S:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def close(self):
+        """After a command that returned: every rank made the duplicate, so it completes."""
+        if self.comm is not None:
+            self._made.Wait()
+            self.comm.Free()
 
 
 if __name__ == "__main__":

@@ -33,6 +33,10 @@ __all__ = ["load_digits", "load_npz", "split", "synthetic", "SyntheticImages", "
 
 
 # -- the bundled digits ---------------------------------------------------------------------
+DIGITS_UPSAMPLE = 2                                         # load_digits' default
+DIGITS_SHAPE = (1, 8 * DIGITS_UPSAMPLE, 8 * DIGITS_UPSAMPLE)  # (C, H, W) of load_digits()' images
+
+
 def _digits_raw():
     """(x uint8 (1797, 1, 8, 8) in 0..16, y int64 (1797,)) from the installed package."""
     resource = importlib.resources.files("refconv").joinpath("data").joinpath("digits.npz")
@@ -40,7 +44,7 @@ def _digits_raw():
         return z["x"], z["y"]
 
 
-def load_digits(*, upsample=2, test_fraction=0.2, seed=0, dtype=numpy.float32):
+def load_digits(*, upsample=DIGITS_UPSAMPLE, test_fraction=0.2, seed=0, dtype=numpy.float32):
     """The digits, ready to train on: ``(x_train, y_train, x_test, y_test)``.
 
     x: ``(n, 1, 8*upsample, 8*upsample)`` of ``dtype``: grey levels / 16, then

@@ -11,14 +11,9 @@ Under ``mpiexec -n 4`` it runs that training in place.  It takes every ``refconv
 train`` option, with the demo's defaults (``refconv demo --epochs 1``).
 """
 
-import os
-import subprocess
-import sys
-
 from mpi4py import MPI
 
-from refconv import train, train_config
-from refconv.testing.mpirun import find_mpiexec
+from refconv import launch, train, train_config
 
 RANKS = 4
 DEFAULTS = {"grid": {"sample": 2, "channel": 2}, "algorithm": "stationary-x", "epochs": 5, "check_serial": 5}
@@ -26,8 +21,7 @@ DEFAULTS = {"grid": {"sample": 2, "channel": 2}, "algorithm": "stationary-x", "e
 
 def command(args):
     """The mpiexec command line the demo launches from one process (``args``: its options)."""
-    return [find_mpiexec(), "-n", str(RANKS), sys.executable, "-m", "refconv.cli", "train",
-            *train_config.to_arguments(args)]
+    return launch.command(RANKS, ["train", *train_config.to_arguments(args)])
 
 
 HELP = f"train the digits CNN on {RANKS} ranks (sample=2 x channel=2, Stationary-X) and replay its first 5 steps on one rank"
@@ -43,8 +37,7 @@ def add_arguments(parser):
 def run(args):
     size = MPI.COMM_WORLD.Get_size()
     if size == 1:
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        return subprocess.call(command(args), env=env)
+        return launch.relaunch(RANKS, ["train", *train_config.to_arguments(args)])
     if size != RANKS:
         raise ValueError(f"it runs on {RANKS} ranks (sample=2 x channel=2), not {size}: launch it without "
                          f"mpiexec (it starts its own), or with mpiexec -n {RANKS}")

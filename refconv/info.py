@@ -16,8 +16,7 @@ import sys
 
 from mpi4py import MPI
 
-from refconv import __version__, arrays, cli, collectives, device, threads
-from refconv.backend import BACKENDS
+from refconv import __version__, arrays, cli, collectives, device, threads, train_config
 
 NAME = "info"
 PACKAGES = (("numpy", "numpy"), ("numba", "numba"), ("numba-cuda", "numba-cuda"), ("cupy", None),
@@ -87,8 +86,7 @@ DESCRIPTION = __doc__.split("\n\n")[0]
 
 def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print the record as JSON (one line)")
-    p.add_argument("--backend", choices=BACKENDS, default="auto",
-                   help="the backend to bind for; auto: cuda when a GPU answers")
+    train_config.add_option(p, "backend", purpose="the backend to bind for")
     p.add_argument("--oversubscribe-gpus", action="store_true",
                    help=f"allow more ranks per node than GPUs (or {device.OVERSUBSCRIBE_ENV}=1)")
 

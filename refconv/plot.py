@@ -25,7 +25,7 @@ the command says so.
 import os
 import sys
 
-from refconv import checks, cli, sweep
+from refconv import checks, cli, sweep, train_config
 from refconv.bench import schema
 from refconv.model_spec import load_spec
 from refconv.pricing import machine as machines, search
@@ -45,8 +45,7 @@ DESCRIPTION = __doc__.split("\n\n")[0]
 def add_arguments(p):
     p.add_argument("results", help="a JSON-lines results file from refconv sweep / refconv bench --out")
     p.add_argument("--out-dir", default=None, help="where the PNGs go (default: the results file's folder)")
-    p.add_argument("--machine", default=None,
-                   help="a machine file or built-in name for the predicted-vs-measured overlay (refconv plan's model)")
+    train_config.add_option(p, "machine", purpose="the predicted-vs-measured overlay", unset="the overlay is left out")
 
 
 def breakdown(line):

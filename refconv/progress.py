@@ -4,17 +4,25 @@
   learning rate, and each run of layers with its grid and its convolutions' algorithms.
 - :class:`Progress` writes to stderr: on a terminal a bar redrawn in place (steps,
   loss, elapsed time, ETA, images/s); otherwise (a log file, a Slurm job) one plain
-  line every ``every`` steps, so a log never turns into one long line.
+  line every ``every`` steps, so a log never turns into one long line.  Under
+  mpiexec rank 0's stderr is a pipe to the launcher, which forwards each write as it
+  comes, so the bar is drawn when the launcher's own stderr is a terminal
+  (:func:`on_terminal`; ``REFCONV_PROGRESS=bar`` or ``lines`` decides instead).
 - :class:`Metrics` appends one JSON line per step to ``--metrics-out`` (the fields are
   listed in docs/training.md), flushed each time, so a killed run keeps its lines.
 """
 
 import collections
 import json
+import os
+import stat
 import sys
 import time
 
 from refconv.grid import AXES
+
+PROGRESS_ENV = "REFCONV_PROGRESS"   # "bar" or "lines": overrides the terminal test
+LAUNCHERS = ("mpiexec", "mpirun")   # process names (a prefix: mpiexec.hydra) whose stderr the ranks' goes to
 
 
 def grid_text(grid):
@@ -85,13 +93,42 @@ def _duration(seconds):
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
+def on_terminal(stream, environ=None, proc="/proc"):
+    """Whether a bar redrawn in place suits ``stream``: ``REFCONV_PROGRESS`` when it is ``bar``
+    or ``lines``; else True when ``stream`` is a terminal, or when it is a pipe to a launcher
+    on this node (MPICH's ``mpiexec``, through its ``hydra_pmi_proxy``) whose own stderr is one.
+    A launcher on another node (ssh), a Slurm step or no ``/proc``: lines."""
+    choice = (os.environ if environ is None else environ).get(PROGRESS_ENV)
+    if choice in ("bar", "lines"):
+        return choice == "bar"
+    if stream.isatty():
+        return True
+    try:
+        if stream.fileno() != 2 or not stat.S_ISFIFO(os.fstat(2).st_mode):
+            return False  # not this process's stderr, or not a pipe (a file: a log)
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return False
+    pid = os.getppid()
+    for _ in range(3):  # rank -> hydra_pmi_proxy -> mpiexec
+        try:
+            with open(f"{proc}/{pid}/comm") as f:
+                name = f.read().strip()
+            if name.startswith(LAUNCHERS):
+                return os.readlink(f"{proc}/{pid}/fd/2").startswith(("/dev/pts/", "/dev/tty"))
+            with open(f"{proc}/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])  # the field after the name: state, then ppid
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
 class Progress:
     """Rank 0's progress on ``stream``: a bar on a terminal, else a line every ``every`` steps."""
 
     def __init__(self, *, total_steps, epochs, batch_size, every, stream=None, enabled=True):
         self.stream = stream or sys.stderr
         self.enabled = enabled
-        self.terminal = enabled and self.stream.isatty()
+        self.terminal = enabled and on_terminal(self.stream)
         self.total, self.epochs, self.batch, self.every = total_steps, epochs, batch_size, every
         self.start = time.perf_counter()
         self.done = 0                     # steps taken by this process (a resumed run starts at 0)

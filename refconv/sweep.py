@@ -25,8 +25,7 @@ import uuid
 
 from mpi4py import MPI
 
-from refconv import checks, cli
-from refconv.backend import BACKENDS
+from refconv import checks, cli, train_config
 from refconv.bench import schema
 from refconv.bench.common import SHAPES, STRATEGIES, grid_text, parse_shape, strategy_grid
 from refconv.testing.mpirun import find_mpiexec
@@ -57,7 +56,7 @@ def add_arguments(p):
                    help="strong: the global batch stays --batch; weak: the batch per rank stays --batch")
     p.add_argument("--bench", choices=tuple(MAIN_PASS), default="layer", help="what one point times")
     p.add_argument("--shape", type=parse_shape, default="wide", help=f"bench layer's shape: {sorted(SHAPES)} or C=..,F=..,H=..,K=..")
-    p.add_argument("--model", default="digits-cnn", help="bench step's model preset")
+    train_config.add_option(p, "model", purpose="bench step's model")
     p.add_argument("--batch", type=int, default=16, help="global batch (strong) or batch per rank (weak)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument("--repeat", type=int, default=5, help="timed rounds per point")
@@ -66,7 +65,10 @@ def add_arguments(p):
                    help="mpiexec: mpiexec -n P on this machine; srun: srun -n P inside a Slurm allocation")
     p.add_argument("--launcher-args", default="",
                    help="extra launcher arguments, written with '=': --launcher-args='--gpus-per-task=1'")
-    p.add_argument("--backend", choices=BACKENDS, default="auto")
+    p.add_argument("--ranks-per-node", type=int, default=None, metavar="N",
+                   help="srun: start P ranks on ceil(P / N) nodes (srun -N), so that they fill one node before "
+                        "the next; unset: srun's default, every node of the allocation")
+    train_config.add_option(p, "backend")
     p.add_argument("--out", default="results.jsonl", help="results file (appended to)")
     p.add_argument("--dry-run", action="store_true", help="print the launch commands only")
 
@@ -81,6 +83,10 @@ def plan(args):
         raise ValueError(f"--strategies: unknown {unknown}; expected some of {', '.join(STRATEGIES)}")
     for name, minimum in (("batch", 1), ("repeat", 1), ("warmup", 0)):
         checks.integer(getattr(args, name), f"--{name}", minimum=minimum)
+    if args.ranks_per_node is not None:
+        checks.integer(args.ranks_per_node, "--ranks-per-node", minimum=1)
+        if args.launcher != "srun":
+            raise ValueError("--ranks-per-node: only with --launcher srun (mpiexec here runs on this machine)")
     workload = ["--shape", args.shape["name"]] if args.bench == "layer" else ["--model", args.model]
     sweep_id = uuid.uuid4().hex[:12]
     points = []
@@ -97,11 +103,13 @@ def plan(args):
     return points
 
 
-def launch_command(launcher, P, bench_args, extra=""):
-    """The command line that runs ``refconv bench BENCH_ARGS`` on P ranks."""
+def launch_command(launcher, P, bench_args, extra="", ranks_per_node=None):
+    """The command line that runs ``refconv bench BENCH_ARGS`` on P ranks (srun: on
+    ``ceil(P / ranks_per_node)`` nodes when that is given)."""
     program = [sys.executable, "-m", "mpi4py", "-m", "refconv.bench", *bench_args]
     if launcher == "srun":
-        return ["srun", "-n", str(P), *shlex.split(extra), *program]
+        nodes = ["-N", str(-(-P // ranks_per_node))] if ranks_per_node else []
+        return ["srun", *nodes, "-n", str(P), *shlex.split(extra), *program]
     mpiexec = find_mpiexec()
     if mpiexec is None:
         raise ValueError("--launcher mpiexec: no mpiexec next to this Python or on PATH; "
@@ -114,7 +122,7 @@ def run(args):
         raise ValueError("refconv sweep launches its own ranks: run it as one process, without mpiexec/srun")
     points = plan(args)
     for P, strategy, bench_args in points:
-        command = launch_command(args.launcher, P, bench_args, args.launcher_args)
+        command = launch_command(args.launcher, P, bench_args, args.launcher_args, args.ranks_per_node)
         print(f"== {args.scaling} scaling, {P} rank(s), {strategy}: {shlex.join(command)}", flush=True)
         if args.dry_run:
             continue

@@ -261,9 +261,8 @@ def _bind(cfg, comm):
 def _prepare(cfg, comm):
     """Data, model and optimizer, every input checked (the same errors on every rank)."""
     ranks = comm.Get_size()
-    if cfg.grid and math.prod(cfg.grid.values()) != ranks:
-        raise OptionError("grid", f"{cfg.grid} has {math.prod(cfg.grid.values())} ranks but the job has {ranks}; "
-                                  f"choose sizes whose product is {ranks} (axes left out have size 1)")
+    if cfg.grid:
+        train_config.check_grid_ranks(cfg.grid, ranks)
     x_train, y_train, x_test, y_test, num_classes = load_dataset(cfg, numpy.dtype(cfg.dtype))
     model = build_model(cfg, comm=comm, in_channels=x_train.shape[1], num_classes=num_classes)
     check_model_fits(model, cfg, x_train.shape, num_classes)

@@ -23,7 +23,7 @@ from refconv import algorithms, checks
 from refconv.backend import BACKENDS
 from refconv.collectives import TRAINING_TIMEOUT_S, env_timeout
 from refconv.grid import AXES
-from refconv.model_spec import default_lr
+from refconv.model_spec import PRESETS, default_lr
 from refconv.pricing.machine import DEFAULT_MACHINE, builtin_names
 
 GRID_AXES = AXES        # the axes --grid takes (refconv.grid's)
@@ -112,6 +112,18 @@ def _grid(v, name):
     return {axis: checks.integer(size, f"{name}: the size of {axis}") for axis, size in v.items()}
 
 
+def check_grid_ranks(grid, ranks):
+    """OptionError on ``grid`` unless its sizes multiply to ``ranks``: the one message, in
+    ``refconv train`` and ``refconv bench``, for a grid that does not fit the job (most often:
+    mpiexec forgotten, or its ``-n`` not the grid's)."""
+    product = math.prod(grid.values())
+    if product != ranks:
+        text = ",".join(f"{axis}={size}" for axis, size in grid.items() if size > 1) or "sample=1"
+        started = "1 was started" if ranks == 1 else f"{ranks} were started"
+        raise OptionError("grid", f"{text} needs {product} ranks but {started}; launch it as mpiexec -n {product} "
+                                  f"..., or choose sizes whose product is {ranks} (axes left out have size 1)")
+
+
 # -- the options ---------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Option:
@@ -125,6 +137,8 @@ class Option:
     parse: object = None   # the flag's text -> value (argparse type); None: a switch (bool)
     metavar: str = None
     choices: object = None  # listed in --help: a tuple, or a function giving it
+    unset: str = None      # what an unset option (default None) means, in --help: "; unset: ..."
+    choice_help: dict = None  # choice -> what it means, in --help where the command offers that choice
 
     @property
     def flag(self):
@@ -143,19 +157,21 @@ _BOOL = _instance(bool, "True or False")
 
 OPTIONS = (
     Option("grid", None, _grid, STRATEGY, "process grid, e.g. sample=2,channel=2 or sample=2,height=2; the "
-           "product must be the number of ranks; unset: the model's (sample=<ranks> for the presets)",
-           parse=parse_grid, metavar="AXIS=SIZE,..."),
+           "product must be the number of ranks", parse=parse_grid, metavar="AXIS=SIZE,...",
+           unset="the model's (sample=<ranks> for the presets)"),
     Option("algorithm", None, lambda v, name: v if v is None else _one_of(_algorithms)(v, name), STRATEGY,
-           "channel/filter algorithm of the convolutions when channel > 1; auto: priced per layer by the "
-           "planner's model with --machine; unset: the model's (stationary-x for the presets)", parse=str, choices=_algorithms),
+           "channel/filter algorithm of the convolutions when channel > 1", parse=str, choices=_algorithms,
+           unset="the model's (stationary-x for the presets)",
+           choice_help={"auto": "priced per layer by the planner's model with --machine"}),
     Option("filter_groups", None, _int(1, optional=True), STRATEGY,
            "p_f of stationary-w, a divisor of the channel size; only with --algorithm stationary-w",
            parse=int),
     Option("machine", None, _instance((str, type(None)), "a machine file or a built-in name"), STRATEGY,
-           f"what --algorithm auto prices with: a machine file (refconv calibrate) or a built-in name "
-           f"({', '.join(builtin_names())}); unset: the built-in {DEFAULT_MACHINE} figures, with a warning", parse=str),
+           f"the machine the planner prices with (--algorithm auto, refconv plan): a machine file (refconv calibrate "
+           f"--out) or a built-in name ({', '.join(builtin_names())})", parse=str, metavar="FILE|NAME",
+           unset=f"the built-in {DEFAULT_MACHINE} figures, with a warning"),
     Option("model", "digits-cnn", _instance((str, dict), "a preset name, a JSON/YAML path or a spec dict"), DATA,
-           "preset (digits-cnn, resnet50, resnet50-wide2, resnet50-wide4) or a JSON/YAML model file", parse=str,
+           f"a preset ({', '.join(PRESETS)}) or a JSON/YAML model file", parse=str,
            metavar="PRESET|FILE"),
     Option("data", None, _PATH, DATA,
            "an .npz with x (N,C,H,W) and y (N,); 20%% is held out for testing; unset: the bundled digits",
@@ -180,8 +196,9 @@ OPTIONS = (
            choices=BACKENDS),
     Option("dtype", "float32", _one_of(("float32", "float64")), RUN, "parameter and activation dtype",
            parse=str, choices=("float32", "float64")),
-    Option("threads", None, _int(1, optional=True), RUN, "BLAS threads per rank (unset: OMP_NUM_THREADS, "
-           "OPENBLAS_NUM_THREADS or MKL_NUM_THREADS if set, else the node's cores shared by its ranks)", parse=int),
+    Option("threads", None, _int(1, optional=True), RUN, "BLAS threads per rank", parse=int,
+           unset="OMP_NUM_THREADS, OPENBLAS_NUM_THREADS or MKL_NUM_THREADS if set, else the node's cores shared by "
+                 "its ranks"),
     Option("oversubscribe_gpus", False, _BOOL, RUN, "let ranks of a node share a GPU (more ranks than GPUs; "
            "also REFCONV_OVERSUBSCRIBE_GPUS=1)"),
     Option("timeout", env_timeout(TRAINING_TIMEOUT_S), _timeout, RUN,
@@ -249,30 +266,65 @@ def add_arguments(parser, defaults=None):
     for o in OPTIONS:
         if o.group not in groups:
             groups[o.group] = parser.add_argument_group(o.group)
-        default = defaults.get(o.name, o.default)
-        kwargs = {"dest": o.name, "help": o.help, "default": default}
-        if o.parse is None:
-            kwargs["action"] = "store_false" if o.default else "store_true"
-        else:
-            choices = o.choices() if callable(o.choices) else o.choices
-            metavar = "{" + ",".join(choices) + "}" if choices else {int: "N", float: "X"}.get(o.parse, "VALUE")
-            kwargs.update(type=_argparse_type(o.parse), metavar=o.metavar or metavar)
-            if default is not None:
-                kwargs["help"] += f" (default: {_text(default)})"
-        groups[o.group].add_argument(o.flag, **kwargs)
+        groups[o.group].add_argument(o.flag, **_argparse_keywords(o, defaults.get(o.name, o.default)))
     return parser
 
 
-def _argparse_type(parse):
-    """``parse``; a parser of ours has its ValueError's text shown as is (argparse adds the flag)."""
-    if parse in (int, float, str):
+_OWN = object()  # add_option: the option's own default / unset text
+
+
+def add_option(parser, name, *, default=_OWN, choices=None, unset=_OWN, purpose=None, **keywords):
+    """Add option ``name``'s flag to another command's ``parser`` (a parser or group) as
+    ``refconv train`` defines it: its spelling, parser, metavar, choices and help.  So
+    ``--grid``, ``--algorithm``, ``--backend``, ``--threads``, ``--model`` and ``--machine``
+    read alike in every command.  For this command: ``default`` replaces the default,
+    ``unset`` what leaving it unset means, ``choices`` narrows the choices (a tuple), and
+    ``purpose`` opens the help; the choices are checked when the flag is parsed.  Other
+    ``keywords`` go to argparse (``required=True``)."""
+    o = BY_NAME[name]
+    kwargs = _argparse_keywords(o, o.default if default is _OWN else default,
+                                choices or (o.choices() if callable(o.choices) else o.choices),
+                                o.unset if unset is _OWN else unset)
+    if purpose:
+        kwargs["help"] = f"{purpose}: {kwargs['help']}"
+    kwargs.update(keywords)
+    return parser.add_argument(o.flag, **kwargs)
+
+
+def _argparse_keywords(o, default, choices=None, unset=_OWN):
+    """The ``add_argument`` keywords of option ``o`` with this ``default``, narrower ``choices``
+    (checked when parsed) and ``unset`` text."""
+    unset = o.unset if unset is _OWN else unset
+    kwargs = {"dest": o.name, "help": o.help + (f"; unset: {unset}" if unset and default is None else ""),
+              "default": default}
+    if o.parse is None:
+        kwargs["action"] = "store_false" if o.default else "store_true"
+        return kwargs
+    listed = choices or (o.choices() if callable(o.choices) else o.choices)
+    kwargs["help"] += "".join(f"; {c}: {text}" for c, text in (o.choice_help or {}).items() if c in (listed or ()))
+    metavar = "{" + ",".join(listed) + "}" if listed else {int: "N", float: "X"}.get(o.parse, "VALUE")
+    kwargs.update(type=_argparse_type(o.parse, choices), metavar=o.metavar or metavar)  # narrowed: checked here
+    if default is not None:
+        kwargs["help"] += f" (default: {_text(default)})"
+    return kwargs
+
+
+def _argparse_type(parse, choices=None):
+    """``parse``; a parser of ours has its ValueError's text shown as is (argparse adds the flag).
+    With ``choices`` a value outside them is refused at parsing, as argparse's ``choices`` would
+    (a registry that grows is read when the flag is parsed)."""
+    if parse in (int, float, str) and not choices:
         return parse                                   # argparse says "invalid int value: 'x'"
 
     def convert(text):
         try:
-            return parse(text)
+            value = parse(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+        if choices and value not in choices:
+            raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(choices)})")
+        return value
+    convert.__name__ = getattr(parse, "__name__", "value")  # argparse names the type in "invalid ... value"
     return convert
 
 

@@ -95,8 +95,17 @@ def test_collectives_split_axis_lines(tmp_path, op):
         assert line["extra"]["packed_over_refconv"]["median"] > 0 and "pack_share" in line["extra"]
 
 
+def test_collectives_on_one_rank_warn_that_nothing_moved_between_ranks():
+    from refconv.bench.collectives import ONE_RANK_WARNING
+
+    args = ["collectives", "--mb", "0.0625", "--repeat", "1", "--warmup", "0"]
+    alone, pair = bench(args), bench(args, ranks=2)
+    assert alone.returncode == 0 and alone.stderr == ONE_RANK_WARNING + "\n", alone.stderr
+    assert pair.returncode == 0 and "warning" not in pair.stderr, pair.stderr
+
+
 @pytest.mark.parametrize("args, ranks, message", [
-    (["layer", "--grid", "channel=4"], 2, "--grid: channel=4 has 4 ranks but 2 are running"),
+    (["layer", "--grid", "channel=4"], 2, "--grid: channel=4 needs 4 ranks but 2 were started; launch it as mpiexec"),
     (["collectives", "--batch", "2"], 1, "--op allreduce times a flat buffer"),
     (["collectives", "--op", "allgather", "--mb", "0"], 1, "--mb: every size must be > 0"),
     (["step", "--shape", "tiny"], 1, "--shape: bench step times a whole model"),

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -212,6 +213,122 @@ def test_progress_draws_a_bar_only_on_a_terminal():
     for i in range(1, 5):
         plain.step(0, i, 4, i, 1.0)
     assert plain.stream.getvalue().count("\n") == 1 and "\r" not in plain.stream.getvalue()  # the last step
+
+
+def test_progress_env_overrides_the_terminal_test(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    assert progress.on_terminal(Terminal(), environ={}) and not progress.on_terminal(io.StringIO(), environ={})
+    assert not progress.on_terminal(Terminal(), environ={progress.PROGRESS_ENV: "lines"})
+    assert progress.on_terminal(io.StringIO(), environ={progress.PROGRESS_ENV: "bar"})
+
+
+def _on_a_terminal(command):
+    """Run ``command`` with a pseudo-terminal as its stdin, stdout and stderr: all it printed."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the command, as from a shell in a terminal
+        os.environ["OMP_NUM_THREADS"] = "1"
+        os.execv(command[0], command)
+    out = b""
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:  # EIO: the terminal closed
+            break
+        if not data:
+            break
+        out += data
+    os.waitpid(pid, 0)
+    return out.decode(errors="replace")
+
+
+@pytest.mark.mpi
+def test_progress_bar_is_drawn_under_mpiexec_on_a_terminal():
+    """MPICH pipes rank 0's stderr to its launcher; the launcher's is the terminal."""
+    train = [find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", "train", "--max-steps", "3",
+             "--epochs", "1", "--grid", "sample=2"]
+    out = _on_a_terminal(train)
+    assert "\repoch 1/1 [" in out and "3/44 loss" in out, out
+    piped = subprocess.run([*train, "--log-every", "1"], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert piped.returncode == 0 and "\r" not in piped.stderr and "epoch 1/1 step 3/44" in piped.stderr, piped.stderr
+
+
+@pytest.mark.mpi
+def test_a_warning_of_the_options_is_one_line_from_rank_0():
+    r = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", "train", "--grid", "channel=2",
+                        "--algorithm", "auto", "--max-steps", "1", "--no-progress"], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr
+    warned = [line for line in r.stderr.splitlines() if "no machine file given" in line]
+    assert len(warned) == 1 and warned[0].startswith("refconv: warning: no machine file given"), r.stderr
+    assert "UserWarning" not in r.stderr
+
+
+SHARED = ("grid", "algorithm", "backend", "threads", "model", "machine")
+
+
+def test_the_shared_options_are_defined_once():
+    """--grid, --algorithm, --backend, --threads, --model and --machine come from
+    train_config.OPTIONS (train_config.add_option) in every parser; the exceptions are other options
+    that share a name: cost_model's --grid takes four ints, torch_step's --model torch models."""
+    pattern = re.compile(r"add_argument\(\s*[\"']--(" + "|".join(SHARED) + r")[\"']")
+    found = {}
+    for path in sorted((ROOT / "refconv").rglob("*.py")):
+        for name in pattern.findall(path.read_text()):
+            found.setdefault(str(path.relative_to(ROOT)), []).append(name)
+    assert found == {"refconv/cost_model.py": ["grid"], "refconv/bench/torch_step.py": ["model"]}
+
+
+@pytest.mark.parametrize("command", [["train"], ["demo"], ["plan"], ["calibrate"], ["bench", "step"], ["sweep"]])
+def test_every_model_help_lists_every_preset(capsys, command):
+    from refconv.model_spec import PRESETS
+
+    status, out, _ = _main(capsys, *command, "--help")
+    text = " ".join(out.split())
+    assert status == 0 and f"a preset ({', '.join(PRESETS)}) or a JSON/YAML model file" in text, text
+
+
+BACKEND_CHOICE = "argument --backend: invalid choice: 'gpu' (choose from auto, numpy, cuda)"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["calibrate", "--out", "m.yaml", "--backend", "gpu"], BACKEND_CHOICE),
+    (["sweep", "--backend", "gpu"], BACKEND_CHOICE),
+    (["info", "--backend", "gpu"], BACKEND_CHOICE),
+    (["bench", "layer", "--backend", "gpu"], BACKEND_CHOICE),
+    (["bench", "layer", "--algorithm", "auto"], "argument --algorithm: invalid choice: 'auto' (choose from "
+                                                "stationary-x, stationary-y, stationary-w)"),
+    (["bench", "step", "--grid", "samples=2"], "argument --grid: expected axis=size pairs"),
+    (["train", "--grid", "samples=2"], "argument --grid: expected axis=size pairs"),
+])
+def test_a_shared_option_reads_alike_in_every_command(capsys, argv, message):
+    """A bad value of a shared option: one line, in the same words (argparse prefixes the flag)."""
+    status, _, err = _main(capsys, *argv)
+    assert status == 2 and message in _one_error_line(err), err
+
+
+def test_forgetting_mpiexec_is_the_same_line_in_train_and_bench(capsys):
+    expected = ("error: --grid: sample=2,channel=2 needs 4 ranks but 1 was started; launch it as mpiexec -n 4 ..., "
+                "or choose sizes whose product is 1 (axes left out have size 1)")
+    lines = []
+    for argv in (["train", "--grid", "sample=2,channel=2"], ["bench", "layer", "--grid", "sample=2,channel=2"]):
+        status, _, err = _main(capsys, *argv)
+        assert status == 2
+        lines.append(_one_error_line(err))
+    assert lines == [f"refconv train: {expected}", f"refconv bench: {expected}"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("argv", [["train", "--epochs", "0"], ["bench", "layer", "--grid", "sample=4"]])
+def test_a_shared_error_under_mpiexec_is_one_line_without_mpichs_abort_line(argv):
+    r = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", *argv], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"refconv {argv[0]}: error: --") and "Abort" not in r.stderr + r.stdout
 
 
 # -- the abort hook ------------------------------------------------------------------------------------

@@ -7,17 +7,21 @@ import json
 import math
 import os
 import subprocess
+import shlex
 import sys
 import warnings
 
 import numpy
 import pytest
+import yaml
 
 from refconv.cost_model import Call
+from refconv.model_spec import PRESETS, load_spec
 from refconv.distribution import Distribution
 from refconv.pricing import choose_for_layer, graph, machine, perf, search
 from refconv.pricing.graph import stages
 from refconv.sharding import send_counts
+from refconv.testing.mpirun import find_mpiexec
 
 V100 = machine.load("v100-edr")
 
@@ -222,7 +226,6 @@ def test_written_spec_carries_every_stage_grid_and_algorithm():
 
 
 def test_resnet50_plans_at_64_ranks_quickly_and_beats_sample_parallelism():
-    from refconv.model_spec import load_spec
 
     planner, plan = search.plan_model(load_spec("resnet50"), (256, 3, 224, 224), 64, V100)
     sample = planner.uniform((64, 1, 1, 1), "stationary-x")
@@ -295,10 +298,66 @@ def test_plan_writes_a_model_file(tmp_path):
                  "--machine", "v100-edr", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert "pure sample parallelism" in r.stdout and "best single strategy" in r.stdout
-    import yaml
 
     spec = yaml.safe_load(out.read_text())
     assert spec["layers"][0]["grid"] and spec["defaults"] == {"grid": {"sample": 2}}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_the_command_plan_prints_trains_every_preset(tmp_path, preset):
+    """The line ``refconv plan --out`` ends with is run as printed, on 2 ranks, for every preset:
+    it must bring the data the plan was made for (resnet50 on the 1-channel digits failed).
+    Appended only: one step on 8 images, and a small lr (the step's numbers are not checked)."""
+    out = tmp_path / "plan.yaml"
+    r = _refconv("plan", "--model", preset, "--ranks", "2", "--batch", "4", "--image-size", "16",
+                 "--machine", "v100-edr", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    printed = shlex.split(r.stdout.splitlines()[-1].partition("run it with")[2])
+    assert printed[:4] == ["mpiexec", "-n", "2", "refconv"] and "--model" in printed, r.stdout
+    command = [find_mpiexec(), *printed[1:3], sys.executable, "-m", "refconv.cli", *printed[4:]]
+    command += ["--max-steps", "1", "--no-progress", "--lr", "0.001"]
+    if "--synthetic" in printed:
+        command += ["--synthetic-samples", "8"]
+    t = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert t.returncode == 0, t.stderr[-2000:]
+    name = yaml.safe_load(out.read_text())["name"]
+    assert f"model {name}:" in t.stdout and "trained 1 steps" in t.stdout, t.stdout
+
+
+@pytest.mark.parametrize("ranks, needle", [
+    (1_000_000, "--ranks: 1000000 is more than the 65536 ranks the planner searches; plan for at most 65536"),
+    (13824, "--ranks: 13824 ranks factor into 4400 grids (sample x channel x height x width), more than the 400 "
+            "the planner searches in minutes; choose a rank count with fewer factors (e.g. 2048: 364 grids)"),
+])
+def test_plan_refuses_a_rank_count_it_cannot_search_in_minutes(ranks, needle):
+    r = _refconv("plan", "--model", "resnet50", "--ranks", str(ranks), "--batch", "8")
+    assert r.returncode == 2 and r.stderr == f"refconv plan: error: {needle}\n", r.stderr
+
+
+def test_the_planner_reports_its_progress():
+    said = []
+    spec = load_spec("resnet50", num_classes=10)
+    planner = search.Planner(spec, (8, 3, 32, 32), 4, V100, progress=said.append, every_s=0.0)
+    planner.plan()
+    planner.best_uniform()
+    n = sum(1 for _ in stages(planner.elements))
+    assert said[0] == f"refconv plan: 4 ranks, 10 grids: search 1, stage 1/{n} (0 s)"
+    assert any(f"search 1, stage {n}/{n} (" in line for line in said)
+    assert said[-1].startswith("refconv plan: 4 ranks, 10 grids: the best single strategy, grid 10/10 (")
+    assert search.Planner(spec, (8, 3, 32, 32), 4, V100)._say is None  # silent unless asked
+
+
+def test_calibrate_names_every_rate_it_could_not_measure():
+    from refconv.plan import calibrate
+
+    assert calibrate.fit_line([1, 2, 4], [3.0, 2.0, 1.0]) == (2.0, calibrate.SLOPE_FLOOR)  # time fell as size grew
+    doc = machine_doc()
+    doc["collectives"]["intra"]["halo"] = {"table": {2: [1e-5, calibrate.SLOPE_FLOOR], 4: [1e-5, 1e-9]}}
+    doc["compute"]["conv_fwd"]["1x1"]["rate"] = 1 / calibrate.SLOPE_FLOOR
+    doc["compute"]["pool"]["rate"] = float(f"{1 / calibrate.SLOPE_FLOOR:.4g}")  # as the file rounds it
+    assert calibrate.unmeasured(doc) == ["halo q=2", "conv_fwd 1x1", "pool"]
+    assert calibrate.unmeasured(machine_doc()) == []
 
 
 def test_overlapped_step_by_hand():
@@ -426,9 +485,7 @@ def test_plan_runs_with_a_tabled_machine_file(tmp_path):
     """Every conv shape the planner prices for digits-cnn on 2 ranks tabled at 1 s a pass (the
     fit gives well under 10 ms): every conv stage of the plan is priced from the table (plus
     its followers and overhead, milliseconds), and `refconv plan` runs with the file."""
-    import yaml
 
-    from refconv.model_spec import load_spec
     from refconv.plan import calibrate
 
     spec, shape = load_spec("digits-cnn"), (8, 1, 16, 16)
@@ -457,3 +514,50 @@ def test_calibrate_model_bad_input_is_one_line_and_status_2(tmp_path, args, need
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and needle in r.stderr
     assert not (tmp_path / "m.yaml").exists()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("launched", ["by itself", "under mpiexec"])
+def test_calibrate_writes_a_machine_file_with_and_without_mpiexec(tmp_path, launched):
+    """As the hints say it (``refconv calibrate --out machine.yaml``, one process: it starts
+    mpiexec itself) and as docs/planning.md says it (under mpiexec): the same measured file,
+    with collectives timed between 2 ranks, that refconv plan then uses."""
+    out = tmp_path / "m.yaml"
+    args = ["-m", "refconv.cli", "calibrate", "--out", str(out), "--quick"]
+    if launched == "by itself":
+        command = [sys.executable, *args, "--ranks", "2"]
+    else:
+        command = [find_mpiexec(), "-n", "2", sys.executable, *args]
+    r = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr
+    assert f"wrote {out}" in r.stdout and "Abort" not in r.stderr
+    # --quick's few sizes may leave a rate unmeasured: then one warning line says which (rank 0 only)
+    assert all(line.startswith("refconv: warning: the time of ") for line in r.stderr.splitlines()), r.stderr
+    assert len(r.stderr.splitlines()) <= 1
+    m = machine.load(str(out))
+    assert isinstance(m.measured, str) and m.ranks_per_node == 2
+    doc = yaml.safe_load(out.read_text())
+    assert all(list(doc["collectives"]["intra"][kind]["table"]) == [2] for kind in machine.KINDS)
+    p = _refconv("plan", "--model", "digits-cnn", "--ranks", "2", "--batch", "8", "--image-size", "16",
+                 "--machine", str(out))
+    assert p.returncode == 0 and "machine this-machine (measured" in p.stdout, p.stderr
+
+
+def test_calibrate_from_one_process_starts_four_ranks_by_default(tmp_path, monkeypatch, capsys):
+    from refconv import cli, launch
+
+    started = []
+    monkeypatch.setattr(launch, "relaunch", lambda ranks, argv: started.append((ranks, argv)) or 0)
+    argv = ["calibrate", "--out", str(tmp_path / "m.yaml"), "--quick"]
+    assert cli.main(argv) == 0 and started == [(4, argv)]
+    assert "starting mpiexec -n 4" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--ranks", "1"), "--ranks: expected an int >= 2"),
+    (("--ranks", "2", "--model", "digits-cnn", "--batch", "8", "--max-shapes", "2"), "on 2 ranks, more than 2"),
+])
+def test_calibrate_checks_its_input_before_starting_ranks(tmp_path, args, needle):
+    r = _refconv("calibrate", "--out", str(tmp_path / "m.yaml"), "--quick", *args)
+    assert r.returncode == 2 and "starting mpiexec" not in r.stdout, r.stdout
+    assert needle in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr

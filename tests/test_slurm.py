@@ -18,19 +18,29 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((ROOT / "examples" / "slurm").glob("*.sbatch"))
 TIMEOUT = 300
 
+# srun's documented options that the scripts use (srun(1), Slurm 22.05 and later): a
+# name the shim does not know fails the job, so a misspelt or made-up option is caught.
 SRUN = r"""#!/bin/bash
-# fake srun: log the arguments, keep -n, drop other Slurm options, run the rest under mpiexec
+# fake srun: log the arguments, check each option against srun(1), run the program under mpiexec
 echo "srun $*" >> "$SHIM_LOG"
-n=1
+n=1; nodes=""; cpus=""
 while [ $# -gt 0 ]; do
     case "$1" in
         -n|--ntasks) n=$2; shift 2 ;;
         --ntasks=*) n=${1#--ntasks=}; shift ;;
-        -N|--nodes) shift 2 ;;
-        -*) shift ;;
+        -N|--nodes) nodes=$2; shift 2 ;;
+        --nodes=*) nodes=${1#--nodes=}; shift ;;
+        -c|--cpus-per-task) cpus=$2; shift 2 ;;
+        --cpus-per-task=*) cpus=${1#--cpus-per-task=}; shift ;;
+        --gpu-bind=*|--distribution=*|--gpus-per-task=*|--exact) shift ;;
+        -*) echo "fake srun: $1 is not an srun option the examples should use" >&2; exit 2 ;;
         *) break ;;
     esac
 done
+# since Slurm 22.05 srun inherits neither --cpus-per-task nor a node count that fits the step
+[ -n "$cpus" ] || { echo "fake srun: no --cpus-per-task (srun does not inherit sbatch's)" >&2; exit 2; }
+[ -n "$nodes" ] || { echo "fake srun: no -N (the step would spread over every node of the job)" >&2; exit 2; }
+[ $(( (n + nodes - 1) / nodes )) -le 4 ] || { echo "fake srun: more than 4 tasks per node" >&2; exit 2; }
 exec mpiexec -n "$n" "$@"
 """
 SBATCH = r"""#!/bin/bash
@@ -75,9 +85,10 @@ def _run(tmp_path, *sbatch_args):
 def test_one_node_script_runs_info_sweep_and_plot(tmp_path):
     result, log, out = _run(tmp_path, "examples/slurm/one_node.sbatch")
     assert log[0] == "sbatch examples/slurm/one_node.sbatch"
-    assert log[1].startswith("srun -n 4 --gpu-bind=none ") and log[1].endswith("refconv info")
-    assert [entry.split()[:4] for entry in log[2:]] == [["srun", "-n", "1", "--gpu-bind=none"],
-                                                       ["srun", "-n", "2", "--gpu-bind=none"]]
+    assert log[1] == "srun -N 1 -n 4 --gpu-bind=none --cpus-per-task=1 refconv info"
+    assert [entry.split()[:7] for entry in log[2:]] == [
+        ["srun", "-N", "1", "-n", "1", "--gpu-bind=none", "--cpus-per-task=1"],
+        ["srun", "-N", "1", "-n", "2", "--gpu-bind=none", "--cpus-per-task=1"]]
     assert "4 rank(s):" in (out / "info.txt").read_text()
     lines = read_lines(out / "results.jsonl")
     assert [(line["config"]["ranks"], line["label"]) for line in lines] == [(1, "serial stationary-x"),
@@ -90,7 +101,8 @@ def test_one_node_script_runs_info_sweep_and_plot(tmp_path):
 @pytest.mark.extended  # 8 ranks of refconv info and two sweeps: ~20 s on 2 cores
 def test_multi_node_script_runs_both_sweeps(tmp_path):
     result, log, out = _run(tmp_path, "--nodes=2", "examples/slurm/multi_node.sbatch")
-    assert log[1].startswith("srun -n 8 --gpu-bind=none --distribution=block ")  # 2 nodes x 4 GPUs
+    assert log[1] == "srun -N 2 -n 8 --gpu-bind=none --distribution=block --cpus-per-task=1 refconv info"  # 2 x 4 GPUs
+    assert all(entry.startswith(("srun -N 1 -n 1 ", "srun -N 1 -n 2 ")) for entry in log[2:]), log
     lines = read_lines(out / "results.jsonl")
     assert [(line["bench"], line["config"]["sweep"]["scaling"], line["config"]["ranks"]) for line in lines] == [
         ("step", "weak", 1), ("step", "weak", 2), ("layer", "strong", 1), ("layer", "strong", 2)]

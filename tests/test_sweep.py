@@ -55,7 +55,7 @@ def test_breakdown_splits_the_step_and_compute_is_the_rest():
 def _args(**kw):
     defaults = dict(ranks="1,2,4", strategies="sample,spatial,stationary-w", scaling="weak", bench="layer",
                     shape=parse_shape("wide"), model="digits-cnn", batch=8, dtype="float32", repeat=3, warmup=1,
-                    backend="auto", out="r.jsonl")
+                    backend="auto", out="r.jsonl", launcher="mpiexec", ranks_per_node=None)
     return argparse.Namespace(**{**defaults, **kw})
 
 
@@ -71,11 +71,16 @@ def test_plan_builds_each_point():
     assert {p[2][p[2].index("--batch") + 1] for p in strong} == {"8"}
     srun = sweep.launch_command("srun", 4, ["layer"], "--gpus-per-task=1")
     assert srun[:4] == ["srun", "-n", "4", "--gpus-per-task=1"] and srun[-2:] == ["refconv.bench", "layer"]
+    # --ranks-per-node: srun -N ceil(P / N), so ranks fill one node before the next
+    assert [sweep.launch_command("srun", P, ["layer"], "", 4)[:5] for P in (1, 4, 5, 8)] == [
+        ["srun", "-N", str(nodes), "-n", str(P)] for P, nodes in ((1, 1), (4, 1), (5, 2), (8, 2))]
 
 
 @pytest.mark.parametrize("bad, message", [
     (dict(strategies="sample,diagonal"), "--strategies: unknown ['diagonal']"),
     (dict(ranks="1,two"), "--ranks: expected rank counts like 1,2,4"),
+    (dict(ranks_per_node=4), "--ranks-per-node: only with --launcher srun"),
+    (dict(ranks_per_node=0, launcher="srun"), "--ranks-per-node: expected a positive int, got 0"),
 ])
 def test_bad_sweep_arguments_fail_before_any_launch(bad, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):

@@ -11,7 +11,7 @@
 # ---
 
 # %% [markdown]
-# # 5. Stationary-X: `x` stays, the partial `y` moves
+# # 5. Stationary-X: x stays, the partial y moves
 #
 # *One process, then 4 MPI ranks.*
 #

@@ -11,7 +11,7 @@
 # ---
 
 # %% [markdown]
-# # 6. Stationary-Y: `y` stays, `x` moves
+# # 6. Stationary-Y: y stays, x moves
 #
 # *One process, then 4 MPI ranks.*
 #

@@ -39,7 +39,7 @@ from refconv.optim import SGD
 from refconv.train import step
 
 # %% [markdown]
-# ## 1. One layer on a hybrid grid: `channel=2 x height=2`
+# ## 1. One layer on a hybrid grid: channel=2 x height=2
 #
 # Stationary-Y over the channel group of 2, and the halo exchange over the
 # height group of 2. Each rank then makes both kinds of calls: the allgather

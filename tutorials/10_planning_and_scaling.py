@@ -140,12 +140,14 @@ print(refconv("plot", "sweep.jsonl", "--out-dir", "figures"))
 points = [json.loads(line) for line in open(os.path.join(work, "sweep.jsonl"))]
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-for ax, name in zip(axes, ("scaling.png", "breakdown.png")):
-    ax.imshow(plt.imread(os.path.join(work, "figures", name)))
+# Each figure at the size `refconv plot` drew it (110 dpi), one below the other: side by side,
+# the three panels of scaling.png shrank past reading.
+for name in ("scaling.png", "breakdown.png"):
+    image = plt.imread(os.path.join(work, "figures", name))
+    fig = plt.figure(figsize=(image.shape[1] / 110, image.shape[0] / 110), dpi=110)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.imshow(image)
     ax.set_axis_off()
-    ax.set_title(f"refconv plot: {name}", fontsize=10)
-fig.tight_layout()
 
 # %% [markdown]
 # What the cost model predicts for the 4-rank point (Stationary-X on

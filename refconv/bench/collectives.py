@@ -26,6 +26,8 @@ mpi4py calls are made outside ``refconv.collectives`` on purpose here: they are
 what the wrappers are measured against.
 """
 
+import sys
+
 import numpy
 from mpi4py import MPI
 
@@ -34,6 +36,8 @@ from refconv.bench import timing
 from refconv.bench.common import BenchError, option, pause_for, record, reject, time_ranks
 from refconv.distribution import block_sizes
 
+ONE_RANK_WARNING = ("refconv bench: warning: collectives on 1 rank move nothing between ranks, so these figures are "
+                    "memory copies, not communication; run it as mpiexec -n 2 refconv bench collectives")
 ORDER = ("raw", "refconv_out", "refconv_inplace", "refconv", "raw")
 LABELS = {
     "refconv": "refconv.collectives.allreduce",
@@ -49,6 +53,8 @@ def run(args, comm, env):
            "bench collectives times collectives of --mb megabytes over all ranks")
     if args.mb is not None and any(mb <= 0 for mb in args.mb):
         raise BenchError(f"--mb: every size must be > 0, got {args.mb}")
+    if comm.Get_size() == 1:  # after the checks: a bad input is still refused with its one line
+        print(ONE_RANK_WARNING, file=sys.stderr, flush=True)
     if args.op == "allreduce":
         reject(args, ("batch",), "--op allreduce times a flat buffer; --batch is for reduce_scatter and allgather")
         if args.mb is not None and len(args.mb) != 1:

@@ -28,8 +28,7 @@ import numpy
 from refconv import arrays, checks, collectives, cost_model
 from refconv.bench import timing
 from refconv.algorithms import channel_algorithms
-from refconv.backend import BACKENDS
-from refconv.train_config import GRID_AXES, parse_grid
+from refconv.train_config import GRID_AXES, add_option, check_grid_ranks
 
 ALGORITHMS = channel_algorithms()
 STRATEGIES = ("sample", "spatial") + ALGORITHMS  # what --strategies takes: strategy_grid knows each
@@ -74,30 +73,21 @@ def parse_shape(text):
     return dict(fields, name=text)
 
 
-def grid_type(text):
-    """argparse type of ``--grid``: refconv train's parser (argparse names the flag in its errors)."""
-    try:
-        return parse_grid(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def add_arguments(p):
     """The flags every subcommand takes (a subcommand rejects those that do not apply to it)."""
     g = p.add_argument_group("what to run (the same flags for every subcommand)")
-    g.add_argument("--grid", type=grid_type, help="process grid, e.g. sample=2,channel=2 (product: the ranks)")
-    g.add_argument("--algorithm", choices=ALGORITHMS, help="channel/filter algorithm when channel > 1")
+    add_option(g, "grid", unset="bench layer: each strategy in turn; bench step: sample=<ranks>")
+    add_option(g, "algorithm", choices=ALGORITHMS, unset="stationary-x")
     g.add_argument("--filter-groups", type=int, help="p_f of stationary-w")
     g.add_argument("--batch", type=int, help="global batch size N")
     g.add_argument("--shape", "--shapes", type=parse_shape, nargs="+", metavar="SHAPE",
                    help=f"layer shapes: names {sorted(SHAPES)} or C=..,F=..,H=..,K=..")
-    g.add_argument("--model", help="a model preset (bench step), e.g. digits-cnn")
+    add_option(g, "model", default=None, unset="digits-cnn", purpose="bench step")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--repeat", type=int, help="timed repetitions (min, median and max reported)")
     g.add_argument("--warmup", type=int, help="untimed repetitions first")
-    g.add_argument("--backend", choices=BACKENDS, default="auto",
-                   help="numpy: the CPU path; cuda: the Numba kernels; auto: cuda when a GPU answers")
-    g.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores / ranks on the node)")
+    add_option(g, "backend")
+    add_option(g, "threads")
     g.add_argument("--oversubscribe-gpus", action="store_true", help="allow more ranks per node than GPUs")
     g.add_argument("--out", metavar="PATH", help="append one JSON line per configuration (see refconv.bench.schema)")
     g.add_argument("--sweep", type=json.loads, default=None, help=argparse.SUPPRESS)  # set by refconv sweep
@@ -119,10 +109,7 @@ def option(args, name, default, minimum=1):
 def full_grid(grid, ranks):
     """``{"sample": 2}`` -> all four axes; the product must be the number of ranks."""
     grid = {axis: (grid or {}).get(axis, 1) for axis in GRID_AXES}
-    product = int(numpy.prod(list(grid.values())))
-    if product != ranks:
-        raise BenchError(f"--grid: {grid_text(grid)} has {product} ranks but {ranks} are running; "
-                         f"start mpiexec -n {product} or choose a grid whose sizes multiply to {ranks}")
+    check_grid_ranks(grid, ranks)  # refconv train's message
     return grid
 
 

@@ -16,10 +16,10 @@ import argparse
 import numpy
 from mpi4py import MPI
 
-from refconv import collectives, datasets
+from refconv import collectives, datasets, train_config
 from refconv.optim import SGD
 from refconv.train import build_model, evaluate, load_dataset, step
-from refconv.train_config import TrainConfig, parse_grid
+from refconv.train_config import TrainConfig
 
 
 def rss_mb():
@@ -35,8 +35,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m refconv.bench.longrun", description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2000, help="training steps after the warm-up")
     parser.add_argument("--warmup", type=int, default=100, help="steps before the first reading")
-    parser.add_argument("--model", default="digits-cnn")
-    parser.add_argument("--grid", type=parse_grid, default=None, help="e.g. channel=2 (unset: sample=<ranks>)")
+    train_config.add_option(parser, "model")
+    train_config.add_option(parser, "grid", unset="sample=<ranks>")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--image-size", type=int, default=8)
     parser.add_argument("--samples", type=int, default=256, help="synthetic training images")

@@ -50,7 +50,7 @@ import numpy
 from mpi4py import MPI
 from threadpoolctl import threadpool_info
 
-from refconv import DistConv2d, Model, ProcessGrid, collectives, threads, train
+from refconv import DistConv2d, Model, ProcessGrid, collectives, threads, train, train_config
 from refconv import reference as ref
 from refconv.bench import timing
 from refconv.optim import SGD
@@ -420,7 +420,7 @@ def build_parser():
     parser.add_argument("--model", choices=sorted(MODELS), nargs="+", help="step/ddp: models (default: all)")
     parser.add_argument("--batch", type=int, help="global batch (passes: 8; step: per model)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timed rounds (default 7)")
-    parser.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores per rank)")
+    train_config.add_option(parser, "threads")
     parser.add_argument("--shapes", nargs="+", help=f"passes/columns: shape names (default: {' '.join(SHAPES)}; "
                                                      f"also {' '.join(EXTRA_SHAPES)})")
     parser.add_argument("--quick", action="store_true", help="passes/columns: tiny shapes, as a smoke test")

@@ -1,8 +1,10 @@
 """``refconv calibrate --out machine.yaml``: measure this machine's machine file.
 
-Run it under mpiexec on the ranks of one node (2 to 4 here)::
+Run it under mpiexec on the ranks of one node (2 to 4 here), or from one process, which
+starts ``mpiexec -n RANKS`` itself (``--ranks``, default 4; collectives need 2 or more)::
 
     mpiexec -n 4 refconv calibrate --out machine.yaml          # < 1 minute
+    refconv calibrate --out machine.yaml                       # the same: it starts mpiexec -n 4
     mpiexec -n 2 refconv calibrate --out m.yaml --quick        # a few seconds (tests)
 
 Collectives: for each kind and each communicator size ``q`` (2, 4, ... up to the
@@ -43,14 +45,15 @@ import datetime
 import os
 import statistics
 import time
+import warnings
 
 import numpy
 
 import yaml
 from mpi4py import MPI
 
-from refconv import ProcessGrid, collectives, device, threads
-from refconv.backend import BACKENDS, get_backend
+from refconv import ProcessGrid, collectives, device, launch, threads, train_config
+from refconv.backend import get_backend
 from refconv.bench.common import time_ranks
 from refconv.layers import DistConv2d
 from refconv.pricing import graph, search
@@ -60,6 +63,8 @@ from refconv.train import load_model_spec
 
 COMPUTE_WINDOW_S = 0.02  # each compute sample: this long back to back on every rank at once
 COLLECTIVE_WINDOW_S = 0.005  # each collective sample: this long back to back
+SLOPE_FLOOR = 1e-15  # fit_line's slope where the time did not grow with the size: a rate of 1e15, "free"
+RANKS = 4  # started from one process: the ranks of the docs' command (mpiexec -n 4 refconv calibrate)
 
 
 HELP = "measure this machine's collectives and kernels into a machine file"
@@ -70,12 +75,15 @@ DESCRIPTION = ("Time collectives (a sweep of buffer sizes per communicator size,
 
 def add_arguments(p):
     p.add_argument("--out", required=True, help="the machine file to write (.yaml)")
+    p.add_argument("--ranks", type=int, default=None, help=f"ranks to start when run without mpiexec (default "
+                                                           f"{RANKS}; collectives need 2 or more); under mpiexec, "
+                                                           f"its -n")
     p.add_argument("--quick", action="store_true", help="few sizes and repeats: seconds, for tests")
-    p.add_argument("--backend", choices=BACKENDS, default="auto", help="kernels to time")
+    train_config.add_option(p, "backend", purpose="the kernels to time")
     p.add_argument("--name", default="this-machine", help="the machine's name in the file")
-    p.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores / ranks on the node)")
-    p.add_argument("--model", help="also time the local convolutions `refconv plan` prices for this preset or "
-                                   "model file on these ranks, into compute.conv_table")
+    train_config.add_option(p, "threads")
+    train_config.add_option(p, "model", default=None, unset="no table", purpose="also time the local convolutions "
+                            "`refconv plan` prices for this model on these ranks, into compute.conv_table")
     p.add_argument("--batch", type=int, help="global batch size of --model (required with it)")
     p.add_argument("--image-size", type=int, default=32, help="image height and width of --model (default 32)")
     p.add_argument("--max-shapes", type=int, default=300, help="refuse a --model with more local shapes than this "
@@ -99,7 +107,7 @@ def fit_line(x, y):
     A = numpy.stack([numpy.ones(len(x)), x], axis=1) / y[:, None]
     (a, b), *_ = numpy.linalg.lstsq(A, numpy.ones(len(x)), rcond=None)
     if b <= 0:
-        return float(numpy.median(y)), 1e-15
+        return float(numpy.median(y)), SLOPE_FLOOR
     if a < 0:
         b, a = float(numpy.median(y / x)), 0.0
     return float(a), float(b)
@@ -168,6 +176,9 @@ def measure_collectives(comm, quick):
     sizes = [2**k for k in ((10, 14, 18) if quick else range(10, 23))]
     repeats = 3 if quick else 7
     sizes_q = [2**k for k in range(1, P.bit_length()) if P % 2**k == 0]  # 2, 4, ... dividing P
+    sizes_q += [P] if P > 1 and P not in sizes_q else []  # and P itself (3 ranks: q = 3)
+    if not sizes_q:
+        return {k: {} for k in KINDS}, ["one rank: no collective measured"]
     grids = {q: ProcessGrid(comm, sample=P // q, channel=q) for q in sizes_q}
     calls, counted = {}, {}
     for q, grid in grids.items():
@@ -380,14 +391,45 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine", shape
                          if op.startswith("conv") else round_rate(v)) for op, v in compute.items()},
         "notes": ["one node: 'inter' is a copy of 'intra' (nothing across nodes was measured)"] + cnotes + knotes,
     }
+    free = unmeasured(doc)
+    if free:
+        message = (f"the time of {', '.join(free)} did not grow with the size, so no rate was measured: the file "
+                   f"prices it as free (rate {1 / SLOPE_FLOOR:.0e}); measure again on a quieter machine"
+                   f"{' and without --quick' if quick else ''}")
+        doc["notes"].append(message)
+        warnings.warn(message, stacklevel=2)
     return doc
+
+
+def unmeasured(doc):
+    """The entries of a machine file (a dict) whose fitted slope hit ``SLOPE_FLOOR``: a collective
+    kind's beta (per q), or a kernel's seconds per unit of work (its ``rate`` 1 / SLOPE_FLOOR)."""
+    out = []
+    for kind, link in doc["collectives"]["intra"].items():
+        out += [f"{kind} q={q}" for q, (_, beta) in link.get("table", {}).items() if beta <= SLOPE_FLOOR]
+    for op, value in doc["compute"].items():
+        if op == "conv_table":
+            continue
+        classes = value.items() if op.startswith("conv") else [(None, value)]
+        out += [f"{op}{' ' + cls if cls else ''}" for cls, fit in classes if fit["rate"] >= 1 / SLOPE_FLOOR * 0.999]
+    return out
 
 
 def run(args):
     comm = MPI.COMM_WORLD
     if not args.out.endswith((".yaml", ".yml")):  # checked identically on every rank, before any collective
         raise ValueError(f"--out: expected a .yaml path, got {args.out!r}")
-    shapes = _model_shapes(args, comm.Get_size())  # every rank alike, before any collective
+    if args.ranks is not None and args.ranks < 2:
+        raise ValueError(f"--ranks: expected an int >= 2 (collectives are timed between ranks), got {args.ranks}")
+    if comm.Get_size() > 1 and args.ranks not in (None, comm.Get_size()):
+        raise ValueError(f"--ranks: {args.ranks} given, but mpiexec started {comm.Get_size()}; leave --ranks out "
+                         f"under mpiexec (it is for runs without it)")
+    ranks = comm.Get_size() if comm.Get_size() > 1 else args.ranks or RANKS
+    shapes = _model_shapes(args, ranks)  # every rank alike, before any collective (and before starting them)
+    if comm.Get_size() == 1:  # from one process: start the ranks (as refconv demo does)
+        print(f"refconv calibrate: starting mpiexec -n {ranks} (collectives need ranks; --ranks sets how many)",
+              flush=True)
+        return launch.relaunch(ranks, args.argv)
     choice = threads.configure(comm, args.threads)  # as training runs: the rates are per rank at this count
     say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
     say(choice.describe(), flush=True)

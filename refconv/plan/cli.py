@@ -15,11 +15,14 @@ plans and rank 0 prints.
 """
 
 import json
+import shlex
+import sys
 import warnings
 
 import yaml
 from mpi4py import MPI
 
+from refconv import datasets, train_config
 from refconv.train import load_model_spec
 from refconv.plan import report
 from refconv.pricing import machine as machine_mod, search
@@ -32,17 +35,13 @@ DESCRIPTION = ("Search every factorisation of the ranks into sample x channel x 
 
 
 def add_arguments(p):
-    p.add_argument("--model", required=True, help="a preset (digits-cnn, resnet50, resnet50-wide2, "
-                                                  "resnet50-wide4) or a JSON/YAML model file")
+    train_config.add_option(p, "model", default=None, unset=None, required=True)
     p.add_argument("--ranks", type=int, required=True, help="number of ranks P")
     p.add_argument("--batch", type=int, required=True, help="global batch size")
     p.add_argument("--image-size", type=int, default=32, help="height and width of the input images (default 32)")
     p.add_argument("--num-classes", type=int, default=None, help="classes of a preset's classifier "
                                                                   "(default: the preset's)")
-    p.add_argument("--machine", default=None,
-                   help=f"a machine file (refconv calibrate --out) or a built-in name "
-                        f"({', '.join(machine_mod.builtin_names())}); unset: the built-in "
-                        f"{machine_mod.DEFAULT_MACHINE} figures, with a warning")
+    train_config.add_option(p, "machine")
     p.add_argument("--memory-per-rank", type=float, default=None, metavar="GiB", help="memory limit per rank")
     p.add_argument("--out", default=None, help="write the planned model file here (.yaml or .json)")
     return p
@@ -53,6 +52,7 @@ def _plan(args):
         v = getattr(args, name)
         if v < 1:
             raise ValueError(f"--{name.replace('_', '-')}: expected a positive int, got {v}")
+    search.check_ranks(args.ranks)  # before loading anything: a rank count it cannot search in minutes
     if args.memory_per_rank is not None and args.memory_per_rank <= 0:
         raise ValueError(f"--memory-per-rank: expected a positive number of GiB, got {args.memory_per_rank}")
     if args.out and not args.out.endswith((".yaml", ".yml", ".json")):
@@ -65,7 +65,8 @@ def _plan(args):
     shape = (args.batch, spec.get("in_channels", 3) if isinstance(spec, dict) else 3, args.image_size,
              args.image_size)
     limit = args.memory_per_rank * 2**30 if args.memory_per_rank else None
-    planner, plan = search.plan_model(spec, shape, args.ranks, machine, limit)
+    say = (lambda text: print(text, file=sys.stderr, flush=True)) if _rank() == 0 else None
+    planner, plan = search.plan_model(spec, shape, args.ranks, machine, limit, progress=say)
     sample = planner.uniform((args.ranks, 1, 1, 1), "stationary-x")
     out = [str(w.message) for w in caught]
     out.append(f"model {spec.get('name', args.model)}, input {shape}, {args.ranks} ranks, machine "
@@ -79,9 +80,22 @@ def _plan(args):
                 json.dump(planned, f, indent=1)
             else:
                 yaml.safe_dump(planned, f, sort_keys=False, default_flow_style=None)
-        out.append(f"wrote {args.out}: run it with  mpiexec -n {args.ranks} refconv train --model {args.out} "
-                   f"--batch-size {args.batch}")
+        out.append(f"wrote {args.out}: run it with  mpiexec -n {args.ranks} refconv train "
+                   f"{shlex.join(train_arguments(args, shape))}")
     return "\n".join(out)
+
+
+def train_arguments(args, shape):
+    """The ``refconv train`` options that run the planned file on the input it was planned for:
+    the bundled digits when ``shape`` is theirs, else synthetic images of its channels and size
+    (at least one global batch of them)."""
+    out = ["--model", args.out, "--batch-size", str(args.batch)]
+    if tuple(shape[1:]) == datasets.DIGITS_SHAPE:
+        return out
+    out += ["--synthetic", "--image-size", str(args.image_size)]
+    if args.batch > train_config.BY_NAME["synthetic_samples"].default:
+        out += ["--synthetic-samples", str(args.batch)]
+    return out
 
 
 def run(args):

@@ -18,6 +18,7 @@ a MODEL PREDICTION from datasheet figures, not a measurement.
 import argparse
 import time
 
+from refconv import train_config
 from refconv.model_spec import load_spec
 from refconv.pricing import machine as machine_mod, search
 from refconv.pricing.search import NoFeasiblePlan
@@ -102,7 +103,7 @@ def plot(rows, title, path, machine_name):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m refconv.plan.project", description=__doc__.splitlines()[0])
-    parser.add_argument("--machine", default="v100-edr")
+    train_config.add_option(parser, "machine", default="v100-edr")
     parser.add_argument("--figures", default="docs/figures", help="where to write the two PNGs ('' for none)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--gpus", nargs="+", type=int, default=list(GPUS))

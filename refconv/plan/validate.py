@@ -38,7 +38,7 @@ import statistics
 import numpy
 from mpi4py import MPI
 
-from refconv import ProcessGrid, threads
+from refconv import ProcessGrid, threads, train_config
 from refconv.backend import get_backend
 from refconv.grid import AXES
 from refconv.bench.common import time_ranks
@@ -255,10 +255,10 @@ def model_rows(world, machine, steps, batch=4, image=8, tabled=None):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m refconv.plan.validate", description=__doc__.splitlines()[0])
-    parser.add_argument("--machine", default="dev-cpu", help="a machine file or built-in name")
+    train_config.add_option(parser, "machine", default="dev-cpu")
     parser.add_argument("--repeats", type=int, default=7, help="measured rounds per layer contender")
     parser.add_argument("--steps", type=int, default=9, help="measured steps per model contender")
-    parser.add_argument("--threads", type=int, help="BLAS threads per rank (default: cores / ranks on the node)")
+    train_config.add_option(parser, "threads")
     parser.add_argument("--quick", action="store_true", help="the narrow layer once and one step: a smoke test")
     parser.add_argument("--table", action="store_true", help="first time every local conv shape priced here into "
                                                              "the machine's conv_table, and report the model with "

@@ -29,6 +29,7 @@ reaches would meet is reported as infeasible.
 import copy
 import dataclasses
 import math
+import time
 
 import numpy
 
@@ -38,8 +39,31 @@ from refconv.pricing import graph, perf
 from refconv.pricing.graph import Block, Stage
 
 
+MAX_RANKS = 65536  # the planner tabulates layouts per rank: beyond this it would run for many minutes
+MAX_GRIDS = 400    # factorisations searched: 1024 ranks (286) took 50-140 s on the shared 2-core dev-cpu machine
+PROGRESS_S = 5.0   # seconds between progress reports (the first after this long: a quick plan says nothing)
+
+
 class NoFeasiblePlan(ValueError):
     """No plan fits the memory limit (or no grid runs some stage)."""
+
+
+class TooLarge(ValueError):
+    """More ranks, or grids of them, than the planner searches in minutes."""
+
+
+def check_ranks(P):
+    """Refuse (TooLarge, naming --ranks) a rank count whose search would run for many minutes: the
+    work grows with the number of grids (ordered factorisations of P), cubed in the min-plus products."""
+    if P > MAX_RANKS:
+        raise TooLarge(f"--ranks: {P} is more than the {MAX_RANKS} ranks the planner searches; plan for at most "
+                       f"{MAX_RANKS}")
+    count = len(perf.grids(P))
+    if count > MAX_GRIDS:
+        fits = max(p for p in range(1, P + 1) if p & (p - 1) == 0 and len(perf.grids(p)) <= MAX_GRIDS)
+        raise TooLarge(f"--ranks: {P} ranks factor into {count} grids (sample x channel x height x width), more "
+                       f"than the {MAX_GRIDS} the planner searches in minutes; choose a rank count with fewer "
+                       f"factors (e.g. {fits}: {len(perf.grids(fits))} grids)")
 
 
 def minplus(A, B):
@@ -108,11 +132,25 @@ class Plan:
 class Planner:
     """Plans ``spec`` (a dict) for ``ranks`` ranks and a global input ``(N, C, H, W)``."""
 
-    def __init__(self, spec, input_shape, ranks, machine):
+    def __init__(self, spec, input_shape, ranks, machine, progress=None, every_s=PROGRESS_S):
+        check_ranks(ranks)
         self.spec, self.input_shape, self.P, self.machine = spec, tuple(input_shape), ranks, machine
         self.elements = graph.bind(spec, self.input_shape)
         self.grids = perf.grids(ranks)
         self._options, self._shuffles = {}, {}
+        # progress(text) every every_s seconds while searching (None: silent)
+        self._say, self._every, self._started = progress, every_s, time.monotonic()
+        self._last, self._passes, self._done = self._started, 0, 0
+        self._total = sum(1 for _ in graph.stages(self.elements))
+
+    def _tick(self, what, total):
+        """One more of ``total`` stages (or grids) done: a progress line when ``every_s`` has passed."""
+        self._done += 1
+        now = time.monotonic()
+        if self._say is not None and now - self._last >= self._every:
+            self._last = now
+            self._say(f"refconv plan: {self.P} ranks, {len(self.grids)} grids: {what} {self._done}/{total} "
+                      f"({now - self._started:.0f} s)")
 
     # -- costs ---------------------------------------------------------------------------------------
     def options(self, stage):
@@ -152,6 +190,7 @@ class Planner:
         for e in elements:
             if isinstance(e, Stage):
                 vec, pick = self.best(e, lam)
+                self._tick(f"search {self._passes}, stage", self._total)
                 step = self.shuffle(e.in_shape) + vec[None, :]
                 if M is None:
                     M, arg = step, None
@@ -194,6 +233,7 @@ class Planner:
 
     def search(self, lam=0.0):
         """``{stage path: StageCost}`` of the optimum under time + lam * memory."""
+        self._passes, self._done = self._passes + 1, 0
         M, trace = self.chain(self.elements, self.input_shape, numpy.zeros((1, len(self.grids))), lam)
         last = int(numpy.argmin(M[0]))
         if not numpy.isfinite(M[0, last]):
@@ -279,8 +319,9 @@ class Planner:
 
     def best_uniform(self):
         """(label, Plan): the fastest single strategy used for every layer."""
-        best = None
+        best, self._done = None, 0
         for g in self.grids:
+            self._tick("the best single strategy, grid", len(self.grids))
             algos = perf.candidates(g[1]) if g[1] > 1 else [("stationary-x", None)]
             for algorithm, p_f in algos:
                 plan = self.uniform(g, algorithm, p_f)
@@ -354,7 +395,7 @@ def _block_follower_paths(elements):
             yield from _block_follower_paths(e.shortcut)
 
 
-def plan_model(spec, input_shape, ranks, machine, memory_limit=None):
+def plan_model(spec, input_shape, ranks, machine, memory_limit=None, progress=None):
     """``(planner, plan)`` for ``spec`` (a dict) on ``ranks`` ranks; see :class:`Planner`."""
-    planner = Planner(spec, input_shape, ranks, machine)
+    planner = Planner(spec, input_shape, ranks, machine, progress)
     return planner, planner.plan(memory_limit)
