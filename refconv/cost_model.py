@@ -26,6 +26,7 @@ from refconv import algorithms
 from refconv.algorithms.base import ALPHA, BETA, Call, ConvGeometry
 from refconv.pricing import choose_for_layer
 from refconv.pricing.machine import DEFAULT_MACHINE
+from refconv.train_config import add_option
 
 __all__ = ["ALPHA", "BETA", "Call", "layer_records", "candidates", "main"]
 
@@ -41,7 +42,7 @@ def main(argv=None):
     parser.add_argument("--F", type=int, default=64)
     parser.add_argument("--K", type=int, default=3)
     parser.add_argument("--grid", type=int, nargs=4, default=(1, 4, 1, 1), metavar=("P_N", "P_c", "P_H", "P_W"))
-    parser.add_argument("--machine", default=DEFAULT_MACHINE, help="a machine file or built-in name (refconv plan's)")
+    add_option(parser, "machine", default=DEFAULT_MACHINE, purpose="what the table prices with")
     args = parser.parse_args(argv)
     shape, grid_shape = tuple(args.shape), tuple(args.grid)
     geom = ConvGeometry.of(shape, (args.F, shape[1], args.K, args.K), padding=args.K // 2)
