@@ -139,7 +139,8 @@ PR_SET_PDEATHSIG = 1   # prctl(2): the signal this process gets when its parent 
 
 def die_with_launcher():
     """Linux: have the kernel SIGKILL this rank when its parent (the launcher's proxy that
-    started it, e.g. MPICH's hydra_pmi_proxy) dies.  Without it, a rank whose proxy was killed
+    started it, e.g. MPICH's hydra_pmi_proxy) dies (strictly: when the parent's thread that
+    started it ends; ``REFCONV_NO_ABORT_HOOK=1`` turns this off with the abort hook).  Without it, a rank whose proxy was killed
     runs on, orphaned, after mpiexec has returned: it trained on and saved later checkpoints
     into the directory that the next run resumes from (measured: killed at step 18, the
     directory reached step 30 a few seconds later).  Returns whether it is in force."""
@@ -196,6 +197,7 @@ class _Leaving:
         self.thread = None
         self.real_exit = None       # os._exit, while it is wrapped
         self.pid = None
+        self.lock = threading.Lock()  # the watcher's Test and the exit's Cancel of the one request
 
 
 _leaving = _Leaving()
@@ -227,8 +229,11 @@ def _watch_for_leavers():
     me, status = world.Get_rank(), MPI.Status()
     while True:
         time.sleep(LEAVE_POLL_S)
-        if _leaving.left is None and _leaving.request is not None and _leaving.request.Test(status):
-            _leaving.left = (status.Get_source(), time.monotonic())
+        with _leaving.lock:
+            if _leaving.request is None:
+                return                  # this process is exiting
+            if _leaving.left is None and _leaving.request.Test(status):
+                _leaving.left = (status.Get_source(), time.monotonic())
         if _leaving.left is None or not _leaving.depth:
             continue
         rank, since = _leaving.left
@@ -250,9 +255,11 @@ def _notify_at_exit():
     world = MPI.COMM_WORLD
     if MPI.Is_finalized() or world.Get_size() == 1:
         return
-    if _leaving.request is not None and _leaving.left is None:
-        _leaving.request.Cancel()    # MPI's finalize wants no receive left pending
-        _leaving.request.Wait()
+    with _leaving.lock:
+        if _leaving.request is not None and _leaving.left is None:
+            _leaving.request.Cancel()    # MPI's finalize wants no receive left pending
+            _leaving.request.Wait()
+        _leaving.request = None
     if _leaving.finished:
         return
     me = world.Get_rank()
@@ -267,11 +274,10 @@ def training(comm):
     ``comm`` (every rank of ``MPI.COMM_WORLD``): leaving early by any route inside ends
     the job, and a notice that another rank left ends it too.  A run that ends normally
     marks this rank finished: its exit sends no notice."""
-    if comm.Get_size() == 1 or comm.Get_size() != MPI.COMM_WORLD.Get_size() \
-            or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        yield        # nobody to strand, or not every rank trains; the watcher thread needs MPI threads
+    if comm.Get_size() == 1 or comm.Get_size() != MPI.COMM_WORLD.Get_size():
+        yield        # nobody to strand, or not every rank trains
         return
-    if _leaving.thread is None:
+    if _leaving.thread is None and MPI.Query_thread() == MPI.THREAD_MULTIPLE:  # the watcher calls MPI too
         _leaving.request = MPI.COMM_WORLD.Irecv([_leaving.notice, MPI.BYTE], source=MPI.ANY_SOURCE,
                                                 tag=LEAVING_TAG)
         _leaving.thread = threading.Thread(target=_watch_for_leavers, name="refconv-leavers", daemon=True)

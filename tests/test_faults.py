@@ -144,7 +144,7 @@ def check_ended(case, ended):
     assert ended.status != 0, f"exit status 0 after a fault: {where}"
     assert ended.seconds < TIMEOUT_S + END_SLACK_S, f"took {ended.seconds:.1f} s to end: {where}"
     if case.action == "stop":
-        timeouts = [line for line in ended.output.splitlines() if "collective timeout" in line]
+        timeouts = [line for line in ended.output.splitlines() if "refconv: collective timeout" in line]
         assert ended.status == collectives.EXIT_TIMEOUT and len(timeouts) == 1, where
         assert TIMEOUT_LINE.search(timeouts[0]), timeouts[0]
     if case.action == "raise":
