@@ -44,6 +44,7 @@ and an error is just printed.
 
 import atexit
 import contextlib
+import ctypes
 import os
 import signal
 import sys
@@ -146,7 +147,6 @@ def die_with_launcher():
     directory reached step 30 a few seconds later).  Returns whether it is in force."""
     if not sys.platform.startswith("linux"):
         return False
-    import ctypes
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
