@@ -140,11 +140,13 @@ PR_SET_PDEATHSIG = 1   # prctl(2): the signal this process gets when its parent 
 
 def die_with_launcher():
     """Linux: have the kernel SIGKILL this rank when its parent (the launcher's proxy that
-    started it, e.g. MPICH's hydra_pmi_proxy) dies (strictly: when the parent's thread that
-    started it ends; ``REFCONV_NO_ABORT_HOOK=1`` turns this off with the abort hook).  Without it, a rank whose proxy was killed
-    runs on, orphaned, after mpiexec has returned: it trained on and saved later checkpoints
-    into the directory that the next run resumes from (measured: killed at step 18, the
-    directory reached step 30 a few seconds later).  Returns whether it is in force."""
+    started it, e.g. MPICH's hydra_pmi_proxy) dies; strictly, when the parent's thread that
+    started it ends.  ``REFCONV_NO_ABORT_HOOK=1`` turns it off with the abort hook.
+
+    Without it, a rank whose proxy was killed runs on, orphaned, after mpiexec has
+    returned: it trained on and saved later checkpoints into the directory that the next
+    run resumes from (measured: killed at step 18, the directory reached step 30 a few
+    seconds later).  Returns whether it is in force."""
     if not sys.platform.startswith("linux"):
         return False
     try:

@@ -41,7 +41,8 @@ from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
 from refconv.train_config import MAX_CLASSES, OptionError, TrainConfig
 
-__all__ = ["TrainConfig", "Diverged", "train", "step", "evaluate", "learning_rate", "format_summary", "add_arguments", "run"]
+__all__ = ["TrainConfig", "Diverged", "train", "step", "evaluate", "learning_rate", "format_summary", "add_arguments",
+           "run"]
 
 class Diverged(failure.SharedFailure):
     """The loss or the model stopped being finite (raised on every rank alike; exit status 3)."""
