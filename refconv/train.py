@@ -425,6 +425,7 @@ def add_arguments(parser):
 
 
 def run(args):
+    failure.expect_training()      # every rank of this job trains: one that leaves before it tells the others
     result = train(train_config.from_arguments(args))
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(format_summary(result), flush=True)
