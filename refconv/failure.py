@@ -25,16 +25,22 @@ A third path covers a rank that **leaves early** while the others train
 - a ``SystemExit`` (of any code) or ``KeyboardInterrupt`` raised inside training,
   and ``os._exit`` called there, print ``[rank r] refconv: rank r is leaving during
   training (...); aborting the job`` and abort every rank (status 1);
-- a rank that reaches its exit (``return`` from main, ``sys.exit`` outside training)
-  without having finished a training run tells every other rank so, with a small
-  point-to-point message on ``MPI.COMM_WORLD`` (tag ``LEAVING_TAG``), before MPI's
-  finalize, which would otherwise wait for ranks that wait for it.  A rank inside
-  training that still is, ``LEAVE_CONFIRM_S`` after such a notice, prints ``[rank q]
-  refconv: rank r left the job while the others train; aborting the job`` (the lowest
-  such rank; the others only if it did not) and aborts every rank (status 1).
+- a rank of a ``refconv train`` job (:func:`expect_training`) that reaches its exit
+  (``return`` from main, ``sys.exit``) without having entered training tells every
+  other rank so, with a small point-to-point message on ``MPI.COMM_WORLD`` (tag
+  ``LEAVING_TAG``), before MPI's finalize, which would otherwise wait for ranks that
+  wait for it.  A rank inside training that still is, ``LEAVE_CONFIRM_S`` after such
+  a notice, prints ``[rank q] refconv: rank r left the job while the others train;
+  aborting the job`` (the lowest such rank; the others only if it did not) and aborts
+  every rank (status 1).  Only such a rank sends: the others of its job cannot have
+  finished (they wait for it), so no notice reaches a rank that is finalizing, which
+  MPICH punishes (notices sent by every rank at every exit got 4-rank jobs SIGKILLed
+  at their end, 1 run in 3).
 
-What no hook can see: ``os._exit(0)`` outside training, or a C library's ``_exit(0)``.
-MPICH's launcher then ends the job at once (under a second) but with status 0.
+What no hook sees: a rank that returns from a script of its own (not ``refconv
+train``) while the others train, which the collective timeout ends; ``os._exit(0)``
+outside training, or a C library's ``_exit(0)``, after which MPICH's launcher ends
+the job at once (under a second) but with status 0.
 
 Every line is written whole, newline included, in one ``write`` and flushed, so
 lines from different ranks never run together.  MPICH adds its own one-line
@@ -44,6 +50,7 @@ and an error is just printed.
 
 import atexit
 import contextlib
+import ctypes
 import os
 import signal
 import sys
@@ -139,13 +146,15 @@ PR_SET_PDEATHSIG = 1   # prctl(2): the signal this process gets when its parent 
 
 def die_with_launcher():
     """Linux: have the kernel SIGKILL this rank when its parent (the launcher's proxy that
-    started it, e.g. MPICH's hydra_pmi_proxy) dies.  Without it, a rank whose proxy was killed
-    runs on, orphaned, after mpiexec has returned: it trained on and saved later checkpoints
-    into the directory that the next run resumes from (measured: killed at step 18, the
-    directory reached step 30 a few seconds later).  Returns whether it is in force."""
+    started it, e.g. MPICH's hydra_pmi_proxy) dies; strictly, when the parent's thread that
+    started it ends.  ``REFCONV_NO_ABORT_HOOK=1`` turns it off with the abort hook.
+
+    Without it, a rank whose proxy was killed runs on, orphaned, after mpiexec has
+    returned: it trained on and saved later checkpoints into the directory that the next
+    run resumes from (measured: killed at step 18, the directory reached step 30 a few
+    seconds later).  Returns whether it is in force."""
     if not sys.platform.startswith("linux"):
         return False
-    import ctypes
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
@@ -184,18 +193,19 @@ LEAVE_POLL_S = 0.1     # how often a training rank looks for notices
 
 
 class _Leaving:
-    """This process's state: how deep inside training it is, whether its last training run
-    finished, the notices received, and the watcher thread that looks for them."""
+    """This process's state: how deep inside training it is, whether it owes the job a
+    training run, the notices received, and the watcher thread that looks for them."""
 
     def __init__(self):
         self.depth = 0
-        self.finished = False
+        self.owed = False            # a rank of a refconv train job that has not entered training yet
         self.request = None         # the posted receive of a notice
         self.notice = bytearray(8)
         self.left = None            # (rank that left, monotonic time its notice arrived)
         self.thread = None
         self.real_exit = None       # os._exit, while it is wrapped
         self.pid = None
+        self.lock = threading.Lock()  # the watcher's Test and the exit's Cancel of the one request
 
 
 _leaving = _Leaving()
@@ -227,8 +237,11 @@ def _watch_for_leavers():
     me, status = world.Get_rank(), MPI.Status()
     while True:
         time.sleep(LEAVE_POLL_S)
-        if _leaving.left is None and _leaving.request is not None and _leaving.request.Test(status):
-            _leaving.left = (status.Get_source(), time.monotonic())
+        with _leaving.lock:
+            if _leaving.request is None:
+                return                  # this process is exiting
+            if _leaving.left is None and _leaving.request.Test(status):
+                _leaving.left = (status.Get_source(), time.monotonic())
         if _leaving.left is None or not _leaving.depth:
             continue
         rank, since = _leaving.left
@@ -239,21 +252,29 @@ def _watch_for_leavers():
             time.sleep(GRACE_S)     # the lowest training rank speaks; the others only if it did not
         sys.stdout.flush()
         write_line(f"[rank {me}] refconv: rank {rank} left the job while the others train (it reached its exit "
-                   f"outside training); aborting the job")
+                   f"before training); aborting the job")
         time.sleep(LINE_GRACE_S)
         world.Abort(1)
 
 
+def expect_training():
+    """This rank is one of a job whose every rank trains (``refconv train``): should it exit
+    before it enters :func:`training`, it tells the others, who would wait for it."""
+    _leaving.owed = True
+
+
 def _notify_at_exit():
-    """atexit (before MPI's finalize): a rank that leaves without having finished a training run
-    tells the others, in case they are training (they wait in collectives for it)."""
+    """atexit (before MPI's finalize): a rank that owes the job a training run tells the
+    others it is leaving (they wait in collectives for it)."""
     world = MPI.COMM_WORLD
     if MPI.Is_finalized() or world.Get_size() == 1:
         return
-    if _leaving.request is not None and _leaving.left is None:
-        _leaving.request.Cancel()    # MPI's finalize wants no receive left pending
-        _leaving.request.Wait()
-    if _leaving.finished:
+    with _leaving.lock:
+        if _leaving.request is not None and _leaving.left is None:
+            _leaving.request.Cancel()    # MPI's finalize wants no receive left pending
+            _leaving.request.Wait()
+        _leaving.request = None
+    if not _leaving.owed:
         return
     me = world.Get_rank()
     note = bytearray(me.to_bytes(8, "little"))
@@ -265,13 +286,11 @@ def _notify_at_exit():
 def training(comm):
     """``with training(comm):`` marks this rank as training with the other ranks of
     ``comm`` (every rank of ``MPI.COMM_WORLD``): leaving early by any route inside ends
-    the job, and a notice that another rank left ends it too.  A run that ends normally
-    marks this rank finished: its exit sends no notice."""
-    if comm.Get_size() == 1 or comm.Get_size() != MPI.COMM_WORLD.Get_size() \
-            or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        yield        # nobody to strand, or not every rank trains; the watcher thread needs MPI threads
+    the job, and a notice that another rank left ends it too."""
+    if comm.Get_size() == 1 or comm.Get_size() != MPI.COMM_WORLD.Get_size():
+        yield        # nobody to strand, or not every rank trains
         return
-    if _leaving.thread is None:
+    if _leaving.thread is None and MPI.Query_thread() == MPI.THREAD_MULTIPLE:  # the watcher calls MPI too
         _leaving.request = MPI.COMM_WORLD.Irecv([_leaving.notice, MPI.BYTE], source=MPI.ANY_SOURCE,
                                                 tag=LEAVING_TAG)
         _leaving.thread = threading.Thread(target=_watch_for_leavers, name="refconv-leavers", daemon=True)
@@ -279,15 +298,13 @@ def training(comm):
     if _leaving.depth == 0:
         _leaving.real_exit, _leaving.pid, os._exit = os._exit, os.getpid(), _wrapped_exit
     _leaving.depth += 1
-    _leaving.finished = False
+    _leaving.owed = False
     try:
         yield
     except (SystemExit, KeyboardInterrupt) as exc:
         where = _where(exc.__traceback__)
         code = f"({exc.code!r})" if isinstance(exc, SystemExit) else ""
         _leave_now(f"{type(exc).__name__}{code}" + (f" raised at {where}" if where else ""))
-    else:
-        _leaving.finished = True
     finally:
         _leaving.depth -= 1
         if _leaving.depth == 0:

@@ -42,7 +42,8 @@ from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
 from refconv.train_config import MAX_CLASSES, OptionError, TrainConfig
 
-__all__ = ["TrainConfig", "Diverged", "train", "step", "evaluate", "learning_rate", "format_summary", "add_arguments", "run"]
+__all__ = ["TrainConfig", "Diverged", "train", "step", "evaluate", "learning_rate", "format_summary", "add_arguments",
+           "run"]
 
 class Diverged(failure.SharedFailure):
     """The loss or the model stopped being finite (raised on every rank alike; exit status 3)."""
@@ -423,6 +424,7 @@ def add_arguments(parser):
 
 
 def run(args):
+    failure.expect_training()      # every rank of this job trains: one that leaves before it tells the others
     result = train(train_config.from_arguments(args))
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(format_summary(result), flush=True)

@@ -368,8 +368,8 @@ def _alias_bomb(levels=6, width=9):
     lines = ["description:", "- &l0 [" + ", ".join(["{type: relu}"] * width) + "]"]
     for i in range(1, levels):
         lines.append(f"- &l{i} [" + ", ".join([f"{{type: residual, layers: *l{i - 1}}}"] * width) + "]")
-    lines += ["in_channels: 1", f"layers: [{{type: conv, out: 4, kernel: 3}}, {{type: residual, layers: *l{levels - 1}}}, "
-              "{type: gap}, {type: linear, out: 10}]"]
+    lines += ["in_channels: 1", "layers: [{type: conv, out: 4, kernel: 3}, "
+              f"{{type: residual, layers: *l{levels - 1}}}, {{type: gap}}, {{type: linear, out: 10}}]"]
     return "\n".join(lines) + "\n"
 
 
