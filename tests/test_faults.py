@@ -350,6 +350,8 @@ def test_killing_the_launcher_proxy_ends_every_rank_and_resume_is_identical(tmp_
     ("train", "--metrics-out", "{tmp}"),
     ("bench", "collectives", "--out", "{missing}/b.jsonl"),
     ("plot", "{file}", "--out-dir", "{file}"),
+    ("plan", "--model", "digits-cnn", "--ranks", "2", "--batch", "8", "--out", "{missing}/plan.yaml"),
+    ("calibrate", "--quick", "--out", "{missing}/machine.yaml"),
 ])
 def test_an_output_path_that_cannot_be_written_is_refused_at_the_start(command, tmp_path):
     """Every rank checks every output path before any work: one line, exit 2, no traceback

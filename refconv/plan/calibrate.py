@@ -52,7 +52,7 @@ import numpy
 import yaml
 from mpi4py import MPI
 
-from refconv import ProcessGrid, collectives, device, launch, threads, train_config
+from refconv import ProcessGrid, checks, collectives, device, launch, threads, train_config
 from refconv.backend import get_backend
 from refconv.bench.common import time_ranks
 from refconv.layers import DistConv2d
@@ -419,6 +419,7 @@ def run(args):
     comm = MPI.COMM_WORLD
     if not args.out.endswith((".yaml", ".yml")):  # checked identically on every rank, before any collective
         raise ValueError(f"--out: expected a .yaml path, got {args.out!r}")
+    checks.output_file(args.out, "--out")  # on every rank, before the timing: not on rank 0 at the end
     if args.ranks is not None and args.ranks < 2:
         raise ValueError(f"--ranks: expected an int >= 2 (collectives are timed between ranks), got {args.ranks}")
     if comm.Get_size() > 1 and args.ranks not in (None, comm.Get_size()):

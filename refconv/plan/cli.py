@@ -22,7 +22,7 @@ import warnings
 import yaml
 from mpi4py import MPI
 
-from refconv import datasets, train_config
+from refconv import checks, datasets, train_config
 from refconv.train import load_model_spec
 from refconv.plan import report
 from refconv.pricing import machine as machine_mod, search
@@ -57,6 +57,8 @@ def _plan(args):
         raise ValueError(f"--memory-per-rank: expected a positive number of GiB, got {args.memory_per_rank}")
     if args.out and not args.out.endswith((".yaml", ".yml", ".json")):
         raise ValueError(f"--out: expected a .yaml or .json path, got {args.out!r}")
+    if args.out:
+        checks.output_file(args.out, "--out")  # before the search, not a traceback after it
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         machine = machine_mod.load(args.machine)
