@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refconv import kernels
+from refconv.kernels import conv_backward_filter
 from refconv import reference as ref
 from refconv.arrays import to_host
 from refconv.backend import NumpyBackend, get_backend
@@ -132,6 +133,31 @@ def test_conv_examples(name, version):
 def test_backward_filter_split_k(splits):
     # K = N*Ho*Wo = 2*7*5 = 70: 5 stages of 16; the last split may be short or empty of whole stages.
     check_conv(P(2, 3, 4, 7, 5, 3, 3, padding=1, dtype="float32"), 2, ["backward_filter"], splits=splits)
+
+
+@pytest.mark.parametrize("splits", [1, 3, 5])
+def test_backward_filter_split_k_is_deterministic(splits):
+    """dw is the split partials added in the order 0, 1, ..., splits-1, bit for bit, and the same on every run.
+
+    With partial tiles added atomically the order of the additions (and so the float32
+    rounding) would follow the order the blocks finish in.  The simulator runs blocks in a
+    fixed order, so test_kernel_compile.py also checks that the compiled kernels hold no atomics.
+    """
+    problem = P(2, 3, 4, 7, 5, 3, 3, padding=1, groups=1, dtype="float32")  # K = 70: 5 stages of 16
+    x, _, _, dy = problem.arrays(seed=11)
+    x_d, dy_d = dev(x, dy)
+    g = problem.geometry
+    F, Cg, Kh, Kw = problem.w_shape
+    partial = to_host(conv_backward_filter.backward_filter_partials(x_d, dy_d, problem.w_shape, splits=splits, **g))
+    assert partial.shape == (splits, F, Cg * Kh * Kw) and partial.dtype == numpy.float32
+    in_order = partial[0]
+    for s in range(1, splits):
+        in_order = in_order + partial[s]  # float32 + float32, rounded after each addition
+    runs = [to_host(kernels.conv2d_backward_filter(x_d, dy_d, problem.w_shape, splits=splits, **g)) for _ in range(2)]
+    assert numpy.array_equal(runs[0], in_order.reshape(problem.w_shape))
+    assert numpy.array_equal(runs[0], runs[1])
+    N, Ho, Wo = problem.x_shape[0], *problem.out_hw
+    check(runs[0], ref.conv2d_backward_filter(x, dy, problem.w_shape, **g), N * Ho * Wo, "backward-filter")
 
 
 # ----------------------------------------------------- argument errors match the reference
