@@ -21,7 +21,7 @@ import functools
 from numba import cuda
 
 from ._launch import (
-    multiply_stage,
+    multiply_stage, tiled_jit,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
     contiguous, gemm_grid, grid_1d, output_pixel, split3, split4, xp,
 )
@@ -67,7 +67,7 @@ def backward_data_tiled(dtype):
     Thread ``(tx, ty)`` accumulates rows ``tx + 16 ii`` and columns ``ty + 16 jj``.
     """
 
-    @cuda.jit
+    @tiled_jit
     def kernel(dy, w, dx, sh, sw, ph, pw, dh, dw, groups):
         # dy: (N, F, Ho, Wo); w: (F, Cg, Kh, Kw); dx: (N, C, H, W)
         N, C, H, W = dx.shape

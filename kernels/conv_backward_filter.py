@@ -22,9 +22,9 @@ import functools
 from numba import cuda
 
 from ._launch import (
-    multiply_stage,
+    multiply_stage, tiled_jit,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
+    advance3, ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
 from .conv_forward import check_version
 from refconv import checks
@@ -69,12 +69,15 @@ def backward_filter_tiled(dtype):
     ``[s * k_split, (s + 1) * k_split)``.  Shared memory per stage:
     ``a_tile[kk, ff] = dy[n, f, oh, ow]`` (neighbouring threads read neighbouring
     ``p``) and ``b_tile[kk, qq] = x[n, c, oh*s - p + i*d, ow*s - p + j*d]`` (zero
-    in the padding).  Thread ``(tx, ty)`` accumulates rows ``tx + 16 ii`` and
+    in the padding).  Both loaders give neighbouring threads neighbouring ``p``
+    (coalesced reads of ``dy`` and ``x``); each thread's ``q`` columns are
+    decomposed once, and its ``p`` once per split and then advanced by carrying
+    (no divides in the stage loop).  Thread ``(tx, ty)`` accumulates rows ``tx + 16 ii`` and
     columns ``ty + 16 jj``, and stores them into ``partial[s, g*Fg + f, q]``: every
     element of the workspace has exactly one writer.
     """
 
-    @cuda.jit
+    @tiled_jit
     def kernel(x, dy, partial, Kh, Kw, sh, sw, ph, pw, dil_h, dil_w, groups, k_split):
         # x: (N, C, H, W); dy: (N, F, Ho, Wo); partial: (splits, F, Cg*Kh*Kw)
         N, C, H, W = x.shape
@@ -102,37 +105,38 @@ def backward_filter_tiled(dtype):
             for jj in range(MICRO):
                 acc[ii, jj] = zero
 
-        # A (dy) is contiguous along p: neighbouring threads take neighbouring p.
-        a_k = t % TILE_K
-        a_f = t // TILE_K
-        # B (x): this thread's column q = (c, i, j) is fixed; decompose it once.
-        b_q = t % TILE_N
-        b_k = t // TILE_N
-        q_b = q0 + b_q
-        c, i, j = split3(q_b, Kh, Kw)
+        # Both tiles are loaded along p: thread t takes depth row kk = t % 16 of each stage,
+        # so neighbouring threads read neighbouring output pixels of dy and, through the
+        # stride, neighbouring input pixels of x (coalesced), and one p serves all 8 loads.
+        kk = t % TILE_K
+        col = t // TILE_K  # 0..15
+        # In the x tile the thread takes the LOADS_B consecutive columns q_first, q_first + 1, ...
+        # the same in every stage: decompose the first once and step to the next by carrying.
+        q_first = q0 + col * LOADS_B
+        c_first, i_first, j_first = split3(q_first, Kh, Kw)
+        # p = (n, oh, ow) of this thread's row in the first stage; advanced by TILE_K per stage.
+        n, oh, ow = split3(k_begin + kk, Ho, Wo)
 
         for tile in range((k_end - k_begin + TILE_K - 1) // TILE_K):
-            k0 = k_begin + tile * TILE_K
+            live = k_begin + tile * TILE_K + kk < k_end
             for load in range(LOADS_A):
-                ff = a_f + load * (THREADS * THREADS // TILE_K)
+                ff = col + load * (THREADS * THREADS // TILE_K)  # the dy tile: columns col, col + 16, ...
                 f = f0 + ff
-                p = k0 + a_k
                 value = zero
-                if f < Fg and p < k_end:
-                    n, oh, ow = split3(p, Ho, Wo)
+                if live and f < Fg:
                     value = dy[n, g * Fg + f, oh, ow]
-                a_tile[a_k, ff] = value
+                a_tile[kk, ff] = value
+            c, i, j = c_first, i_first, j_first
             for load in range(LOADS_B):
-                kk = b_k + load * (THREADS * THREADS // TILE_N)
-                p = k0 + kk
                 value = zero
-                if q_b < Q and p < k_end:
-                    n, oh, ow = split3(p, Ho, Wo)
+                if live and q_first + load < Q:
                     ih = input_pixel(oh, i, sh, ph, dil_h)
                     iw = input_pixel(ow, j, sw, pw, dil_w)
                     if 0 <= ih < H and 0 <= iw < W:
                         value = x[n, g * Cg + c, ih, iw]
-                b_tile[kk, b_q] = value
+                b_tile[kk, q_first - q0 + load] = value
+                c, i, j = advance3(c, i, j, 1, Kh, Kw)
+            n, oh, ow = advance3(n, oh, ow, TILE_K, Ho, Wo)
             cuda.syncthreads()
 
             multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty)

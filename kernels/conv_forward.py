@@ -18,7 +18,7 @@ import functools
 from numba import cuda
 
 from ._launch import (
-    multiply_stage,
+    multiply_stage, tiled_jit,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
     contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
@@ -67,7 +67,7 @@ def forward_tiled(dtype):
     finally writes them with bounds guards.
     """
 
-    @cuda.jit
+    @tiled_jit
     def kernel(x, w2, y, Kh, Kw, sh, sw, ph, pw, dh, dw, groups):
         # x: (N, C, H, W); w2: (F, Cg*Kh*Kw), the weights flattened; y: (N, F, Ho, Wo)
         N, C, H, W = x.shape

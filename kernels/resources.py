@@ -152,7 +152,9 @@ def compile_ptx(kernel, dtype, cc):
     saved = cuda_dispatcher.get_current_device
     cuda_dispatcher.get_current_device = lambda: _target_device(cc)
     try:
-        ptx, _ = cuda.compile_ptx(kernel.dispatcher(dtype).py_func, kernel.signature(dtype), cc=cc)
+        dispatcher = kernel.dispatcher(dtype)  # its launch bounds (tiled_jit) change the code, so pass them on
+        ptx, _ = cuda.compile_ptx(dispatcher.py_func, kernel.signature(dtype), cc=cc,
+                                  launch_bounds=dispatcher.targetoptions.get("launch_bounds"))
     finally:
         cuda_dispatcher.get_current_device = saved
     return ptx
