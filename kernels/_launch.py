@@ -46,8 +46,8 @@ def tiled_jit(kernel):
     """``cuda.jit`` for a tiled (version 2) kernel, declaring its launch bounds: blocks of ``THREADS**2`` threads.
 
     Told the block size (``.maxntid 256`` in the PTX), the compiler allocates far
-    fewer registers: measured with ``refconv.kernels.resources``, backward-filter
-    float32 140 -> 104, backward-data float64 138 -> 120, so two blocks fit on an SM
+    fewer registers: measured with ``refconv.kernels.resources`` when it was
+    introduced, backward-data float64 138 -> 120, so two blocks fit on an SM
     instead of one.  The simulator's ``cuda.jit`` takes no launch bounds and needs none.
     """
     if config.ENABLE_CUDASIM:
@@ -82,16 +82,22 @@ def contiguous(a):
 # ------------------------------------------------------------ device index helpers
 
 
+# The split helpers divide once per coordinate and take each remainder as
+# ``index - quotient * size``: a 64-bit divide is a long instruction sequence on a
+# GPU, and the compiler does not always merge a ``//`` and a ``%`` of the same operands.
 @cuda.jit(device=True)
 def split2(index, inner):
     """``index`` -> ``(index // inner, index % inner)``: a flat index into (outer, inner) coordinates."""
-    return index // inner, index % inner
+    outer = index // inner
+    return outer, index - outer * inner
 
 
 @cuda.jit(device=True)
 def split3(index, middle, inner):
     """``index`` -> ``(a, b, c)`` with ``index = (a * middle + b) * inner + c``."""
-    return index // (middle * inner), (index // inner) % middle, index % inner
+    rest = index // inner
+    a = rest // middle
+    return a, rest - a * middle, index - rest * inner
 
 
 @cuda.jit(device=True)
@@ -115,9 +121,9 @@ def advance3(a, b, c, step, middle, inner):
 @cuda.jit(device=True)
 def split4(index, d1, d2, d3):
     """``index`` -> ``(a, b, c, d)`` in a ``(*, d1, d2, d3)`` C-ordered array."""
-    rest, d = index // d3, index % d3
-    rest, c = rest // d2, rest % d2
-    return rest // d1, rest % d1, c, d
+    rest = index // d3
+    a, b, c = split3(rest, d1, d2)
+    return a, b, c, index - rest * d3
 
 
 @cuda.jit(device=True)
@@ -135,9 +141,13 @@ def output_pixel(inp, tap, stride, padding, dilation, size_out):
     fail land between output pixels (stride > 1) or off the output, and are skipped.
     """
     shifted = inp + padding - tap * dilation
-    if shifted < 0 or shifted % stride != 0:
+    if shifted < 0:
         return -1
+    if stride == 1:  # most layers: every tap lands on an output pixel, no divide needed
+        return shifted if shifted < size_out else -1
     out = shifted // stride
+    if shifted - out * stride != 0:
+        return -1
     return out if out < size_out else -1
 
 

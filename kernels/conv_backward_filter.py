@@ -70,9 +70,8 @@ def backward_filter_tiled(dtype):
     ``a_tile[kk, ff] = dy[n, f, oh, ow]`` (neighbouring threads read neighbouring
     ``p``) and ``b_tile[kk, qq] = x[n, c, oh*s - p + i*d, ow*s - p + j*d]`` (zero
     in the padding).  Both loaders give neighbouring threads neighbouring ``p``
-    (coalesced reads of ``dy`` and ``x``); each thread's ``q`` columns are
-    decomposed once, and its ``p`` once per split and then advanced by carrying
-    (no divides in the stage loop).  Thread ``(tx, ty)`` accumulates rows ``tx + 16 ii`` and
+    (coalesced reads of ``dy`` and ``x``); each thread's ``p`` is decomposed once
+    per stage and serves all eight of its loads, and its ``q`` columns once in all.  Thread ``(tx, ty)`` accumulates rows ``tx + 16 ii`` and
     columns ``ty + 16 jj``, and stores them into ``partial[s, g*Fg + f, q]``: every
     element of the workspace has exactly one writer.
     """
@@ -114,11 +113,13 @@ def backward_filter_tiled(dtype):
         # the same in every stage: decompose the first once and step to the next by carrying.
         q_first = q0 + col * LOADS_B
         c_first, i_first, j_first = split3(q_first, Kh, Kw)
-        # p = (n, oh, ow) of this thread's row in the first stage; advanced by TILE_K per stage.
-        n, oh, ow = split3(k_begin + kk, Ho, Wo)
 
         for tile in range((k_end - k_begin + TILE_K - 1) // TILE_K):
-            live = k_begin + tile * TILE_K + kk < k_end
+            # This thread's row p = (n, oh, ow), split once per stage (two divides).  Advancing it
+            # by carrying instead, as the loaders of x's taps do, cost 24 more registers.
+            p = k_begin + tile * TILE_K + kk
+            live = p < k_end
+            n, oh, ow = split3(p, Ho, Wo)
             for load in range(LOADS_A):
                 ff = col + load * (THREADS * THREADS // TILE_K)  # the dy tile: columns col, col + 16, ...
                 f = f0 + ff
@@ -136,7 +137,6 @@ def backward_filter_tiled(dtype):
                         value = x[n, g * Cg + c, ih, iw]
                 b_tile[kk, q_first - q0 + load] = value
                 c, i, j = advance3(c, i, j, 1, Kh, Kw)
-            n, oh, ow = advance3(n, oh, ow, TILE_K, Ho, Wo)
             cuda.syncthreads()
 
             multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty)
