@@ -17,6 +17,9 @@ from refconv import arrays
 # ---------------------------------------------------------------- tile constants
 # Elementwise and reduction kernels: one thread per element, 256 per block.
 BLOCK_1D = 256
+# Kernels that choose how finely to split a reduction (split-K, the per-channel sums)
+# aim for about this many blocks in flight: a few per SM of a large GPU (an H200 has 132).
+TARGET_BLOCKS = 512
 
 # Tiled (version 2) convolution kernels: implicit GEMM C[M, N] = A[M, K] @ B[K, N].
 # A block of THREADS x THREADS threads computes a TILE_M x TILE_N tile of C; each

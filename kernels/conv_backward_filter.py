@@ -23,15 +23,14 @@ from numba import cuda
 
 from ._launch import (
     multiply_stage, tiled_jit,
-    A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
+    A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, TARGET_BLOCKS, THREADS, TILE_K, TILE_M, TILE_N,
     advance3, ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
 from .conv_forward import check_version
 from refconv import checks
 
-# Split-K: aim for about this many blocks in flight (a few per SM of a large GPU),
-# but give every split at least MIN_TILES_PER_SPLIT stages of work.
-TARGET_BLOCKS = 512
+# Split-K: aim for about TARGET_BLOCKS blocks in flight (_launch.py), but give every
+# split at least MIN_TILES_PER_SPLIT stages of work.
 MIN_TILES_PER_SPLIT = 8
 
 

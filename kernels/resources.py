@@ -71,13 +71,13 @@ class Kernel:
 
     def signature(self, dtype):
         """Numba types for ``args``: ``1``-``4`` a C-contiguous array of that rank in
-        ``dtype``, ``L`` an int64 array of rank 4, ``i`` an int64, ``f`` a float64,
-        ``b`` a bool."""
+        ``dtype``, ``s`` a scalar in ``dtype``, ``L`` an int64 array of rank 4, ``D`` a
+        float64 array of rank 2, ``i`` an int64, ``f`` a float64, ``b`` a bool."""
         from numba import types
 
         element = types.float32 if dtype == numpy.float32 else types.float64
-        kinds = {"i": types.int64, "f": types.float64, "b": types.boolean,
-                 "L": types.Array(types.int64, 4, "C")}
+        kinds = {"i": types.int64, "f": types.float64, "b": types.boolean, "s": element,
+                 "L": types.Array(types.int64, 4, "C"), "D": types.Array(types.float64, 2, "C")}
         return tuple(types.Array(element, int(a), "C") if a.isdigit() else kinds[a] for a in self.args)
 
 
@@ -93,9 +93,10 @@ KERNELS = (
     Kernel("elementwise", "bias_add_kernel", 0, "41", 256),
     Kernel("elementwise", "relu_forward_kernel", 0, "11", 256),
     Kernel("elementwise", "relu_backward_kernel", 0, "111", 256),
-    Kernel("batch_norm", "channel_sums_kernel", 0, "331111b", 256),
+    Kernel("batch_norm", "channel_sums_kernel", 0, "3311DDb", 256),
+    Kernel("batch_norm", "channel_sums_finish_kernel", 0, "DD11b", 256),
     Kernel("batch_norm", "batch_norm_apply_kernel", 0, "411114", 256),
-    Kernel("batch_norm", "batch_norm_backward_apply_kernel", 0, "4411111f4", 256),
+    Kernel("batch_norm", "batch_norm_backward_apply_kernel", 0, "4411111s4", 256),
     Kernel("pooling", "max_pool_forward_kernel", 0, "44Liiiiii", 256),
     Kernel("pooling", "max_pool_backward_kernel", 0, "4L4iiiiii", 256),
     Kernel("pooling", "avg_pool_forward_kernel", 0, "44iiiiii", 256),

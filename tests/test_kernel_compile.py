@@ -107,3 +107,26 @@ def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_
     assert "8 atomic instruction(s)" in lines["atomics"]
     # 128 registers x 32 lanes = 4096 per warp; 65536 / 4096 = 16 warps = 2 blocks of 8 warps: 25%, by registers
     assert lines["blocks"] == "(2, 0.25, 'registers')"
+
+
+def test_float32_batch_norm_apply_stays_float32():
+    """The per-element batch-norm kernels compiled for float32 hold no float64 instruction (count is passed in the
+    data's dtype); the float64 versions do, so the check can see one."""
+    code = textwrap.dedent("""
+        import re
+        import numpy
+        from refconv.kernels import resources
+
+        for kernel in resources.KERNELS:
+            if kernel.name in ("batch_norm_apply_kernel", "batch_norm_backward_apply_kernel"):
+                for dtype in (numpy.float32, numpy.float64):
+                    f64 = re.findall(r"[.]f64[^0-9a-z_]", resources.compile_ptx(kernel, dtype, (9, 0)))
+                    print(f"{kernel.name} {numpy.dtype(dtype).name}: {len(f64)}")
+    """)
+    done = run_compiler(code=code)
+    assert done.returncode == 0, done.stdout + done.stderr
+    counts = {k: int(v) for k, v in (line.split(": ") for line in done.stdout.splitlines())}
+    assert set(counts) == {f"{k} {d}" for k in ("batch_norm_apply_kernel", "batch_norm_backward_apply_kernel")
+                           for d in ("float32", "float64")}
+    assert all(v == 0 for k, v in counts.items() if k.endswith("float32")), counts
+    assert all(v > 0 for k, v in counts.items() if k.endswith("float64")), counts

@@ -315,6 +315,53 @@ def test_batch_norm_pieces_recover_the_reference_layer():
     check(dx, dx_ref, count, "dx")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_channel_sums_split_across_blocks(dtype):
+    """Three blocks per channel (a large GPU's launch), then the fixed-order pass: the sums are right and repeat."""
+    from refconv.kernels import batch_norm
+
+    rng = numpy.random.default_rng(5)
+    x, dy = (rng.standard_normal((2, 2, 5, 7)) * 3 + 1).astype(dtype), rng.standard_normal((2, 2, 5, 7)).astype(dtype)
+    mean, invstd = rng.standard_normal(2).astype(dtype), (rng.random(2) + 0.5).astype(dtype)
+    x_d, dy_d, mean_d, invstd_d = dev(x, dy, mean, invstd)
+    runs = [batch_norm.channel_sums(dy_d, x_d, mean_d, invstd_d, x.dtype, per_channel=3) for _ in range(2)]
+    want = HOST.batch_norm_grad_sums(dy, x, mean, invstd)
+    for got, again, expected, name in zip(runs[0], runs[1], want, ("sum dy", "sum dy xhat")):
+        check(got, expected, 70 * 10, name)
+        assert numpy.array_equal(to_host(got), to_host(again)), name
+    check(batch_norm.channel_sums(x_d, None, mean_d, invstd_d, x.dtype, per_channel=3), x.sum(axis=(0, 2, 3)), 700, "sum x")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_norm_backward_apply_passes_count_in_the_data_dtype(dtype, monkeypatch):
+    """A Python float would reach the kernel as a float64 argument and make the float32 kernel compute in float64
+    (test_kernel_compile.py checks the float32 PTX, compiled with the inventory's 's': a scalar in the data's dtype)."""
+    from refconv.kernels import batch_norm
+
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, geometry):
+            return lambda *args: launches.append(args)
+
+    monkeypatch.setattr(batch_norm, "batch_norm_backward_apply_kernel", Recorder())
+    x = dev(numpy.zeros((1, 2, 2, 2), dtype=dtype))
+    v = dev(numpy.zeros(2, dtype=dtype))
+    batch_norm.batch_norm_backward_apply(x, x, v, v, v, v, v, 8)
+    count = launches[0][7]
+    assert type(count) is numpy.dtype(dtype).type and count == 8
+
+
+def test_channel_sums_fill_the_gpu():
+    """C = 64 channels of a ResNet layer at batch 32: about TARGET_BLOCKS blocks, not 64; tiny inputs stay at one."""
+    from refconv.kernels import batch_norm
+    from refconv.kernels._launch import TARGET_BLOCKS
+
+    assert 64 * batch_norm.blocks_per_channel(64, 32 * 56 * 56) == TARGET_BLOCKS
+    assert batch_norm.blocks_per_channel(2048, 32 * 7 * 7) == 1
+    assert batch_norm.blocks_per_channel(3, 2 * 5 * 5) == 1
+
+
 def test_batch_norm_channel_vector_error():
     x = dev(numpy.zeros((1, 3, 2, 2)))
     v = dev(numpy.zeros(3))
