@@ -160,6 +160,17 @@ def test_backward_filter_split_k_is_deterministic(splits):
     check(runs[0], ref.conv2d_backward_filter(x, dy, problem.w_shape, **g), N * Ho * Wo, "backward-filter")
 
 
+def test_numpy_backend_is_bit_identical_run_to_run():
+    """docs/kernels.md promises it: the three conv passes of the numpy backend, twice, bit for bit."""
+    problem = P(2, 4, 6, 7, 6, 3, 3, stride=2, padding=1, groups=2, dtype="float32")
+    x, w, _, dy = problem.arrays(seed=3)
+    g = problem.geometry
+    passes = lambda: (HOST.conv2d_forward(x, w, **g), HOST.conv2d_backward_data(dy, w, x.shape, **g),  # noqa: E731
+                      HOST.conv2d_backward_filter(x, dy, w.shape, **g))
+    first, second = passes(), passes()
+    assert all(numpy.array_equal(a, b) for a, b in zip(first, second))
+
+
 # ----------------------------------------------------- argument errors match the reference
 
 
