@@ -107,9 +107,10 @@ def split3(index, middle, inner):
 def advance3(a, b, c, step, middle, inner):
     """``split3(index + step, middle, inner)`` from ``(a, b, c) = split3(index, middle, inner)``, without dividing.
 
-    Adds ``step`` to ``c`` and carries into ``b`` and ``a``; costs about
-    ``step // inner + step // (inner * middle) + 2`` compare-and-subtracts, less than
-    one 64-bit divide for the steps of the tiled loaders (``TILE_K`` or 4).
+    Adds ``step`` to ``c`` and carries into ``b`` and ``a``, one compare-and-subtract
+    per carry: about ``step // inner + step // (inner * middle) + 2`` of them.  For the
+    steps of the tiled kernels (1, 4, 16) and sizes of 3 or more that is a handful,
+    cheaper than the two 64-bit divides of a ``split3``; at size 1 it is ``step``.
     """
     c += step
     while c >= inner:
