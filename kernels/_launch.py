@@ -10,13 +10,16 @@ real GPU, NumPy arrays under Numba's CUDA simulator.  ``refconv.arrays`` decides
 which; nothing here imports cupy.
 """
 
-from numba import cuda
+from numba import config, cuda
 
 from refconv import arrays
 
 # ---------------------------------------------------------------- tile constants
 # Elementwise and reduction kernels: one thread per element, 256 per block.
 BLOCK_1D = 256
+# Kernels that choose how finely to split a reduction (split-K, the per-channel sums)
+# aim for about this many blocks in flight: a few per SM of a large GPU (an H200 has 132).
+TARGET_BLOCKS = 512
 
 # Tiled (version 2) convolution kernels: implicit GEMM C[M, N] = A[M, K] @ B[K, N].
 # A block of THREADS x THREADS threads computes a TILE_M x TILE_N tile of C; each
@@ -40,6 +43,19 @@ B_STAGE = (TILE_K, TILE_N + PAD)
 # Tile elements each thread copies into shared memory per stage.
 LOADS_A = TILE_K * TILE_M // (THREADS * THREADS)  # 4
 LOADS_B = TILE_K * TILE_N // (THREADS * THREADS)  # 4
+
+
+def tiled_jit(kernel):
+    """``cuda.jit`` for a tiled (version 2) kernel, declaring its launch bounds: blocks of ``THREADS**2`` threads.
+
+    Told the block size (``.maxntid 256`` in the PTX), the compiler allocates far
+    fewer registers: measured with ``refconv.kernels.resources`` when it was
+    introduced, backward-data float64 138 -> 120, so two blocks fit on an SM
+    instead of one.  The simulator's ``cuda.jit`` takes no launch bounds and needs none.
+    """
+    if config.ENABLE_CUDASIM:
+        return cuda.jit(kernel)
+    return cuda.jit(launch_bounds=THREADS * THREADS)(kernel)
 
 
 def ceil_div(a, b):
@@ -78,24 +94,49 @@ def contiguous(a):
 # ------------------------------------------------------------ device index helpers
 
 
+# The split helpers divide once per coordinate and take each remainder as
+# ``index - quotient * size``: a 64-bit divide is a long instruction sequence on a
+# GPU, and the compiler does not always merge a ``//`` and a ``%`` of the same operands.
 @cuda.jit(device=True)
 def split2(index, inner):
     """``index`` -> ``(index // inner, index % inner)``: a flat index into (outer, inner) coordinates."""
-    return index // inner, index % inner
+    outer = index // inner
+    return outer, index - outer * inner
 
 
 @cuda.jit(device=True)
 def split3(index, middle, inner):
     """``index`` -> ``(a, b, c)`` with ``index = (a * middle + b) * inner + c``."""
-    return index // (middle * inner), (index // inner) % middle, index % inner
+    rest = index // inner
+    a = rest // middle
+    return a, rest - a * middle, index - rest * inner
+
+
+@cuda.jit(device=True)
+def advance3(a, b, c, step, middle, inner):
+    """``split3(index + step, middle, inner)`` from ``(a, b, c) = split3(index, middle, inner)``, without dividing.
+
+    Adds ``step`` to ``c`` and carries into ``b`` and ``a``, one compare-and-subtract
+    per carry: about ``step // inner + step // (inner * middle) + 2`` of them.  For the
+    steps of the tiled kernels (1, 4, 16) and sizes of 3 or more that is a handful,
+    cheaper than the two 64-bit divides of a ``split3``; at size 1 it is ``step``.
+    """
+    c += step
+    while c >= inner:
+        c -= inner
+        b += 1
+    while b >= middle:
+        b -= middle
+        a += 1
+    return a, b, c
 
 
 @cuda.jit(device=True)
 def split4(index, d1, d2, d3):
     """``index`` -> ``(a, b, c, d)`` in a ``(*, d1, d2, d3)`` C-ordered array."""
-    rest, d = index // d3, index % d3
-    rest, c = rest // d2, rest % d2
-    return rest // d1, rest % d1, c, d
+    rest = index // d3
+    a, b, c = split3(rest, d1, d2)
+    return a, b, c, index - rest * d3
 
 
 @cuda.jit(device=True)
@@ -113,9 +154,13 @@ def output_pixel(inp, tap, stride, padding, dilation, size_out):
     fail land between output pixels (stride > 1) or off the output, and are skipped.
     """
     shifted = inp + padding - tap * dilation
-    if shifted < 0 or shifted % stride != 0:
+    if shifted < 0:
         return -1
+    if stride == 1:  # most layers: every tap lands on an output pixel, no divide needed
+        return shifted if shifted < size_out else -1
     out = shifted // stride
+    if shifted - out * stride != 0:
+        return -1
     return out if out < size_out else -1
 
 

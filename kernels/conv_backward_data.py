@@ -21,9 +21,9 @@ import functools
 from numba import cuda
 
 from ._launch import (
-    multiply_stage, stream,
+    multiply_stage, stream, tiled_jit,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    contiguous, gemm_grid, grid_1d, output_pixel, split3, split4, xp,
+    advance3, contiguous, gemm_grid, grid_1d, output_pixel, split3, split4, xp,
 )
 from .conv_forward import check_version
 from refconv import checks
@@ -67,7 +67,7 @@ def backward_data_tiled(dtype):
     Thread ``(tx, ty)`` accumulates rows ``tx + 16 ii`` and columns ``ty + 16 jj``.
     """
 
-    @cuda.jit
+    @tiled_jit
     def kernel(dy, w, dx, sh, sw, ph, pw, dh, dw, groups):
         # dy: (N, F, Ho, Wo); w: (F, Cg, Kh, Kw); dx: (N, C, H, W)
         N, C, H, W = dx.shape
@@ -98,8 +98,11 @@ def backward_data_tiled(dtype):
         a_k = t // TILE_M
         m = m0 + a_m
         n, h, x_w = split3(m, H, W)
+        # The B element: neighbouring threads take neighbouring k (coalesced reads of w); its k
+        # is the same for the four loads of a stage and advances by TILE_K per stage.
         b_k = t % TILE_K
         b_c = t // TILE_K
+        fb, ib, jb = split3(b_k, Kh, Kw)
 
         for tile in range((K + TILE_K - 1) // TILE_K):
             k0 = tile * TILE_K
@@ -108,6 +111,8 @@ def backward_data_tiled(dtype):
                 k = k0 + kk
                 value = zero
                 if m < M and k < K:
+                    # Split per load: a running (f, i, j), as the forward loader keeps, cost this
+                    # kernel 12 more registers (142 in float64: one block per SM instead of two).
                     f, i, j = split3(k, Kh, Kw)
                     oh = output_pixel(h, i, sh, ph, dh, Ho)
                     ow = output_pixel(x_w, j, sw, pw, dw, Wo)
@@ -120,22 +125,22 @@ def backward_data_tiled(dtype):
                 k = k0 + b_k
                 value = zero
                 if c < Cg and k < K:
-                    f, i, j = split3(k, Kh, Kw)
-                    value = w[g * Fg + f, c, i, j]
+                    value = w[g * Fg + fb, c, ib, jb]
                 b_tile[b_k, cc] = value
+            fb, ib, jb = advance3(fb, ib, jb, TILE_K, Kh, Kw)
             cuda.syncthreads()
 
             multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty)
             cuda.syncthreads()
 
+        n, h, x_w = split3(m0 + tx, H, W)  # this thread's rows m0 + tx + 16 ii, advanced by 16
         for ii in range(MICRO):
-            m = m0 + tx + ii * THREADS
-            if m < M:
-                n, h, x_w = split3(m, H, W)
+            if m0 + tx + ii * THREADS < M:
                 for jj in range(MICRO):
                     c = c0 + ty + jj * THREADS
                     if c < Cg:
                         dx[n, g * Cg + c, h, x_w] = acc[ii, jj]
+            n, h, x_w = advance3(n, h, x_w, THREADS, H, W)
 
     return kernel
 

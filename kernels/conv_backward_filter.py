@@ -8,7 +8,10 @@ accumulates in float64, version 2 in the input dtype, as cuDNN does):
    ``p = (n, oh, ow)``; the same 64 x 64 tiles, 16-deep shared-memory stages and
    4 x 4 register micro-tiles as the forward kernel.  The reduction ``K = N*Ho*Wo``
    is long and the output small, so the reduction is split across ``splits``
-   blocks (split-K) that add their partial tiles into ``dw`` atomically.
+   blocks (split-K).  Each split writes its partial tile into its own slice of a
+   workspace ``(splits, F, C/groups*Kh*Kw)``; :func:`sum_splits_kernel` then adds the
+   slices in the fixed order ``0, 1, ..., splits-1``.  No atomics: the result is
+   bit-identical from run to run for the same launch geometry.
 
 Checked against ``refconv.reference.conv2d_backward_filter`` by
 ``tests/test_kernels.py``.  Benchmark: ``python -m refconv.bench kernels``.
@@ -19,16 +22,15 @@ import functools
 from numba import cuda
 
 from ._launch import (
-    multiply_stage, stream,
-    A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
+    multiply_stage, stream, tiled_jit,
+    A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, TARGET_BLOCKS, THREADS, TILE_K, TILE_M, TILE_N,
+    advance3, ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
 from .conv_forward import check_version
 from refconv import checks
 
-# Split-K: aim for about this many blocks in flight (a few per SM of a large GPU),
-# but give every split at least MIN_TILES_PER_SPLIT stages of work.
-TARGET_BLOCKS = 512
+# Split-K: aim for about TARGET_BLOCKS blocks in flight (_launch.py), but give every
+# split at least MIN_TILES_PER_SPLIT stages of work.
 MIN_TILES_PER_SPLIT = 8
 
 
@@ -66,22 +68,24 @@ def backward_filter_tiled(dtype):
     ``[s * k_split, (s + 1) * k_split)``.  Shared memory per stage:
     ``a_tile[kk, ff] = dy[n, f, oh, ow]`` (neighbouring threads read neighbouring
     ``p``) and ``b_tile[kk, qq] = x[n, c, oh*s - p + i*d, ow*s - p + j*d]`` (zero
-    in the padding).  Thread ``(tx, ty)`` accumulates rows ``tx + 16 ii`` and
-    columns ``ty + 16 jj``; with ``splits > 1`` it adds them into ``dw`` with
-    ``cuda.atomic.add`` (``dw`` starts at zero).
+    in the padding).  Both loaders give neighbouring threads neighbouring ``p``
+    (coalesced reads of ``dy`` and ``x``); each thread's ``p`` is decomposed once
+    per stage and serves all eight of its loads, and its ``q`` columns once in all.  Thread ``(tx, ty)`` accumulates rows ``tx + 16 ii`` and
+    columns ``ty + 16 jj``, and stores them into ``partial[s, g*Fg + f, q]``: every
+    element of the workspace has exactly one writer.
     """
 
-    @cuda.jit
-    def kernel(x, dy, dw, sh, sw, ph, pw, dil_h, dil_w, groups, splits, k_split):
-        # x: (N, C, H, W); dy: (N, F, Ho, Wo); dw: (F, Cg, Kh, Kw)
+    @tiled_jit
+    def kernel(x, dy, partial, Kh, Kw, sh, sw, ph, pw, dil_h, dil_w, groups, k_split):
+        # x: (N, C, H, W); dy: (N, F, Ho, Wo); partial: (splits, F, Cg*Kh*Kw)
         N, C, H, W = x.shape
         Ho, Wo = dy.shape[2], dy.shape[3]
-        F, Cg, Kh, Kw = dw.shape
-        Fg = F // groups
-        Q = Cg * Kh * Kw
+        splits, F, Q = partial.shape
+        Fg, Cg = F // groups, C // groups
         K = N * Ho * Wo
         g = cuda.blockIdx.z // splits
-        k_begin = (cuda.blockIdx.z % splits) * k_split
+        s = cuda.blockIdx.z % splits
+        k_begin = s * k_split
         k_end = min(K, k_begin + k_split)
         f0 = cuda.blockIdx.x * TILE_M
         q0 = cuda.blockIdx.y * TILE_N
@@ -99,55 +103,70 @@ def backward_filter_tiled(dtype):
             for jj in range(MICRO):
                 acc[ii, jj] = zero
 
-        # A (dy) is contiguous along p: neighbouring threads take neighbouring p.
-        a_k = t % TILE_K
-        a_f = t // TILE_K
-        # B (x): this thread's column q = (c, i, j) is fixed; decompose it once.
-        b_q = t % TILE_N
-        b_k = t // TILE_N
-        q = q0 + b_q
-        c, i, j = split3(q, Kh, Kw)
+        # Both tiles are loaded along p: thread t takes depth row kk = t % 16 of each stage,
+        # so neighbouring threads read neighbouring output pixels of dy and, through the
+        # stride, neighbouring input pixels of x (coalesced), and one p serves all 8 loads.
+        kk = t % TILE_K
+        col = t // TILE_K  # 0..15
+        # In the x tile the thread takes the LOADS_B consecutive columns q_first, q_first + 1, ...
+        # the same in every stage: decompose the first once and step to the next by carrying.
+        q_first = q0 + col * LOADS_B
+        c_first, i_first, j_first = split3(q_first, Kh, Kw)
 
         for tile in range((k_end - k_begin + TILE_K - 1) // TILE_K):
-            k0 = k_begin + tile * TILE_K
+            # This thread's row p = (n, oh, ow), split once per stage (two divides).  Advancing it
+            # by carrying instead, as the loaders of x's taps do, cost 24 more registers.
+            p = k_begin + tile * TILE_K + kk
+            live = p < k_end
+            n, oh, ow = split3(p, Ho, Wo)
             for load in range(LOADS_A):
-                ff = a_f + load * (THREADS * THREADS // TILE_K)
+                ff = col + load * (THREADS * THREADS // TILE_K)  # the dy tile: columns col, col + 16, ...
                 f = f0 + ff
-                p = k0 + a_k
                 value = zero
-                if f < Fg and p < k_end:
-                    n, oh, ow = split3(p, Ho, Wo)
+                if live and f < Fg:
                     value = dy[n, g * Fg + f, oh, ow]
-                a_tile[a_k, ff] = value
+                a_tile[kk, ff] = value
+            c, i, j = c_first, i_first, j_first
             for load in range(LOADS_B):
-                kk = b_k + load * (THREADS * THREADS // TILE_N)
-                p = k0 + kk
                 value = zero
-                if q < Q and p < k_end:
-                    n, oh, ow = split3(p, Ho, Wo)
+                if live and q_first + load < Q:
                     ih = input_pixel(oh, i, sh, ph, dil_h)
                     iw = input_pixel(ow, j, sw, pw, dil_w)
                     if 0 <= ih < H and 0 <= iw < W:
                         value = x[n, g * Cg + c, ih, iw]
-                b_tile[kk, b_q] = value
+                b_tile[kk, q_first - q0 + load] = value
+                c, i, j = advance3(c, i, j, 1, Kh, Kw)
             cuda.syncthreads()
 
             multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty)
             cuda.syncthreads()
 
+        # The store loop must unroll fully, or acc[ii, jj] takes a run-time index and acc
+        # moves to local memory: no divides in it (partial is flat in q = (c, i, j)).
         for ii in range(MICRO):
             f = f0 + tx + ii * THREADS
             if f < Fg:
                 for jj in range(MICRO):
-                    qo = q0 + ty + jj * THREADS
-                    if qo < Q:
-                        co, io, jo = split3(qo, Kh, Kw)
-                        if splits == 1:
-                            dw[g * Fg + f, co, io, jo] = acc[ii, jj]
-                        else:
-                            cuda.atomic.add(dw, (g * Fg + f, co, io, jo), acc[ii, jj])
+                    q = q0 + ty + jj * THREADS
+                    if q < Q:
+                        partial[s, g * Fg + f, q] = acc[ii, jj]
 
     return kernel
+
+
+@cuda.jit
+def sum_splits_kernel(partial, dw):
+    """Thread ``t`` writes ``dw[t] = partial[0, t] + partial[1, t] + ... + partial[splits-1, t]``, in that order.
+
+    ``partial``: ``(splits, F*Cg*Kh*Kw)``, the split-K workspace; ``dw``: ``(F*Cg*Kh*Kw,)``.
+    One writer per element and a fixed order of additions: deterministic.
+    """
+    index = cuda.grid(1)
+    if index < dw.size:
+        total = partial[0, index]
+        for s in range(1, partial.shape[0]):
+            total += partial[s, index]
+        dw[index] = total
 
 
 def choose_splits(blocks, K):
@@ -164,29 +183,60 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     ``splits`` (version 2 only) fixes the split-K factor; by default it is chosen
     from the problem size (:func:`choose_splits`).
     """
-    checks.array(x, "x", 4)
-    checks.array(dy, "dy", 4)
-    checks.same_dtype(x=x, dy=dy)
-    w_shape = checks.shape4(w_shape, "w_shape")
-    (sh, sw), (ph, pw), (dil_h, dil_w), groups, out_hw = checks.conv_geometry(x.shape, w_shape, stride, padding, dilation, groups)
-    checks.dy_shape(dy, x.shape, w_shape, out_hw)
+    checked = _checked(x, dy, w_shape, stride, padding, dilation, groups)
     check_version(version)
-    N, C, H, W = x.shape
+    if version == 2:
+        return sum_splits(_partials(*checked, splits)).reshape(checked[2])
+    x, dy, w_shape, (sh, sw, ph, pw, dil_h, dil_w, groups), _ = checked
+    dw = xp().empty(w_shape, dtype=x.dtype)
+    blocks, threads = grid_1d(dw.size)
+    backward_filter_direct[blocks, threads, stream()](x, dy, dw, sh, sw, ph, pw, dil_h, dil_w, groups)
+    return dw
+
+
+def backward_filter_partials(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, splits=None):
+    """Version 2's first step: the split-K workspace ``partial (splits, F, C/g*Kh*Kw)``.
+
+    ``partial[s]`` is the filter gradient summed over the depth slice
+    ``[s * k_split, (s + 1) * k_split)`` of the pixels ``p = (n, oh, ow)``;
+    :func:`sum_splits` adds the slices.  Same arguments as :func:`conv2d_backward_filter`.
+    """
+    return _partials(*_checked(x, dy, w_shape, stride, padding, dilation, groups), splits)
+
+
+def _partials(x, dy, w_shape, geometry, K, splits):
+    sh, sw, ph, pw, dil_h, dil_w, groups = geometry
     F, Cg, Kh, Kw = w_shape
-    x, dy = contiguous(x), contiguous(dy)
-    if version == 1:
-        dw = xp().empty(w_shape, dtype=x.dtype)
-        blocks, threads = grid_1d(dw.size)
-        backward_filter_direct[blocks, threads, stream()](x, dy, dw, sh, sw, ph, pw, dil_h, dil_w, groups)
-        return dw
-    dw = xp().zeros(w_shape, dtype=x.dtype)  # zeros: split-K slices add into it
-    K = N * out_hw[0] * out_hw[1]
     (bx, by, _), threads = gemm_grid(F // groups, Cg * Kh * Kw)
     if splits is None:
         splits, k_split = choose_splits(bx * by * groups, K)
     else:
         k_split = ceil_div(ceil_div(K, splits), TILE_K) * TILE_K
         splits = ceil_div(K, k_split)
-    blocks = (bx, by, groups * splits)
-    backward_filter_tiled(x.dtype.type)[blocks, threads, stream()](x, dy, dw, sh, sw, ph, pw, dil_h, dil_w, groups, splits, k_split)
-    return dw
+    partial = xp().empty((splits, F, Cg * Kh * Kw), dtype=x.dtype)  # every element is written once
+    backward_filter_tiled(x.dtype.type)[(bx, by, groups * splits), threads, stream()](
+        x, dy, partial, Kh, Kw, sh, sw, ph, pw, dil_h, dil_w, groups, k_split)
+    return partial
+
+
+def sum_splits(partial):
+    """``partial (splits, F, Q)`` -> ``(F, Q)``: the slices added in the fixed order ``0, 1, ..., splits-1``."""
+    splits, F, Q = partial.shape
+    if splits == 1:
+        return partial[0]
+    out = xp().empty((F, Q), dtype=partial.dtype)
+    blocks, threads = grid_1d(out.size)
+    sum_splits_kernel[blocks, threads, stream()](partial.reshape(splits, F * Q), out.reshape(F * Q))
+    return out
+
+
+def _checked(x, dy, w_shape, stride, padding, dilation, groups):
+    """The reference's argument checks; returns contiguous ``x, dy``, ``w_shape``, the geometry and ``K = N*Ho*Wo``."""
+    checks.array(x, "x", 4)
+    checks.array(dy, "dy", 4)
+    checks.same_dtype(x=x, dy=dy)
+    w_shape = checks.shape4(w_shape, "w_shape")
+    (sh, sw), (ph, pw), (dil_h, dil_w), groups, out_hw = checks.conv_geometry(x.shape, w_shape, stride, padding, dilation, groups)
+    checks.dy_shape(dy, x.shape, w_shape, out_hw)
+    K = x.shape[0] * out_hw[0] * out_hw[1]
+    return contiguous(x), contiguous(dy), w_shape, (sh, sw, ph, pw, dil_h, dil_w, groups), K

@@ -18,9 +18,9 @@ import functools
 from numba import cuda
 
 from ._launch import (
-    multiply_stage, stream,
+    multiply_stage, stream, tiled_jit,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
+    advance3, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
 from .elementwise import bias_add
 from refconv import checks
@@ -67,7 +67,7 @@ def forward_tiled(dtype):
     finally writes them with bounds guards.
     """
 
-    @cuda.jit
+    @tiled_jit
     def kernel(x, w2, y, Kh, Kw, sh, sw, ph, pw, dh, dw, groups):
         # x: (N, C, H, W); w2: (F, Cg*Kh*Kw), the weights flattened; y: (N, F, Ho, Wo)
         N, C, H, W = x.shape
@@ -101,6 +101,9 @@ def forward_tiled(dtype):
         n, oh, ow = split3(m, Ho, Wo)
         ih0 = input_pixel(oh, 0, sh, ph, dh)
         iw0 = input_pixel(ow, 0, sw, pw, dw)
+        # The k this thread loads walks a_k, a_k + 4, a_k + 8, ... through the loads of every
+        # stage in turn: split it into (c, i, j) once, then advance it by carrying.
+        c, i, j = split3(a_k, Kh, Kw)
         # The B element: neighbouring threads take neighbouring k (coalesced reads of w).
         b_k = t % TILE_K
         b_f = t // TILE_K
@@ -112,12 +115,12 @@ def forward_tiled(dtype):
                 k = k0 + kk
                 value = zero
                 if m < M and k < K:
-                    c, i, j = split3(k, Kh, Kw)
                     ih = ih0 + i * dh
                     iw = iw0 + j * dw
                     if 0 <= ih < H and 0 <= iw < W:
                         value = x[n, g * Cg + c, ih, iw]
                 a_tile[kk, a_m] = value
+                c, i, j = advance3(c, i, j, THREADS * THREADS // TILE_M, Kh, Kw)
             for load in range(LOADS_B):
                 ff = b_f + load * (THREADS * THREADS // TILE_K)
                 f = f0 + ff
@@ -131,14 +134,14 @@ def forward_tiled(dtype):
             multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty)
             cuda.syncthreads()
 
+        n, oh, ow = split3(m0 + tx, Ho, Wo)  # this thread's rows m0 + tx + 16 ii, advanced by 16
         for ii in range(MICRO):
-            m = m0 + tx + ii * THREADS
-            if m < M:
-                n, oh, ow = split3(m, Ho, Wo)
+            if m0 + tx + ii * THREADS < M:
                 for jj in range(MICRO):
                     f = f0 + ty + jj * THREADS
                     if f < Fg:
                         y[n, g * Fg + f, oh, ow] = acc[ii, jj]
+            n, oh, ow = advance3(n, oh, ow, THREADS, Ho, Wo)
 
     return kernel
 

@@ -16,7 +16,8 @@ reach on the six ResNet-50 shapes (a roofline on H200 figures).
 
 It needs the ``gpu-compile`` extra (``pip install -e '.[gpu-compile]'``, which the
 ``test`` extra includes).  ``tests/test_kernel_compile.py`` runs it on every CI
-run and fails on a typing error, an NVVM error, or a spill in a tiled kernel.
+run and fails on a typing error, an NVVM error, an atomic instruction in any
+kernel, or a spill or stack frame in a tiled kernel.
 
 ``KERNELS`` is the inventory: every ``@cuda.jit`` kernel of the package with the
 argument types its host function launches it with.  :func:`missing_kernels`
@@ -74,13 +75,13 @@ class Kernel:
 
     def signature(self, dtype):
         """Numba types for ``args``: ``1``-``4`` a C-contiguous array of that rank in
-        ``dtype``, ``L`` an int64 array of rank 4, ``i`` an int64, ``f`` a float64,
-        ``b`` a bool."""
+        ``dtype``, ``s`` a scalar in ``dtype``, ``L`` an int64 array of rank 4, ``D`` a
+        float64 array of rank 2, ``i`` an int64, ``f`` a float64, ``b`` a bool."""
         from numba import types
 
         element = types.float32 if dtype == numpy.float32 else types.float64
-        kinds = {"i": types.int64, "f": types.float64, "b": types.boolean,
-                 "L": types.Array(types.int64, 4, "C")}
+        kinds = {"i": types.int64, "f": types.float64, "b": types.boolean, "s": element,
+                 "L": types.Array(types.int64, 4, "C"), "D": types.Array(types.float64, 2, "C")}
         return tuple(types.Array(element, int(a), "C") if a.isdigit() else kinds[a] for a in self.args)
 
 
@@ -91,13 +92,15 @@ KERNELS = (
     Kernel("conv_backward_data", "backward_data_direct", 1, "444iiiiiii", 256),
     Kernel("conv_backward_data", "backward_data_tiled", 2, "444iiiiiii", TILE_THREADS),
     Kernel("conv_backward_filter", "backward_filter_direct", 1, "444iiiiiii", 256),
-    Kernel("conv_backward_filter", "backward_filter_tiled", 2, "444iiiiiiiii", TILE_THREADS),
+    Kernel("conv_backward_filter", "backward_filter_tiled", 2, "443iiiiiiiiii", TILE_THREADS),
+    Kernel("conv_backward_filter", "sum_splits_kernel", 0, "21", 256),
     Kernel("elementwise", "bias_add_kernel", 0, "41", 256),
     Kernel("elementwise", "relu_forward_kernel", 0, "11", 256),
     Kernel("elementwise", "relu_backward_kernel", 0, "111", 256),
-    Kernel("batch_norm", "channel_sums_kernel", 0, "331111b", 256),
+    Kernel("batch_norm", "channel_sums_kernel", 0, "3311DDb", 256),
+    Kernel("batch_norm", "channel_sums_finish_kernel", 0, "DD11b", 256),
     Kernel("batch_norm", "batch_norm_apply_kernel", 0, "411114", 256),
-    Kernel("batch_norm", "batch_norm_backward_apply_kernel", 0, "4411111f4", 256),
+    Kernel("batch_norm", "batch_norm_backward_apply_kernel", 0, "4411111s4", 256),
     Kernel("pooling", "max_pool_forward_kernel", 0, "44Liiiiii", 256),
     Kernel("pooling", "max_pool_backward_kernel", 0, "4L4iiiiii", 256),
     Kernel("pooling", "avg_pool_forward_kernel", 0, "44iiiiii", 256),
@@ -152,10 +155,26 @@ def compile_ptx(kernel, dtype, cc):
     saved = cuda_dispatcher.get_current_device
     cuda_dispatcher.get_current_device = lambda: _target_device(cc)
     try:
-        ptx, _ = cuda.compile_ptx(kernel.dispatcher(dtype).py_func, kernel.signature(dtype), cc=cc)
+        dispatcher = kernel.dispatcher(dtype)  # its launch bounds (tiled_jit) change the code, so pass them on
+        ptx, _ = cuda.compile_ptx(dispatcher.py_func, kernel.signature(dtype), cc=cc,
+                                  launch_bounds=dispatcher.targetoptions.get("launch_bounds"))
     finally:
         cuda_dispatcher.get_current_device = saved
     return ptx
+
+
+_PTX_ATOMIC = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:atom|red)\.", re.M)
+_PTX_INT_DIVIDE = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:div|rem)\.[su](?:32|64)\b", re.M)
+
+
+def ptx_counts(ptx):
+    """``{atomics, divides}``: the atomic (``atom.``, ``red.``) and integer ``div``/``rem`` instructions in ``ptx``.
+
+    Divides are counted as written in the PTX: LLVM emits each 64-bit division with a
+    32-bit fast path beside it (taken when both operands fit), so one ``//`` or ``%``
+    in the source that survives optimisation counts two.
+    """
+    return {"atomics": len(_PTX_ATOMIC.findall(ptx)), "divides": len(_PTX_INT_DIVIDE.findall(ptx))}
 
 
 def ptxas_path():
@@ -285,7 +304,8 @@ def measure(ccs=CCS, dtypes=DTYPES, progress=None):
     """Compile every kernel for every ``cc`` and dtype; assemble where ptxas exists.
 
     Returns ``{"ptxas": version or None, "kernels": [row, ...]}``; each row has
-    ``kernel, version, dtype, cc``, ``error`` where the compiler refused it, and, with ptxas, ``registers, shared_bytes,
+    ``kernel, version, dtype, cc``, ``error`` where the compiler refused it, else ``atomics, divides``
+    (:func:`ptx_counts`) and, with ptxas, ``registers, shared_bytes,
     stack_bytes, spill_bytes, blocks_per_sm, occupancy, limited_by``.
     """
     _require_compiler()
@@ -301,6 +321,8 @@ def measure(ccs=CCS, dtypes=DTYPES, progress=None):
                 except Exception as error:  # noqa: BLE001 (a typing or NVVM error is the finding)
                     row["error"] = f"{type(error).__name__}: {' '.join(str(error).split())[:400]}"
                     ptx = None
+                if ptx:
+                    row.update(ptx_counts(ptx))
                 if ptx and ptxas:
                     row.update(assemble(ptx, cc, ptxas))
                     blocks, fraction, limit = occupancy(row["registers"], row["shared_bytes"], kernel.threads, SMS[cc])
@@ -312,13 +334,21 @@ def measure(ccs=CCS, dtypes=DTYPES, progress=None):
 
 
 def failures(result):
-    """What the proof refuses: kernels missing from the inventory, spills in tiled kernels."""
+    """What the proof refuses: kernels missing from the inventory, an atomic instruction in any kernel
+    (docs/kernels.md promises results that do not depend on the order blocks run in), and in a tiled
+    kernel a spill or a stack frame (its register micro-tile pushed out to local memory)."""
     problems = [f"{name}: a kernel that KERNELS does not list (add it, with its signature)" for name in missing_kernels()]
     for row in result["kernels"]:
         if "error" in row:
             problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: does not compile: {row['error']}")
         if row["tiled"] and row.get("spill_bytes"):
             problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: spills {row['spill_bytes']} bytes")
+        if row.get("atomics"):
+            problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: {row['atomics']} atomic instruction(s) "
+                            "(the result would depend on the order the blocks run in)")
+        if row["tiled"] and row.get("stack_bytes"):
+            problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: a {row['stack_bytes']}-byte stack frame "
+                            "(local memory; the micro-tile should live in registers)")
     return problems
 
 
@@ -330,14 +360,16 @@ def markdown(result):
     lines = [BEGIN, "",
              f"Generated by `python -m refconv.kernels.resources --write docs/kernels.md` (ptxas {result['ptxas']}, "
              "`-O3`); CI regenerates it and fails if it differs. Occupancy is on an H200 SM (sm_90), "
-             "float32 and float64; a tiled kernel that spills fails the proof.", "",
-             "| kernel | version | dtype | registers | spills (B) | shared (B) | blocks/SM | occupancy | limited by |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "float32 and float64; a tiled kernel that spills or has a stack frame fails the proof, and so does "
+             "an atomic instruction in any kernel. Divides: integer `div`/`rem` instructions in the PTX (each "
+             "64-bit one comes with a 32-bit fast path, so one surviving `//` or `%` counts two).", "",
+             "| kernel | version | dtype | registers | stack (B) | spills (B) | shared (B) | divides | blocks/SM | occupancy | limited by |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in result["kernels"]:
         if row["cc"] != "sm_90":
             continue
         lines.append(f"| `{row['kernel']}` | {row['version'] or '-'} | {row['dtype']} | {row['registers']} | "
-                     f"{row['spill_bytes']} | {row['shared_bytes']} | {row['blocks_per_sm']} | "
+                     f"{row['stack_bytes']} | {row['spill_bytes']} | {row['shared_bytes']} | {row['divides']} | {row['blocks_per_sm']} | "
                      f"{row['occupancy']:.0%} | {row['limited_by']} |")
     lines += ["", "Roofline on H200 figures (67 TFLOP/s FP32 without tensor cores, 4.8 TB/s HBM3e; ridge "
               f"{H200_FP32_FLOPS / H200_BYTES_PER_S:.1f} FLOP/B), float32, batch 32. Intensity counts the loads "

@@ -37,10 +37,34 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_and_the_docs_tab
     assert compiled == {(k, d, c) for k in from_inventory for d in ("float32", "float64") for c in ("sm_80", "sm_90")}
     tiled = [r for r in rows if r["tiled"]]
     assert {r["kernel"].split(".")[1] for r in tiled} == {"forward_tiled", "backward_data_tiled", "backward_filter_tiled"}
-    assert all(r["spill_bytes"] == 0 and r["shared_bytes"] > 0 and 0 < r["occupancy"] <= 1 for r in tiled), tiled
+    assert all(r["spill_bytes"] == 0 and r["stack_bytes"] == 0 and r["shared_bytes"] > 0 and 0 < r["occupancy"] <= 1
+               for r in tiled), tiled
+    assert all(r["atomics"] == 0 for r in rows), [r for r in rows if r["atomics"]]
 
 
-def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill():
+def test_split_k_backward_filter_compiles_without_atomics():
+    """The split-K partials and their fixed-order sum: no atom./red. in the PTX, so no order of blocks matters."""
+    code = textwrap.dedent("""
+        import numpy
+        from refconv.kernels import resources
+
+        for kernel in resources.KERNELS:
+            if kernel.module == "conv_backward_filter":
+                for dtype in (numpy.float32, numpy.float64):
+                    ptx = resources.compile_ptx(kernel, dtype, (9, 0))
+                    print(f"{kernel.name} {numpy.dtype(dtype).name}: {resources.ptx_counts(ptx)['atomics']}")
+        print("atomic:", resources.ptx_counts("\\tatom.global.add.f32 %f1, [%rd1], %f2;\\n\\t@%p1 red.global.add.f64 [%rd2], %fd1;"))
+    """)
+    done = run_compiler(code=code)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
+    assert {k: v for k, v in lines.items() if k != "atomic"} == {
+        f"{name} {dtype}": "0" for name in ("backward_filter_direct", "backward_filter_tiled", "sum_splits_kernel")
+        for dtype in ("float32", "float64")}
+    assert lines["atomic"] == "{'atomics': 2, 'divides': 0}"  # the counter finds atomics where they are
+
+
+def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_stack_frame_or_an_atomic():
     """The defect this proof exists for: a shared array whose shape is a run-time sum."""
     code = textwrap.dedent("""
         import numpy
@@ -67,6 +91,10 @@ def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill():
         print("good:", resources.assemble(ptx, (9, 0), resources.ptxas_path()))
         row = dict(kernel="conv_forward.forward_tiled", tiled=True, dtype="float32", cc="sm_90", spill_bytes=8)
         print("spill:", resources.failures({"kernels": [row]}))
+        row = dict(row, spill_bytes=0, stack_bytes=64)
+        print("stack:", resources.failures({"kernels": [row]}))
+        row = dict(row, stack_bytes=0, atomics=8)
+        print("atomics:", resources.failures({"kernels": [row]}))
         print("blocks:", resources.occupancy(128, 8320, 256, resources.SMS[(9, 0)]))
     """)
     done = run_compiler(code=code)
@@ -75,5 +103,30 @@ def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill():
     assert lines["bad"] == "TypingError"
     assert "'shared_bytes': 4096" in lines["good"] and "'spill_bytes': 0" in lines["good"]
     assert "spills 8 bytes" in lines["spill"]
+    assert "a 64-byte stack frame" in lines["stack"]
+    assert "8 atomic instruction(s)" in lines["atomics"]
     # 128 registers x 32 lanes = 4096 per warp; 65536 / 4096 = 16 warps = 2 blocks of 8 warps: 25%, by registers
     assert lines["blocks"] == "(2, 0.25, 'registers')"
+
+
+def test_float32_batch_norm_apply_stays_float32():
+    """The per-element batch-norm kernels compiled for float32 hold no float64 instruction (count is passed in the
+    data's dtype); the float64 versions do, so the check can see one."""
+    code = textwrap.dedent("""
+        import re
+        import numpy
+        from refconv.kernels import resources
+
+        for kernel in resources.KERNELS:
+            if kernel.name in ("batch_norm_apply_kernel", "batch_norm_backward_apply_kernel"):
+                for dtype in (numpy.float32, numpy.float64):
+                    f64 = re.findall(r"[.]f64[^0-9a-z_]", resources.compile_ptx(kernel, dtype, (9, 0)))
+                    print(f"{kernel.name} {numpy.dtype(dtype).name}: {len(f64)}")
+    """)
+    done = run_compiler(code=code)
+    assert done.returncode == 0, done.stdout + done.stderr
+    counts = {k: int(v) for k, v in (line.split(": ") for line in done.stdout.splitlines())}
+    assert set(counts) == {f"{k} {d}" for k in ("batch_norm_apply_kernel", "batch_norm_backward_apply_kernel")
+                           for d in ("float32", "float64")}
+    assert all(v == 0 for k, v in counts.items() if k.endswith("float32")), counts
+    assert all(v > 0 for k, v in counts.items() if k.endswith("float64")), counts

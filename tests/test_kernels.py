@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refconv import kernels
+from refconv.kernels import conv_backward_filter
 from refconv import reference as ref
 from refconv.arrays import to_host
 from refconv.backend import NumpyBackend, get_backend
@@ -132,6 +133,42 @@ def test_conv_examples(name, version):
 def test_backward_filter_split_k(splits):
     # K = N*Ho*Wo = 2*7*5 = 70: 5 stages of 16; the last split may be short or empty of whole stages.
     check_conv(P(2, 3, 4, 7, 5, 3, 3, padding=1, dtype="float32"), 2, ["backward_filter"], splits=splits)
+
+
+@pytest.mark.parametrize("splits", [1, 3, 5])
+def test_backward_filter_split_k_is_deterministic(splits):
+    """dw is the split partials added in the order 0, 1, ..., splits-1, bit for bit, and the same on every run.
+
+    With partial tiles added atomically the order of the additions (and so the float32
+    rounding) would follow the order the blocks finish in.  The simulator runs blocks in a
+    fixed order, so test_kernel_compile.py also checks that the compiled kernels hold no atomics.
+    """
+    problem = P(2, 3, 4, 7, 5, 3, 3, padding=1, groups=1, dtype="float32")  # K = 70: 5 stages of 16
+    x, _, _, dy = problem.arrays(seed=11)
+    x_d, dy_d = dev(x, dy)
+    g = problem.geometry
+    F, Cg, Kh, Kw = problem.w_shape
+    partial = to_host(conv_backward_filter.backward_filter_partials(x_d, dy_d, problem.w_shape, splits=splits, **g))
+    assert partial.shape == (splits, F, Cg * Kh * Kw) and partial.dtype == numpy.float32
+    in_order = partial[0]
+    for s in range(1, splits):
+        in_order = in_order + partial[s]  # float32 + float32, rounded after each addition
+    runs = [to_host(kernels.conv2d_backward_filter(x_d, dy_d, problem.w_shape, splits=splits, **g)) for _ in range(2)]
+    assert numpy.array_equal(runs[0], in_order.reshape(problem.w_shape))
+    assert numpy.array_equal(runs[0], runs[1])
+    N, Ho, Wo = problem.x_shape[0], *problem.out_hw
+    check(runs[0], ref.conv2d_backward_filter(x, dy, problem.w_shape, **g), N * Ho * Wo, "backward-filter")
+
+
+def test_numpy_backend_is_bit_identical_run_to_run():
+    """docs/kernels.md promises it: the three conv passes of the numpy backend, twice, bit for bit."""
+    problem = P(2, 4, 6, 7, 6, 3, 3, stride=2, padding=1, groups=2, dtype="float32")
+    x, w, _, dy = problem.arrays(seed=3)
+    g = problem.geometry
+    passes = lambda: (HOST.conv2d_forward(x, w, **g), HOST.conv2d_backward_data(dy, w, x.shape, **g),  # noqa: E731
+                      HOST.conv2d_backward_filter(x, dy, w.shape, **g))
+    first, second = passes(), passes()
+    assert all(numpy.array_equal(a, b) for a, b in zip(first, second))
 
 
 # ----------------------------------------------------- argument errors match the reference
@@ -287,6 +324,53 @@ def test_batch_norm_pieces_recover_the_reference_layer():
     check(dgamma, dgamma_ref, count, "dgamma")
     dx = kernels.batch_norm_backward_apply(dy_d, x_d, mean_d, invstd_d, gamma_d, dbeta, dgamma, count)
     check(dx, dx_ref, count, "dx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_channel_sums_split_across_blocks(dtype):
+    """Three blocks per channel (a large GPU's launch), then the fixed-order pass: the sums are right and repeat."""
+    from refconv.kernels import batch_norm
+
+    rng = numpy.random.default_rng(5)
+    x, dy = (rng.standard_normal((2, 2, 5, 7)) * 3 + 1).astype(dtype), rng.standard_normal((2, 2, 5, 7)).astype(dtype)
+    mean, invstd = rng.standard_normal(2).astype(dtype), (rng.random(2) + 0.5).astype(dtype)
+    x_d, dy_d, mean_d, invstd_d = dev(x, dy, mean, invstd)
+    runs = [batch_norm.channel_sums(dy_d, x_d, mean_d, invstd_d, x.dtype, per_channel=3) for _ in range(2)]
+    want = HOST.batch_norm_grad_sums(dy, x, mean, invstd)
+    for got, again, expected, name in zip(runs[0], runs[1], want, ("sum dy", "sum dy xhat")):
+        check(got, expected, 70 * 10, name)
+        assert numpy.array_equal(to_host(got), to_host(again)), name
+    check(batch_norm.channel_sums(x_d, None, mean_d, invstd_d, x.dtype, per_channel=3), x.sum(axis=(0, 2, 3)), 700, "sum x")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_norm_backward_apply_passes_count_in_the_data_dtype(dtype, monkeypatch):
+    """A Python float would reach the kernel as a float64 argument and make the float32 kernel compute in float64
+    (test_kernel_compile.py checks the float32 PTX, compiled with the inventory's 's': a scalar in the data's dtype)."""
+    from refconv.kernels import batch_norm
+
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, geometry):
+            return lambda *args: launches.append(args)
+
+    monkeypatch.setattr(batch_norm, "batch_norm_backward_apply_kernel", Recorder())
+    x = dev(numpy.zeros((1, 2, 2, 2), dtype=dtype))
+    v = dev(numpy.zeros(2, dtype=dtype))
+    batch_norm.batch_norm_backward_apply(x, x, v, v, v, v, v, 8)
+    count = launches[0][7]
+    assert type(count) is numpy.dtype(dtype).type and count == 8
+
+
+def test_channel_sums_fill_the_gpu():
+    """C = 64 channels of a ResNet layer at batch 32: about TARGET_BLOCKS blocks, not 64; tiny inputs stay at one."""
+    from refconv.kernels import batch_norm
+    from refconv.kernels._launch import TARGET_BLOCKS
+
+    assert 64 * batch_norm.blocks_per_channel(64, 32 * 56 * 56) == TARGET_BLOCKS
+    assert batch_norm.blocks_per_channel(2048, 32 * 7 * 7) == 1
+    assert batch_norm.blocks_per_channel(3, 2 * 5 * 5) == 1
 
 
 def test_batch_norm_channel_vector_error():
