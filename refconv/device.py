@@ -69,9 +69,12 @@ def visible_gpu_ids(count, env=None):
     return [item.strip() for item in listed.split(",") if item.strip()][:count]
 
 
-def physical_gpu_ids(count):
+def physical_gpu_ids(count, env=None):
     """The PCI bus id of each of the ``count`` visible devices (the same device has the
-    same id in every process of the node, whatever number the launcher gave it)."""
+    same id in every process of the node, whatever number the launcher gave it).  Without
+    a real GPU (a count faked in a test) there is none to ask: the CUDA_VISIBLE_DEVICES entries."""
+    if not arrays.gpu_available():
+        return visible_gpu_ids(count, env)
     cp = arrays.device_module()
     return [cp.cuda.Device(i).pci_bus_id for i in range(count)]
 
@@ -168,7 +171,7 @@ def bind(comm, backend="auto", *, oversubscribe=None, count=None, env=None, core
     if backend != "cuda" or not count:
         ids = []
     else:
-        ids = physical_gpu_ids(count) if measured else visible_gpu_ids(count, env)
+        ids = physical_gpu_ids(count, env) if measured else visible_gpu_ids(count, env)
     gpu = choose_gpu(local_rank, len(ids))
     mine = Binding(
         rank=comm.Get_rank(), host=host or socket.gethostname(), local_rank=local_rank, local_size=local_size,

@@ -73,7 +73,7 @@ def test_bind_selects_the_chosen_device_with_fakes():
 def test_a_launcher_that_renumbers_every_rank_s_gpu_to_0_is_not_a_conflict(monkeypatch):
     """Each rank sees one device, numbered 0, and no CUDA_VISIBLE_DEVICES: the PCI bus id tells them apart."""
     monkeypatch.setattr(device, "gpu_count", lambda: 1)
-    monkeypatch.setattr(device, "physical_gpu_ids", lambda count: ["00000000:3B:00.0"][:count])
+    monkeypatch.setattr(device, "physical_gpu_ids", lambda count, env: ["00000000:3B:00.0"][:count])
     picked = []
     mine, table = device.bind(MPI.COMM_WORLD, "cuda", env={}, select=picked.append, host="node", warn=False)
     assert (mine.gpu, mine.gpu_id, picked) == (0, "00000000:3B:00.0", [0])
