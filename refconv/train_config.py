@@ -158,8 +158,12 @@ OPTIONS = (
            "preset (digits-cnn, resnet50, resnet50-wide2, resnet50-wide4) or a JSON/YAML model file", parse=str,
            metavar="PRESET|FILE"),
     Option("data", None, _PATH, DATA,
-           "an .npz with x (N,C,H,W) and y (N,); 20%% is held out for testing; unset: the bundled digits",
-           parse=str, metavar="NPZ"),
+           "an .npz with x (N,C,H,W) and y (N,), loaded whole; or a store each rank reads only its block of: "
+           "a directory with x.npy (or shards x-00000.npy, ...) and y.npy, or an HDF5 file (.h5) with x and y "
+           "(docs/data.md); 20%% is held out for testing; unset: the bundled digits",
+           parse=str, metavar="NPZ|DIR|H5"),
+    Option("prefetch", 1, _int(0), DATA, "with a store: blocks read ahead in a thread while a step trains "
+           "(0: read in the step)", parse=int, metavar="BATCHES"),
     Option("synthetic", False, _BOOL, DATA, "train on generated images instead (scaling runs)"),
     Option("synthetic_samples", 1024, _int(1), DATA, "training images with --synthetic", parse=int),
     Option("image_size", 32, _int(1), DATA, "height and width of --synthetic images", parse=int),
