@@ -41,6 +41,7 @@ COMMANDS = (
     ("bench", "refconv.bench.cli"),
     ("sweep", "refconv.sweep"),
     ("plot", "refconv.plot"),
+    ("data", "refconv.datastore.convert"),
 )
 
 

@@ -79,7 +79,7 @@ def load_dataset(cfg, dtype):
                                     dtype=dtype)
         return x, y, xt, yt, 10
     if cfg.data:
-        x, y = datastore.load(cfg.data, dtype=dtype)      # an .npz in memory, or a store read block by block
+        x, y = datastore.load(cfg.data, dtype=dtype, image_size=cfg.image_size)  # an .npz, or a store read by block
         num_classes = int(y.max()) + 1
         if num_classes > MAX_CLASSES:
             raise OptionError("data", f"{cfg.data!r} has a label {num_classes - 1}: labels must be class "

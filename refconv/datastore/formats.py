@@ -27,7 +27,7 @@ import numpy
 
 from refconv import datasets
 
-__all__ = ["open_store", "kind_of", "NpyDirectory", "Hdf5File", "HDF5_SUFFIXES"]
+__all__ = ["kind_of", "NpyDirectory", "Hdf5File", "HDF5_SUFFIXES"]
 
 HDF5_SUFFIXES = (".h5", ".hdf5")
 _SHARD = re.compile(r"x-(\d{5})\.npy")
@@ -40,11 +40,6 @@ def kind_of(path):
     if os.fspath(path).lower().endswith(HDF5_SUFFIXES):
         return "hdf5"
     return "npz"
-
-
-def open_store(path):
-    """The store at ``path`` (a directory of .npy files or an HDF5 file), checked."""
-    return NpyDirectory(path) if kind_of(path) == "npy" else Hdf5File(path)
 
 
 class _Store:
@@ -156,7 +151,7 @@ class Hdf5File(_Store):
 
     def __init__(self, path):
         where = f"data {os.fspath(path)!r}"
-        h5py = _h5py()
+        h5py = import_h5py()
         if not os.path.isfile(path):
             raise ValueError(f"{where} does not exist (or is not a file); expected an HDF5 file with datasets "
                              f"x and y")
@@ -184,7 +179,7 @@ class Hdf5File(_Store):
             raise ValueError(f"{self.where}: reading samples failed ({exc}); is the file damaged?") from None
 
 
-def _h5py():
+def import_h5py():
     try:
         import h5py
     except ImportError:

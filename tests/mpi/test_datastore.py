@@ -90,3 +90,35 @@ def _check():
 @mpi_test(sizes=(1, 2, 3, 4), timeout=240)
 def test_block_read_training_is_in_memory_training_bit_for_bit():
     _check()
+
+
+@mpi_test(sizes=(2,), timeout=240)
+def test_an_image_folder_trains_as_its_conversion_does():
+    """A folder of PNGs (each rank decoding only its samples) and its conversion to HDF5 give
+    the same losses, bit for bit, on a sample and a spatial split."""
+    from PIL import Image
+
+    from refconv.datastore.convert import convert
+    folder = comm.bcast(tempfile.mkdtemp() if comm.rank == 0 else None, root=0)
+    images = os.path.join(folder, "images")
+    if comm.rank == 0:
+        rng = numpy.random.default_rng(0)
+        for k in range(3):
+            os.makedirs(os.path.join(images, f"class{k}"))
+            for i in range(8):
+                a = rng.integers(0, 100, (10, 10, 3)) + 70 * k
+                Image.fromarray(a.astype(numpy.uint8)).save(os.path.join(images, f"class{k}", f"{i}.png"))
+        convert(images, os.path.join(folder, "images.h5"), image_size=8, report=lambda line: None)
+    comm.Barrier()
+    try:
+        spec = dict(SPEC, in_channels=3)
+        for grid in ({"sample": 2}, {"height": 2}):
+            runs = [train(TrainConfig(model=spec, data=os.path.join(folder, name), image_size=8, batch_size=4,
+                                      epochs=1, dtype="float64", backend="numpy", progress=False, grid=grid),
+                          log=lambda *a: None) for name in ("images", "images.h5")]
+            assert_all_ranks(comm, runs[0]["losses"] == runs[1]["losses"] and len(runs[0]["losses"]) == 4,
+                             f"{grid}: {runs[0]['losses']} != {runs[1]['losses']}")
+    finally:
+        comm.Barrier()
+        if comm.rank == 0:
+            shutil.rmtree(folder)
