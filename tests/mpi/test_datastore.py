@@ -122,3 +122,27 @@ def test_an_image_folder_trains_as_its_conversion_does():
         comm.Barrier()
         if comm.rank == 0:
             shutil.rmtree(folder)
+
+
+# -- refconv bench data: the target "bytes read per step == the rank's block, exactly" (not timed) --------
+BENCH_GRIDS = {1: ["sample=1"], 2: ["sample=2", "height=2", "width=2"],
+               4: ["sample=4", "height=4", "sample=2,height=2", "height=2,width=2"]}
+
+
+@mpi_test(sizes=(1, 2, 4), timeout=240)
+def test_bench_data_reads_exactly_each_rank_s_block():
+    """At 1, 2 and 4 ranks, on sample and spatial splits of a fixed global batch (12 images of
+    3 x 10 x 10), every rank reads per step exactly its block: 1 / (P_N P_H P_W) of the batch,
+    as the blocks' sizes (uneven splits included) add up to."""
+    from refconv import cli
+    from refconv.bench import data
+    for store in ("npy", "hdf5"):
+        for grid in BENCH_GRIDS[comm.size]:
+            args = cli.build_parser().parse_args(["bench", "data", "--grid", grid, "--batch", "12", "--image-size",
+                                                  "10", "--repeat", "2", "--warmup", "0", "--store", store])
+            line = data.run(args, comm, {"ranks": []})[0]
+            ranks = line["extra"]["ranks"]
+            per = [r["bytes_per_step"] for r in ranks]
+            assert_all_ranks(comm, line["extra"]["exact"] and sum(per) == 12 * 3 * 10 * 10 * 4
+                             and all(r["block_bytes"] == numpy.prod(r["local_shape"]) * 4 for r in ranks),
+                             f"{store} {grid}: {ranks}")
