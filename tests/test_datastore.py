@@ -258,3 +258,20 @@ def test_a_missing_shard_ends_every_rank_with_one_line(tmp_path):
     ours = [line for line in r.stderr.splitlines() if line.startswith("refconv train: error:")]
     assert r.returncode == 2 and len(ours) == 1 and "shard x-00001.npy is missing" in ours[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_data_figure_is_drawn_from_the_layout(tmp_path):
+    """docs/figures/data_figure.py: its blocks cover the batch's samples and rows once each (they
+    come from Distribution), and it writes a PNG."""
+    import importlib.util
+    import pathlib
+    script = pathlib.Path(__file__).resolve().parent.parent / "docs" / "figures" / "data_figure.py"
+    spec = importlib.util.spec_from_file_location("data_figure", script)
+    fig = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fig)
+    cover = numpy.zeros((fig.BATCH, fig.H, fig.W), int)
+    for (n0, n1), (h0, h1), (w0, w1) in fig.blocks():
+        cover[n0:n1, h0:h1, w0:w1] += 1
+    assert (cover == 1).all() and len(fig.blocks()) == 4
+    fig.draw(str(tmp_path / "data.png"))
+    assert (tmp_path / "data.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -12,8 +12,9 @@ model's input is (N over sample, C over channel, H over height, W over width), a
   ``1 / (P_N * P_c * P_H * P_W)`` (no halo: the first layer exchanges its own);
 - **read throughput**, those bytes over the time of the reads (warm page cache unless the
   store is larger than memory; a step's time is the slowest rank's);
-- **peak resident memory** (``ru_maxrss``), and its growth over the rank's memory before
-  the reads (the process's Python, NumPy and MPI are in both).
+- **peak resident memory** (``ru_maxrss``: the process's Python, NumPy and MPI included), and
+  the growth of resident memory from the store opened to right after each read, while the
+  block is alive (the largest of the steps): what reading costs the rank.
 
 Without ``--data`` rank 0 writes a synthetic store (``--store npy`` or ``hdf5``) of
 ``4 * --batch`` images of 3 x ``--image-size``^2 float32 into a temporary folder, removed after.
@@ -75,11 +76,12 @@ def write_synthetic(path, n, size, seed=0):
             f["y"] = y
         return
     os.makedirs(path)
-    x = numpy.lib.format.open_memmap(os.path.join(path, "x.npy"), "w+", numpy.float32, (n, 3, size, size))
-    for i in range(n):
-        x[i] = rng.standard_normal((3, size, size), numpy.float32)
-    x.flush()
-    del x
+    with open(os.path.join(path, "x.npy"), "wb") as f:          # plain writes: no mapping inflates our RSS
+        header = {"descr": numpy.lib.format.dtype_to_descr(numpy.dtype(numpy.float32)), "fortran_order": False,
+                  "shape": (n, 3, size, size)}
+        numpy.lib.format.write_array_header_1_0(f, header)
+        for i in range(n):
+            f.write(rng.standard_normal((3, size, size), numpy.float32).tobytes())
     numpy.save(os.path.join(path, "y.npy"), y)
 
 
@@ -94,7 +96,6 @@ def _rss_now():
 
 def _measure(comm, env, path, grid, batch, repeat, warmup, args):
     rank = comm.Get_rank()
-    before = _rss_now()
     x, y = datastore.load(path, dtype=numpy.dtype(args.dtype), image_size=option(args, "image_size", 64))
     if not isinstance(x, datastore.StoreImages):
         raise ValueError(f"--data: {path!r} is an .npz, loaded whole; give a store (a directory of .npy files, an "
@@ -105,13 +106,16 @@ def _measure(comm, env, path, grid, batch, repeat, warmup, args):
     d = Distribution(tuple(grid[a] for a in AXES), shape, AXES)          # a model's input: N, C, H, W split
     block = int(numpy.prod(d.local_shape(rank))) * x.store.dtype.itemsize
     batches = datasets.batches(x, y, batch, seed=0, epoch=0, drop_last=True)
-    steps, times, read = 0, [], []
+    steps, times, read, held = 0, [], [], [0]
+    before = _rss_now()                                                  # the store open, nothing read
     while steps < warmup + repeat:
         for x_b, _ in batches:
             collectives.barrier(comm)
             start, t0 = x.store.bytes_read, time.perf_counter()
-            datastore.local_block(x_b, d, rank)
+            x_loc = datastore.local_block(x_b, d, rank)
             seconds = time.perf_counter() - t0
+            held.append(_rss_now() - before)                             # while the block is alive
+            del x_loc
             if steps >= warmup:
                 times.append(seconds)
                 read.append(x.store.bytes_read - start)
@@ -122,7 +126,7 @@ def _measure(comm, env, path, grid, batch, repeat, warmup, args):
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024              # Linux: KiB
     mine = {"bytes_per_step": max(read), "block_bytes": block, "local_shape": list(d.local_shape(rank)),
             "read_s": float(numpy.median(times)), "throughput_Bps": sum(read) / max(sum(times), 1e-12),
-            "peak_rss_bytes": peak, "rss_growth_bytes": max(peak - before, 0)}
+            "peak_rss_bytes": peak, "rss_growth_bytes": max(held)}
     ranks = collectives.allgather_object(comm, mine)
     slowest = [max(r) for r in zip(*collectives.allgather_object(comm, times))]
     global_bytes = int(numpy.prod(shape)) * x.store.dtype.itemsize

@@ -141,7 +141,8 @@ class NpyDirectory(_Store):
             mine = numpy.flatnonzero(shard == k)
             shape, dtype, offset = self.headers[k]
             x = numpy.memmap(self.files[k], dtype=dtype, mode="r", offset=offset, shape=shape)
-            out[mine] = x[samples[mine] - self.starts[k], c, h, w]    # only these elements are touched
+            for j, i in zip(mine, samples[mine] - self.starts[k]):
+                out[j] = x[i, c, h, w]                                # only these elements are touched, no temporary
             del x                                                     # unmapped: its pages leave our RSS
 
 
