@@ -275,3 +275,18 @@ def test_the_data_figure_is_drawn_from_the_layout(tmp_path):
     assert (cover == 1).all() and len(fig.blocks()) == 4
     fig.draw(str(tmp_path / "data.png"))
     assert (tmp_path / "data.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_resumed_run_on_a_store_continues_the_same_batches(tmp_path):
+    """Checkpoint mid-epoch, resume: the losses after it are those of the run that went on
+    (the prefetch thread starts at the resumed batch), and --check-serial replays from the store."""
+    from refconv.train import TrainConfig, train
+    x, y, _, _ = datasets.load_digits(upsample=1)
+    folder = write_npy(tmp_path / "digits", x=x[:80], y=y[:80], shards=(0, 33))
+    cfg = dict(data=folder, batch_size=8, epochs=2, backend="numpy", progress=False, dtype="float64")
+    whole = train(TrainConfig(**cfg, check_serial=3), log=lambda *a: None)
+    assert whole["serial_check"] is not None and whole["serial_check"] <= 1e-6
+    first = train(TrainConfig(**cfg, max_steps=11, checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=11),
+                  log=lambda *a: None)
+    rest = train(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "ck"), resume=True), log=lambda *a: None)
+    assert first["losses"] == whole["losses"][:11] and rest["losses"] == whole["losses"][11:], (first, rest)
