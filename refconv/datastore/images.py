@@ -82,10 +82,9 @@ class StoreImages:
 
     def _finite(self, out, samples):
         """A NaN or inf is found where it is read (a store larger than memory is never scanned whole)."""
-        finite = numpy.isfinite(out)
-        if not finite.all():
-            j = int(numpy.argwhere(~finite)[0][0])
-            raise ValueError(f"{self.store.where}: sample {int(samples[j])} of x has NaN or inf values")
+        for j in range(len(out)):                  # a sample at a time: no temporary the size of the block
+            if not numpy.isfinite(out[j]).all():
+                raise ValueError(f"{self.store.where}: sample {int(samples[j])} of x has NaN or inf values")
         return out
 
     def __repr__(self):
