@@ -16,7 +16,9 @@ Loading (no communication: every rank computes the same global batch)::
         x_loc = model.input_distribution.extract(x_b, rank) # this rank's block
         y_loc = model.label_block(y_b)                      # the labels of its samples
 
-The digits live in ``refconv/data/``, a directory of package data (no code).
+A store on disk (a directory of .npy files, HDF5, a folder of images) is read one block per
+rank instead: :mod:`refconv.datastore`.  The digits live in ``refconv/data/``, a directory of
+package data (no code).
 """
 
 import importlib.resources

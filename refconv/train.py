@@ -4,7 +4,8 @@ One step, on every rank::
 
     x_b, y_b = next global batch              same on every rank (refconv.datasets.batches:
                                               a function of seed and epoch only)
-    x_loc = model.input_distribution.extract(x_b, rank)      this rank's block
+    x_loc = model.input_distribution.extract(x_b, rank)      this rank's block (of a store: read, and
+                                              only it: refconv.datastore.local_block)
     y_loc = model.label_block(y_b)                            labels of its samples
     loss  = model.loss(model.forward(x_loc), y_loc)           global mean (allreduce)
     model.backward(); sgd.step()                              local shards only

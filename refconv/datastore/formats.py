@@ -42,7 +42,7 @@ def kind_of(path):
     return "npz"
 
 
-class _Store:
+class Store:
     """What both stores share: ``shape`` (N, C, H, W), ``dtype`` (x's, on disk), ``labels``
     (int64, N), and ``bytes_read``, the bytes of x read so far (a counter safe across threads)."""
 
@@ -94,7 +94,7 @@ def _npy_header(path, where):
     return tuple(shape), dtype, offset
 
 
-class NpyDirectory(_Store):
+class NpyDirectory(Store):
     """``DIR/y.npy`` and x in one or more .npy shards of consecutive samples, memory-mapped per read."""
 
     def __init__(self, path):
@@ -147,7 +147,7 @@ class NpyDirectory(_Store):
 
 
 # -- one HDF5 file ------------------------------------------------------------------------------------
-class Hdf5File(_Store):
+class Hdf5File(Store):
     """``FILE.h5`` with datasets x and y, read by hyperslab (only the chunks a block overlaps)."""
 
     def __init__(self, path):

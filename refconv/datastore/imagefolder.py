@@ -19,7 +19,7 @@ import os
 
 import numpy
 
-from refconv.datastore.formats import _Store
+from refconv.datastore.formats import Store
 
 __all__ = ["ImageFolder", "is_image_folder", "EXTENSIONS", "MEAN", "STD"]
 
@@ -34,7 +34,7 @@ def is_image_folder(path):
             and any(os.path.isdir(os.path.join(path, n)) for n in os.listdir(path)))
 
 
-class ImageFolder(_Store):
+class ImageFolder(Store):
     """The images of ``path`` as a store of ``(N, 3, size, size)`` float32 (see the module)."""
 
     def __init__(self, path, size):
