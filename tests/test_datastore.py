@@ -112,18 +112,26 @@ def test_prefetch_keeps_the_order_and_reads_each_block_once(store_path, depth):
 
 
 def test_prefetch_holds_at_most_depth_blocks_ahead(store_path):
+    """Once the step has taken one block, the thread reads two more (depth 2) and then waits for
+    a slot: both slots taken, so it cannot read a fourth until the step takes the next."""
     x, y = datastore.load(store_path, dtype=numpy.float32)
+    block = 2 * 6 * 9 * 10 * 4                         # bytes of one block: 2 samples, all of each
     d = Distribution((1, 1, 1, 1), (2,) + X.shape[1:], ("sample", None, None, None))
     ahead = prefetch.batches(x, y, 2, distribution=d, rank=0, depth=2, seed=0, drop_last=True)
-    next(ahead)                                        # one taken: the thread may read 2 more, no further
-    for _ in range(100):
-        if x.store.bytes_read >= 3 * d.local_shape(0)[0] * 6 * 9 * 10 * 4:
+    next(ahead)
+    for _ in range(3000):                              # until both are queued (a bound, not a timing)
+        if ahead._queue.qsize() == 2:
             break
         ahead._thread.join(0.02)
-    ahead._thread.join(0.3)
-    assert x.store.bytes_read == 3 * 2 * 6 * 9 * 10 * 4 and ahead._thread.is_alive()
+    assert ahead._queue.qsize() == 2 and ahead._slots._value == 0 and x.store.bytes_read == 3 * block
+    next(ahead)                                        # a slot given back: one more block is read
+    for _ in range(3000):
+        if ahead._queue.qsize() == 2:
+            break
+        ahead._thread.join(0.02)
+    assert ahead._slots._value == 0 and x.store.bytes_read == 4 * block and ahead._thread.is_alive()
     ahead.close()
-    ahead._thread.join(5)
+    ahead._thread.join(30)
     assert not ahead._thread.is_alive()
 
 
