@@ -20,8 +20,8 @@ from refconv.datastore.imagefolder import ImageFolder, is_image_folder
 from refconv.datastore.images import StoreImages, local_block
 from refconv.datastore.prefetch import batches
 
-__all__ = ["load", "open_store", "kind_of", "StoreImages", "local_block", "batches", "NpyDirectory", "Hdf5File", "ImageFolder",
-           "HDF5_SUFFIXES"]
+__all__ = ["load", "open_store", "kind_of", "StoreImages", "local_block", "batches", "NpyDirectory", "Hdf5File",
+           "ImageFolder", "HDF5_SUFFIXES"]
 
 
 def load(path, *, dtype, image_size=32):

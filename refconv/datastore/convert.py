@@ -1,4 +1,4 @@
-"""``refconv data convert SOURCE OUTPUT``: an .npz, a folder of images (or any store) into an HDF5 file or a directory of .npy shards.
+"""``refconv data convert SOURCE OUTPUT``: an .npz or a folder of images into HDF5 or .npy shards.
 
     refconv data convert my_data.npz my_data.h5                  # HDF5: x chunked, y
     refconv data convert photos/ photos.h5 --image-size 64       # class-per-subfolder images, decoded once
