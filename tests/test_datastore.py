@@ -298,3 +298,13 @@ def test_a_resumed_run_on_a_store_continues_the_same_batches(tmp_path):
                   log=lambda *a: None)
     rest = train(TrainConfig(**cfg, checkpoint_dir=str(tmp_path / "ck"), resume=True), log=lambda *a: None)
     assert first["losses"] == whole["losses"][:11] and rest["losses"] == whole["losses"][11:], (first, rest)
+
+
+@pytest.mark.parametrize("kind", ["npy", "hdf5"])
+def test_refconv_train_takes_a_store(capsys, tmp_path, kind):
+    x, y, _, _ = datasets.load_digits(upsample=1)
+    path = write_h5(tmp_path / "d.h5", x[:48], y[:48]) if kind == "hdf5" else write_npy(tmp_path / "d", x[:48], y[:48])
+    status = cli.main(["train", "--backend", "numpy", "--no-progress", "--data", path, "--batch-size", "8",
+                       "--epochs", "1", "--prefetch", "2"])
+    out = capsys.readouterr().out
+    assert status == 0 and "train 38 / test 10 samples" in out and "trained 4 steps" in out, out
