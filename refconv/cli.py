@@ -47,6 +47,7 @@ COMMANDS = (
     ("bench", "refconv.bench.cli"),
     ("sweep", "refconv.sweep"),
     ("plot", "refconv.plot"),
+    ("data", "refconv.datastore.convert"),
 )
 
 

@@ -16,7 +16,9 @@ Loading (no communication: every rank computes the same global batch)::
         x_loc = model.input_distribution.extract(x_b, rank) # this rank's block
         y_loc = model.label_block(y_b)                      # the labels of its samples
 
-The digits live in ``refconv/data/``, a directory of package data (no code).
+A store on disk (a directory of .npy files, HDF5, a folder of images) is read one block per
+rank instead: :mod:`refconv.datastore`.  The digits live in ``refconv/data/``, a directory of
+package data (no code).
 """
 
 import importlib.resources
@@ -29,7 +31,7 @@ import numpy
 
 from refconv import checks
 
-__all__ = ["load_digits", "load_npz", "split", "synthetic", "SyntheticImages", "batches", "num_batches"]
+__all__ = ["load_digits", "load_npz", "split", "held_out_mask", "check_images", "check_labels", "synthetic", "SyntheticImages", "batches", "num_batches"]
 
 
 # -- the bundled digits ---------------------------------------------------------------------
@@ -71,23 +73,31 @@ def split(x, y, test_fraction=0.2, *, seed=0, stratify=True):
 
     With ``stratify`` each class gives ``round(test_fraction * count)`` samples to
     the test set, so both sets keep the class proportions.  Samples keep their
-    original order within each set.
+    original order within each set.  ``x`` may be anything indexed by a boolean
+    mask (an array, or a store's lazy images: :mod:`refconv.datastore`).
     """
-    if not 0.0 <= float(test_fraction) < 1.0:
-        raise ValueError(f"test_fraction: expected a number in [0, 1), got {test_fraction!r}")
     y = numpy.asarray(y)
     if len(x) != len(y):
         raise ValueError(f"split: x has {len(x)} samples but y has {len(y)}")
+    is_test = held_out_mask(y, test_fraction, seed=seed, stratify=stratify)
+    return x[~is_test], y[~is_test], x[is_test], y[is_test]
+
+
+def held_out_mask(y, test_fraction=0.2, *, seed=0, stratify=True):
+    """The boolean mask of :func:`split`'s test samples: a function of the labels and ``seed`` only."""
+    if not 0.0 <= float(test_fraction) < 1.0:
+        raise ValueError(f"test_fraction: expected a number in [0, 1), got {test_fraction!r}")
+    y = numpy.asarray(y)
     rng = numpy.random.default_rng(seed)
     groups = [numpy.flatnonzero(y == k) for k in numpy.unique(y)] if stratify \
         else [numpy.arange(len(y))]
-    test = []
+    test = [numpy.zeros(0, numpy.int64)]
     for members in groups:
         take = int(round(test_fraction * len(members)))
         test.append(rng.permutation(members)[:take])
     is_test = numpy.zeros(len(y), dtype=bool)
     is_test[numpy.concatenate(test)] = True
-    return x[~is_test], y[~is_test], x[is_test], y[is_test]
+    return is_test
 
 
 # -- a user's file -----------------------------------------------------------------------------
@@ -151,34 +161,46 @@ def _check_claimed_sizes(path, keys, where):
 
 
 def _check_xy(x, y, where, dtype, num_classes):
-    if x.ndim != 4:
-        hint = " (one channel? use x[:, None])" if x.ndim == 3 else ""
-        raise ValueError(f"{where}: x must be 4-D N x C x H x W, got shape {x.shape}{hint}")
-    if x.shape[0] == 0:
-        raise ValueError(f"{where}: x has zero samples; need at least one")
-    if 0 in x.shape:
-        raise ValueError(f"{where}: x has an empty dimension, shape {x.shape}")
-    if x.dtype.kind != "f":
-        raise ValueError(f"{where}: x must hold floats, got dtype {x.dtype}; convert "
-                         f"(e.g. images.astype(numpy.float32) / 255) before saving")
-    if y.ndim != 1:
-        raise ValueError(f"{where}: y must be 1-D (one label per sample), got shape {y.shape}")
-    if y.dtype.kind not in "iu":
-        raise ValueError(f"{where}: y must hold integer class labels, got dtype {y.dtype}")
-    if len(y) != len(x):
-        raise ValueError(f"{where}: x has {len(x)} samples but y has {len(y)} labels")
+    check_images(x.shape, x.dtype, where)
+    check_labels(y, len(x), where, num_classes)
     finite = numpy.isfinite(x)
     if not finite.all():
         first = tuple(int(i) for i in numpy.argwhere(~finite)[0])
         raise ValueError(f"{where}: x has {int((~finite).sum())} NaN or inf values "
                          f"(first at index {first})")
+    return numpy.ascontiguousarray(x, dtype=dtype), y.astype(numpy.int64)
+
+
+def check_images(shape, dtype, where):
+    """x's shape and dtype: 4-D N x C x H x W, no empty dim, floats (a ValueError naming ``where``).
+    The one check of images, in memory (:func:`load_npz`) or on disk (:mod:`refconv.datastore`)."""
+    shape = tuple(shape)
+    if len(shape) != 4:
+        hint = " (one channel? use x[:, None])" if len(shape) == 3 else ""
+        raise ValueError(f"{where}: x must be 4-D N x C x H x W, got shape {shape}{hint}")
+    if shape[0] == 0:
+        raise ValueError(f"{where}: x has zero samples; need at least one")
+    if 0 in shape:
+        raise ValueError(f"{where}: x has an empty dimension, shape {shape}")
+    if numpy.dtype(dtype).kind != "f":
+        raise ValueError(f"{where}: x must hold floats, got dtype {dtype}; convert "
+                         f"(e.g. images.astype(numpy.float32) / 255) before saving")
+
+
+def check_labels(y, n, where, num_classes=None):
+    """y: 1-D integer class labels >= 0 (< ``num_classes`` when given), one for each of ``n`` samples."""
+    if y.ndim != 1:
+        raise ValueError(f"{where}: y must be 1-D (one label per sample), got shape {y.shape}")
+    if y.dtype.kind not in "iu":
+        raise ValueError(f"{where}: y must hold integer class labels, got dtype {y.dtype}")
+    if len(y) != n:
+        raise ValueError(f"{where}: x has {n} samples but y has {len(y)} labels")
     if (y < 0).any():
         raise ValueError(f"{where}: y has negative labels (first at index "
                          f"{int(numpy.flatnonzero(y < 0)[0])}); labels must be 0..num_classes-1")
     if num_classes is not None and (y >= num_classes).any():
         raise ValueError(f"{where}: y has label {int(y.max())} but num_classes = {num_classes}; "
                          f"labels must be 0..{num_classes - 1}")
-    return numpy.ascontiguousarray(x, dtype=dtype), y.astype(numpy.int64)
 
 
 # -- synthetic images for scaling runs ---------------------------------------------------------

@@ -4,7 +4,8 @@ One step, on every rank::
 
     x_b, y_b = next global batch              same on every rank (refconv.datasets.batches:
                                               a function of seed and epoch only)
-    x_loc = model.input_distribution.extract(x_b, rank)      this rank's block
+    x_loc = model.input_distribution.extract(x_b, rank)      this rank's block (of a store: read, and
+                                              only it: refconv.datastore.local_block)
     y_loc = model.label_block(y_b)                            labels of its samples
     loss  = model.loss(model.forward(x_loc), y_loc)           global mean (allreduce)
     model.backward(); sgd.step()                              local shards only
@@ -35,7 +36,7 @@ import time
 import numpy
 from mpi4py import MPI
 
-from refconv import checkpoint, checks, collectives, datasets, device, failure, progress, threads, train_config
+from refconv import checkpoint, checks, collectives, datasets, datastore, device, failure, progress, threads, train_config
 from refconv.collectives import KINDS
 from refconv.model import Model
 from refconv.model_spec import PRESETS, load_spec
@@ -80,7 +81,7 @@ def load_dataset(cfg, dtype):
                                     dtype=dtype)
         return x, y, xt, yt, 10
     if cfg.data:
-        x, y = datasets.load_npz(cfg.data, dtype=dtype)
+        x, y = datastore.load(cfg.data, dtype=dtype, image_size=cfg.image_size)  # an .npz, or a store read by block
         num_classes = int(y.max()) + 1
         if num_classes > MAX_CLASSES:
             raise OptionError("data", f"{cfg.data!r} has a label {num_classes - 1}: labels must be class "
@@ -139,7 +140,7 @@ def step(model, optimizer, x_b, y_b):
     """One training step on the global batch ``(x_b, y_b)``; returns the loss (same on every rank)."""
     model.bind(x_b.shape)
     backend = model.body.layers[0].backend
-    x_loc = backend.asarray(model.input_distribution.extract(numpy.asarray(x_b), model.in_grid.rank))
+    x_loc = backend.asarray(datastore.local_block(x_b, model.input_distribution, model.in_grid.rank))
     y_loc = backend.asarray(model.label_block(numpy.asarray(y_b)))
     loss = model.loss(model.forward(x_loc), y_loc)
     model.backward()
@@ -163,9 +164,9 @@ def evaluate(model, x, y, batch_size):
         idx = numpy.arange(start, min(start + size, n))
         real = numpy.arange(size) < len(idx)                       # (size,): False on the padding
         idx = numpy.concatenate([idx, numpy.full(size - len(idx), idx[0])])
-        x_b, y_b = numpy.asarray(x[idx]), numpy.asarray(y[idx])
+        x_b, y_b = x[idx], numpy.asarray(y[idx])
         model.bind(x_b.shape)
-        x_loc = backend.asarray(model.input_distribution.extract(x_b, model.in_grid.rank))
+        x_loc = backend.asarray(datastore.local_block(x_b, model.input_distribution, model.in_grid.rank))
         logits = backend.to_host(model.forward(x_loc))           # (n_loc, K)
         hits = (logits.reshape(len(logits), -1).argmax(axis=1) == model.label_block(y_b)) & model.label_block(real)
         correct += int(hits.sum())
@@ -302,8 +303,9 @@ def _train(cfg, comm, say, report):
         for epoch in range(start_epoch, cfg.epochs):
             first = start_batch if epoch == start_epoch else 0
             epoch_losses = []
-            batches = datasets.batches(x_train, y_train, cfg.batch_size, seed=cfg.seed, epoch=epoch,
-                                       drop_last=True, start=first)
+            batches = datastore.batches(x_train, y_train, cfg.batch_size, seed=cfg.seed, epoch=epoch,  # read ahead
+                                        drop_last=True, start=first, distribution=model.input_distribution,
+                                        rank=model.in_grid.rank, depth=cfg.prefetch)
             for b, (x_b, y_b) in enumerate(batches, start=first):
                 optimizer.lr = learning_rate(cfg, global_step, total_steps)
                 t0 = time.perf_counter()

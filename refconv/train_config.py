@@ -174,11 +174,16 @@ OPTIONS = (
            f"a preset ({', '.join(PRESETS)}) or a JSON/YAML model file", parse=str,
            metavar="PRESET|FILE"),
     Option("data", None, _PATH, DATA,
-           "an .npz with x (N,C,H,W) and y (N,); 20%% is held out for testing; unset: the bundled digits",
-           parse=str, metavar="NPZ"),
+           "an .npz with x (N,C,H,W) and y (N,), loaded whole; or a store each rank reads only its block of: "
+           "a directory with x.npy (or shards x-00000.npy, ...) and y.npy, an HDF5 file (.h5) with x and y, or "
+           "a folder of images with one subfolder per class (docs/data.md); 20%% is held out for testing; unset: the bundled digits",
+           parse=str, metavar="NPZ|DIR|H5|FOLDER"),
+    Option("prefetch", 1, _int(0), DATA, "with a store: blocks read ahead in a thread while a step trains "
+           "(0: read in the step)", parse=int, metavar="BATCHES"),
     Option("synthetic", False, _BOOL, DATA, "train on generated images instead (scaling runs)"),
     Option("synthetic_samples", 1024, _int(1), DATA, "training images with --synthetic", parse=int),
-    Option("image_size", 32, _int(1), DATA, "height and width of --synthetic images", parse=int),
+    Option("image_size", 32, _int(1), DATA, "height and width of --synthetic images, and of the images of a "
+           "--data folder (resized)", parse=int),
     Option("epochs", 4, _int(1), OPTIM, "passes over the training set", parse=int),
     Option("batch_size", 32, _int(1), OPTIM, "global batch size (split over the sample axis)", parse=int),
     Option("lr", None, lambda v, name: v if v is None else _real(0)(v, name), OPTIM,

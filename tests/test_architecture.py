@@ -55,6 +55,8 @@ LAZY_IMPORTS = {
     ("refconv/bench/step.py", "torch"): "optional contender",
     ("refconv/plan/project.py", "matplotlib"): "optional (the test and docs extras): only for plots",
     ("refconv/plot.py", "matplotlib"): "optional (the test and docs extras): only for plots",
+    ("refconv/datastore/formats.py", "h5py"): "optional (the data extra): only for an HDF5 store",
+    ("refconv/datastore/imagefolder.py", "PIL"): "optional (the data extra): only for an image folder",
     ("refconv/torch.py", "torch"): "optional: refconv.torch is the only module that needs PyTorch",
     ("refconv/testing/mpirun.py", "mpi4py"): "the launcher lists tests without initialising MPI",
     ("refconv/testing/mpirun.py", "hypothesis"): "runs only inside a launched rank",

@@ -82,6 +82,18 @@ def test_step_line(tmp_path):
     assert line["passes"]["step"]["min"] > 0 and len(line["passes"]["step"]["times"]) == 1
 
 
+def test_data_line_counts_each_rank_s_bytes(tmp_path):
+    out = tmp_path / "results.jsonl"
+    result = bench(["data", "--grid", "height=2", "--batch", "4", "--image-size", "8", "--repeat", "2",
+                    "--store", "hdf5", "--out", str(out)], ranks=2)
+    assert result.returncode == 0, result.stderr
+    line, = read_lines(out)                                    # validates against the schema
+    assert line["bench"] == "data" and line["label"] == "height=2" and line["extra"]["exact"]
+    assert [r["bytes_per_step"] for r in line["extra"]["ranks"]] == [4 * 3 * 4 * 8 * 4] * 2   # half the rows each
+    assert len(line["passes"]["read"]["times"]) == 2 and all(r["peak_rss_bytes"] > 0 for r in line["extra"]["ranks"])
+    assert "exactly the block on every rank: True" in result.stdout
+
+
 @pytest.mark.parametrize("op", ["reduce_scatter", "allgather"])
 def test_collectives_split_axis_lines(tmp_path, op):
     out = tmp_path / "results.jsonl"
@@ -111,6 +123,8 @@ def test_collectives_on_one_rank_warn_that_nothing_moved_between_ranks():
     (["step", "--shape", "tiny"], 1, "--shape: bench step times a whole model"),
     (["kernels", "--grid", "sample=1"], 1, "--grid: bench kernels times one process"),
     (["layer", "--repeat", "0"], 1, "--repeat: expected a positive int, got 0"),
+    (["data", "--model", "digits-cnn"], 1, "--model: bench data reads blocks of a store"),
+    (["data", "--data", "nowhere.npz", "--grid", "height=2"], 2, "data file 'nowhere.npz' does not exist"),
 ])
 def test_bad_input_is_one_line_and_status_2(args, ranks, message):
     result = bench(args, ranks=ranks)

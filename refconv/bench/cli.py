@@ -1,9 +1,10 @@
-"""``refconv bench {kernels,collectives,layer,step}``: one command, the same flags, JSON lines out.
+"""``refconv bench {kernels,collectives,layer,step,data}``: one command, the same flags, JSON lines out.
 
     refconv bench kernels --quick
     mpiexec -n 2 refconv bench collectives --mb 16
     mpiexec -n 4 refconv bench layer --shape wide --batch 16 --out results.jsonl
     mpiexec -n 4 refconv bench step --model digits-cnn --grid channel=4 --algorithm stationary-w
+    mpiexec -n 4 refconv bench data --grid sample=2,height=2 --batch 32 --image-size 256
 
 Every rank binds to its device first (``refconv.device.bind``, as ``refconv
 info``); each configuration becomes one line appended to ``--out`` holding
@@ -18,7 +19,7 @@ import sys
 from mpi4py import MPI
 
 from refconv import checks, cli, device, info, threads
-from refconv.bench import collectives, common, kernels, layer, step
+from refconv.bench import collectives, common, data, kernels, layer, step
 
 NAME = "bench"
 SUBCOMMANDS = {
@@ -26,10 +27,11 @@ SUBCOMMANDS = {
     "collectives": (collectives, "allreduce, reduce-scatter or allgather (--op): refconv.collectives vs raw mpi4py"),
     "layer": (layer, "one DistConv2d forward + backward per strategy: time and bytes per collective"),
     "step": (step, "one training step of a model preset: time and bytes per collective"),
+    "data": (data, "each rank's block of a store: bytes read per step, read throughput, peak memory"),
 }
 
 
-HELP = "benchmarks: kernels, collectives, layer, step (JSON lines with --out)"
+HELP = "benchmarks: kernels, collectives, layer, step, data (JSON lines with --out)"
 DESCRIPTION = __doc__.split("\n\n")[0]
 
 

@@ -43,7 +43,7 @@ SCHEMA = {
                  "seconds_total", "wire_bytes", "extra"],
     "properties": {
         "schema": {"enum": ["refconv.bench/1"]},
-        "bench": {"enum": ["kernels", "collectives", "layer", "step"]},
+        "bench": {"enum": ["kernels", "collectives", "layer", "step", "data"]},
         "label": {"type": "string"},                       # e.g. "sample=2,channel=2 stationary-x"
         "time": {"type": "string"},                        # ISO 8601, UTC
         "env": ENV,

@@ -1,0 +1,118 @@
+"""``refconv data convert SOURCE OUTPUT``: an .npz or a folder of images into HDF5 or .npy shards.
+
+    refconv data convert my_data.npz my_data.h5                  # HDF5: x chunked, y
+    refconv data convert photos/ photos.h5 --image-size 64       # class-per-subfolder images, decoded once
+    refconv data convert my_data.npz my_data --shard-samples 4096   # a directory: x-00000.npy, ..., y.npy
+
+The output is what ``refconv train --data OUTPUT`` reads block by block (docs/data.md).  HDF5
+x is written in chunks of one sample, all channels and at most ``--chunk`` x ``--chunk`` pixels,
+so that a rank of a spatial split reads only the chunks its rows and columns overlap.  Images
+are stored as float32, decoded and normalised as training would (refconv.datastore.imagefolder);
+an .npz keeps its dtype.  The source is read ``--group`` samples at a time (an .npz is loaded
+whole: a zip member cannot be read in part), with a progress line on stderr at each tenth.
+It runs as one process; an existing OUTPUT is refused, never overwritten.
+"""
+
+import os
+
+import numpy
+from mpi4py import MPI
+
+from refconv import checks, datasets, failure
+from refconv.datastore import HDF5_SUFFIXES, kind_of, open_store
+from refconv.datastore.formats import import_h5py
+
+__all__ = ["convert"]
+
+HELP = "data stores: convert an .npz or a folder of images to HDF5 or .npy shards"
+DESCRIPTION = __doc__.split("\n\n")[0]
+
+
+def convert(source, output, *, image_size=32, chunk=64, shard_samples=4096, group=256, report=None):
+    """Write ``source`` to ``output`` (HDF5 if it ends in .h5/.hdf5, else a new directory of .npy
+    shards); returns ``(shape, dtype)`` of the x written.  ``report(line)`` gets the progress."""
+    for name, v in (("image_size", image_size), ("chunk", chunk), ("shard_samples", shard_samples),
+                    ("group", group)):
+        checks.positive_int(v, name)
+    if os.path.exists(output):
+        raise ValueError(f"output: {output!r} exists; remove it or choose another name (nothing is overwritten)")
+    checks.output_file(output, "output")
+    if kind_of(source) == "npz":
+        x, y = datasets.load_npz(source, dtype=None)
+        shape, dtype = x.shape, x.dtype
+
+        def samples(a, b):
+            return x[a:b]
+    else:
+        store = open_store(source, image_size=image_size)
+        y, shape, dtype = store.labels, store.shape, store.dtype
+
+        def samples(a, b):
+            out = numpy.empty((b - a,) + shape[1:], dtype)
+            store.read(numpy.arange(a, b), (0, shape[1]), (0, shape[2]), (0, shape[3]), out)
+            return out
+    write = _hdf5 if output.lower().endswith(HDF5_SUFFIXES) else _shards
+    write(output, shape, dtype, y, samples, chunk=chunk, shard_samples=shard_samples, group=group,
+          report=report or (lambda line: failure.write_line(line)))
+    return shape, dtype
+
+
+def _progress(report, done, total, last):
+    """A line at each tenth of the samples (and the last); returns the tenth reported."""
+    tenth = done * 10 // total
+    if tenth > last:
+        report(f"convert: {done:,}/{total:,} samples ({100 * done // total}%)")
+    return tenth
+
+
+def _hdf5(output, shape, dtype, y, samples, *, chunk, group, report, **_):
+    h5py = import_h5py()
+    n, C, H, W = shape
+    with h5py.File(output, "w") as f:
+        x = f.create_dataset("x", shape=shape, dtype=dtype, chunks=(1, C, min(H, chunk), min(W, chunk)))
+        f.create_dataset("y", data=numpy.asarray(y, numpy.int64))
+        last = 0
+        for a in range(0, n, group):
+            b = min(a + group, n)
+            x[a:b] = samples(a, b)
+            last = _progress(report, b, n, last)
+
+
+def _shards(output, shape, dtype, y, samples, *, shard_samples, group, report, **_):
+    os.makedirs(output)
+    n = shape[0]
+    numpy.save(os.path.join(output, "y.npy"), numpy.asarray(y, numpy.int64))
+    last = 0
+    for k, start in enumerate(range(0, n, shard_samples)):
+        stop = min(start + shard_samples, n)
+        x = numpy.lib.format.open_memmap(os.path.join(output, f"x-{k:05d}.npy"), mode="w+", dtype=dtype,
+                                         shape=(stop - start,) + tuple(shape[1:]))
+        for a in range(start, stop, group):
+            b = min(a + group, stop)
+            x[a - start:b - start] = samples(a, b)
+            last = _progress(report, b, n, last)
+        x.flush()
+        del x
+
+
+# -- ``refconv data`` (the command protocol of refconv.cli) ----------------------------------------------
+def add_arguments(parser):
+    sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    p = sub.add_parser("convert", help="an .npz or a folder of images to HDF5 or .npy shards",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("source", help="an .npz, a folder of images (one subfolder per class), or a store")
+    p.add_argument("output", help="FILE.h5 (HDF5) or a new directory (.npy shards)")
+    p.add_argument("--image-size", type=int, default=32, help="height and width images are resized to (default 32)")
+    p.add_argument("--chunk", type=int, default=64, help="HDF5 chunk height and width at most (default 64)")
+    p.add_argument("--shard-samples", type=int, default=4096, help="samples per .npy shard (default 4096)")
+    p.add_argument("--group", type=int, default=256, help="samples read and written at a time (default 256)")
+
+
+def run(args):
+    if MPI.COMM_WORLD.Get_size() > 1:
+        raise ValueError("refconv data convert runs as one process; start it without mpiexec")
+    shape, dtype = convert(args.source, args.output, image_size=args.image_size, chunk=args.chunk,
+                           shard_samples=args.shard_samples, group=args.group)
+    print(f"wrote {args.output}: x {tuple(shape)} {numpy.dtype(dtype)}, y ({shape[0]},) int64", flush=True)
+    return 0
+

@@ -1,0 +1,188 @@
+"""The two array stores that ``--data`` reads a block at a time, and how they are checked on opening.
+
+A directory of ``.npy`` files, read through memory maps::
+
+    DIR/y.npy                      (N,) integer labels, read whole (N ints)
+    DIR/x.npy                      (N, C, H, W) floats: one shard, or
+    DIR/x-00000.npy, x-00001.npy   shards of consecutive samples, numbered from 0 without a gap
+
+One HDF5 file (h5py, the ``data`` extra), read by hyperslab::
+
+    FILE.h5 or FILE.hdf5           datasets "x" (N, C, H, W) floats and "y" (N,) ints; x is best
+                                   chunked (refconv data convert writes one sample and at most
+                                   64 x 64 pixels per chunk, so a spatial block touches few chunks)
+
+Opening costs the headers and the labels.  Everything a file can get wrong that its headers
+show is a ``ValueError`` naming the file and what would be right, raised before training on
+every rank alike (every rank opens the same files): a missing file or shard, a truncated file
+(its header claims more bytes than it holds), a wrong shape or dtype, labels that do not
+match.  ``read`` reads exactly the elements asked for and counts them in ``bytes_read``.
+"""
+
+import os
+import re
+import threading
+
+import numpy
+
+from refconv import datasets
+
+__all__ = ["kind_of", "NpyDirectory", "Hdf5File", "HDF5_SUFFIXES"]
+
+HDF5_SUFFIXES = (".h5", ".hdf5")
+_SHARD = re.compile(r"x-(\d{5})\.npy")
+
+
+def kind_of(path):
+    """``"npz"``, ``"npy"`` (a directory) or ``"hdf5"``: which reader ``--data path`` takes."""
+    if os.path.isdir(path):
+        return "npy"
+    if os.fspath(path).lower().endswith(HDF5_SUFFIXES):
+        return "hdf5"
+    return "npz"
+
+
+class Store:
+    """What both stores share: ``shape`` (N, C, H, W), ``dtype`` (x's, on disk), ``labels``
+    (int64, N), and ``bytes_read``, the bytes of x read so far (a counter safe across threads)."""
+
+    def __init__(self, path, shape, dtype, labels):
+        self.path = os.fspath(path)
+        self.where = f"data {self.path!r}"
+        datasets.check_images(shape, dtype, self.where)
+        datasets.check_labels(labels, shape[0], self.where)
+        self.shape, self.dtype = tuple(int(s) for s in shape), numpy.dtype(dtype)
+        self.labels = labels.astype(numpy.int64)
+        self.bytes_read = 0
+        self._lock = threading.Lock()
+
+    def read(self, samples, c, h, w, out):
+        """Write x[samples, c0:c1, h0:h1, w0:w1] into ``out`` (cast to its dtype); ``c``, ``h``,
+        ``w`` are (start, stop) pairs, ``samples`` global sample numbers in any order."""
+        self._read(numpy.asarray(samples, numpy.int64), slice(*c), slice(*h), slice(*w), out)
+        with self._lock:
+            self.bytes_read += out.size * self.dtype.itemsize
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.path!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+# -- a directory of .npy files -------------------------------------------------------------------------
+def _npy_header(path, where):
+    """(shape, dtype, data offset) of an .npy file; a file shorter than its header claims is refused."""
+    try:
+        with open(path, "rb") as f:
+            version = numpy.lib.format.read_magic(f)
+            read = {(1, 0): numpy.lib.format.read_array_header_1_0,
+                    (2, 0): numpy.lib.format.read_array_header_2_0}.get(version)
+            if read is None:
+                raise ValueError(f"unsupported .npy version {version}")
+            shape, fortran, dtype = read(f)
+            offset = f.tell()
+    except (ValueError, OSError, EOFError) as exc:
+        raise ValueError(f"{where}: {os.path.basename(path)} is not a readable .npy file ({exc}); save it "
+                         f"with numpy.save") from None
+    if fortran:
+        raise ValueError(f"{where}: {os.path.basename(path)} is in Fortran order; save a C-ordered array "
+                         f"(numpy.save(path, numpy.ascontiguousarray(x)))")
+    if dtype.hasobject:
+        raise ValueError(f"{where}: {os.path.basename(path)} holds Python objects; save numbers")
+    claimed, held = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize, os.path.getsize(path) - offset
+    if held < claimed:
+        raise ValueError(f"{where}: {os.path.basename(path)} is truncated: its header says {shape} of {dtype} "
+                         f"({claimed:,} bytes) but it holds {held:,}; write it again")
+    return tuple(shape), dtype, offset
+
+
+class NpyDirectory(Store):
+    """``DIR/y.npy`` and x in one or more .npy shards of consecutive samples, memory-mapped per read."""
+
+    def __init__(self, path):
+        where = f"data {os.fspath(path)!r}"
+        names = sorted(os.listdir(path))
+        numbered = sorted((int(m.group(1)), n) for n in names if (m := _SHARD.fullmatch(n)))
+        if "x.npy" in names and numbered:
+            raise ValueError(f"{where} holds both x.npy and shards x-00000.npy...; keep one of them")
+        if "x.npy" in names:
+            files = ["x.npy"]
+        elif numbered:
+            missing = sorted(set(range(numbered[-1][0] + 1)) - {k for k, _ in numbered})
+            if missing:
+                raise ValueError(f"{where}: shard x-{missing[0]:05d}.npy is missing (shards must be numbered "
+                                 f"x-00000.npy, x-00001.npy, ... without a gap)")
+            files = [n for _, n in numbered]
+        else:
+            raise ValueError(f"{where} has no x.npy (or shards x-00000.npy, ...); write the images "
+                             f"(N, C, H, W) there, or convert with refconv data convert")
+        if "y.npy" not in names:
+            raise ValueError(f"{where} has no y.npy; write the labels (N,) there")
+        self.files = [os.path.join(path, n) for n in files]
+        headers = [_npy_header(f, where) for f in self.files]
+        for name, (shape, dtype, _) in zip(files, headers):
+            datasets.check_images(shape, dtype, f"{where}: {name}")
+            first = headers[0]
+            if shape[1:] != first[0][1:] or dtype != first[1]:
+                raise ValueError(f"{where}: {name} holds {shape[1:]} samples of {dtype} but {files[0]} holds "
+                                 f"{first[0][1:]} of {first[1]}; every shard must hold samples alike")
+        counts = [h[0][0] for h in headers]
+        self.starts = numpy.cumsum([0] + counts)       # shard k holds samples starts[k] .. starts[k+1]-1
+        self.headers = headers
+        y_path = os.path.join(path, "y.npy")
+        _npy_header(y_path, where)
+        labels = numpy.load(y_path, allow_pickle=False)
+        if labels.ndim == 1 and len(labels) > self.starts[-1] and len(files) > 1:
+            raise ValueError(f"{where}: the shards {files[0]} .. {files[-1]} hold {self.starts[-1]} samples but "
+                             f"y.npy has {len(labels)} labels; is a shard after {files[-1]} missing?")
+        super().__init__(path, (int(self.starts[-1]),) + headers[0][0][1:], headers[0][1], labels)
+
+    def _read(self, samples, c, h, w, out):
+        shard = numpy.searchsorted(self.starts, samples, side="right") - 1
+        for k in numpy.unique(shard):
+            mine = numpy.flatnonzero(shard == k)
+            shape, dtype, offset = self.headers[k]
+            x = numpy.memmap(self.files[k], dtype=dtype, mode="r", offset=offset, shape=shape)
+            for j, i in zip(mine, samples[mine] - self.starts[k]):
+                out[j] = x[i, c, h, w]                                # only these elements are touched, no temporary
+            del x                                                     # unmapped: its pages leave our RSS
+
+
+# -- one HDF5 file ------------------------------------------------------------------------------------
+class Hdf5File(Store):
+    """``FILE.h5`` with datasets x and y, read by hyperslab (only the chunks a block overlaps)."""
+
+    def __init__(self, path):
+        where = f"data {os.fspath(path)!r}"
+        h5py = import_h5py()
+        if not os.path.isfile(path):
+            raise ValueError(f"{where} does not exist (or is not a file); expected an HDF5 file with datasets "
+                             f"x and y")
+        try:
+            self.file = h5py.File(path, "r")
+        except OSError as exc:
+            raise ValueError(f"{where} is not a readable HDF5 file ({exc}); write it again, or convert with "
+                             f"refconv data convert") from None
+        for key in ("x", "y"):
+            if not isinstance(self.file.get(key), h5py.Dataset):
+                raise ValueError(f"{where} has no dataset {key} (it holds {sorted(self.file.keys())}); it needs "
+                                 f"x (N, C, H, W) floats and y (N,) ints")
+        self.x = self.file["x"]
+        try:
+            labels = self.file["y"][()]
+        except OSError as exc:
+            raise ValueError(f"{where}: cannot read y ({exc})") from None
+        super().__init__(path, self.x.shape, self.x.dtype, numpy.asarray(labels))
+
+    def _read(self, samples, c, h, w, out):
+        try:
+            for j, i in enumerate(samples):
+                out[j] = self.x[i, c, h, w]                             # one hyperslab per sample
+        except OSError as exc:
+            raise ValueError(f"{self.where}: reading samples failed ({exc}); is the file damaged?") from None
+
+
+def import_h5py():
+    try:
+        import h5py
+    except ImportError:
+        raise ValueError("data: reading HDF5 needs h5py (pip install 'refconv[data]')") from None
+    return h5py

@@ -1,0 +1,91 @@
+"""A folder of labelled images, one subfolder per class (torchvision's ImageFolder layout)::
+
+    FOLDER/cat/0001.png          class 0 (the subfolders in sorted order)
+    FOLDER/cat/0002.jpg
+    FOLDER/dog/a.png             class 1
+
+Sample i is the i-th file in (class, file name) order.  Each is decoded by Pillow only when a
+rank reads it, as RGB, resized to ``size x size`` (bilinear) when it is not that already, and
+normalised per channel: ``(pixel / 255 - MEAN[c]) / STD[c]`` (ImageNet's statistics, as
+torchvision's models expect).  A rank decodes only the samples of its sample block; under a
+spatial or channel split it still decodes each of its samples whole (PNG and JPEG cannot be
+decoded in part) and keeps its rows, columns and channels: convert the folder to HDF5
+(``refconv data convert``) to read only those.  Opening reads every file's header, so a file
+that is no image is refused before training; ``bytes_read`` counts the encoded bytes of the
+files read.
+"""
+
+import os
+
+import numpy
+
+from refconv.datastore.formats import Store
+
+__all__ = ["ImageFolder", "is_image_folder", "EXTENSIONS", "MEAN", "STD"]
+
+EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+MEAN = numpy.array([0.485, 0.456, 0.406])     # per channel (R, G, B), of pixel / 255
+STD = numpy.array([0.229, 0.224, 0.225])
+
+
+def is_image_folder(path):
+    """A directory without y.npy whose entries include a subfolder."""
+    return (os.path.isdir(path) and not os.path.exists(os.path.join(path, "y.npy"))
+            and any(os.path.isdir(os.path.join(path, n)) for n in os.listdir(path)))
+
+
+class ImageFolder(Store):
+    """The images of ``path`` as a store of ``(N, 3, size, size)`` float32 (see the module)."""
+
+    def __init__(self, path, size):
+        where = f"data {os.fspath(path)!r}"
+        Image = _pillow()
+        self.classes = sorted(n for n in os.listdir(path) if os.path.isdir(os.path.join(path, n)))
+        self.files, labels = [], []
+        for k, name in enumerate(self.classes):
+            folder = os.path.join(path, name)
+            for f in sorted(os.listdir(folder)):
+                if f.lower().endswith(EXTENSIONS):
+                    self.files.append(os.path.join(folder, f))
+                    labels.append(k)
+        if not self.files:
+            raise ValueError(f"{where}: its class subfolders {self.classes} hold no images (files ending in "
+                             f"{', '.join(EXTENSIONS)})")
+        for f in self.files:                                 # headers only: a non-image is refused now
+            try:
+                with Image.open(f) as image:
+                    image.size
+            except (OSError, ValueError, Image.DecompressionBombError) as exc:
+                raise ValueError(f"{where}: {os.path.relpath(f, path)} is not a readable image ({exc})") from None
+        self.size = int(size)
+        super().__init__(path, (len(self.files), 3, self.size, self.size), numpy.float32,
+                         numpy.array(labels, numpy.int64))
+
+    def decode(self, i):
+        """Sample ``i``: ``(3, size, size)`` float32, normalised."""
+        Image = _pillow()
+        try:
+            with Image.open(self.files[i]) as image:
+                image = image.convert("RGB")
+                if image.size != (self.size, self.size):
+                    image = image.resize((self.size, self.size), Image.BILINEAR)
+                pixels = numpy.asarray(image, numpy.float64) / 255.0          # (size, size, 3)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{self.where}: {os.path.relpath(self.files[i], self.path)} cannot be decoded "
+                             f"({exc})") from None
+        return ((pixels - MEAN) / STD).transpose(2, 0, 1).astype(numpy.float32)
+
+    def read(self, samples, c, h, w, out):
+        for j, i in enumerate(samples):
+            out[j] = self.decode(i)[slice(*c), slice(*h), slice(*w)]
+        encoded = sum(os.path.getsize(self.files[i]) for i in samples)
+        with self._lock:
+            self.bytes_read += encoded
+
+
+def _pillow():
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ValueError("data: reading an image folder needs Pillow (pip install 'refconv[data]')") from None
+    return Image
