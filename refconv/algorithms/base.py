@@ -140,26 +140,37 @@ def halo_records(geom, grid_shape, coords, channels):
 
 def gradient_records(geom, grid_shape, coords, dw_shape):
     """The segmented allreduce: ``dw`` (a shard of ``dw_shape``) and ``db`` (this rank's
-    ``F_i``) over the ``P_N P_H P_W`` weight peers."""
+    ``F_i``) over the ``P_N P_H P_W`` weight peers; ``grad``: these are the calls that may
+    overlap the rest of backward (``segmented_allreduce``)."""
     P_N, P_c, P_H, P_W = grid_shape
     peers = P_N * P_H * P_W
     F_i, C_part, Kh, Kw = dw_shape
-    calls = [Call("allreduce", peers, F_i * C_part * Kh * Kw * geom.itemsize)]
+    calls = [Call("allreduce", peers, F_i * C_part * Kh * Kw * geom.itemsize, grad=True)]
     if geom.bias:
-        calls.append(Call("allreduce", peers, local_blocks(geom, grid_shape, coords).F_i * geom.itemsize))
+        calls.append(Call("allreduce", peers, local_blocks(geom, grid_shape, coords).F_i * geom.itemsize, grad=True))
     return calls
 
 
-def segmented_allreduce(peers, dw_loc, db_loc):
+def segmented_allreduce(peers, dw_loc, db_loc, overlap=None):
     """forward: nothing · backward: allreduce of this rank's ``dw`` shard and ``db`` block among
-    its weight peers, in place.
+    its weight peers, in place; both started here (``collectives.iallreduce_``).
 
     Ranks with different channel coordinates hold different shards and belong to
     different peer sets, so ``P_c`` disjoint allreduces run at once, each of one
     shard (docs/algorithms.md section 4).  :func:`gradient_records` lists the calls.
+
+    ``overlap=None``: waited for here; returns the summed ``(dw, db)``.  ``overlap`` a
+    string (what runs meanwhile, recorded with the calls): not waited for; returns the two
+    :class:`refconv.collectives.Request` (``db``'s None without bias), whose ``wait()``
+    gives the sums.  ``DistConv2d`` waits when its gradients are read, before the
+    optimizer's step.  Both paths make the same MPI call (Iallreduce), so the sums are the
+    same bits whether they overlap or not.
     """
-    dw_loc = collectives.allreduce_(peers, dw_loc)
-    return dw_loc, None if db_loc is None else collectives.allreduce_(peers, db_loc)
+    dw_req = collectives.iallreduce_(peers, dw_loc, overlap=overlap or "")
+    db_req = None if db_loc is None else collectives.iallreduce_(peers, db_loc, overlap=overlap or "")
+    if overlap:
+        return dw_req, db_req
+    return dw_req.wait(), None if db_req is None else db_req.wait()
 
 
 class Algorithm:
@@ -183,6 +194,7 @@ class Algorithm:
         self.halo = Halo(grid.sub_comm(("height", "width")), (grid.P_H, grid.P_W), geom.in_shape[2:],
                          geom.out_shape[2:], geom.kernel, geom.stride, geom.padding, geom.dilation, geom.padding_mode)
         self.peers = grid.weight_peers_comm
+        self.overlap = None  # what the gradients' allreduce overlaps (DistConv2d sets it); None: waited for at once
         self._local = dict(stride=geom.stride, padding=0, dilation=geom.dilation, groups=geom.groups)
 
     @classmethod

@@ -47,5 +47,6 @@ class SampleSpatial(Algorithm):
         # dx_win: (n, C, h_win, w_win); dw_loc: (F, C/groups, Kh, Kw) partial over n, h', w'
         dx_win, dw_loc = self.conv_backward(dy_loc, w_loc)
         dx_loc = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C, h, w)
-        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
+        # over the weight peers: summed, or with self.overlap, started (DistConv2d waits for them)
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc), self.overlap)
         return dx_loc, dw_loc, db_loc

@@ -48,5 +48,6 @@ class StationaryY(ChannelAlgorithm):
         dx_win, dw_loc = self.conv_backward(dy_loc, w_loc)
         dx_part = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C, h, w)
         dx_loc = collectives.reduce_scatter(self.channel_comm, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
-        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
+        # over the weight peers: summed, or with self.overlap, started (DistConv2d waits for them)
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc), self.overlap)
         return dx_loc, dw_loc, db_loc

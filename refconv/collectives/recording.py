@@ -1,7 +1,7 @@
 """``stats``: exact counts of the calls made through :mod:`refconv.collectives`.
 
 Every wrapper adds one :class:`Record` (its kind, communicator size, elements and
-bytes) before it calls MPI; ``refconv.cost_model`` and the layers' ``records()``
+bytes, and for a call started by an ``i...`` form what it overlaps) before it calls MPI; ``refconv.cost_model`` and the layers' ``records()``
 predict the same figures, and ``refconv.testing.check_records`` compares them.
 """
 
@@ -16,6 +16,7 @@ class Record:
     elements: int
     bytes: int
     messages: int = 0  # "halo" and "alltoallv": the messages this rank sent to other ranks
+    overlap: str = ""  # what the caller computed while the call was in flight ("": it waited at once)
 
 
 # the kinds of record, one per wrapper of refconv.collectives.ops (exchange records "halo");
@@ -76,8 +77,8 @@ class CommStats:
         self.records.clear()
         self._folded = ({}, {})
 
-    def add(self, kind, comm_size, elements, nbytes, messages=0):
-        rec = Record(kind, int(comm_size), int(elements), int(nbytes), int(messages))
+    def add(self, kind, comm_size, elements, nbytes, messages=0, overlap=""):
+        rec = Record(kind, int(comm_size), int(elements), int(nbytes), int(messages), str(overlap))
         self.records.append(rec)
         for region in self._regions:
             region.records.append(rec)

@@ -20,12 +20,12 @@ import numpy
 from refconv import algorithms, checks, collectives
 from refconv.algorithms.base import ConvGeometry
 from refconv.distribution import Distribution
-from refconv.layers.base import Layer
+from refconv.layers.base import GradientsInFlight, Layer
 from refconv.plan.auto import choose_for_layer
 from refconv.sharding import allgather, scatter
 
 
-class DistConv2d(Layer):
+class DistConv2d(GradientsInFlight, Layer):
     """A 2-D convolution whose activations and weights are split over ``grid``.
 
     ``algorithm`` (a name in :data:`refconv.algorithms.REGISTRY`: "stationary-x",
@@ -226,8 +226,10 @@ class DistConv2d(Layer):
 
     def backward(self, dy_loc):
         """``dy_loc`` -> ``dx_loc``; also leaves ``weight_grad`` and ``bias_grad`` (this rank's
-        shards, summed over every sample and row by the segmented allreduce)."""
+        shards, summed over every sample and row by the segmented allreduce; with
+        ``overlap_gradients``, the allreduce is left in flight until they are read)."""
         self._check_local(dy_loc, self.output_distribution, "dy_loc")
+        self._algo.overlap = self.gradient_overlap
         dx_loc, self.weight_grad, self.bias_grad = self._algo.backward(dy_loc, self.weight)
         return dx_loc
 
