@@ -128,10 +128,14 @@ class Model(Wrapper):
         """With ``on``, every layer's gradient allreduce is started in its backward and waited for
         when the gradient is read (the optimizer's step), so it runs behind the backward of the
         layers before it (:class:`refconv.layers.base.GradientsInFlight`); off, each is waited
-        for at once.  The same MPI calls either way: the same gradients, bit for bit."""
+        for at once.  The same MPI calls either way: the same gradients, bit for bit.  A
+        convolution's halo exchange also runs behind the interior of its output, and its halo
+        return behind backward-filter (``DistConv2d.overlap_halo``, docs/parallel.md "Overlap")."""
         for _, layer in self.named_layers():
             if isinstance(layer, GradientsInFlight):
                 layer.overlap_gradients = bool(on)
+            if hasattr(layer, "overlap_halo"):
+                layer.overlap_halo = bool(on)
         return self
 
     def finish_gradients(self):

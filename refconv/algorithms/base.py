@@ -12,8 +12,9 @@ import dataclasses
 
 from refconv import checks, collectives
 from refconv.distribution import block_size, block_sizes
-from refconv.halo import Halo, exchanges, halo_plan
+from refconv.halo import Box, Halo, exchanges, halo_plan
 
+ORIGIN = Box(0, 0, 0, 0)  # the corner of a local block, for Box.slices
 ALPHA = 2e-6  # default seconds per message step (a typical inter-node latency)
 BETA = 1 / 10e9  # default seconds per byte (10 GB/s)
 
@@ -195,6 +196,7 @@ class Algorithm:
                          geom.out_shape[2:], geom.kernel, geom.stride, geom.padding, geom.dilation, geom.padding_mode)
         self.peers = grid.weight_peers_comm
         self.overlap = None  # what the gradients' allreduce overlaps (DistConv2d sets it); None: waited for at once
+        self.overlap_halo = False  # compute behind the halo exchange and return (DistConv2d sets it)
         self._local = dict(stride=geom.stride, padding=0, dilation=geom.dilation, groups=geom.groups)
 
     @classmethod
@@ -209,17 +211,53 @@ class Algorithm:
             raise ValueError(f"filter_groups: only 'stationary-w' takes filter_groups, got {filter_groups!r}")
         return None
 
+    # -- the halo exchange and return with compute behind them ---------------------------
+    def conv_behind_halo(self, x_loc, w_loc):
+        """forward: halo exchange, the local convolution behind it · ``(x_win, y_part)``.
+
+        Where the block is large enough (``self.halo.interior``; else ``self.halo.no_overlap``
+        says why not), the output is convolved in two parts: its interior, which reads no halo
+        cell, and the boundary strips around it.  With ``overlap_halo`` the exchange is started,
+        the interior convolved while it is in flight, and the strips after the wait; without,
+        the exchange is waited for first.  The same products either way, so the same bits."""
+        box = self.halo.interior
+        overlap = "interior of the forward convolution" if self.overlap_halo and box else ""
+        started = self.halo.start_extend(x_loc, self.xp, overlap=overlap)  # halo exchange started
+        if not overlap:
+            started.wait()
+        if box is None:
+            x_win = started.wait()  # (n, c, h_win, w_win)
+            return x_win, self.conv(x_win, w_loc)
+        whole = (slice(None), slice(None))
+        inner = self.conv(started.partial[self.halo.input_of(box)], w_loc)  # (n, F, box rows, box columns)
+        y = self.xp.empty(inner.shape[:2] + self.halo.out_shape, dtype=inner.dtype)  # (n, F, h', w')
+        y[whole + box.slices(ORIGIN)] = inner
+        x_win = started.wait()
+        for strip in self.halo.output_strips(self.halo.out_shape):  # the cells that read the halo
+            y[whole + strip.slices(ORIGIN)] = self.conv(x_win[self.halo.input_of(strip)], w_loc)
+        return x_win, y
+
+    def backward_behind_halo(self, dy, w_loc):
+        """backward: backward-data, the halo return of its window with backward-filter behind it ·
+        ``(dx_part, dw_part)``, partial sums (the caller reduces them).
+
+        The window's gradient is computed first; with ``overlap_halo`` its return is started
+        and backward-filter (which needs no halo: forward kept ``x_win``) runs while it is in
+        flight; otherwise the return is waited for first.  The same values either way."""
+        dx_win = self.conv_data(dy, w_loc, self.x_win.shape)  # (n, c, h_win, w_win)
+        overlap = "backward-filter" if self.overlap_halo and self.halo.size > 1 else ""
+        back = self.halo.start_reduce(dx_win, self.xp, overlap=overlap)  # halo return started
+        if not overlap:
+            back.wait()
+        dw_part = self.conv_filter(self.x_win, dy, w_loc.shape)
+        return back.wait(), dw_part
+
     # -- local compute on this rank's window (no communication) -----------------------
     def conv(self, x_win, w_loc):
         return self.backend.conv2d_forward(x_win, w_loc, **self._local)
 
     def conv_data(self, dy, w_loc, x_win_shape):
         return self.backend.conv2d_backward_data(dy, w_loc, x_win_shape, **self._local)
-
-    def conv_backward(self, dy, w_loc):
-        """``(dx_win, dw_part)``: backward-data and backward-filter of this rank's window
-        ``self.x_win`` (kept by forward); partial sums, no communication."""
-        return self.conv_data(dy, w_loc, self.x_win.shape), self.conv_filter(self.x_win, dy, w_loc.shape)
 
     def conv_filter(self, x_win, dy, w_shape):
         return self.backend.conv2d_backward_filter(x_win, dy, w_shape, **self._local)

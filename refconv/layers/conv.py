@@ -51,6 +51,8 @@ class DistConv2d(GradientsInFlight, Layer):
     ``+-1/sqrt(fan_in)``), drawn from ``seed`` identically on every rank.
     """
 
+    overlap_halo = False  # convolve the interior behind the halo exchange, backward-filter behind its return
+
     def __init__(self, in_channels, out_channels, kernel_size, *, stride=1, padding=0, dilation=1, groups=1,
                  bias=True, padding_mode="zeros", grid, algorithm="stationary-x", filter_groups=None, backend="auto",
                  dtype=numpy.float32, input_shape=None, seed=0, machine=None):
@@ -222,6 +224,7 @@ class DistConv2d(GradientsInFlight, Layer):
         if self._input_shape is None:
             self._bind_from_local(x_loc)
         self._check_local(x_loc, self.input_distribution, "x_loc")
+        self._algo.overlap_halo = self.overlap_halo
         return self._algo.forward(x_loc, self.weight, self.bias)  # (n, F_i, h', w')
 
     def backward(self, dy_loc):
@@ -229,7 +232,7 @@ class DistConv2d(GradientsInFlight, Layer):
         shards, summed over every sample and row by the segmented allreduce; with
         ``overlap_gradients``, the allreduce is left in flight until they are read)."""
         self._check_local(dy_loc, self.output_distribution, "dy_loc")
-        self._algo.overlap = self.gradient_overlap
+        self._algo.overlap, self._algo.overlap_halo = self.gradient_overlap, self.overlap_halo
         dx_loc, self.weight_grad, self.bias_grad = self._algo.backward(dy_loc, self.weight)
         return dx_loc
 

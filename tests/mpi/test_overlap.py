@@ -12,13 +12,14 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from refconv import collectives as coll
-from refconv.grid import ProcessGrid
+from refconv.grid import AXES, ProcessGrid
 from refconv.layers import DistConv2d
 from refconv.model import Model
 from refconv.optim import SGD
-from refconv.testing.asserts import assert_all_ranks
+from refconv.testing.asserts import assert_all_ranks, assert_close
+from refconv.testing.check import run_layer
 from refconv.testing.mpirun import mpi_test
-from refconv.testing.strategies import dist_conv_cases
+from refconv.testing.strategies import ConvProblem, dist_conv_cases
 from refconv.train import step
 
 comm = MPI.COMM_WORLD
@@ -74,7 +75,7 @@ def _layer_run(case, overlap):
     grid = ProcessGrid(comm, **case.grid_kwargs())
     layer = DistConv2d(case.problem.C, case.problem.F, (case.problem.Kh, case.problem.Kw), grid=grid,
                        backend="numpy", **case.layer_kwargs())
-    layer.overlap_gradients = overlap
+    layer.overlap_gradients = layer.overlap_halo = overlap
     x, w, b, dy = case.problem.arrays(0)
     layer.set_global_parameters(w, b)
     layer.bind(x.shape)
@@ -95,15 +96,16 @@ def _layer_run(case, overlap):
 @settings(max_examples=20)
 @given(st.data())
 def test_a_layer_with_its_gradient_allreduce_in_flight_gives_the_blocking_bits(data):
-    """Every algorithm, drawn grids and problems: the same y, dx, dw and db, bit for bit; the
-    overlapped calls are exactly the ones ``records()`` marks ``grad``, and only with overlap on."""
+    """Every algorithm, drawn grids and problems, with the gradient and halo overlaps on and off:
+    the same y, dx, dw and db, bit for bit; the overlapped allreduces are exactly the ones
+    ``records()`` marks ``grad``, and only with overlap on."""
     case = data.draw(dist_conv_cases(comm.size, dtypes=("float32", "float64"), grouped_channel_split=True))
     blocking, overlapped = _layer_run(case, False), _layer_run(case, True)
     problems = [name for name, a, b in zip(("y", "dx", "dw", "db"), blocking, overlapped)
                 if not (a is None and b is None or numpy.array_equal(a, b))]
     records = overlapped[5]
     marked = [c.kind == "allreduce" and c.grad for c in records]
-    if [bool(c.overlap) for c in overlapped[4]] != marked:
+    if [c.kind == "allreduce" and bool(c.overlap) for c in overlapped[4]] != marked:
         problems.append(f"overlapped calls {overlapped[4]} vs records {records}")
     if any(c.overlap for c in blocking[4]):
         problems.append(f"the blocking run recorded an overlap: {blocking[4]}")
@@ -142,3 +144,72 @@ def test_training_with_the_gradient_allreduce_overlapped_gives_the_blocking_bits
         if l0 != l1 or not all(numpy.array_equal(a, b) for a, b in zip(p0, p1)):
             problems.append(f"{grid} {algorithm}: losses {l0} vs {l1}")
     assert_all_ranks(comm, not problems, str(problems))
+
+
+# -- the halo: interior behind the exchange, backward-filter behind the return -------------------------
+def _halo_run(problem, shape, algorithm, p_f, overlap):
+    """``(actual, expected, exchange records of forward, the layer's halo)`` of one forward and backward."""
+    grid = ProcessGrid(comm, **dict(zip(AXES, shape)))
+    layer = DistConv2d(problem.C, problem.F, (problem.Kh, problem.Kw), stride=problem.stride,
+                       padding=problem.padding, dilation=problem.dilation, padding_mode=problem.padding_mode,
+                       grid=grid, algorithm=algorithm, filter_groups=p_f, backend="numpy", dtype=problem.dtype)
+    layer.overlap_halo = overlap
+    (actual, expected), calls = _recorded(lambda: run_layer(layer, problem))
+    halo = layer._algo.halo
+    grid.free()
+    return actual, expected, [c for c in calls if c.kind == "halo"], halo
+
+
+# (problem, [(grid shape, algorithm, p_f)]) at 4 ranks: H and W split together, with X, Y and W
+HALO_CASES = [
+    (ConvProblem(N=2, C=4, F=6, H=13, W=12, Kh=3, Kw=3, padding=(1, 1)),
+     [((1, 1, 2, 2), "stationary-x", None), ((1, 2, 2, 1), "stationary-x", None),
+      ((1, 2, 1, 2), "stationary-y", None), ((2, 1, 2, 1), "stationary-x", None)]),
+    (ConvProblem(N=1, C=4, F=4, H=16, W=14, Kh=3, Kw=5, stride=(2, 1), padding=(2, 2), dilation=(2, 1),
+                 padding_mode="reflect"),
+     [((1, 1, 2, 2), "stationary-x", None), ((1, 2, 2, 1), "stationary-y", None)]),
+    (ConvProblem(N=1, C=4, F=4, H=14, W=14, Kh=3, Kw=3, padding=(1, 1), padding_mode="circular"),
+     [((1, 4, 1, 1), "stationary-w", 2), ((1, 1, 4, 1), "stationary-x", None)]),
+]
+
+
+@mpi_test(sizes=(4,), timeout=180)
+def test_halo_overlap_computes_the_interior_behind_the_exchange_and_gives_the_blocking_results():
+    """Forward, backward-data and backward-filter match the reference, and are the blocking run's
+    bits.  The forward exchange records the overlap exactly where the halo has an interior to
+    compute."""
+    problems = []
+    for problem, runs in HALO_CASES:
+        for shape, algorithm, p_f in runs:
+            (a0, e0, calls0, _), (a1, e1, calls1, halo) = (_halo_run(problem, shape, algorithm, p_f, on)
+                                                           for on in (False, True))
+            what = f"{problem} on {shape} {algorithm}"
+            try:
+                for name in ("y", "dx", "dw", "db"):
+                    assert_close(a1[name], e1[name], reduction_length=problem.C * problem.Kh * problem.Kw,
+                                 name=f"{what} {name}")
+            except AssertionError as exc:
+                problems.append(str(exc))
+            if not all(numpy.array_equal(a0[n], a1[n]) for n in ("y", "dx", "dw", "db")):
+                problems.append(f"{what}: backward differs from the blocking run")
+            wanted = ["interior of the forward convolution" if halo.interior else "", "backward-filter"]
+            if halo.size > 1 and [c.overlap for c in calls1] != wanted:
+                problems.append(f"{what}: recorded {[c.overlap for c in calls1]}, expected {wanted}")
+            if any(c.overlap for c in calls0):
+                problems.append(f"{what}: the blocking run recorded an overlap")
+    assert_all_ranks(comm, not problems, "\n".join(problems))
+
+
+@mpi_test(sizes=(2, 4), timeout=60)
+def test_a_block_too_small_for_the_halo_overlap_falls_back_and_says_why():
+    P = comm.size
+    small = ConvProblem(N=1, C=2, F=2, H=2 * P, W=4, Kh=3, Kw=3, padding=(1, 1))   # 2 rows a rank, 1-2 need the halo
+    large = ConvProblem(N=1, C=2, F=2, H=8 * P, W=4, Kh=3, Kw=3, padding=(1, 1))   # 8 rows, at most 2 do
+    _, _, small_calls, small_halo = _halo_run(small, (1, 1, P, 1), "stationary-x", None, True)
+    _, _, large_calls, large_halo = _halo_run(large, (1, 1, P, 1), "stationary-x", None, True)
+    ok = (small_halo.interior is None and "too small a block" in small_halo.no_overlap
+          and small_calls[0].overlap == ""
+          and large_halo.interior is not None and large_halo.no_overlap is None
+          and large_calls[0].overlap == "interior of the forward convolution")
+    assert_all_ranks(comm, ok, f"small: {small_halo.interior} {small_halo.no_overlap!r} {small_calls}; "
+                               f"large: {large_halo.interior} {large_halo.no_overlap!r} {large_calls}")

@@ -1,0 +1,145 @@
+"""``python -m refconv.bench.overlap``: overlapped against blocking communication, side by side.
+
+    mpiexec -n 2 python -m refconv.bench.overlap progress [--mb 8] [--rounds 7]
+    MPICH_ASYNC_PROGRESS=1 mpiexec -n 2 python -m refconv.bench.overlap progress
+    mpiexec -n 2 python -m refconv.bench.overlap step [--model wide-cnn] [--batch 32]
+
+``progress``: what makes a nonblocking call move while the caller computes.  An
+allreduce of ``--mb`` MB and a compute of about the same time (float32 matrix
+products, in 16 chunks), four contenders in alternating rounds:
+
+- ``comm``: the allreduce alone; ``compute``: the compute alone;
+- ``blocking``: the allreduce, waited for, then the compute;
+- ``overlap``: the allreduce started (``collectives.iallreduce_``), the compute, the wait;
+- ``overlap+test``: the same with ``collectives.progress()`` (MPI_Test of the calls in
+  flight) between the chunks.
+
+``hidden`` is the share of the allreduce's time the overlap took off the blocking
+time, ``(blocking - overlapped) / comm`` round by round (1: all of it); ``waited`` the
+seconds spent in ``wait()`` (what ``stats`` counts for the kind).  MPICH moves a
+nonblocking call only inside MPI calls unless ``MPICH_ASYNC_PROGRESS=1`` starts its
+progress thread (read when MPI starts: set it on the mpiexec line).
+
+``step``: one sample-parallel training step (``refconv.bench.torch_step``'s models),
+``Model.set_overlap(False)`` against ``set_overlap(True)``, on the same model.
+
+One BLAS thread per rank (``OMP_NUM_THREADS=1`` is set here unless given), and a pause
+between contenders (``refconv.bench.timing``).
+"""
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before numpy loads its BLAS
+
+import numpy  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+from refconv import collectives, threads  # noqa: E402
+from refconv.bench import timing  # noqa: E402
+from refconv.bench.common import time_ranks  # noqa: E402
+
+CHUNKS = 16
+
+
+def _waited(fn, waits, name):
+    """``fn`` with the seconds its calls spent in MPI (``stats``' per kind) added to ``waits[name]``."""
+    def run():
+        with collectives.stats.recording() as region:
+            fn()
+        waits.setdefault(name, []).append(sum(region.seconds.values()))
+    return run
+
+
+def _report(comm, spans, waits, baseline, lines):
+    """Rank 0 prints each contender's time, its ratio to ``baseline`` and its seconds in MPI."""
+    waited = {name: collectives.allreduce(comm, numpy.array([numpy.median(w)]), op="max")[0]
+              for name, w in waits.items()}
+    if comm.Get_rank() == 0:
+        for name, span in spans.items():
+            speedup = timing.ratio(spans, baseline, name).format(1, "x", 2)
+            lines.append(f"  {name:<14} {span}   {baseline}/{name} {speedup}   in MPI {waited[name] * 1e3:6.2f} ms")
+        print("\n".join(lines), flush=True)
+
+
+def run_progress(args, comm):
+    x = numpy.ones(int(args.mb * 1e6) // 4, numpy.float32)  # x: (n,), reduced in place
+    a = numpy.random.default_rng(comm.Get_rank()).standard_normal((256, 256), dtype=numpy.float32)
+
+    def chunk():
+        a @ a
+
+    comm_alone = numpy.median(time_ranks(comm, {"comm": lambda: collectives.iallreduce_(comm, x).wait()},
+                                         5, 1, timing.PAUSE)["comm"])
+    chunk_s = numpy.median(time_ranks(comm, {"chunk": chunk}, 5, 1, timing.PAUSE)["chunk"])
+    per_chunk = max(1, round(float(comm_alone / CHUNKS / chunk_s)))  # the compute takes about the allreduce's time
+    chunk_s = collectives.allreduce(comm, numpy.array([chunk_s]), op="max")[0]
+
+    def compute(poll=False):
+        for _ in range(CHUNKS):
+            for _ in range(per_chunk):
+                chunk()
+            if poll:
+                collectives.progress()
+
+    def overlapped(poll):
+        request = collectives.iallreduce_(comm, x, overlap="matrix products")
+        compute(poll)
+        request.wait()
+
+    waits = {}
+    contenders = {"comm": lambda: collectives.iallreduce_(comm, x).wait(), "compute": compute,
+                  "blocking": lambda: (collectives.iallreduce_(comm, x).wait(), compute()),
+                  "overlap": lambda: overlapped(False), "overlap+test": lambda: overlapped(True)}
+    contenders = {name: _waited(fn, waits, name) for name, fn in contenders.items()}
+    times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
+    spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
+    async_progress = os.environ.get("MPICH_ASYNC_PROGRESS", "unset")
+    lines = [f"progress: allreduce of {args.mb:g} MB on {comm.Get_size()} ranks behind {CHUNKS} x {per_chunk} "
+             f"matrix products (256x256 float32); MPICH_ASYNC_PROGRESS={async_progress}; "
+             f"{MPI.Get_library_version().splitlines()[0].strip()}; median (min-max) of {args.rounds} rounds"]
+    for name in ("overlap", "overlap+test"):
+        hidden = [(b - o) / c for b, o, c in zip(times["blocking"], times[name], times["comm"])]
+        lines.append(f"  hidden by {name}: {timing.Span(tuple(hidden)).format(100, ' %', 0)} of the allreduce's time")
+    _report(comm, spans, waits, "blocking", lines)
+
+
+def run_step(args, comm):
+    from refconv.bench.torch_step import MODELS, refconv_step_of
+    batch = args.batch or MODELS[args.model][2]
+    step, model, _, _ = refconv_step_of(args.model, batch, comm)
+    waits = {}
+
+    def with_overlap(on):
+        def run():
+            model.set_overlap(on)
+            step()
+        return run
+
+    contenders = {name: _waited(with_overlap(on), waits, name) for name, on in (("blocking", False), ("overlap", True))}
+    times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
+    spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
+    lines = [f"step: {args.model}, batch {batch}, sample={comm.Get_size()}; MPICH_ASYNC_PROGRESS="
+             f"{os.environ.get('MPICH_ASYNC_PROGRESS', 'unset')}; median (min-max) of {args.rounds} rounds"]
+    _report(comm, spans, waits, "blocking", lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m refconv.bench.overlap", description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("progress", "step"))
+    parser.add_argument("--mb", type=float, default=8.0, help="progress: the allreduce's megabytes (default 8)")
+    parser.add_argument("--model", default="wide-cnn", help="step: a model of refconv.bench.torch_step (default wide-cnn)")
+    parser.add_argument("--batch", type=int, help="step: the global batch (default: the model's)")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating timed rounds (default 7)")
+    args = parser.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    threads.configure(comm)
+    if args.mb <= 0 or args.rounds < 1:
+        raise SystemExit(f"--mb must be > 0 and --rounds >= 1, got {args.mb}, {args.rounds}")
+    (run_progress if args.what == "progress" else run_step)(args, comm)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
