@@ -163,3 +163,13 @@ def test_longrun_bench_reads_memory_on_every_rank():
     lines = [line for line in r.stdout.splitlines() if line.lstrip().startswith("rank ")]
     assert [line.split(":")[0].strip() for line in lines] == ["rank 0", "rank 1"], r.stdout
     assert all("MB per 1000 steps" in line for line in lines)
+
+
+def test_overlap_bench_prints_each_contender_and_the_share_hidden():
+    for what, args in (("progress", ["--mb", "0.1"]), ("halo", ["--size", "8", "--channels", "4"])):
+        r = _module("overlap", [what, "--rounds", "1", *args])
+        assert r.returncode == 0, r.stderr
+        assert "blocking" in r.stdout and "overlap" in r.stdout and "hidden" in r.stdout, r.stdout
+    r = _module("overlap", ["halo", "--rounds", "1", "--size", "2", "--channels", "2"])
+    assert r.returncode == 0, r.stderr
+    assert "too small a block" in r.stdout, r.stdout     # 2 rows a rank: the fallback is taken and said

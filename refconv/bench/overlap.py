@@ -3,6 +3,7 @@
     mpiexec -n 2 python -m refconv.bench.overlap progress [--mb 8] [--rounds 7]
     MPICH_ASYNC_PROGRESS=1 mpiexec -n 2 python -m refconv.bench.overlap progress
     mpiexec -n 2 python -m refconv.bench.overlap step [--model wide-cnn] [--batch 32]
+    mpiexec -n 2 python -m refconv.bench.overlap halo [--size 64] [--channels 64] [--batch 2]
 
 ``progress``: what makes a nonblocking call move while the caller computes.  An
 allreduce of ``--mb`` MB and a compute of about the same time (float32 matrix
@@ -22,6 +23,12 @@ progress thread (read when MPI starts: set it on the mpiexec line).
 
 ``step``: one sample-parallel training step (``refconv.bench.torch_step``'s models),
 ``Model.set_overlap(False)`` against ``set_overlap(True)``, on the same model.
+
+``halo``: one convolution (``--channels`` in and out, 3x3, 'same') with ``--size`` x
+``--size`` per rank, split over height on every rank; forward and backward,
+``overlap_halo`` off against on.  ``hidden`` is the share of the halo wait of the
+blocking run that the overlapped run no longer waits, ``1 - waited(overlap) /
+waited(blocking)``, from the seconds ``stats`` counts inside the halo's ``wait()``.
 
 One BLAS thread per rank (``OMP_NUM_THREADS=1`` is set here unless given), and a pause
 between contenders (``refconv.bench.timing``).
@@ -125,19 +132,60 @@ def run_step(args, comm):
     _report(comm, spans, waits, "blocking", lines)
 
 
+def run_halo(args, comm):
+    from refconv.grid import ProcessGrid
+    from refconv.layers import DistConv2d
+    P = comm.Get_size()
+    grid = ProcessGrid(comm, height=P)
+    C, H = args.channels, args.size
+    layer = DistConv2d(C, C, 3, padding=1, grid=grid, algorithm="stationary-x", backend="numpy",
+                       input_shape=(args.batch, C, H * P, H))
+    rng = numpy.random.default_rng(comm.Get_rank())
+    x_loc = rng.standard_normal(layer.input_distribution.local_shape(grid.rank), dtype=numpy.float32)
+    dy_loc = rng.standard_normal(layer.output_distribution.local_shape(grid.rank), dtype=numpy.float32)
+    halo_waits = {}
+
+    def run(on):
+        def passes():
+            layer.overlap_halo = on
+            with collectives.stats.recording() as region:
+                layer.forward(x_loc)
+                layer.backward(dy_loc)
+            halo_waits.setdefault(on, []).append(region.seconds.get("halo", 0.0))
+        return passes
+
+    waits = {}
+    contenders = {"blocking": _waited(run(False), waits, "blocking"), "overlap": _waited(run(True), waits, "overlap")}
+    times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
+    spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
+    blocked, overlapped = (collectives.allreduce(comm, numpy.array([numpy.median(halo_waits[on])]), op="max")[0]
+                           for on in (False, True))
+    lines = [f"halo: conv {C}->{C} 3x3 'same', {H}x{H} per rank, batch {args.batch}, height={P}; forward + backward; "
+             f"interior {layer._algo.halo.interior} ({layer._algo.halo.no_overlap or 'overlapped'}); "
+             f"MPICH_ASYNC_PROGRESS={os.environ.get('MPICH_ASYNC_PROGRESS', 'unset')}; median (min-max) of "
+             f"{args.rounds} rounds",
+             f"  halo wait: blocking {blocked * 1e3:.2f} ms, overlapped {overlapped * 1e3:.2f} ms: "
+             f"{1 - overlapped / blocked if blocked else 0:.0%} of it hidden"]
+    _report(comm, spans, waits, "blocking", lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m refconv.bench.overlap", description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("progress", "step"))
+    parser.add_argument("what", choices=("progress", "step", "halo"))
     parser.add_argument("--mb", type=float, default=8.0, help="progress: the allreduce's megabytes (default 8)")
     parser.add_argument("--model", default="wide-cnn", help="step: a model of refconv.bench.torch_step (default wide-cnn)")
-    parser.add_argument("--batch", type=int, help="step: the global batch (default: the model's)")
+    parser.add_argument("--batch", type=int, help="step: the global batch (default: the model's); halo: default 2")
+    parser.add_argument("--size", type=int, default=64, help="halo: rows and columns per rank (default 64)")
+    parser.add_argument("--channels", type=int, default=64, help="halo: C = F (default 64)")
     parser.add_argument("--rounds", type=int, default=7, help="alternating timed rounds (default 7)")
     args = parser.parse_args(argv)
+    if args.what == "halo":
+        args.batch = args.batch or 2
     comm = MPI.COMM_WORLD
     threads.configure(comm)
     if args.mb <= 0 or args.rounds < 1:
         raise SystemExit(f"--mb must be > 0 and --rounds >= 1, got {args.mb}, {args.rounds}")
-    (run_progress if args.what == "progress" else run_step)(args, comm)
+    {"progress": run_progress, "step": run_step, "halo": run_halo}[args.what](args, comm)
     return 0
 
 
