@@ -22,7 +22,10 @@ nonblocking call only inside MPI calls unless ``MPICH_ASYNC_PROGRESS=1`` starts 
 progress thread (read when MPI starts: set it on the mpiexec line).
 
 ``step``: one sample-parallel training step (``refconv.bench.torch_step``'s models),
-``Model.set_overlap(False)`` against ``set_overlap(True)``, on the same model.
+``Model.set_overlap(False)`` against ``set_overlap(True)``, on the same model.  With
+``--timeline out.json`` it then records one step of each (``stats.timeline()``: when
+each call started, when the rank began to wait for it, when it finished), writes them
+per rank, and draws ``out.png``: :func:`draw_timeline`.
 
 ``halo``: one convolution (``--channels`` in and out, 3x3, 'same') with ``--size`` x
 ``--size`` per rank, split over height on every rank; forward and backward,
@@ -35,8 +38,10 @@ between contenders (``refconv.bench.timing``).
 """
 
 import argparse
+import json
 import os
 import sys
+import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before numpy loads its BLAS
 
@@ -130,6 +135,63 @@ def run_step(args, comm):
     lines = [f"step: {args.model}, batch {batch}, sample={comm.Get_size()}; MPICH_ASYNC_PROGRESS="
              f"{os.environ.get('MPICH_ASYNC_PROGRESS', 'unset')}; median (min-max) of {args.rounds} rounds"]
     _report(comm, spans, waits, "blocking", lines)
+    if args.timeline:
+        write_timeline(comm, model, step, args.timeline, f"{args.model}, batch {batch}, sample={comm.Get_size()}")
+
+
+def write_timeline(comm, model, step, path, title):
+    """One blocking and one overlapped step under ``stats.timeline()``; rank 0 writes every rank's
+    calls to ``path`` (JSON, seconds from the step's start) and draws them (:func:`draw_timeline`)."""
+    steps = {}
+    for name, on in (("blocking", False), ("overlap", True)):
+        model.set_overlap(on)
+        step()                                             # the same state of the caches for both
+        collectives.barrier(comm)
+        with collectives.stats.timeline() as events:
+            start = time.perf_counter()
+            step()
+            seconds = time.perf_counter() - start
+        steps[name] = {"seconds": seconds, "calls": [{**e, **{k: e[k] - start for k in ("started", "waited", "ended")}}
+                                                     for e in events]}
+    ranks = collectives.allgather_object(comm, steps)
+    if comm.Get_rank() == 0:
+        with open(path, "w") as f:
+            json.dump({"title": title, "ranks": ranks}, f)
+        figure = os.path.splitext(path)[0] + ".png"
+        draw_timeline(ranks, title, figure)
+        print(f"wrote {path} and {figure}")
+
+
+def draw_timeline(ranks, title, path):
+    """Per rank, one row per contender: each call from its start to its end (light), the part the
+    rank waited for it (dark), over the step (grey); a call finished while the rank computed has no dark part."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    colours = {"allreduce": "tab:blue", "halo": "tab:green", "allgather": "tab:orange",
+               "reduce_scatter": "tab:red", "alltoallv": "tab:purple"}
+    names = list(ranks[0])
+    fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * len(ranks) * len(names)))
+    row, labels = 0, []
+    for r, steps in enumerate(ranks):
+        for name in names:
+            ax.barh(row, steps[name]["seconds"] * 1e3, color="0.9", height=0.8)
+            for c in steps[name]["calls"]:
+                colour = colours.get(c["kind"], "0.5")
+                ax.barh(row, (c["ended"] - c["started"]) * 1e3, left=c["started"] * 1e3, color=colour, alpha=0.35,
+                        height=0.5)
+                ax.barh(row, (c["ended"] - c["waited"]) * 1e3, left=c["waited"] * 1e3, color=colour, height=0.5)
+            labels.append(f"rank {r} {name}")
+            row += 1
+    ax.set_yticks(range(row), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms from the step's start (light: in flight; dark: the rank waits; grey: the step)")
+    ax.set_title(title)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    ax.legend(handles, list(colours), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def run_halo(args, comm):
@@ -175,6 +237,8 @@ def main(argv=None):
     parser.add_argument("--mb", type=float, default=8.0, help="progress: the allreduce's megabytes (default 8)")
     parser.add_argument("--model", default="wide-cnn", help="step: a model of refconv.bench.torch_step (default wide-cnn)")
     parser.add_argument("--batch", type=int, help="step: the global batch (default: the model's); halo: default 2")
+    parser.add_argument("--timeline", help="step: write one blocking and one overlapped step's calls here (JSON) "
+                                           "and draw them beside it (.png)")
     parser.add_argument("--size", type=int, default=64, help="halo: rows and columns per rank (default 64)")
     parser.add_argument("--channels", type=int, default=64, help="halo: C = F (default 64)")
     parser.add_argument("--rounds", type=int, default=7, help="alternating timed rounds (default 7)")

@@ -50,6 +50,7 @@ of x would make either depend on the communicator's size.
 """
 
 import numbers
+import time
 
 import numpy
 from mpi4py import MPI
@@ -89,8 +90,9 @@ class Request:
     received buffers into the result once MPI is done with them.
     """
 
-    def __init__(self, kind, comm, requests, finish, buffers=None):
+    def __init__(self, kind, comm, requests, finish, buffers=None, overlap=""):
         self.kind, self.comm, self._requests, self._finish, self._buffers = kind, comm, requests, finish, buffers
+        self.overlap, self.started = overlap, time.perf_counter()
         self._done, self._result = False, None
         if requests:
             _IN_FLIGHT.add(self)
@@ -102,6 +104,8 @@ class Request:
         if MPI.Request.Testall(self._requests):
             _IN_FLIGHT.discard(self)
             self._requests = []
+            now = time.perf_counter()
+            stats.add_event(self.kind, self.overlap, self.started, now, now)  # finished while polled: no wait
             return True
         return False
 
@@ -109,7 +113,7 @@ class Request:
         """The result, once MPI has finished (the time waited is the kind's, as a blocking call's)."""
         if not self._done:
             if self._requests:
-                with guard(self.kind, self.comm, self._buffers or {}):
+                with guard(self.kind, self.comm, self._buffers or {}, started=self.started, overlap=self.overlap):
                     MPI.Request.Waitall(self._requests)
                 _IN_FLIGHT.discard(self)
             self._result, self._done = self._finish(), True
@@ -195,7 +199,7 @@ def iallreduce_(comm, x, op="sum", *, overlap=""):
         if buf is not x:
             x[...] = from_mpi(buf, x)
         return x
-    return Request("allreduce", comm, [comm.Iallreduce(MPI.IN_PLACE, buf, op=_OPS[op])], finish, {"in place": x})
+    return Request("allreduce", comm, [comm.Iallreduce(MPI.IN_PLACE, buf, op=_OPS[op])], finish, {"in place": x}, overlap)
 
 
 def reduce_scatter(comm, x, counts, axis=0):
@@ -231,7 +235,7 @@ def ireduce_scatter(comm, x, counts, axis=0, *, overlap=""):
         for part in theirs[1:]:
             summed += part
         return from_mpi(summed.reshape(x.shape[:axis] + (counts[me],) + x.shape[axis + 1:]), x)
-    return Request("reduce_scatter", comm, [request], finish, {"x": x, "axis": axis, "counts": counts})
+    return Request("reduce_scatter", comm, [request], finish, {"x": x, "axis": axis, "counts": counts}, overlap)
 
 
 def allgather(comm, x, counts, axis=0):
@@ -261,7 +265,8 @@ def iallgather(comm, x, counts, axis=0, *, overlap=""):
         item = send.dtype.itemsize
         request = comm.Ialltoallw([send, ([send.nbytes] * size, [0] * size), [MPI.BYTE] * size],
                                   [recv, ([1] * size, [d * inner * item for d in displs(counts)]), blocks])
-    return Request("allgather", comm, [request], lambda: from_mpi(recv, x), {"x": x, "axis": axis, "counts": counts})
+    return Request("allgather", comm, [request], lambda: from_mpi(recv, x), {"x": x, "axis": axis, "counts": counts},
+                   overlap)
 
 
 def exchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None):
@@ -303,7 +308,7 @@ def iexchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None, overlap=""):
         if own is not None:
             out[me] = own
         return out
-    return Request("halo", comm, requests, finish, {"send": sends, "recv": staged})
+    return Request("halo", comm, requests, finish, {"send": sends, "recv": staged}, overlap)
 
 
 def alltoallv(comm, send_blocks, recv_shapes, dtype=None):

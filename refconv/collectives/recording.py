@@ -71,6 +71,7 @@ class CommStats:
     def __init__(self):
         self.records = []
         self._regions = []
+        self._timelines = []
         self._folded = ({}, {})         # the records let go of: (their summary, moved_only's)
 
     def reset(self):
@@ -95,6 +96,23 @@ class CommStats:
     def summary(self, *, moved_only=False):
         """kind -> {"calls", "elements", "bytes"} over all records since reset()."""
         return _merge(self._folded[moved_only], summarize(self.records, moved_only))
+
+    def add_event(self, kind, overlap, started, waited, ended):
+        """One MPI call's times (``time.perf_counter``): started, waited for from ``waited`` (the
+        same as started for a blocking call), finished at ``ended``; kept by open timelines."""
+        for events in self._timelines:
+            events.append({"kind": kind, "overlap": overlap, "started": started, "waited": waited, "ended": ended})
+
+    @contextlib.contextmanager
+    def timeline(self):
+        """``with stats.timeline() as events: ...``: the times of every MPI call made inside, in
+        the order they finished (``add_event``'s dicts), for a per-rank timeline."""
+        events = []
+        self._timelines.append(events)
+        try:
+            yield events
+        finally:
+            self._timelines.remove(events)
 
     def add_seconds(self, kind, seconds):
         """Time one MPI call of ``kind`` took, added to every open region."""
