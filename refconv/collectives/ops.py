@@ -199,7 +199,8 @@ def iallreduce_(comm, x, op="sum", *, overlap=""):
         if buf is not x:
             x[...] = from_mpi(buf, x)
         return x
-    return Request("allreduce", comm, [comm.Iallreduce(MPI.IN_PLACE, buf, op=_OPS[op])], finish, {"in place": x}, overlap)
+    request = comm.Iallreduce(MPI.IN_PLACE, buf, op=_OPS[op])
+    return Request("allreduce", comm, [request], finish, {"in place": x}, overlap)
 
 
 def reduce_scatter(comm, x, counts, axis=0):

@@ -1,8 +1,9 @@
 """``stats``: exact counts of the calls made through :mod:`refconv.collectives`.
 
 Every wrapper adds one :class:`Record` (its kind, communicator size, elements and
-bytes, and for a call started by an ``i...`` form what it overlaps) before it calls MPI; ``refconv.cost_model`` and the layers' ``records()``
-predict the same figures, and ``refconv.testing.check_records`` compares them.
+bytes, and for a call started by an ``i...`` form what it overlaps) before it calls
+MPI; ``refconv.cost_model`` and the layers' ``records()`` predict the same figures,
+and ``refconv.testing.check_records`` compares them.
 """
 
 import contextlib

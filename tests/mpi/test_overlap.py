@@ -63,7 +63,8 @@ def test_each_nonblocking_call_gives_its_blocking_result_and_records_its_overlap
             if isinstance(got, dict) else numpy.array_equal(got, expected)
         if not same:
             problems.append(f"{name}: {got} != {expected}")
-        if [(c.kind, c.bytes, c.messages) for c in started] != [(c.kind, c.bytes, c.messages) for c in blocking_records]:
+        moved = lambda calls: [(c.kind, c.bytes, c.messages) for c in calls]  # noqa: E731
+        if moved(started) != moved(blocking_records):
             problems.append(f"{name}: started {started}, blocking {blocking_records}")
         if [c.overlap for c in started] != ["test"] or [c.overlap for c in blocking_records] != [""]:
             problems.append(f"{name}: overlap recorded {started} / {blocking_records}")
