@@ -20,7 +20,7 @@ from refconv.testing.asserts import assert_all_ranks, assert_close
 from refconv.testing.check import run_layer
 from refconv.testing.mpirun import mpi_test
 from refconv.testing.strategies import ConvProblem, dist_conv_cases
-from refconv.train import step
+from refconv.train import TrainConfig, step, train
 
 comm = MPI.COMM_WORLD
 ALL = (1, 2, 3, 4)
@@ -133,17 +133,27 @@ def _train(grid, algorithm, overlap):
     rng = numpy.random.default_rng(0)
     x, y = rng.standard_normal((8, 1, 16, 16)).astype(numpy.float32), rng.integers(0, 10, 8)
     optimizer = SGD(model.bind(x.shape), 0.1, momentum=0.9, weight_decay=1e-4)
-    losses = [step(model, optimizer, x, y) for _ in range(STEPS)]
-    return losses, [layer.parameters()[p].copy() for _, layer, p in model.named_parameters()]
+    losses = [step(model, optimizer, x, y) for _ in range(STEPS - 1)]
+    loss, calls = _recorded(lambda: step(model, optimizer, x, y))
+    overlapped = sorted((c.kind, c.comm_size, c.bytes) for c in calls if c.overlap and c.kind == "allreduce")
+    marked = sorted((c.kind, c.comm_size, c.bytes) for c in model.records() if c.grad) if overlap else []
+    return losses + [loss], [layer.parameters()[p].copy() for _, layer, p in model.named_parameters()], \
+        (overlapped, marked)
 
 
 @mpi_test(sizes=ALL + (8,), timeout=300)
 def test_training_with_the_gradient_allreduce_overlapped_gives_the_blocking_bits():
+    """The same losses and parameters, bit for bit, with every overlap on and off; with it on,
+    the allreduces that ran behind compute are exactly the ones the model's ``records()`` marks
+    (``grad``: the gradients'); batch normalization's and the loss's are waited for at once."""
     problems = []
     for grid, algorithm in GRIDS[comm.size]:
-        (l0, p0), (l1, p1) = _train(grid, algorithm, False), _train(grid, algorithm, True)
+        (l0, p0, c0), (l1, p1, c1) = _train(grid, algorithm, False), _train(grid, algorithm, True)
         if l0 != l1 or not all(numpy.array_equal(a, b) for a, b in zip(p0, p1)):
             problems.append(f"{grid} {algorithm}: losses {l0} vs {l1}")
+        for what, (made, marked) in (("blocking", c0), ("overlapped", c1)):
+            if made != marked:  # the model's records() mark (grad) exactly the calls that overlapped
+                problems.append(f"{grid} {algorithm} {what}: overlapped {made}, records() mark {marked}")
     assert_all_ranks(comm, not problems, str(problems))
 
 
@@ -214,3 +224,15 @@ def test_a_block_too_small_for_the_halo_overlap_falls_back_and_says_why():
           and large_calls[0].overlap == "interior of the forward convolution")
     assert_all_ranks(comm, ok, f"small: {small_halo.interior} {small_halo.no_overlap!r} {small_calls}; "
                                f"large: {large_halo.interior} {large_halo.no_overlap!r} {large_calls}")
+
+
+@mpi_test(sizes=(2,), timeout=240)
+def test_refconv_train_overlaps_by_default_and_no_overlap_gives_the_same_run():
+    runs = {on: train(TrainConfig(grid={"sample": 1, "height": 2}, epochs=1, max_steps=3, batch_size=16,
+                                  progress=False, **({} if on else {"overlap": False})), log=lambda *a: None)
+            for on in (True, False)}
+    flags = {on: [(layer.overlap_gradients, layer.overlap_halo) for _, layer in run["model"].named_layers()
+                  if isinstance(layer, DistConv2d)] for on, run in runs.items()}
+    ok = (runs[True]["losses"] == runs[False]["losses"] and flags[True] and all(all(f) for f in flags[True])
+          and not any(any(f) for f in flags[False]))
+    assert_all_ranks(comm, ok, f"losses {runs[True]['losses']} vs {runs[False]['losses']}; flags {flags}")
