@@ -49,6 +49,7 @@ LAZY_IMPORTS = {
     ("refconv/bench/torch_step.py", "torch"): "optional contender",
     ("refconv/bench/step.py", "torch"): "optional contender",
     ("refconv/plan/project.py", "matplotlib"): "optional (the test and docs extras): only for plots",
+    ("refconv/bench/overlap.py", "matplotlib"): "optional (the test and docs extras): only for the timeline figure",
     ("refconv/plot.py", "matplotlib"): "optional (the test and docs extras): only for plots",
     ("refconv/torch.py", "torch"): "optional: refconv.torch is the only module that needs PyTorch",
     ("refconv/testing/mpirun.py", "mpi4py"): "the launcher lists tests without initialising MPI",

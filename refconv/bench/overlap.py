@@ -33,8 +33,7 @@ per rank, and draws ``out.png``: :func:`draw_timeline`.
 blocking run that the overlapped run no longer waits, ``1 - waited(overlap) /
 waited(blocking)``, from the seconds ``stats`` counts inside the halo's ``wait()``.
 
-One BLAS thread per rank (``OMP_NUM_THREADS=1`` is set here unless given), and a pause
-between contenders (``refconv.bench.timing``).
+One BLAS thread per rank (``threads.configure(comm, 1)``), and a pause between contenders (``refconv.bench.timing``).
 """
 
 import argparse
@@ -43,14 +42,15 @@ import os
 import sys
 import time
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # before numpy loads its BLAS
+import numpy
+from mpi4py import MPI
 
-import numpy  # noqa: E402
-from mpi4py import MPI  # noqa: E402
-
-from refconv import collectives, threads  # noqa: E402
-from refconv.bench import timing  # noqa: E402
-from refconv.bench.common import time_ranks  # noqa: E402
+from refconv import collectives, threads
+from refconv.bench import timing
+from refconv.bench.common import time_ranks
+from refconv.bench.torch_step import MODELS, refconv_step_of
+from refconv.grid import ProcessGrid
+from refconv.layers import DistConv2d
 
 CHUNKS = 16
 
@@ -118,7 +118,6 @@ def run_progress(args, comm):
 
 
 def run_step(args, comm):
-    from refconv.bench.torch_step import MODELS, refconv_step_of
     batch = args.batch or MODELS[args.model][2]
     step, model, _, _ = refconv_step_of(args.model, batch, comm)
     waits = {}
@@ -195,8 +194,6 @@ def draw_timeline(ranks, title, path):
 
 
 def run_halo(args, comm):
-    from refconv.grid import ProcessGrid
-    from refconv.layers import DistConv2d
     P = comm.Get_size()
     grid = ProcessGrid(comm, height=P)
     C, H = args.channels, args.size
@@ -247,7 +244,7 @@ def main(argv=None):
     if args.what == "halo":
         args.batch = args.batch or 2
     comm = MPI.COMM_WORLD
-    threads.configure(comm)
+    threads.configure(comm, 1)  # one BLAS thread per rank
     if args.mb <= 0 or args.rounds < 1:
         raise SystemExit(f"--mb must be > 0 and --rounds >= 1, got {args.mb}, {args.rounds}")
     {"progress": run_progress, "step": run_step, "halo": run_halo}[args.what](args, comm)
