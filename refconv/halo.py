@@ -20,6 +20,11 @@ With ``padding_mode`` reflect, replicate or circular, the cells outside the
 image are copies of image cells (:func:`source_index`), and they too come from
 the ranks that own them (:func:`halo_plan`).
 
+``start_extend`` and ``start_reduce`` start the same exchanges and return a
+:class:`Started`, whose ``wait()`` finishes them, so that compute can run while they
+are in flight: the interior of the output, which reads no halo cell
+(:attr:`Halo.interior`), in forward; backward-filter behind the halo return.
+
 When the spatial group has one rank, no message is sent: the window is the
 padded local block, or the block itself (no copy) when nothing is padded or
 cut off.  Only the zero-padding cells are filled; every other cell of a
@@ -75,6 +80,12 @@ def halo_geometry(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation):
             owned.append(Box(h0, h1, w0, w1))
             window.append(Box(lo_h, hi_h, lo_w, hi_w))
     return owned, window
+
+
+def halo_geometry_out(window, kernel, stride, dilation):
+    """The output extents ``(h', w')`` that a window Box of input rows and columns gives."""
+    return tuple((length - dilation[k] * (kernel[k] - 1) - 1) // stride[k] + 1
+                 for k, length in enumerate(window.shape))
 
 
 def source_index(lo, hi, size, mode="zeros"):
@@ -212,6 +223,9 @@ class Halo:
         self.mine_whole = self.mine is not None and self.mine.is_whole(own.shape)
         self.send_index = {r: piece.owned_index() for r, piece in self.sends.items()}      # my cells rank r reads
         self.recv_index = {s: piece.window_index() for s, piece in self.receives.items()}  # rank s's cells in my window
+        self.kernel, self.stride, self.dilation = tuple(kernel), tuple(stride), tuple(dilation)
+        self.out_shape = tuple(halo_geometry_out(win, kernel, stride, dilation))  # (h', w') of this rank's output block
+        self.interior, self.no_overlap = self._interior(self.out_shape, kernel, stride, dilation)
 
     @property
     def window_shape(self):
@@ -225,8 +239,14 @@ class Halo:
 
         On one rank, when the window is the whole image (no padding, nothing cut
         off), ``x_loc`` itself is returned: no copy; do not write into it."""
+        return self.start_extend(x_loc, xp, fill).wait()
+
+    def start_extend(self, x_loc, xp, fill=0.0, overlap=""):
+        """Start :meth:`extend`: ``partial`` of the result is the window with every cell this rank
+        holds already written (its own block's, and the zero padding), the halo cells in flight;
+        ``wait()`` writes them and returns the window.  ``overlap``: what runs meanwhile."""
         if self.is_block:
-            return x_loc
+            return Started(None, lambda _: x_loc, x_loc)
         n, c = x_loc.shape[:2]
         x_win = xp.empty((n, c) + self.window_shape, dtype=x_loc.dtype)  # (n, c, h_win, w_win)
         for index in self.fill_index:
@@ -235,20 +255,29 @@ class Halo:
             window_index, owned_index = self.mine_index
             x_win[window_index] = x_loc[owned_index]
         if self.size == 1:
-            return x_win
+            return Started(None, lambda _: x_win, x_win)
         sends = {r: x_loc[index] for r, index in self.send_index.items()}
         recv_shapes = {s: (n, c) + piece.shape for s, piece in self.receives.items()}
-        received = collectives.exchange(self.comm, sends, recv_shapes, x_loc.dtype, like=x_loc)
-        for s, index in self.recv_index.items():
-            x_win[index] = received[s]
-        return x_win
+        request = collectives.iexchange(self.comm, sends, recv_shapes, x_loc.dtype, like=x_loc, overlap=overlap)
+
+        def finish(received):
+            for s, index in self.recv_index.items():
+                x_win[index] = received[s]
+            return x_win
+        return Started(request, finish, x_win)
 
     def reduce(self, dx_win, xp):
         """The adjoint of :meth:`extend` (the halo return): ``(n, c, h_win, w_win)`` -> ``(n, c, h, w)``,
         each window cell's gradient sent to the owner of the cell it holds and added there.
         On one rank, when the window is the whole image, ``dx_win`` itself is returned."""
+        return self.start_reduce(dx_win, xp).wait()
+
+    def start_reduce(self, dx_win, xp, overlap=""):
+        """Start :meth:`reduce`: this rank's own cells are added now, the pieces sent back are in
+        flight; ``wait()`` adds the pieces received and returns ``dx_loc``.  ``dx_win`` may be
+        changed once this returns (the pieces are copied)."""
         if self.is_block:
-            return dx_win
+            return Started(None, lambda _: dx_win)
         n, c = dx_win.shape[:2]
         own = self.owned[self.me]
         if self.mine_whole:
@@ -261,13 +290,72 @@ class Halo:
                 window_index, owned_index = self.mine_index
                 _add_into(dx_loc, owned_index, dx_win[window_index], xp)
         if self.size == 1:
-            return dx_loc
+            return Started(None, lambda _: dx_loc)
         sends = {s: dx_win[index] for s, index in self.recv_index.items()}  # back to the owners
         recv_shapes = {r: (n, c) + piece.shape for r, piece in self.sends.items()}
-        received = collectives.exchange(self.comm, sends, recv_shapes, dx_win.dtype, like=dx_win)
-        for r, index in self.send_index.items():
-            _add_into(dx_loc, index, received[r], xp)
-        return dx_loc
+        request = collectives.iexchange(self.comm, sends, recv_shapes, dx_win.dtype, like=dx_win, overlap=overlap)
+
+        def finish(received):
+            for r, index in self.send_index.items():
+                _add_into(dx_loc, index, received[r], xp)
+            return dx_loc
+        return Started(request, finish)
+
+    # -- the interior: output cells that read no halo cell ---------------------------------
+    def _interior(self, out_hw, kernel, stride, dilation):
+        """``(box, reason)``: the Box of local output rows and columns whose input cells this rank
+        holds before the exchange (its own block, and zero padding next to it), when overlap pays:
+        along each split axis the rows (columns) that need the halo are at most a third of the
+        block (Distconv's rule: a block of at least 3x the stencil).  Else ``(None, why not)``."""
+        if self.size == 1:
+            return None, "one rank in the spatial group: no halo exchange"
+        own, win = self.owned[self.me], self.window[self.me]
+        spans = []
+        for axis, (lo, hi, a, b, size) in enumerate(((win.h0, win.h1, own.h0, own.h1, self.image.h1),
+                                                     (win.w0, win.w1, own.w0, own.w1, self.image.w1))):
+            zeros = self.padding_mode == "zeros"
+            k0 = max(lo, lo if zeros and a == 0 else a)      # the window rows known before the exchange
+            k1 = min(hi, hi if zeros and b == size else b)
+            reach, s = dilation[axis] * (kernel[axis] - 1), stride[axis]
+            rows = out_hw[axis]
+            i0 = min(rows, max(0, -(-(k0 - lo) // s)))       # first output row whose window starts inside
+            i1 = max(i0, min(rows, (k1 - lo - 1 - reach) // s + 1))
+            if 3 * (rows - (i1 - i0)) > rows:
+                name = ("rows", "columns")[axis]
+                return None, (f"{rows - (i1 - i0)} of the block's {rows} output {name} need the halo (more than "
+                              f"a third): too small a block for the overlap to pay")
+            spans.append((i0, i1))
+        (i0, i1), (j0, j1) = spans
+        return Box(i0, i1, j0, j1), None
+
+    def output_strips(self, out_hw):
+        """The local output Boxes outside :attr:`interior`: rows above and below it (full width),
+        then the columns left and right of it."""
+        box = self.interior
+        return [b for b in (Box(0, box.h0, 0, out_hw[1]), Box(box.h1, out_hw[0], 0, out_hw[1]),
+                            Box(box.h0, box.h1, 0, box.w0), Box(box.h0, box.h1, box.w1, out_hw[1]))
+                if b.h0 < b.h1 and b.w0 < b.w1]
+
+    def input_of(self, box):
+        """The window slices that the output Box ``box`` reads: ``x_win[(slice(None), slice(None)) + ...]``."""
+        (kh, kw), (sh, sw), (dh, dw) = self.kernel, self.stride, self.dilation
+        return (slice(None), slice(None), slice(box.h0 * sh, (box.h1 - 1) * sh + dh * (kh - 1) + 1),
+                slice(box.w0 * sw, (box.w1 - 1) * sw + dw * (kw - 1) + 1))
+
+
+class Started:
+    """A halo exchange or return in flight: ``wait()`` finishes it (once) and returns the result;
+    ``partial``, for an exchange, the window with the cells this rank holds already written."""
+
+    def __init__(self, request, finish, partial=None):
+        self._request, self._finish, self.partial = request, finish, partial
+        self._done, self._result = False, None
+
+    def wait(self):
+        if not self._done:
+            self._result = self._finish(self._request.wait() if self._request is not None else {})
+            self._done, self._request, self._finish = True, None, None
+        return self._result
 
 
 def _add_into(dx_loc, index, values, xp):

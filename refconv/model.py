@@ -23,6 +23,7 @@ fixed order (what :class:`refconv.optim.SGD` and :mod:`refconv.checkpoint` take)
 
 from refconv import checks, model_spec
 from refconv.layers import SoftmaxCrossEntropy
+from refconv.layers.base import GradientsInFlight
 from refconv.layers.container import Sequential, Wrapper
 
 
@@ -122,6 +123,26 @@ class Model(Wrapper):
     def backward(self):
         """Backpropagate the last :meth:`loss`; leaves every layer's gradients."""
         return self.body.backward(self.head.backward())
+
+    def set_overlap(self, on=True):
+        """With ``on``, every layer's gradient allreduce is started in its backward and waited for
+        when the gradient is read (the optimizer's step), so it runs behind the backward of the
+        layers before it (:class:`refconv.layers.base.GradientsInFlight`); off, each is waited
+        for at once.  The same MPI calls either way: the same gradients, bit for bit.  A
+        convolution's halo exchange also runs behind the interior of its output, and its halo
+        return behind backward-filter (``DistConv2d.overlap_halo``, docs/parallel.md "Overlap")."""
+        for _, layer in self.named_layers():
+            if isinstance(layer, GradientsInFlight):
+                layer.overlap_gradients = bool(on)
+            if hasattr(layer, "overlap_halo"):
+                layer.overlap_halo = bool(on)
+        return self
+
+    def finish_gradients(self):
+        """Wait for every gradient allreduce still in flight."""
+        for _, layer in self.named_layers():
+            if isinstance(layer, GradientsInFlight):
+                layer.finish_gradients()
 
     def records(self):
         """The calls one training step (forward, loss, backward) makes on this rank: the sum

@@ -206,6 +206,9 @@ OPTIONS = (
                  "its ranks"),
     Option("oversubscribe_gpus", False, _BOOL, RUN, "let ranks of a node share a GPU (more ranks than GPUs; "
            "also REFCONV_OVERSUBSCRIBE_GPUS=1)"),
+    Option("overlap", True, _BOOL, RUN, "wait for each layer's gradient allreduce at once, instead of leaving "
+           "it in flight behind the backward of the layers before it until the optimizer's step (the same "
+           "gradients, bit for bit; docs/parallel.md, \"Overlap\")"),
     Option("timeout", env_timeout(TRAINING_TIMEOUT_S), _timeout, RUN,
            "seconds any one collective may wait before the job is ended (0: no deadline; the default is "
            "REFCONV_TIMEOUT's when set)", parse=float,

@@ -186,3 +186,26 @@ def test_longrun_bench_reads_memory_on_every_rank():
     lines = [line for line in r.stdout.splitlines() if line.lstrip().startswith("rank ")]
     assert [line.split(":")[0].strip() for line in lines] == ["rank 0", "rank 1"], r.stdout
     assert all("MB per 1000 steps" in line for line in lines)
+
+
+def test_overlap_bench_prints_each_contender_and_the_share_hidden():
+    for what, args in (("progress", ["--mb", "0.1"]), ("halo", ["--size", "8", "--channels", "4"])):
+        r = _module("overlap", [what, "--rounds", "1", *args])
+        assert r.returncode == 0, r.stderr
+        assert "blocking" in r.stdout and "overlap" in r.stdout and "hidden" in r.stdout, r.stdout
+    r = _module("overlap", ["halo", "--rounds", "1", "--size", "2", "--channels", "2"])
+    assert r.returncode == 0, r.stderr
+    assert "too small a block" in r.stdout, r.stdout     # 2 rows a rank: the fallback is taken and said
+
+
+def test_overlap_bench_writes_and_draws_a_timeline_per_rank(tmp_path):
+    out = tmp_path / "timeline.json"
+    r = _module("overlap", ["step", "--model", "digits-cnn", "--batch", "8", "--rounds", "1", "--timeline", str(out)])
+    assert r.returncode == 0, r.stderr
+    ranks = json.loads(out.read_text())["ranks"]
+    assert len(ranks) == 2 and all(sorted(steps) == ["blocking", "overlap"] for steps in ranks)
+    for steps in ranks:
+        overlapped = [c for c in steps["overlap"]["calls"] if c["overlap"]]
+        assert overlapped and not [c for c in steps["blocking"]["calls"] if c["overlap"]]
+        assert all(0 <= c["started"] <= c["waited"] <= c["ended"] <= steps["overlap"]["seconds"] for c in overlapped)
+    assert (tmp_path / "timeline.png").stat().st_size > 0

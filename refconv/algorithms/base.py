@@ -12,8 +12,9 @@ import dataclasses
 
 from refconv import checks, collectives
 from refconv.distribution import block_size, block_sizes
-from refconv.halo import Halo, exchanges, halo_plan
+from refconv.halo import Box, Halo, exchanges, halo_plan
 
+ORIGIN = Box(0, 0, 0, 0)  # the corner of a local block, for Box.slices
 ALPHA = 2e-6  # default seconds per message step (a typical inter-node latency)
 BETA = 1 / 10e9  # default seconds per byte (10 GB/s)
 
@@ -140,26 +141,37 @@ def halo_records(geom, grid_shape, coords, channels):
 
 def gradient_records(geom, grid_shape, coords, dw_shape):
     """The segmented allreduce: ``dw`` (a shard of ``dw_shape``) and ``db`` (this rank's
-    ``F_i``) over the ``P_N P_H P_W`` weight peers."""
+    ``F_i``) over the ``P_N P_H P_W`` weight peers; ``grad``: these are the calls that may
+    overlap the rest of backward (``segmented_allreduce``)."""
     P_N, P_c, P_H, P_W = grid_shape
     peers = P_N * P_H * P_W
     F_i, C_part, Kh, Kw = dw_shape
-    calls = [Call("allreduce", peers, F_i * C_part * Kh * Kw * geom.itemsize)]
+    calls = [Call("allreduce", peers, F_i * C_part * Kh * Kw * geom.itemsize, grad=True)]
     if geom.bias:
-        calls.append(Call("allreduce", peers, local_blocks(geom, grid_shape, coords).F_i * geom.itemsize))
+        calls.append(Call("allreduce", peers, local_blocks(geom, grid_shape, coords).F_i * geom.itemsize, grad=True))
     return calls
 
 
-def segmented_allreduce(peers, dw_loc, db_loc):
+def segmented_allreduce(peers, dw_loc, db_loc, overlap=None):
     """forward: nothing · backward: allreduce of this rank's ``dw`` shard and ``db`` block among
-    its weight peers, in place.
+    its weight peers, in place; both started here (``collectives.iallreduce_``).
 
     Ranks with different channel coordinates hold different shards and belong to
     different peer sets, so ``P_c`` disjoint allreduces run at once, each of one
     shard (docs/algorithms.md section 4).  :func:`gradient_records` lists the calls.
+
+    ``overlap=None``: waited for here; returns the summed ``(dw, db)``.  ``overlap`` a
+    string (what runs meanwhile, recorded with the calls): not waited for; returns the two
+    :class:`refconv.collectives.Request` (``db``'s None without bias), whose ``wait()``
+    gives the sums.  ``DistConv2d`` waits when its gradients are read, before the
+    optimizer's step.  Both paths make the same MPI call (Iallreduce), so the sums are the
+    same bits whether they overlap or not.
     """
-    dw_loc = collectives.allreduce_(peers, dw_loc)
-    return dw_loc, None if db_loc is None else collectives.allreduce_(peers, db_loc)
+    dw_req = collectives.iallreduce_(peers, dw_loc, overlap=overlap or "")
+    db_req = None if db_loc is None else collectives.iallreduce_(peers, db_loc, overlap=overlap or "")
+    if overlap:
+        return dw_req, db_req
+    return dw_req.wait(), None if db_req is None else db_req.wait()
 
 
 class Algorithm:
@@ -183,6 +195,8 @@ class Algorithm:
         self.halo = Halo(grid.sub_comm(("height", "width")), (grid.P_H, grid.P_W), geom.in_shape[2:],
                          geom.out_shape[2:], geom.kernel, geom.stride, geom.padding, geom.dilation, geom.padding_mode)
         self.peers = grid.weight_peers_comm
+        self.overlap = None  # what the gradients' allreduce overlaps (DistConv2d sets it); None: waited for at once
+        self.overlap_halo = False  # compute behind the halo exchange and return (DistConv2d sets it)
         self._local = dict(stride=geom.stride, padding=0, dilation=geom.dilation, groups=geom.groups)
 
     @classmethod
@@ -197,17 +211,53 @@ class Algorithm:
             raise ValueError(f"filter_groups: only 'stationary-w' takes filter_groups, got {filter_groups!r}")
         return None
 
+    # -- the halo exchange and return with compute behind them ---------------------------
+    def conv_behind_halo(self, x_loc, w_loc):
+        """forward: halo exchange, the local convolution behind it · ``(x_win, y_part)``.
+
+        Where the block is large enough (``self.halo.interior``; else ``self.halo.no_overlap``
+        says why not), the output is convolved in two parts: its interior, which reads no halo
+        cell, and the boundary strips around it.  With ``overlap_halo`` the exchange is started,
+        the interior convolved while it is in flight, and the strips after the wait; without,
+        the exchange is waited for first.  The same products either way, so the same bits."""
+        box = self.halo.interior
+        overlap = "interior of the forward convolution" if self.overlap_halo and box else ""
+        started = self.halo.start_extend(x_loc, self.xp, overlap=overlap)  # halo exchange started
+        if not overlap:
+            started.wait()
+        if box is None:
+            x_win = started.wait()  # (n, c, h_win, w_win)
+            return x_win, self.conv(x_win, w_loc)
+        whole = (slice(None), slice(None))
+        inner = self.conv(started.partial[self.halo.input_of(box)], w_loc)  # (n, F, box rows, box columns)
+        y = self.xp.empty(inner.shape[:2] + self.halo.out_shape, dtype=inner.dtype)  # (n, F, h', w')
+        y[whole + box.slices(ORIGIN)] = inner
+        x_win = started.wait()
+        for strip in self.halo.output_strips(self.halo.out_shape):  # the cells that read the halo
+            y[whole + strip.slices(ORIGIN)] = self.conv(x_win[self.halo.input_of(strip)], w_loc)
+        return x_win, y
+
+    def backward_behind_halo(self, dy, w_loc):
+        """backward: backward-data, the halo return of its window with backward-filter behind it ·
+        ``(dx_part, dw_part)``, partial sums (the caller reduces them).
+
+        The window's gradient is computed first; with ``overlap_halo`` its return is started
+        and backward-filter (which needs no halo: forward kept ``x_win``) runs while it is in
+        flight; otherwise the return is waited for first.  The same values either way."""
+        dx_win = self.conv_data(dy, w_loc, self.x_win.shape)  # (n, c, h_win, w_win)
+        overlap = "backward-filter" if self.overlap_halo and self.halo.size > 1 else ""
+        back = self.halo.start_reduce(dx_win, self.xp, overlap=overlap)  # halo return started
+        if not overlap:
+            back.wait()
+        dw_part = self.conv_filter(self.x_win, dy, w_loc.shape)
+        return back.wait(), dw_part
+
     # -- local compute on this rank's window (no communication) -----------------------
     def conv(self, x_win, w_loc):
         return self.backend.conv2d_forward(x_win, w_loc, **self._local)
 
     def conv_data(self, dy, w_loc, x_win_shape):
         return self.backend.conv2d_backward_data(dy, w_loc, x_win_shape, **self._local)
-
-    def conv_backward(self, dy, w_loc):
-        """``(dx_win, dw_part)``: backward-data and backward-filter of this rank's window
-        ``self.x_win`` (kept by forward); partial sums, no communication."""
-        return self.conv_data(dy, w_loc, self.x_win.shape), self.conv_filter(self.x_win, dy, w_loc.shape)
 
     def conv_filter(self, x_win, dy, w_shape):
         return self.backend.conv2d_backward_filter(x_win, dy, w_shape, **self._local)

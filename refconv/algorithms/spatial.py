@@ -39,13 +39,15 @@ class SampleSpatial(Algorithm):
 
     def forward(self, x_loc, w_loc, b_loc):
         # x_loc: (n, C, h, w); w_loc: (F, C/groups, Kh, Kw); b_loc: (F,) or None
-        self.x_win = self.halo.extend(x_loc, self.xp)  # halo exchange -> (n, C, h_win, w_win)
-        return self.add_bias(self.conv(self.x_win, w_loc), b_loc)  # (n, F, h', w')
+        # halo exchange -> x_win (n, C, h_win, w_win), with the interior of y convolved behind it
+        self.x_win, y_loc = self.conv_behind_halo(x_loc, w_loc)  # (n, F, h', w')
+        return self.add_bias(y_loc, b_loc)
 
     def backward(self, dy_loc, w_loc):
         # dy_loc: (n, F, h', w')
         # dx_win: (n, C, h_win, w_win); dw_loc: (F, C/groups, Kh, Kw) partial over n, h', w'
-        dx_win, dw_loc = self.conv_backward(dy_loc, w_loc)
-        dx_loc = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C, h, w)
-        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
+        # halo return of dx_win -> dx_loc (n, C, h, w), with backward-filter behind it
+        dx_loc, dw_loc = self.backward_behind_halo(dy_loc, w_loc)
+        # over the weight peers: summed, or with self.overlap, started (DistConv2d waits for them)
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc), self.overlap)
         return dx_loc, dw_loc, db_loc

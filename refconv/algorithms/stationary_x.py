@@ -41,8 +41,8 @@ class StationaryX(ChannelAlgorithm):
 
     def forward(self, x_loc, w_loc, b_loc):
         # x_loc: (n, C_i, h, w); w_loc: (F, C_i, Kh, Kw); b_loc: (F_i,) or None
-        self.x_win = self.halo.extend(x_loc, self.xp)  # halo exchange -> (n, C_i, h_win, w_win)
-        y_part = self.conv(self.x_win, w_loc)  # (n, F, h', w'), partial over C
+        # halo exchange -> x_win (n, C_i, h_win, w_win), with the interior of y convolved behind it
+        self.x_win, y_part = self.conv_behind_halo(x_loc, w_loc)  # (n, F, h', w'), partial over C
         y_loc = collectives.reduce_scatter(self.channel_comm, y_part, self.f_counts, axis=1)  # (n, F_i, h', w')
         return self.add_bias(y_loc, b_loc)
 
@@ -50,7 +50,8 @@ class StationaryX(ChannelAlgorithm):
         # dy_loc: (n, F_i, h', w')
         dy_full = collectives.allgather(self.channel_comm, dy_loc, self.f_counts, axis=1)  # (n, F, h', w')
         # dx_win: (n, C_i, h_win, w_win); dw_loc: (F, C_i, Kh, Kw) partial over n, h', w'
-        dx_win, dw_loc = self.conv_backward(dy_full, w_loc)
-        dx_loc = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C_i, h, w)
-        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
+        # halo return of dx_win -> dx_loc (n, C_i, h, w), with backward-filter behind it
+        dx_loc, dw_loc = self.backward_behind_halo(dy_full, w_loc)
+        # over the weight peers: summed, or with self.overlap, started (DistConv2d waits for them)
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc), self.overlap)
         return dx_loc, dw_loc, db_loc

@@ -39,14 +39,16 @@ class StationaryY(ChannelAlgorithm):
     def forward(self, x_loc, w_loc, b_loc):
         # x_loc: (n, C_i, h, w); w_loc: (F_i, C, Kh, Kw); b_loc: (F_i,) or None
         x_full = collectives.allgather(self.channel_comm, x_loc, self.c_counts, axis=1)  # (n, C, h, w)
-        self.x_win = self.halo.extend(x_full, self.xp)  # halo exchange -> (n, C, h_win, w_win)
-        return self.add_bias(self.conv(self.x_win, w_loc), b_loc)  # (n, F_i, h', w')
+        # halo exchange -> x_win (n, C, h_win, w_win), with the interior of y convolved behind it
+        self.x_win, y_loc = self.conv_behind_halo(x_full, w_loc)  # (n, F_i, h', w')
+        return self.add_bias(y_loc, b_loc)
 
     def backward(self, dy_loc, w_loc):
         # dy_loc: (n, F_i, h', w')
         # dx_win: (n, C, h_win, w_win), partial over F; dw_loc: (F_i, C, Kh, Kw) partial over n, h', w'
-        dx_win, dw_loc = self.conv_backward(dy_loc, w_loc)
-        dx_part = self.halo.reduce(dx_win, self.xp)  # halo return -> (n, C, h, w)
+        # halo return of dx_win -> dx_part (n, C, h, w), with backward-filter behind it
+        dx_part, dw_loc = self.backward_behind_halo(dy_loc, w_loc)
         dx_loc = collectives.reduce_scatter(self.channel_comm, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
-        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc))  # over the weight peers
+        # over the weight peers: summed, or with self.overlap, started (DistConv2d waits for them)
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc), self.overlap)
         return dx_loc, dw_loc, db_loc

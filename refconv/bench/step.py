@@ -38,6 +38,7 @@ def run(args, comm, env):
                             backend=env["ranks"][comm.Get_rank()]["backend"], dtype=args.dtype, progress=False)
     x, y, _, _, classes = train.load_dataset(cfg, numpy.dtype(args.dtype))
     model = train.build_model(cfg, comm=comm, in_channels=x.shape[1], num_classes=classes)
+    model.set_overlap(cfg.overlap)  # as refconv train runs it: communication behind compute
     optimizer = SGD(model, cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     x_b, y_b = numpy.asarray(x[0:batch]), numpy.asarray(y[0:batch])  # x_b: (batch, C, size, size), global
     times = time_ranks(comm, {"step": lambda: train.step(model, optimizer, x_b, y_b)}, repeat, warmup,

@@ -19,8 +19,8 @@ Only this package calls MPI to move data (tests/test_architecture.py checks it).
 
 from refconv.collectives.control import allgather_object, barrier, bcast_object, library_version, node_comm, split
 from refconv.collectives.faults import FaultInjected, fault_point, set_fault
-from refconv.collectives.ops import allgather, allreduce, allreduce_, alltoallv, bcast, exchange, gather, \
-    reduce_scatter, scatter
+from refconv.collectives.ops import Request, allgather, allreduce, allreduce_, alltoallv, bcast, exchange, gather, \
+    iallgather, iallreduce_, iexchange, ireduce_scatter, progress, reduce_scatter, scatter
 from refconv.collectives.recording import KINDS, CommStats, Record, Region, stats
 from refconv.collectives.staging import cuda_aware
 from refconv.collectives.watchdog import EXIT_TIMEOUT, TRAINING_TIMEOUT_S, env_timeout, get_timeout, \
@@ -28,6 +28,7 @@ from refconv.collectives.watchdog import EXIT_TIMEOUT, TRAINING_TIMEOUT_S, env_t
 
 __all__ = ["allgather", "allgather_object", "allreduce", "allreduce_", "alltoallv", "barrier", "bcast",
            "bcast_object", "CommStats", "cuda_aware", "env_timeout", "exchange", "EXIT_TIMEOUT",
-           "fault_point", "FaultInjected", "gather", "get_timeout", "KINDS", "library_version", "node_comm",
-           "Record", "reduce_scatter", "Region", "scatter", "set_fault", "set_timeout", "split", "stats",
-           "timeout", "TRAINING_TIMEOUT_S"]
+           "fault_point", "FaultInjected", "gather", "get_timeout", "iallgather", "iallreduce_", "iexchange",
+           "ireduce_scatter", "KINDS", "library_version", "node_comm", "progress", "Record", "Request",
+           "reduce_scatter", "Region", "scatter", "set_fault", "set_timeout", "split", "stats", "timeout",
+           "TRAINING_TIMEOUT_S"]

@@ -12,6 +12,10 @@ function               MPI call                     ``stats`` bytes recorded (pe
 ``reduce_scatter``     Alltoallw, then a local sum  the full input buffer (all ranks' blocks)
 ``allgather``          Allgather or Alltoallw       the full output buffer
 ``exchange``           Isend/Irecv                  bytes sent to other ranks      [kind "halo"]
+``iallreduce_``        Iallreduce (in place)        the full buffer
+``ireduce_scatter``    Ialltoallw, then a local sum as ``reduce_scatter``
+``iallgather``         Iallgather or Ialltoallw     as ``allgather``
+``iexchange``          Isend/Irecv                  as ``exchange``                [kind "halo"]
 ``alltoallv``          Alltoallv                    bytes sent to other ranks (not self)
 ``bcast``              Bcast                        the buffer
 ``scatter``            Scatterv                     the block this rank receives
@@ -22,6 +26,16 @@ function               MPI call                     ``stats`` bytes recorded (pe
 ``exchange`` (every one) and ``alltoallv`` (the non-empty ones); it is 0 for the rest.
 The figures are buffer sizes by definition, not wire traffic: a size-1 communicator
 records the same figures (with ``comm_size=1``) and makes no MPI call.
+
+The ``i...`` forms start the call and return a :class:`Request`; its ``wait()``
+finishes it and returns the result, under the deadline (``guard`` brackets the wait,
+and ``stats`` counts the seconds waited).  They are recorded when started, with
+``overlap``: what the caller computes before it waits (``""``: nothing, a blocking
+call).  ``reduce_scatter``, ``allgather`` and ``exchange`` are their ``i...`` form
+waited for at once, so each operation has one implementation and an overlapped call
+moves exactly what its blocking form moves.  :func:`progress` tests every call in
+flight: MPICH progresses a nonblocking call only inside MPI calls unless
+``MPICH_ASYNC_PROGRESS=1`` (docs/parallel.md, "Overlap").
 
 ``reduce_scatter`` and ``allgather`` split one axis; an MPI datatype per rank
 walks its block in place (``staging.block_types``), so no block is packed.
@@ -36,6 +50,7 @@ of x would make either depend on the communicator's size.
 """
 
 import numbers
+import time
 
 import numpy
 from mpi4py import MPI
@@ -66,6 +81,60 @@ def _check_axis(x, axis, what):
         raise ValueError(f"{what}: axis must be an int in [-{x.ndim}, {x.ndim}) for x of shape "
                          f"{tuple(x.shape)}, got {axis!r}")
     return int(axis) % x.ndim
+
+
+class Request:
+    """A call started by an ``i...`` function: ``wait()`` finishes it and returns its result.
+
+    ``test()`` lets MPI progress it and says whether it has finished.  ``finish`` turns the
+    received buffers into the result once MPI is done with them.
+    """
+
+    def __init__(self, kind, comm, requests, finish, buffers=None, overlap=""):
+        self.kind, self.comm, self._requests, self._finish, self._buffers = kind, comm, requests, finish, buffers
+        self.overlap, self.started = overlap, time.perf_counter()
+        self._done, self._result = False, None
+        if requests:
+            _IN_FLIGHT.add(self)
+
+    def test(self):
+        """True when MPI has finished the call (``wait()`` then returns without waiting)."""
+        if self._done or not self._requests:
+            return True
+        if MPI.Request.Testall(self._requests):
+            _IN_FLIGHT.discard(self)
+            self._requests = []
+            now = time.perf_counter()
+            stats.add_event(self.kind, self.overlap, self.started, now, now)  # finished while polled: no wait
+            return True
+        return False
+
+    def wait(self):
+        """The result, once MPI has finished (the time waited is the kind's, as a blocking call's)."""
+        if not self._done:
+            if self._requests:
+                with guard(self.kind, self.comm, self._buffers or {}, started=self.started, overlap=self.overlap):
+                    MPI.Request.Waitall(self._requests)
+                _IN_FLIGHT.discard(self)
+            self._result, self._done = self._finish(), True
+            self._requests = self._finish = self._buffers = None
+        return self._result
+
+
+_IN_FLIGHT = set()  # the Requests started and not yet finished, for progress()
+
+
+def progress():
+    """Test every call in flight, so that MPI moves them on (MPI_Test polling); returns how many
+    are still in flight.  Cheap: call it between chunks of compute while calls overlap it."""
+    for request in list(_IN_FLIGHT):
+        request.test()
+    return len(_IN_FLIGHT)
+
+
+def _finished(result):
+    """A Request with nothing in flight (a one-rank communicator: no MPI call)."""
+    return Request(None, None, [], lambda: result)
 
 
 def allreduce(comm, x, op="sum", *, out=None):
@@ -112,16 +181,44 @@ def allreduce_(comm, x, op="sum"):
     return x
 
 
+def iallreduce_(comm, x, op="sum", *, overlap=""):
+    """Start the in-place allreduce of x; ``wait()`` returns x, summed (``op``) over the ranks.
+
+    x must stay untouched until then.  A buffer MPI cannot take in place (not contiguous, or
+    on the device without a CUDA-aware MPI) is reduced in a contiguous host copy, written
+    back into x by ``wait()``.
+    """
+    stats.add("allreduce", comm.Get_size(), x.size, x.nbytes, overlap=overlap)
+    if comm.Get_size() == 1:   # the sum of one rank's x is x
+        return _finished(x)
+    buf = to_mpi(x)            # x itself when MPI can take it, else a contiguous host copy
+    if buf is x and arrays.is_device_array(x):
+        arrays.synchronize()
+
+    def finish():
+        if buf is not x:
+            x[...] = from_mpi(buf, x)
+        return x
+    request = comm.Iallreduce(MPI.IN_PLACE, buf, op=_OPS[op])
+    return Request("allreduce", comm, [request], finish, {"in place": x}, overlap)
+
+
 def reduce_scatter(comm, x, counts, axis=0):
     """Sum x (the full buffer) over ranks; return this rank's block along ``axis``.
 
     counts[i] is the length along ``axis`` of rank i's block; blocks are consecutive.
     """
+    return ireduce_scatter(comm, x, counts, axis).wait()
+
+
+def ireduce_scatter(comm, x, counts, axis=0, *, overlap=""):
+    """Start :func:`reduce_scatter`; ``wait()`` returns this rank's summed block.  x must stay
+    untouched until then."""
     axis = _check_axis(x, axis, "reduce_scatter")
     counts = _check_counts(comm, counts, x.shape[axis], "reduce_scatter")
-    stats.add("reduce_scatter", comm.Get_size(), x.size, x.nbytes)
+    stats.add("reduce_scatter", comm.Get_size(), x.size, x.nbytes, overlap=overlap)
     if comm.Get_size() == 1:
-        return arrays.array_module(x).array(x, copy=True)
+        return _finished(arrays.array_module(x).array(x, copy=True))
     size, me = comm.Get_size(), comm.Get_rank()
     outer, length, inner = split_axis(x.shape, axis)
     start, item = displs(counts)[me], x.itemsize
@@ -129,19 +226,26 @@ def reduce_scatter(comm, x, counts, axis=0):
     own = send.reshape(outer, length, inner)[:, start:start + counts[me]]  # this rank's part of its block
     theirs = empty((size - 1, outer, counts[me], inner), send.dtype, x)    # the other ranks' parts, in rank order
     block = theirs[0].nbytes
-    with guard("reduce_scatter", comm, {"x": x, "axis": axis, "counts": counts}):
-        comm.Alltoallw([send, ([int(q != me) for q in range(size)], [d * inner * item for d in displs(counts)]),
-                        block_types(send.dtype, outer, counts, inner, length * inner)],
-                       [theirs, ([block * (q != me) for q in range(size)],
-                                 [block * (q - (q > me)) for q in range(size)]), [MPI.BYTE] * size])
-    summed = own + theirs[0]                                # (outer, L_me, inner), a new array
-    for part in theirs[1:]:
-        summed += part
-    return from_mpi(summed.reshape(x.shape[:axis] + (counts[me],) + x.shape[axis + 1:]), x)
+    request = comm.Ialltoallw([send, ([int(q != me) for q in range(size)], [d * inner * item for d in displs(counts)]),
+                               block_types(send.dtype, outer, counts, inner, length * inner)],
+                              [theirs, ([block * (q != me) for q in range(size)],
+                                        [block * (q - (q > me)) for q in range(size)]), [MPI.BYTE] * size])
+
+    def finish():
+        summed = own + theirs[0]                            # (outer, L_me, inner), a new array
+        for part in theirs[1:]:
+            summed += part
+        return from_mpi(summed.reshape(x.shape[:axis] + (counts[me],) + x.shape[axis + 1:]), x)
+    return Request("reduce_scatter", comm, [request], finish, {"x": x, "axis": axis, "counts": counts}, overlap)
 
 
 def allgather(comm, x, counts, axis=0):
     """Concatenate every rank's x along ``axis``; counts[i] = rank i's length there."""
+    return iallgather(comm, x, counts, axis).wait()
+
+
+def iallgather(comm, x, counts, axis=0, *, overlap=""):
+    """Start :func:`allgather`; ``wait()`` returns the concatenation."""
     axis = _check_axis(x, axis, "allgather")
     total = sum(int(c) for c in counts)
     counts = _check_counts(comm, counts, total, "allgather")
@@ -150,20 +254,20 @@ def allgather(comm, x, counts, axis=0):
         raise ValueError(f"allgather: x has length {x.shape[axis]} along axis {axis} "
                          f"but counts[{me}] = {counts[me]}")
     outer, _, inner = split_axis(x.shape, axis)
-    stats.add("allgather", size, total * outer * inner, total * outer * inner * x.itemsize)
+    stats.add("allgather", size, total * outer * inner, total * outer * inner * x.itemsize, overlap=overlap)
     if size == 1:
-        return arrays.array_module(x).array(x, copy=True)
+        return _finished(arrays.array_module(x).array(x, copy=True))
     send = to_mpi(x)                                        # (outer, L_me, inner)
     recv = empty(x.shape[:axis] + (total,) + x.shape[axis + 1:], send.dtype, x)  # (outer, L, inner)
     blocks = block_types(send.dtype, outer, counts, inner, total * inner)
-    with guard("allgather", comm, {"x": x, "axis": axis, "counts": counts}):
-        if len(set(counts)) == 1:           # one receive datatype for all: MPI's allgather
-            comm.Allgather([send, send.nbytes, MPI.BYTE], [recv, 1, blocks[0]])
-        else:                               # one per sender: an all-to-all that sends everyone x
-            item = send.dtype.itemsize
-            comm.Alltoallw([send, ([send.nbytes] * size, [0] * size), [MPI.BYTE] * size],
-                           [recv, ([1] * size, [d * inner * item for d in displs(counts)]), blocks])
-    return from_mpi(recv, x)
+    if len(set(counts)) == 1:               # one receive datatype for all: MPI's allgather
+        request = comm.Iallgather([send, send.nbytes, MPI.BYTE], [recv, 1, blocks[0]])
+    else:                                   # one per sender: an all-to-all that sends everyone x
+        item = send.dtype.itemsize
+        request = comm.Ialltoallw([send, ([send.nbytes] * size, [0] * size), [MPI.BYTE] * size],
+                                  [recv, ([1] * size, [d * inner * item for d in displs(counts)]), blocks])
+    return Request("allgather", comm, [request], lambda: from_mpi(recv, x), {"x": x, "axis": axis, "counts": counts},
+                   overlap)
 
 
 def exchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None):
@@ -172,12 +276,19 @@ def exchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None):
     sends: {dest rank: array}; recv_shapes: {source rank: shape}.  Returns
     {source rank: array}.  A message to oneself is copied without MPI.
     """
+    return iexchange(comm, sends, recv_shapes, dtype, tag=tag, like=like).wait()
+
+
+def iexchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None, overlap=""):
+    """Start :func:`exchange`; ``wait()`` returns {source rank: array}.  The arrays sent may be
+    changed once this returns (they are copied, or staged, when not contiguous in ``dtype``;
+    contiguous ones are sent in place and must stay untouched until ``wait()``)."""
     dtype = numpy.dtype(dtype)
     me = comm.Get_rank()
     if like is None and sends:
         like = next(iter(sends.values()))
     nsent = sum(int(a.size) for r, a in sends.items() if r != me)
-    stats.add("halo", comm.Get_size(), nsent, nsent * dtype.itemsize, sum(r != me for r in sends))
+    stats.add("halo", comm.Get_size(), nsent, nsent * dtype.itemsize, sum(r != me for r in sends), overlap=overlap)
     requests, staged, keep = [], {}, []
     for src, shape in sorted(recv_shapes.items()):
         if src != me:
@@ -187,13 +298,18 @@ def exchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None):
         if dest != me:
             keep.append(to_mpi(a.astype(dtype, copy=False)))  # alive until Waitall
             requests.append(comm.Isend(spec(keep[-1]), dest, tag))
-    with guard("halo", comm, {"send": sends, "recv": staged}):
-        MPI.Request.Waitall(requests)
-    out = {src: from_mpi(buf, like) for src, buf in staged.items()}
+    own = None
     if me in recv_shapes:
         xp = arrays.array_module(sends[me])
-        out[me] = xp.array(sends[me], dtype=dtype, copy=True).reshape(tuple(recv_shapes[me]))
-    return out
+        own = xp.array(sends[me], dtype=dtype, copy=True).reshape(tuple(recv_shapes[me]))
+
+    def finish():
+        keep.clear()
+        out = {src: from_mpi(buf, like) for src, buf in staged.items()}
+        if own is not None:
+            out[me] = own
+        return out
+    return Request("halo", comm, requests, finish, {"send": sends, "recv": staged}, overlap)
 
 
 def alltoallv(comm, send_blocks, recv_shapes, dtype=None):

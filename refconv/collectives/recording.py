@@ -1,8 +1,9 @@
 """``stats``: exact counts of the calls made through :mod:`refconv.collectives`.
 
 Every wrapper adds one :class:`Record` (its kind, communicator size, elements and
-bytes) before it calls MPI; ``refconv.cost_model`` and the layers' ``records()``
-predict the same figures, and ``refconv.testing.check_records`` compares them.
+bytes, and for a call started by an ``i...`` form what it overlaps) before it calls
+MPI; ``refconv.cost_model`` and the layers' ``records()`` predict the same figures,
+and ``refconv.testing.check_records`` compares them.
 """
 
 import contextlib
@@ -16,6 +17,7 @@ class Record:
     elements: int
     bytes: int
     messages: int = 0  # "halo" and "alltoallv": the messages this rank sent to other ranks
+    overlap: str = ""  # what the caller computed while the call was in flight ("": it waited at once)
 
 
 # the kinds of record, one per wrapper of refconv.collectives.ops (exchange records "halo");
@@ -70,14 +72,15 @@ class CommStats:
     def __init__(self):
         self.records = []
         self._regions = []
+        self._timelines = []
         self._folded = ({}, {})         # the records let go of: (their summary, moved_only's)
 
     def reset(self):
         self.records.clear()
         self._folded = ({}, {})
 
-    def add(self, kind, comm_size, elements, nbytes, messages=0):
-        rec = Record(kind, int(comm_size), int(elements), int(nbytes), int(messages))
+    def add(self, kind, comm_size, elements, nbytes, messages=0, overlap=""):
+        rec = Record(kind, int(comm_size), int(elements), int(nbytes), int(messages), str(overlap))
         self.records.append(rec)
         for region in self._regions:
             region.records.append(rec)
@@ -94,6 +97,23 @@ class CommStats:
     def summary(self, *, moved_only=False):
         """kind -> {"calls", "elements", "bytes"} over all records since reset()."""
         return _merge(self._folded[moved_only], summarize(self.records, moved_only))
+
+    def add_event(self, kind, overlap, started, waited, ended):
+        """One MPI call's times (``time.perf_counter``): started, waited for from ``waited`` (the
+        same as started for a blocking call), finished at ``ended``; kept by open timelines."""
+        for events in self._timelines:
+            events.append({"kind": kind, "overlap": overlap, "started": started, "waited": waited, "ended": ended})
+
+    @contextlib.contextmanager
+    def timeline(self):
+        """``with stats.timeline() as events: ...``: the times of every MPI call made inside, in
+        the order they finished (``add_event``'s dicts), for a per-rank timeline."""
+        events = []
+        self._timelines.append(events)
+        try:
+            yield events
+        finally:
+            self._timelines.remove(events)
 
     def add_seconds(self, kind, seconds):
         """Time one MPI call of ``kind`` took, added to every open region."""

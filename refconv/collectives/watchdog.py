@@ -71,12 +71,14 @@ class Watchdog:
             self._thread = threading.Thread(target=self._watch, name="refconv-watchdog", daemon=True)
             self._thread.start()
 
-    def __call__(self, kind, comm, buffers):
-        """``with guard(kind, comm, buffers): <one MPI call>``; also the fault hook."""
+    def __call__(self, kind, comm, buffers, *, started=None, overlap=""):
+        """``with guard(kind, comm, buffers): <one MPI call>``; also the fault hook.  For the wait
+        of a started call, ``started`` is when it was started and ``overlap`` what it ran behind."""
         fault_point(kind, "collective")
         if self.timeout is not None:
             self.current = (kind, comm, buffers, time.monotonic(), self.timeout)
         self.kind, self.started = kind, time.perf_counter()
+        self.call_started, self.overlap = started or self.started, overlap
         return self
 
     def __enter__(self):
@@ -84,7 +86,9 @@ class Watchdog:
 
     def __exit__(self, *exc):
         self.current = None
-        stats.add_seconds(self.kind, time.perf_counter() - self.started)  # time per kind, for refconv bench
+        ended = time.perf_counter()
+        stats.add_seconds(self.kind, ended - self.started)  # time per kind, for refconv bench
+        stats.add_event(self.kind, self.overlap, self.call_started, self.started, ended)  # for a timeline
 
     def _watch(self):
         while True:

@@ -24,6 +24,7 @@ Three layouts of a tensor flow between layers (``layout(grid, shape, kind)``):
 import numpy
 
 from refconv import checks
+from refconv.collectives import Request
 from refconv.backend import get_backend
 from refconv.distribution import Distribution
 
@@ -122,3 +123,45 @@ class Layer:
 
     def __repr__(self):
         return f"{type(self).__name__}(grid={self.grid.shape})"
+
+
+class GradientsInFlight:
+    """``weight_grad`` and ``bias_grad`` of a layer that may leave their allreduce in flight.
+
+    With ``overlap_gradients`` set (``Model.set_overlap``), the layer's backward starts the
+    allreduce of its gradients and returns, so that it runs behind the backward of the
+    layers before it; the gradient attributes hold the :class:`refconv.collectives.Request`
+    until they are read, and reading one waits for it (the optimizer's step reads them,
+    and so does a checkpoint).  Either way the value read is the same sum.
+    """
+
+    OVERLAP = "backward of the layers before it"  # what the records of the overlapped calls say
+    overlap_gradients = False
+    _weight_grad = _bias_grad = None
+
+    @property
+    def gradient_overlap(self):
+        """What the gradients' allreduce overlaps (a string for the record), or None: waited at once."""
+        return self.OVERLAP if self.overlap_gradients else None
+
+    def _finished(self, name):
+        value = getattr(self, name)
+        if isinstance(value, Request):
+            value = value.wait()
+            setattr(self, name, value)
+        return value
+
+    def _replace(self, name, value):
+        self._finished(name)  # a call still in flight is finished before its result is dropped
+        setattr(self, name, value)
+
+    weight_grad = property(lambda self: self._finished("_weight_grad"),
+                           lambda self, value: self._replace("_weight_grad", value),
+                           doc="This rank's shard of dw, summed over its peers (waits for it if in flight).")
+    bias_grad = property(lambda self: self._finished("_bias_grad"),
+                         lambda self, value: self._replace("_bias_grad", value),
+                         doc="This rank's block of db, summed over its peers (waits for it if in flight).")
+
+    def finish_gradients(self):
+        """Wait for the gradients' allreduce if it is in flight."""
+        self._finished("_weight_grad"), self._finished("_bias_grad")

@@ -8,7 +8,7 @@ section 5).
 
 import numpy
 
-from refconv import checks
+from refconv import checks, collectives
 from refconv.layers.shuffle import Redistribute
 
 
@@ -97,6 +97,7 @@ class Sequential:
     def backward(self, dy_loc):
         for layer in reversed(self.layers):
             dy_loc = layer.backward(dy_loc)
+            collectives.progress()  # test the calls in flight (a layer's gradient allreduce), so MPI moves them on
         return dy_loc
 
     def records(self):

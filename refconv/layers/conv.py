@@ -20,12 +20,12 @@ import numpy
 from refconv import algorithms, checks, collectives
 from refconv.algorithms.base import ConvGeometry
 from refconv.distribution import Distribution
-from refconv.layers.base import Layer
+from refconv.layers.base import GradientsInFlight, Layer
 from refconv.pricing.chooser import choose_for_layer
 from refconv.sharding import allgather, scatter
 
 
-class DistConv2d(Layer):
+class DistConv2d(GradientsInFlight, Layer):
     """A 2-D convolution whose activations and weights are split over ``grid``.
 
     ``algorithm`` (a name in :data:`refconv.algorithms.REGISTRY`: "stationary-x",
@@ -50,6 +50,8 @@ class DistConv2d(Layer):
     from the local shapes at the first :meth:`forward`.  Parameters start as PyTorch's default (uniform in
     ``+-1/sqrt(fan_in)``), drawn from ``seed`` identically on every rank.
     """
+
+    overlap_halo = False  # convolve the interior behind the halo exchange, backward-filter behind its return
 
     def __init__(self, in_channels, out_channels, kernel_size, *, stride=1, padding=0, dilation=1, groups=1,
                  bias=True, padding_mode="zeros", grid, algorithm="stationary-x", filter_groups=None, backend="auto",
@@ -222,12 +224,15 @@ class DistConv2d(Layer):
         if self._input_shape is None:
             self._bind_from_local(x_loc)
         self._check_local(x_loc, self.input_distribution, "x_loc")
+        self._algo.overlap_halo = self.overlap_halo
         return self._algo.forward(x_loc, self.weight, self.bias)  # (n, F_i, h', w')
 
     def backward(self, dy_loc):
         """``dy_loc`` -> ``dx_loc``; also leaves ``weight_grad`` and ``bias_grad`` (this rank's
-        shards, summed over every sample and row by the segmented allreduce)."""
+        shards, summed over every sample and row by the segmented allreduce; with
+        ``overlap_gradients``, the allreduce is left in flight until they are read)."""
         self._check_local(dy_loc, self.output_distribution, "dy_loc")
+        self._algo.overlap, self._algo.overlap_halo = self.gradient_overlap, self.overlap_halo
         dx_loc, self.weight_grad, self.bias_grad = self._algo.backward(dy_loc, self.weight)
         return dx_loc
 

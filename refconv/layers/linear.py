@@ -7,7 +7,7 @@ import numpy
 from refconv import checks, collectives
 from refconv.algorithms.base import Call
 from refconv.distribution import Distribution, block_range, block_size, block_sizes
-from refconv.layers.base import Layer
+from refconv.layers.base import GradientsInFlight, Layer
 
 
 def linear_records(shape, out_features, bias, grid_shape, coords, itemsize):
@@ -20,7 +20,7 @@ def linear_records(shape, out_features, bias, grid_shape, coords, itemsize):
         + ([Call("allreduce", grid_shape[0], K * itemsize, axes=("sample",), grad=True)] if bias else [])
 
 
-class Linear(Layer):
+class Linear(GradientsInFlight, Layer):
     """The classifier head ``y = x W^T + b`` with ``W`` replicated on every rank.
 
     forward: allgather of the features ``(n, C_i)`` over the channel group ·
@@ -71,9 +71,11 @@ class Linear(Layer):
         # dy_loc: (n, K)
         self._check_local(dy_loc, self.output_distribution, "dy_loc")
         sample_comm = self.grid.axis_comm("sample")
-        self.weight_grad = collectives.allreduce(sample_comm, dy_loc.T @ self._x)  # (K, C)
-        if self.has_bias:
-            self.bias_grad = collectives.allreduce(sample_comm, dy_loc.sum(axis=0))  # (K,)
+        overlap = self.gradient_overlap  # None: wait at once; else leave them in flight until read
+        dw = collectives.iallreduce_(sample_comm, dy_loc.T @ self._x, overlap=overlap or "")  # (K, C)
+        db = collectives.iallreduce_(sample_comm, dy_loc.sum(axis=0), overlap=overlap or "") if self.has_bias else None
+        self.weight_grad = dw if overlap else dw.wait()
+        self.bias_grad = db if overlap or db is None else db.wait()
         c0, c1 = block_range(self.in_features, self.grid.P_c, self.grid.coords[1])
         dx = dy_loc @ self.weight  # (n, C): the whole dx; keep this rank's channels
         return self.xp.ascontiguousarray(dx[:, c0:c1]).reshape(dx.shape[0], c1 - c0, 1, 1)

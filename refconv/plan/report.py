@@ -30,9 +30,10 @@ def table(plan):
 
 def summary(plan, sample, uniform):
     """The planned step against pure sample parallelism and the best single strategy."""
-    lines = [f"predicted step: {_ms(plan.seconds)} ms (compute {_ms(plan.compute_seconds)} ms, weight-gradient "
-             f"allreduce {_ms(plan.grad_seconds)} ms, not overlapped as refconv trains; "
-             f"{_ms(plan.overlapped_seconds)} ms if it overlapped backward)",
+    lines = [f"predicted step: {_ms(plan.seconds)} ms blocking (compute {_ms(plan.compute_seconds)} ms, "
+             f"weight-gradient allreduce {_ms(plan.grad_seconds)} ms, as --no-overlap trains); "
+             f"{_ms(plan.overlapped_seconds)} ms overlapped (each allreduce behind the backward before it, "
+             f"as refconv train runs)",
              f"memory per rank: {plan.memory / 2**30:.3f} GiB (parameters x3, saved activations, largest "
              f"gathered buffer)"]
     for label, other in (("pure sample parallelism", sample), ("best single strategy", uniform)):

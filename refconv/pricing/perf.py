@@ -16,10 +16,11 @@ module predicts, on the rank with the largest blocks (coordinate 0 everywhere):
   reverse) between consecutive stages on different grids: :func:`shuffle_matrix`.
 
 The weight-gradient allreduce (convolution ``dw``/``db``, classifier ``dW``/``db``)
-is kept apart in ``grad``: refconv's training loop runs it inside each layer's
-backward and waits for it (``DistConv2d.backward`` calls ``collectives.allreduce``
-before returning ``dx``), so the planner's objective is the sum, not overlapped.
-:func:`overlapped_step` gives the other model for comparison.
+is kept apart in ``grad``.  ``refconv train`` starts it in each layer's backward and
+waits before the optimizer's step (``Model.set_overlap``); ``--no-overlap`` waits in
+the layer.  The planner's objective is the blocking sum; :func:`overlapped_step`
+prices the overlapped step (each allreduce as max(compute, communication) on one
+stream) and ``refconv plan`` prints both.
 """
 
 import dataclasses

@@ -1,0 +1,255 @@
+"""``python -m refconv.bench.overlap``: overlapped against blocking communication, side by side.
+
+    mpiexec -n 2 python -m refconv.bench.overlap progress [--mb 8] [--rounds 7]
+    MPICH_ASYNC_PROGRESS=1 mpiexec -n 2 python -m refconv.bench.overlap progress
+    mpiexec -n 2 python -m refconv.bench.overlap step [--model wide-cnn] [--batch 32]
+    mpiexec -n 2 python -m refconv.bench.overlap halo [--size 64] [--channels 64] [--batch 2]
+
+``progress``: what makes a nonblocking call move while the caller computes.  An
+allreduce of ``--mb`` MB and a compute of about the same time (float32 matrix
+products, in 16 chunks), four contenders in alternating rounds:
+
+- ``comm``: the allreduce alone; ``compute``: the compute alone;
+- ``blocking``: the allreduce, waited for, then the compute;
+- ``overlap``: the allreduce started (``collectives.iallreduce_``), the compute, the wait;
+- ``overlap+test``: the same with ``collectives.progress()`` (MPI_Test of the calls in
+  flight) between the chunks.
+
+``hidden`` is the share of the allreduce's time the overlap took off the blocking
+time, ``(blocking - overlapped) / comm`` round by round (1: all of it); ``waited`` the
+seconds spent in ``wait()`` (what ``stats`` counts for the kind).  MPICH moves a
+nonblocking call only inside MPI calls unless ``MPICH_ASYNC_PROGRESS=1`` starts its
+progress thread (read when MPI starts: set it on the mpiexec line).
+
+``step``: one sample-parallel training step (``refconv.bench.torch_step``'s models),
+``Model.set_overlap(False)`` against ``set_overlap(True)``, on the same model.  With
+``--timeline out.json`` it then records one step of each (``stats.timeline()``: when
+each call started, when the rank began to wait for it, when it finished), writes them
+per rank, and draws ``out.png``: :func:`draw_timeline`.
+
+``halo``: one convolution (``--channels`` in and out, 3x3, 'same') with ``--size`` x
+``--size`` per rank, split over height on every rank; forward and backward,
+``overlap_halo`` off against on.  ``hidden`` is the share of the halo wait of the
+blocking run that the overlapped run no longer waits, ``1 - waited(overlap) /
+waited(blocking)``, from the seconds ``stats`` counts inside the halo's ``wait()``.
+
+One BLAS thread per rank (``threads.configure(comm, 1)``), and a pause between contenders (``refconv.bench.timing``).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy
+from mpi4py import MPI
+
+from refconv import collectives, threads
+from refconv.bench import timing
+from refconv.bench.common import time_ranks
+from refconv.bench.torch_step import MODELS, refconv_step_of
+from refconv.grid import ProcessGrid
+from refconv.layers import DistConv2d
+
+CHUNKS = 16
+
+
+def _waited(fn, waits, name):
+    """``fn`` with the seconds its calls spent in MPI (``stats``' per kind) added to ``waits[name]``."""
+    def run():
+        with collectives.stats.recording() as region:
+            fn()
+        waits.setdefault(name, []).append(sum(region.seconds.values()))
+    return run
+
+
+def _report(comm, spans, waits, baseline, lines):
+    """Rank 0 prints each contender's time, its ratio to ``baseline`` and its seconds in MPI."""
+    waited = {name: collectives.allreduce(comm, numpy.array([numpy.median(w)]), op="max")[0]
+              for name, w in waits.items()}
+    if comm.Get_rank() == 0:
+        for name, span in spans.items():
+            speedup = timing.ratio(spans, baseline, name).format(1, "x", 2)
+            lines.append(f"  {name:<14} {span}   {baseline}/{name} {speedup}   in MPI {waited[name] * 1e3:6.2f} ms")
+        print("\n".join(lines), flush=True)
+
+
+def run_progress(args, comm):
+    x = numpy.ones(int(args.mb * 1e6) // 4, numpy.float32)  # x: (n,), reduced in place
+    a = numpy.random.default_rng(comm.Get_rank()).standard_normal((256, 256), dtype=numpy.float32)
+
+    def chunk():
+        a @ a
+
+    comm_alone = numpy.median(time_ranks(comm, {"comm": lambda: collectives.iallreduce_(comm, x).wait()},
+                                         5, 1, timing.PAUSE)["comm"])
+    chunk_s = numpy.median(time_ranks(comm, {"chunk": chunk}, 5, 1, timing.PAUSE)["chunk"])
+    per_chunk = max(1, round(float(comm_alone / CHUNKS / chunk_s)))  # the compute takes about the allreduce's time
+    chunk_s = collectives.allreduce(comm, numpy.array([chunk_s]), op="max")[0]
+
+    def compute(poll=False):
+        for _ in range(CHUNKS):
+            for _ in range(per_chunk):
+                chunk()
+            if poll:
+                collectives.progress()
+
+    def overlapped(poll):
+        request = collectives.iallreduce_(comm, x, overlap="matrix products")
+        compute(poll)
+        request.wait()
+
+    waits = {}
+    contenders = {"comm": lambda: collectives.iallreduce_(comm, x).wait(), "compute": compute,
+                  "blocking": lambda: (collectives.iallreduce_(comm, x).wait(), compute()),
+                  "overlap": lambda: overlapped(False), "overlap+test": lambda: overlapped(True)}
+    contenders = {name: _waited(fn, waits, name) for name, fn in contenders.items()}
+    times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
+    spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
+    async_progress = os.environ.get("MPICH_ASYNC_PROGRESS", "unset")
+    lines = [f"progress: allreduce of {args.mb:g} MB on {comm.Get_size()} ranks behind {CHUNKS} x {per_chunk} "
+             f"matrix products (256x256 float32); MPICH_ASYNC_PROGRESS={async_progress}; "
+             f"{MPI.Get_library_version().splitlines()[0].strip()}; median (min-max) of {args.rounds} rounds"]
+    for name in ("overlap", "overlap+test"):
+        hidden = [(b - o) / c for b, o, c in zip(times["blocking"], times[name], times["comm"])]
+        lines.append(f"  hidden by {name}: {timing.Span(tuple(hidden)).format(100, ' %', 0)} of the allreduce's time")
+    _report(comm, spans, waits, "blocking", lines)
+
+
+def run_step(args, comm):
+    batch = args.batch or MODELS[args.model][2]
+    step, model, _, _ = refconv_step_of(args.model, batch, comm)
+    waits = {}
+
+    def with_overlap(on):
+        def run():
+            model.set_overlap(on)
+            step()
+        return run
+
+    contenders = {name: _waited(with_overlap(on), waits, name) for name, on in (("blocking", False), ("overlap", True))}
+    times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
+    spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
+    lines = [f"step: {args.model}, batch {batch}, sample={comm.Get_size()}; MPICH_ASYNC_PROGRESS="
+             f"{os.environ.get('MPICH_ASYNC_PROGRESS', 'unset')}; median (min-max) of {args.rounds} rounds"]
+    _report(comm, spans, waits, "blocking", lines)
+    if args.timeline:
+        write_timeline(comm, model, step, args.timeline, f"{args.model}, batch {batch}, sample={comm.Get_size()}")
+
+
+def write_timeline(comm, model, step, path, title):
+    """One blocking and one overlapped step under ``stats.timeline()``; rank 0 writes every rank's
+    calls to ``path`` (JSON, seconds from the step's start) and draws them (:func:`draw_timeline`)."""
+    steps = {}
+    for name, on in (("blocking", False), ("overlap", True)):
+        model.set_overlap(on)
+        step()                                             # the same state of the caches for both
+        collectives.barrier(comm)
+        with collectives.stats.timeline() as events:
+            start = time.perf_counter()
+            step()
+            seconds = time.perf_counter() - start
+        steps[name] = {"seconds": seconds, "calls": [{**e, **{k: e[k] - start for k in ("started", "waited", "ended")}}
+                                                     for e in events]}
+    ranks = collectives.allgather_object(comm, steps)
+    if comm.Get_rank() == 0:
+        with open(path, "w") as f:
+            json.dump({"title": title, "ranks": ranks}, f)
+        figure = os.path.splitext(path)[0] + ".png"
+        draw_timeline(ranks, title, figure)
+        print(f"wrote {path} and {figure}")
+
+
+def draw_timeline(ranks, title, path):
+    """Per rank, one row per contender: each call from its start to its end (light), the part the
+    rank waited for it (dark), over the step (grey); a call finished while the rank computed has no dark part."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    colours = {"allreduce": "tab:blue", "halo": "tab:green", "allgather": "tab:orange",
+               "reduce_scatter": "tab:red", "alltoallv": "tab:purple"}
+    names = list(ranks[0])
+    fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * len(ranks) * len(names)))
+    row, labels = 0, []
+    for r, steps in enumerate(ranks):
+        for name in names:
+            ax.barh(row, steps[name]["seconds"] * 1e3, color="0.9", height=0.8)
+            for c in steps[name]["calls"]:
+                colour = colours.get(c["kind"], "0.5")
+                ax.barh(row, (c["ended"] - c["started"]) * 1e3, left=c["started"] * 1e3, color=colour, alpha=0.35,
+                        height=0.5)
+                ax.barh(row, (c["ended"] - c["waited"]) * 1e3, left=c["waited"] * 1e3, color=colour, height=0.5)
+            labels.append(f"rank {r} {name}")
+            row += 1
+    ax.set_yticks(range(row), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms from the step's start (light: in flight; dark: the rank waits; grey: the step)")
+    ax.set_title(title)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    ax.legend(handles, list(colours), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_halo(args, comm):
+    P = comm.Get_size()
+    grid = ProcessGrid(comm, height=P)
+    C, H = args.channels, args.size
+    layer = DistConv2d(C, C, 3, padding=1, grid=grid, algorithm="stationary-x", backend="numpy",
+                       input_shape=(args.batch, C, H * P, H))
+    rng = numpy.random.default_rng(comm.Get_rank())
+    x_loc = rng.standard_normal(layer.input_distribution.local_shape(grid.rank), dtype=numpy.float32)
+    dy_loc = rng.standard_normal(layer.output_distribution.local_shape(grid.rank), dtype=numpy.float32)
+    halo_waits = {}
+
+    def run(on):
+        def passes():
+            layer.overlap_halo = on
+            with collectives.stats.recording() as region:
+                layer.forward(x_loc)
+                layer.backward(dy_loc)
+            halo_waits.setdefault(on, []).append(region.seconds.get("halo", 0.0))
+        return passes
+
+    waits = {}
+    contenders = {"blocking": _waited(run(False), waits, "blocking"), "overlap": _waited(run(True), waits, "overlap")}
+    times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
+    spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
+    blocked, overlapped = (collectives.allreduce(comm, numpy.array([numpy.median(halo_waits[on])]), op="max")[0]
+                           for on in (False, True))
+    lines = [f"halo: conv {C}->{C} 3x3 'same', {H}x{H} per rank, batch {args.batch}, height={P}; forward + backward; "
+             f"interior {layer._algo.halo.interior} ({layer._algo.halo.no_overlap or 'overlapped'}); "
+             f"MPICH_ASYNC_PROGRESS={os.environ.get('MPICH_ASYNC_PROGRESS', 'unset')}; median (min-max) of "
+             f"{args.rounds} rounds",
+             f"  halo wait: blocking {blocked * 1e3:.2f} ms, overlapped {overlapped * 1e3:.2f} ms: "
+             f"{1 - overlapped / blocked if blocked else 0:.0%} of it hidden"]
+    _report(comm, spans, waits, "blocking", lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m refconv.bench.overlap", description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("progress", "step", "halo"))
+    parser.add_argument("--mb", type=float, default=8.0, help="progress: the allreduce's megabytes (default 8)")
+    parser.add_argument("--model", default="wide-cnn",
+                        help="step: a model of refconv.bench.torch_step (default wide-cnn)")
+    parser.add_argument("--batch", type=int, help="step: the global batch (default: the model's); halo: default 2")
+    parser.add_argument("--timeline", help="step: write one blocking and one overlapped step's calls here (JSON) "
+                                           "and draw them beside it (.png)")
+    parser.add_argument("--size", type=int, default=64, help="halo: rows and columns per rank (default 64)")
+    parser.add_argument("--channels", type=int, default=64, help="halo: C = F (default 64)")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating timed rounds (default 7)")
+    args = parser.parse_args(argv)
+    if args.what == "halo":
+        args.batch = args.batch or 2
+    comm = MPI.COMM_WORLD
+    threads.configure(comm, 1)  # one BLAS thread per rank
+    if args.mb <= 0 or args.rounds < 1:
+        raise SystemExit(f"--mb must be > 0 and --rounds >= 1, got {args.mb}, {args.rounds}")
+    {"progress": run_progress, "step": run_step, "halo": run_halo}[args.what](args, comm)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
