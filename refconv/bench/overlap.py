@@ -232,8 +232,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m refconv.bench.overlap", description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("progress", "step", "halo"))
     parser.add_argument("--mb", type=float, default=8.0, help="progress: the allreduce's megabytes (default 8)")
-    parser.add_argument("--model", default="wide-cnn",
-                        help="step: a model of refconv.bench.torch_step (default wide-cnn)")
+    parser.add_argument("--model", default="wide-cnn", choices=sorted(MODELS),
+                        help="step: a model of refconv.bench.torch_step's table (default wide-cnn)")
     parser.add_argument("--batch", type=int, help="step: the global batch (default: the model's); halo: default 2")
     parser.add_argument("--timeline", help="step: write one blocking and one overlapped step's calls here (JSON) "
                                            "and draw them beside it (.png)")
