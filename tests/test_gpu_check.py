@@ -29,7 +29,8 @@ def test_the_device_check_runs_end_to_end_as_a_dry_run(tmp_path):
     # what each step proved, in figures
     assert len(steps["compile"]["figures"]["kernels"]) >= 16  # every kernel, sm_90 float32 in a dry run
     rows = steps["kernels"]["figures"]["rows"]
-    assert {(r["shape"], r["pass"]) for r in rows} >= {("quick3x3", "forward"), ("quick1x1", "backward-filter")}
+    assert {(r["shape"], r["pass"]) for r in rows} == {("quick3x3", p) for p in ("forward", "backward-data",
+                                                                                 "backward-filter")}
     assert all(r["v1_ms"] > 0 and r["v2_ms"] > 0 for r in rows)
     calls = steps["ranks"]["figures"]["rows"]
     assert {c["op"] for c in calls} == {"allreduce", "allgather", "reduce_scatter"}
@@ -37,5 +38,6 @@ def test_the_device_check_runs_end_to_end_as_a_dry_run(tmp_path):
     losses = steps["train"]["figures"]["losses"]
     assert len(losses["cuda"]) == len(losses["numpy"]) >= 1
     assert steps["train"]["figures"]["worst_relative_difference"] < 1e-9
+    assert steps["train"]["figures"]["worst_parameter_difference"] < 1e-6
     page = (tmp_path / "summary.md").read_text()
     assert "| kernels | ok |" in page and "Dry run on a CPU" in page
