@@ -108,7 +108,7 @@ KERNELS = (
     Kernel("conv3d_backward_data", "backward_data3d_direct", 1, "555" + "i" * 10, 256),
     Kernel("conv3d_backward_data", "backward_data3d_tiled", 2, "555" + "i" * 10, TILE_THREADS),
     Kernel("conv3d_backward_filter", "backward_filter3d_direct", 1, "555" + "i" * 10, 256),
-    Kernel("conv3d_backward_filter", "backward_filter3d_tiled", 2, "555" + "i" * 12, TILE_THREADS),
+    Kernel("conv3d_backward_filter", "backward_filter3d_tiled", 2, "552" + "i" * 15, TILE_THREADS),
 )
 
 

@@ -36,8 +36,12 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_and_the_docs_tab
     assert len(from_inventory) >= 16  # every kernel of the package (missing_kernels() keeps the list complete)
     assert compiled == {(k, d, c) for k in from_inventory for d in ("float32", "float64") for c in ("sm_80", "sm_90")}
     tiled = [r for r in rows if r["tiled"]]
-    assert {r["kernel"].split(".")[1] for r in tiled} == {"forward_tiled", "backward_data_tiled", "backward_filter_tiled"}
+    assert {r["kernel"].split(".")[1] for r in tiled} == {"forward_tiled", "backward_data_tiled", "backward_filter_tiled",
+                                                          "forward3d_tiled", "backward_data3d_tiled",
+                                                          "backward_filter3d_tiled"}
     assert all(r["spill_bytes"] == 0 and r["shared_bytes"] > 0 and 0 < r["occupancy"] <= 1 for r in tiled), tiled
+    tiled3d = [r for r in tiled if r["kernel"].startswith("conv3d_")]
+    assert len(tiled3d) == 3 * 4 and all(r["stack_bytes"] == 0 for r in tiled3d), tiled3d  # acc stays in registers
 
 
 def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill():
