@@ -1,7 +1,7 @@
 """Index helpers of the 3-D convolution kernels: a flat index into five coordinates.
 
 The rest of the launch geometry and index arithmetic (tile constants, ``gemm_grid``,
-``input_pixel``, ``output_pixel``, ``multiply_stage``) is :mod:`refconv.kernels._launch`'s,
+``input_pixel``, ``output_pixel``, ``multiply_stage``) is ``_launch.py``'s,
 shared with the 2-D kernels; the 3-D kernels apply ``input_pixel`` and ``output_pixel``
 once per spatial dim.
 """

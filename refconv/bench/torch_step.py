@@ -123,17 +123,16 @@ def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0, dims=2):
     w_2d = w.reshape(F, -1)
     dy_2d = numpy.ascontiguousarray(numpy.moveaxis(dy, 1, 0)).reshape(F, -1)  # (F, N Ho Wo ...)
     y_2d, dcols, dw_2d = numpy.empty_like(dy_2d), numpy.empty_like(cols), numpy.empty_like(w_2d)
-    conv, functional, grad = (getattr(ref, f"conv{dims}d_{p}") for p in ("forward", "backward_data", "backward_filter")), \
-        getattr(torch.nn.functional, f"conv{dims}d"), (getattr(torch.nn.grad, f"conv{dims}d_{p}") for p in ("input", "weight"))
-    forward, backward_data, backward_filter = conv
-    torch_input, torch_weight = grad
+    forward, backward_data, backward_filter = (getattr(ref, f"conv{dims}d_{p}")
+                                               for p in ("forward", "backward_data", "backward_filter"))
+    nd = f"conv{dims}d"  # torch's functions are looked up when called: a stand-in for torch may lack them
     return {
         "refconv": {"forward": lambda: forward(x, w, **g),
                     "backward-data": lambda: backward_data(dy, w, x.shape, **g),
                     "backward-filter": lambda: backward_filter(x, dy, w.shape, **g)},
-        "torch": {"forward": lambda: functional(xt, wt, **g),
-                  "backward-data": lambda: torch_input(xt.shape, wt, dyt, **g),
-                  "backward-filter": lambda: torch_weight(xt, wt.shape, dyt, **g)},
+        "torch": {"forward": lambda: getattr(torch.nn.functional, nd)(xt, wt, **g),
+                  "backward-data": lambda: getattr(torch.nn.grad, f"{nd}_input")(xt.shape, wt, dyt, **g),
+                  "backward-filter": lambda: getattr(torch.nn.grad, f"{nd}_weight")(xt, wt.shape, dyt, **g)},
         "GEMM": {"forward": lambda: numpy.matmul(w_2d, cols, out=y_2d),
                  "backward-data": lambda: numpy.matmul(w_2d.T, dy_2d, out=dcols),
                  "backward-filter": lambda: numpy.matmul(dy_2d, cols.T, out=dw_2d)},
