@@ -117,7 +117,7 @@ def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0, dims=2):
     # into results allocated once (the backend reuses its large buffers too).
     if dims == 2:
         cols = ref_conv.conv2d_columns(x, w.shape, **g)[0]  # (C K K, N Ho Wo)
-    else:  # vol2col's view, back in the channel-major layout it is built in: (C K K K, N Do Ho Wo)
+    else:  # vol2col's columns, laid out channel-major as backward-filter multiplies them: (C K K K, N Do Ho Wo)
         cols = ref.vol2col(x, (K,) * 3, (stride,) * 3, (padding,) * 3, (1,) * 3, (Ho,) * 3)
         cols = cols.transpose(1, 2, 3, 4, 0, 5, 6, 7).reshape(C * K ** 3, -1)
     w_2d = w.reshape(F, -1)

@@ -1,18 +1,26 @@
 """3-D convolution, vectorised: vol2col by kernel offset, then one matmul per group.
 
-The 2-D formulation of :mod:`refconv.reference.conv` with a depth axis.  Layout is
+The formulation of :mod:`refconv.reference.conv` with a depth axis.  Layout is
 NCDHW; weights are ``F x C/groups x Kd x Kh x Kw``; semantics (output size, padding
 and its strings, ``padding_mode``, dilation, groups) are those of
 ``torch.nn.functional.conv3d`` and ``torch.nn.Conv3d``, and their gradients.
 
-The columns ``cols[c, a, i, j, n, od, oh, ow] = x[n, c, a*dd + od*sd - pd, i*dh + oh*sh - ph,
+The columns ``cols[n, c, a, i, j, od, oh, ow] = x[n, c, a*dd + od*sd - pd, i*dh + oh*sh - ph,
 j*dw + ow*sw - pw]`` (zero outside the volume) are built with one strided slice per kernel
-offset ``(a, i, j)``, stored channel-major, ``(C, Kd, Kh, Kw, N, Do, Ho, Wo)``, so that per
-group they are one ``(Cg Kd Kh Kw, N Do Ho Wo)`` matrix and every pass is one GEMM::
+offset ``(a, i, j)``.  Per sample and group they are one ``(Cg Kd Kh Kw, Do Ho Wo)`` matrix::
 
-    forward          y[g]     = w[g] @ cols[g]        (Fg x CgKKK) @ (CgKKK x N DoHoWo)
-    backward-data    dcols[g] = w[g].T @ dy[g]        then col2vol (scatter-add of slices)
-    backward-filter  dw[g]    = dy[g] @ cols[g].T     (Fg x N DoHoWo) @ (N DoHoWo x CgKKK)
+    forward          y[n, g]     = w[g] @ cols[n, g]       (Fg x CgKKK) @ (CgKKK x DoHoWo)
+    backward-data    dcols[n, g] = w[g].T @ dy[n, g]       then col2vol (scatter-add of slices)
+    backward-filter  dw[g]       = dy[g] @ cols[g].T       (Fg x N DoHoWo) @ (N DoHoWo x CgKKK)
+
+Forward and backward-data take the columns sample-major, ``(N, C, Kd, Kh, Kw, Do, Ho, Wo)``:
+``y`` and ``dx`` then come out of the products in their own layout, and a volume is
+large enough that one product per sample is an efficient GEMM.  (The 2-D reference
+stores them channel-major for one product over all samples, and moves ``y`` with a
+transposed copy; for volumes that copy, of a fresh array, cost as much as the product.)
+Backward-filter sums over the samples, so it takes them channel-major,
+``(C, Kd, Kh, Kw, N, Do, Ho, Wo)``, and contracts every sample and voxel in one product,
+without per-sample partial gradients.
 
 Which rows of the output read inside the volume through each offset is the 2-D
 reference's ``_taps``, one call per axis; large columns go into the 2-D reference's
@@ -33,23 +41,21 @@ def _pointwise(kernel, stride, padding):
     return kernel == (1, 1, 1) and stride == (1, 1, 1) and padding == (0, 0, 0)
 
 
-def _columns(x, kernel, stride, padding, dilation, out, cols=None):
-    """``x (N, C, D, H, W)`` -> ``cols (C, Kd, Kh, Kw, N, Do, Ho, Wo)``, zero where a tap reads
-    padding; written into ``cols`` when given, else into a new array."""
-    N, C, D, H, W = x.shape
+def _fill_taps(source, tap_of, kernel, stride, padding, dilation, out):
+    """Write every kernel offset's block of columns: ``tap_of(a, i, j)[p, q, od, oh, ow] =
+    source[p, q, od*sd - pd + a*dd, ...]``, zero where the offset reads padding.  ``source`` is
+    ``x`` or its channel-major view, and ``tap_of`` the matching slice of the columns."""
+    _, _, D, H, W = source.shape
     (Kd, Kh, Kw), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw), (Do, Ho, Wo) = kernel, stride, padding, dilation, out
-    if cols is None:
-        cols = numpy.empty((C, Kd, Kh, Kw, N, Do, Ho, Wo), dtype=x.dtype)
-    x_cn = x.transpose(1, 0, 2, 3, 4)  # (C, N, D, H, W), a view
     for a in range(Kd):
         out_d, in_d = _taps(a, dd, sd, pd, D, Do)
         for i in range(Kh):
             out_h, in_h = _taps(i, dh, sh, ph, H, Ho)
             for j in range(Kw):
                 out_w, in_w = _taps(j, dw, sw, pw, W, Wo)
-                tap = cols[:, a, i, j]  # (C, N, Do, Ho, Wo)
-                tap[:, :, out_d, out_h, out_w] = x_cn[:, :, in_d, in_h, in_w]
-                # Output pixels whose tap reads padding: the planes before and after the copied
+                tap = tap_of(a, i, j)  # (P, Q, Do, Ho, Wo)
+                tap[:, :, out_d, out_h, out_w] = source[:, :, in_d, in_h, in_w]
+                # Output voxels whose tap reads padding: the planes before and after the copied
                 # block, then the rows above and below it, then the columns beside it.
                 tap[:, :, :out_d.start] = 0
                 tap[:, :, out_d.stop:] = 0
@@ -57,13 +63,24 @@ def _columns(x, kernel, stride, padding, dilation, out, cols=None):
                 tap[:, :, out_d, out_h.stop:] = 0
                 tap[:, :, out_d, out_h, :out_w.start] = 0
                 tap[:, :, out_d, out_h, out_w.stop:] = 0
+
+
+def _columns(x, kernel, stride, padding, dilation, out, cols):
+    """``x (N, C, D, H, W)`` -> sample-major ``cols (N, C, Kd, Kh, Kw, Do, Ho, Wo)``, written into ``cols``."""
+    _fill_taps(x, lambda a, i, j: cols[:, :, a, i, j], kernel, stride, padding, dilation, out)
+    return cols
+
+
+def _channel_major_columns(x, kernel, stride, padding, dilation, out, cols):
+    """``x (N, C, D, H, W)`` -> channel-major ``cols (C, Kd, Kh, Kw, N, Do, Ho, Wo)``, written into ``cols``."""
+    _fill_taps(x.transpose(1, 0, 2, 3, 4), lambda a, i, j: cols[:, a, i, j], kernel, stride, padding, dilation, out)
     return cols
 
 
 def vol2col(x, kernel, stride, padding, dilation, out):
-    """``(N, C, D, H, W)`` -> ``(N, C, Kd, Kh, Kw, Do, Ho, Wo)`` columns of the zero-padded input
-    (a transposed view of the channel-major array the passes multiply)."""
-    return _columns(x, kernel, stride, padding, dilation, out).transpose(4, 0, 1, 2, 3, 5, 6, 7)
+    """``(N, C, D, H, W)`` -> ``(N, C, Kd, Kh, Kw, Do, Ho, Wo)`` columns of the zero-padded input."""
+    cols = numpy.empty(x.shape[:2] + tuple(kernel) + tuple(out), dtype=x.dtype)
+    return _columns(x, kernel, stride, padding, dilation, out, cols)
 
 
 def col2vol(cols, x_shape, stride, padding, dilation):
@@ -71,20 +88,19 @@ def col2vol(cols, x_shape, stride, padding, dilation):
     N, C, D, H, W = x_shape
     _, _, Kd, Kh, Kw, Do, Ho, Wo = cols.shape
     (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = stride, padding, dilation
-    cols_cn = cols.transpose(1, 2, 3, 4, 0, 5, 6, 7)  # (C, Kd, Kh, Kw, N, Do, Ho, Wo), a view
-    dx_cn = numpy.zeros((C, N, D, H, W), dtype=cols.dtype)
+    dx = numpy.zeros((N, C, D, H, W), dtype=cols.dtype)
     for a in range(Kd):
         out_d, in_d = _taps(a, dd, sd, pd, D, Do)
         for i in range(Kh):
             out_h, in_h = _taps(i, dh, sh, ph, H, Ho)
             for j in range(Kw):
                 out_w, in_w = _taps(j, dw, sw, pw, W, Wo)
-                dx_cn[:, :, in_d, in_h, in_w] += cols_cn[:, a, i, j, :, out_d, out_h, out_w]
-    return numpy.ascontiguousarray(dx_cn.transpose(1, 0, 2, 3, 4))  # (N, C, D, H, W)
+                dx[:, :, in_d, in_h, in_w] += cols[:, :, a, i, j, out_d, out_h, out_w]
+    return dx
 
 
 def _grouped_columns(x, w_shape, stride, padding, dilation, groups, out):
-    """The columns forward and backward-filter multiply, ``(G, Cg Kd Kh Kw, N Do Ho Wo)``, in the workspace."""
+    """The columns backward-filter multiplies, channel-major ``(G, Cg Kd Kh Kw, N Do Ho Wo)``, in the workspace."""
     N, C = x.shape[:2]
     F, Cg, Kd, Kh, Kw = w_shape
     shape = (groups, Cg * Kd * Kh * Kw, N * out[0] * out[1] * out[2])
@@ -93,19 +109,13 @@ def _grouped_columns(x, w_shape, stride, padding, dilation, groups, out):
         cols[...] = x.transpose(1, 0, 2, 3, 4)  # (C, N, D, H, W): the input is its own columns
         return cols.reshape(shape)
     cols = _workspace.array((C, Kd, Kh, Kw, N) + out, x.dtype)
-    return _columns(x, (Kd, Kh, Kw), stride, padding, dilation, out, cols).reshape(shape)
+    return _channel_major_columns(x, (Kd, Kh, Kw), stride, padding, dilation, out, cols).reshape(shape)
 
 
 def _to_channel_major(a, groups):
     """``(N, F, Do, Ho, Wo)`` -> ``(G, F/G, N Do Ho Wo)``: one transposed copy."""
     F = a.shape[1]
     return numpy.ascontiguousarray(a.transpose(1, 0, 2, 3, 4)).reshape(groups, F // groups, -1)
-
-
-def _from_channel_major(a, N, out):
-    """``(G, F/G, N Do Ho Wo)`` -> ``(N, F, Do, Ho, Wo)``: one transposed copy."""
-    F = a.shape[0] * a.shape[1]
-    return numpy.ascontiguousarray(a.reshape(F, N, *out).transpose(1, 0, 2, 3, 4))
 
 
 def _padded_shape(x_shape, pads):
@@ -128,9 +138,10 @@ def conv3d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, p
     if _pointwise((Kd, Kh, Kw), stride, padding):
         y = numpy.matmul(w_g, x.reshape(N, G, Cg, D * H * W))  # (N, G, Fg, D*H*W): w @ x[n], no columns
         y = y.reshape(N, F, *out)
-    else:
-        cols = _grouped_columns(x, w.shape, stride, padding, dilation, groups, out)  # (G, CgKKK, N*Do*Ho*Wo)
-        y = _from_channel_major(numpy.matmul(w_g, cols), N, out)  # (N, F, Do, Ho, Wo)
+    else:  # (N, C, Kd, Kh, Kw, Do, Ho, Wo), in the workspace: they die in this call
+        cols = _columns(x, (Kd, Kh, Kw), stride, padding, dilation, out, _workspace.array((N, C, Kd, Kh, Kw) + out, x.dtype))
+        y = numpy.matmul(w_g, cols.reshape(N, G, Cg * Kd * Kh * Kw, -1))  # (N, G, Fg, Do*Ho*Wo): w[g] @ cols[n, g]
+        y = y.reshape(N, F, *out)
     if b is not None:
         y += b.reshape(1, F, 1, 1, 1)
     return y
@@ -159,10 +170,9 @@ def conv3d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     if _pointwise((Kd, Kh, Kw), stride, padding):
         dx = numpy.matmul(w_t, dy.reshape(N, G, Fg, D * H * W))  # (N, G, Cg, D*H*W): w.T @ dy[n]
         return dx.reshape(N, C, D, H, W)
-    dcols = _workspace.array((G, Cg * Kd * Kh * Kw, N * out[0] * out[1] * out[2]), dy.dtype)  # dies in this call
-    numpy.matmul(w_t, _to_channel_major(dy, G), out=dcols)
-    dcols = dcols.reshape(C, Kd, Kh, Kw, N, *out).transpose(4, 0, 1, 2, 3, 5, 6, 7)  # (N, C, Kd, Kh, Kw, Do, Ho, Wo)
-    return col2vol(dcols, x_shape, stride, padding, dilation)
+    dcols = _workspace.array((N, G, Cg * Kd * Kh * Kw, out[0] * out[1] * out[2]), dy.dtype)  # dies in this call
+    numpy.matmul(w_t, dy.reshape(N, G, Fg, -1), out=dcols)  # w[g].T @ dy[n, g]
+    return col2vol(dcols.reshape(N, C, Kd, Kh, Kw, *out), x_shape, stride, padding, dilation)
 
 
 def conv3d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros"):
