@@ -107,10 +107,10 @@ def same_dtype(**arrays):
 
 def forward_arrays(x, w, b, dims=2):
     """The arrays of a convolution forward: ``x`` and ``w`` with ``2 + dims`` dims, an ``(F,)`` bias, one dtype."""
-    layout = {2: "(N, C, H, W)", 3: "(N, C, D, H, W)"}[dims]
+    batched, unbatched = {2: ("(N, C, H, W)", "(C, H, W)"), 3: ("(N, C, D, H, W)", "(C, D, H, W)")}[dims]
     if getattr(x, "ndim", None) == dims + 1:
-        raise ValueError(f"x: expected {dims + 2} dimensions {layout}, got shape {tuple(x.shape)}: an unbatched "
-                         f"{'(' + layout[len('(N, '):]} input, which torch also takes, is not supported; pass x[None]")
+        raise ValueError(f"x: expected {dims + 2} dimensions {batched}, got shape {tuple(x.shape)}: an unbatched "
+                         f"{unbatched} input, which torch also takes, is not supported; pass x[None]")
     array(x, "x", dims + 2)
     array(w, "w", dims + 2)
     if b is not None:
