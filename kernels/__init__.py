@@ -13,13 +13,20 @@ speed); see docs/kernels.md.
     elementwise.py            bias_add, bias_grad, relu_forward, relu_backward
     batch_norm.py             batch_norm_sums, batch_norm_apply, batch_norm_grad_sums, batch_norm_backward_apply
     pooling.py                max_pool2d_forward/backward, avg_pool2d_forward/backward
+    conv3d_forward.py         conv3d_forward
+    conv3d_backward_data.py   conv3d_backward_data
+    conv3d_backward_filter.py conv3d_backward_filter
     _launch.py                tile constants, launch geometry, shared index device functions
+    _launch3d.py              the 3-D kernels' index helper (split5)
 """
 
 from .batch_norm import batch_norm_apply, batch_norm_backward_apply, batch_norm_grad_sums, batch_norm_sums
 from .conv_backward_data import conv2d_backward_data
 from .conv_backward_filter import conv2d_backward_filter
 from .conv_forward import conv2d_forward
+from .conv3d_backward_data import conv3d_backward_data
+from .conv3d_backward_filter import conv3d_backward_filter
+from .conv3d_forward import conv3d_forward
 from .elementwise import bias_add, bias_grad, relu_backward, relu_forward
 from .pooling import avg_pool2d_backward, avg_pool2d_forward, max_pool2d_backward, max_pool2d_forward
 
@@ -31,6 +38,7 @@ __all__ = [
     "batch_norm_apply", "batch_norm_backward_apply", "batch_norm_grad_sums", "batch_norm_sums",
     "bias_add", "bias_grad",
     "conv2d_backward_data", "conv2d_backward_filter", "conv2d_forward",
+    "conv3d_backward_data", "conv3d_backward_filter", "conv3d_forward",
     "max_pool2d_backward", "max_pool2d_forward",
     "relu_backward", "relu_forward",
 ]

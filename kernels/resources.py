@@ -47,7 +47,8 @@ from ._launch import THREADS, TILE_M, TILE_N
 
 CCS = ((8, 0), (9, 0))
 DTYPES = (numpy.float32, numpy.float64)
-MODULES = ("conv_forward", "conv_backward_data", "conv_backward_filter", "elementwise", "batch_norm", "pooling")
+MODULES = ("conv_forward", "conv_backward_data", "conv_backward_filter", "elementwise", "batch_norm", "pooling",
+           "conv3d_forward", "conv3d_backward_data", "conv3d_backward_filter")
 
 
 # ------------------------------------------------------------------ the inventory
@@ -105,6 +106,12 @@ KERNELS = (
     Kernel("pooling", "max_pool_backward_kernel", 0, "4L4iiiiii", 256),
     Kernel("pooling", "avg_pool_forward_kernel", 0, "44iiiiii", 256),
     Kernel("pooling", "avg_pool_backward_kernel", 0, "44iiiiii", 256),
+    Kernel("conv3d_forward", "forward3d_direct", 1, "555" + "i" * 10, 256),
+    Kernel("conv3d_forward", "forward3d_tiled", 2, "525" + "i" * 13, TILE_THREADS),
+    Kernel("conv3d_backward_data", "backward_data3d_direct", 1, "555" + "i" * 10, 256),
+    Kernel("conv3d_backward_data", "backward_data3d_tiled", 2, "555" + "i" * 10, TILE_THREADS),
+    Kernel("conv3d_backward_filter", "backward_filter3d_direct", 1, "555" + "i" * 10, 256),
+    Kernel("conv3d_backward_filter", "backward_filter3d_tiled", 2, "553" + "i" * 14, TILE_THREADS),
 )
 
 

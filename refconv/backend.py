@@ -10,8 +10,8 @@ One small interface, two implementations:
 ``get_backend("auto")`` picks ``cuda`` only when a real GPU is present
 (``cupy.cuda.is_available()``), never because ``import cupy`` succeeded.
 
-Convolution, bias, ReLU, batch normalization and pooling compute through these
-methods.  The light layers (global average pooling, the classifier head and the
+Convolution (2-D and, with the ``conv3d_*`` methods, 3-D), bias, ReLU, batch
+normalization and pooling compute through these methods.  The light layers (global average pooling, the classifier head and the
 loss) compute with the backend's array module (``backend.xp``) directly: a sum,
 a small matmul and a softmax need no kernel of their own.  All of them move data
 only through :mod:`refconv.collectives`.
@@ -22,7 +22,7 @@ import os
 
 import numpy
 
-from refconv import arrays
+from refconv import arrays, checks
 from refconv import reference as ref
 from refconv.reference import conv as ref_conv
 
@@ -61,6 +61,20 @@ class NumpyBackend:
         they save one im2col per layer and step but are held from forward to backward,
         ``Kh*Kw`` times the input's size (see :mod:`refconv.reference.conv`)."""
         return ref_conv.conv2d_columns(x, w_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    # -- 3-D convolution (NCDHW); the bias is added by conv3d_forward itself
+    def conv3d_forward(self, x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1):
+        return ref.conv3d_forward(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    def conv3d_backward_data(self, dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1):
+        return ref.conv3d_backward_data(dy, w, x_shape, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    def conv3d_backward_filter(self, x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1):
+        return ref.conv3d_backward_filter(x, dy, w_shape, stride=stride, padding=padding, dilation=dilation,
+                                          groups=groups)
+
+    def conv3d_backward_bias(self, dy):
+        return ref.conv3d_backward_bias(dy)
 
     def bias_add(self, y, b):
         """``y + b`` broadcast over ``(N, F, H, W)``, in place."""
@@ -163,6 +177,24 @@ class CudaBackend(NumpyBackend):
 
     def conv2d_backward_filter(self, x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, cols=None):
         return self.k.conv2d_backward_filter(x, dy, w_shape, stride=stride, padding=padding, dilation=dilation, groups=groups, version=self.version)
+
+    def conv3d_forward(self, x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1):
+        return self.k.conv3d_forward(x, w, b, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                                     version=self.version)
+
+    def conv3d_backward_data(self, dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1):
+        return self.k.conv3d_backward_data(dy, w, x_shape, stride=stride, padding=padding, dilation=dilation,
+                                           groups=groups, version=self.version)
+
+    def conv3d_backward_filter(self, x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1):
+        return self.k.conv3d_backward_filter(x, dy, w_shape, stride=stride, padding=padding, dilation=dilation,
+                                             groups=groups, version=self.version)
+
+    def conv3d_backward_bias(self, dy):
+        """The 2-D bias gradient kernel on ``dy (N, F, Do, Ho*Wo)``, a view: it sums all but axis 1."""
+        checks.array(dy, "dy", 5)
+        N, F, Do, Ho, Wo = dy.shape
+        return self.k.bias_grad(dy.reshape(N, F, Do, Ho * Wo))
 
     def bias_add(self, y, b):
         return self.k.bias_add(y, b)

@@ -51,21 +51,37 @@ def float_dtype(dtype, name="dtype"):
     return dtype
 
 
+# The spatial dims of a 2-D (NCHW) and a 3-D (NCDHW) convolution: how a tuple of one
+# value per dim is called in messages, and the dims' letters.
+SPATIAL_TUPLE = {2: "an (h, w) pair", 3: "a (d, h, w) triple"}
+DIM_NAMES = {2: "HW", 3: "DHW"}
+
+
 def pair(value, name, *, minimum):
     """Normalise an int or an (h, w) pair to a tuple of two ints >= minimum."""
+    return spatial(value, name, minimum=minimum, dims=2)
+
+
+def triple(value, name, *, minimum):
+    """Normalise an int or a (d, h, w) triple to a tuple of three ints >= minimum."""
+    return spatial(value, name, minimum=minimum, dims=3)
+
+
+def spatial(value, name, *, minimum, dims):
+    """Normalise an int, or one int per spatial dim, to a tuple of ``dims`` ints >= minimum."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        value = (int(value), int(value))
+        value = (int(value),) * dims
+    what = f"{name}: expected an int or {SPATIAL_TUPLE[dims]} of ints, got {value!r}"
     try:
-        h, w = value
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected an int or an (h, w) pair of ints, got {value!r}") from None
-    for v in (h, w):
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-            raise ValueError(f"{name}: expected an int or an (h, w) pair of ints, got {value!r}")
-    if h < minimum or w < minimum:
-        what = "positive" if minimum == 1 else "non-negative"
-        raise ValueError(f"{name}: expected {what} integers, got {(int(h), int(w))}")
-    return int(h), int(w)
+        values = tuple(value)
+    except TypeError:
+        raise ValueError(what) from None
+    if len(values) != dims or any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in values):
+        raise ValueError(what)
+    if min(values) < minimum:
+        kind = "positive" if minimum == 1 else "non-negative"
+        raise ValueError(f"{name}: expected {kind} integers, got {tuple(int(v) for v in values)}")
+    return tuple(int(v) for v in values)
 
 
 def array(x, name, ndim):
@@ -89,13 +105,14 @@ def same_dtype(**arrays):
     return next(iter(named.values())).dtype
 
 
-def forward_arrays(x, w, b):
-    """The arrays of a convolution forward: 4-D ``x`` and ``w``, an ``(F,)`` bias, one dtype."""
-    if getattr(x, "ndim", None) == 3:
-        raise ValueError(f"x: expected 4 dimensions (N, C, H, W), got shape {tuple(x.shape)}: an unbatched "
-                         f"(C, H, W) input, which torch also takes, is not supported; pass x[None]")
-    array(x, "x", 4)
-    array(w, "w", 4)
+def forward_arrays(x, w, b, dims=2):
+    """The arrays of a convolution forward: ``x`` and ``w`` with ``2 + dims`` dims, an ``(F,)`` bias, one dtype."""
+    batched, unbatched = {2: ("(N, C, H, W)", "(C, H, W)"), 3: ("(N, C, D, H, W)", "(C, D, H, W)")}[dims]
+    if getattr(x, "ndim", None) == dims + 1:
+        raise ValueError(f"x: expected {dims + 2} dimensions {batched}, got shape {tuple(x.shape)}: an unbatched "
+                         f"{unbatched} input, which torch also takes, is not supported; pass x[None]")
+    array(x, "x", dims + 2)
+    array(w, "w", dims + 2)
     if b is not None:
         array(b, "b", 1)
         if b.shape[0] != w.shape[0]:
@@ -105,15 +122,25 @@ def forward_arrays(x, w, b):
 
 def shape4(shape, name):
     """A 4-tuple of positive ints (an NCHW or FCKhKw shape)."""
+    return shape_of(shape, name, 4)
+
+
+def shape5(shape, name):
+    """A 5-tuple of positive ints (an NCDHW or FCKdKhKw shape)."""
+    return shape_of(shape, name, 5)
+
+
+def shape_of(shape, name, ndim):
+    """An ``ndim``-tuple of positive ints."""
     try:
         shape = tuple(int(s) for s in shape)
     except TypeError:
-        raise ValueError(f"{name}: expected a 4-tuple of ints, got {shape!r}") from None
-    if len(shape) == 4 and min(shape) == 0:
-        raise ValueError(f"{name}: expected 4 positive sizes, got {shape}: torch returns an empty result for an "
+        raise ValueError(f"{name}: expected a {ndim}-tuple of ints, got {shape!r}") from None
+    if len(shape) == ndim and min(shape) == 0:
+        raise ValueError(f"{name}: expected {ndim} positive sizes, got {shape}: torch returns an empty result for an "
                          f"empty batch or image, refconv does not run empty tensors; skip the call when a size is 0")
-    if len(shape) != 4 or min(shape) < 1:
-        raise ValueError(f"{name}: expected 4 positive sizes, got {shape}")
+    if len(shape) != ndim or min(shape) < 1:
+        raise ValueError(f"{name}: expected {ndim} positive sizes, got {shape}")
     return shape
 
 
@@ -125,25 +152,26 @@ def conv_padding(padding, kernel, stride, dilation):
     """``((top, bottom), (left, right))``: the pads of each spatial dim, as torch.nn.Conv2d takes
     ``padding``: an int, an ``(h, w)`` pair, ``'valid'`` (none) or ``'same'`` (output size = input
     size; ``d (K - 1)`` in all, the odd one on the high side, as torch pads it; stride 1 only).
+    With a 3-D ``kernel``, one ``(low, high)`` pair per dim of ``(d, h, w)``, as torch.nn.Conv3d.
     """
+    dims = len(kernel)
     if isinstance(padding, str):
         one_of(padding, "padding", PADDING_STRINGS)
         if padding == "valid":
-            return (0, 0), (0, 0)
-        if tuple(stride) != (1, 1):
+            return ((0, 0),) * dims
+        if tuple(stride) != (1,) * dims:
             raise ValueError(f"padding: padding='same' is not supported for strided convolutions "
                              f"(got stride={tuple(stride)}); use stride=1 or give padding as integers")
         total = [d * (k - 1) for k, d in zip(kernel, dilation)]
         return tuple((t // 2, t - t // 2) for t in total)
-    ph, pw = pair(padding, "padding", minimum=0)
-    return (ph, ph), (pw, pw)
+    return tuple((p, p) for p in spatial(padding, "padding", minimum=0, dims=dims))
 
 
 def padding_mode(mode, pads, in_hw):
     """``mode`` if it is one of :data:`PADDING_MODES` and the pads fit it as torch requires:
     reflect pads shorter than the input, circular pads no longer than it."""
     one_of(mode, "padding_mode", PADDING_MODES)
-    for (lo, hi), size, dim in zip(pads, in_hw, "HW"):
+    for (lo, hi), size, dim in zip(pads, in_hw, DIM_NAMES[len(pads)]):
         if (mode == "reflect" and max(lo, hi) >= size) or (mode == "circular" and max(lo, hi) > size):
             bound = "shorter than" if mode == "reflect" else "at most"
             raise ValueError(f"padding: padding_mode={mode!r} needs pads {bound} the input along {dim} "
@@ -164,19 +192,22 @@ def conv_output_size(size, kernel, stride, padding, dilation, dim):
     return (size + low + high - span) // stride + 1
 
 
-def conv_geometry(x_shape, w_shape, stride, padding, dilation, groups):
+def conv_geometry(x_shape, w_shape, stride, padding, dilation, groups, dims=2):
     """Validate a convolution and return its normalised parameters.
 
     Returns ``(stride, padding, dilation, groups, (Ho, Wo))`` with ``padding`` the low-side
     pads ``(top, left)``: output pixel ``(oh, ow)`` reads input ``(oh*sh - top + i*dh, ...)``;
     the high-side pads (they differ for ``'same'`` with an even dilated kernel) only make
-    ``(Ho, Wo)`` longer.  ``padding`` as :func:`conv_padding` takes it.
+    ``(Ho, Wo)`` longer.  ``padding`` as :func:`conv_padding` takes it.  With ``dims=3``
+    (NCDHW, ``w`` of ``F x C/groups x Kd x Kh x Kw``) every spatial tuple has three entries,
+    ``(d, h, w)``, and the output size is ``(Do, Ho, Wo)``.
     """
-    N, C, H, W = x_shape = shape4(x_shape, "x_shape")
-    F, Cg, Kh, Kw = w_shape = shape4(w_shape, "w_shape")
-    stride = pair(stride, "stride", minimum=1)
-    dilation = pair(dilation, "dilation", minimum=1)
-    pads = conv_padding(padding, (Kh, Kw), stride, dilation)
+    x_shape = shape_of(x_shape, "x_shape", dims + 2)
+    w_shape = shape_of(w_shape, "w_shape", dims + 2)
+    (N, C), (F, Cg), kernel = x_shape[:2], w_shape[:2], w_shape[2:]
+    stride = spatial(stride, "stride", minimum=1, dims=dims)
+    dilation = spatial(dilation, "dilation", minimum=1, dims=dims)
+    pads = conv_padding(padding, kernel, stride, dilation)
     groups = positive_int(groups, "groups")
     if C % groups:
         raise ValueError(f"groups: {groups} does not divide the input channels C={C}")
@@ -187,16 +218,17 @@ def conv_geometry(x_shape, w_shape, stride, padding, dilation, groups):
             f"w: expected w.shape[1] = C/groups = {C // groups} input channels per group, "
             f"got w.shape = {tuple(w_shape)} for x.shape = {tuple(x_shape)}"
         )
-    Ho = conv_output_size(H, Kh, stride[0], pads[0], dilation[0], "H")
-    Wo = conv_output_size(W, Kw, stride[1], pads[1], dilation[1], "W")
-    return stride, (pads[0][0], pads[1][0]), dilation, groups, (Ho, Wo)
+    out = tuple(conv_output_size(x_shape[2 + a], kernel[a], stride[a], pads[a], dilation[a], DIM_NAMES[dims][a])
+                for a in range(dims))
+    return stride, tuple(low for low, _ in pads), dilation, groups, out
 
 
 def dy_shape(dy, x_shape, w_shape, out_hw):
-    """``dy`` must be ``(N, F, Ho, Wo)`` for a convolution of ``x_shape`` by ``w_shape``."""
+    """``dy`` must be ``(N, F, Ho, Wo)`` (or ``(N, F, Do, Ho, Wo)``) for a convolution of ``x_shape`` by ``w_shape``."""
     expected = (x_shape[0], w_shape[0], *out_hw)
     if tuple(dy.shape) != expected:
-        raise ValueError(f"dy: expected shape {expected} (N, F, Ho, Wo), got {tuple(dy.shape)}")
+        layout = {2: "(N, F, Ho, Wo)", 3: "(N, F, Do, Ho, Wo)"}[len(out_hw)]
+        raise ValueError(f"dy: expected shape {expected} {layout}, got {tuple(dy.shape)}")
 
 
 def output_file(path, name):

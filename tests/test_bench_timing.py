@@ -72,9 +72,11 @@ def test_torch_comparison_runs_and_checks_first(capsys):
     from refconv.bench import torch_step
 
     assert torch_step.main(["passes", "--quick", "--rounds", "1"]) == 0
+    assert torch_step.main(["passes3d", "--quick", "--rounds", "1"]) == 0
     assert torch_step.main(["step", "--model", "digits-cnn", "--batch", "4", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
-    assert "geometric mean vs torch, backward-filter" in out
+    assert out.count("geometric mean vs torch, backward-filter") == 2
+    assert "quick3d    backward-filter" in out
     assert "digits-cnn batch 4: first loss refconv" in out
 
 

@@ -1,6 +1,7 @@
 """refconv's CPU path against PyTorch, side by side in one run (torch needed for the first three).
 
     python -m refconv.bench.torch_step passes [--batch 8] [--rounds 7]
+    python -m refconv.bench.torch_step passes3d [--batch 4] [--rounds 7]
     python -m refconv.bench.torch_step step --model digits-cnn resnet50 wide-cnn [--batch N]
     mpiexec -n 2 python -m mpi4py -m refconv.bench.torch_step ddp --model digits-cnn
     python -m refconv.bench.torch_step columns
@@ -14,6 +15,10 @@
   pass's matrix product alone on operands built beforehand: the floor of any
   im2col formulation on numpy's BLAS, so ``refconv / GEMM`` is what the copies
   around it cost.
+- ``passes3d``: the same for the 3-D passes (``refconv.reference.conv3d_*`` against
+  ``torch.nn.functional.conv3d`` and its gradients) on CosmoFlow-like layers: the five
+  3x3x3 convolutions of MLPerf HPC's CosmoFlow (4 -> 32 -> 64 -> 128 -> 256 -> 256
+  channels, each volume half the last after its pooling) on a 32^3 input.
 - ``step``: one training step (forward, loss, backward, SGD update) of a model
   preset built by ``refconv.Model.from_spec`` against the same model written in
   PyTorch (``torch.nn`` modules built from the same spec, holding the same
@@ -68,6 +73,10 @@ SHAPES = {
 EXTRA_SHAPES = {"foundation": (64, 64, 32, 3, 1, 1),  # the foundation issue's layer (use --batch 32)
                 "digits2": (32, 32, 16, 3, 1, 1), "digits3": (32, 64, 8, 3, 1, 1)}  # the digits CNN's (--batch 64)
 QUICK_SHAPES = {"quick3x3": (8, 8, 8, 3, 1, 1), "quick1x1": (8, 4, 6, 1, 1, 0)}
+# name: (C, F, D=H=W, K, stride, padding): CosmoFlow's conv layers (MLPerf HPC) on a 32^3 input
+SHAPES3D = {"cosmo1": (4, 32, 32, 3, 1, 1), "cosmo2": (32, 64, 16, 3, 1, 1), "cosmo3": (64, 128, 8, 3, 1, 1),
+            "cosmo4": (128, 256, 4, 3, 1, 1), "cosmo5": (256, 256, 2, 3, 1, 1)}
+QUICK_SHAPES3D = {"quick3d": (4, 8, 6, 3, 1, 1), "quick1x1x1": (8, 4, 4, 1, 1, 0)}
 PASSES = ("forward", "backward-data", "backward-filter")
 
 # The wide 4-conv CNN of issue 10 (CIFAR-sized input).
@@ -94,28 +103,36 @@ def _torch():
 # ----------------------------------------------------------------------------- single passes
 
 
-def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0):
-    """``{"refconv": {pass: fn}, "torch": {pass: fn}}`` on one layer's random fp32 arrays."""
+def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0, dims=2):
+    """``{"refconv": {pass: fn}, "torch": {pass: fn}, "GEMM": {pass: fn}}`` on one layer's random
+    fp32 arrays: ``H x H`` images (``dims=2``) or ``H x H x H`` volumes (``dims=3``)."""
     rng = numpy.random.default_rng(seed)
     Ho = (H + 2 * padding - K) // stride + 1
-    x = rng.standard_normal((batch, C, H, H), dtype=numpy.float32)
-    w = rng.standard_normal((F, C, K, K), dtype=numpy.float32)
-    dy = rng.standard_normal((batch, F, Ho, Ho), dtype=numpy.float32)
+    x = rng.standard_normal((batch, C) + (H,) * dims, dtype=numpy.float32)
+    w = rng.standard_normal((F, C) + (K,) * dims, dtype=numpy.float32)
+    dy = rng.standard_normal((batch, F) + (Ho,) * dims, dtype=numpy.float32)
     g = dict(stride=stride, padding=padding)
     xt, wt, dyt = (torch.from_numpy(a) for a in (x, w, dy))
     # The GEMM of each pass alone, on operands laid out as the numpy backend multiplies them,
     # into results allocated once (the backend reuses its large buffers too).
-    cols = ref_conv.conv2d_columns(x, w.shape, **g)[0]  # (C K K, N Ho Wo)
-    w_2d = w.reshape(F, C * K * K)
-    dy_2d = numpy.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(F, -1)  # (F, N Ho Wo)
+    if dims == 2:
+        cols = ref_conv.conv2d_columns(x, w.shape, **g)[0]  # (C K K, N Ho Wo)
+    else:  # vol2col's columns, laid out channel-major as backward-filter multiplies them: (C K K K, N Do Ho Wo)
+        cols = ref.vol2col(x, (K,) * 3, (stride,) * 3, (padding,) * 3, (1,) * 3, (Ho,) * 3)
+        cols = cols.transpose(1, 2, 3, 4, 0, 5, 6, 7).reshape(C * K ** 3, -1)
+    w_2d = w.reshape(F, -1)
+    dy_2d = numpy.ascontiguousarray(numpy.moveaxis(dy, 1, 0)).reshape(F, -1)  # (F, N Ho Wo ...)
     y_2d, dcols, dw_2d = numpy.empty_like(dy_2d), numpy.empty_like(cols), numpy.empty_like(w_2d)
+    forward, backward_data, backward_filter = (getattr(ref, f"conv{dims}d_{p}")
+                                               for p in ("forward", "backward_data", "backward_filter"))
+    nd = f"conv{dims}d"  # torch's functions are looked up when called: a stand-in for torch may lack them
     return {
-        "refconv": {"forward": lambda: ref.conv2d_forward(x, w, **g),
-                    "backward-data": lambda: ref.conv2d_backward_data(dy, w, x.shape, **g),
-                    "backward-filter": lambda: ref.conv2d_backward_filter(x, dy, w.shape, **g)},
-        "torch": {"forward": lambda: torch.nn.functional.conv2d(xt, wt, **g),
-                  "backward-data": lambda: torch.nn.grad.conv2d_input(xt.shape, wt, dyt, **g),
-                  "backward-filter": lambda: torch.nn.grad.conv2d_weight(xt, wt.shape, dyt, **g)},
+        "refconv": {"forward": lambda: forward(x, w, **g),
+                    "backward-data": lambda: backward_data(dy, w, x.shape, **g),
+                    "backward-filter": lambda: backward_filter(x, dy, w.shape, **g)},
+        "torch": {"forward": lambda: getattr(torch.nn.functional, nd)(xt, wt, **g),
+                  "backward-data": lambda: getattr(torch.nn.grad, f"{nd}_input")(xt.shape, wt, dyt, **g),
+                  "backward-filter": lambda: getattr(torch.nn.grad, f"{nd}_weight")(xt, wt.shape, dyt, **g)},
         "GEMM": {"forward": lambda: numpy.matmul(w_2d, cols, out=y_2d),
                  "backward-data": lambda: numpy.matmul(w_2d.T, dy_2d, out=dcols),
                  "backward-filter": lambda: numpy.matmul(dy_2d, cols.T, out=dw_2d)},
@@ -123,6 +140,8 @@ def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0):
 
 
 def _shapes(args):
+    if args.what == "passes3d":
+        return QUICK_SHAPES3D if args.quick else {n: SHAPES3D[n] for n in (args.shapes or SHAPES3D)}
     if args.quick:
         return QUICK_SHAPES
     if not args.shapes:
@@ -139,14 +158,16 @@ def run_passes(args):
     ratios = {p: [] for p in PASSES}
     print(f"{'shape':<11}{'pass':<17}{'refconv ms':>24}{'GFLOP/s':>9}{'torch ms':>24}{'GFLOP/s':>9}{'vs torch':>20}"
           f"{'GEMM ms':>24}{'refconv / GEMM':>20}")
+    dims = 3 if args.what == "passes3d" else 2
     for name, (C, F, H, K, stride, padding) in _shapes(args).items():
         Ho = (H + 2 * padding - K) // stride + 1
-        gflop = 2 * args.batch * F * Ho * Ho * C * K * K / 1e9  # each pass does the same arithmetic
-        fns = pass_contenders(C, F, H, K, stride, padding, args.batch, torch)
+        gflop = 2 * args.batch * F * Ho ** dims * C * K ** dims / 1e9  # each pass does the same arithmetic
+        fns = pass_contenders(C, F, H, K, stride, padding, args.batch, torch, dims=dims)
         for p in PASSES:
             contenders = {who: fns[who][p] for who in fns}
             outputs = {who: contenders[who]() for who in ("refconv", "torch")}  # GEMM's is not the answer
-            length = {"forward": C * K * K, "backward-data": F * K * K, "backward-filter": args.batch * H * H}[p]
+            length = {"forward": C * K ** dims, "backward-data": F * K ** dims,
+                      "backward-filter": args.batch * H ** dims}[p]
             # fp32 sums of `length` O(1) terms: error ~ eps * sqrt(length) relative to the largest value
             scale = float(numpy.abs(numpy.asarray(outputs["torch"])).max())
             timing.check(outputs, "torch", atol=1e-6 * math.sqrt(length) * scale, rtol=1e-5)
@@ -416,13 +437,13 @@ def _blas_kernels():
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="python -m refconv.bench.torch_step", description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("passes", "step", "ddp", "memory", "columns", "profile"))
+    parser.add_argument("what", choices=("passes", "passes3d", "step", "ddp", "memory", "columns", "profile"))
     parser.add_argument("--model", choices=sorted(MODELS), nargs="+", help="step/ddp: models (default: all)")
     parser.add_argument("--batch", type=int, help="global batch (passes: 8; step: per model)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timed rounds (default 7)")
     train_config.add_option(parser, "threads")
     parser.add_argument("--shapes", nargs="+", help=f"passes/columns: shape names (default: {' '.join(SHAPES)}; "
-                                                     f"also {' '.join(EXTRA_SHAPES)})")
+                                                     f"also {' '.join(EXTRA_SHAPES)}; passes3d: {' '.join(SHAPES3D)})")
     parser.add_argument("--quick", action="store_true", help="passes/columns: tiny shapes, as a smoke test")
     return parser
 
@@ -443,8 +464,8 @@ def main(argv=None):
     if comm.Get_rank() == 0:
         print(f"torch {torch.__version__}; numpy's BLAS {_blas_kernels()}; {choice.describe()}; "
               f"median (min-max) of {args.rounds} rounds")
-    if args.what == "passes":
-        args.batch = args.batch or (2 if args.quick else 8)
+    if args.what in ("passes", "passes3d"):
+        args.batch = args.batch or (2 if args.quick else 8 if args.what == "passes" else 4)
         return run_passes(args)
     if args.what == "ddp":
         if comm.Get_size() < 2:

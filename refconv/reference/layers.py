@@ -54,20 +54,36 @@ def batch_norm_forward(x, gamma, beta, *, eps=1e-5, running_mean=None, running_v
     ``saved = (mean, invstd)`` feeds :func:`batch_norm_backward`.  When running
     statistics are given they are updated in place:
     ``running = (1 - momentum) * running + momentum * batch`` with the unbiased
-    batch variance, as PyTorch does.
+    batch variance, as PyTorch does.  (:func:`refconv.reference.batch_norm3d_forward`
+    is the same over ``(N, D, H, W)`` of an ``(N, C, D, H, W)`` volume.)
     """
     checks.array(x, "x", 4)
+    return channel_norm_forward(x, gamma, beta, eps, running_mean, running_var, momentum)
+
+
+def _per_channel(v, x):
+    """``v (C,)`` shaped to broadcast over ``x (N, C, ...)``."""
+    return v.reshape((1, -1) + (1,) * (x.ndim - 2))
+
+
+def _not_channel(x):
+    """The axes a batch norm reduces: every axis of ``x (N, C, ...)`` but the channels'."""
+    return (0,) + tuple(range(2, x.ndim))
+
+
+def channel_norm_forward(x, gamma, beta, eps, running_mean, running_var, momentum):
+    """:func:`batch_norm_forward` of an ``(N, C, ...)`` array of any number of spatial dims."""
     C = x.shape[1]
     for name, v in (("gamma", gamma), ("beta", beta), ("running_mean", running_mean), ("running_var", running_var)):
         if v is not None and tuple(v.shape) != (C,):
             raise ValueError(f"{name}: expected shape ({C},) for C={C} channels, got {tuple(v.shape)}")
     checks.same_dtype(x=x, gamma=gamma, beta=beta)
-    count = x.shape[0] * x.shape[2] * x.shape[3]
-    mean = x.mean(axis=(0, 2, 3))  # (C,)
-    var = x.var(axis=(0, 2, 3))  # (C,) biased
+    count = x.size // C
+    mean = x.mean(axis=_not_channel(x))  # (C,)
+    var = x.var(axis=_not_channel(x))  # (C,) biased
     invstd = 1.0 / numpy.sqrt(var + eps)
-    xhat = (x - mean.reshape(1, C, 1, 1)) * invstd.reshape(1, C, 1, 1)
-    y = xhat * gamma.reshape(1, C, 1, 1) + beta.reshape(1, C, 1, 1)
+    xhat = (x - _per_channel(mean, x)) * _per_channel(invstd, x)
+    y = xhat * _per_channel(gamma, x) + _per_channel(beta, x)
     update_running_stats(running_mean, running_var, mean, var, count, momentum)
     return y.astype(x.dtype, copy=False), (mean, invstd)
 
@@ -84,20 +100,20 @@ def update_running_stats(running_mean, running_var, mean, var, count, momentum):
 
 
 def batch_norm_backward(dy, x, gamma, saved):
-    """Returns ``(dx, dgamma, dbeta)`` for :func:`batch_norm_forward`.
+    """Returns ``(dx, dgamma, dbeta)`` for :func:`batch_norm_forward` (and, on ``(N, C, D, H, W)``
+    arrays, for :func:`refconv.reference.batch_norm3d_forward`).
 
-    With ``xhat = (x - mean) * invstd`` and ``M = N*H*W``:
+    With ``xhat = (x - mean) * invstd`` and ``M = N*H*W`` (``N*D*H*W``):
     ``dbeta = sum dy``, ``dgamma = sum dy * xhat``,
     ``dx = gamma * invstd / M * (M * dy - dbeta - xhat * dgamma)``.
     """
     mean, invstd = saved
-    C = x.shape[1]
-    M = x.shape[0] * x.shape[2] * x.shape[3]
-    xhat = (x - mean.reshape(1, C, 1, 1)) * invstd.reshape(1, C, 1, 1)
-    dbeta = dy.sum(axis=(0, 2, 3))
-    dgamma = (dy * xhat).sum(axis=(0, 2, 3))
-    scale = (gamma * invstd / M).reshape(1, C, 1, 1)
-    dx = scale * (M * dy - dbeta.reshape(1, C, 1, 1) - xhat * dgamma.reshape(1, C, 1, 1))
+    M = x.size // x.shape[1]
+    xhat = (x - _per_channel(mean, x)) * _per_channel(invstd, x)
+    dbeta = dy.sum(axis=_not_channel(x))
+    dgamma = (dy * xhat).sum(axis=_not_channel(x))
+    scale = _per_channel(gamma * invstd / M, x)
+    dx = scale * (M * dy - _per_channel(dbeta, x) - xhat * _per_channel(dgamma, x))
     return dx.astype(x.dtype, copy=False), dgamma, dbeta
 
 

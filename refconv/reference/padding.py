@@ -19,28 +19,30 @@ NUMPY_MODES = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}  #
 
 
 def pads_of(x_shape, w_shape, stride, padding, dilation, padding_mode):
-    """``((top, bottom), (left, right))`` of a convolution, checked against ``padding_mode``
-    (reflect pads shorter than the input, circular ones no longer: torch's limits)."""
-    stride, dilation = checks.pair(stride, "stride", minimum=1), checks.pair(dilation, "dilation", minimum=1)
+    """``((top, bottom), (left, right))`` of a convolution (one ``(low, high)`` per spatial dim:
+    three for a 3-D one), checked against ``padding_mode`` (reflect pads shorter than the
+    input, circular ones no longer: torch's limits)."""
+    dims = len(w_shape) - 2
+    stride = checks.spatial(stride, "stride", minimum=1, dims=dims)
+    dilation = checks.spatial(dilation, "dilation", minimum=1, dims=dims)
     pads = checks.conv_padding(padding, tuple(w_shape[2:]), stride, dilation)
     checks.padding_mode(padding_mode, pads, tuple(x_shape[2:]))
     return pads
 
 
 def _sources(x_shape, pads, mode):
-    """The image row (and column) each row (and column) of the padded input holds."""
-    return tuple(numpy.pad(numpy.arange(x_shape[2 + a]), pads[a], mode=NUMPY_MODES[mode]) for a in range(2))
+    """The image row (and column, and plane in 3-D) each row (and column, ...) of the padded input holds."""
+    return tuple(numpy.pad(numpy.arange(x_shape[2 + a]), pads[a], mode=NUMPY_MODES[mode]) for a in range(len(pads)))
 
 
 def pad(x, pads, mode):
-    """``x (N, C, H, W)`` -> ``(N, C, top + H + bottom, left + W + right)``, the padding filled by ``mode``."""
-    rows, cols = _sources(x.shape, pads, mode)
-    return x[(slice(None), slice(None)) + numpy.ix_(rows, cols)]
+    """``x (N, C, H, W)`` -> ``(N, C, top + H + bottom, left + W + right)``, the padding filled by ``mode``
+    (and likewise ``(N, C, D, H, W)`` with three pairs of pads)."""
+    return x[(slice(None), slice(None)) + numpy.ix_(*_sources(x.shape, pads, mode))]
 
 
 def pad_adjoint(dx_padded, x_shape, pads, mode):
     """The adjoint of :func:`pad`: each padded cell's gradient added to the image cell it copies."""
-    rows, cols = _sources(x_shape, pads, mode)
     dx = numpy.zeros(tuple(x_shape), dtype=dx_padded.dtype)
-    numpy.add.at(dx, (slice(None), slice(None)) + numpy.ix_(rows, cols), dx_padded)
+    numpy.add.at(dx, (slice(None), slice(None)) + numpy.ix_(*_sources(x_shape, pads, mode)), dx_padded)
     return dx

@@ -134,6 +134,66 @@ def conv_problems(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Conv3dProblem:
+    """One 3-D convolution: NCDHW, weights ``F x C/groups x Kd x Kh x Kw``; every spatial
+    tuple is ``(d, h, w)``."""
+
+    N: int
+    C: int
+    F: int
+    size: tuple  # (D, H, W)
+    kernel: tuple  # (Kd, Kh, Kw)
+    stride: tuple = (1, 1, 1)
+    padding: tuple = (0, 0, 0)  # or "same" / "valid"
+    dilation: tuple = (1, 1, 1)
+    groups: int = 1
+    dtype: str = "float64"
+    padding_mode: str = "zeros"  # or "reflect", "replicate", "circular"
+
+    @property
+    def x_shape(self):
+        return (self.N, self.C, *self.size)
+
+    @property
+    def w_shape(self):
+        return (self.F, self.C // self.groups, *self.kernel)
+
+    @property
+    def out(self):
+        """``(Do, Ho, Wo)``."""
+        return checks.conv_geometry(self.x_shape, self.w_shape, self.stride, self.padding, self.dilation,
+                                    self.groups, dims=3)[4]
+
+    @property
+    def y_shape(self):
+        return (self.N, self.F, *self.out)
+
+    geometry = ConvProblem.geometry
+    arrays = ConvProblem.arrays
+
+
+@st.composite
+def conv3d_problems(draw, *, max_batch=2, max_channels=3, max_kernel=3, max_extra=2, groups=True,
+                    dtypes=("float64",), padding_strings=False, padding_modes=("zeros",)):
+    """Draw a :class:`Conv3dProblem`: each of depth, height and width is a :func:`spatial_dim`,
+    so every stride, padding and dilation is drawn per dim; sizes stay small (the loop oracle
+    visits every tap of every output voxel)."""
+    kind = draw(st.sampled_from(("ints", "same", "valid"))) if padding_strings else "ints"
+    mode = draw(st.sampled_from(tuple(padding_modes)))
+    g = draw(st.sampled_from((1, 2) if groups is True else tuple(groups) if groups else (1,)))
+    C = g * draw(st.integers(1, max(1, max_channels // g)))
+    F = g * draw(st.integers(1, max(1, max_channels // g)))
+    dims = [draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra, padding=kind, padding_mode=mode))
+            for _ in range(3)]
+    size, kernel, stride, padding, dilation = (tuple(column) for column in zip(*dims))
+    return Conv3dProblem(
+        N=draw(st.integers(1, max_batch)), C=C, F=F, size=size, kernel=kernel, stride=stride,
+        padding=padding if kind == "ints" else kind, dilation=dilation, groups=g,
+        dtype=draw(st.sampled_from(dtypes)), padding_mode=mode,
+    )
+
+
 # ------------------------------------------------------------------ grids and distributed cases
 
 PADDING_MODES = ("zeros", "reflect", "replicate", "circular")

@@ -1,0 +1,145 @@
+"""The 3-D convolution kernels against the serial reference: both versions, both dtypes, three passes.
+
+Runs under Numba's CUDA simulator on a machine without a GPU (tests/conftest.py sets
+NUMBA_ENABLE_CUDASIM=1 there) and unchanged on a real GPU.  The simulator costs about
+0.1 ms per thread, so the problems are tiny: the tiled kernels launch blocks of 256
+threads, and a few blocks per launch.  The named examples still leave partial tiles,
+two blocks along M, several 16-deep stages along K, groups, and uneven split-K slices.
+"""
+
+import re
+
+import numpy
+import pytest
+from hypothesis import given, settings
+
+from refconv import kernels
+from refconv import reference as ref
+from refconv.backend import NumpyBackend, get_backend
+from refconv.testing.strategies import Conv3dProblem, conv3d_problems
+
+from test_kernels import check, dev, raises_like_reference
+
+VERSIONS = kernels.VERSIONS
+DTYPES = ("float64", "float32")
+PASSES = ("forward", "backward_data", "backward_filter")
+
+
+def check_conv3d(problem, version, passes=PASSES, splits=None):
+    x, w, b, dy = problem.arrays(seed=7)
+    g = problem.geometry
+    F, Cg, Kd, Kh, Kw = problem.w_shape
+    taps = Kd * Kh * Kw
+    x_d, w_d, b_d, dy_d = dev(x, w, b, dy)
+    if "forward" in passes:
+        y = kernels.conv3d_forward(x_d, w_d, b_d, version=version, **g)
+        check(y, ref.conv3d_forward(x, w, b, **g), Cg * taps, f"forward v{version}")
+    if "backward_data" in passes:
+        dx = kernels.conv3d_backward_data(dy_d, w_d, x.shape, version=version, **g)
+        check(dx, ref.conv3d_backward_data(dy, w, x.shape, **g), F // problem.groups * taps, f"backward-data v{version}")
+    if "backward_filter" in passes:
+        extra = {} if splits is None else dict(splits=splits)
+        dw = kernels.conv3d_backward_filter(x_d, dy_d, w.shape, version=version, **g, **extra)
+        reduction = problem.N * int(numpy.prod(problem.out))
+        check(dw, ref.conv3d_backward_filter(x, dy, w.shape, **g), reduction, f"backward-filter v{version}")
+
+
+SMALL = conv3d_problems(max_channels=2, max_kernel=2, max_extra=1, dtypes=DTYPES, padding_strings=True)
+
+
+@settings(max_examples=8, deadline=None)
+@given(SMALL)
+def test_direct_kernels(problem):
+    check_conv3d(problem, 1)
+
+
+@settings(max_examples=3, deadline=None)
+@given(SMALL)
+def test_tiled_kernels(problem):
+    check_conv3d(problem, 2)
+
+
+def P(N, C, F, size, kernel, stride=1, padding=0, dilation=1, groups=1, dtype="float64"):
+    triple = lambda v: (v,) * 3 if isinstance(v, int) else tuple(v)  # noqa: E731
+    return Conv3dProblem(N, C, F, triple(size), triple(kernel), triple(stride),
+                         padding if isinstance(padding, str) else triple(padding), triple(dilation), groups, dtype)
+
+
+EXAMPLES = {
+    # M = N*Do*Ho*Wo = 75 and N*D*H*W = 90: two blocks along M; K = Cg*Kd*Kh*Kw = 2*12 = 24: two stages
+    "two-blocks-two-stages": P(1, 2, 3, (5, 6, 3), (2, 3, 2), padding=(0, 1, 0)),
+    "stride-dilation-per-dim": P(1, 2, 2, (5, 4, 6), (2, 2, 2), stride=(2, 1, 3), padding=(1, 0, 1),
+                                 dilation=(1, 2, 2), dtype="float32"),
+    "groups2-same": P(1, 4, 4, (3, 3, 3), (3, 1, 2), padding="same", groups=2),
+    "1x1x1": P(2, 3, 5, (2, 3, 2), 1, dtype="float32"),
+}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_examples(name, version):
+    check_conv3d(EXAMPLES[name], version)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3])
+def test_backward_filter_split_k(splits):
+    # K = N*Do*Ho*Wo = 2*4*3*3 = 72: 5 stages of 16; the last split may be short or empty of whole stages.
+    check_conv3d(P(2, 2, 3, (4, 3, 3), 3, padding=1, dtype="float32"), 2, ["backward_filter"], splits=splits)
+
+
+x5, w5 = numpy.zeros((1, 4, 4, 5, 5)), numpy.zeros((2, 2, 3, 3, 3))
+BAD_CONV3D = {
+    "stride-zero": (x5, w5, dict(stride=0, groups=2)),
+    "stride-pair": (x5, w5, dict(stride=(1, 1), groups=2)),
+    "negative-padding": (x5, w5, dict(padding=(0, -1, 0), groups=2)),
+    "same-strided": (x5, w5, dict(padding="same", stride=2, groups=2)),
+    "groups-not-dividing": (x5, numpy.zeros((2, 4, 3, 3, 3)), dict(groups=3)),
+    "wrong-w-channels": (x5, w5, dict(groups=1)),
+    "kernel-too-large": (x5, numpy.zeros((2, 4, 5, 3, 3)), {}),
+    "mixed-dtypes": (x5.astype(numpy.float32), numpy.zeros((2, 4, 3, 3, 3)), {}),
+    "4-d-input": (x5[:, :, 0], numpy.zeros((2, 4, 3, 3, 3)), {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CONV3D))
+def test_conv3d_errors_match_reference(name):
+    x, w, kw = BAD_CONV3D[name]
+    dy = numpy.zeros((1, 2, 2, 3, 3), dtype=x.dtype)
+    x_d, w_d, dy_d = dev(x, w, dy)
+    for version in VERSIONS:
+        raised = [
+            raises_like_reference(lambda: ref.conv3d_forward(x, w, **kw),
+                                  lambda: kernels.conv3d_forward(x_d, w_d, version=version, **kw)),
+            raises_like_reference(lambda: ref.conv3d_backward_data(dy, w, x.shape, **kw),
+                                  lambda: kernels.conv3d_backward_data(dy_d, w_d, x.shape, version=version, **kw)),
+            raises_like_reference(lambda: ref.conv3d_backward_filter(x, dy, w.shape, **kw),
+                                  lambda: kernels.conv3d_backward_filter(x_d, dy_d, w.shape, version=version, **kw)),
+        ]
+        assert any(raised), f"{name}: the reference accepted these arguments in every pass"
+
+
+def test_dy_shape_and_version_errors():
+    x, w, dy = numpy.zeros((1, 2, 3, 5, 5)), numpy.zeros((3, 2, 3, 3, 3)), numpy.zeros((1, 3, 1, 3, 2))
+    x_d, w_d, dy_d = dev(x, w, dy)
+    with pytest.raises(ValueError, match=re.escape("dy: expected shape (1, 3, 1, 3, 3) (N, F, Do, Ho, Wo)")):
+        kernels.conv3d_backward_data(dy_d, w_d, x.shape)
+    with pytest.raises(ValueError, match=re.escape("dy: expected shape (1, 3, 1, 3, 3) (N, F, Do, Ho, Wo)")):
+        kernels.conv3d_backward_filter(x_d, dy_d, w.shape)
+    with pytest.raises(ValueError, match="version: expected 1 .* or 2"):
+        kernels.conv3d_forward(x_d, w_d, version=3)
+
+
+def test_both_backends_expose_the_3d_passes():
+    problem = P(1, 2, 3, (3, 4, 3), 2, padding=(1, 0, 1))
+    x, w, b, dy = problem.arrays(seed=2)
+    g = problem.geometry
+    expected = {"forward": ref.conv3d_forward(x, w, b, **g), "backward_data": ref.conv3d_backward_data(dy, w, x.shape, **g),
+                "backward_filter": ref.conv3d_backward_filter(x, dy, w.shape, **g), "bias": ref.conv3d_backward_bias(dy)}
+    for backend in (NumpyBackend(), get_backend("cuda", 1), get_backend("cuda", 2)):
+        x_b, w_b, b_b, dy_b = (backend.asarray(a) for a in (x, w, b, dy))
+        got = {"forward": backend.conv3d_forward(x_b, w_b, b_b, **g),
+               "backward_data": backend.conv3d_backward_data(dy_b, w_b, x.shape, **g),
+               "backward_filter": backend.conv3d_backward_filter(x_b, dy_b, w.shape, **g),
+               "bias": backend.conv3d_backward_bias(dy_b)}
+        for name, want in expected.items():
+            check(got[name], want, 64, f"{backend!r} {name}")
