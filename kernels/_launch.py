@@ -45,6 +45,12 @@ LOADS_A = TILE_K * TILE_M // (THREADS * THREADS)  # 4
 LOADS_B = TILE_K * TILE_N // (THREADS * THREADS)  # 4
 
 
+# Every kernel is compiled once per machine, not once per rank and run: Numba's on-disk
+# cache (``cache=True``, in __pycache__ beside the source, or NUMBA_CACHE_DIR when that is
+# not writable) keeps the compiled code, keyed by signature, GPU and closure values.
+kernel_jit = cuda.jit(cache=True)
+
+
 def tiled_jit(kernel):
     """``cuda.jit`` for a tiled (version 2) kernel, declaring its launch bounds: blocks of ``THREADS**2`` threads.
 
@@ -55,7 +61,7 @@ def tiled_jit(kernel):
     """
     if config.ENABLE_CUDASIM:
         return cuda.jit(kernel)
-    return cuda.jit(launch_bounds=THREADS * THREADS)(kernel)
+    return cuda.jit(launch_bounds=THREADS * THREADS, cache=True)(kernel)
 
 
 def ceil_div(a, b):

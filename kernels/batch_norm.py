@@ -17,7 +17,7 @@ element, in the data's dtype.  Semantics are ``refconv.backend.NumpyBackend``'s;
 import numpy
 from numba import cuda, float64
 
-from ._launch import BLOCK_1D, TARGET_BLOCKS, ceil_div, contiguous, grid_1d, split2, split4, stream, xp
+from ._launch import BLOCK_1D, TARGET_BLOCKS, ceil_div, contiguous, grid_1d, split2, split4, stream, xp, kernel_jit
 from refconv import checks
 
 # Each thread of a channel_sums block sums at least about this many values, so that
@@ -25,7 +25,7 @@ from refconv import checks
 VALUES_PER_THREAD = 8
 
 
-@cuda.jit
+@kernel_jit
 def channel_sums_kernel(a, b, shift, scale, part_a, part_ab, both):
     """Block ``(c, k)`` writes ``part_a[c, k]``, the sum of its share of ``a[:, c]``, and, when
     ``both``, ``part_ab[c, k]``, that of ``a[:, c] (b[:, c] - shift[c]) scale[c]``.
@@ -65,7 +65,7 @@ def channel_sums_kernel(a, b, shift, scale, part_a, part_ab, both):
             part_ab[c, k] = partial_ab[0]
 
 
-@cuda.jit
+@kernel_jit
 def channel_sums_finish_kernel(part_a, part_ab, sum_a, sum_ab, both):
     """Thread ``c`` writes ``sum_a[c] = part_a[c, 0] + part_a[c, 1] + ...`` in that order, in float64
     (and ``sum_ab[c]`` from ``part_ab`` when ``both``)."""
@@ -130,7 +130,7 @@ def batch_norm_grad_sums(dy, x, mean, invstd):
     return channel_sums(dy, x, mean, invstd, dtype_ab)
 
 
-@cuda.jit
+@kernel_jit
 def batch_norm_apply_kernel(x, mean, invstd, gamma, beta, y):
     """Thread ``t`` writes ``y.flat[t] = (x - mean[c]) * invstd[c] * gamma[c] + beta[c]``."""
     index = cuda.grid(1)
@@ -149,7 +149,7 @@ def batch_norm_apply(x, mean, invstd, gamma, beta):
     return y
 
 
-@cuda.jit
+@kernel_jit
 def batch_norm_backward_apply_kernel(dy, x, mean, invstd, gamma, dbeta, dgamma, count, dx):
     """Thread ``t`` writes ``dx.flat[t] = gamma invstd / count * (count dy - dbeta - xhat dgamma)``.
 

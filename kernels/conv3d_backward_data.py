@@ -21,6 +21,7 @@ import functools
 from numba import cuda
 
 from ._launch import (
+    kernel_jit,
     multiply_stage, stream, tiled_jit,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
     contiguous, gemm_grid, grid_1d, output_pixel, split4, xp,
@@ -30,7 +31,7 @@ from .conv_forward import check_version
 from refconv import checks
 
 
-@cuda.jit
+@kernel_jit
 def backward_data3d_direct(dy, w, dx, sd, sh, sw, pd, ph, pw, dd, dh, dw, groups):
     """Version 1.  Thread ``t`` computes ``dx.flat[t]``; no shared memory; float64 accumulator."""
     index = cuda.grid(1)

@@ -20,6 +20,7 @@ import functools
 from numba import cuda
 
 from ._launch import (
+    kernel_jit,
     multiply_stage, stream, tiled_jit,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
     ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split4, xp,
@@ -30,7 +31,7 @@ from .conv_forward import check_version
 from refconv import checks
 
 
-@cuda.jit
+@kernel_jit
 def backward_filter3d_direct(x, dy, dw, sd, sh, sw, pd, ph, pw, dil_d, dil_h, dil_w, groups):
     """Version 1.  Thread ``t`` computes ``dw.flat[t]``; no shared memory; float64 accumulator."""
     index = cuda.grid(1)

@@ -19,6 +19,7 @@ import functools
 from numba import cuda
 
 from ._launch import (
+    kernel_jit,
     multiply_stage, stream, tiled_jit,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
     contiguous, gemm_grid, grid_1d, input_pixel, split4, xp,
@@ -29,7 +30,7 @@ from .elementwise import bias_add
 from refconv import checks
 
 
-@cuda.jit
+@kernel_jit
 def forward3d_direct(x, w, y, sd, sh, sw, pd, ph, pw, dd, dh, dw, groups):
     """Version 1.  Thread ``t`` computes ``y.flat[t]``; no shared memory; float64 accumulator."""
     index = cuda.grid(1)

@@ -21,6 +21,7 @@ import functools
 from numba import cuda
 
 from ._launch import (
+    kernel_jit,
     multiply_stage, stream, tiled_jit,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
     advance3, contiguous, gemm_grid, grid_1d, output_pixel, split3, split4, xp,
@@ -29,7 +30,7 @@ from .conv_forward import check_version
 from refconv import checks
 
 
-@cuda.jit
+@kernel_jit
 def backward_data_direct(dy, w, dx, sh, sw, ph, pw, dh, dw, groups):
     """Version 1.  Thread ``t`` computes ``dx.flat[t]``; no shared memory; float64 accumulator."""
     index = cuda.grid(1)

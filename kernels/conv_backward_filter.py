@@ -22,6 +22,7 @@ import functools
 from numba import cuda
 
 from ._launch import (
+    kernel_jit,
     multiply_stage, stream, tiled_jit,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, TARGET_BLOCKS, THREADS, TILE_K, TILE_M, TILE_N,
     advance3, ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
@@ -34,7 +35,7 @@ from refconv import checks
 MIN_TILES_PER_SPLIT = 8
 
 
-@cuda.jit
+@kernel_jit
 def backward_filter_direct(x, dy, dw, sh, sw, ph, pw, dil_h, dil_w, groups):
     """Version 1.  Thread ``t`` computes ``dw.flat[t]``; no shared memory; float64 accumulator."""
     index = cuda.grid(1)
@@ -154,7 +155,7 @@ def backward_filter_tiled(dtype):
     return kernel
 
 
-@cuda.jit
+@kernel_jit
 def sum_splits_kernel(partial, dw):
     """Thread ``t`` writes ``dw[t] = partial[0, t] + partial[1, t] + ... + partial[splits-1, t]``, in that order.
 

@@ -18,6 +18,7 @@ import functools
 from numba import cuda
 
 from ._launch import (
+    kernel_jit,
     multiply_stage, stream, tiled_jit,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
     advance3, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
@@ -26,7 +27,7 @@ from .elementwise import bias_add
 from refconv import checks
 
 
-@cuda.jit
+@kernel_jit
 def forward_direct(x, w, y, sh, sw, ph, pw, dh, dw, groups):
     """Version 1.  Thread ``t`` computes ``y.flat[t]``; no shared memory.
 

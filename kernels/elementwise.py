@@ -9,12 +9,12 @@ normalization (see ``batch_norm.channel_sums``).  Checked against
 
 from numba import cuda
 
-from ._launch import contiguous, grid_1d, split4, xp, stream
+from ._launch import contiguous, grid_1d, split4, xp, stream, kernel_jit
 from .batch_norm import channel_sums
 from refconv import checks
 
 
-@cuda.jit
+@kernel_jit
 def bias_add_kernel(y, b):
     """Thread ``t`` adds ``b[f]`` to ``y.flat[t] = y[n, f, h, w]``."""
     index = cuda.grid(1)
@@ -42,7 +42,7 @@ def bias_grad(dy):
     return channel_sums(dy, None, zeros, zeros, dy.dtype)
 
 
-@cuda.jit
+@kernel_jit
 def relu_forward_kernel(x, y):
     """Thread ``t``: ``y[t] = max(x[t], 0)`` on flat arrays."""
     index = cuda.grid(1)
@@ -54,7 +54,7 @@ def relu_forward_kernel(x, y):
             y[index] = v
 
 
-@cuda.jit
+@kernel_jit
 def relu_backward_kernel(dy, x, dx):
     """Thread ``t``: ``dx[t] = dy[t] if x[t] > 0 else 0`` on flat arrays."""
     index = cuda.grid(1)

@@ -15,7 +15,7 @@ import math
 import numpy
 from numba import cuda
 
-from ._launch import contiguous, grid_1d, input_pixel, split4, xp, stream
+from ._launch import contiguous, grid_1d, input_pixel, split4, xp, stream, kernel_jit
 from refconv import checks
 from refconv.reference import pool_geometry
 
@@ -29,7 +29,7 @@ def covering_outputs(inp, kernel, stride, padding, size_out):
     return first, last
 
 
-@cuda.jit
+@kernel_jit
 def max_pool_forward_kernel(x, y, argmax, Kh, Kw, sh, sw, ph, pw):
     """Thread ``t`` scans the window of ``y.flat[t]``; strict ``>`` keeps the first maximum."""
     index = cuda.grid(1)
@@ -53,7 +53,7 @@ def max_pool_forward_kernel(x, y, argmax, Kh, Kw, sh, sw, ph, pw):
     argmax[n, c, oh, ow] = best_at
 
 
-@cuda.jit
+@kernel_jit
 def max_pool_backward_kernel(dy, argmax, dx, Kh, Kw, sh, sw, ph, pw):
     """Thread ``t`` sums the ``dy`` of every covering window whose argmax is ``x.flat[t]``."""
     index = cuda.grid(1)
@@ -72,7 +72,7 @@ def max_pool_backward_kernel(dy, argmax, dx, Kh, Kw, sh, sw, ph, pw):
     dx[n, c, h, w] = acc
 
 
-@cuda.jit
+@kernel_jit
 def avg_pool_forward_kernel(x, y, Kh, Kw, sh, sw, ph, pw):
     """Thread ``t`` averages the window of ``y.flat[t]``, padding counted as zeros."""
     index = cuda.grid(1)
@@ -90,7 +90,7 @@ def avg_pool_forward_kernel(x, y, Kh, Kw, sh, sw, ph, pw):
     y[n, c, oh, ow] = acc / (Kh * Kw)
 
 
-@cuda.jit
+@kernel_jit
 def avg_pool_backward_kernel(dy, dx, Kh, Kw, sh, sw, ph, pw):
     """Thread ``t`` gathers ``dy / (Kh*Kw)`` from every window covering ``x.flat[t]``."""
     index = cuda.grid(1)

@@ -340,11 +340,20 @@ def measure(ccs=CCS, dtypes=DTYPES, progress=None):
     return {"ptxas": ptxas_version(ptxas) if ptxas else None, "kernels": rows}
 
 
+def uncached_kernels():
+    """Kernels of the inventory compiled anew by every process (no ``cache=True``): should be empty."""
+    return sorted({k.label for k in KERNELS for d in DTYPES
+                   if type(getattr(k.dispatcher(d), "_cache", None)).__name__ != "CUDACache"})
+
+
 def failures(result):
     """What the proof refuses: kernels missing from the inventory, an atomic instruction in any kernel
     (docs/kernels.md promises results that do not depend on the order blocks run in), and in a tiled
-    kernel a spill or a stack frame (its register micro-tile pushed out to local memory)."""
+    kernel a spill or a stack frame (its register micro-tile pushed out to local memory); a kernel
+    without the on-disk cache (every rank would compile it at every start)."""
     problems = [f"{name}: a kernel that KERNELS does not list (add it, with its signature)" for name in missing_kernels()]
+    problems += [f"{name}: compiled by every rank at every start (use kernel_jit or tiled_jit: cache=True)"
+                 for name in uncached_kernels()]
     for row in result["kernels"]:
         if "error" in row:
             problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: does not compile: {row['error']}")
