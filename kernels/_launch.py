@@ -45,10 +45,16 @@ LOADS_A = TILE_K * TILE_M // (THREADS * THREADS)  # 4
 LOADS_B = TILE_K * TILE_N // (THREADS * THREADS)  # 4
 
 
-# Every kernel is compiled once per machine, not once per rank and run: Numba's on-disk
-# cache (``cache=True``, in __pycache__ beside the source, or NUMBA_CACHE_DIR when that is
-# not writable) keeps the compiled code, keyed by signature, GPU and closure values.
-kernel_jit = cuda.jit(cache=True)
+def kernel_jit(kernel, **options):
+    """``cuda.jit`` with Numba's on-disk cache: a kernel is compiled once per machine, not by
+    every rank at every start.  The cache sits in __pycache__ beside the source, or under
+    NUMBA_CACHE_DIR or the user's cache folder when that is not writable, keyed by signature,
+    GPU and closure values.  Where Numba finds no writable place at all, the kernel is
+    compiled per process, as without the cache."""
+    try:
+        return cuda.jit(cache=True, **options)(kernel)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return cuda.jit(**options)(kernel)
 
 
 def tiled_jit(kernel):
@@ -61,7 +67,7 @@ def tiled_jit(kernel):
     """
     if config.ENABLE_CUDASIM:
         return cuda.jit(kernel)
-    return cuda.jit(launch_bounds=THREADS * THREADS, cache=True)(kernel)
+    return kernel_jit(kernel, launch_bounds=THREADS * THREADS)
 
 
 def ceil_div(a, b):
