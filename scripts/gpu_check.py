@@ -112,7 +112,7 @@ def step_compile(args):
 
 def step_tests(args):
     log = args.out / "tests.log"
-    selected = ["-m", "not extended"] if not args.dry_run else ["-m", "not slow and not extended", "-k", "stream"]
+    selected = ["-m", "slow or not extended"] if not args.dry_run else ["-m", "not slow and not extended", "-k", "stream"]
     command = [sys.executable, "-m", "pytest", "-q", "-ra", *selected, *GPU_TESTS]
     status, seconds = run(command, args, LIMITS_S["tests"], log)
     summary = tail(log, 1)

@@ -95,6 +95,7 @@ def test_conv_backward_filter(version, problem):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # 38 s of the default suite; the explicit EXAMPLES below cover several blocks per launch
 @pytest.mark.parametrize("version", VERSIONS)
 @settings(max_examples=15, deadline=None)
 @given(conv_problems(dtypes=DTYPES, max_batch=2, max_channels=6, max_kernel=4, max_extra=6, padding_strings=True))
