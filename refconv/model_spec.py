@@ -31,31 +31,11 @@ import numpy
 import yaml
 from mpi4py import MPI
 
-from refconv import algorithms, checks
+from refconv import algorithms, checks, spec_tree
 from refconv.grid import AXES, ProcessGrid
 from refconv.layers import AvgPool2d, BatchNorm2d, DistConv2d, GlobalAvgPool, Linear, MaxPool2d, ReLU
 from refconv.layers.container import Residual, Sequential
-
-_LAYER_KEYS = {
-    "conv": {"out", "kernel", "stride", "padding", "padding_mode", "dilation", "groups", "bias", "in", "grid",
-             "algorithm", "filter_groups"},
-    "batchnorm": {"eps", "momentum", "grid"},
-    "relu": {"grid"},
-    "maxpool": {"kernel", "stride", "padding", "grid"},
-    "avgpool": {"kernel", "stride", "padding", "grid"},
-    "gap": {"grid"},
-    "linear": {"out", "bias", "in", "grid"},
-    "residual": {"layers", "shortcut"},
-}
-_REQUIRED = {"conv": ("out", "kernel"), "maxpool": ("kernel",), "avgpool": ("kernel",), "linear": ("out",),
-             "residual": ("layers",)}
-_TOP_KEYS = {"name", "in_channels", "defaults", "layers", "description"}
-_DEFAULT_KEYS = {"grid", "algorithm", "filter_groups", "machine"}
-# A layer's "grid" may also name one relative to defaults.grid: "default", or "no-channel"
-# (the channel axis folded into the sample axis: for a first conv with fewer input
-# channels than channel ranks).
-GRID_ALIASES = ("default", "no-channel")
-
+from refconv.spec_tree import DEFAULT_KEYS, GRID_ALIASES
 
 # -- presets ---------------------------------------------------------------------------------------
 def _conv(out, kernel, stride=1, padding=0, bias=True, groups=1):
@@ -199,27 +179,6 @@ def load_spec(spec, **preset_kwargs):
     raise ValueError(f"spec: {spec!r} is neither a preset {sorted(PRESETS)} nor a .json/.yaml file")
 
 
-MAX_LAYERS = 100_000   # a spec with more is a mistake or a YAML alias bomb (aliases nest: 9 levels of
-                       # 9 references each expand to 387 million layers in a file of a few lines)
-
-
-def _count_layers(specs, limit):
-    """The layers in ``specs`` (a list), residual blocks' included, counting no further than
-    ``limit`` + 1: the walk is bounded however far YAML aliases would expand."""
-    count, stack = 0, [specs]
-    while stack and count <= limit:
-        items = stack.pop()
-        if not isinstance(items, list):
-            continue
-        for spec in items:
-            count += 1
-            if count > limit:
-                break
-            if isinstance(spec, dict):
-                stack += [spec.get("layers"), spec.get("shortcut")]
-    return count
-
-
 # -- building -------------------------------------------------------------------------------------
 class _Builder:
     def __init__(self, comm, backend, dtype, seed, serial, defaults):
@@ -259,39 +218,21 @@ class _Builder:
         self.seed += 1
         return self.seed - 1
 
-    def sequence(self, specs, where, grid, channels, kind):
-        """Build a list of layer specs; returns (layers, names, out grid, channels, kind)."""
-        if not isinstance(specs, list) or not specs:
-            raise ValueError(f"{where}: expected a non-empty list of layers, got {specs!r}")
+    def sequence(self, nodes, grid, channels):
+        """Build parsed nodes (refconv.spec_tree); returns (layers, names, out grid, channels)."""
         layers, names = [], []
-        for i, spec in enumerate(specs):
-            layer, grid, channels, kind = self.layer(spec, f"{where}[{i}]", grid, channels, kind)
+        for node in nodes:
+            layer, grid, channels = self.layer(node, grid, channels)
             layers.append(layer)
-            names.append(str(i))
-        return layers, names, grid, channels, kind
+            names.append(str(node.path[-1]))
+        return layers, names, grid, channels
 
-    def layer(self, spec, where, grid, channels, kind):
-        if not isinstance(spec, dict) or "type" not in spec:
-            raise ValueError(f"{where}: expected a dict with a 'type' (one of {sorted(_LAYER_KEYS)}), got {spec!r}")
-        t = spec["type"]
-        if t not in _LAYER_KEYS:
-            raise ValueError(f"{where}.type: unknown layer type {t!r}; expected one of {sorted(_LAYER_KEYS)}")
-        bad = set(spec) - _LAYER_KEYS[t] - {"type"}
-        if bad:
-            raise ValueError(f"{where}: unknown key {sorted(bad)[0]!r} for a {t!r} layer; "
-                             f"allowed: {sorted(_LAYER_KEYS[t])}")
-        for key in _REQUIRED.get(t, ()):
-            if key not in spec:
-                raise ValueError(f"{where}: a {t!r} layer needs {key!r}")
-        if kind == "logits":
-            raise ValueError(f"{where}: nothing may follow the 'linear' classifier head (got {t!r})")
-        if kind != "activations" and t not in ("linear", "relu"):
-            raise ValueError(f"{where}: a {t!r} layer cannot follow global average pooling; "
-                             f"only 'linear' (or 'relu') can")
+    def layer(self, node, grid, channels):
+        t, spec, where = node.kind, node.spec, node.where
         common = dict(backend=self.backend, dtype=self.dtype)
         try:
             if t == "residual":
-                return self.residual(spec, where, grid, channels, kind)
+                return self.residual(node, grid, channels)
             if t in ("conv", "linear"):
                 own = self.grid(spec["grid"], f"{where}.grid") if "grid" in spec else self.default_grid
             else:
@@ -310,13 +251,11 @@ class _Builder:
                                    padding_mode=spec.get("padding_mode", "zeros"), grid=own,
                                    algorithm=algorithm, filter_groups=fg, seed=self.next_seed(),
                                    machine=self.machine, **common)
-                return layer, own, spec["out"], kind
+                return layer, own, spec["out"]
             if t == "linear":
-                if kind != "features":
-                    raise ValueError(f"{where}: 'linear' needs features: put a 'gap' layer before it")
                 layer = Linear(channels, spec["out"], grid=own, bias=spec.get("bias", True),
                                seed=self.next_seed(), **common)
-                return layer, own, spec["out"], "logits"
+                return layer, own, spec["out"]
             if t == "batchnorm":
                 layer = BatchNorm2d(channels, grid=own, eps=spec.get("eps", 1e-5),
                                     momentum=spec.get("momentum", 0.1), **common)
@@ -327,22 +266,21 @@ class _Builder:
                 layer = cls(spec["kernel"], spec.get("stride"), spec.get("padding", 0), grid=own, **common)
             else:  # gap
                 layer = GlobalAvgPool(grid=own, **common)
-                return layer, own, channels, "features"
-            return layer, own, channels, kind
+            return layer, own, channels
         except (ValueError, TypeError) as exc:
             msg = str(exc)
             raise ValueError(msg if msg.startswith(where) else f"{where} ({t}): {msg}") from None
 
-    def residual(self, spec, where, grid, channels, kind):
+    def residual(self, node, grid, channels):
         grid = grid or self.default_grid
-        body, names, out_grid, out_channels, _ = self.sequence(spec["layers"], f"{where}.layers", grid, channels, kind)
+        body, _, out_grid, out_channels = self.sequence(node.body, grid, channels)
         shortcut, s_channels = None, channels
-        if spec.get("shortcut"):
-            shortcut, _, _, s_channels, _ = self.sequence(spec["shortcut"], f"{where}.shortcut", grid, channels, kind)
+        if node.shortcut:
+            shortcut, _, _, s_channels = self.sequence(node.shortcut, grid, channels)
         if s_channels != out_channels:
-            raise ValueError(f"{where}: the body ends with {out_channels} channels but the shortcut gives "
+            raise ValueError(f"{node.where}: the body ends with {out_channels} channels but the shortcut gives "
                              f"{s_channels}; add a 'shortcut' with a 1x1 conv to {out_channels}")
-        return Residual(body, shortcut, in_grid=grid), out_grid, out_channels, kind
+        return Residual(body, shortcut, in_grid=grid), out_grid, out_channels
 
 
 def build(spec, *, comm=None, backend="auto", dtype=None, seed=0, serial=False, defaults=None, **preset_kwargs):
@@ -354,26 +292,15 @@ def build(spec, *, comm=None, backend="auto", dtype=None, seed=0, serial=False, 
     Raises ValueError naming the bad key or value, identically on every rank.
     """
     spec = load_spec(spec, **preset_kwargs)
-    if not isinstance(spec, dict):
-        raise ValueError(f"spec: expected a dict at the top level, got {type(spec).__name__}")
-    bad = set(spec) - _TOP_KEYS
-    if bad:
-        raise ValueError(f"spec: unknown key {sorted(bad)[0]!r}; allowed: {sorted(_TOP_KEYS)}")
-    if "layers" not in spec:
-        raise ValueError("spec: needs 'layers', a list of layer dicts")
-    if _count_layers(spec["layers"], MAX_LAYERS) > MAX_LAYERS:
-        raise ValueError(f"layers: more than {MAX_LAYERS:,} layers (residual blocks' included); a model this "
-                         f"deep is a mistake, e.g. YAML aliases nested into an alias bomb")
+    nodes = spec_tree.parse(spec)
     merged = dict(spec.get("defaults") or {})
-    if not isinstance(merged, dict) or set(merged) - _DEFAULT_KEYS:
-        raise ValueError(f"spec.defaults: expected a dict with keys among {sorted(_DEFAULT_KEYS)}, got {merged!r}")
+    if not isinstance(merged, dict) or set(merged) - DEFAULT_KEYS:
+        raise ValueError(f"spec.defaults: expected a dict with keys among {sorted(DEFAULT_KEYS)}, got {merged!r}")
     merged.update({k: v for k, v in (defaults or {}).items() if v is not None})
     in_channels = spec.get("in_channels", 3)
     in_channels = checks.positive_int(in_channels, "spec.in_channels")
     dtype = numpy.dtype(dtype or numpy.float32)
     comm = MPI.COMM_SELF if serial else (comm or MPI.COMM_WORLD)
     b = _Builder(comm, backend, dtype, seed, serial, merged)
-    layers, names, _, _, kind = b.sequence(spec["layers"], "layers", None, in_channels, "activations")
-    if kind != "logits":
-        raise ValueError("layers: the last layer must be 'linear' (the classifier head), after a 'gap'")
+    layers, names, _, _ = b.sequence(nodes, None, in_channels)
     return Sequential(layers, names=names), spec, in_channels

@@ -15,6 +15,7 @@ from refconv import reference as ref
 from refconv.model import Model
 from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
+from refconv.pricing import graph
 from refconv.testing.mpirun import find_mpiexec
 from refconv.train import TrainConfig, step, train
 
@@ -150,12 +151,33 @@ def _with(layer_index=None, **changes):
     (_with(colour="red"), r"spec: unknown key 'colour'"),
     (_with(defaults={"grid": {"sample": 1}, "algo": "x"}), r"spec.defaults"),
     ("resnet18", r"neither a preset"),
-    ({"in_channels": 1, "layers": [{"type": "residual", "layers": [{"type": "conv", "out": 4, "kernel": 1}]}]},
+    ({"in_channels": 1, "layers": [{"type": "residual", "layers": [{"type": "conv", "out": 4, "kernel": 1}]},
+                                   {"type": "gap"}, {"type": "linear", "out": 2}]},
      r"layers\[0\]: the body ends with 4 channels but the shortcut gives 1"),
 ])
 def test_spec_errors_name_the_problem(spec, match):
     with pytest.raises(ValueError, match=match):
         Model.from_spec(spec, backend="numpy")
+
+
+@pytest.mark.parametrize("spec", [
+    _with(0, kernal=3),
+    _with(0, type="convolution"),
+    {"in_channels": 1, "layers": [{"type": "conv", "out": 4}]},
+    _with(layers=[{"type": "conv", "out": 4, "kernel": 3}, {"type": "linear", "out": 3}]),
+    _with(layers=[{"type": "conv", "out": 4, "kernel": 3}]),
+    _with(layers=[{"type": "gap"}, {"type": "conv", "out": 4, "kernel": 3}]),
+    _with(layers=[{"type": "residual", "layers": [{"type": "gap"}]}, {"type": "linear", "out": 3}]),
+    _with(colour="red"),
+    {"in_channels": 1, "layers": []},
+])
+def test_the_builder_and_the_planner_refuse_a_spec_with_the_same_message(spec):
+    """Both read the spec's structure through refconv.spec_tree.parse, never by themselves."""
+    with pytest.raises(ValueError) as built:
+        Model.from_spec(spec, backend="numpy")
+    with pytest.raises(graph.BindError) as planned:
+        graph.bind(spec, (2, 1, 8, 8))
+    assert str(planned.value) == str(built.value)
 
 
 def test_spec_from_json_and_yaml(tmp_path):

@@ -40,7 +40,8 @@ def test_w_within_groups_is_a_candidate_where_a_group_has_four_ranks():
     with pytest.raises(ValueError, match="groups: a grouped convolution on a channel split needs"):
         algorithms.candidates(4, 3, (12, 12))
     planner, _ = search.plan_model({"in_channels": 3, "layers": [{"type": "conv", "out": 6, "kernel": 1, "groups": 3},
-                                                                 {"type": "gap"}]}, (2, 3, 4, 4), 2,
+                                                                 {"type": "gap"}, {"type": "linear", "out": 2}]},
+                                   (2, 3, 4, 4), 2,
                                    machine.from_dict(machine_doc()))
     (conv,) = [s for s in stages(planner.elements) if s.main.kind == "conv"]
     assert _options(planner, conv, (1, 2, 1, 1)) == set()  # 3 groups on 2 ranks: not run, so not priced

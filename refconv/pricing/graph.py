@@ -9,11 +9,13 @@ conv stay on the conv's grid").  ``linear`` follows ``gap`` on its grid.  A
 a block runs on the block's exit grid (the body's last grid).
 
 Each stage keeps its path in the spec (``("layers", 4, "layers", 0)``) so the
-plan can be written back into a copy of the spec.
+plan can be written back into a copy of the spec.  The spec's structure is read once, by
+:func:`refconv.spec_tree.parse` (as the model builder reads it); this module adds shapes.
 """
 
 import dataclasses
 
+from refconv import spec_tree
 from refconv.checks import conv_output_size, conv_padding
 from refconv.reference.layers import pool_geometry
 
@@ -36,8 +38,8 @@ class Layer:
     def of(cls, spec, in_shape, path=("layer",)):
         """The layer of ``spec`` (a model file's layer dict) on global ``in_shape``, its output
         shape derived (BindError, naming ``path``, where the input does not fit)."""
-        name = ".".join(map(str, path))
-        return cls(spec["type"], spec, tuple(path), tuple(in_shape), _out_shape(spec["type"], spec, in_shape, name))
+        out = _out_shape(spec["type"], spec, in_shape, spec_tree.where(path))
+        return cls(spec["type"], spec, tuple(path), tuple(in_shape), out)
 
 
 @dataclasses.dataclass
@@ -99,36 +101,27 @@ def _out_shape(kind, spec, shape, where):
         raise BindError(f"{where} ({kind}): cannot bind to input {shape}: {exc}") from None
 
 
-def chain(specs, path, shape):
-    """``(elements, out_shape)``: the Stages and Blocks of a list of layer specs."""
-    if not isinstance(specs, list) or not specs:
-        raise BindError(f"{'.'.join(map(str, path)) or 'layers'}: expected a non-empty list of layer dicts")
+def chain(nodes, shape):
+    """``(elements, out_shape)``: the Stages and Blocks of parsed nodes (refconv.spec_tree) on
+    global input ``shape``."""
     out = []
-    for i, spec in enumerate(specs):
-        where = path + (i,)
-        name = ".".join(map(str, where))
-        if not isinstance(spec, dict) or "type" not in spec:
-            raise BindError(f"{name}: expected a dict with a 'type', got {spec!r}")
-        kind = spec["type"]
-        if kind == "residual":
-            body, body_out = chain(spec.get("layers"), where + ("layers",), shape)
-            shortcut, short_out = (chain(spec["shortcut"], where + ("shortcut",), shape) if spec.get("shortcut")
-                                   else ([], shape))
+    for node in nodes:
+        if node.kind == "residual":
+            body, body_out = chain(node.body, shape)
+            shortcut, short_out = chain(node.shortcut, shape) if node.shortcut else ([], shape)
             if body_out != short_out:
-                raise BindError(f"{name} (residual): the body gives {body_out} but the shortcut {short_out}")
-            out.append(Block(body, shortcut, [], shape, body_out, where))
+                raise BindError(f"{node.where} (residual): the body gives {body_out} but the shortcut {short_out}")
+            out.append(Block(body, shortcut, [], shape, body_out, node.path))
             shape = body_out
             continue
-        if kind not in ("conv", "maxpool", "avgpool", "gap", "linear") + _FOLLOWERS:
-            raise BindError(f"{name}: the planner does not know layer type {kind!r}")
-        layer = Layer.of(spec, shape, where)
+        layer = Layer.of(node.spec, shape, node.path)
         shape = layer.out_shape
-        joins = out and ((kind in _FOLLOWERS and (isinstance(out[-1], Block) or out[-1].main.kind != "gap"))
-                         or (kind == "linear" and isinstance(out[-1], Stage) and out[-1].main.kind == "gap"))
+        joins = out and ((node.kind in _FOLLOWERS and (isinstance(out[-1], Block) or out[-1].main.kind != "gap"))
+                         or (node.kind == "linear" and isinstance(out[-1], Stage) and out[-1].main.kind == "gap"))
         if joins:
             out[-1].followers.append(layer)
-        elif kind == "linear":
-            raise BindError(f"{name} (linear): the planner expects 'linear' right after 'gap'")
+        elif node.kind == "linear":
+            raise BindError(f"{node.where} (linear): the planner expects 'linear' right after 'gap'")
         else:
             out.append(Stage(layer, []))
     return out, shape
@@ -136,12 +129,14 @@ def chain(specs, path, shape):
 
 def bind(spec, input_shape):
     """The top-level chain of ``spec`` (a dict) for a global ``input_shape`` (N, C, H, W)."""
-    if not isinstance(spec, dict) or "layers" not in spec:
-        raise BindError("spec: expected a dict with 'layers'")
+    try:
+        nodes = spec_tree.parse(spec)
+    except ValueError as exc:
+        raise BindError(str(exc)) from None
     if input_shape[1] != spec.get("in_channels", 3):
         raise BindError(f"spec.in_channels: the model takes {spec.get('in_channels', 3)} channels, "
                         f"the input has {input_shape[1]}")
-    elements, _ = chain(spec["layers"], ("layers",), tuple(input_shape))
+    elements, _ = chain(nodes, tuple(input_shape))
     return elements
 
 
