@@ -2,7 +2,7 @@
 
 - every MPI data movement goes through the refconv/collectives/ package;
 - only refconv/arrays.py imports CuPy (the one array-module helper);
-- imports sit at the top of a module unless they defer an optional dependency
+- imports sit at the top of a module (the tests' too) unless they defer an optional dependency
   or an expensive initialisation (each one listed here, with why);
 - model_spec does not import model (no cycle), and kernels/ use only public
   validators;
@@ -20,6 +20,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOURCES = sorted([*ROOT.glob("refconv/**/*.py"), *ROOT.glob("kernels/*.py")])
+TESTS = sorted(ROOT.glob("tests/**/*.py"))
 
 # comm.<method>( for a method that moves data
 DATA_MOVEMENT = re.compile(
@@ -62,6 +63,10 @@ LAZY_IMPORTS = {
     ("refconv/testing/mpirun.py", "mpi4py"): "the launcher lists tests without initialising MPI",
     ("refconv/testing/mpirun.py", "hypothesis"): "runs only inside a launched rank",
     ("refconv/testing/mpirun.py", "refconv.testing.profiles"): "runs only inside a launched rank",
+    ("tests/conftest.py", "cupy"): "optional; decides NUMBA_ENABLE_CUDASIM before numba is first imported",
+    ("tests/conftest.py", "refconv"): "refconv may import numba: only after the simulator switch",
+    ("tests/test_site.py", "site_hooks"): "docs/site_hooks.py is imported from a path put on sys.path for the call",
+    ("tests/test_tutorials.py", "course"): "tutorials/course.py is imported from a path put on sys.path for the test",
 }
 
 
@@ -122,7 +127,7 @@ def _lazy_imports(path):
                     yield sub.lineno, sub.module or "."
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=_rel)
+@pytest.mark.parametrize("path", SOURCES + TESTS, ids=_rel)
 def test_imports_at_the_top(path):
     hidden = [f"{_rel(path)}:{line}: import {name}" for line, name in _lazy_imports(path)
               if not any(_rel(path) == f and (name == m or name.startswith(m + ".")) for f, m in LAZY_IMPORTS)]

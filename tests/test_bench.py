@@ -10,6 +10,7 @@ import pytest
 
 from refconv import arrays, cost_model
 from refconv.bench import kernels
+from refconv.bench.collectives import ONE_RANK_WARNING
 from refconv.bench.schema import SCHEMA, read_lines, validate
 from refconv.testing.mpirun import find_mpiexec
 
@@ -108,8 +109,6 @@ def test_collectives_split_axis_lines(tmp_path, op):
 
 
 def test_collectives_on_one_rank_warn_that_nothing_moved_between_ranks():
-    from refconv.bench.collectives import ONE_RANK_WARNING
-
     args = ["collectives", "--mb", "0.0625", "--repeat", "1", "--warmup", "0"]
     alone, pair = bench(args), bench(args, ranks=2)
     assert alone.returncode == 0 and alone.stderr == ONE_RANK_WARNING + "\n", alone.stderr

@@ -5,7 +5,8 @@ import types
 import numpy
 import pytest
 
-from refconv.bench import timing
+from refconv.bench import timing, torch_step
+from refconv.reference import conv as ref_conv
 
 
 def test_contenders_alternate_and_the_first_rotates():
@@ -69,7 +70,6 @@ def test_check_catches_a_wrong_answer():
 def test_torch_comparison_runs_and_checks_first(capsys):
     # Needs PyTorch (not a dependency): skipped, and reported as skipped, where it is missing.
     pytest.importorskip("torch")
-    from refconv.bench import torch_step
 
     assert torch_step.main(["passes", "--quick", "--rounds", "1"]) == 0
     assert torch_step.main(["passes3d", "--quick", "--rounds", "1"]) == 0
@@ -86,9 +86,7 @@ def test_gemm_floor_contender_is_the_pass_product(shape):
     # its products, laid back out, are refconv's forward and backward-filter, and backward-data's
     # columns, which col2im turns into dx.  torch's contenders are built but never called, so a
     # stand-in for torch lets this run without it.
-    from refconv.bench import torch_step
     torch = types.SimpleNamespace(from_numpy=lambda a: a)
-    from refconv.reference import conv as ref_conv
 
     C, F, H, K, stride, padding = shape
     N = 2

@@ -1,6 +1,7 @@
 """refconv.checkpoint on one rank: round trip, resume, every way a checkpoint can be bad,
 and a save interrupted at each of its points."""
 
+import errno
 import json
 import os
 
@@ -8,7 +9,7 @@ import numpy
 import pytest
 from mpi4py import MPI
 
-from refconv import checkpoint, collectives
+from refconv import checkpoint, collectives, train
 from refconv.checkpoint import CheckpointError
 from refconv.grid import ProcessGrid
 from refconv.optim import SGD
@@ -257,7 +258,6 @@ def test_interrupted_save_loses_nothing(saved, grid, point, same_step):
 def test_a_nonfinite_tensor_is_refused_and_training_names_it(saved, kind):
     """A NaN or inf in a parameter or its momentum: save refuses before writing anything,
     and refconv train's guard (train.check_finite) names the step and the tensor."""
-    from refconv import train
     directory, model, opt = saved
     before = {name: (directory / name).read_bytes() for name in os.listdir(directory)}
     q, layer, p = list(model.named_parameters())[1]
@@ -278,7 +278,6 @@ def test_a_nonfinite_tensor_is_refused_and_training_names_it(saved, kind):
 def test_a_failed_write_leaves_no_temporary_file(saved, monkeypatch):
     """A full disk (ENOSPC at fsync) fails the save on every rank and removes its temporary
     file, so the previous checkpoint stays whole and the next save in place is not tripped."""
-    import errno
     directory, model, opt = saved
     before = {name: (directory / name).read_bytes() for name in os.listdir(directory)}
 

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import pathlib
+import pty
 import re
 import subprocess
 import sys
@@ -19,7 +20,8 @@ import time
 import numpy
 import pytest
 
-from refconv import cli, datasets, failure, progress, train_config
+from refconv import cli, datasets, demo, failure, progress, train_config
+from refconv.model_spec import PRESETS, default_lr
 from refconv.testing.mpirun import find_mpiexec
 from refconv.train import TrainConfig, train
 from refconv.train_config import OPTIONS, OptionError
@@ -57,8 +59,6 @@ def test_every_registered_command_has_the_protocol_and_is_listed(capsys):
 
 
 def test_demo_is_a_subcommand_that_launches_four_ranks(capsys):
-    from refconv import demo
-
     cmd = demo.command(cli.build_parser().parse_args(["demo", "--epochs", "1", "--no-progress"]))
     assert cmd[1:3] == ["-n", "4"] and cmd[cmd.index("train") + 1:] == [
         "--grid", "sample=2,channel=2", "--algorithm", "stationary-x", "--epochs", "1", "--check-serial", "5",
@@ -226,8 +226,6 @@ def test_progress_env_overrides_the_terminal_test(monkeypatch):
 
 def _on_a_terminal(command):
     """Run ``command`` with a pseudo-terminal as its stdin, stdout and stderr: all it printed."""
-    import pty
-
     pid, fd = pty.fork()
     if pid == 0:  # the child: the command, as from a shell in a terminal
         os.environ["OMP_NUM_THREADS"] = "1"
@@ -287,8 +285,6 @@ def test_the_shared_options_are_defined_once():
 
 @pytest.mark.parametrize("command", [["train"], ["demo"], ["plan"], ["calibrate"], ["bench", "step"], ["sweep"]])
 def test_every_model_help_lists_every_preset(capsys, command):
-    from refconv.model_spec import PRESETS
-
     status, out, _ = _main(capsys, *command, "--help")
     text = " ".join(out.split())
     assert status == 0 and f"a preset ({', '.join(PRESETS)}) or a JSON/YAML model file" in text, text
@@ -356,7 +352,6 @@ def test_plain_python_script_cannot_hang_on_a_raise(tmp_path):
 def test_resnet50_takes_a_learning_rate_scaled_to_its_batch():
     """Unset, --lr is 0.1 x batch / 256 for the ImageNet presets (0.1 for the rest): at batch 4,
     ResNet-50 on --synthetic images keeps a sane loss where 0.1 blows it up (issue 24)."""
-    from refconv.model_spec import default_lr
     assert TrainConfig(model="resnet50", batch_size=4).lr == default_lr("resnet50", 4) == 0.1 * 4 / 256
     assert TrainConfig(batch_size=4).lr == 0.1 and TrainConfig(model="resnet50", lr=0.3).lr == 0.3
     runs = {lr: train(TrainConfig(model="resnet50", synthetic=True, synthetic_samples=32, batch_size=4, epochs=1,

@@ -6,7 +6,9 @@ The multi-rank check (block-read training equals in-memory training, bit for bit
 ranks on sample, spatial and channel splits) is tests/mpi/test_datastore.py.
 """
 
+import importlib.util
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -18,6 +20,7 @@ from refconv import cli, datasets, datastore
 from refconv.datastore import prefetch
 from refconv.distribution import Distribution, Split
 from refconv.testing.mpirun import find_mpiexec
+from refconv.train import TrainConfig, train
 
 X = numpy.random.default_rng(0).standard_normal((23, 6, 9, 10)).astype(numpy.float32)   # (N, C, H, W)
 Y = numpy.arange(23) % 4
@@ -271,8 +274,6 @@ def test_a_missing_shard_ends_every_rank_with_one_line(tmp_path):
 def test_the_data_figure_is_drawn_from_the_layout(tmp_path):
     """docs/figures/data_figure.py: its blocks cover the batch's samples and rows once each (they
     come from Distribution), and it writes a PNG."""
-    import importlib.util
-    import pathlib
     script = pathlib.Path(__file__).resolve().parent.parent / "docs" / "figures" / "data_figure.py"
     spec = importlib.util.spec_from_file_location("data_figure", script)
     fig = importlib.util.module_from_spec(spec)
@@ -288,7 +289,6 @@ def test_the_data_figure_is_drawn_from_the_layout(tmp_path):
 def test_a_resumed_run_on_a_store_continues_the_same_batches(tmp_path):
     """Checkpoint mid-epoch, resume: the losses after it are those of the run that went on
     (the prefetch thread starts at the resumed batch), and --check-serial replays from the store."""
-    from refconv.train import TrainConfig, train
     x, y, _, _ = datasets.load_digits(upsample=1)
     folder = write_npy(tmp_path / "digits", x=x[:80], y=y[:80], shards=(0, 33))
     cfg = dict(data=folder, batch_size=8, epochs=2, backend="numpy", progress=False, dtype="float64")

@@ -24,11 +24,13 @@ import dataclasses
 import hashlib
 import json
 import os
+import pathlib
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -425,8 +427,6 @@ def test_a_diverged_run_stops_and_keeps_the_last_good_checkpoint(runs, tmp_path)
 
 def _table(cases):
     """Run ``cases`` (checkpoint ones included) and print a Markdown table of how each ended."""
-    import tempfile
-
     print("| fault injected (REFCONV_FAULT, 2 ranks) | time to end | exit status |")
     print("| --- | --- | --- |")
     root = tempfile.mkdtemp(prefix="refconv-faults-")
@@ -461,9 +461,6 @@ def _exit_table():
     """Issue 25's table: each way a rank or the job can end badly, how long the job took to end
     (from the fault's line, else from the launch), its exit status, and whether a resume from
     what the run left in --checkpoint-dir (saved every step) gives the uninterrupted losses."""
-    import pathlib
-    import tempfile
-
     root = pathlib.Path(tempfile.mkdtemp(prefix="refconv-exits-"))
     mpiexec = [find_mpiexec(), "-n", "2"]
     cli = [*mpiexec, sys.executable, "-m", "refconv.cli"]

@@ -3,6 +3,10 @@
 import importlib.util
 import pathlib
 
+from refconv.algorithms.stationary_w import StationaryW
+from refconv.algorithms.stationary_x import StationaryX
+from refconv.algorithms.stationary_y import StationaryY
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "docs" / "figures" / "algorithm_figures.py"
 NAMES = ("spatial", "stationary_x", "stationary_y", "stationary_w")
@@ -30,9 +34,6 @@ def test_figures_are_written(tmp_path):
 def test_layouts_come_from_the_weight_distributions():
     """The W figure's C_b is non-contiguous; X and Y reduce to one contiguous piece per rank."""
     fig = load_script()
-    from refconv.algorithms.stationary_w import StationaryW
-    from refconv.algorithms.stationary_x import StationaryX
-    from refconv.algorithms.stationary_y import StationaryY
 
     w = fig.channel_layouts(StationaryW, C=9, F=7, P_c=4, filter_groups=2)
     assert w["conv_in"][0] == [(0, 3), (5, 7)]          # C_b of rank (a=0, b=0): blocks 0 and 2

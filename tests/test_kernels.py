@@ -13,14 +13,13 @@ import re
 
 import numpy
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from refconv import kernels
-from refconv.kernels import conv_backward_filter
-from refconv import reference as ref
+from refconv import kernels, reference as ref
 from refconv.arrays import to_host
 from refconv.backend import NumpyBackend, get_backend
+from refconv.kernels import batch_norm, conv_backward_filter
+from refconv.kernels._launch import TARGET_BLOCKS
 from refconv.testing.asserts import assert_close, default_tolerance
 from refconv.testing.strategies import ConvProblem, conv_problems
 
@@ -330,8 +329,6 @@ def test_batch_norm_pieces_recover_the_reference_layer():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_channel_sums_split_across_blocks(dtype):
     """Three blocks per channel (a large GPU's launch), then the fixed-order pass: the sums are right and repeat."""
-    from refconv.kernels import batch_norm
-
     rng = numpy.random.default_rng(5)
     x, dy = (rng.standard_normal((2, 2, 5, 7)) * 3 + 1).astype(dtype), rng.standard_normal((2, 2, 5, 7)).astype(dtype)
     mean, invstd = rng.standard_normal(2).astype(dtype), (rng.random(2) + 0.5).astype(dtype)
@@ -348,8 +345,6 @@ def test_channel_sums_split_across_blocks(dtype):
 def test_batch_norm_backward_apply_passes_count_in_the_data_dtype(dtype, monkeypatch):
     """A Python float would reach the kernel as a float64 argument and make the float32 kernel compute in float64
     (test_kernel_compile.py checks the float32 PTX, compiled with the inventory's 's': a scalar in the data's dtype)."""
-    from refconv.kernels import batch_norm
-
     launches = []
 
     class Recorder:
@@ -366,9 +361,6 @@ def test_batch_norm_backward_apply_passes_count_in_the_data_dtype(dtype, monkeyp
 
 def test_channel_sums_fill_the_gpu():
     """C = 64 channels of a ResNet layer at batch 32: about TARGET_BLOCKS blocks, not 64; tiny inputs stay at one."""
-    from refconv.kernels import batch_norm
-    from refconv.kernels._launch import TARGET_BLOCKS
-
     assert 64 * batch_norm.blocks_per_channel(64, 32 * 56 * 56) == TARGET_BLOCKS
     assert batch_norm.blocks_per_channel(2048, 32 * 7 * 7) == 1
     assert batch_norm.blocks_per_channel(3, 2 * 5 * 5) == 1

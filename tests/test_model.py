@@ -1,17 +1,20 @@
 """The model, its specs and presets, serial equivalence with refconv.reference, training,
 checkpoint resume, and the ``refconv train`` command line (a small mpiexec run)."""
 
+import json
 import math
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import numpy
 import pytest
+import yaml
 
-from refconv import datasets
-from refconv import reference as ref
+from refconv import datasets, reference as ref
 from refconv.model import Model
 from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
@@ -181,10 +184,6 @@ def test_the_builder_and_the_planner_refuse_a_spec_with_the_same_message(spec):
 
 
 def test_spec_from_json_and_yaml(tmp_path):
-    import json
-
-    import yaml
-
     (tmp_path / "m.json").write_text(json.dumps(GOOD))
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(GOOD))
     for name in ("m.json", "m.yaml"):
@@ -280,7 +279,6 @@ def test_cli_train_two_ranks_with_serial_check_and_resharded_resume(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "check-serial: OK" in r.stdout and "bytes" in r.stdout and "epoch 1/1" in r.stdout
     assert "2 ranks;" in r.stdout and "grid sample=2" in r.stdout
-    import json
 
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]   # rank 0's, one per step
     assert [m["step"] for m in lines] == list(range(1, 6))
@@ -294,12 +292,6 @@ def test_cli_train_two_ranks_with_serial_check_and_resharded_resume(tmp_path):
 
 def test_a_killed_run_resumes_exactly(tmp_path):
     """SIGKILL a training process after a periodic checkpoint; resuming reproduces the losses."""
-    import json
-    import os
-    import signal
-    import sys
-    import time
-
     npz, ckpt = _small_npz(tmp_path), tmp_path / "ckpt"
     cfg = dict(data=npz, batch_size=16, epochs=40, progress=False, dtype="float64", backend="numpy")
     run = [sys.executable, "-m", "refconv.cli", "train", "--data", npz, "--batch-size", "16", "--epochs", "40",
@@ -326,8 +318,6 @@ def test_a_killed_run_resumes_exactly(tmp_path):
 
 
 def test_cli_bad_input_under_mpiexec_is_a_clear_error_not_a_hang(tmp_path):
-    import time
-
     env = dict(os.environ, OMP_NUM_THREADS="1")
     bad = tmp_path / "bad.npz"
     bad.write_text("not an archive")

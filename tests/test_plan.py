@@ -6,18 +6,25 @@ import itertools
 import json
 import math
 import os
-import subprocess
 import shlex
+import subprocess
 import sys
 import warnings
 
 import numpy
 import pytest
 import yaml
+from mpi4py import MPI
 
+from refconv import ProcessGrid, cli, launch
+from refconv.bench.timing import Span
 from refconv.cost_model import Call
-from refconv.model_spec import PRESETS, load_spec
 from refconv.distribution import Distribution
+from refconv.layers import DistConv2d
+from refconv.model_spec import PRESETS, load_spec
+from refconv.plan import calibrate
+from refconv.plan.calibrate import fit_line, fit_plane
+from refconv.plan.validate import Row, picks, relative_to_sample
 from refconv.pricing import choose_for_layer, graph, machine, perf, search
 from refconv.pricing.graph import stages
 from refconv.sharding import send_counts
@@ -349,8 +356,6 @@ def test_the_planner_reports_its_progress():
 
 
 def test_calibrate_names_every_rate_it_could_not_measure():
-    from refconv.plan import calibrate
-
     assert calibrate.fit_line([1, 2, 4], [3.0, 2.0, 1.0]) == (2.0, calibrate.SLOPE_FLOOR)  # time fell as size grew
     doc = machine_doc()
     doc["collectives"]["intra"]["halo"] = {"table": {2: [1e-5, calibrate.SLOPE_FLOOR], 4: [1e-5, 1e-9]}}
@@ -370,8 +375,6 @@ def test_overlapped_step_by_hand():
 
 
 def test_calibration_fits_recover_known_costs():
-    from refconv.plan.calibrate import fit_line, fit_plane
-
     flops = numpy.array([1e6, 4e6, 2e7, 8e7, 3e8])
     columns = numpy.array([4e5, 1e5, 6e6, 2e6, 4e7])
     t = 5e-5 + flops / 4e10 + columns / 2e9
@@ -386,9 +389,6 @@ def test_calibration_fits_recover_known_costs():
 def test_validation_pick_rates_strict_and_within_noise():
     """The strict pick is the measured fastest by median; within noise, the pick's min..max
     overlaps the fastest's.  Worked by hand on three constructed (layer, P) cases."""
-    from refconv.bench.timing import Span
-    from refconv.plan.validate import Row, picks, relative_to_sample
-
     def row(layer, label, predicted, *measured):
         return Row(layer, 2, label, perf.StageCost((2, 1, 1, 1), fwd=predicted), Span(measured))
 
@@ -465,11 +465,6 @@ def _conv_layer(spec, shape):
 def test_table_key_is_the_window_the_algorithm_convolves(spec):
     """On one rank, the window a DistConv2d convolves (padding included) and its weight are the
     ConvShape the planner keys; tests/mpi/test_plan.py checks split grids."""
-    from mpi4py import MPI
-
-    from refconv import ProcessGrid
-    from refconv.layers import DistConv2d
-
     shape = (2, 4, 9, 9)
     layer = DistConv2d(4, spec["out"], spec["kernel"], padding=spec.get("padding", 0), stride=spec.get("stride", 1),
                        dilation=spec.get("dilation", 1), grid=ProcessGrid(MPI.COMM_SELF), backend="numpy",
@@ -485,8 +480,6 @@ def test_plan_runs_with_a_tabled_machine_file(tmp_path):
     """Every conv shape the planner prices for digits-cnn on 2 ranks tabled at 1 s a pass (the
     fit gives well under 10 ms): every conv stage of the plan is priced from the table (plus
     its followers and overhead, milliseconds), and `refconv plan` runs with the file."""
-
-    from refconv.plan import calibrate
 
     spec, shape = load_spec("digits-cnn"), (8, 1, 16, 16)
     shapes = calibrate.model_shapes(spec, shape, 2, machine.load("dev-cpu"))
@@ -544,8 +537,6 @@ def test_calibrate_writes_a_machine_file_with_and_without_mpiexec(tmp_path, laun
 
 
 def test_calibrate_from_one_process_starts_four_ranks_by_default(tmp_path, monkeypatch, capsys):
-    from refconv import cli, launch
-
     started = []
     monkeypatch.setattr(launch, "relaunch", lambda ranks, argv: started.append((ranks, argv)) or 0)
     argv = ["calibrate", "--out", str(tmp_path / "m.yaml"), "--quick"]

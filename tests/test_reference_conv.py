@@ -1,14 +1,14 @@
 """The reference convolution: two formulations agree, and gradients match finite differences."""
 
+import tracemalloc
+
 import numpy
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from refconv import reference as ref
-from refconv.testing.strategies import PADDING_MODES, conv_problems
+from hypothesis import given, settings, strategies as st
 
 from finite_differences import check_gradient
+from refconv import reference as ref
+from refconv.testing.strategies import PADDING_MODES, conv_problems
 
 
 @settings(max_examples=150)
@@ -147,7 +147,6 @@ def test_wrong_columns_are_rejected():
 
 def test_backward_filter_holds_no_per_sample_gradients():
     # One GEMM over N*Ho*Wo: the peak is the columns, dy's transposed copy and dw, never N x |w|.
-    import tracemalloc
 
     N, C, F, H, K = 16, 32, 32, 4, 3
     rng = numpy.random.default_rng(7)

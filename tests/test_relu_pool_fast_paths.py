@@ -12,7 +12,9 @@ import itertools
 import numpy
 import pytest
 
-from refconv import reference as ref
+from refconv import kernels, reference as ref
+from refconv.arrays import to_host
+from refconv.backend import get_backend
 from refconv.testing.asserts import assert_close
 
 
@@ -92,10 +94,6 @@ def test_the_cuda_kernels_treat_inf_and_nan_as_the_reference_does():
     """The reference's docstrings say its NaN handling is the CUDA kernels': NaN is never a
     pooling maximum (a window of NaN only gives -inf), and ReLU's gradient is 0 where x is not
     positive even where dy is inf or NaN.  Checked here on one small case each."""
-    from refconv import kernels
-    from refconv.arrays import to_host
-    from refconv.backend import get_backend
-
     device = get_backend("cuda")  # NumPy arrays under the CUDA simulator, CuPy on a GPU
     x = numpy.arange(2 * 4 * 4, dtype=numpy.float64).reshape(1, 2, 4, 4) % 5 - 2
     x[0, 0, :2, :2] = numpy.nan                          # a window of NaN only

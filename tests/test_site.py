@@ -10,6 +10,7 @@ site as ``make docs`` does, notebooks executed, and looks for their outputs.
 import functools
 import html
 import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -134,7 +135,6 @@ def test_a_tutorial_runs_headless_as_a_notebook_as_tutorials_readme_says(tmp_pat
                        cwd=ROOT / "tutorials", capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr
-    import json
 
     cells = json.loads(out.read_text())["cells"]
     assert sum(len(c.get("outputs", [])) for c in cells if c["cell_type"] == "code") > 0

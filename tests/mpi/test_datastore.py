@@ -13,9 +13,12 @@ import tempfile
 
 import h5py
 import numpy
+from PIL import Image
 from mpi4py import MPI
 
-from refconv import datasets
+from refconv import cli, datasets
+from refconv.bench import data
+from refconv.datastore.convert import convert
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.mpirun import mpi_test
 from refconv.train import TrainConfig, train
@@ -96,9 +99,6 @@ def test_block_read_training_is_in_memory_training_bit_for_bit():
 def test_an_image_folder_trains_as_its_conversion_does():
     """A folder of PNGs (each rank decoding only its samples) and its conversion to HDF5 give
     the same losses, bit for bit, on a sample and a spatial split."""
-    from PIL import Image
-
-    from refconv.datastore.convert import convert
     folder = comm.bcast(tempfile.mkdtemp() if comm.rank == 0 else None, root=0)
     images = os.path.join(folder, "images")
     if comm.rank == 0:
@@ -134,8 +134,6 @@ def test_bench_data_reads_exactly_each_rank_s_block():
     """At 1, 2 and 4 ranks, on sample and spatial splits of a fixed global batch (12 images of
     3 x 10 x 10), every rank reads per step exactly its block: 1 / (P_N P_H P_W) of the batch,
     as the blocks' sizes (uneven splits included) add up to."""
-    from refconv import cli
-    from refconv.bench import data
     for store in ("npy", "hdf5"):
         for grid in BENCH_GRIDS[comm.size]:
             args = cli.build_parser().parse_args(["bench", "data", "--grid", grid, "--batch", "12", "--image-size",

@@ -5,13 +5,14 @@ refconv.testing.check are collective.
 """
 
 import numpy
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from mpi4py import MPI
 
+import refconv
 from refconv import collectives
-from refconv.layers import DistConv2d
+from refconv.distribution import Distribution
 from refconv.grid import AXES, ProcessGrid
+from refconv.layers import DistConv2d
 from refconv.testing.asserts import assert_all_ranks, collective_assert_close
 from refconv.testing.check import check_layer, run_layer
 from refconv.testing.mpirun import mpi_test
@@ -237,8 +238,6 @@ def test_errors_are_raised_on_every_rank_at_construction():
 @mpi_test(sizes=(1, 4), timeout=60)
 def test_layer_binds_from_scatter_or_from_local_shapes():
     """Without input_shape: scatter_input binds the layer to x's shape; so does forward."""
-    import refconv
-
     P = comm.size
     grid = ProcessGrid(comm, sample=min(P, 2), channel=P // min(P, 2))
     x = numpy.random.default_rng(0).standard_normal((5, 4, 7, 6))
@@ -248,8 +247,6 @@ def test_layer_binds_from_scatter_or_from_local_shapes():
         if via_scatter:
             x_loc = layer.scatter_input(x if comm.rank == 0 else None)
         else:
-            from refconv.distribution import Distribution
-
             x_loc = Distribution.activations(grid, x.shape).extract(x, comm.rank)
         ys.append(refconv.allgather(layer.forward(x_loc), layer.output_distribution, grid))
         assert_all_ranks(comm, layer.input_distribution.global_shape == x.shape, "bound to the wrong shape")

@@ -6,9 +6,15 @@ plans differ and mix grids and algorithms) is trained by ``refconv.train`` with
 agree (float64, relative 1e-6).
 """
 
+import warnings
+
+import numpy
 from mpi4py import MPI
 
-from refconv.pricing import machine, search
+from refconv import DistConv2d, Model, ProcessGrid
+from refconv.layers import DistConv2d
+from refconv.plan import calibrate, validate
+from refconv.pricing import choose_for_layer, machine, perf, search
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.mpirun import mpi_test
 from refconv.train import train
@@ -49,8 +55,6 @@ def test_planned_models_train_as_the_serial_model():
 def test_quick_calibration_gives_a_loadable_machine_file_with_the_models_table():
     """``refconv calibrate --quick --model SPEC`` (as a function): a machine file that loads, whose
     conv_table holds exactly the local shapes the planner prices for SPEC here, each measured."""
-    from refconv.plan import calibrate
-
     shapes = calibrate.model_shapes(SPEC, (BATCH, 1, 16, 16), comm.size, machine.load("v100-edr"))
     doc = calibrate.calibrate(comm, "numpy", quick=True, shapes=shapes)
     m = machine.from_dict(doc)  # raises on a malformed file
@@ -69,13 +73,6 @@ def test_table_key_is_each_strategys_window_and_weight_block():
     """On split grids (samples, rows, Stationary-X and -Y; at 4 ranks also Stationary-W and
     sample 2 x X), rank 0's convolved window and weight
     block are the ConvShape the planner prices (tests/test_plan.py checks one rank)."""
-    import numpy
-
-    from refconv import ProcessGrid
-    from refconv.layers import DistConv2d
-    from refconv.plan import validate
-    from refconv.pricing import perf
-
     N, C, F, H, K = 4, 4, 6, 8, 3
     planned = validate.conv_layer(N, C, F, H, K)
     for label, grid_shape, algorithm, p_f in validate.strategies(comm.size):
@@ -92,8 +89,6 @@ def test_table_key_is_each_strategys_window_and_weight_block():
 
 @mpi_test(sizes=(2,), timeout=180)
 def test_quick_validation_measures_every_strategy_at_1_and_2_ranks():
-    from refconv.plan import validate
-
     result = validate.main(["--quick", "--table", "--machine", "v100-edr"])
     labels = {(r.P, r.label) for r in result["rows"]}
     assert_all_ranks(comm, labels == {(1, "serial"), (2, "sample"), (2, "height"), (2, "X"), (2, "Y")}
@@ -113,11 +108,6 @@ def test_quick_validation_measures_every_strategy_at_1_and_2_ranks():
 def test_a_models_machine_reaches_its_auto_convs():
     """``defaults.machine`` (``refconv train --machine``) is what the model's 'auto' convs on a
     channel split price with: their estimates are that machine's, and differ between machines."""
-    import warnings
-
-    from refconv import DistConv2d, Model
-    from refconv.pricing import choose_for_layer
-
     spec = {"name": "one-conv", "in_channels": 4, "layers": [
         {"type": "conv", "out": 8, "kernel": 3, "padding": 1, "grid": {"channel": 2}},
         {"type": "gap"}, {"type": "linear", "out": 2}]}
