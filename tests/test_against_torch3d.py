@@ -5,6 +5,7 @@ installs the CPU build (``.ci/run``).  ``TORCH_CONV3D_CASES`` are torch's own Co
 test configurations: a second copy kept on purpose (torch's list lives in
 ``torch/testing/_internal/common_nn.py`` and ``common_modules.py``, which import test-only
 packages), and ``test_the_torch_cases_are_all_transcribed`` fails when torch's list grows.
+3-D pooling and batch norm are checked with their 2-D forms, in tests/test_against_torch.py.
 """
 
 import pathlib
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 
 from refconv import reference as ref
+from test_against_torch import assert_conv_matches_torch
 from refconv.testing.strategies import PADDING_MODES, conv3d_problems
 
 torch = pytest.importorskip("torch")
@@ -110,15 +112,7 @@ def test_the_torch_cases_are_all_transcribed():
 @settings(max_examples=60, deadline=None)
 @given(conv3d_problems(max_channels=4, max_kernel=3, padding_strings=True))
 def test_conv3d_matches_torch(problem):
-    x, w, b, dy = problem.arrays(seed=3)
-    g = problem.geometry
-    xt, wt, bt = t(x), t(w), t(b)
-    yt = F.conv3d(xt, wt, bt, **g)
-    yt.backward(torch.tensor(dy))
-    numpy.testing.assert_allclose(ref.conv3d_forward(x, w, b, **g), yt.detach().numpy(), **ROUND_OFF)
-    numpy.testing.assert_allclose(ref.conv3d_backward_data(dy, w, x.shape, **g), xt.grad.numpy(), **ROUND_OFF)
-    numpy.testing.assert_allclose(ref.conv3d_backward_filter(x, dy, w.shape, **g), wt.grad.numpy(), **ROUND_OFF)
-    numpy.testing.assert_allclose(ref.conv3d_backward_bias(dy), bt.grad.numpy(), **ROUND_OFF)
+    assert_conv_matches_torch(problem, ROUND_OFF)
 
 
 @settings(max_examples=30, deadline=None)
@@ -128,37 +122,3 @@ def test_conv3d_module_padding_modes_match_torch(problem):
     conv = torch.nn.Conv3d(p.C, p.F, p.kernel, p.stride, p.padding, p.dilation, p.groups,
                            padding_mode=p.padding_mode, dtype=torch.float64)
     check_module(conv, p.arrays(seed=4)[0], p.padding_mode)
-
-
-@pytest.mark.parametrize("k, s, p", [(2, None, 0), (3, 2, 1), ((3, 1, 2), (1, 2, 1), (1, 0, 1)), (2, 3, 1)])
-def test_pooling3d_matches_torch(k, s, p):
-    rng = numpy.random.default_rng(0)
-    x = rng.standard_normal((2, 3, 5, 7, 6))
-    for kind in ("max", "avg"):
-        xt = t(x)
-        yt = (F.max_pool3d if kind == "max" else F.avg_pool3d)(xt, k, s, p)
-        dy = rng.standard_normal(tuple(yt.shape))
-        yt.backward(torch.tensor(dy))
-        if kind == "max":
-            y, arg = ref.max_pool3d_forward(x, k, s, p)
-            dx = ref.max_pool3d_backward(dy, arg, x.shape, k, s, p)
-        else:
-            y = ref.avg_pool3d_forward(x, k, s, p)
-            dx = ref.avg_pool3d_backward(dy, x.shape, k, s, p)
-        numpy.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-12)
-        numpy.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-12, atol=1e-15)
-
-
-def test_batch_norm3d_matches_torch():
-    rng = numpy.random.default_rng(1)
-    x, gamma, beta = rng.standard_normal((3, 4, 3, 5, 2)), rng.standard_normal(4), rng.standard_normal(4)
-    dy = rng.standard_normal(x.shape)
-    rm, rv = numpy.zeros(4), numpy.ones(4)
-    xt, gt, bt = t(x), t(gamma), t(beta)
-    rmt, rvt = torch.zeros(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
-    yt = F.batch_norm(xt, rmt, rvt, gt, bt, training=True, momentum=0.1, eps=1e-5)
-    yt.backward(torch.tensor(dy))
-    y, saved = ref.batch_norm3d_forward(x, gamma, beta, running_mean=rm, running_var=rv)
-    dx, dgamma, dbeta = ref.batch_norm3d_backward(dy, x, gamma, saved)
-    for ours, theirs in [(y, yt.detach()), (dx, xt.grad), (dgamma, gt.grad), (dbeta, bt.grad), (rm, rmt), (rv, rvt)]:
-        numpy.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-10, atol=1e-12)

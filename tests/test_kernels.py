@@ -204,21 +204,28 @@ def raises_like_reference(reference_call, kernel_call):
     return False
 
 
+def assert_errors_match_reference(name, dims, x, w, kw, dy):
+    """Each version's ``dims``-D kernels raise the reference's ValueError, word for word, in every
+    pass the reference refuses, and the reference refuses at least one (tests/test_kernels3d.py too)."""
+    x_d, w_d, dy_d = dev(x, w, dy)
+    conv = {step: (getattr(ref, f"conv{dims}d_{step}"), getattr(kernels, f"conv{dims}d_{step}"))
+            for step in ("forward", "backward_data", "backward_filter")}
+    for version in VERSIONS:
+        (ref_fwd, fwd), (ref_data, data), (ref_filter, filt) = conv.values()
+        raised = [
+            raises_like_reference(lambda: ref_fwd(x, w, **kw), lambda: fwd(x_d, w_d, version=version, **kw)),
+            raises_like_reference(lambda: ref_data(dy, w, x.shape, **kw),
+                                  lambda: data(dy_d, w_d, x.shape, version=version, **kw)),
+            raises_like_reference(lambda: ref_filter(x, dy, w.shape, **kw),
+                                  lambda: filt(x_d, dy_d, w.shape, version=version, **kw)),
+        ]
+        assert any(raised), f"{name}: the reference accepted these arguments in every pass"
+
+
 @pytest.mark.parametrize("name", sorted(BAD_CONV))
 def test_conv_errors_match_reference(name):
     x, w, kw = BAD_CONV[name]
-    dy = numpy.zeros((1, 2, 3, 3), dtype=x.dtype)
-    x_d, w_d, dy_d = dev(x, w, dy)
-    for version in VERSIONS:
-        raised = [
-            raises_like_reference(lambda: ref.conv2d_forward(x, w, **kw),
-                                  lambda: kernels.conv2d_forward(x_d, w_d, version=version, **kw)),
-            raises_like_reference(lambda: ref.conv2d_backward_data(dy, w, x.shape, **kw),
-                                  lambda: kernels.conv2d_backward_data(dy_d, w_d, x.shape, version=version, **kw)),
-            raises_like_reference(lambda: ref.conv2d_backward_filter(x, dy, w.shape, **kw),
-                                  lambda: kernels.conv2d_backward_filter(x_d, dy_d, w.shape, version=version, **kw)),
-        ]
-        assert any(raised), f"{name}: the reference accepted these arguments in every pass"
+    assert_errors_match_reference(name, 2, x, w, kw, numpy.zeros((1, 2, 3, 3), dtype=x.dtype))
 
 
 def test_conv_dy_shape_and_bias_errors_match_reference():

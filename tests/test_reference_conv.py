@@ -6,7 +6,7 @@ import numpy
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from finite_differences import check_gradient
+from conv_checks import assert_gradients_match_finite_differences, assert_vectorised_matches_loops
 from refconv import reference as ref
 from refconv.testing.strategies import PADDING_MODES, conv_problems
 
@@ -14,29 +14,13 @@ from refconv.testing.strategies import PADDING_MODES, conv_problems
 @settings(max_examples=150)
 @given(conv_problems(dtypes=("float64", "float32"), padding_strings=True, padding_modes=PADDING_MODES))
 def test_vectorised_matches_loops(problem):
-    x, w, b, dy = problem.arrays(seed=1)
-    g = problem.geometry
-    tol = dict(rtol=1e-12, atol=1e-12) if problem.dtype == "float64" else dict(rtol=1e-4, atol=1e-4)
-    y = ref.conv2d_forward(x, w, b, **g)
-    assert y.shape == problem.y_shape and y.dtype == x.dtype
-    numpy.testing.assert_allclose(y, ref.loops.conv2d_forward(x, w, b, **g), **tol)
-    dx = ref.conv2d_backward_data(dy, w, x.shape, **g)
-    assert dx.shape == x.shape and dx.dtype == x.dtype
-    numpy.testing.assert_allclose(dx, ref.loops.conv2d_backward_data(dy, w, x.shape, **g), **tol)
-    dw = ref.conv2d_backward_filter(x, dy, w.shape, **g)
-    assert dw.shape == w.shape and dw.dtype == x.dtype
-    numpy.testing.assert_allclose(dw, ref.loops.conv2d_backward_filter(x, dy, w.shape, **g), **tol)
+    assert_vectorised_matches_loops(problem, 2)
 
 
 @settings(max_examples=40)
 @given(conv_problems(max_channels=3, max_extra=2, padding_strings=True, padding_modes=PADDING_MODES))
 def test_conv_gradients_match_finite_differences(problem):
-    x, w, b, dy = problem.arrays(seed=2)
-    g = problem.geometry
-    loss = lambda x_, w_, b_: float((ref.conv2d_forward(x_, w_, b_, **g) * dy).sum())  # noqa: E731
-    check_gradient(lambda x_: loss(x_, w, b), x, ref.conv2d_backward_data(dy, w, x.shape, **g))
-    check_gradient(lambda w_: loss(x, w_, b), w, ref.conv2d_backward_filter(x, dy, w.shape, **g))
-    check_gradient(lambda b_: loss(x, w, b_), b, ref.conv2d_backward_bias(dy))
+    assert_gradients_match_finite_differences(problem, 2)
 
 
 @pytest.mark.parametrize(

@@ -3,41 +3,24 @@ oracles (refconv.reference.conv3d_loops), gradients against finite differences, 
 
 import numpy
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
+from conv_checks import assert_gradients_match_finite_differences, assert_vectorised_matches_loops
+from finite_differences import check_gradient
 from refconv import reference as ref
 from refconv.testing.strategies import PADDING_MODES, conv3d_problems
-
-from finite_differences import check_gradient
 
 
 @settings(max_examples=40, deadline=None)
 @given(conv3d_problems(dtypes=("float64", "float32"), padding_strings=True, padding_modes=PADDING_MODES))
 def test_vectorised_matches_loops(problem):
-    x, w, b, dy = problem.arrays(seed=1)
-    g = problem.geometry
-    tol = dict(rtol=1e-12, atol=1e-12) if problem.dtype == "float64" else dict(rtol=1e-4, atol=1e-4)
-    y = ref.conv3d_forward(x, w, b, **g)
-    assert y.shape == problem.y_shape and y.dtype == x.dtype
-    numpy.testing.assert_allclose(y, ref.loops3d.conv3d_forward(x, w, b, **g), **tol)
-    dx = ref.conv3d_backward_data(dy, w, x.shape, **g)
-    assert dx.shape == x.shape and dx.dtype == x.dtype
-    numpy.testing.assert_allclose(dx, ref.loops3d.conv3d_backward_data(dy, w, x.shape, **g), **tol)
-    dw = ref.conv3d_backward_filter(x, dy, w.shape, **g)
-    assert dw.shape == w.shape and dw.dtype == x.dtype
-    numpy.testing.assert_allclose(dw, ref.loops3d.conv3d_backward_filter(x, dy, w.shape, **g), **tol)
+    assert_vectorised_matches_loops(problem, 3)
 
 
 @settings(max_examples=15, deadline=None)
 @given(conv3d_problems(max_channels=2, max_kernel=2, max_extra=1, padding_strings=True, padding_modes=PADDING_MODES))
 def test_conv3d_gradients_match_finite_differences(problem):
-    x, w, b, dy = problem.arrays(seed=2)
-    g = problem.geometry
-    loss = lambda x_, w_, b_: float((ref.conv3d_forward(x_, w_, b_, **g) * dy).sum())  # noqa: E731
-    check_gradient(lambda x_: loss(x_, w, b), x, ref.conv3d_backward_data(dy, w, x.shape, **g))
-    check_gradient(lambda w_: loss(x, w_, b), w, ref.conv3d_backward_filter(x, dy, w.shape, **g))
-    check_gradient(lambda b_: loss(x, w, b_), b, ref.conv3d_backward_bias(dy))
+    assert_gradients_match_finite_differences(problem, 3)
 
 
 @pytest.mark.parametrize(

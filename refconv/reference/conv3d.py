@@ -41,28 +41,35 @@ def _pointwise(kernel, stride, padding):
     return kernel == (1, 1, 1) and stride == (1, 1, 1) and padding == (0, 0, 0)
 
 
+def _offsets(kernel, stride, padding, dilation, size, out):
+    """Yield ``((a, i, j), out_voxels, in_voxels)`` for every kernel offset: through offset
+    ``(a, i, j)`` the output voxels ``out_voxels`` (a slice per axis) read the input voxels
+    ``in_voxels``; every other output voxel reads padding through it."""
+    for a in range(kernel[0]):
+        out_d, in_d = _taps(a, dilation[0], stride[0], padding[0], size[0], out[0])
+        for i in range(kernel[1]):
+            out_h, in_h = _taps(i, dilation[1], stride[1], padding[1], size[1], out[1])
+            for j in range(kernel[2]):
+                out_w, in_w = _taps(j, dilation[2], stride[2], padding[2], size[2], out[2])
+                yield (a, i, j), (out_d, out_h, out_w), (in_d, in_h, in_w)
+
+
 def _fill_taps(source, tap_of, kernel, stride, padding, dilation, out):
     """Write every kernel offset's block of columns: ``tap_of(a, i, j)[p, q, od, oh, ow] =
     source[p, q, od*sd - pd + a*dd, ...]``, zero where the offset reads padding.  ``source`` is
     ``x`` or its channel-major view, and ``tap_of`` the matching slice of the columns."""
-    _, _, D, H, W = source.shape
-    (Kd, Kh, Kw), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw), (Do, Ho, Wo) = kernel, stride, padding, dilation, out
-    for a in range(Kd):
-        out_d, in_d = _taps(a, dd, sd, pd, D, Do)
-        for i in range(Kh):
-            out_h, in_h = _taps(i, dh, sh, ph, H, Ho)
-            for j in range(Kw):
-                out_w, in_w = _taps(j, dw, sw, pw, W, Wo)
-                tap = tap_of(a, i, j)  # (P, Q, Do, Ho, Wo)
-                tap[:, :, out_d, out_h, out_w] = source[:, :, in_d, in_h, in_w]
-                # Output voxels whose tap reads padding: the planes before and after the copied
-                # block, then the rows above and below it, then the columns beside it.
-                tap[:, :, :out_d.start] = 0
-                tap[:, :, out_d.stop:] = 0
-                tap[:, :, out_d, :out_h.start] = 0
-                tap[:, :, out_d, out_h.stop:] = 0
-                tap[:, :, out_d, out_h, :out_w.start] = 0
-                tap[:, :, out_d, out_h, out_w.stop:] = 0
+    for offset, (out_d, out_h, out_w), (in_d, in_h, in_w) in _offsets(kernel, stride, padding, dilation,
+                                                                       source.shape[2:], out):
+        tap = tap_of(*offset)  # (P, Q, Do, Ho, Wo)
+        tap[:, :, out_d, out_h, out_w] = source[:, :, in_d, in_h, in_w]
+        # Output voxels whose tap reads padding: the planes before and after the copied
+        # block, then the rows above and below it, then the columns beside it.
+        tap[:, :, :out_d.start] = 0
+        tap[:, :, out_d.stop:] = 0
+        tap[:, :, out_d, :out_h.start] = 0
+        tap[:, :, out_d, out_h.stop:] = 0
+        tap[:, :, out_d, out_h, :out_w.start] = 0
+        tap[:, :, out_d, out_h, out_w.stop:] = 0
 
 
 def _columns(x, kernel, stride, padding, dilation, out, cols):
@@ -85,17 +92,11 @@ def vol2col(x, kernel, stride, padding, dilation, out):
 
 def col2vol(cols, x_shape, stride, padding, dilation):
     """The adjoint of :func:`vol2col`: scatter-add ``(N, C, Kd, Kh, Kw, Do, Ho, Wo)`` back to ``(N, C, D, H, W)``."""
-    N, C, D, H, W = x_shape
-    _, _, Kd, Kh, Kw, Do, Ho, Wo = cols.shape
-    (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = stride, padding, dilation
-    dx = numpy.zeros((N, C, D, H, W), dtype=cols.dtype)
-    for a in range(Kd):
-        out_d, in_d = _taps(a, dd, sd, pd, D, Do)
-        for i in range(Kh):
-            out_h, in_h = _taps(i, dh, sh, ph, H, Ho)
-            for j in range(Kw):
-                out_w, in_w = _taps(j, dw, sw, pw, W, Wo)
-                dx[:, :, in_d, in_h, in_w] += cols[:, :, a, i, j, out_d, out_h, out_w]
+    kernel, out = cols.shape[2:5], cols.shape[5:]
+    dx = numpy.zeros(tuple(x_shape), dtype=cols.dtype)
+    for (a, i, j), (out_d, out_h, out_w), (in_d, in_h, in_w) in _offsets(kernel, stride, padding, dilation,
+                                                                          x_shape[2:], out):
+        dx[:, :, in_d, in_h, in_w] += cols[:, :, a, i, j, out_d, out_h, out_w]
     return dx
 
 

@@ -1,82 +1,24 @@
 """3-D convolution, pooling and batch norm written as plain loops: slow, and obviously right.
 
 Used only to check the vectorised 3-D reference (:mod:`refconv.reference.conv3d`,
-:mod:`refconv.reference.layers3d`) on tiny shapes.  Every index is spelled out:
-output voxel ``(od, oh, ow)`` with kernel offset ``(a, i, j)`` reads input voxel
+:mod:`refconv.reference.layers3d`) on tiny shapes.  The convolution is
+:mod:`refconv.reference.conv_loops`' with three spatial dims: output voxel
+``(od, oh, ow)`` with kernel offset ``(a, i, j)`` reads input voxel
 ``(od*sd - pd + a*dd, oh*sh - ph + i*dh, ow*sw - pw + j*dw)``; reads outside the
-volume are zeros, or with ``padding_mode`` the voxel that
-:func:`refconv.reference.conv_loops._inside` folds them onto.
+volume are zeros, or with ``padding_mode`` the voxel that padding copies.
 """
 
+import functools
 import math
 
 import numpy
 
-from refconv import checks
-from refconv.reference.conv_loops import _inside
+from refconv.reference import conv_loops
 
 
-def _geometry(x_shape, w_shape, stride, padding, dilation, groups):
-    return checks.conv_geometry(tuple(x_shape), tuple(w_shape), stride, padding, dilation, groups, dims=3)
-
-
-def _source(index, size, mode):
-    """``index`` if it is inside ``[0, size)``, else the voxel the padding copies (None for zeros)."""
-    return index if 0 <= index < size else _inside(index, size, mode)
-
-
-def _taps(x_shape, w_shape, stride, padding, dilation, groups, out, padding_mode="zeros"):
-    """Yield every ``(n, f, od, oh, ow, c, cg, a, i, j, id, ih, iw)`` whose tap reads a voxel of the volume."""
-    N, C, D, H, W = x_shape
-    F, Cg, Kd, Kh, Kw = w_shape
-    Fg = F // groups
-    Do, Ho, Wo = out
-    for n in range(N):
-        for f in range(F):
-            g = f // Fg
-            for od in range(Do):
-                for oh in range(Ho):
-                    for ow in range(Wo):
-                        for cg in range(Cg):
-                            c = g * Cg + cg
-                            for a in range(Kd):
-                                for i in range(Kh):
-                                    for j in range(Kw):
-                                        id_ = _source(od * stride[0] - padding[0] + a * dilation[0], D, padding_mode)
-                                        ih = _source(oh * stride[1] - padding[1] + i * dilation[1], H, padding_mode)
-                                        iw = _source(ow * stride[2] - padding[2] + j * dilation[2], W, padding_mode)
-                                        if id_ is not None and ih is not None and iw is not None:
-                                            yield n, f, od, oh, ow, c, cg, a, i, j, id_, ih, iw
-
-
-def conv3d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros"):
-    stride, padding, dilation, groups, out = _geometry(x.shape, w.shape, stride, padding, dilation, groups)
-    y = numpy.zeros((x.shape[0], w.shape[0], *out), dtype=x.dtype)
-    for n, f, od, oh, ow, c, cg, a, i, j, id_, ih, iw in _taps(x.shape, w.shape, stride, padding, dilation, groups,
-                                                               out, padding_mode):
-        y[n, f, od, oh, ow] += x[n, c, id_, ih, iw] * w[f, cg, a, i, j]
-    if b is not None:
-        for f in range(w.shape[0]):
-            y[:, f] += b[f]
-    return y
-
-
-def conv3d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros"):
-    stride, padding, dilation, groups, out = _geometry(x_shape, w.shape, stride, padding, dilation, groups)
-    dx = numpy.zeros(tuple(x_shape), dtype=dy.dtype)
-    for n, f, od, oh, ow, c, cg, a, i, j, id_, ih, iw in _taps(x_shape, w.shape, stride, padding, dilation, groups,
-                                                               out, padding_mode):
-        dx[n, c, id_, ih, iw] += dy[n, f, od, oh, ow] * w[f, cg, a, i, j]
-    return dx
-
-
-def conv3d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros"):
-    stride, padding, dilation, groups, out = _geometry(x.shape, w_shape, stride, padding, dilation, groups)
-    dw = numpy.zeros(tuple(w_shape), dtype=x.dtype)
-    for n, f, od, oh, ow, c, cg, a, i, j, id_, ih, iw in _taps(x.shape, w_shape, stride, padding, dilation, groups,
-                                                               out, padding_mode):
-        dw[f, cg, a, i, j] += x[n, c, id_, ih, iw] * dy[n, f, od, oh, ow]
-    return dw
+conv3d_forward = functools.partial(conv_loops.forward, dims=3)
+conv3d_backward_data = functools.partial(conv_loops.backward_data, dims=3)
+conv3d_backward_filter = functools.partial(conv_loops.backward_filter, dims=3)
 
 
 # --------------------------------------------------------------------------- pooling
