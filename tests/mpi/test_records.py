@@ -71,11 +71,15 @@ def test_a_training_step_makes_the_calls_of_its_layers_records():
 
 @mpi_test(sizes=(8,), timeout=300)
 def test_a_training_step_at_8_ranks_makes_the_calls_of_its_layers_records():
-    """The shipped digits-cnn at 8 ranks: sample x channel x height, and 8 channel ranks with
-    Stationary-W (p_f = 2 and 4)."""
+    """Every preset at 8 ranks: the shipped digits-cnn on sample x channel x height and on 8
+    channel ranks with Stationary-W (p_f = 2 and 4); the others on 2 samples x 4 channels
+    (Stationary-X; the grouped ones through the grouped classes)."""
     for grid, algorithm, p_f in (({"sample": 2, "channel": 2, "height": 2}, "stationary-x", None),
                                  ({"channel": 8}, "stationary-w", 2), ({"channel": 8}, "stationary-w", 4)):
         _step_records("digits-cnn", grid, algorithm, p_f)
+    for name in SMALL:
+        if name != "digits-cnn":
+            _step_records(name, {"sample": 2, "channel": 4}, "stationary-x")
 
 
 @mpi_test(sizes=(2, 4), timeout=300)
