@@ -25,11 +25,13 @@ finds a kernel that the inventory lacks, so a new one cannot escape the proof.
 """
 
 import argparse
+import concurrent.futures
 import dataclasses
 import functools
 import importlib
 import json
 import math
+import multiprocessing
 import os
 import pathlib
 import re
@@ -307,37 +309,53 @@ def roofline(batch=32):
 
 
 # ------------------------------------------------------------------ the run
-def measure(ccs=CCS, dtypes=DTYPES, progress=None):
+def measure(ccs=CCS, dtypes=DTYPES, progress=None, jobs=1, only=None):
     """Compile every kernel for every ``cc`` and dtype; assemble where ptxas exists.
 
     Returns ``{"ptxas": version or None, "kernels": [row, ...]}``; each row has
     ``kernel, version, dtype, cc``, ``error`` where the compiler refused it, else ``atomics, divides``
     (:func:`ptx_counts`) and, with ptxas, ``registers, shared_bytes,
-    stack_bytes, spill_bytes, blocks_per_sm, occupancy, limited_by``.
+    stack_bytes, spill_bytes, blocks_per_sm, occupancy, limited_by``.  ``jobs`` > 1 compiles in
+    that many forked processes (NVVM is single-threaded); the rows come back in the same order.
+    ``only``: the labels of the kernels to compile (default: every kernel of :data:`KERNELS`).
     """
     _require_compiler()
     ptxas = ptxas_path()
+    chosen = [k for k, kernel in enumerate(KERNELS) if only is None or kernel.label in only]
+    tasks = [(k, numpy.dtype(dtype).name, cc, ptxas) for k in chosen for dtype in dtypes for cc in ccs]
     rows = []
-    for kernel in KERNELS:
-        for dtype in dtypes:
-            for cc in ccs:
-                row = {"kernel": kernel.label, "version": kernel.version, "tiled": kernel.tiled,
-                       "dtype": numpy.dtype(dtype).name, "cc": f"sm_{cc[0]}{cc[1]}"}
-                try:
-                    ptx = compile_ptx(kernel, dtype, cc)
-                except Exception as error:  # noqa: BLE001 (a typing or NVVM error is the finding)
-                    row["error"] = f"{type(error).__name__}: {' '.join(str(error).split())[:400]}"
-                    ptx = None
-                if ptx:
-                    row.update(ptx_counts(ptx))
-                if ptx and ptxas:
-                    row.update(assemble(ptx, cc, ptxas))
-                    blocks, fraction, limit = occupancy(row["registers"], row["shared_bytes"], kernel.threads, SMS[cc])
-                    row.update(threads=kernel.threads, blocks_per_sm=blocks, occupancy=fraction, limited_by=limit)
+    if jobs > 1:
+        context = multiprocessing.get_context("fork")  # the workers inherit the compiler set up here
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            for row in pool.map(_compile_row, *zip(*tasks)):
                 rows.append(row)
                 if progress:
                     progress(row)
+    else:
+        for task in tasks:
+            rows.append(_compile_row(*task))
+            if progress:
+                progress(rows[-1])
     return {"ptxas": ptxas_version(ptxas) if ptxas else None, "kernels": rows}
+
+
+def _compile_row(index, dtype, cc, ptxas):
+    """One kernel of :data:`KERNELS` for one dtype and target: its row of :func:`measure`."""
+    kernel = KERNELS[index]
+    row = {"kernel": kernel.label, "version": kernel.version, "tiled": kernel.tiled, "dtype": dtype,
+           "cc": f"sm_{cc[0]}{cc[1]}"}
+    try:
+        ptx = compile_ptx(kernel, numpy.dtype(dtype).type, cc)
+    except Exception as error:  # noqa: BLE001 (a typing or NVVM error is the finding)
+        row["error"] = f"{type(error).__name__}: {' '.join(str(error).split())[:400]}"
+        ptx = None
+    if ptx:
+        row.update(ptx_counts(ptx))
+    if ptx and ptxas:
+        row.update(assemble(ptx, cc, ptxas))
+        blocks, fraction, limit = occupancy(row["registers"], row["shared_bytes"], kernel.threads, SMS[cc])
+        row.update(threads=kernel.threads, blocks_per_sm=blocks, occupancy=fraction, limited_by=limit)
+    return row
 
 
 def uncached_kernels():
@@ -420,6 +438,10 @@ def main(argv=None):
     p.add_argument("--quiet", action="store_true", help="no line per compiled kernel")
     p.add_argument("--cc", nargs="+", choices=[f"{a}{b}" for a, b in CCS], help="only these targets (e.g. 90)")
     p.add_argument("--dtype", nargs="+", choices=[numpy.dtype(d).name for d in DTYPES], help="only these dtypes")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="compile in this many processes (default: 2, or 1 on one core)")
+    p.add_argument("--kernels", nargs="+", metavar="LABEL", choices=[k.label for k in KERNELS],
+                   help="only these kernels (labels as module.function, e.g. conv_forward.forward_tiled)")
     args = p.parse_args(argv)
     ccs = tuple(cc for cc in CCS if not args.cc or f"{cc[0]}{cc[1]}" in args.cc)
     dtypes = tuple(d for d in DTYPES if not args.dtype or numpy.dtype(d).name in args.dtype)
@@ -430,7 +452,7 @@ def main(argv=None):
                      if "registers" in row else "")
             print(f"compiled {row['kernel']} {row['dtype']} {row['cc']}{extra}", flush=True)
 
-    result = measure(ccs, dtypes, progress=progress)
+    result = measure(ccs, dtypes, progress=progress, jobs=max(1, args.jobs), only=args.kernels)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
     problems = failures(result)
@@ -440,8 +462,8 @@ def main(argv=None):
     if args.check or args.write:
         if problems:
             pass  # the tables need every kernel compiled
-        elif (ccs, dtypes) != (CCS, DTYPES):
-            problems.append("--check/--write need every target and dtype (no --cc or --dtype)")
+        elif (ccs, dtypes) != (CCS, DTYPES) or args.kernels:
+            problems.append("--check/--write need every kernel, target and dtype (no --kernels, --cc or --dtype)")
         elif result["ptxas"] is None:
             problems.append("--check/--write need ptxas (the gpu-compile extra)")
         else:

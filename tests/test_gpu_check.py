@@ -27,7 +27,10 @@ def test_the_device_check_runs_end_to_end_as_a_dry_run(tmp_path):
     assert all(s["status"] == "ok" for s in steps.values()), {k: (s["status"], s["detail"]) for k, s in steps.items()}
     assert summary["dry_run"] is True
     # what each step proved, in figures
-    assert len(steps["compile"]["figures"]["kernels"]) >= 16  # every kernel, sm_90 float32 in a dry run
+    compiled = steps["compile"]["figures"]["kernels"]  # a dry run: the 2-D tiled kernels, sm_90 float32
+    assert {(r["kernel"], r["cc"], r["dtype"]) for r in compiled if "error" not in r} == {
+        (k, "sm_90", "float32") for k in ("conv_forward.forward_tiled", "conv_backward_data.backward_data_tiled",
+                                          "conv_backward_filter.backward_filter_tiled")}
     rows = steps["kernels"]["figures"]["rows"]
     assert {(r["shape"], r["pass"]) for r in rows} == {("quick3x3", p) for p in ("forward", "backward-data",
                                                                                  "backward-filter")}
