@@ -14,8 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
 
+from refconv.distribution import Distribution
 from refconv.grid import ProcessGrid, axes_of
 from refconv.layers import DistConv3d
+from refconv.sharding import redistribute
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.check import check_layer, check_records
 from refconv.testing.mpirun import mpi_test
@@ -100,3 +102,19 @@ def test_every_grid_of_eight_ranks_with_x_y_and_w():
             if algorithm == "stationary-x":
                 check_calls(layer, problem)
         grid.free()
+
+
+@mpi_test(sizes=(4,), timeout=60)
+def test_redistribute_between_grids_of_volumes():
+    """A volume's activations moved between 3-D grids (depth x height, channel x width, sample x
+    depth) and back: each rank's block is then its block of the global volume, uneven blocks too."""
+    shape = (3, 5, 5, 6, 7)
+    x = numpy.arange(numpy.prod(shape), dtype=numpy.float64).reshape(shape)
+    grids = [(1, 1, 2, 2, 1), (1, 2, 1, 1, 2), (2, 1, 2, 1, 1)]
+    dists = [Distribution.activations(g, shape) for g in grids]
+    grid = ProcessGrid(comm, **dict(zip(axes_of(5), grids[0])))
+    local = dists[0].extract(x, comm.rank)
+    for src, dst in zip(dists, dists[1:] + dists[:1]):
+        local = redistribute(local, src, dst, grid)
+        assert_all_ranks(comm, numpy.array_equal(local, dst.extract(x, comm.rank)), f"{src} -> {dst}")
+    grid.free()
