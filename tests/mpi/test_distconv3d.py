@@ -43,7 +43,7 @@ def check_calls(layer, problem):
 
 
 @mpi_test(sizes=(1, 2, 3, 4), timeout=120)
-@settings(max_examples=12)
+@settings(max_examples=8)
 @given(st.data())
 def test_drawn_volumes_and_grids(data):
     case = data.draw(dist_conv3d_cases(comm.size))
@@ -83,16 +83,17 @@ def grids_of(size):
 def test_every_grid_of_eight_ranks_with_x_y_and_w():
     """Every grid of 8 ranks (35 of them: 2x2x2 spatial, 2 channels x 2x2 spatial, 8 depth, ...)
     on a layer that every one of them divides, with uneven blocks wherever an axis is split:
-    Stationary-X, -Y and -W with every p_f (sample/spatial where P_c = 1); the calls against
-    records() on every grid with X."""
+    Stationary-X, -Y and -W (sample/spatial where P_c = 1); the calls against records() on
+    every grid with X.  One launch: 8 ranks share 2 cores in CI, so the shapes are tiny."""
     for shape in grids_of(comm.size):
         P_N, P_c, P_D, P_H, P_W = shape
         # out = in along depth, in - 2 along height (dilation 2), about in / 2 along width (stride 2)
         problem = Conv3dProblem(N=P_N + 1, C=P_c + 1, F=P_c + 2, size=(P_D + 1, P_H + 3, 2 * P_W + 1),
                                 kernel=(3, 3, 2), stride=(1, 1, 2), padding=(1, 1, 0), dilation=(1, 2, 1))
         runs = [("stationary-x", None)]
-        if P_c > 1:
-            runs += [("stationary-y", None)] + [("stationary-w", p_f) for p_f in range(1, P_c + 1) if P_c % p_f == 0]
+        if P_c > 1:  # W with each p_f strictly between X's (1) and Y's (P_c), else with p_f = P_c
+            p_fs = [p_f for p_f in range(2, P_c) if P_c % p_f == 0] or [P_c]
+            runs += [("stationary-y", None)] + [("stationary-w", p_f) for p_f in p_fs]
         grid = ProcessGrid(comm, **dict(zip(axes_of(5), shape)))
         for algorithm, p_f in runs:
             layer = DistConv3d(problem.C, problem.F, problem.kernel, stride=problem.stride, padding=problem.padding,
