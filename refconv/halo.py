@@ -52,12 +52,14 @@ def input_window(o0, o1, kernel, stride, padding, dilation):
     return o0 * stride - padding, (o1 - 1) * stride - padding + dilation * (kernel - 1) + 1
 
 
+@dataclasses.dataclass(frozen=True, init=False, repr=False)
 class Box:
     """A rectangle of rows ``[h0, h1)`` and columns ``[w0, w1)``: ``Box(h0, h1, w0, w1)``; in a
     volume, a box of planes ``[d0, d1)`` too: ``Box(d0, d1, h0, h1, w0, w1)``.  ``lo`` and ``hi``
-    hold the bounds per axis (the same for any number of axes); immutable, compared by value."""
+    hold the bounds per axis, the same for any number of axes."""
 
-    __slots__ = ("lo", "hi")
+    lo: tuple
+    hi: tuple
     LETTERS = "dhw"  # the names of the bounds, of the last axes: h0, h1, w0, w1 (and d0, d1)
 
     def __init__(self, *bounds):
@@ -71,24 +73,18 @@ class Box:
         """The box of ``[lo[k], hi[k])`` along each axis ``k``."""
         return cls(*itertools.chain.from_iterable(zip(lo, hi)))
 
-    def __getattr__(self, name):  # h0, h1, w0, w1, d0, d1
-        letters = self.LETTERS[len(self.LETTERS) - len(self.lo):]
-        if len(name) == 2 and name[0] in letters and name[1] in "01":
-            return (self.lo, self.hi)[int(name[1])][letters.index(name[0])]
+    def _letters(self):
+        return self.LETTERS[len(self.LETTERS) - len(self.lo):]
+
+    def __getattr__(self, name):  # h0, h1, w0, w1 (d0, d1): called only for names not found otherwise
+        if len(name) == 2 and name[1] in "01" and name[0] in self.LETTERS and "lo" in self.__dict__:
+            letters = self._letters()
+            if name[0] in letters:
+                return (self.lo, self.hi)[int(name[1])][letters.index(name[0])]
         raise AttributeError(name)
 
-    def __setattr__(self, name, value):
-        raise AttributeError("Box is immutable")
-
-    def __eq__(self, other):
-        return isinstance(other, Box) and (self.lo, self.hi) == (other.lo, other.hi)
-
-    def __hash__(self):
-        return hash((self.lo, self.hi))
-
     def __repr__(self):
-        letters = self.LETTERS[len(self.LETTERS) - len(self.lo):]
-        return "Box(" + ", ".join(f"{c}0={a}, {c}1={b}" for c, a, b in zip(letters, self.lo, self.hi)) + ")"
+        return "Box(" + ", ".join(f"{c}0={a}, {c}1={b}" for c, a, b in zip(self._letters(), self.lo, self.hi)) + ")"
 
     def intersect(self, other):
         box = Box.of(map(max, self.lo, other.lo), map(min, self.hi, other.hi))

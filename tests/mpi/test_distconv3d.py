@@ -8,16 +8,20 @@ draws the same examples (Hypothesis profile "mpi"); the checks are collective.
 """
 
 import itertools
+import shutil
+import tempfile
 
 import numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
 
+from refconv import checkpoint
 from refconv.distribution import Distribution
 from refconv.grid import ProcessGrid, axes_of
 from refconv.layers import DistConv3d
-from refconv.sharding import redistribute
+from refconv.model import Model
+from refconv.sharding import allgather, redistribute
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.check import check_layer, check_records
 from refconv.testing.mpirun import mpi_test
@@ -119,3 +123,28 @@ def test_redistribute_between_grids_of_volumes():
         local = redistribute(local, src, dst, grid)
         assert_all_ranks(comm, numpy.array_equal(local, dst.extract(x, comm.rank)), f"{src} -> {dst}")
     grid.free()
+
+
+@mpi_test(sizes=(4,), timeout=60)
+def test_sharded_checkpoint_of_a_volume_layer_loads_on_another_grid():
+    """A DistConv3d saved from a depth x height grid (Stationary-X) and loaded into one on a
+    channel x width grid (Stationary-W): every rank then holds its shard of the same global
+    weight and bias."""
+    rng = numpy.random.default_rng(4)
+    w, b = rng.standard_normal((6, 4, 3, 2, 3)), rng.standard_normal(6)
+    saved = DistConv3d(4, 6, (3, 2, 3), grid=ProcessGrid(comm, depth=2, height=2), backend="numpy",
+                       dtype=numpy.float64)
+    saved.set_global_parameters(w, b)
+    loaded = DistConv3d(4, 6, (3, 2, 3), grid=ProcessGrid(comm, channel=2, width=2), algorithm="stationary-w",
+                        filter_groups=2 if comm.size > 2 else 1, backend="numpy", dtype=numpy.float64, seed=1)
+    directory = comm.bcast(tempfile.mkdtemp(prefix="refconv-ck3d-") if comm.rank == 0 else None, root=0)
+    checkpoint.save(directory, Model([saved]), step=3)
+    step, _ = checkpoint.load(directory, Model([loaded]))
+    weight = allgather(loaded.weight, loaded.weight_distribution, loaded.grid)
+    bias = allgather(loaded.bias.reshape(-1, 1, 1, 1), loaded.bias_distribution, loaded.grid).reshape(-1)
+    assert_all_ranks(comm, step == 3 and numpy.array_equal(weight, w) and numpy.array_equal(bias, b),
+                     "the loaded shards are not the saved layer's")
+    comm.barrier()
+    if comm.rank == 0:
+        shutil.rmtree(directory)
+    saved.grid.free(), loaded.grid.free()
