@@ -4,6 +4,9 @@ corners from their owners) is the padded volume's window, cut from the volume pa
 serial oracle (refconv.reference.padding, numpy.pad underneath); and on one rank, extend and
 reduce are adjoint."""
 
+import importlib.util
+import pathlib
+
 import numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +17,8 @@ from refconv.distribution import Distribution
 from refconv.halo import Box, Halo, halo_plan
 from refconv.reference import padding as padding_modes
 from refconv.testing.strategies import PADDING_MODES, conv3d_problems, grid_shapes
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @st.composite
@@ -85,3 +90,15 @@ def test_boxes_of_three_axes_name_their_bounds_and_peel_into_six_slabs():
     image = numpy.ones((1, 1, 4, 4, 4))
     x_win = halo.extend(image, numpy)
     assert x_win.sum() == 64 and x_win.shape == (1, 1, 6, 6, 6)
+
+
+def test_halo_figure_counts_faces_edges_and_corner(tmp_path):
+    """docs/figures/halo3d_figure.py draws what halo_plan gives rank 0 of 2 x 2 x 2 ranks on a 5^3 volume
+    (blocks of 3 and 2, one cell of halo a side): 3 x 3 x 3 cells of its own, three 3 x 3 faces,
+    three edges of 3 cells, one corner cell."""
+    spec = importlib.util.spec_from_file_location("halo3d_figure", ROOT / "docs" / "figures" / "halo3d_figure.py")
+    figure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figure)
+    counts = figure.draw(tmp_path / "halo3d.png")
+    assert list(counts.values()) == [27, 3 * 9, 3 * 3, 1]
+    assert (tmp_path / "halo3d.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
