@@ -148,3 +148,20 @@ def test_sharded_checkpoint_of_a_volume_layer_loads_on_another_grid():
     if comm.rank == 0:
         shutil.rmtree(directory)
     saved.grid.free(), loaded.grid.free()
+
+
+@mpi_test(sizes=(4,), timeout=60)
+def test_grouped_volumes_on_a_channel_split():
+    """Grouped 3-D convolutions where channels are split: whole groups per rank ("grouped", with a
+    depth split too), and groups spanning ranks (X, Y and W within each group's ranks)."""
+    for groups, algorithm, p_f, sizes in [(4, "stationary-x", None, dict(channel=2, depth=2)),
+                                          (2, "stationary-x", None, dict(channel=4)),
+                                          (2, "stationary-y", None, dict(channel=4)),
+                                          (2, "stationary-w", 2, dict(channel=4))]:
+        problem = Conv3dProblem(N=2, C=8, F=8, size=(4, 3, 5), kernel=(3, 1, 3), padding=(1, 0, 1), groups=groups)
+        grid = ProcessGrid(comm, **sizes)
+        layer = DistConv3d(8, 8, problem.kernel, padding=problem.padding, groups=groups, grid=grid, algorithm=algorithm,
+                           filter_groups=p_f, backend="numpy", dtype=numpy.float64)
+        check_layer(layer, problem)
+        check_calls(layer, problem)
+        grid.free()
