@@ -148,6 +148,11 @@ class Piece:
     own: tuple
     shape: tuple  # (rows, columns), or (planes, rows, columns)
 
+    win_h = property(lambda self: self.win[-2], doc="The window rows (the second-to-last axis).")
+    win_w = property(lambda self: self.win[-1], doc="The window columns.")
+    own_h = property(lambda self: self.own[-2], doc="The owner's local rows.")
+    own_w = property(lambda self: self.own[-1], doc="The owner's local columns.")
+
     def window_index(self):
         return _index(self.win)
 
