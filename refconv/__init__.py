@@ -16,5 +16,5 @@ _failure.install_if_several_ranks()
 from refconv.grid import ProcessGrid  # noqa: E402
 from refconv.distribution import Distribution, Split, block_range  # noqa: E402
 from refconv.sharding import scatter, gather, allgather, redistribute  # noqa: E402
-from refconv.layers import DistConv2d  # noqa: E402
+from refconv.layers import DistConv2d, DistConv3d  # noqa: E402
 from refconv.model import Model  # noqa: E402

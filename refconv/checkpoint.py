@@ -97,7 +97,7 @@ class _Entry:
         self.local = local                        # the live shard, written in place on load
 
     def block4(self):
-        """The local shard as its 4-D block of the global tensor, on the host."""
+        """The local shard as its 4-D block of the global tensor (5-D: a 3-D convolution's weight), on the host."""
         return to_host(self.local).reshape(self.dist.local_shape(self.rank))
 
 
@@ -235,7 +235,7 @@ def _describe(e, size):
     return {"name": e.name, "kind": e.kind, "key": e.key, "global_shape": list(g),
             "shape": list(original), "dtype": numpy.dtype(e.local.dtype).str,
             "distribution": repr(e.dist),
-            "pieces": [[[list(p) for p in e.dist.pieces(r, d)] for d in range(4)]
+            "pieces": [[[list(p) for p in e.dist.pieces(r, d)] for d in range(len(g))]
                        for r in range(size)]}
 
 
@@ -357,8 +357,9 @@ def _check_manifest(m):
             raise ValueError(f"shards[{r}] must be {{'file': {name!r}, 'sha256': hex}}, got {s!r}")
     for t in m["tensors"]:
         g = t["global_shape"]
-        if len(g) != 4 or not all(isinstance(n, int) and n >= 1 for n in g):
-            raise ValueError(f"{t['name']}: global_shape must be 4 ints >= 1, got {g!r}")
+        if len(g) not in (4, 5) or not all(isinstance(n, int) and n >= 1 for n in g):
+            raise ValueError(f"{t['name']}: global_shape must be 4 ints >= 1 (5 for a 3-D convolution's weight), "
+                             f"got {g!r}")
         numpy.dtype(t["dtype"])
         if t["kind"] not in ("param", "buffer", "momentum") or t["key"] != f"{t['kind']}/{t['name']}":
             raise ValueError(f"{t['name']}: bad kind/key {t['kind']!r}/{t['key']!r}")

@@ -1,5 +1,10 @@
 """How a 4-D tensor (NCHW activations, FCKhKw weights) is laid out on a ProcessGrid.
 
+A 5-D tensor (NCDHW volumes, FCKdKhKw weights of a 3-D convolution) is laid out the
+same way, one entry of ``dims`` per tensor dim; its depth dim is split over the grid's
+``"depth"`` axis where the grid has one (``ProcessGrid(..., depth=P_D)``), else whole.
+``grid_shape`` has 4 or 5 sizes (:func:`refconv.grid.axes_of` names them).
+
 Each tensor dim is either replicated (``None``), split into contiguous blocks over
 one grid axis (``"channel"``), or split in the general way by a ``Split``: the dim
 is cut into ``nblocks`` ``numpy.array_split`` blocks and the rank with coordinate
@@ -26,7 +31,7 @@ import itertools
 import numpy
 
 from refconv.arrays import array_module
-from refconv.grid import AXES
+from refconv.grid import DEPTH, axes_of
 
 
 def block_range(length, parts, index):
@@ -49,8 +54,8 @@ class Split:
     by coordinate (default: block ``c`` alone)."""
 
     def __init__(self, axis, nblocks=None, blocks_of=None):
-        if axis not in AXES:
-            raise ValueError(f"Split: unknown axis {axis!r}; axes are {AXES}")
+        if axis not in axes_of(5):
+            raise ValueError(f"Split: unknown axis {axis!r}; axes are {axes_of(5)}")
         self.axis = axis
         self.nblocks = nblocks
         if blocks_of is not None and not callable(blocks_of):
@@ -107,20 +112,23 @@ def _factor(q, p_f):
 
 
 class Distribution:
-    """Layout of a 4-D global tensor on a grid of shape ``grid_shape``.
+    """Layout of a 4-D (or 5-D) global tensor on a grid of shape ``grid_shape``.
 
     ``Distribution(grid_or_shape, global_shape, dims, names=("N", "C", "H", "W"))``;
     ``dims[d]`` is None, an axis name, or a Split.  Every rank's block must be
-    non-empty in every dim.
+    non-empty in every dim.  A 5-D tensor's names default to ``("N", "C", "D", "H", "W")``.
     """
 
-    def __init__(self, grid_shape, global_shape, dims, names=("N", "C", "H", "W")):
+    def __init__(self, grid_shape, global_shape, dims, names=None):
         grid_shape = tuple(getattr(grid_shape, "shape", grid_shape))
         global_shape = tuple(int(n) for n in global_shape)
-        if len(grid_shape) != 4 or any(int(p) < 1 for p in grid_shape):
-            raise ValueError(f"Distribution: grid_shape must be 4 sizes >= 1, got {grid_shape}")
-        if len(global_shape) != 4 or len(dims) != 4 or len(names) != 4:
-            raise ValueError(f"Distribution: need 4 sizes, 4 dims and 4 names; got "
+        if len(grid_shape) not in (4, 5) or any(int(p) < 1 for p in grid_shape):
+            raise ValueError(f"Distribution: grid_shape must be 4 sizes >= 1 (5 with depth), got {grid_shape}")
+        ndim = 5 if len(global_shape) == 5 else 4
+        if names is None:
+            names = ("N", "C", "D", "H", "W") if ndim == 5 else ("N", "C", "H", "W")
+        if len(global_shape) != ndim or len(dims) != ndim or len(names) != ndim:
+            raise ValueError(f"Distribution: need {ndim} sizes, {ndim} dims and {ndim} names; got "
                              f"{global_shape}, {dims}, {names}")
         self.grid_shape = tuple(int(p) for p in grid_shape)
         self.global_shape = global_shape
@@ -129,7 +137,7 @@ class Distribution:
         for d, spec in enumerate(self.dims):
             if spec is not None and not isinstance(spec, Split):
                 raise ValueError(f"Distribution: dims[{d}] must be None, an axis name "
-                                 f"{AXES} or a Split, got {spec!r}")
+                                 f"{axes_of(self.grid_shape)} or a Split, got {spec!r}")
         # Layers rebuild their distributions on every call (a property per layer and step):
         # the tables are computed once per distinct layout and shared.
         layout = _layout(self.grid_shape, self.global_shape, self.dims, self.names)
@@ -138,13 +146,14 @@ class Distribution:
     # -- convenience constructors ----------------------------------------------------------
     @classmethod
     def activations(cls, grid, shape, *, channel_split=True):
-        """NCHW: N over sample, C over channel (or replicated), H over height, W over width."""
-        return cls(grid, shape, ("sample", "channel" if channel_split else None,
-                                 "height", "width"))
+        """NCHW: N over sample, C over channel (or replicated), H over height, W over width;
+        NCDHW: D also over depth where the grid has that axis (else whole)."""
+        depth = (DEPTH if DEPTH in axes_of(getattr(grid, "shape", grid)) else None,) if len(shape) == 5 else ()
+        return cls(grid, shape, ("sample", "channel" if channel_split else None) + depth + ("height", "width"))
 
     @classmethod
-    def replicated(cls, grid, shape, names=("N", "C", "H", "W")):
-        return cls(grid, shape, (None, None, None, None), names)
+    def replicated(cls, grid, shape, names=None):
+        return cls(grid, shape, (None,) * len(shape), names)
 
     # -- per-rank layout ---------------------------------------------------------------------
     def coords_of(self, rank_or_coords):
@@ -179,13 +188,14 @@ class Distribution:
         coords = self.coords_of(rank_or_coords)
         shape = self._local_shapes.get(coords)  # shared by every Distribution of this layout
         if shape is None:
-            shape = self._local_shapes[coords] = tuple(sum(e - s for s, e in self.pieces(coords, d)) for d in range(4))
+            shape = self._local_shapes[coords] = tuple(sum(e - s for s, e in self.pieces(coords, d))
+                                                       for d in range(len(self.global_shape)))
         return shape
 
     def index(self, rank_or_coords, xp=numpy):
-        """Indices of the local block in the global array: 4 slices when every dim is
+        """Indices of the local block in the global array: 4 (or 5) slices when every dim is
         one piece, else an ``xp.ix_`` tuple of index arrays."""
-        pieces = [self.pieces(rank_or_coords, d) for d in range(4)]
+        pieces = [self.pieces(rank_or_coords, d) for d in range(len(self.global_shape))]
         if all(len(p) == 1 for p in pieces):
             return tuple(slice(p[0][0], p[0][1]) for p in pieces)
         return xp.ix_(*[xp.concatenate([xp.arange(s, e) for s, e in p]) for p in pieces])
@@ -236,7 +246,10 @@ def _layout(grid_shape, global_shape, dims, names):
             blocks.append(None)
             tables.append(((0, length),))
             continue
-        a = AXES.index(spec.axis)
+        if spec.axis not in axes_of(grid_shape):
+            raise ValueError(f"Distribution: dim {name} is split over axis {spec.axis!r}, which a grid of shape "
+                             f"{grid_shape} does not have; axes are {axes_of(grid_shape)}")
+        a = axes_of(grid_shape).index(spec.axis)
         nblocks, table = spec.table(grid_shape[a])
         if len(table) != grid_shape[a]:
             raise ValueError(f"Distribution: dim {name}: blocks_of has {len(table)} "
@@ -265,8 +278,8 @@ def _layout(grid_shape, global_shape, dims, names):
 def _check_shared_axes(grid_shape, axes, blocks, names):
     """Dims split over one axis (F and C of Stationary-W) must still cover every
     combination of their blocks."""
-    for a in range(4):
-        dims = [d for d in range(4) if axes[d] == a]
+    for a in range(len(grid_shape)):
+        dims = [d for d in range(len(axes)) if axes[d] == a]
         if len(dims) < 2:
             continue
         held = {cell for c in range(grid_shape[a])
@@ -275,7 +288,7 @@ def _check_shared_axes(grid_shape, axes, blocks, names):
             if cell not in held:
                 joined = " and ".join(names[d] for d in dims)
                 raise ValueError(f"Distribution: dims {joined} are both split over axis "
-                                 f"{AXES[a]} and no rank holds their blocks {cell}")
+                                 f"{axes_of(grid_shape)[a]} and no rank holds their blocks {cell}")
 
 
 def _merge(pieces):

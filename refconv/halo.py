@@ -29,9 +29,17 @@ When the spatial group has one rank, no message is sent: the window is the
 padded local block, or the block itself (no copy) when nothing is padded or
 cut off.  Only the zero-padding cells are filled; every other cell of a
 window is written once, by its owner's piece.
+
+Everything here is per spatial axis, for any number of them: a volume split over
+depth, height and width (a 3-D convolution on ``ProcessGrid(..., depth=P_D)``) has
+windows ``(n, c, d_win, h_win, w_win)``, Boxes of three ranges, and pieces that are
+rows of one block by columns of another by planes of a third, so the corners and
+edges of a block come from the diagonal neighbours that own them.  The spatial rank
+is row-major over the spatial grid (``h * P_W + w``; ``(d * P_H + h) * P_W + w``).
 """
 
 import dataclasses
+import itertools
 
 import numpy
 
@@ -44,41 +52,64 @@ def input_window(o0, o1, kernel, stride, padding, dilation):
     return o0 * stride - padding, (o1 - 1) * stride - padding + dilation * (kernel - 1) + 1
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False, repr=False)
 class Box:
-    """A rectangle of rows ``[h0, h1)`` and columns ``[w0, w1)``."""
+    """A rectangle of rows ``[h0, h1)`` and columns ``[w0, w1)``: ``Box(h0, h1, w0, w1)``; in a
+    volume, a box of planes ``[d0, d1)`` too: ``Box(d0, d1, h0, h1, w0, w1)``.  ``lo`` and ``hi``
+    hold the bounds per axis, the same for any number of axes."""
 
-    h0: int
-    h1: int
-    w0: int
-    w1: int
+    lo: tuple
+    hi: tuple
+    LETTERS = "dhw"  # the names of the bounds, of the last axes: h0, h1, w0, w1 (and d0, d1)
+
+    def __init__(self, *bounds):
+        if not bounds or len(bounds) % 2 or len(bounds) > 2 * len(self.LETTERS):
+            raise ValueError(f"Box: expected a (start, stop) pair per axis, got {bounds}")
+        object.__setattr__(self, "lo", tuple(int(b) for b in bounds[0::2]))
+        object.__setattr__(self, "hi", tuple(int(b) for b in bounds[1::2]))
+
+    @classmethod
+    def of(cls, lo, hi):
+        """The box of ``[lo[k], hi[k])`` along each axis ``k``."""
+        return cls(*itertools.chain.from_iterable(zip(lo, hi)))
+
+    def _letters(self):
+        return self.LETTERS[len(self.LETTERS) - len(self.lo):]
+
+    def __getattr__(self, name):  # h0, h1, w0, w1 (d0, d1): called only for names not found otherwise
+        if len(name) == 2 and name[1] in "01" and name[0] in self.LETTERS and "lo" in self.__dict__:
+            letters = self._letters()
+            if name[0] in letters:
+                return (self.lo, self.hi)[int(name[1])][letters.index(name[0])]
+        raise AttributeError(name)
+
+    def __repr__(self):
+        return "Box(" + ", ".join(f"{c}0={a}, {c}1={b}" for c, a, b in zip(self._letters(), self.lo, self.hi)) + ")"
 
     def intersect(self, other):
-        box = Box(max(self.h0, other.h0), min(self.h1, other.h1), max(self.w0, other.w0), min(self.w1, other.w1))
-        return box if box.h0 < box.h1 and box.w0 < box.w1 else None
+        box = Box.of(map(max, self.lo, other.lo), map(min, self.hi, other.hi))
+        return box if all(a < b for a, b in zip(box.lo, box.hi)) else None
 
     def slices(self, origin):
         """Slices of this box inside an array whose element (0, 0) is ``origin``'s corner."""
-        return (slice(self.h0 - origin.h0, self.h1 - origin.h0), slice(self.w0 - origin.w0, self.w1 - origin.w0))
+        return tuple(slice(a - o, b - o) for a, b, o in zip(self.lo, self.hi, origin.lo))
 
     @property
     def shape(self):
-        return (self.h1 - self.h0, self.w1 - self.w0)
+        return tuple(b - a for a, b in zip(self.lo, self.hi))
 
 
 def halo_geometry(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation):
-    """``(owned, window)``: per spatial rank ``h * P_W + w``, the input Box it owns and the
-    (unclipped) input Box its output block reads.  Pure geometry, no communication."""
-    P_H, P_W = grid_hw
+    """``(owned, window)``: per spatial rank ``h * P_W + w`` (row-major over the spatial grid,
+    of any number of axes), the input Box it owns and the (unclipped) input Box its output
+    block reads.  Pure geometry, no communication."""
     owned, window = [], []
-    for h in range(P_H):
-        for w in range(P_W):
-            (h0, h1), (w0, w1) = block_range(in_hw[0], P_H, h), block_range(in_hw[1], P_W, w)
-            (o0, o1), (q0, q1) = block_range(out_hw[0], P_H, h), block_range(out_hw[1], P_W, w)
-            lo_h, hi_h = input_window(o0, o1, kernel[0], stride[0], padding[0], dilation[0])
-            lo_w, hi_w = input_window(q0, q1, kernel[1], stride[1], padding[1], dilation[1])
-            owned.append(Box(h0, h1, w0, w1))
-            window.append(Box(lo_h, hi_h, lo_w, hi_w))
+    for coords in itertools.product(*(range(p) for p in grid_hw)):  # row-major: the spatial rank's order
+        own = [block_range(size, p, k) for size, p, k in zip(in_hw, grid_hw, coords)]
+        out = [block_range(size, p, k) for size, p, k in zip(out_hw, grid_hw, coords)]
+        win = [input_window(o0, o1, *geometry) for (o0, o1), *geometry in zip(out, kernel, stride, padding, dilation)]
+        owned.append(Box.of(*zip(*own)))
+        window.append(Box.of(*zip(*win)))
     return owned, window
 
 
@@ -108,34 +139,38 @@ def source_index(lo, hi, size, mode="zeros"):
 
 @dataclasses.dataclass(frozen=True)
 class Piece:
-    """The cells of one rank's window that one owner's block fills: window rows ``win_h`` and
-    columns ``win_w`` hold the owner's local rows ``own_h`` and columns ``own_w``.  Each is a
-    slice where it counts up by one (always, for zero padding), else an index array (padding
-    that reflects, repeats or wraps reads a row out of order, or twice)."""
+    """The cells of one rank's window that one owner's block fills: per spatial axis, the
+    window positions ``win[k]`` hold the owner's local rows ``own[k]`` (rows, then columns; planes
+    first in a volume).  Each is a slice where it counts up by one (always, for zero padding),
+    else an index array (padding that reflects, repeats or wraps reads a row out of order, or twice)."""
 
-    win_h: object
-    win_w: object
-    own_h: object
-    own_w: object
-    shape: tuple  # (rows, columns)
+    win: tuple
+    own: tuple
+    shape: tuple  # (rows, columns), or (planes, rows, columns)
+
+    win_h = property(lambda self: self.win[-2], doc="The window rows (the second-to-last axis).")
+    win_w = property(lambda self: self.win[-1], doc="The window columns.")
+    own_h = property(lambda self: self.own[-2], doc="The owner's local rows.")
+    own_w = property(lambda self: self.own[-1], doc="The owner's local columns.")
 
     def window_index(self):
-        return _index(self.win_h, self.win_w)
+        return _index(self.win)
 
     def owned_index(self):
-        return _index(self.own_h, self.own_w)
+        return _index(self.own)
 
     def is_whole(self, block_shape):
         """Whether the owned cells are the whole block, each once."""
-        return all(isinstance(own, slice) and own == slice(0, length)
-                   for own, length in zip((self.own_h, self.own_w), block_shape))
+        return all(isinstance(own, slice) and own == slice(0, length) for own, length in zip(self.own, block_shape))
 
 
-def _index(rows, cols):
-    """The index of ``a[:, :, rows, cols]``: every row with every column, also for two arrays."""
-    if isinstance(rows, slice) or isinstance(cols, slice):
-        return (slice(None), slice(None), rows, cols)
-    return (slice(None), slice(None)) + numpy.ix_(rows, cols)
+def _index(per_axis):
+    """The index of ``a[:, :, rows, cols]`` (``a[:, :, planes, rows, cols]``): every row with every
+    column; ``numpy.ix_`` where two or more axes are index arrays."""
+    if sum(not isinstance(i, slice) for i in per_axis) <= 1:
+        return (slice(None), slice(None)) + tuple(per_axis)
+    return (slice(None), slice(None)) + numpy.ix_(*(numpy.arange(i.start, i.stop) if isinstance(i, slice) else i
+                                                    for i in per_axis))
 
 
 def _as_slice(idx):
@@ -175,15 +210,14 @@ def halo_plan(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation, padding
     their own rows, or a neighbour's where the padding is wider than their block; circular
     padding makes the first and last ranks along an axis neighbours."""
     owned, window = halo_geometry(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation)
-    P_H, P_W = grid_hw
     pieces = {}
-    for reader, win in enumerate(window):  # a piece is rows of one block by columns of another
-        rows = _axis_pieces(win.h0, win.h1, in_hw[0], P_H, padding_mode)
-        cols = _axis_pieces(win.w0, win.w1, in_hw[1], P_W, padding_mode)
-        for h, row in enumerate(rows):
-            for w, col in enumerate(cols):
-                if row and col:
-                    pieces[(h * P_W + w, reader)] = Piece(row[0], col[0], row[1], col[1], (row[2], col[2]))
+    for reader, win in enumerate(window):  # a piece is rows of one block by columns of another (by planes of a third)
+        per_axis = [_axis_pieces(lo, hi, size, parts, padding_mode)
+                    for lo, hi, size, parts in zip(win.lo, win.hi, in_hw, grid_hw)]
+        for owner, parts in enumerate(itertools.product(*per_axis)):  # row-major: the owner's spatial rank
+            if all(parts):
+                win_index, own_index, shape = zip(*parts)
+                pieces[(owner, reader)] = Piece(win_index, own_index, shape)
     return owned, window, pieces
 
 
@@ -196,21 +230,24 @@ def exchanges(pieces, me):
 
 
 class Halo:
-    """Windows and halo pieces of every rank of a ``P_H x P_W`` spatial group.
+    """Windows and halo pieces of every rank of a ``P_H x P_W`` spatial group (``P_D x P_H x P_W``
+    for a volume).
 
     ``in_hw``, ``out_hw``: global input and output sizes; ``kernel``, ``stride``,
-    ``padding`` (the low side: top, left), ``dilation``: ``(h, w)`` pairs;
+    ``padding`` (the low side: top, left), ``dilation``: ``(h, w)`` pairs (``(d, h, w)`` triples);
     ``padding_mode``: what the padding cells hold (:func:`source_index`).  ``comm``: the
-    spatial group (``grid.sub_comm(("height", "width"))``), ranked ``h * P_W + w``.
+    spatial group (``grid.sub_comm(("height", "width"))``), ranked ``h * P_W + w``
+    (``grid.sub_comm(("depth", "height", "width"))``, ranked ``(d * P_H + h) * P_W + w``).
     """
 
     def __init__(self, comm, grid_hw, in_hw, out_hw, kernel, stride, padding, dilation, padding_mode="zeros"):
         self.comm = comm
-        self.P_H, self.P_W = grid_hw
+        self.grid_shape = tuple(grid_hw)
+        self.P_H, self.P_W = self.grid_shape[-2:]
         self.padding_mode = checks.one_of(padding_mode, "padding_mode", checks.PADDING_MODES)
         self.owned, self.window, self.pieces = halo_plan(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation,
                                                          padding_mode)
-        self.image = Box(0, in_hw[0], 0, in_hw[1])
+        self.image = Box.of((0,) * len(in_hw), in_hw)
         self.me, self.size = comm.Get_rank(), comm.Get_size()
         self.mine = self.pieces.get((self.me, self.me))  # my own block's part of my window
         self.sends, self.receives = exchanges(self.pieces, self.me)
@@ -224,12 +261,12 @@ class Halo:
         self.send_index = {r: piece.owned_index() for r, piece in self.sends.items()}      # my cells rank r reads
         self.recv_index = {s: piece.window_index() for s, piece in self.receives.items()}  # rank s's cells in my window
         self.kernel, self.stride, self.dilation = tuple(kernel), tuple(stride), tuple(dilation)
-        self.out_shape = tuple(halo_geometry_out(win, kernel, stride, dilation))  # (h', w') of this rank's output block
+        self.out_shape = tuple(halo_geometry_out(win, kernel, stride, dilation))  # (h', w'), or (d', h', w')
         self.interior, self.no_overlap = self._interior(self.out_shape, kernel, stride, dilation)
 
     @property
     def window_shape(self):
-        """``(h_win, w_win)`` of this rank's window."""
+        """``(h_win, w_win)`` of this rank's window (``(d_win, h_win, w_win)`` in a volume)."""
         return self.window[self.me].shape
 
     def extend(self, x_loc, xp, fill=0.0):
@@ -310,9 +347,9 @@ class Halo:
         if self.size == 1:
             return None, "one rank in the spatial group: no halo exchange"
         own, win = self.owned[self.me], self.window[self.me]
+        names = ("planes", "rows", "columns")[3 - len(out_hw):]
         spans = []
-        for axis, (lo, hi, a, b, size) in enumerate(((win.h0, win.h1, own.h0, own.h1, self.image.h1),
-                                                     (win.w0, win.w1, own.w0, own.w1, self.image.w1))):
+        for axis, (lo, hi, a, b, size) in enumerate(zip(win.lo, win.hi, own.lo, own.hi, self.image.hi)):
             zeros = self.padding_mode == "zeros"
             k0 = max(lo, lo if zeros and a == 0 else a)      # the window rows known before the exchange
             k1 = min(hi, hi if zeros and b == size else b)
@@ -321,26 +358,21 @@ class Halo:
             i0 = min(rows, max(0, -(-(k0 - lo) // s)))       # first output row whose window starts inside
             i1 = max(i0, min(rows, (k1 - lo - 1 - reach) // s + 1))
             if 3 * (rows - (i1 - i0)) > rows:
-                name = ("rows", "columns")[axis]
+                name = names[axis]
                 return None, (f"{rows - (i1 - i0)} of the block's {rows} output {name} need the halo (more than "
                               f"a third): too small a block for the overlap to pay")
             spans.append((i0, i1))
-        (i0, i1), (j0, j1) = spans
-        return Box(i0, i1, j0, j1), None
+        return Box.of(*zip(*spans)), None
 
     def output_strips(self, out_hw):
         """The local output Boxes outside :attr:`interior`: rows above and below it (full width),
-        then the columns left and right of it."""
-        box = self.interior
-        return [b for b in (Box(0, box.h0, 0, out_hw[1]), Box(box.h1, out_hw[0], 0, out_hw[1]),
-                            Box(box.h0, box.h1, 0, box.w0), Box(box.h0, box.h1, box.w1, out_hw[1]))
-                if b.h0 < b.h1 and b.w0 < b.w1]
+        then the columns left and right of it (in a volume: the planes before and after it first)."""
+        return _peel(Box.of((0,) * len(out_hw), out_hw), self.interior)
 
     def input_of(self, box):
         """The window slices that the output Box ``box`` reads: ``x_win[(slice(None), slice(None)) + ...]``."""
-        (kh, kw), (sh, sw), (dh, dw) = self.kernel, self.stride, self.dilation
-        return (slice(None), slice(None), slice(box.h0 * sh, (box.h1 - 1) * sh + dh * (kh - 1) + 1),
-                slice(box.w0 * sw, (box.w1 - 1) * sw + dw * (kw - 1) + 1))
+        return (slice(None), slice(None)) + tuple(slice(a * s, (b - 1) * s + d * (k - 1) + 1) for a, b, k, s, d in
+                                                  zip(box.lo, box.hi, self.kernel, self.stride, self.dilation))
 
 
 class Started:
@@ -361,7 +393,7 @@ class Started:
 def _add_into(dx_loc, index, values, xp):
     """``dx_loc[index] += values`` for an index of a piece's owned cells, summing where several
     window cells hold one cell (reflect and replicate padding read a row twice)."""
-    if isinstance(index[2], slice) and isinstance(index[3], slice):
+    if all(isinstance(i, slice) for i in index[2:]):
         dx_loc[index] += values
     else:
         xp.add.at(dx_loc, index, values)
@@ -369,10 +401,18 @@ def _add_into(dx_loc, index, values, xp):
 
 def _outside(box, image):
     """Up to four boxes covering the part of ``box`` outside ``image``: full-width strips
-    above and below it, then the left and right strips beside it."""
+    above and below it, then the left and right strips beside it (six in a volume)."""
     inner = box.intersect(image)
-    if inner is None:
-        return [box]
-    strips = [Box(box.h0, inner.h0, box.w0, box.w1), Box(inner.h1, box.h1, box.w0, box.w1),
-              Box(inner.h0, inner.h1, box.w0, inner.w0), Box(inner.h0, inner.h1, inner.w1, box.w1)]
-    return [b for b in strips if b.h0 < b.h1 and b.w0 < b.w1]
+    return [box] if inner is None else _peel(box, inner)
+
+
+def _peel(outer, inner):
+    """The non-empty boxes that cover ``outer`` less ``inner`` (inside it), axis by axis: along the
+    first axis the slabs before and after ``inner`` (whole along the later axes), then along each
+    next axis the slabs beside it within ``inner``'s range of the axes before."""
+    boxes = []
+    for k in range(len(outer.lo)):
+        lo, hi = inner.lo[:k], inner.hi[:k]  # the axes already peeled: inside inner
+        for a, b in ((outer.lo[k], inner.lo[k]), (inner.hi[k], outer.hi[k])):
+            boxes.append(Box.of(lo + (a,) + outer.lo[k + 1:], hi + (b,) + outer.hi[k + 1:]))
+    return [b for b in boxes if all(x < y for x, y in zip(b.lo, b.hi))]

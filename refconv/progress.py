@@ -19,7 +19,6 @@ import stat
 import sys
 import time
 
-from refconv.grid import AXES
 
 PROGRESS_ENV = "REFCONV_PROGRESS"   # "bar" or "lines": overrides the terminal test
 LAUNCHERS = ("mpiexec", "mpirun")   # process names (a prefix: mpiexec.hydra) whose stderr the ranks' goes to
@@ -27,7 +26,7 @@ LAUNCHERS = ("mpiexec", "mpirun")   # process names (a prefix: mpiexec.hydra) wh
 
 def grid_text(grid):
     """``"sample=2,channel=2"`` (axes of size 1 left out; ``"1 rank"`` when all are)."""
-    text = ",".join(f"{n}={p}" for n, p in zip(AXES, grid.shape) if p > 1)
+    text = ",".join(f"{n}={p}" for n, p in zip(grid.axes, grid.shape) if p > 1)
     return text or "1 rank"
 
 

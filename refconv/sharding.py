@@ -47,12 +47,13 @@ def _segments(dist, coords, dim):
 
 
 def owned_boxes(dist, rank):
-    """Boxes of global elements ``rank`` owns: a list of 4-tuples of
+    """Boxes of global elements ``rank`` owns: a list of 4-tuples (5-tuples for a volume) of
     (global start, global stop, local start), one per dim."""
     coords = dist.coords_of(rank)
+    ndim = len(dist.global_shape)
     per_axis = []          # per grid axis: list of {dim: segment} cells owned
-    for a in range(4):
-        dims = [d for d in range(4) if dist.axis_of(d) == a]
+    for a in range(len(dist.grid_shape)):
+        dims = [d for d in range(ndim) if dist.axis_of(d) == a]
         if not dims:
             if coords[a] != 0:
                 return []
@@ -65,15 +66,15 @@ def owned_boxes(dist, rank):
             if owner == coords[a]:
                 cells.append(dict(zip(dims, combo)))
         per_axis.append((dims, cells))
-    segments = [{s[0]: s for s in _segments(dist, coords, d)} for d in range(4)]
+    segments = [{s[0]: s for s in _segments(dist, coords, d)} for d in range(ndim)]
     boxes = []
     for choice in itertools.product(*[cells for _, cells in per_axis]):
-        box = [None] * 4
+        box = [None] * ndim
         for cell in choice:
             for d, j in cell.items():
                 nblocks = dist.blocks(d)[0]
                 box[d] = segments[d][block_range(dist.global_shape[d], nblocks, j)[0]]
-        for d in range(4):
+        for d in range(ndim):
             if box[d] is None:               # replicated dim
                 box[d] = (0, dist.global_shape[d], 0)
         boxes.append(tuple(box))
@@ -190,7 +191,7 @@ def allgather(local, dist, grid):
 def _plan(src_boxes, dst, q):
     """Pieces rank r sends to q: [(src local slices, dst local slices)] in a fixed order."""
     coords = dst.coords_of(q)
-    dst_segs = [_segments(dst, coords, d) for d in range(4)]
+    dst_segs = [_segments(dst, coords, d) for d in range(len(dst.global_shape))]
     plan = []
     for box in src_boxes:
         per_dim = []

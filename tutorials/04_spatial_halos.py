@@ -20,7 +20,8 @@
 # tutorial computes, for every rank, which rows it owns and which rows its
 # outputs read, first with plain arithmetic, then simulates the halo exchange
 # and its adjoint in one process, and finally runs it, and a whole layer, on
-# 4 ranks.
+# 4 ranks. Last, a volume split over 8 ranks (depth x height x width), simulated
+# in one process: the halo gains edges and corners.
 #
 # Specification: `docs/algorithms.md` section 3. Code: `refconv/halo.py` and the
 # sample/spatial algorithm module. Reference page: `docs/spatial.md`.
@@ -238,6 +239,51 @@ print("recorded by Halo.extend          :", [info["extend"][0][3] for info in ra
 print("planned, backward-data (returned):", received)
 
 # %% [markdown]
+# ## 4. A volume over 8 ranks: faces, edges and corners
+#
+# A 3-D convolution (`refconv.DistConv3d`) splits a volume over depth, height and width:
+# `ProcessGrid(comm, depth=2, height=2, width=2)` on 8 ranks. The window is the same
+# formula along each axis, and `refconv.halo.halo_plan` cuts it into pieces that are
+# planes of one block by rows of another by columns of a third. So a rank receives its
+# face neighbours' slabs, the edges of the ranks diagonally across two axes, and the
+# corner of the rank across all three. Simulated in one process, as in section 2: every
+# rank's window is assembled from the pieces, convolved locally with no padding, and
+# the output blocks together are the serial convolution of the whole volume.
+
+# %%
+from refconv.halo import exchanges, halo_plan
+
+grid3, size3, kernel3 = (2, 2, 2), (5, 6, 5), (3, 3, 3)      # blocks of 3 and 2 cells (3 and 3 in height)
+x3 = numpy.random.default_rng(3).standard_normal((1, 2) + size3)
+w3 = numpy.random.default_rng(4).standard_normal((3, 2) + kernel3)
+y3_ref = ref.conv3d_forward(x3, w3, padding=1)
+owned3, window3, pieces3 = halo_plan(grid3, size3, size3, kernel3, (1, 1, 1), (1, 1, 1), (1, 1, 1))
+y3 = numpy.zeros_like(y3_ref)
+kinds = numpy.zeros((8, 3), dtype=int)                       # per rank: cells received from faces, edges, corners
+for r in range(8):
+    win = window3[r]
+    x_win = numpy.zeros((1, 2) + win.shape)                  # zero padding where no rank owns a cell
+    for owner, piece in [(owner, piece) for (owner, to), piece in pieces3.items() if to == r]:  # r's own part too
+        block = x3[(slice(None), slice(None)) + tuple(slice(a, b) for a, b in zip(owned3[owner].lo, owned3[owner].hi))]
+        x_win[piece.window_index()] = block[piece.owned_index()]
+        across = sum(numpy.array(numpy.unravel_index(owner, grid3)) != numpy.unravel_index(r, grid3))
+        if across:
+            kinds[r, across - 1] += numpy.prod(piece.shape)
+    own = owned3[r]                                          # stride 1, 'same' padding: output block = input block
+    y3[(slice(None), slice(None)) + tuple(slice(a, b) for a, b in zip(own.lo, own.hi))] = ref.conv3d_forward(x_win, w3)
+assert_close(y3, y3_ref, reduction_length=2 * 27)
+fig, ax = plt.subplots(figsize=(7, 3))
+bottom = numpy.zeros(8)
+for k, (name, colour) in enumerate((("faces", "tab:blue"), ("edges", "tab:orange"), ("corner", "tab:red"))):
+    ax.bar(range(8), kinds[:, k], bottom=bottom, label=name, color=colour)
+    bottom += kinds[:, k]
+ax.set_xlabel("rank (d*4 + h*2 + w)")
+ax.set_ylabel("halo cells received")
+ax.set_title("a 5x6x5 volume on 2x2x2 ranks, 3x3x3 kernel: every rank is a corner block")
+ax.legend()
+print("cells received per rank (faces, edges, corner):", kinds.tolist())
+
+# %% [markdown]
 # ## Checks
 
 # %%
@@ -245,4 +291,6 @@ assert [info["window"] for info in ranks] == [[window[r].h0, window[r].h1] for r
 assert [info["extend"][0][3] for info in ranks] == sent
 assert [[nb for *_, nb in info["layer"]] for info in ranks] == [[s, r] for s, r in zip(sent, received)]
 assert owned[2].intersect(window[0]) is not None                     # rank 0's halo reaches rank 2
+assert all(len(exchanges(pieces3, r)[1]) == 7 for r in range(8))    # 3 faces, 3 edges, 1 corner each
+assert kinds[0].tolist() == [3 * 3 + 3 * 3 + 3 * 3, 3 + 3 + 3, 1]   # rank 0's 3x3x3 block, one layer a side
 print("tutorial 4: all checks passed")

@@ -6,9 +6,20 @@ Each algorithm module (:mod:`.spatial`, :mod:`.stationary_x`,
 :mod:`.stationary_y`, :mod:`.stationary_w`, :mod:`.grouped`) writes out, where they happen, its
 halo exchange and return, its channel collectives and its call of
 :func:`segmented_allreduce`, and lists the same calls in its ``records()``.
+
+The same classes run a 3-D convolution (:class:`refconv.layers.DistConv3d`): the
+geometry is then of NCDHW volumes (``ConvGeometry.of(..., dims=3)``), the grid is seen
+as ``(P_N, P_c, P_D, P_H, P_W)`` (:func:`grid_view`), the halo exchange runs over the
+depth, height and width ranks, and the local passes are the backend's ``conv3d_*``.
+Nothing else differs: the channel collectives and the segmented allreduce move whole
+blocks whatever their number of spatial dims, and the shape comments' ``h, w`` read
+``d, h, w``.
 """
 
 import dataclasses
+import math
+
+import numpy
 
 from refconv import checks, collectives
 from refconv.distribution import block_size, block_sizes
@@ -23,9 +34,9 @@ BETA = 1 / 10e9  # default seconds per byte (10 GB/s)
 class ConvGeometry:
     """The global problem of one convolution layer (build it with :meth:`of`, which validates)."""
 
-    in_shape: tuple  # (N, C, H, W)
-    w_shape: tuple  # (F, C/groups, Kh, Kw)
-    out_shape: tuple  # (N, F, H', W')
+    in_shape: tuple  # (N, C, H, W), or (N, C, D, H, W)
+    w_shape: tuple  # (F, C/groups, Kh, Kw), or (F, C/groups, Kd, Kh, Kw)
+    out_shape: tuple  # (N, F, H', W'), or (N, F, D', H', W')
     stride: tuple = (1, 1)
     padding: tuple = (0, 0)  # the low-side pads (top, left); out_shape carries the high side ('same')
     dilation: tuple = (1, 1)
@@ -36,10 +47,12 @@ class ConvGeometry:
 
     @classmethod
     def of(cls, in_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1, bias=True, itemsize=4,
-           padding_mode="zeros"):
-        in_shape, w_shape = checks.shape4(in_shape, "input_shape"), checks.shape4(w_shape, "w_shape")
+           padding_mode="zeros", dims=2):
+        """``dims=3``: a 3-D convolution, every spatial tuple ``(d, h, w)``."""
+        in_shape, w_shape = checks.shape_of(in_shape, "input_shape", dims + 2), checks.shape_of(w_shape, "w_shape",
+                                                                                                 dims + 2)
         stride, low, dilation, groups, out_hw = checks.conv_geometry(
-            in_shape, w_shape, stride, padding, dilation, groups)
+            in_shape, w_shape, stride, padding, dilation, groups, dims=dims)
         pads = checks.conv_padding(padding, w_shape[2:], stride, dilation)
         padding_mode = checks.padding_mode(padding_mode, pads, in_shape[2:])
         return cls(in_shape, w_shape, (in_shape[0], w_shape[0]) + out_hw, stride, low, dilation, groups,
@@ -56,6 +69,11 @@ class ConvGeometry:
     @property
     def kernel(self):
         return self.w_shape[2:]
+
+    @property
+    def dims(self):
+        """The number of spatial dims: 2, or 3 for a volume."""
+        return len(self.kernel)
 
     def with_batch(self, N):
         """The same layer on a batch of ``N`` samples."""
@@ -102,40 +120,65 @@ class Call:
 
 @dataclasses.dataclass(frozen=True)
 class Blocks:
-    """The extents of one rank's blocks: samples, input and output rows and columns,
-    and its channel-group blocks ``C_i`` of ``C`` and ``F_i`` of ``F``."""
+    """The extents of one rank's blocks: samples, its channel-group blocks ``C_i`` of ``C`` and
+    ``F_i`` of ``F``, and per spatial dim its input and output rows (``spatial``, ``out``:
+    ``(h, w)`` and ``(h', w')``, or ``(d, h, w)`` and ``(d', h', w')``)."""
 
     n: int
-    h: int
-    w: int
-    ho: int
-    wo: int
     C_i: int
     F_i: int
+    spatial: tuple
+    out: tuple
+
+    h = property(lambda self: self.spatial[-2])
+    w = property(lambda self: self.spatial[-1])
+    ho = property(lambda self: self.out[-2])
+    wo = property(lambda self: self.out[-1])
+
+    @property
+    def cells(self):
+        """Input cells per sample and channel: ``h w`` (``d h w``)."""
+        return math.prod(self.spatial)
+
+    @property
+    def out_cells(self):
+        """Output cells per sample and channel: ``h' w'`` (``d' h' w'``)."""
+        return math.prod(self.out)
+
+
+def grid_view(grid, geom):
+    """``(grid_shape, coords)`` of ``grid`` as a layer of ``geom`` sees it: ``(P_N, P_c, P_H, P_W)``
+    for a 2-D convolution, ``(P_N, P_c, P_D, P_H, P_W)`` for a 3-D one (``P_D = 1`` on a grid
+    that does not split depth)."""
+    if geom.dims == 3:
+        return grid.volume_shape, grid.volume_coords
+    return grid.shape, grid.coords
 
 
 def local_blocks(geom, grid_shape, coords):
-    """The :class:`Blocks` of the rank at ``coords`` of a ``(P_N, P_c, P_H, P_W)`` grid."""
-    (N, C, H, W), (F, Ho, Wo) = geom.in_shape, (geom.F,) + geom.out_shape[2:]
-    P_N, P_c, P_H, P_W = grid_shape
-    c_n, c_c, c_h, c_w = coords
-    return Blocks(block_size(N, P_N, c_n), block_size(H, P_H, c_h), block_size(W, P_W, c_w),
-                  block_size(Ho, P_H, c_h), block_size(Wo, P_W, c_w), block_size(C, P_c, c_c), block_size(F, P_c, c_c))
+    """The :class:`Blocks` of the rank at ``coords`` of a ``(P_N, P_c, P_H, P_W)`` grid
+    (``(P_N, P_c, P_D, P_H, P_W)`` for a volume)."""
+    N, C, F = geom.in_shape[0], geom.C, geom.F
+    (P_N, P_c), (c_n, c_c) = grid_shape[:2], coords[:2]
+    spatial = tuple(block_size(n, p, k) for n, p, k in zip(geom.in_shape[2:], grid_shape[2:], coords[2:]))
+    out = tuple(block_size(n, p, k) for n, p, k in zip(geom.out_shape[2:], grid_shape[2:], coords[2:]))
+    return Blocks(block_size(N, P_N, c_n), block_size(C, P_c, c_c), block_size(F, P_c, c_c), spatial, out)
 
 
 def halo_records(geom, grid_shape, coords, channels):
     """``(exchange, back)``: the halo exchange of the forward and its return in backward-data,
     each a list of one :class:`Call` (empty lists when the spatial group has one rank)."""
-    P_H, P_W = grid_shape[2:]
-    if P_H * P_W == 1:
+    spatial = tuple(grid_shape[2:])  # (P_H, P_W), or (P_D, P_H, P_W)
+    if math.prod(spatial) == 1:
         return [], []
-    _, _, pieces = halo_plan((P_H, P_W), geom.in_shape[2:], geom.out_shape[2:], geom.kernel, geom.stride,
+    _, _, pieces = halo_plan(spatial, geom.in_shape[2:], geom.out_shape[2:], geom.kernel, geom.stride,
                              geom.padding, geom.dilation, geom.padding_mode)
-    sends, receives = exchanges(pieces, coords[2] * P_W + coords[3])  # my cells others read; theirs I read
-    pixels = lambda ps: sum(p.shape[0] * p.shape[1] for p in ps.values())  # noqa: E731
+    me = int(numpy.ravel_multi_index(coords[2:], spatial))  # the spatial rank: h P_W + w, (d P_H + h) P_W + w
+    sends, receives = exchanges(pieces, me)  # my cells others read; theirs I read
+    pixels = lambda ps: sum(math.prod(p.shape) for p in ps.values())  # noqa: E731
     per_pixel = local_blocks(geom, grid_shape, coords).n * channels * geom.itemsize
-    exchange = Call("halo", P_H * P_W, pixels(sends) * per_pixel, len(sends))
-    back = Call("halo", P_H * P_W, pixels(receives) * per_pixel, len(receives))
+    exchange = Call("halo", math.prod(spatial), pixels(sends) * per_pixel, len(sends))
+    back = Call("halo", math.prod(spatial), pixels(receives) * per_pixel, len(receives))
     return [exchange], [back]
 
 
@@ -143,10 +186,8 @@ def gradient_records(geom, grid_shape, coords, dw_shape):
     """The segmented allreduce: ``dw`` (a shard of ``dw_shape``) and ``db`` (this rank's
     ``F_i``) over the ``P_N P_H P_W`` weight peers; ``grad``: these are the calls that may
     overlap the rest of backward (``segmented_allreduce``)."""
-    P_N, P_c, P_H, P_W = grid_shape
-    peers = P_N * P_H * P_W
-    F_i, C_part, Kh, Kw = dw_shape
-    calls = [Call("allreduce", peers, F_i * C_part * Kh * Kw * geom.itemsize, grad=True)]
+    peers = math.prod(grid_shape) // grid_shape[1]  # P_N P_H P_W (P_N P_D P_H P_W)
+    calls = [Call("allreduce", peers, math.prod(dw_shape) * geom.itemsize, grad=True)]
     if geom.bias:
         calls.append(Call("allreduce", peers, local_blocks(geom, grid_shape, coords).F_i * geom.itemsize, grad=True))
     return calls
@@ -192,7 +233,8 @@ class Algorithm:
     def __init__(self, grid, geom, backend, filter_groups=None):
         self.grid, self.geom, self.backend, self.xp = grid, geom, backend, backend.xp
         self.filter_groups = filter_groups
-        self.halo = Halo(grid.sub_comm(("height", "width")), (grid.P_H, grid.P_W), geom.in_shape[2:],
+        grid_shape, _ = grid_view(grid, geom)  # (P_N, P_c, P_H, P_W), or (P_N, P_c, P_D, P_H, P_W)
+        self.halo = Halo(grid.sub_comm(grid.spatial_axes), grid_shape[2:], geom.in_shape[2:],
                          geom.out_shape[2:], geom.kernel, geom.stride, geom.padding, geom.dilation, geom.padding_mode)
         self.peers = grid.weight_peers_comm
         self.overlap = None  # what the gradients' allreduce overlaps (DistConv2d sets it); None: waited for at once
@@ -254,20 +296,32 @@ class Algorithm:
 
     # -- local compute on this rank's window (no communication) -----------------------
     def conv(self, x_win, w_loc):
+        if self.geom.dims == 3:
+            return self.backend.conv3d_forward(x_win, w_loc, **self._local)
         return self.backend.conv2d_forward(x_win, w_loc, **self._local)
 
     def conv_data(self, dy, w_loc, x_win_shape):
+        if self.geom.dims == 3:
+            return self.backend.conv3d_backward_data(dy, w_loc, x_win_shape, **self._local)
         return self.backend.conv2d_backward_data(dy, w_loc, x_win_shape, **self._local)
 
     def conv_filter(self, x_win, dy, w_shape):
+        if self.geom.dims == 3:
+            return self.backend.conv3d_backward_filter(x_win, dy, w_shape, **self._local)
         return self.backend.conv2d_backward_filter(x_win, dy, w_shape, **self._local)
 
     def add_bias(self, y_loc, b_loc):
-        return y_loc if b_loc is None else self.backend.bias_add(y_loc, b_loc)
+        if b_loc is None:
+            return y_loc
+        if self.geom.dims == 3:  # (n, F_i, d', h' w'): the 2-D bias add on a view, the same bytes
+            return self.backend.bias_add(y_loc.reshape(y_loc.shape[:3] + (-1,)), b_loc).reshape(y_loc.shape)
+        return self.backend.bias_add(y_loc, b_loc)
 
     def bias_grad(self, dy_loc):
         """This rank's partial ``db``: ``dy`` summed over its samples and rows (None without bias)."""
-        return self.backend.bias_grad(dy_loc) if self.geom.bias else None
+        if not self.geom.bias:
+            return None
+        return self.backend.conv3d_backward_bias(dy_loc) if self.geom.dims == 3 else self.backend.bias_grad(dy_loc)
 
 
 class ChannelAlgorithm(Algorithm):

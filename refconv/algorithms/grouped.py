@@ -106,7 +106,7 @@ class GroupSpanX(StationaryX):
     def records(geom, grid_shape, coords, filter_groups=None):
         b, q, Fg = local_blocks(geom, grid_shape, coords), grid_shape[1] // geom.groups, geom.F // geom.groups
         exchange, back = halo_records(geom, grid_shape, coords, b.C_i)
-        y_group = b.n * Fg * b.ho * b.wo * geom.itemsize  # the partial y of the group, and the gathered dy
+        y_group = b.n * Fg * b.out_cells * geom.itemsize  # the partial y of the group, and the gathered dy
         return (exchange + [Call("reduce_scatter", q, y_group), Call("allgather", q, y_group)] + back
                 + gradient_records(geom, grid_shape, coords, (Fg, b.C_i) + geom.kernel))
 
@@ -128,7 +128,7 @@ class GroupSpanY(StationaryY):
     def records(geom, grid_shape, coords, filter_groups=None):
         b, q, Cg = local_blocks(geom, grid_shape, coords), grid_shape[1] // geom.groups, geom.C // geom.groups
         exchange, back = halo_records(geom, grid_shape, coords, Cg)
-        x_group = b.n * Cg * b.h * b.w * geom.itemsize  # the gathered x of the group, and the partial dx
+        x_group = b.n * Cg * b.cells * geom.itemsize  # the gathered x of the group, and the partial dx
         return ([Call("allgather", q, x_group)] + exchange + back + [Call("reduce_scatter", q, x_group)]
                 + gradient_records(geom, grid_shape, coords, (b.F_i, Cg) + geom.kernel))
 

@@ -101,8 +101,8 @@ class StationaryW(StationaryX):
         c_counts, f_counts = _groups(geom, P_c, filter_groups, coords[1])
         C_b, F_a = sum(c_counts), sum(f_counts)
         exchange, back = halo_records(geom, grid_shape, coords, C_b)
-        x_b = b.n * C_b * b.h * b.w * geom.itemsize  # the gathered x, and the partial dx
-        y_a = b.n * F_a * b.ho * b.wo * geom.itemsize  # the partial y, and the gathered dy
+        x_b = b.n * C_b * b.cells * geom.itemsize  # the gathered x, and the partial dx
+        y_a = b.n * F_a * b.out_cells * geom.itemsize  # the partial y, and the gathered dy
         return ([Call("allgather", len(c_counts), x_b)] + exchange + [Call("reduce_scatter", len(f_counts), y_a)]
                 + [Call("allgather", len(f_counts), y_a)] + back
                 + gradient_records(geom, grid_shape, coords, (F_a, C_b) + geom.kernel)

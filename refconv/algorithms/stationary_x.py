@@ -34,7 +34,7 @@ class StationaryX(ChannelAlgorithm):
         partial y; the allgather of dy, the halo return, then the segmented allreduce."""
         b, P_c = local_blocks(geom, grid_shape, coords), grid_shape[1]
         exchange, back = halo_records(geom, grid_shape, coords, b.C_i)
-        y_full = b.n * geom.F * b.ho * b.wo * geom.itemsize  # the partial y, and the gathered dy
+        y_full = b.n * geom.F * b.out_cells * geom.itemsize  # the partial y, and the gathered dy
         return (exchange + [Call("reduce_scatter", P_c, y_full)]  # forward
                 + [Call("allgather", P_c, y_full)] + back  # backward
                 + gradient_records(geom, grid_shape, coords, (geom.F, b.C_i) + geom.kernel))

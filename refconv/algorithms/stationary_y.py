@@ -31,7 +31,7 @@ class StationaryY(ChannelAlgorithm):
         the partial dx, its reduce-scatter, then the segmented allreduce."""
         b, P_c = local_blocks(geom, grid_shape, coords), grid_shape[1]
         exchange, back = halo_records(geom, grid_shape, coords, geom.C)
-        x_full = b.n * geom.C * b.h * b.w * geom.itemsize  # the gathered x, and the partial dx
+        x_full = b.n * geom.C * b.cells * geom.itemsize  # the gathered x, and the partial dx
         return ([Call("allgather", P_c, x_full)] + exchange  # forward
                 + back + [Call("reduce_scatter", P_c, x_full)]  # backward
                 + gradient_records(geom, grid_shape, coords, (b.F_i, geom.C) + geom.kernel))

@@ -3,8 +3,8 @@
 ==================  ======================================  =====================================
 layer               forward                                 backward
 ==================  ======================================  =====================================
-``DistConv2d``      its algorithm's (refconv.algorithms)    its algorithm's, ending in the
-                                                            segmented allreduce of dw, db
+``DistConv2d``,     its algorithm's (refconv.algorithms)    its algorithm's, ending in the
+``DistConv3d``                                              segmented allreduce of dw, db
 ``ReLU``            local                                   local
 ``BatchNorm2d``     allreduce of statistics over the        allreduce of (sum dy, sum dy xhat)
                     weight peers
@@ -25,12 +25,13 @@ from refconv.layers.base import KINDS, Layer, layout
 from refconv.layers.activation import ReLU
 from refconv.layers.container import Residual, Sequential
 from refconv.layers.conv import DistConv2d
+from refconv.layers.conv3d import DistConv3d
 from refconv.layers.linear import Linear
 from refconv.layers.loss import SoftmaxCrossEntropy
 from refconv.layers.norm import BatchNorm2d
 from refconv.layers.pool import AvgPool2d, GlobalAvgPool, MaxPool2d
 from refconv.layers.shuffle import Redistribute
 
-__all__ = ["KINDS", "Layer", "layout", "ReLU", "DistConv2d", "Linear", "SoftmaxCrossEntropy", "BatchNorm2d",
-           "AvgPool2d", "GlobalAvgPool", "MaxPool2d", "Redistribute", "Residual",
+__all__ = ["KINDS", "Layer", "layout", "ReLU", "DistConv2d", "DistConv3d", "Linear", "SoftmaxCrossEntropy",
+           "BatchNorm2d", "AvgPool2d", "GlobalAvgPool", "MaxPool2d", "Redistribute", "Residual",
            "Sequential"]

@@ -50,6 +50,7 @@ class Layer:
     """
 
     kind_in = kind_out = "activations"
+    ndim = 4  # of the input: NCHW (5 for a layer of volumes, NCDHW)
 
     def __init__(self, *, grid, backend="auto", dtype=numpy.float32):
         self.grid = grid
@@ -64,7 +65,7 @@ class Layer:
 
     def bind(self, input_shape):
         """Fix the global input shape; raises ValueError (on every rank alike) if a block would be empty."""
-        shape = checks.shape4(input_shape, "input_shape")
+        shape = checks.shape_of(input_shape, "input_shape", self.ndim)
         out = self._bind(shape)
         for name, s, kind in (("input", shape, self.kind_in), ("output", out, self.kind_out)):
             try:

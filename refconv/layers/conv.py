@@ -18,7 +18,7 @@ import math
 import numpy
 
 from refconv import algorithms, checks, collectives
-from refconv.algorithms.base import ConvGeometry
+from refconv.algorithms.base import ConvGeometry, grid_view
 from refconv.distribution import Distribution
 from refconv.layers.base import GradientsInFlight, Layer
 from refconv.pricing.chooser import choose_for_layer
@@ -52,20 +52,26 @@ class DistConv2d(GradientsInFlight, Layer):
     """
 
     overlap_halo = False  # convolve the interior behind the halo exchange, backward-filter behind its return
+    dims = 2  # spatial dims: (h, w) here, (d, h, w) in DistConv3d
+    ndim = 4  # of the input, NCHW
 
     def __init__(self, in_channels, out_channels, kernel_size, *, stride=1, padding=0, dilation=1, groups=1,
                  bias=True, padding_mode="zeros", grid, algorithm="stationary-x", filter_groups=None, backend="auto",
                  dtype=numpy.float32, input_shape=None, seed=0, machine=None):
         if grid is None or not hasattr(grid, "P_c"):
             raise ValueError(f"grid: expected a refconv.ProcessGrid, got {grid!r}")
+        if self.dims == 2 and grid.P_D > 1:
+            raise ValueError(f"grid: DistConv2d splits images, not depth; got a grid with depth={grid.P_D} "
+                             f"(DistConv3d splits volumes over depth)")
         super().__init__(grid=grid, backend=backend, dtype=dtype)
         self.in_channels = checks.positive_int(in_channels, "in_channels")
         self.out_channels = checks.positive_int(out_channels, "out_channels")
-        kernel = checks.pair(kernel_size, "kernel_size", minimum=1)
-        self.stride = checks.pair(stride, "stride", minimum=1)
-        self.dilation = checks.pair(dilation, "dilation", minimum=1)
+        per_dim = lambda value, name, least: checks.spatial(value, name, minimum=least, dims=self.dims)  # noqa: E731
+        kernel = per_dim(kernel_size, "kernel_size", 1)
+        self.stride = per_dim(stride, "stride", 1)
+        self.dilation = per_dim(dilation, "dilation", 1)
         checks.conv_padding(padding, kernel, self.stride, self.dilation)  # validates 'same' (stride 1) now
-        self.padding = padding if isinstance(padding, str) else checks.pair(padding, "padding", minimum=0)
+        self.padding = padding if isinstance(padding, str) else per_dim(padding, "padding", 0)
         self.padding_mode = checks.one_of(padding_mode, "padding_mode", checks.PADDING_MODES)
         self.groups = checks.positive_int(groups, "groups")
         if in_channels % groups or out_channels % groups:
@@ -89,11 +95,11 @@ class DistConv2d(GradientsInFlight, Layer):
             self.algorithm = cls.name  # sample-spatial where P_c = 1, grouped(-x, -y) where groups > 1
         self.w_shape = (self.out_channels, self.in_channels // self.groups) + kernel
         self.has_bias = bool(bias)
-        self._bound = {}  # (H, W) -> algorithm object bound to that geometry
+        self._bound = {}  # (H, W) (or (D, H, W)) -> algorithm object bound to that geometry
         self._geom = self._algo = None
 
         # Parameters: the same global draw on every rank, then this rank's shard.
-        fan_in = self.w_shape[1] * kernel[0] * kernel[1]
+        fan_in = math.prod(self.w_shape[1:])
         rng = numpy.random.default_rng(seed)
         limit = 1.0 / math.sqrt(fan_in)
         w = rng.uniform(-limit, limit, self.w_shape).astype(self.dtype)
@@ -108,10 +114,12 @@ class DistConv2d(GradientsInFlight, Layer):
     # -- layouts ------------------------------------------------------------------------
     @property
     def weight_distribution(self):
-        """How ``F x C/groups x Kh x Kw`` is laid out (see each algorithm's table)."""
+        """How ``F x C/groups x Kh x Kw`` is laid out (see each algorithm's table); a 3-D kernel's
+        ``Kd`` is whole, as ``Kh`` and ``Kw`` are."""
         self._require_algorithm()
         dims = algorithms.REGISTRY[self.algorithm].weight_dims(self.grid.P_c, self.filter_groups, self.groups)
-        return Distribution(self.grid, self.w_shape, dims, names=("F", "C", "Kh", "Kw"))
+        names = ("F", "C", "Kd", "Kh", "Kw")[5 - len(self.w_shape):]
+        return Distribution(self.grid, self.w_shape, tuple(dims) + (None,) * (len(self.w_shape) - 4), names=names)
 
     @property
     def bias_distribution(self):
@@ -126,24 +134,25 @@ class DistConv2d(GradientsInFlight, Layer):
 
     # -- binding to an input shape ---------------------------------------------------------
     def _bind(self, shape):
-        N, C, H, W = shape
+        N, C = shape[:2]
         if C != self.in_channels:
             raise ValueError(f"input_shape: expected C = in_channels = {self.in_channels}, got {shape}")
-        g = self.grid
         geom = ConvGeometry.of(shape, self.w_shape, stride=self.stride, padding=self.padding, dilation=self.dilation,
                                groups=self.groups, bias=self.has_bias, itemsize=self.dtype.itemsize,
-                               padding_mode=self.padding_mode)
-        for name, length, parts in (("N", N, g.P_N), ("H", H, g.P_H), ("W", W, g.P_W),
-                                    ("H'", geom.out_shape[2], g.P_H), ("W'", geom.out_shape[3], g.P_W)):
+                               padding_mode=self.padding_mode, dims=self.dims)
+        grid_shape, _ = grid_view(self.grid, geom)
+        letters, splits = checks.DIM_NAMES[self.dims], grid_shape[2:]  # "HW", (P_H, P_W); or "DHW", (P_D, P_H, P_W)
+        for name, length, parts in ([("N", N, grid_shape[0])] + list(zip(letters, shape[2:], splits))
+                                    + [(d + "'", n, p) for d, n, p in zip(letters, geom.out_shape[2:], splits)]):
             if length < parts:
                 raise ValueError(f"input_shape: {name} = {length} cannot be split over {parts} ranks: "
                                  f"a rank's block would be empty")
         if self.algorithm is None:
             self._choose_algorithm(geom)
-        if (H, W) not in self._bound:
+        if shape[2:] not in self._bound:
             cls = algorithms.REGISTRY[self.algorithm]
-            self._bound[(H, W)] = cls(self.grid, geom, self.backend, self.filter_groups)
-        self._algo, self._geom = self._bound[(H, W)], geom
+            self._bound[shape[2:]] = cls(self.grid, geom, self.backend, self.filter_groups)
+        self._algo, self._geom = self._bound[shape[2:]], geom
         return geom.out_shape
 
     def _choose_algorithm(self, geom):
@@ -165,15 +174,14 @@ class DistConv2d(GradientsInFlight, Layer):
         return scatter(x, self.bind(shape).input_distribution, self.grid, root=root)
 
     def _bind_from_local(self, x_loc):
-        """Global N, H, W from the local extents: sums over the sample, height and width axes."""
-        g = self.grid
-        n, c, h, w = x_loc.shape
-        first = [c_ == 0 for c_ in g.coords]  # this rank is first along each axis
-        sizes = numpy.array([n if first[1] and first[2] and first[3] else 0,
-                             h if first[0] and first[1] and first[3] else 0,
-                             w if first[0] and first[1] and first[2] else 0], dtype=numpy.int64)
-        N, H, W = (int(v) for v in collectives.allreduce(g.comm, sizes))
-        self.bind((N, self.in_channels, H, W))
+        """Global N, H, W (and D) from the local extents: sums over the sample, height and width axes
+        (and depth), each of the extents of the ranks first along every other axis."""
+        coords = self.grid.volume_coords if self.dims == 3 else self.grid.coords  # (n, c, h, w), or (n, c, d, h, w)
+        axes = [0] + list(range(2, len(coords)))  # the sample axis, then the spatial ones
+        sizes = numpy.array([x_loc.shape[a] if all(coords[b] == 0 for b in range(len(coords)) if b != a) else 0
+                             for a in axes], dtype=numpy.int64)
+        N, *spatial = (int(v) for v in collectives.allreduce(self.grid.comm, sizes))
+        self.bind((N, self.in_channels, *spatial))
 
     # -- parameters ---------------------------------------------------------------------------
     def set_global_parameters(self, w, b=None):
@@ -241,9 +249,10 @@ class DistConv2d(GradientsInFlight, Layer):
         binds itself in its first forward also makes, that once, one allreduce of its local extents)."""
         self._require_bound()
         cls = algorithms.REGISTRY[self.algorithm]
-        return cls.records(self._geom, self.grid.shape, self.grid.coords, self.filter_groups)
+        return cls.records(self._geom, *grid_view(self.grid, self._geom), self.filter_groups)
 
     def __repr__(self):
-        return (f"DistConv2d({self.in_channels}, {self.out_channels}, {self.w_shape[2:]}, stride={self.stride}, "
+        return (f"{type(self).__name__}({self.in_channels}, {self.out_channels}, {self.w_shape[2:]}, "
+                f"stride={self.stride}, "
                 f"padding={self.padding!r}, padding_mode={self.padding_mode!r}, dilation={self.dilation}, groups={self.groups}, "
                 f"algorithm={self.algorithm or self.requested_algorithm!r}, grid={self.grid.shape})")

@@ -40,7 +40,7 @@ from mpi4py import MPI
 
 from refconv import ProcessGrid, threads, train_config
 from refconv.backend import get_backend
-from refconv.grid import AXES
+from refconv.grid import axes_of
 from refconv.bench.common import time_ranks
 from refconv.bench.timing import Span, ratio
 from refconv.layers import DistConv2d
@@ -133,7 +133,7 @@ def conv_layer(N, C, F, H, K):
 def built_layer(sub, dims, grid_shape, algorithm, p_f):
     """(grid, a forward + backward callable) of one strategy on the group ``sub``."""
     N, C, F, H, K = dims
-    grid = ProcessGrid(sub, **dict(zip(AXES, grid_shape)))
+    grid = ProcessGrid(sub, **dict(zip(axes_of(grid_shape), grid_shape)))
     layer = DistConv2d(C, F, K, padding=K // 2, grid=grid, algorithm=algorithm, filter_groups=p_f, backend="numpy",
                        input_shape=(N, C, H, H))
     rng = numpy.random.default_rng(0)

@@ -34,7 +34,7 @@ import time
 import numpy
 
 from refconv import algorithms
-from refconv.grid import AXES
+from refconv.grid import axes_of
 from refconv.pricing import graph, perf
 from refconv.pricing.graph import Block, Stage
 
@@ -342,7 +342,7 @@ def _runs(cost, algorithm, filter_groups, grid):
 
 
 def strategy_label(grid, algorithm=None, filter_groups=None):
-    parts = [f"{a[0]}{p}" for a, p in zip(AXES, grid) if p > 1] or ["serial"]
+    parts = [f"{a[0]}{p}" for a, p in zip(axes_of(grid), grid) if p > 1] or ["serial"]
     label = "x".join(parts)
     if algorithm and grid[1] > 1:
         label += " " + algorithm.replace("stationary-", "") + (f"(pf={filter_groups})" if filter_groups else "")
@@ -350,7 +350,7 @@ def strategy_label(grid, algorithm=None, filter_groups=None):
 
 
 def grid_dict(grid):
-    return {a: p for a, p in zip(AXES, grid) if p > 1} or {"sample": 1}
+    return {a: p for a, p in zip(axes_of(grid), grid) if p > 1} or {"sample": 1}
 
 
 def to_spec(spec, plan):

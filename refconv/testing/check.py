@@ -2,7 +2,8 @@
 
 ``check_layer(layer, problem)`` drives a convolution layer (a
 :class:`refconv.layers.Layer` such as :class:`refconv.DistConv2d`, with any
-registered algorithm) through:
+registered algorithm, or :class:`refconv.DistConv3d` with a
+:class:`refconv.testing.strategies.Conv3dProblem`) through:
 
 - ``layer.grid`` (a :class:`refconv.ProcessGrid`), ``layer.backend``, ``layer.set_global_parameters(w, b)``,
 - ``layer.bind(x_shape)``, ``layer.input_distribution``, ``layer.output_distribution``,
@@ -19,6 +20,7 @@ tensor and the first mismatching indices (so all ranks stay in step).
 :mod:`refconv.collectives` are the ``expected`` records, call for call.
 """
 
+import math
 import traceback
 
 import numpy
@@ -36,18 +38,25 @@ FLOAT32 = dict(factor=1e-4 / 4 / float(numpy.finfo(numpy.float32).eps), floor=1e
 def reduction_lengths(problem):
     """How many products each result sums: ``y``, ``dx``, ``dw``, ``db``."""
     p = problem
-    Ho, Wo = p.out_hw
+    taps, cells = math.prod(p.w_shape[2:]), math.prod(p.y_shape[2:])  # Kh Kw (Kd Kh Kw), Ho Wo (Do Ho Wo)
     return {
-        "y": p.C // p.groups * p.Kh * p.Kw,
-        "dx": p.F // p.groups * p.Kh * p.Kw,
-        "dw": p.N * Ho * Wo,
-        "db": p.N * Ho * Wo,
+        "y": p.C // p.groups * taps,
+        "dx": p.F // p.groups * taps,
+        "dw": p.N * cells,
+        "db": p.N * cells,
     }
 
 
 def expected_results(problem, x, w, b, dy):
-    """The serial reference's ``y, dx, dw, db``."""
+    """The serial reference's ``y, dx, dw, db`` (of a 3-D convolution for a 5-D ``x``)."""
     g = problem.geometry
+    if x.ndim == 5:
+        return {
+            "y": ref.conv3d_forward(x, w, b, **g),
+            "dx": ref.conv3d_backward_data(dy, w, x.shape, **g),
+            "dw": ref.conv3d_backward_filter(x, dy, w.shape, **g),
+            "db": ref.conv3d_backward_bias(dy),
+        }
     return {
         "y": ref.conv2d_forward(x, w, b, **g),
         "dx": ref.conv2d_backward_data(dy, w, x.shape, **g),

@@ -12,7 +12,7 @@ import numpy
 from hypothesis import strategies as st
 
 from refconv import checks
-from refconv.grid import AXES
+from refconv.grid import AXES, DEPTH, axes_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,20 +175,23 @@ class Conv3dProblem:
 
 @st.composite
 def conv3d_problems(draw, *, max_batch=2, max_channels=3, max_kernel=3, max_extra=2, groups=True,
-                    dtypes=("float64",), padding_strings=False, padding_modes=("zeros",)):
+                    dtypes=("float64",), padding_strings=False, padding_modes=("zeros",), min_batch=1,
+                    min_channels=1, min_size=(1, 1, 1)):
     """Draw a :class:`Conv3dProblem`: each of depth, height and width is a :func:`spatial_dim`,
     so every stride, padding and dilation is drawn per dim; sizes stay small (the loop oracle
-    visits every tap of every output voxel)."""
+    visits every tap of every output voxel).  ``min_batch``, ``min_channels`` and ``min_size``
+    (``(d, h, w)``, for input and output alike) ask for sizes that split over a grid without
+    empty blocks, as in :func:`conv_problems`."""
     kind = draw(st.sampled_from(("ints", "same", "valid"))) if padding_strings else "ints"
     mode = draw(st.sampled_from(tuple(padding_modes)))
     g = draw(st.sampled_from((1, 2) if groups is True else tuple(groups) if groups else (1,)))
-    C = g * draw(st.integers(1, max(1, max_channels // g)))
-    F = g * draw(st.integers(1, max(1, max_channels // g)))
-    dims = [draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra, padding=kind, padding_mode=mode))
-            for _ in range(3)]
+    C = g * draw(st.integers(max(1, -(-min_channels // g)), max(1, max_channels // g)))
+    F = g * draw(st.integers(max(1, -(-min_channels // g)), max(1, max_channels // g)))
+    dims = [draw(spatial_dim(max_kernel=max_kernel, max_extra=max_extra, padding=kind, padding_mode=mode,
+                             min_out=least, min_length=least)) for least in min_size]
     size, kernel, stride, padding, dilation = (tuple(column) for column in zip(*dims))
     return Conv3dProblem(
-        N=draw(st.integers(1, max_batch)), C=C, F=F, size=size, kernel=kernel, stride=stride,
+        N=draw(st.integers(min_batch, max(min_batch, max_batch))), C=C, F=F, size=size, kernel=kernel, stride=stride,
         padding=padding if kind == "ints" else kind, dilation=dilation, groups=g,
         dtype=draw(st.sampled_from(dtypes)), padding_mode=mode,
     )
@@ -202,13 +205,15 @@ ALGORITHMS = ("stationary-x", "stationary-y", "stationary-w")
 
 @st.composite
 def grid_shapes(draw, world_size, *, axes=AXES):
-    """A factorization ``(P_N, P_c, P_H, P_W)`` of ``world_size``; axes not in ``axes`` stay 1."""
+    """A factorization ``(P_N, P_c, P_H, P_W)`` of ``world_size``; axes not in ``axes`` stay 1.
+    With ``"depth"`` among ``axes``, a grid for volumes: ``(P_N, P_c, P_D, P_H, P_W)``."""
+    grid_axes = axes_of(5) if DEPTH in axes else AXES
     shape, left = [], world_size
-    for k, axis in enumerate(AXES):
+    for k, axis in enumerate(grid_axes):
         if axis not in axes:
             shape.append(1)
             continue
-        later = [a for a in AXES[k + 1:] if a in axes]
+        later = [a for a in grid_axes[k + 1:] if a in axes]
         p = left if not later else draw(st.sampled_from(checks.divisors(left)))
         shape.append(p)
         left //= p
@@ -227,10 +232,11 @@ class DistConvCase:
     filter_groups: int = None
 
     def grid_kwargs(self):
-        return dict(zip(AXES, self.grid_shape))
+        return dict(zip(axes_of(self.grid_shape), self.grid_shape))
 
     def layer_kwargs(self):
-        """Keyword arguments of :class:`refconv.DistConv2d` for this case (without ``grid``)."""
+        """Keyword arguments of :class:`refconv.DistConv2d` (or DistConv3d, for a
+        :class:`Conv3dProblem`) for this case (without ``grid``)."""
         p = self.problem
         return dict(stride=p.stride, padding=p.padding, dilation=p.dilation, groups=p.groups,
                     padding_mode=p.padding_mode,
@@ -269,4 +275,24 @@ def dist_conv_cases(draw, world_size, *, algorithms=ALGORITHMS, axes=AXES, dtype
     # rank, any p_f is accepted and the layer runs 'grouped': drawn too, so that stays tested)
     q = P_c if problem.groups % P_c == 0 else P_c // math.gcd(P_c, problem.groups)
     filter_groups = draw(st.sampled_from(checks.divisors(q))) if algorithm == "stationary-w" else None
+    return DistConvCase(problem, shape, algorithm, filter_groups)
+
+
+@st.composite
+def dist_conv3d_cases(draw, world_size, *, algorithms=ALGORITHMS, dtypes=("float64",), max_channels=4, max_extra=2,
+                      grid_shape=None, padding_strings=True, padding_modes=PADDING_MODES, max_kernel=3):
+    """Draw a :class:`DistConvCase` of a :class:`Conv3dProblem` for ``world_size`` ranks: a grid
+    ``(P_N, P_c, P_D, P_H, P_W)`` (or ``grid_shape``), and sizes at least the number of ranks
+    along their axis (input and output), so no block is empty and uneven blocks arise whenever
+    a size is not a multiple of its split.  Grouped convolutions are drawn when channels are
+    not split; ``filter_groups`` for "stationary-w" is any divisor of ``P_c``."""
+    shape = tuple(grid_shape or draw(grid_shapes(world_size, axes=axes_of(5))))
+    P_N, P_c, P_D, P_H, P_W = shape
+    algorithm = draw(st.sampled_from(algorithms))
+    problem = draw(conv3d_problems(
+        max_batch=P_N + 1, min_batch=P_N, max_channels=max(max_channels, P_c + 1), min_channels=P_c,
+        groups=P_c == 1, dtypes=dtypes, padding_strings=padding_strings, padding_modes=padding_modes,
+        min_size=(P_D, P_H, P_W), max_extra=max_extra, max_kernel=max_kernel,
+    ))
+    filter_groups = draw(st.sampled_from(checks.divisors(P_c))) if algorithm == "stationary-w" else None
     return DistConvCase(problem, shape, algorithm, filter_groups)
