@@ -308,7 +308,8 @@ def job_train(args):
     comm = MPI.COMM_WORLD
     device.bind(comm, "auto", oversubscribe=True, warn=False)
     # The simulator runs each thread in Python (a block's syncthreads costs far more): the dry run
-    # trains a two-conv cut of the digits CNN (same layer kinds, 4 channels) on 8x8 digits, batch 4.
+    # trains a two-conv cut of the digits CNN (same layer kinds, 4 channels) on 8x8 digits, batch 4
+    # (the first conv's grid folds the channel ranks into samples: one sample per rank).
     x, y, _, _ = datasets.load_digits(upsample=1 if args.dry_run else 2, dtype=numpy.float64)
     batch, steps = (4, 1) if args.dry_run else (64, 5)
     spec = TINY_DIGITS_CNN if args.dry_run else "digits-cnn"

@@ -354,9 +354,9 @@ def test_resnet50_takes_a_learning_rate_scaled_to_its_batch():
     ResNet-50 on --synthetic images keeps a sane loss where 0.1 blows it up (issue 24)."""
     assert TrainConfig(model="resnet50", batch_size=4).lr == default_lr("resnet50", 4) == 0.1 * 4 / 256
     assert TrainConfig(batch_size=4).lr == 0.1 and TrainConfig(model="resnet50", lr=0.3).lr == 0.3
-    runs = {lr: train(TrainConfig(model="resnet50", synthetic=True, synthetic_samples=32, batch_size=4, epochs=1,
+    runs = {lr: train(TrainConfig(model="resnet50", synthetic=True, synthetic_samples=16, batch_size=4, epochs=1,
                                   progress=False, lr=lr), log=lambda *a: None)["losses"] for lr in (None, 0.1)}
-    assert max(runs[None]) < 2 * runs[None][0], runs[None]            # measured: 3.12 at most 3.46
+    assert max(runs[None]) < 2 * runs[None][0], runs[None]            # measured: 3.12 at most 3.46 (4 steps)
     assert max(runs[0.1]) > 10 * runs[0.1][0], runs[0.1]             # measured: 3.12 then 135
 
 
