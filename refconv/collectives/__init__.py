@@ -7,6 +7,7 @@ are the public API, each defined in one module.
 module         what it holds
 =============  ==========================================================================
 ``ops``        the operations, one implementation each, with the table of what each moves
+``requests``   the calls in flight: ``Request`` (``wait``, ``test``) and ``progress``
 ``control``    calls that move no recorded data: barrier, split, small objects, node layout
 ``recording``  ``stats``: exact counts of the calls made (kind, ranks, elements, bytes)
 ``watchdog``   the collective deadline (``set_timeout``, ``timeout``, ``REFCONV_TIMEOUT``)
@@ -19,9 +20,10 @@ Only this package calls MPI to move data (tests/test_architecture.py checks it).
 
 from refconv.collectives.control import allgather_object, barrier, bcast_object, library_version, node_comm, split
 from refconv.collectives.faults import FaultInjected, fault_point, set_fault
-from refconv.collectives.ops import Request, allgather, allreduce, allreduce_, alltoallv, bcast, exchange, gather, \
-    iallgather, iallreduce_, iexchange, ireduce_scatter, progress, reduce_scatter, scatter
+from refconv.collectives.ops import allgather, allreduce, allreduce_, alltoallv, bcast, exchange, gather, iallgather, \
+    iallreduce_, iexchange, ireduce_scatter, reduce_scatter, scatter
 from refconv.collectives.recording import KINDS, CommStats, Record, Region, stats
+from refconv.collectives.requests import Request, progress
 from refconv.collectives.staging import cuda_aware
 from refconv.collectives.watchdog import EXIT_TIMEOUT, TRAINING_TIMEOUT_S, env_timeout, get_timeout, \
     set_timeout, timeout

@@ -27,13 +27,13 @@ function               MPI call                     ``stats`` bytes recorded (pe
 The figures are buffer sizes by definition, not wire traffic: a size-1 communicator
 records the same figures (with ``comm_size=1``) and makes no MPI call.
 
-The ``i...`` forms start the call and return a :class:`Request`; its ``wait()``
+The ``i...`` forms start the call and return a ``Request`` (refconv.collectives.requests); its ``wait()``
 finishes it and returns the result, under the deadline (``guard`` brackets the wait,
 and ``stats`` counts the seconds waited).  They are recorded when started, with
 ``overlap``: what the caller computes before it waits (``""``: nothing, a blocking
 call).  ``reduce_scatter``, ``allgather`` and ``exchange`` are their ``i...`` form
 waited for at once, so each operation has one implementation and an overlapped call
-moves exactly what its blocking form moves.  :func:`progress` tests every call in
+moves exactly what its blocking form moves.  ``requests.progress`` tests every call in
 flight: MPICH progresses a nonblocking call only inside MPI calls unless
 ``MPICH_ASYNC_PROGRESS=1`` (docs/parallel.md, "Overlap").
 
@@ -50,13 +50,13 @@ of x would make either depend on the communicator's size.
 """
 
 import numbers
-import time
 
 import numpy
 from mpi4py import MPI
 
 from refconv import arrays
 from refconv.collectives.recording import stats
+from refconv.collectives.requests import Request, finished
 from refconv.collectives.staging import (block_types, cuda_aware, displs, empty, from_mpi, new, spec,
                                          split_axis, to_mpi)
 from refconv.collectives.watchdog import guard
@@ -81,60 +81,6 @@ def _check_axis(x, axis, what):
         raise ValueError(f"{what}: axis must be an int in [-{x.ndim}, {x.ndim}) for x of shape "
                          f"{tuple(x.shape)}, got {axis!r}")
     return int(axis) % x.ndim
-
-
-class Request:
-    """A call started by an ``i...`` function: ``wait()`` finishes it and returns its result.
-
-    ``test()`` lets MPI progress it and says whether it has finished.  ``finish`` turns the
-    received buffers into the result once MPI is done with them.
-    """
-
-    def __init__(self, kind, comm, requests, finish, buffers=None, overlap=""):
-        self.kind, self.comm, self._requests, self._finish, self._buffers = kind, comm, requests, finish, buffers
-        self.overlap, self.started = overlap, time.perf_counter()
-        self._done, self._result = False, None
-        if requests:
-            _IN_FLIGHT.add(self)
-
-    def test(self):
-        """True when MPI has finished the call (``wait()`` then returns without waiting)."""
-        if self._done or not self._requests:
-            return True
-        if MPI.Request.Testall(self._requests):
-            _IN_FLIGHT.discard(self)
-            self._requests = []
-            now = time.perf_counter()
-            stats.add_event(self.kind, self.overlap, self.started, now, now)  # finished while polled: no wait
-            return True
-        return False
-
-    def wait(self):
-        """The result, once MPI has finished (the time waited is the kind's, as a blocking call's)."""
-        if not self._done:
-            if self._requests:
-                with guard(self.kind, self.comm, self._buffers or {}, started=self.started, overlap=self.overlap):
-                    MPI.Request.Waitall(self._requests)
-                _IN_FLIGHT.discard(self)
-            self._result, self._done = self._finish(), True
-            self._requests = self._finish = self._buffers = None
-        return self._result
-
-
-_IN_FLIGHT = set()  # the Requests started and not yet finished, for progress()
-
-
-def progress():
-    """Test every call in flight, so that MPI moves them on (MPI_Test polling); returns how many
-    are still in flight.  Cheap: call it between chunks of compute while calls overlap it."""
-    for request in list(_IN_FLIGHT):
-        request.test()
-    return len(_IN_FLIGHT)
-
-
-def _finished(result):
-    """A Request with nothing in flight (a one-rank communicator: no MPI call)."""
-    return Request(None, None, [], lambda: result)
 
 
 def allreduce(comm, x, op="sum", *, out=None):
@@ -190,7 +136,7 @@ def iallreduce_(comm, x, op="sum", *, overlap=""):
     """
     stats.add("allreduce", comm.Get_size(), x.size, x.nbytes, overlap=overlap)
     if comm.Get_size() == 1:   # the sum of one rank's x is x
-        return _finished(x)
+        return finished(x)
     buf = to_mpi(x)            # x itself when MPI can take it, else a contiguous host copy
     if buf is x and arrays.is_device_array(x):
         arrays.synchronize()
@@ -218,7 +164,7 @@ def ireduce_scatter(comm, x, counts, axis=0, *, overlap=""):
     counts = _check_counts(comm, counts, x.shape[axis], "reduce_scatter")
     stats.add("reduce_scatter", comm.Get_size(), x.size, x.nbytes, overlap=overlap)
     if comm.Get_size() == 1:
-        return _finished(arrays.array_module(x).array(x, copy=True))
+        return finished(arrays.array_module(x).array(x, copy=True))
     size, me = comm.Get_size(), comm.Get_rank()
     outer, length, inner = split_axis(x.shape, axis)
     start, item = displs(counts)[me], x.itemsize
@@ -256,7 +202,7 @@ def iallgather(comm, x, counts, axis=0, *, overlap=""):
     outer, _, inner = split_axis(x.shape, axis)
     stats.add("allgather", size, total * outer * inner, total * outer * inner * x.itemsize, overlap=overlap)
     if size == 1:
-        return _finished(arrays.array_module(x).array(x, copy=True))
+        return finished(arrays.array_module(x).array(x, copy=True))
     send = to_mpi(x)                                        # (outer, L_me, inner)
     recv = empty(x.shape[:axis] + (total,) + x.shape[axis + 1:], send.dtype, x)  # (outer, L, inner)
     blocks = block_types(send.dtype, outer, counts, inner, total * inner)

@@ -1,0 +1,71 @@
+"""The calls in flight: a :class:`Request` per call started by an ``i...`` operation
+(refconv.collectives.ops), and :func:`progress`, which lets MPI move them on.
+
+A Request holds the MPI requests of its call and a ``finish`` that turns the received
+buffers into the result once MPI is done with them.  ``wait()`` runs under the
+collective deadline (``guard``) and counts the seconds waited in ``stats``, as a
+blocking call's; ``test()`` polls.  MPICH progresses a nonblocking call only inside
+MPI calls unless ``MPICH_ASYNC_PROGRESS=1``, so work that overlaps calls in flight
+calls :func:`progress` between its chunks (docs/parallel.md, "Overlap").
+"""
+
+import time
+
+from mpi4py import MPI
+
+from refconv.collectives.recording import stats
+from refconv.collectives.watchdog import guard
+
+
+class Request:
+    """A call started by an ``i...`` function: ``wait()`` finishes it and returns its result.
+
+    ``test()`` lets MPI progress it and says whether it has finished.  ``finish`` turns the
+    received buffers into the result once MPI is done with them.
+    """
+
+    def __init__(self, kind, comm, requests, finish, buffers=None, overlap=""):
+        self.kind, self.comm, self._requests, self._finish, self._buffers = kind, comm, requests, finish, buffers
+        self.overlap, self.started = overlap, time.perf_counter()
+        self._done, self._result = False, None
+        if requests:
+            _IN_FLIGHT.add(self)
+
+    def test(self):
+        """True when MPI has finished the call (``wait()`` then returns without waiting)."""
+        if self._done or not self._requests:
+            return True
+        if MPI.Request.Testall(self._requests):
+            _IN_FLIGHT.discard(self)
+            self._requests = []
+            now = time.perf_counter()
+            stats.add_event(self.kind, self.overlap, self.started, now, now)  # finished while polled: no wait
+            return True
+        return False
+
+    def wait(self):
+        """The result, once MPI has finished (the time waited is the kind's, as a blocking call's)."""
+        if not self._done:
+            if self._requests:
+                with guard(self.kind, self.comm, self._buffers or {}, started=self.started, overlap=self.overlap):
+                    MPI.Request.Waitall(self._requests)
+                _IN_FLIGHT.discard(self)
+            self._result, self._done = self._finish(), True
+            self._requests = self._finish = self._buffers = None
+        return self._result
+
+
+_IN_FLIGHT = set()  # the Requests started and not yet finished, for progress()
+
+
+def progress():
+    """Test every call in flight, so that MPI moves them on (MPI_Test polling); returns how many
+    are still in flight.  Cheap: call it between chunks of compute while calls overlap it."""
+    for request in list(_IN_FLIGHT):
+        request.test()
+    return len(_IN_FLIGHT)
+
+
+def finished(result):
+    """A Request with nothing in flight (a one-rank communicator: no MPI call)."""
+    return Request(None, None, [], lambda: result)
