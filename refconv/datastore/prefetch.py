@@ -6,21 +6,28 @@
         x_loc = local_block(x_b, d, r)        # already read: the thread did it during the last step
 
 The order is :func:`refconv.datasets.batches`' (a function of seed and epoch), unchanged.  The
-thread reads at most ``depth`` blocks ahead of the step (a semaphore of ``depth`` slots: a slot
-is taken before a block is read and given back when the step takes it), so this rank holds at
-most ``depth + 2`` blocks: ``depth`` ahead, the one the step trains on, and the one before it
-until the first layer lets go of it.  ``depth=0``, or images in memory, read in the step as before.
-An error in the thread (a NaN in a block, a file gone) is raised in the training thread at the
-batch it belongs to.  The thread does no MPI.
+thread reads into a pool of ``depth + 1`` blocks: one the step trains on, and ``depth`` read
+ahead.  It reads the next block into a block of the pool that nothing else refers to any more
+(its reference count): the block of the step before, once the first layer has let go of it at
+this step's forward.  So this rank holds at most ``depth + 1`` blocks of input, however long the
+run.  A caller that keeps every block it was given (a list of batches) would leave none free:
+when the step waits for a batch and none is free, the thread reads into a new block, which the
+pool takes in place of one the caller keeps.  ``depth=0``, or images in memory, read in the step
+as before.  An error in the thread (a NaN in a block, a file gone) is raised in the training
+thread at the batch it belongs to.  The thread does no MPI.
 """
 
 import queue
+import sys
 import threading
+import time
+
+import numpy
 
 from refconv import datasets
 from refconv.datastore.images import StoreImages
 
-__all__ = ["batches", "Prefetcher"]
+__all__ = ["batches", "Prefetcher", "Pool"]
 
 _END = object()
 
@@ -38,24 +45,27 @@ class Prefetcher:
     """Iterate ``(x_b, y_b)`` with ``x_b``'s block read ahead by a daemon thread (see the module)."""
 
     def __init__(self, batches, distribution, rank, depth):
-        self._queue = queue.Queue()                  # bounded by the slots: at most depth + 1 items
-        self._slots = threading.Semaphore(depth)
+        self._queue = queue.Queue()                  # at most depth items: each holds a block of the pool
+        self._wanted = threading.Event()             # the step waits for a batch
         self._stop = threading.Event()
+        starving = lambda: self._wanted.is_set() and self._queue.empty()  # noqa: E731
+        self.pool = Pool(depth + 1, distribution.local_shape(rank), starving, self._stop)
         self._thread = threading.Thread(target=_read, name="refconv-prefetch", daemon=True,
-                                        args=(batches, distribution, rank, self._queue, self._slots, self._stop))
+                                        args=(batches, distribution, rank, self._queue, self.pool, self._stop))
         self._thread.start()
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        self._wanted.set()
         item = self._queue.get()
+        self._wanted.clear()
         if item is _END:
             raise StopIteration
         if isinstance(item, BaseException):
             self.close()
             raise item
-        self._slots.release()
         return item
 
     def close(self):
@@ -66,16 +76,39 @@ class Prefetcher:
         self._stop.set()
 
 
-def _read(batches, distribution, rank, out, slots, stop):
-    """The thread: read each batch's block once a slot is free; end with _END or the error."""
+class Pool:
+    """``size`` blocks of ``shape`` to read into, each handed out again once nothing refers to it."""
+
+    POLL = 0.001                                     # seconds between looks for a free block
+
+    def __init__(self, size, shape, starving, stop):
+        self.blocks = [None] * size
+        self.shape, self.starving, self.stop = tuple(shape), starving, stop
+
+    def free(self, dtype):
+        """A block nobody else holds (None once stopped); a new one when the step waits and none is."""
+        while not self.stop.is_set():
+            for k in range(len(self.blocks)):
+                if self.blocks[k] is None or self.blocks[k].dtype != dtype:
+                    self.blocks[k] = numpy.empty(self.shape, dtype)   # x_loc: (n_loc, C_loc, H_loc, W_loc)
+                    return self.blocks[k]
+                if sys.getrefcount(self.blocks[k]) == 2:             # the list's and the argument's
+                    return self.blocks[k]
+            if self.starving():                                       # the caller keeps them all
+                self.blocks[0] = numpy.empty(self.shape, dtype)
+                return self.blocks[0]
+            time.sleep(self.POLL)
+        return None
+
+
+def _read(batches, distribution, rank, out, pool, stop):
+    """The thread: read each batch's block into a free block of the pool; end with _END or the error."""
     try:
         for x_b, y_b in batches:
-            while not slots.acquire(timeout=0.1):
-                if stop.is_set():
-                    return
+            block = pool.free(x_b.dtype) if tuple(distribution.local_shape(rank)) == pool.shape else None
             if stop.is_set():
                 return
-            out.put((x_b.read_ahead(distribution, rank), y_b))
+            out.put((x_b.read_ahead(distribution, rank, block), y_b))
         out.put(_END)
     except BaseException as exc:                     # handed to the training thread, raised there
         out.put(exc)
