@@ -67,7 +67,7 @@ def draw(path):
     right.set_ylim(-0.8, 2.4)
     right.axis("off")
     right.set_title("--prefetch 1: block k+1 is read while step k trains;\n"
-                    "held at most: prefetch + 2 blocks", fontsize=10)
+                    "held at most: prefetch + 1 blocks, reused", fontsize=10)
     plot.save(fig, path)
 
 

@@ -58,7 +58,7 @@ def run(args, comm, env):
     if args.data is not None:
         path, folder = args.data, None
     else:
-        folder = checks_folder(args, comm)
+        folder = checks_folder(args, comm, samples * 3 * size * size * 4)
         path = os.path.join(folder, {"hdf5": "store.h5", "images": "images"}.get(args.store, "store"))
         if comm.Get_rank() == 0:
             write_synthetic(path, samples, size, report=progress_line(samples))
@@ -80,11 +80,16 @@ def run(args, comm, env):
     return [line]
 
 
-def checks_folder(args, comm):
-    """A new folder for the synthetic store under ``--dir`` (checked on every rank), the same on every rank."""
+def checks_folder(args, comm, nbytes):
+    """A new folder for a synthetic store of about ``nbytes`` under ``--dir``, the same on every rank;
+    a ``--dir`` that is no folder, or a disk with less free space, is refused on every rank alike."""
     parent = args.dir or tempfile.gettempdir()
     if not os.path.isdir(parent):
         raise BenchError(f"--dir: {parent!r} is not a folder; give an existing folder for the synthetic store")
+    free = collectives.bcast_object(comm, shutil.disk_usage(parent).free if comm.Get_rank() == 0 else None)
+    if nbytes > 0.9 * free:
+        raise BenchError(f"--store-gib: a store of {nbytes / 2**30:,.1f} GiB does not fit in the "
+                         f"{free / 2**30:,.1f} GiB free under {parent!r}; give a smaller --store-gib or another --dir")
     return collectives.bcast_object(comm, tempfile.mkdtemp(prefix="refconv-bench-data-", dir=parent)
                                     if comm.Get_rank() == 0 else None)
 
@@ -106,7 +111,7 @@ def write_synthetic(path, n, size, seed=0, report=lambda i, nbytes: None):
     ``report(i, bytes)`` after sample i."""
     rng = numpy.random.default_rng(seed)
     y = rng.integers(0, 10, n)
-    sample = lambda: rng.standard_normal((3, size, size), numpy.float32)  # noqa: E731
+    sample = lambda: rng.random((3, size, size), numpy.float32)  # noqa: E731  (finite, and quick to draw)
     if os.path.basename(path) == "images":
         from PIL import Image
         for i in range(n):

@@ -36,7 +36,8 @@ import os
 import numpy
 
 from refconv import collectives, datasets, datastore, train
-from refconv.bench.common import BenchError, grid_text, option, pause_for, record, time_ranks
+from refconv.bench import timing
+from refconv.bench.common import BenchError, grid_text, option, record, time_ranks
 from refconv.model_spec import conv_layer
 from refconv.optim import SGD
 
@@ -160,9 +161,9 @@ def run_memory(args, comm, env, path, grid, batch):
         for r, m in enumerate(ranks):
             print(f"  rank {r}: peak RSS {m['peak_rss_bytes'] / 2**20:,.1f} MiB = model's own "
                   f"{m['model_own_bytes'] / 2**20:,.1f} MiB (RSS before data {m['rss_before_data_bytes'] / 2**20:,.1f}"
-                  f") + {m['blocks_held']:.2f} blocks of {m['block_bytes'] / 2**20:,.2f} MiB"
+                  f") + {m['blocks_held']:.3f} blocks of {m['block_bytes'] / 2**20:,.2f} MiB"
                   + ("" if m["peak_reset"] else " (the peak could not be reset: an upper bound)"))
-        print(f"  most blocks held on any rank: {worst:.2f} (target: below 2): {'met' if worst < 2 else 'NOT met'}")
+        print(f"  most blocks held on any rank: {worst:.3f} (target: below 2): {'met' if worst < 2 else 'NOT met'}")
     return record("data", label, env, config, {}, extra=extra)
 
 
@@ -184,7 +185,7 @@ def run_prefetch(args, comm, env, path, grid, batch):
         train.step(model, optimizer, x_b, y_b)
 
     contenders = {"memory": lambda: train.step(model, optimizer, held_x, held_y), "store": from_store}
-    times = time_ranks(comm, contenders, repeat, warmup, pause_for(env), window=args.window, settle=args.window / 2)
+    times = time_ranks(comm, contenders, repeat, warmup, timing.PAUSE, window=args.window, settle=args.window / 2)
     batches.close()
     ratios = [s / m for s, m in zip(times["store"], times["memory"])]
     label = grid_text(grid)
