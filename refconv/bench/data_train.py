@@ -88,12 +88,16 @@ def _model(args, comm, env, grid, x, y, batch):
     return model, SGD(model, cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
-def _stream(x, y, batch, model, rank, depth):
-    """Batches of every epoch in turn, each rank's block read ahead by ``depth`` (prefetch.py)."""
+def _stream(x, y, batch, model, rank, depth, readers=None):
+    """Batches of every epoch in turn, each rank's block read ahead by ``depth`` (prefetch.py); each
+    epoch's reader is appended to ``readers``."""
     epoch = 0
     while True:
-        yield from datastore.batches(x, y, batch, seed=0, epoch=epoch, drop_last=True,
-                                     distribution=model.input_distribution, rank=rank, depth=depth)
+        reader = datastore.batches(x, y, batch, seed=0, epoch=epoch, drop_last=True,
+                                   distribution=model.input_distribution, rank=rank, depth=depth)
+        if readers is not None:
+            readers.append(reader)
+        yield from reader
         epoch += 1
 
 
@@ -178,7 +182,8 @@ def run_prefetch(args, comm, env, path, grid, batch):
     x, y = _open(path, args, batch)
     model, optimizer = _model(args, comm, env, grid, x, y, batch)
     held_x, held_y = _held(x, y, batch, model, rank)
-    batches = _stream(x, y, batch, model, rank, depth)
+    readers = []                                     # each epoch's Prefetcher: the thread's CPU per block
+    batches = _stream(x, y, batch, model, rank, depth, readers)
 
     def from_store():
         x_b, y_b = next(batches)
@@ -188,6 +193,9 @@ def run_prefetch(args, comm, env, path, grid, batch):
     times = time_ranks(comm, contenders, repeat, warmup, timing.PAUSE, window=args.window, settle=args.window / 2)
     batches.close()
     ratios = [s / m for s, m in zip(times["store"], times["memory"])]
+    medians = [float(numpy.median([t for r in readers for t in getattr(r, name)]))
+               for name in ("read_cpu_s", "read_s", "waited_s")]
+    read_cpu, read_wall, waited = numpy.max(collectives.allgather_object(comm, medians), axis=0)  # slowest rank's
     label = grid_text(grid)
     config = {"ranks": comm.Get_size(), "grid": grid, "batch": batch, "dtype": args.dtype, "repeat": repeat,
               "warmup": warmup, "prefetch": depth, "mode": "prefetch", "model": _model_name(args),
@@ -195,7 +203,8 @@ def run_prefetch(args, comm, env, path, grid, batch):
               "sample_shape": list(x.shape[1:]), "window_s": args.window, "sweep": args.sweep}
     median = float(numpy.median(ratios))
     extra = {"ratio": {"median": median, "min": min(ratios), "max": max(ratios), "values": ratios},
-             "within_5_percent": median <= 1.05}
+             "within_5_percent": median <= 1.05,
+             "read_cpu_s": read_cpu, "read_s": read_wall, "waited_s": waited}
     line = record("data", label, env, config, times, extra=extra)
     if rank == 0:
         p = line["passes"]
@@ -204,4 +213,7 @@ def run_prefetch(args, comm, env, path, grid, batch):
               f"{p['memory']['median'] * 1e3:.1f} ms, read ahead from the store {p['store']['median'] * 1e3:.1f} ms "
               f"(medians); store / memory per round: median {median:.3f} (min {min(ratios):.3f}, max "
               f"{max(ratios):.3f}); within 5%: {median <= 1.05}")
+        print(f"  medians, slowest rank: a block takes the reader thread {read_wall * 1e3:.1f} ms ({read_cpu * 1e3:.1f} "
+              f"ms of CPU: {read_cpu / p['memory']['median']:.0%} of the step in memory, what a rank without a free "
+              f"core for its reader adds to the step); the step waits {waited * 1e3:.1f} ms for its block")
     return line

@@ -50,8 +50,11 @@ class Prefetcher:
         self._stop = threading.Event()
         starving = lambda: self._wanted.is_set() and self._queue.empty()  # noqa: E731
         self.pool = Pool(depth + 1, distribution.local_shape(rank), starving, self._stop)
+        self.read_cpu_s, self.read_s = [], []        # per block: the thread's CPU seconds, and wall seconds
+        self.waited_s = []                           # per batch: seconds the step waited for it
         self._thread = threading.Thread(target=_read, name="refconv-prefetch", daemon=True,
-                                        args=(batches, distribution, rank, self._queue, self.pool, self._stop))
+                                        args=(batches, distribution, rank, self._queue, self.pool, self._stop,
+                                              self.read_cpu_s, self.read_s))
         self._thread.start()
 
     def __iter__(self):
@@ -59,7 +62,9 @@ class Prefetcher:
 
     def __next__(self):
         self._wanted.set()
+        start = time.perf_counter()
         item = self._queue.get()
+        self.waited_s.append(time.perf_counter() - start)
         self._wanted.clear()
         if item is _END:
             raise StopIteration
@@ -101,14 +106,18 @@ class Pool:
         return None
 
 
-def _read(batches, distribution, rank, out, pool, stop):
+def _read(batches, distribution, rank, out, pool, stop, cpu, wall):
     """The thread: read each batch's block into a free block of the pool; end with _END or the error."""
     try:
         for x_b, y_b in batches:
             block = pool.free(x_b.dtype) if tuple(distribution.local_shape(rank)) == pool.shape else None
             if stop.is_set():
                 return
-            out.put((x_b.read_ahead(distribution, rank, block), y_b))
+            start, t0 = time.thread_time(), time.perf_counter()
+            x_b.read_ahead(distribution, rank, block)
+            cpu.append(time.thread_time() - start)
+            wall.append(time.perf_counter() - t0)
+            out.put((x_b, y_b))
         out.put(_END)
     except BaseException as exc:                     # handed to the training thread, raised there
         out.put(exc)
