@@ -46,8 +46,8 @@ class Prefetcher:
 
     def __init__(self, batches, distribution, rank, depth):
         self._queue = queue.Queue()                  # at most depth items: each holds a block of the pool
-        self._wanted = threading.Event()             # the step waits for a batch
         self._stop = threading.Event()
+        self._wanted = threading.Event()             # the step waits for a batch
         starving = lambda: self._wanted.is_set() and self._queue.empty()  # noqa: E731
         self.pool = Pool(depth + 1, distribution.local_shape(rank), starving, self._stop)
         self.read_cpu_s, self.read_s = [], []        # per block: the thread's CPU seconds, and wall seconds
@@ -62,10 +62,12 @@ class Prefetcher:
 
     def __next__(self):
         self._wanted.set()
+        self.pool.taken.set()
         start = time.perf_counter()
         item = self._queue.get()
         self.waited_s.append(time.perf_counter() - start)
         self._wanted.clear()
+        self.pool.taken.set()                        # taken: the block before it is let go of soon
         if item is _END:
             raise StopIteration
         if isinstance(item, BaseException):
@@ -89,9 +91,15 @@ class Pool:
     def __init__(self, size, shape, starving, stop):
         self.blocks = [None] * size
         self.shape, self.starving, self.stop = tuple(shape), starving, stop
+        self.taken = threading.Event()               # set when the step asks for a batch
 
     def free(self, dtype):
-        """A block nobody else holds (None once stopped); a new one when the step waits and none is."""
+        """A block nobody else holds (None once stopped); a new one when the step waits and none is.
+
+        With none free, the thread sleeps until the step asks for a batch (no wake-ups that would
+        take Python's lock from the step), then looks every ``POLL`` seconds until the first layer
+        lets go of the block before."""
+        looking = False
         while not self.stop.is_set():
             for k in range(len(self.blocks)):
                 if self.blocks[k] is None or self.blocks[k].dtype != dtype:
@@ -102,7 +110,13 @@ class Pool:
             if self.starving():                                       # the caller keeps them all
                 self.blocks[0] = numpy.empty(self.shape, dtype)
                 return self.blocks[0]
-            time.sleep(self.POLL)
+            if self.taken.is_set():
+                self.taken.clear()
+                looking = True
+            if looking:
+                time.sleep(self.POLL)
+            else:
+                self.taken.wait(0.1)                                 # wakes at once when the step asks
         return None
 
 
