@@ -7,18 +7,18 @@
 
 The order is :func:`refconv.datasets.batches`' (a function of seed and epoch), unchanged.  The
 thread reads into a pool of ``depth + 1`` blocks: one the step trains on, and ``depth`` read
-ahead.  It reads the next block into a block of the pool that nothing else refers to any more
-(its reference count): the block of the step before, once the first layer has let go of it at
-this step's forward.  So this rank holds at most ``depth + 1`` blocks of input, however long the
-run.  A caller that keeps every block it was given (a list of batches) would leave none free:
-when the step waits for a batch and none is free, the thread reads into a new block, which the
-pool takes in place of one the caller keeps.  ``depth=0``, or images in memory, read in the step
-as before.  An error in the thread (a NaN in a block, a file gone) is raised in the training
-thread at the batch it belongs to.  The thread does no MPI.
+ahead.  It reads the next block into a block of the pool that nothing refers to any more: the
+block of the step before, once the first layer has let go of it at this step's forward (each
+block goes out with a lease that gives it back when its last view dies, :class:`Pool`; the
+thread sleeps until then).  So this rank holds at most ``depth + 1`` blocks of input, however
+long the run.  A caller that keeps every block it was given (a list of batches) would leave
+none free: when the step waits for a batch and none is free, the thread reads into a new block,
+which the pool takes in place of one the caller keeps.  ``depth=0``, or images in memory, read
+in the step as before.  An error in the thread (a NaN in a block, a file gone) is raised in the
+training thread at the batch it belongs to.  The thread does no MPI.
 """
 
 import queue
-import sys
 import threading
 import time
 
@@ -62,12 +62,11 @@ class Prefetcher:
 
     def __next__(self):
         self._wanted.set()
-        self.pool.taken.set()
+        self.pool.wake.set()                         # every block held? then the thread makes one
         start = time.perf_counter()
         item = self._queue.get()
         self.waited_s.append(time.perf_counter() - start)
         self._wanted.clear()
-        self.pool.taken.set()                        # taken: the block before it is let go of soon
         if item is _END:
             raise StopIteration
         if isinstance(item, BaseException):
@@ -84,40 +83,55 @@ class Prefetcher:
 
 
 class Pool:
-    """``size`` blocks of ``shape`` to read into, each handed out again once nothing refers to it."""
+    """``size`` blocks of ``shape`` to read into, each handed out again once nothing refers to it.
 
-    POLL = 0.001                                     # seconds between looks for a free block
+    A block goes out as an array whose memory belongs to a :class:`_Lease` (NumPy keeps that
+    object as the ``base`` of every view taken of it), so the lease dies when the last view
+    does: the step's, the first layer's saved input, any reshape of them.  Its death gives the
+    block back and wakes the thread, which otherwise sleeps."""
 
     def __init__(self, size, shape, starving, stop):
-        self.blocks = [None] * size
+        self.blocks = [None] * size                  # each (n_loc, C_loc, H_loc, W_loc), or None
+        self.leased = [False] * size
         self.shape, self.starving, self.stop = tuple(shape), starving, stop
-        self.taken = threading.Event()               # set when the step asks for a batch
+        self.wake = threading.Event()                # a block given back, or the step asks for a batch
 
     def free(self, dtype):
-        """A block nobody else holds (None once stopped); a new one when the step waits and none is.
-
-        With none free, the thread sleeps until the step asks for a batch (no wake-ups that would
-        take Python's lock from the step), then looks every ``POLL`` seconds until the first layer
-        lets go of the block before."""
-        looking = False
+        """A block nobody holds, as a new lease (None once stopped); a new block when the step
+        waits for a batch and every block is held (a caller that keeps them all)."""
         while not self.stop.is_set():
+            self.wake.clear()                        # before looking: a give-back from now on wakes us
             for k in range(len(self.blocks)):
                 if self.blocks[k] is None or self.blocks[k].dtype != dtype:
-                    self.blocks[k] = numpy.empty(self.shape, dtype)   # x_loc: (n_loc, C_loc, H_loc, W_loc)
-                    return self.blocks[k]
-                if sys.getrefcount(self.blocks[k]) == 2:             # the list's and the argument's
-                    return self.blocks[k]
-            if self.starving():                                       # the caller keeps them all
-                self.blocks[0] = numpy.empty(self.shape, dtype)
-                return self.blocks[0]
-            if self.taken.is_set():
-                self.taken.clear()
-                looking = True
-            if looking:
-                time.sleep(self.POLL)
-            else:
-                self.taken.wait(0.1)                                 # wakes at once when the step asks
+                    self.blocks[k] = numpy.empty(self.shape, dtype)
+                    return self._lease(k)
+                if not self.leased[k]:
+                    return self._lease(k)
+            if self.starving():
+                self.blocks[0] = numpy.empty(self.shape, dtype)      # the caller keeps the old one
+                return self._lease(0)
+            self.wake.wait(0.1)
         return None
+
+    def _lease(self, k):
+        self.leased[k] = True
+        return numpy.asarray(_Lease(self, k, self.blocks[k]))
+
+    def give_back(self, k, block):
+        if self.blocks[k] is block:                  # not a block the pool has since replaced
+            self.leased[k] = False
+            self.wake.set()
+
+
+class _Lease:
+    """Owns a block's memory for NumPy (``__array_interface__``); gives the block back when it dies."""
+
+    def __init__(self, pool, k, block):
+        self.pool, self.k, self.block = pool, k, block
+        self.__array_interface__ = block.__array_interface__
+
+    def __del__(self):
+        self.pool.give_back(self.k, self.block)
 
 
 def _read(batches, distribution, rank, out, pool, stop, cpu, wall):
