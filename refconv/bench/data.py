@@ -52,6 +52,7 @@ def run(args, comm, env):
     grid = full_grid(args.grid or {"sample": P}, P)
     batch = option(args, "batch", 32)
     size = option(args, "image_size", 64)
+    option(args, "prefetch", 1, minimum=0)                              # checked before a store is written
     if args.mode == "memory" and args.store != "npy":
         raise BenchError(f"--store: --mode memory writes an npy store (sized by --store-gib), not {args.store}")
     samples = data_train.store_samples(args, comm, size) if args.mode == "memory" else 4 * batch

@@ -138,7 +138,7 @@ def run_memory(args, comm, env, path, grid, batch):
     model_own = status("VmHWM") - block
     del x_b, y_b
     reset = reset_peak()
-    batches = _stream(x, y, batch, model, rank, args.prefetch)
+    batches = _stream(x, y, batch, model, rank, option(args, "prefetch", 1, minimum=0))
     read0 = x.store.bytes_read
     for _ in range(repeat):
         x_b, y_b = next(batches)
@@ -146,14 +146,15 @@ def run_memory(args, comm, env, path, grid, batch):
     batches.close()
     peak = status("VmHWM")
     mine = {"peak_rss_bytes": peak, "block_bytes": block, "model_own_bytes": model_own,
-            "rss_before_data_bytes": before, "parameter_bytes": model.num_parameters() * numpy.dtype(args.dtype).itemsize,
-            "blocks_held": (peak - model_own) / block, "bytes_read": x.store.bytes_read - read0,
-            "peak_reset": reset}
+            "rss_before_data_bytes": before, "blocks_held": (peak - model_own) / block,
+            "parameter_bytes": model.num_parameters() * numpy.dtype(args.dtype).itemsize,
+            "bytes_read": x.store.bytes_read - read0, "peak_reset": reset}
     ranks = collectives.allgather_object(comm, mine)
     store_bytes = x.shape[0] * int(numpy.prod(x.shape[1:])) * x.store.dtype.itemsize
     label = grid_text(grid)
     config = {"ranks": comm.Get_size(), "grid": grid, "batch": batch, "dtype": args.dtype, "repeat": repeat,
-              "warmup": warmup, "prefetch": args.prefetch, "mode": "memory", "model": _model_name(args),
+              "warmup": warmup, "prefetch": option(args, "prefetch", 1, minimum=0), "mode": "memory",
+              "model": _model_name(args),
               "sample_shape": list(x.shape[1:]), "store_bytes": store_bytes, "sweep": args.sweep}
     worst = max(r["blocks_held"] for r in ranks)
     extra = {"ranks": ranks, "store_bytes": store_bytes, "node_memory_bytes": node_memory(),
@@ -161,7 +162,7 @@ def run_memory(args, comm, env, path, grid, batch):
     if rank == 0:
         print(f"{label}, store {store_bytes / 2**30:,.2f} GiB ({x.shape[0]:,} samples of {tuple(x.shape[1:])}) = "
               f"{store_bytes * comm.Get_size() / node_memory():.2f} x memory / ranks; batch {batch}, "
-              f"--prefetch {args.prefetch}, {repeat} steps read from the store")
+              f"--prefetch {config['prefetch']}, {repeat} steps read from the store")
         for r, m in enumerate(ranks):
             print(f"  rank {r}: peak RSS {m['peak_rss_bytes'] / 2**20:,.1f} MiB = model's own "
                   f"{m['model_own_bytes'] / 2**20:,.1f} MiB (RSS before data {m['rss_before_data_bytes'] / 2**20:,.1f}"
@@ -178,7 +179,7 @@ def _model_name(args):
 # -- --mode prefetch --------------------------------------------------------------------------------------
 def run_prefetch(args, comm, env, path, grid, batch):
     rank, repeat, warmup = comm.Get_rank(), option(args, "repeat", 7), option(args, "warmup", 1, minimum=0)
-    depth = max(args.prefetch, 1)
+    depth = option(args, "prefetch", 1)          # at least 1: the contender is the step read ahead
     x, y = _open(path, args, batch)
     model, optimizer = _model(args, comm, env, grid, x, y, batch)
     held_x, held_y = _held(x, y, batch, model, rank)
@@ -213,7 +214,8 @@ def run_prefetch(args, comm, env, path, grid, batch):
               f"{p['memory']['median'] * 1e3:.1f} ms, read ahead from the store {p['store']['median'] * 1e3:.1f} ms "
               f"(medians); store / memory per round: median {median:.3f} (min {min(ratios):.3f}, max "
               f"{max(ratios):.3f}); within 5%: {median <= 1.05}")
-        print(f"  medians, slowest rank: a block takes the reader thread {read_wall * 1e3:.1f} ms ({read_cpu * 1e3:.1f} "
+        print(f"  medians, slowest rank: a block takes the reader thread {read_wall * 1e3:.1f} ms "
+              f"({read_cpu * 1e3:.1f} "
               f"ms of CPU: {read_cpu / p['memory']['median']:.0%} of the step in memory, what a rank without a free "
               f"core for its reader adds to the step); the step waits {waited * 1e3:.1f} ms for its block")
     return line
