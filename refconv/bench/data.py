@@ -114,7 +114,7 @@ def write_synthetic(path, n, size, seed=0, report=lambda i, nbytes: None):
     y = rng.integers(0, 10, n)
     sample = lambda: rng.random((3, size, size), numpy.float32)  # noqa: E731  (finite, and quick to draw)
     if os.path.basename(path) == "images":
-        from PIL import Image
+        Image = datastore.imagefolder.import_pillow()
         for i in range(n):
             folder = os.path.join(path, f"class{y[i]}")
             os.makedirs(folder, exist_ok=True)

@@ -21,7 +21,7 @@ import numpy
 
 from refconv.datastore.formats import Store
 
-__all__ = ["ImageFolder", "is_image_folder", "normalise", "EXTENSIONS", "MEAN", "STD", "TABLE"]
+__all__ = ["ImageFolder", "is_image_folder", "normalise", "import_pillow", "EXTENSIONS", "MEAN", "STD", "TABLE"]
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 MEAN = numpy.array([0.485, 0.456, 0.406])     # per channel (R, G, B), of pixel / 255
@@ -39,7 +39,7 @@ class ImageFolder(Store):
 
     def __init__(self, path, size):
         where = f"data {os.fspath(path)!r}"
-        Image = _pillow()
+        Image = import_pillow()
         self.classes = sorted(n for n in os.listdir(path) if os.path.isdir(os.path.join(path, n)))
         self.files, labels = [], []
         for k, name in enumerate(self.classes):
@@ -63,7 +63,7 @@ class ImageFolder(Store):
 
     def pixels(self, i):
         """Sample ``i`` decoded: ``(size, size, 3)`` uint8, RGB."""
-        Image = _pillow()
+        Image = import_pillow()
         try:
             with Image.open(self.files[i]) as image:
                 image = image.convert("RGB")
@@ -101,7 +101,7 @@ def normalise(pixels, c0, c1):
     return out
 
 
-def _pillow():
+def import_pillow():
     try:
         from PIL import Image
     except ImportError:
