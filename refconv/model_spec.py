@@ -38,7 +38,8 @@ from refconv.layers.container import Residual, Sequential
 from refconv.spec_tree import DEFAULT_KEYS, GRID_ALIASES
 
 # -- presets ---------------------------------------------------------------------------------------
-def _conv(out, kernel, stride=1, padding=0, bias=True, groups=1):
+def conv_layer(out, kernel, stride=1, padding=0, bias=True, groups=1):
+    """A conv layer's spec, with only the keys that differ from their defaults."""
     d = {"type": "conv", "out": out, "kernel": kernel}
     if stride != 1:
         d["stride"] = stride
@@ -55,9 +56,9 @@ def digits_cnn(num_classes=10, in_channels=1):
     """A small wide CNN for the 16x16 digits (about 29k parameters)."""
     # The first conv has one input channel: it cannot be split over channels, so it
     # (and its BN and ReLU) run with the channel ranks folded into the sample axis.
-    layers = [dict(_conv(32, 3, padding=1), grid="no-channel"), {"type": "batchnorm"}, {"type": "relu"},
-              _conv(32, 3, padding=1), {"type": "batchnorm"}, {"type": "relu"}]
-    layers += [{"type": "maxpool", "kernel": 2}, _conv(64, 3, padding=1), {"type": "batchnorm"}, {"type": "relu"},
+    layers = [dict(conv_layer(32, 3, padding=1), grid="no-channel"), {"type": "batchnorm"}, {"type": "relu"},
+              conv_layer(32, 3, padding=1), {"type": "batchnorm"}, {"type": "relu"}]
+    layers += [{"type": "maxpool", "kernel": 2}, conv_layer(64, 3, padding=1), {"type": "batchnorm"}, {"type": "relu"},
                {"type": "gap"}, {"type": "linear", "out": num_classes}]
     return {"name": "digits-cnn", "in_channels": in_channels, "layers": layers}
 
@@ -70,7 +71,7 @@ def _stem(channels, in_channels):
     """ResNet's stem: 7x7 stride 2, max pooling stride 2.  It has 3 input channels, so it runs
     without a channel split (see digits_cnn)."""
     bn, relu = {"type": "batchnorm"}, {"type": "relu"}
-    return [dict(_conv(channels, 7, 2, 3, bias=False), grid="no-channel"), bn, relu,
+    return [dict(conv_layer(channels, 7, 2, 3, bias=False), grid="no-channel"), bn, relu,
             {"type": "maxpool", "kernel": 3, "stride": 2, "padding": 1}]
 
 
@@ -82,12 +83,12 @@ def _bottlenecks(stages, inplanes, inner, groups=1):
     for planes, blocks, stride in stages:
         for i in range(blocks):
             s = stride if i == 0 else 1
-            body = [_conv(inner(planes), 1, bias=False), bn, relu,
-                    _conv(inner(planes), 3, s, 1, bias=False, groups=groups), bn, relu,
-                    _conv(planes * 4, 1, bias=False), bn]
+            body = [conv_layer(inner(planes), 1, bias=False), bn, relu,
+                    conv_layer(inner(planes), 3, s, 1, bias=False, groups=groups), bn, relu,
+                    conv_layer(planes * 4, 1, bias=False), bn]
             block = {"type": "residual", "layers": body}
             if s != 1 or inplanes != planes * 4:
-                block["shortcut"] = [_conv(planes * 4, 1, s, bias=False), bn]
+                block["shortcut"] = [conv_layer(planes * 4, 1, s, bias=False), bn]
             layers += [block, relu]
             inplanes = planes * 4
     return layers
@@ -122,11 +123,11 @@ def mobilenet(width=1.0, num_classes=1000, in_channels=3, blocks=MOBILENET_V1, s
     channel split, every block's input channels must be a multiple of ``channel``."""
     bn, relu = {"type": "batchnorm"}, {"type": "relu"}
     channels = int(stem * width)
-    layers = [dict(_conv(channels, 3, 2, 1, bias=False), grid="no-channel"), bn, relu]
+    layers = [dict(conv_layer(channels, 3, 2, 1, bias=False), grid="no-channel"), bn, relu]
     for out, stride in blocks:
         out = int(out * width)
-        layers += [_conv(channels, 3, stride, 1, bias=False, groups=channels), bn, relu,  # depthwise
-                   _conv(out, 1, bias=False), bn, relu]  # pointwise
+        layers += [conv_layer(channels, 3, stride, 1, bias=False, groups=channels), bn, relu,  # depthwise
+                   conv_layer(out, 1, bias=False), bn, relu]  # pointwise
         channels = out
     layers += [{"type": "gap"}, {"type": "linear", "out": num_classes}]
     return {"name": "mobilenet" if width == 1 else f"mobilenet-{width:g}", "in_channels": in_channels,

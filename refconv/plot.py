@@ -116,9 +116,7 @@ def plot_scaling(plt, table, predict, path):
         ax_t.set_yscale("log")
         ax_t.text(0.02, 0.97, "solid: measured" + ("; x dotted: predicted" if predict else "; no --machine: "
                                                    "no prediction"), transform=ax_t.transAxes, fontsize=7, va="top")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_breakdown(plt, table, predict, path):
@@ -144,9 +142,7 @@ def plot_breakdown(plt, table, predict, path):
         ax.set_title(f"{scaling} scaling, bench {bench} {workload}: where the time goes", fontsize=9)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def _by_series(table):
@@ -159,6 +155,23 @@ def _by_series(table):
 
 def _strategies(table, scaling, bench, workload):
     return [(key[3], points) for key, points in table.items() if key[:3] == (scaling, bench, workload)]
+
+
+def save(fig, path):
+    """Write ``fig`` to ``path`` as refconv's figures are written (tight layout, 110 dpi) and close it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt  # imported already by whoever drew fig
+
+    plt.close(fig)
+
+
+def figure_script(draw, default_path):
+    """The command line of a ``docs/figures`` script: ``draw(path)`` to its one argument, or to
+    ``default_path``, then print the path."""
+    path = sys.argv[1] if len(sys.argv) > 1 else default_path
+    draw(path)
+    print(path)
 
 
 def run(args):

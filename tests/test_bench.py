@@ -95,6 +95,43 @@ def test_data_line_counts_each_rank_s_bytes(tmp_path):
     assert "exactly the block on every rank: True" in result.stdout
 
 
+def test_data_memory_mode_trains_from_a_store_and_removes_it(tmp_path):
+    """--mode memory on a tiny store: a progress line at each tenth of the writing, per rank the
+    block's bytes and the reads of 2 steps (one more block at most: the read ahead), the peak
+    taken apart, and the store gone afterwards."""
+    out, folder = tmp_path / "results.jsonl", tmp_path / "stores"
+    folder.mkdir()
+    result = bench(["data", "--mode", "memory", "--store-gib", "0.002", "--batch", "4", "--image-size", "16",
+                    "--repeat", "2", "--warmup", "0", "--dir", str(folder), "--out", str(out)], ranks=2)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("writing the synthetic store: ") == 10 and os.listdir(folder) == []
+    line, = read_lines(out)
+    sample = 3 * 16 * 16 * 4
+    assert 0.002 * 2**30 <= line["extra"]["store_bytes"] < 0.002 * 2**30 + sample
+    block = 2 * sample                                         # sample=2: 2 of the 4 samples
+    for r in line["extra"]["ranks"]:
+        assert r["block_bytes"] == block and 2 * block <= r["bytes_read"] <= 3 * block, r
+        assert r["peak_rss_bytes"] > r["model_own_bytes"] > 0 and r["peak_reset"], r
+        assert r["blocks_held"] == pytest.approx((r["peak_rss_bytes"] - r["model_own_bytes"]) / block), r
+    assert "most blocks held on any rank" in result.stdout
+
+
+def test_data_prefetch_mode_times_both_contenders_on_an_image_folder(tmp_path):
+    """--mode prefetch: both contenders timed in each round and their ratio per round; --keep keeps
+    the image folder it wrote (a subfolder per class)."""
+    out = tmp_path / "results.jsonl"
+    result = bench(["data", "--mode", "prefetch", "--store", "images", "--batch", "4", "--image-size", "16",
+                    "--repeat", "2", "--warmup", "0", "--window", "0.01", "--dir", str(tmp_path), "--keep",
+                    "--out", str(out)])
+    assert result.returncode == 0, result.stderr
+    line, = read_lines(out)
+    memory, store = line["passes"]["memory"]["times"], line["passes"]["store"]["times"]
+    assert len(memory) == len(store) == 2 and line["config"]["kind"] == "ImageFolder"
+    assert line["extra"]["ratio"]["values"] == pytest.approx([s / m for s, m in zip(store, memory)])
+    kept = result.stdout.split("kept the store: ")[1].split()[0]
+    assert len(os.listdir(kept)) > 1 and all(name.startswith("class") for name in os.listdir(kept))
+
+
 @pytest.mark.parametrize("op", ["reduce_scatter", "allgather"])
 def test_collectives_split_axis_lines(tmp_path, op):
     out = tmp_path / "results.jsonl"
@@ -124,6 +161,7 @@ def test_collectives_on_one_rank_warn_that_nothing_moved_between_ranks():
     (["layer", "--repeat", "0"], 1, "--repeat: expected a positive int, got 0"),
     (["data", "--model", "digits-cnn"], 1, "--model: bench data reads blocks of a store"),
     (["data", "--data", "nowhere.npz", "--grid", "height=2"], 2, "data file 'nowhere.npz' does not exist"),
+    (["data", "--mode", "memory", "--store-gib", "1e6"], 1, "--store-gib: a store of 1,000,000.0 GiB does not fit"),
 ])
 def test_bad_input_is_one_line_and_status_2(args, ranks, message):
     result = bench(args, ranks=ranks)

@@ -114,25 +114,40 @@ def test_prefetch_keeps_the_order_and_reads_each_block_once(store_path, depth):
     assert x.store.bytes_read == sum(a.nbytes for a, _ in got)          # read ahead once, never again
 
 
-def test_prefetch_holds_at_most_depth_blocks_ahead(store_path):
-    """Once the step has taken one block, the thread reads two more (depth 2) and then waits for
-    a slot: both slots taken, so it cannot read a fourth until the step takes the next."""
+def _queued(ahead, n):
+    for _ in range(3000):                              # until n are queued (a bound, not a timing)
+        if ahead._queue.qsize() == n:
+            return True
+        ahead._thread.join(0.02)
+    return False
+
+
+def test_prefetch_reads_into_depth_plus_one_blocks_reused_once_let_go(store_path):
+    """depth 1: the thread reads into 2 blocks.  While the step holds batch 1 and the first layer
+    still holds batch 0, none is free and the thread reads nothing; once batch 0 is let go, batch 2
+    is read into its block, and holds batch 2's values."""
     x, y = datastore.load(store_path, dtype=numpy.float32)
     block = 2 * 6 * 9 * 10 * 4                         # bytes of one block: 2 samples, all of each
     d = Distribution((1, 1, 1, 1), (2,) + X.shape[1:], ("sample", None, None, None))
-    ahead = prefetch.batches(x, y, 2, distribution=d, rank=0, depth=2, seed=0, drop_last=True)
-    next(ahead)
-    for _ in range(3000):                              # until both are queued (a bound, not a timing)
-        if ahead._queue.qsize() == 2:
-            break
-        ahead._thread.join(0.02)
-    assert ahead._queue.qsize() == 2 and ahead._slots._value == 0 and x.store.bytes_read == 3 * block
-    next(ahead)                                        # a slot given back: one more block is read
-    for _ in range(3000):
-        if ahead._queue.qsize() == 2:
-            break
-        ahead._thread.join(0.02)
-    assert ahead._slots._value == 0 and x.store.bytes_read == 4 * block and ahead._thread.is_alive()
+    order = dict(seed=0, epoch=0, drop_last=True)
+    expected = [d.extract(numpy.asarray(x_b), 0) for x_b, _ in datasets.batches(x, y, 2, **order)][:3]
+    x.store.bytes_read = 0
+    ahead = prefetch.batches(x, y, 2, distribution=d, rank=0, depth=1, **order)
+    first, _ = next(ahead)                             # the step trains on batch 0 ...
+    assert _queued(ahead, 1) and x.store.bytes_read == 2 * block       # ... while batch 1 is read
+    second, _ = next(ahead)                            # batch 1 taken; batch 0 still held (the first layer)
+    ahead._thread.join(0.2)
+    assert ahead._queue.qsize() == 0 and x.store.bytes_read == 2 * block   # no block free: nothing read
+    reused = first.block(d, 0)
+    del first                                          # the first layer lets go of batch 0
+    ahead._thread.join(0.2)
+    assert ahead._queue.qsize() == 0                   # still held here, by `reused`
+    del reused
+    assert _queued(ahead, 1) and x.store.bytes_read == 3 * block
+    third, _ = next(ahead)
+    got = third.block(d, 0)
+    assert any(numpy.shares_memory(got, b) for b in ahead.pool.blocks) and len(ahead.pool.blocks) == 2
+    assert numpy.array_equal(got, expected[2]) and numpy.array_equal(second.block(d, 0), expected[1])
     ahead.close()
     ahead._thread.join(30)
     assert not ahead._thread.is_alive()

@@ -46,6 +46,15 @@ def test_an_image_folder_is_a_store_of_normalised_rgb(tmp_path):
     assert x[20].shape == (3, 12, 12) and store.files[20].endswith("grey.jpg")      # resized, made RGB
 
 
+def test_the_normalisation_table_gives_the_float64_formula_bit_for_bit():
+    """Every value 0..255 of every channel, and a piece of the channels: the table lookup equals
+    (v / 255 - MEAN) / STD computed in float64 and rounded to float32 (an independent oracle)."""
+    pixels = numpy.arange(256, dtype=numpy.uint8).repeat(3).reshape(16, 16, 3)
+    oracle = ((pixels / 255.0 - imagefolder.MEAN) / imagefolder.STD).transpose(2, 0, 1).astype(numpy.float32)
+    assert numpy.array_equal(imagefolder.normalise(pixels, 0, 3), oracle)
+    assert numpy.array_equal(imagefolder.normalise(pixels[2:7, 1:4], 1, 3), oracle[1:, 2:7, 1:4])
+
+
 def test_a_rank_decodes_only_the_samples_of_its_block(tmp_path):
     folder = make_folder(tmp_path / "f")
     x, _ = datastore.load(folder, dtype=numpy.float32, image_size=12)

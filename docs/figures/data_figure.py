@@ -7,13 +7,13 @@ a sample=2 x height=2 grid), not drawn by hand.
 """
 
 import os
-import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from refconv import plot  # noqa: E402
 from refconv.distribution import Distribution  # noqa: E402
 
 BATCH, C, H, W = 4, 1, 8, 8
@@ -67,13 +67,9 @@ def draw(path):
     right.set_ylim(-0.8, 2.4)
     right.axis("off")
     right.set_title("--prefetch 1: block k+1 is read while step k trains;\n"
-                    "held at most: prefetch + 2 blocks", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+                    "held at most: prefetch + 1 blocks, reused", fontsize=10)
+    plot.save(fig, path)
 
 
 if __name__ == "__main__":
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "data.png")
-    draw(out)
-    print(out)
+    plot.figure_script(draw, os.path.join(os.path.dirname(__file__), "data.png"))

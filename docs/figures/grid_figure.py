@@ -4,12 +4,13 @@
 """
 
 import os
-import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from refconv import plot  # noqa: E402
 
 
 def rank_of(n, c, h, P_c=2, P_H=2):
@@ -44,12 +45,8 @@ def draw(path):
         ax.set_title(title, fontsize=11)
     fig.suptitle("ProcessGrid(sample=2, channel=2, height=2): rank = (n*P_c + c)*P_H + h; "
                  "one colour = one communicator", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot.save(fig, path)
 
 
 if __name__ == "__main__":
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "grid.png")
-    draw(out)
-    print(out)
+    plot.figure_script(draw, os.path.join(os.path.dirname(__file__), "grid.png"))

@@ -16,72 +16,129 @@ model's input is (N over sample, C over channel, H over height, W over width), a
   the growth of resident memory from the store opened to right after each read, while the
   block is alive (the largest of the steps): what reading costs the rank.
 
-Without ``--data`` rank 0 writes a synthetic store (``--store npy`` or ``hdf5``) of
-``4 * --batch`` images of 3 x ``--image-size``^2 float32 into a temporary folder, removed after.
+Without ``--data`` rank 0 writes a synthetic store (``--store npy``, ``hdf5`` or ``images``, a
+folder of PNGs) of ``4 * --batch`` images of 3 x ``--image-size``^2 into ``--dir`` (default: the
+temporary folder), removed after unless ``--keep``.
+
+``--mode memory`` (a store of ``--store-gib``, by default 4 x memory / ranks: is a rank's peak
+memory bounded by its block?) and ``--mode prefetch`` (the step read ahead from a store against
+the same step with its block in memory) train a model from the store: ``refconv.bench.data_train``.
 """
 
+import math
 import os
 import resource
 import shutil
+import sys
 import tempfile
 import time
 
 import numpy
 
 from refconv import collectives, datasets, datastore
-from refconv.bench.common import full_grid, grid_text, option, record, reject
+from refconv.bench import data_train
+from refconv.bench.common import BenchError, full_grid, grid_text, option, record, reject
 from refconv.distribution import Distribution
 from refconv.grid import AXES
 
 
 def run(args, comm, env):
-    """One results line: per rank, the bytes read per step, the block's bytes, throughput and memory."""
-    reject(args, ("shape", "model", "algorithm", "filter-groups"), "bench data reads blocks of a store; it takes "
-           "--grid, --batch, --image-size, --data, --store, --repeat, --warmup")
+    """One results line: per rank, the bytes read per step, the block's bytes, throughput and memory
+    (``--mode read``), or what training from a store holds or costs (``memory``, ``prefetch``)."""
+    reject(args, ("shape", "algorithm", "filter-groups") + (("model",) if args.mode == "read" else ()),
+           "bench data reads blocks of a store; it takes --grid, --batch, --image-size, --data, --store, --repeat, "
+           "--warmup (and --model with --mode memory or prefetch)")
     P = comm.Get_size()
     grid = full_grid(args.grid or {"sample": P}, P)
     batch = option(args, "batch", 32)
-    repeat, warmup = option(args, "repeat", 5), option(args, "warmup", 1, minimum=0)
     size = option(args, "image_size", 64)
-    folder = None
-    if args.data is None:
-        folder = collectives.bcast_object(comm, tempfile.mkdtemp(prefix="refconv-bench-data-") if comm.rank == 0
-                                          else None)
-        path = os.path.join(folder, "store.h5" if args.store == "hdf5" else "store")
-        if comm.Get_rank() == 0:
-            write_synthetic(path, 4 * batch, size)
-        collectives.barrier(comm)
+    option(args, "prefetch", 1, minimum=0)                              # checked before a store is written
+    if args.mode == "memory" and args.store != "npy":
+        raise BenchError(f"--store: --mode memory writes an npy store (sized by --store-gib), not {args.store}")
+    samples = data_train.store_samples(args, comm, size) if args.mode == "memory" else 4 * batch
+    if args.data is not None:
+        path, folder = args.data, None
     else:
-        path = args.data
+        folder = checks_folder(args, comm, samples * 3 * size * size * 4)
+        path = os.path.join(folder, {"hdf5": "store.h5", "images": "images"}.get(args.store, "store"))
+        if comm.Get_rank() == 0:
+            write_synthetic(path, samples, size, report=progress_line(samples))
+        collectives.barrier(comm)
     try:
-        line = _measure(comm, env, path, grid, batch, repeat, warmup, args)
+        if args.mode == "read":
+            line = _measure(comm, env, path, grid, batch, option(args, "repeat", 5),
+                            option(args, "warmup", 1, minimum=0), args)
+        else:
+            line = {"memory": data_train.run_memory, "prefetch": data_train.run_prefetch}[args.mode](
+                args, comm, env, path, grid, batch)
     finally:
         collectives.barrier(comm)
         if folder and comm.Get_rank() == 0:
-            shutil.rmtree(folder)
+            if args.keep:
+                print(f"kept the store: {path}", flush=True)
+            else:
+                shutil.rmtree(folder)
     return [line]
 
 
-def write_synthetic(path, n, size, seed=0):
-    """``n`` images of 3 x size x size float32 and labels 0..9 at ``path`` (a .npy directory, or HDF5
-    if it ends in .h5), written a sample at a time."""
+def checks_folder(args, comm, nbytes):
+    """A new folder for a synthetic store of about ``nbytes`` under ``--dir``, the same on every rank;
+    a ``--dir`` that is no folder, or a disk with less free space, is refused on every rank alike."""
+    parent = args.dir or tempfile.gettempdir()
+    if not os.path.isdir(parent):
+        raise BenchError(f"--dir: {parent!r} is not a folder; give an existing folder for the synthetic store")
+    free = collectives.bcast_object(comm, shutil.disk_usage(parent).free if comm.Get_rank() == 0 else None)
+    if nbytes > 0.9 * free:
+        raise BenchError(f"--store-gib: a store of {nbytes / 2**30:,.1f} GiB does not fit in the "
+                         f"{free / 2**30:,.1f} GiB free under {parent!r}; give a smaller --store-gib or another --dir")
+    return collectives.bcast_object(comm, tempfile.mkdtemp(prefix="refconv-bench-data-", dir=parent)
+                                    if comm.Get_rank() == 0 else None)
+
+
+def progress_line(n):
+    """A ``report(i)`` that prints a line on stderr at each tenth of ``n`` samples written."""
+    marks = {math.ceil(n * k / 10) for k in range(1, 11)}
+
+    def report(i, nbytes):
+        if i in marks:
+            print(f"writing the synthetic store: {i:,} of {n:,} samples ({nbytes / 2**30:,.2f} GiB)", file=sys.stderr,
+                  flush=True)
+    return report
+
+
+def write_synthetic(path, n, size, seed=0, report=lambda i, nbytes: None):
+    """``n`` images of 3 x size x size and labels 0..9 at ``path``: a .npy directory, HDF5 if it ends
+    in .h5, or a folder of PNGs, one subfolder per label (images), written a sample at a time;
+    ``report(i, bytes)`` after sample i."""
     rng = numpy.random.default_rng(seed)
     y = rng.integers(0, 10, n)
+    sample = lambda: rng.random((3, size, size), numpy.float32)  # noqa: E731  (finite, and quick to draw)
+    if os.path.basename(path) == "images":
+        Image = datastore.imagefolder.import_pillow()
+        for i in range(n):
+            folder = os.path.join(path, f"class{y[i]}")
+            os.makedirs(folder, exist_ok=True)
+            pixels = rng.integers(0, 256, (size, size, 3), dtype=numpy.uint8)
+            Image.fromarray(pixels).save(os.path.join(folder, f"{i:07d}.png"))
+            report(i + 1, (i + 1) * pixels.nbytes)
+        return
     if path.endswith(datastore.HDF5_SUFFIXES):
         h5py = datastore.formats.import_h5py()
         with h5py.File(path, "w") as f:
             x = f.create_dataset("x", (n, 3, size, size), numpy.float32, chunks=(1, 3, min(size, 64), min(size, 64)))
             for i in range(n):
-                x[i] = rng.standard_normal((3, size, size), numpy.float32)
+                x[i] = sample()
+                report(i + 1, (i + 1) * x[0].nbytes)
             f["y"] = y
         return
     os.makedirs(path)
     with open(os.path.join(path, "x.npy"), "wb") as f:          # plain writes: no mapping inflates our RSS
         header = {"descr": numpy.lib.format.dtype_to_descr(numpy.dtype(numpy.float32)), "fortran_order": False,
                   "shape": (n, 3, size, size)}
-        numpy.lib.format.write_array_header_1_0(f, header)
+        numpy.lib.format.write_array_header_2_0(f, header)
         for i in range(n):
-            f.write(rng.standard_normal((3, size, size), numpy.float32).tobytes())
+            f.write(sample().tobytes())
+            report(i + 1, (i + 1) * 3 * size * size * 4)
     numpy.save(os.path.join(path, "y.npy"), y)
 
 
@@ -151,5 +208,15 @@ def _measure(comm, env, path, grid, batch, repeat, warmup, args):
 def add_arguments(p):
     """Flags of bench data only."""
     p.add_argument("--data", help="a store to read (default: a synthetic one, written and removed)")
-    p.add_argument("--store", choices=("npy", "hdf5"), default="npy", help="the synthetic store's format")
+    p.add_argument("--store", choices=("npy", "hdf5", "images"), default="npy", help="the synthetic store's format")
+    p.add_argument("--mode", choices=("read", "memory", "prefetch"), default="read",
+                   help="read: bytes and throughput of the reads; memory: peak memory training from a store of "
+                        "--store-gib; prefetch: the step read ahead from the store vs its block in memory")
+    p.add_argument("--store-gib", type=float, help="--mode memory: the synthetic store's size (default: 4 x this "
+                                                   "machine's memory / the ranks)")
+    p.add_argument("--prefetch", type=int, default=1, help="--mode memory and prefetch: blocks read ahead")
+    p.add_argument("--window", type=float, default=0.5, help="--mode prefetch: seconds of steps back to back per "
+                                                           "contender and round")
+    p.add_argument("--dir", help="the folder for the synthetic store (default: the temporary folder)")
+    p.add_argument("--keep", action="store_true", help="keep the synthetic store (its path is printed)")
     p.add_argument("--image-size", type=int, help="height and width of the synthetic images (default 64)")

@@ -3,7 +3,7 @@
 ``refconv train --data PATH`` takes::
 
     an .npz          x and y, loaded whole on every rank (refconv.datasets.load_npz)
-    a directory      y.npy and x.npy (or shards x-00000.npy, ...), memory-mapped   (formats.py)
+    a directory      y.npy and x.npy (or shards x-00000.npy, ...), read by offset  (formats.py)
     FILE.h5/.hdf5    datasets x and y, read by hyperslab through h5py               (formats.py)
     an image folder  one subfolder per class; a rank decodes only its samples       (imagefolder.py)
 

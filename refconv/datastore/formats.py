@@ -1,6 +1,6 @@
 """The two array stores that ``--data`` reads a block at a time, and how they are checked on opening.
 
-A directory of ``.npy`` files, read through memory maps::
+A directory of ``.npy`` files, read with plain reads at each piece's offset::
 
     DIR/y.npy                      (N,) integer labels, read whole (N ints)
     DIR/x.npy                      (N, C, H, W) floats: one shard, or
@@ -95,7 +95,7 @@ def _npy_header(path, where):
 
 
 class NpyDirectory(Store):
-    """``DIR/y.npy`` and x in one or more .npy shards of consecutive samples, memory-mapped per read."""
+    """``DIR/y.npy`` and x in one or more .npy shards of consecutive samples, read piece by piece."""
 
     def __init__(self, path):
         where = f"data {os.fspath(path)!r}"
@@ -140,10 +140,42 @@ class NpyDirectory(Store):
         for k in numpy.unique(shard):
             mine = numpy.flatnonzero(shard == k)
             shape, dtype, offset = self.headers[k]
-            x = numpy.memmap(self.files[k], dtype=dtype, mode="r", offset=offset, shape=shape)
-            for j, i in zip(mine, samples[mine] - self.starts[k]):
-                out[j] = x[i, c, h, w]                                # only these elements are touched, no temporary
-            del x                                                     # unmapped: its pages leave our RSS
+            piece = None                                             # one sample's, where out[j] cannot take it
+            with open(self.files[k], "rb", buffering=0) as f:
+                for j, i in zip(mine, samples[mine] - self.starts[k]):
+                    if out.dtype == dtype and out[j].flags.c_contiguous:
+                        _pread_piece(f, offset, shape, i, c, h, w, out[j])   # straight into the block
+                        continue
+                    if piece is None:
+                        piece = numpy.empty((c.stop - c.start, h.stop - h.start, w.stop - w.start), dtype)
+                    _pread_piece(f, offset, shape, i, c, h, w, piece)
+                    out[j] = piece                                   # cast to the batch's dtype
+
+
+def _pread_piece(f, offset, shape, i, c, h, w, piece):
+    """``piece[...] = x[i, c, h, w]`` of the C-ordered (N, C, H, W) array at ``offset`` in the open file ``f``,
+    in as few reads as its layout allows: the whole piece, a channel's rows, or a row at a time.
+
+    Plain reads (``os.preadv``) rather than a memory map: the page cache holds what is read, not
+    this process (a mapped page counts in its resident memory until it is unmapped), and the
+    thread that prefetches lets go of the GIL while the kernel copies."""
+    _, C, H, W = shape
+    item = piece.itemsize
+    sample = offset + i * C * H * W * item
+    if w.stop - w.start == W and h.stop - h.start == H:             # whole channels: one read
+        runs = [(sample + c.start * H * W * item, piece)]
+    elif w.stop - w.start == W:                                      # whole rows: one read per channel
+        runs = [(sample + ((c.start + k) * H + h.start) * W * item, piece[k]) for k in range(len(piece))]
+    else:                                                            # a read per row
+        runs = [(sample + (((c.start + k) * H + h.start + r) * W + w.start) * item, piece[k, r])
+                for k in range(piece.shape[0]) for r in range(piece.shape[1])]
+    for at, into in runs:
+        view = memoryview(into).cast("B")
+        while len(view):
+            got = os.preadv(f.fileno(), [view], at)
+            if got == 0:
+                raise ValueError(f"data: {f.name!r} ended before byte {at:,}; was it truncated while training?")
+            view, at = view[got:], at + got
 
 
 # -- one HDF5 file ------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import numpy
 
 from refconv.datastore.formats import Store
 
-__all__ = ["ImageFolder", "is_image_folder", "EXTENSIONS", "MEAN", "STD"]
+__all__ = ["ImageFolder", "is_image_folder", "normalise", "import_pillow", "EXTENSIONS", "MEAN", "STD", "TABLE"]
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 MEAN = numpy.array([0.485, 0.456, 0.406])     # per channel (R, G, B), of pixel / 255
@@ -39,7 +39,7 @@ class ImageFolder(Store):
 
     def __init__(self, path, size):
         where = f"data {os.fspath(path)!r}"
-        Image = _pillow()
+        Image = import_pillow()
         self.classes = sorted(n for n in os.listdir(path) if os.path.isdir(os.path.join(path, n)))
         self.files, labels = [], []
         for k, name in enumerate(self.classes):
@@ -61,29 +61,47 @@ class ImageFolder(Store):
         super().__init__(path, (len(self.files), 3, self.size, self.size), numpy.float32,
                          numpy.array(labels, numpy.int64))
 
-    def decode(self, i):
-        """Sample ``i``: ``(3, size, size)`` float32, normalised."""
-        Image = _pillow()
+    def pixels(self, i):
+        """Sample ``i`` decoded: ``(size, size, 3)`` uint8, RGB."""
+        Image = import_pillow()
         try:
             with Image.open(self.files[i]) as image:
                 image = image.convert("RGB")
                 if image.size != (self.size, self.size):
                     image = image.resize((self.size, self.size), Image.BILINEAR)
-                pixels = numpy.asarray(image, numpy.float64) / 255.0          # (size, size, 3)
+                return numpy.asarray(image)                                 # (size, size, 3)
         except (OSError, ValueError) as exc:
             raise ValueError(f"{self.where}: {os.path.relpath(self.files[i], self.path)} cannot be decoded "
                              f"({exc})") from None
-        return ((pixels - MEAN) / STD).transpose(2, 0, 1).astype(numpy.float32)
+
+    def decode(self, i):
+        """Sample ``i``: ``(3, size, size)`` float32, normalised."""
+        return normalise(self.pixels(i), 0, 3)
 
     def read(self, samples, c, h, w, out):
         for j, i in enumerate(samples):
-            out[j] = self.decode(i)[slice(*c), slice(*h), slice(*w)]
+            out[j] = normalise(self.pixels(i)[slice(*h), slice(*w)], *c)
         encoded = sum(os.path.getsize(self.files[i]) for i in samples)
         with self._lock:
             self.bytes_read += encoded
 
 
-def _pillow():
+# TABLE[c, v] = (v / 255 - MEAN[c]) / STD[c] in float64, rounded to float32 once: the same numbers as
+# normalising each pixel in float64, looked up instead of computed: 0.21 ms of CPU instead of 0.39 for an
+# image of 128 x 128, whose decoding takes 0.17 ms.
+TABLE = ((numpy.arange(256) / 255.0 - MEAN[:, None]) / STD[:, None]).astype(numpy.float32)   # (3, 256)
+
+
+def normalise(pixels, c0, c1):
+    """Channels c0..c1-1 of ``pixels`` (h, w, 3) uint8 -> ``(c1 - c0, h, w)`` float32, normalised."""
+    index = pixels[:, :, c0:c1].transpose(2, 0, 1).astype(numpy.intp)       # (c1 - c0, h, w)
+    out = numpy.empty(index.shape, numpy.float32)
+    for k in range(c1 - c0):
+        numpy.take(TABLE[c0 + k], index[k], out=out[k])
+    return out
+
+
+def import_pillow():
     try:
         from PIL import Image
     except ImportError:

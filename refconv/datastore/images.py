@@ -47,8 +47,9 @@ class StoreImages:
             return StoreImages(self.store, [picked], self.dtype).read_all()[0]
         return StoreImages(self.store, picked, self.dtype)
 
-    def block(self, distribution, rank):
-        """This rank's block of ``distribution`` (of this batch's shape), read now or ahead."""
+    def block(self, distribution, rank, out=None):
+        """This rank's block of ``distribution`` (of this batch's shape), read now or ahead; read
+        into ``out`` (an array of its local shape and this dtype) when given."""
         if self._ahead is not None and self._ahead[0] == distribution and self._ahead[1] == rank:
             return self._ahead[2]
         if tuple(distribution.global_shape) != self.shape:
@@ -56,7 +57,8 @@ class StoreImages:
                              f"{self.shape}")
         pieces = [distribution.pieces(rank, d) for d in range(4)]
         samples = self.index[numpy.concatenate([numpy.arange(s, e) for s, e in pieces[0]])]
-        out = numpy.empty(distribution.local_shape(rank), self.dtype)   # x_loc: (n_loc, C_loc, H_loc, W_loc)
+        if out is None:
+            out = numpy.empty(distribution.local_shape(rank), self.dtype)  # x_loc: (n_loc, C_loc, H_loc, W_loc)
         offsets = [numpy.cumsum([0] + [e - s for s, e in p]) for p in pieces[1:]]
         for (ci, c), (hi, h), (wi, w) in itertools.product(*[enumerate(p) for p in pieces[1:]]):
             self.store.read(samples, c, h, w, out[:, offsets[0][ci]:offsets[0][ci + 1],
@@ -64,9 +66,10 @@ class StoreImages:
                                                   offsets[2][wi]:offsets[2][wi + 1]])
         return self._finite(out, samples)
 
-    def read_ahead(self, distribution, rank):
-        """Read this rank's block now (in the prefetch thread), so that :meth:`block` returns it."""
-        self._ahead = (distribution, rank, self.block(distribution, rank))
+    def read_ahead(self, distribution, rank, out=None):
+        """Read this rank's block now (into ``out``, in the prefetch thread), so that :meth:`block`
+        returns it."""
+        self._ahead = (distribution, rank, self.block(distribution, rank, out))
         return self
 
     def read_all(self):
@@ -82,8 +85,8 @@ class StoreImages:
 
     def _finite(self, out, samples):
         """A NaN or inf is found where it is read (a store larger than memory is never scanned whole)."""
-        for j in range(len(out)):                  # a sample at a time: no temporary the size of the block
-            if not numpy.isfinite(out[j]).all():
+        for j in range(len(out)):                  # min and max propagate NaN and reach inf: no temporary
+            if not (numpy.isfinite(out[j].min()) and numpy.isfinite(out[j].max())):
                 raise ValueError(f"{self.store.where}: sample {int(samples[j])} of x has NaN or inf values")
         return out
 

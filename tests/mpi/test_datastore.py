@@ -19,23 +19,15 @@ from mpi4py import MPI
 from refconv import cli, datasets
 from refconv.bench import data
 from refconv.datastore.convert import convert
+from refconv.model_spec import conv_layer
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.mpirun import mpi_test
 from refconv.train import TrainConfig, train
 
 comm = MPI.COMM_WORLD
 
-SPEC = {
-    "in_channels": 4,
-    "layers": [
-        {"type": "conv", "out": 4, "kernel": 3, "padding": 1},
-        {"type": "relu"},
-        {"type": "conv", "out": 4, "kernel": 3, "padding": 1},
-        {"type": "relu"},
-        {"type": "gap"},
-        {"type": "linear", "out": 10},
-    ],
-}
+SPEC = {"in_channels": 4, "layers": [conv_layer(4, 3, padding=1), {"type": "relu"}, conv_layer(4, 3, padding=1),
+                                      {"type": "relu"}, {"type": "gap"}, {"type": "linear", "out": 10}]}
 
 # Per world size: the grids (and channel algorithms) trained on.
 GRIDS = {
