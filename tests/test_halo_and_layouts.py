@@ -4,11 +4,15 @@ batch-norm sums: each against an independent formula."""
 import numpy
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from mpi4py import MPI
 
+from refconv.algorithms.base import ORIGIN, ConvGeometry
+from refconv.algorithms.spatial import SampleSpatial
 from refconv.backend import NumpyBackend
 from refconv.distribution import Distribution, Split
-from refconv.halo import Halo
+from refconv.grid import ProcessGrid
+from refconv.halo import Box, Halo
 from refconv.testing.strategies import conv_problems
 
 
@@ -90,3 +94,23 @@ def test_batch_norm_sums_match_their_formulas(dtype, tol):
     assert dx.dtype == x.dtype
     expected = c(gamma * invstd / M) * (M * dy64 - c(dy64.sum(axis=axes)) - xhat * c((dy64 * xhat).sum(axis=axes)))
     close(dx, expected)
+
+
+@settings(max_examples=40)
+@given(conv_problems(max_extra=5, dtypes=("float32", "float64")), st.data())
+def test_backward_data_of_a_box_is_the_whole_backward_data_cut_to_it_bit_for_bit(problem, data):
+    """``Algorithm.conv_data_box`` (backward-data's two parts behind the halo return) gives each
+    cell of any window box the bits of the whole ``conv_data``: the independent oracle here."""
+    p = problem
+    geom = ConvGeometry.of(p.x_shape, p.w_shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
+                           groups=p.groups, bias=False)
+    grid = ProcessGrid(MPI.COMM_SELF)
+    algo = SampleSpatial(grid, geom, NumpyBackend())
+    x, w, _, dy = p.arrays(seed=3)
+    algo.x_win = algo.halo.extend(x, numpy)
+    whole = algo.conv_data(dy, w, algo.x_win.shape)
+    h_win, w_win = algo.x_win.shape[2:]
+    h0, w0 = data.draw(st.integers(0, h_win - 1)), data.draw(st.integers(0, w_win - 1))
+    box = Box(h0, data.draw(st.integers(h0 + 1, h_win)), w0, data.draw(st.integers(w0 + 1, w_win)))
+    numpy.testing.assert_array_equal(algo.conv_data_box(dy, w, box), whole[(slice(None), slice(None)) + box.slices(ORIGIN)])
+    grid.free()

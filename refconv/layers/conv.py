@@ -18,7 +18,7 @@ import math
 import numpy
 
 from refconv import algorithms, checks, collectives
-from refconv.algorithms.base import ConvGeometry
+from refconv.algorithms.base import POLL_CHUNKS, ConvGeometry
 from refconv.distribution import Distribution
 from refconv.layers.base import GradientsInFlight, Layer
 from refconv.pricing.chooser import choose_for_layer
@@ -51,7 +51,8 @@ class DistConv2d(GradientsInFlight, Layer):
     ``+-1/sqrt(fan_in)``), drawn from ``seed`` identically on every rank.
     """
 
-    overlap_halo = False  # convolve the interior behind the halo exchange, backward-filter behind its return
+    overlap_halo = False  # compute the interior behind the halo exchange, and the own cells of dx behind its return
+    poll_chunks = POLL_CHUNKS  # bands of that work, with MPI_Test (collectives.progress) between them
 
     def __init__(self, in_channels, out_channels, kernel_size, *, stride=1, padding=0, dilation=1, groups=1,
                  bias=True, padding_mode="zeros", grid, algorithm="stationary-x", filter_groups=None, backend="auto",
@@ -224,7 +225,7 @@ class DistConv2d(GradientsInFlight, Layer):
         if self._input_shape is None:
             self._bind_from_local(x_loc)
         self._check_local(x_loc, self.input_distribution, "x_loc")
-        self._algo.overlap_halo = self.overlap_halo
+        self._algo.overlap_halo, self._algo.poll_chunks = self.overlap_halo, self.poll_chunks
         return self._algo.forward(x_loc, self.weight, self.bias)  # (n, F_i, h', w')
 
     def backward(self, dy_loc):
@@ -233,6 +234,7 @@ class DistConv2d(GradientsInFlight, Layer):
         ``overlap_gradients``, the allreduce is left in flight until they are read)."""
         self._check_local(dy_loc, self.output_distribution, "dy_loc")
         self._algo.overlap, self._algo.overlap_halo = self.gradient_overlap, self.overlap_halo
+        self._algo.poll_chunks = self.poll_chunks
         dx_loc, self.weight_grad, self.bias_grad = self._algo.backward(dy_loc, self.weight)
         return dx_loc
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from refconv import collectives as coll
+from refconv.algorithms.base import BEHIND_EXCHANGE, BEHIND_RETURN, BEHIND_RETURN_WHOLE
 from refconv.grid import AXES, ProcessGrid
 from refconv.layers import DistConv2d
 from refconv.model import Model
@@ -203,7 +204,7 @@ def test_halo_overlap_computes_the_interior_behind_the_exchange_and_gives_the_bl
                 problems.append(str(exc))
             if not all(numpy.array_equal(a0[n], a1[n]) for n in ("y", "dx", "dw", "db")):
                 problems.append(f"{what}: backward differs from the blocking run")
-            wanted = ["interior of the forward convolution" if halo.interior else "", "backward-filter"]
+            wanted = [BEHIND_EXCHANGE if halo.interior else "", BEHIND_RETURN if halo.interior else BEHIND_RETURN_WHOLE]
             if halo.size > 1 and [c.overlap for c in calls1] != wanted:
                 problems.append(f"{what}: recorded {[c.overlap for c in calls1]}, expected {wanted}")
             if any(c.overlap for c in calls0):
@@ -213,15 +214,18 @@ def test_halo_overlap_computes_the_interior_behind_the_exchange_and_gives_the_bl
 
 @mpi_test(sizes=(2, 4), timeout=60)
 def test_a_block_too_small_for_the_halo_overlap_falls_back_and_says_why():
+    """Forward's interior and backward-data's split into the cells sent back and the own cells
+    are both skipped for a block too small (only backward-filter then runs behind the return),
+    and both taken for a large one: what the exchange and the return record says which."""
     P = comm.size
     small = ConvProblem(N=1, C=2, F=2, H=2 * P, W=4, Kh=3, Kw=3, padding=(1, 1))   # 2 rows a rank, 1-2 need the halo
     large = ConvProblem(N=1, C=2, F=2, H=8 * P, W=4, Kh=3, Kw=3, padding=(1, 1))   # 8 rows, at most 2 do
     _, _, small_calls, small_halo = _halo_run(small, (1, 1, P, 1), "stationary-x", None, True)
     _, _, large_calls, large_halo = _halo_run(large, (1, 1, P, 1), "stationary-x", None, True)
     ok = (small_halo.interior is None and "too small a block" in small_halo.no_overlap
-          and small_calls[0].overlap == ""
+          and [c.overlap for c in small_calls] == ["", BEHIND_RETURN_WHOLE]
           and large_halo.interior is not None and large_halo.no_overlap is None
-          and large_calls[0].overlap == "interior of the forward convolution")
+          and [c.overlap for c in large_calls] == [BEHIND_EXCHANGE, BEHIND_RETURN])
     assert_all_ranks(comm, ok, f"small: {small_halo.interior} {small_halo.no_overlap!r} {small_calls}; "
                                f"large: {large_halo.interior} {large_halo.no_overlap!r} {large_calls}")
 
