@@ -158,7 +158,7 @@ def gradient_records(geom, grid_shape, coords, dw_shape):
     return calls
 
 
-def segmented_allreduce(peers, dw_loc, db_loc, overlap=None):
+def segmented_allreduce(peers, dw_loc, db_loc, overlap=None, bucketed=None):
     """forward: nothing · backward: allreduce of this rank's ``dw`` shard and ``db`` block among
     its weight peers, in place; both started here (``collectives.iallreduce_``).
 
@@ -172,7 +172,14 @@ def segmented_allreduce(peers, dw_loc, db_loc, overlap=None):
     gives the sums.  ``DistConv2d`` waits when its gradients are read, before the
     optimizer's step.  Both paths make the same MPI call (Iallreduce), so the sums are the
     same bits whether they overlap or not.
+
+    ``bucketed`` (``GradientsInFlight.bucketed()``, where the model packs gradients into
+    buckets): ``dw`` and ``db`` are handed to the model's buckets instead, which start (and
+    wait for, or not, as the model's overlap says) one allreduce per bucket; returns their
+    :class:`refconv.collectives.buckets.Slot`.
     """
+    if bucketed is not None:
+        return bucketed(0, dw_loc), None if db_loc is None else bucketed(1, db_loc)
     dw_req = collectives.iallreduce_(peers, dw_loc, overlap=overlap or "")
     db_req = None if db_loc is None else collectives.iallreduce_(peers, db_loc, overlap=overlap or "")
     if overlap:
@@ -202,6 +209,7 @@ class Algorithm:
                          geom.out_shape[2:], geom.kernel, geom.stride, geom.padding, geom.dilation, geom.padding_mode)
         self.peers = grid.weight_peers_comm
         self.overlap = None  # what the gradients' allreduce overlaps (DistConv2d sets it); None: waited for at once
+        self.bucketed = None  # the model's buckets, where it has them (DistConv2d sets it: segmented_allreduce)
         self.overlap_halo = False  # compute behind the halo exchange and return (DistConv2d sets it)
         self.poll_chunks = 1  # bands of the work behind a halo call, MPI_Test between them (DistConv2d sets it)
         self._local = dict(stride=geom.stride, padding=0, dilation=geom.dilation, groups=geom.groups)

@@ -50,5 +50,6 @@ class StationaryY(ChannelAlgorithm):
         dx_part, dw_loc = self.backward_behind_halo(dy_loc, w_loc)
         dx_loc = collectives.reduce_scatter(self.channel_comm, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
         # over the weight peers: summed, or with self.overlap, started (DistConv2d waits for them)
-        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc), self.overlap)
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc), self.overlap,
+                                             self.bucketed)
         return dx_loc, dw_loc, db_loc

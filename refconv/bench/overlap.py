@@ -4,6 +4,7 @@
     MPICH_ASYNC_PROGRESS=1 mpiexec -n 2 python -m refconv.bench.overlap progress
     mpiexec -n 2 python -m refconv.bench.overlap step [--model wide-cnn] [--batch 32]
     mpiexec -n 2 python -m refconv.bench.overlap halo [--size 64] [--channels 64] [--batch 2] [--poll-chunks 4]
+    mpiexec -n 2 python -m refconv.bench.overlap buckets [--model wide-cnn] [--bucket-kib 0 256 1024 4096 25600]
 
 ``progress``: what makes a nonblocking call move while the caller computes.  An
 allreduce of ``--mb`` MB and a compute of about the same time (float32 matrix
@@ -36,6 +37,11 @@ is the share of the halo wait of the blocking run that an overlapped run no long
 waits, ``1 - waited(overlap) / waited(blocking)``, per pass, from the seconds ``stats``
 counts inside the halo's ``wait()``.
 
+``buckets``: the ``step`` with the overlap on and the gradients packed into buckets
+(``Model.set_buckets``, :mod:`refconv.collectives.buckets`) of each ``--bucket-kib``
+threshold, side by side; the ratios are against the first (0: each gradient its own
+allreduce).  It prints how many allreduces each threshold makes per step.
+
 One BLAS thread per rank (``threads.configure(comm, 1)``), and a pause between contenders (``refconv.bench.timing``).
 """
 
@@ -57,6 +63,7 @@ from refconv.grid import ProcessGrid
 from refconv.layers import DistConv2d
 
 CHUNKS = 16
+BUCKET_SWEEP_KIB = [0, 256, 1024, 4096, 25600]  # 0: each gradient its own call; 25 MiB: DDP's default
 
 
 def _waited(fn, waits, name):
@@ -140,6 +147,33 @@ def run_step(args, comm):
     _report(comm, spans, waits, "blocking", lines)
     if args.timeline:
         write_timeline(comm, model, step, args.timeline, f"{args.model}, batch {batch}, sample={comm.Get_size()}")
+
+
+def run_buckets(args, comm):
+    batch = args.batch or MODELS[args.model][2]
+    step, model, _, _ = refconv_step_of(args.model, batch, comm)
+    model.set_overlap(True)
+    waits = {}
+
+    def with_buckets(nbytes):
+        def run():
+            model.set_buckets(nbytes)
+            step()
+        return run
+
+    names = {f"{kib} KiB": kib * 1024 for kib in args.bucket_kib}
+    contenders = {name: _waited(with_buckets(nbytes), waits, name) for name, nbytes in names.items()}
+    times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
+    spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
+    counts = {}
+    for name, nbytes in names.items():
+        model.set_buckets(nbytes)
+        counts[name] = len(model.bucket_plan()[0])
+    lines = [f"buckets: {args.model}, batch {batch}, sample={comm.Get_size()}, overlap on; gradient allreduces per step: "
+             + ", ".join(f"{name} {n}" for name, n in counts.items())
+             + f"; MPICH_ASYNC_PROGRESS={os.environ.get('MPICH_ASYNC_PROGRESS', 'unset')}; median (min-max) of "
+             f"{args.rounds} rounds"]
+    _report(comm, spans, waits, next(iter(names)), lines)
 
 
 def write_timeline(comm, model, step, path, title):
@@ -243,7 +277,7 @@ def run_halo(args, comm):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m refconv.bench.overlap", description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("progress", "step", "halo"))
+    parser.add_argument("what", choices=("progress", "step", "halo", "buckets"))
     parser.add_argument("--mb", type=float, default=8.0, help="progress: the allreduce's megabytes (default 8)")
     parser.add_argument("--model", default="wide-cnn", choices=sorted(MODELS),
                         help="step: a model of refconv.bench.torch_step's table (default wide-cnn)")
@@ -254,6 +288,9 @@ def main(argv=None):
     parser.add_argument("--channels", type=int, default=64, help="halo: C = F (default 64)")
     parser.add_argument("--poll-chunks", type=int, default=POLL_CHUNKS,
                         help=f"halo: the bands overlap+test computes, MPI_Test between them (default {POLL_CHUNKS})")
+    parser.add_argument("--bucket-kib", type=int, nargs="+", default=BUCKET_SWEEP_KIB,
+                        help=f"buckets: the thresholds to time, KiB (default {' '.join(map(str, BUCKET_SWEEP_KIB))}; "
+                             f"the first is the baseline)")
     parser.add_argument("--rounds", type=int, default=7, help="alternating timed rounds (default 7)")
     args = parser.parse_args(argv)
     if args.what == "halo":
@@ -263,7 +300,9 @@ def main(argv=None):
     if args.mb <= 0 or args.rounds < 1 or args.poll_chunks < 1:
         raise SystemExit(f"--mb must be > 0, --rounds and --poll-chunks >= 1, got {args.mb}, {args.rounds}, "
                          f"{args.poll_chunks}")
-    {"progress": run_progress, "step": run_step, "halo": run_halo}[args.what](args, comm)
+    if any(kib < 0 for kib in args.bucket_kib):
+        raise SystemExit(f"--bucket-kib must be >= 0, got {args.bucket_kib}")
+    {"progress": run_progress, "step": run_step, "halo": run_halo, "buckets": run_buckets}[args.what](args, comm)
     return 0
 
 

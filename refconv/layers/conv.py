@@ -234,9 +234,12 @@ class DistConv2d(GradientsInFlight, Layer):
         ``overlap_gradients``, the allreduce is left in flight until they are read)."""
         self._check_local(dy_loc, self.output_distribution, "dy_loc")
         self._algo.overlap, self._algo.overlap_halo = self.gradient_overlap, self.overlap_halo
-        self._algo.poll_chunks = self.poll_chunks
+        self._algo.poll_chunks, self._algo.bucketed = self.poll_chunks, self.bucketed()
         dx_loc, self.weight_grad, self.bias_grad = self._algo.backward(dy_loc, self.weight)
         return dx_loc
+
+    def gradient_comm(self):
+        return self._algo.peers
 
     def records(self):
         """The calls one forward and backward of this bound layer make on this rank (a layer that

@@ -128,12 +128,13 @@ GRIDS = {1: [({"sample": 1}, "stationary-x")],
 STEPS = 3
 
 
-def _train(grid, algorithm, overlap):
+def _train(grid, algorithm, overlap, bucket=None):
     model = Model.from_spec("digits-cnn", comm=comm, backend="numpy", seed=0,
                             defaults={"grid": grid, "algorithm": algorithm}).set_overlap(overlap)
     rng = numpy.random.default_rng(0)
     x, y = rng.standard_normal((8, 1, 16, 16)).astype(numpy.float32), rng.integers(0, 10, 8)
     optimizer = SGD(model.bind(x.shape), 0.1, momentum=0.9, weight_decay=1e-4)
+    model.set_buckets(bucket)
     losses = [step(model, optimizer, x, y) for _ in range(STEPS - 1)]
     loss, calls = _recorded(lambda: step(model, optimizer, x, y))
     overlapped = sorted((c.kind, c.comm_size, c.bytes) for c in calls if c.overlap and c.kind == "allreduce")
@@ -155,6 +156,32 @@ def test_training_with_the_gradient_allreduce_overlapped_gives_the_blocking_bits
         for what, (made, marked) in (("blocking", c0), ("overlapped", c1)):
             if made != marked:  # the model's records() mark (grad) exactly the calls that overlapped
                 problems.append(f"{grid} {algorithm} {what}: overlapped {made}, records() mark {marked}")
+    assert_all_ranks(comm, not problems, str(problems))
+
+
+BUCKET_GRIDS = {3: ({"sample": 3}, "stationary-x"), 4: ({"sample": 2, "channel": 2}, "stationary-x")}
+
+
+@mpi_test(sizes=(3, 4), timeout=240)
+def test_gradient_buckets_give_the_same_bits_blocking_and_overlapped_and_records_list_their_calls():
+    """Packed into buckets (4 KiB: several buckets; 1 MiB: one per communicator), blocking and
+    overlapped training give the same losses and parameters, bit for bit: both make the same
+    bucket calls.  With overlap on, the allreduces that ran behind compute are exactly the
+    bucket calls the model's ``records()`` lists, and at 1 MiB a bucket holds several gradients."""
+    problems, calls = [], {}
+    grid, algorithm = BUCKET_GRIDS[comm.size]
+    for bucket in (4096, 2 ** 20):
+        (l0, p0, c0), (l1, p1, c1) = (_train(grid, algorithm, on, bucket) for on in (False, True))
+        what = f"{grid} {algorithm} buckets of {bucket} bytes"
+        if l0 != l1 or not all(numpy.array_equal(a, b) for a, b in zip(p0, p1)):
+            problems.append(f"{what}: losses {l0} vs {l1}")
+        calls[bucket], marked = c1
+        if calls[bucket] != marked:
+            problems.append(f"{what}: overlapped {calls[bucket]}, records() list {marked}")
+        if c0[0]:
+            problems.append(f"{what}: the blocking run overlapped {c0[0]}")
+    if not 0 < len(calls[2 ** 20]) < len(calls[4096]):
+        problems.append(f"larger buckets, no fewer calls: {calls}")
     assert_all_ranks(comm, not problems, str(problems))
 
 
@@ -233,10 +260,11 @@ def test_a_block_too_small_for_the_halo_overlap_falls_back_and_says_why():
 @mpi_test(sizes=(2,), timeout=240)
 def test_refconv_train_overlaps_by_default_and_no_overlap_gives_the_same_run():
     runs = {on: train(TrainConfig(grid={"sample": 1, "height": 2}, epochs=1, max_steps=3, batch_size=16,
-                                  progress=False, **({} if on else {"overlap": False})), log=lambda *a: None)
-            for on in (True, False)}
+                                  progress=False, bucket_kib=64, **({} if on else {"overlap": False})),
+                      log=lambda *a: None)
+            for on in (True, False)}  # --bucket-kib 64: the gradients in buckets on both paths
     flags = {on: [(layer.overlap_gradients, layer.overlap_halo) for _, layer in run["model"].named_layers()
                   if isinstance(layer, DistConv2d)] for on, run in runs.items()}
     ok = (runs[True]["losses"] == runs[False]["losses"] and flags[True] and all(all(f) for f in flags[True])
-          and not any(any(f) for f in flags[False]))
+          and not any(any(f) for f in flags[False]) and runs[True]["model"].bucket_bytes == 64 * 1024)
     assert_all_ranks(comm, ok, f"losses {runs[True]['losses']} vs {runs[False]['losses']}; flags {flags}")
