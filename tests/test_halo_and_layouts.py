@@ -13,6 +13,7 @@ from refconv.backend import NumpyBackend
 from refconv.distribution import Distribution, Split
 from refconv.grid import ProcessGrid
 from refconv.halo import Box, Halo
+from refconv.testing.asserts import assert_close
 from refconv.testing.strategies import conv_problems
 
 
@@ -98,9 +99,12 @@ def test_batch_norm_sums_match_their_formulas(dtype, tol):
 
 @settings(max_examples=40)
 @given(conv_problems(max_extra=5, dtypes=("float32", "float64")), st.data())
-def test_backward_data_of_a_box_is_the_whole_backward_data_cut_to_it_bit_for_bit(problem, data):
+def test_backward_data_of_a_box_is_the_whole_backward_data_cut_to_it(problem, data):
     """``Algorithm.conv_data_box`` (backward-data's two parts behind the halo return) gives each
-    cell of any window box the bits of the whole ``conv_data``: the independent oracle here."""
+    cell of any window box the whole ``conv_data``'s value: the same products, summed in the same
+    order, but BLAS may pick another kernel for a smaller product (a matrix-vector one for one
+    column), so float32 may differ in the last bit.  Blocking and overlapped runs use the same
+    split, so they agree bit for bit (tests/mpi/test_overlap.py)."""
     p = problem
     geom = ConvGeometry.of(p.x_shape, p.w_shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
                            groups=p.groups, bias=False)
@@ -112,5 +116,6 @@ def test_backward_data_of_a_box_is_the_whole_backward_data_cut_to_it_bit_for_bit
     h_win, w_win = algo.x_win.shape[2:]
     h0, w0 = data.draw(st.integers(0, h_win - 1)), data.draw(st.integers(0, w_win - 1))
     box = Box(h0, data.draw(st.integers(h0 + 1, h_win)), w0, data.draw(st.integers(w0 + 1, w_win)))
-    numpy.testing.assert_array_equal(algo.conv_data_box(dy, w, box), whole[(slice(None), slice(None)) + box.slices(ORIGIN)])
+    assert_close(algo.conv_data_box(dy, w, box), whole[(slice(None), slice(None)) + box.slices(ORIGIN)],
+                 reduction_length=p.F // p.groups * p.Kh * p.Kw, name="dx_win[box]")
     grid.free()

@@ -21,6 +21,8 @@ BETA = 1 / 10e9  # default seconds per byte (10 GB/s)
 BEHIND_EXCHANGE = "interior of the forward convolution"
 BEHIND_RETURN = "own cells of backward-data, backward-filter"
 BEHIND_RETURN_WHOLE = "backward-filter"  # a block too small for the split (Halo.no_overlap)
+BEHIND_RETURN_OWN = "own cells of backward-data"  # when backward-filter runs behind the next call instead
+BEHIND_NEXT = "backward-filter"  # behind the collective that follows the halo return (Stationary-Y's)
 POLL_CHUNKS = 4  # bands of the work behind a halo call, MPI_Test between them (Algorithm.bands; measured:
 #                  docs/benchmarks.md, python -m refconv.bench.overlap halo)
 
@@ -256,9 +258,14 @@ class Algorithm:
             y[whole + strip.slices(ORIGIN)] = self.conv(x_win[self.halo.input_of(strip)], w_loc)
         return x_win, y
 
-    def backward_behind_halo(self, dy, w_loc):
+    def backward_behind_halo(self, dy, w_loc, then=None):
         """backward: backward-data, the halo return of its window with compute behind it ·
         ``(dx_part, dw_part)``, partial sums (the caller reduces them).
+
+        ``then(dx_part, overlap)``: where the algorithm moves ``dx_part`` on (Stationary-Y's
+        reduce-scatter), it starts that call and returns its Request; backward-filter then
+        runs behind it instead of behind the halo return, and the first item returned is that
+        call's result.
 
         Where the block is large enough (``self.halo.interior``, forward's rule; else
         ``self.halo.no_overlap`` says why not), ``dx_win`` is computed in two parts: first the
@@ -278,15 +285,24 @@ class Algorithm:
                 dx_win[(slice(None), slice(None)) + box.slices(ORIGIN)] = self.conv_data_box(dy, w_loc, box)
         else:
             dx_win = self.conv_data(dy, w_loc, self.x_win.shape)  # (n, c, h_win, w_win)
-        overlap = (BEHIND_RETURN if split else BEHIND_RETURN_WHOLE) if on else ""
-        back = halo.start_reduce(dx_win, xp, overlap=overlap) if on else None  # halo return started
+        if then is None:
+            overlap = (BEHIND_RETURN if split else BEHIND_RETURN_WHOLE) if on else ""
+        else:  # backward-filter goes behind the next call
+            overlap = BEHIND_RETURN_OWN if on and split else ""
+        back = halo.start_reduce(dx_win, xp, overlap=overlap) if overlap else None  # halo return started
         if split and halo.kept_box is not None:  # this rank's own cells, behind the return
             for band in self.bands(halo.kept_box):  # MPI_Test between bands (poll_chunks)
                 dx_win[(slice(None), slice(None)) + band.slices(ORIGIN)] = self.conv_data_box(dy, w_loc, band)
                 collectives.progress()
-        if not on:
+        if back is None:
             back = halo.start_reduce(dx_win, xp)
             back.wait()
+        if then is not None:
+            started = then(back.wait(), BEHIND_NEXT if self.overlap_halo else "")  # e.g. the reduce-scatter
+            if not self.overlap_halo:
+                started.wait()
+            dw_part = self.conv_filter(self.x_win, dy, w_loc.shape)
+            return started.wait(), dw_part
         dw_part = self.conv_filter(self.x_win, dy, w_loc.shape)
         return back.wait(), dw_part
 
@@ -306,7 +322,9 @@ class Algorithm:
 
         Only the outputs that read a cell of the box add into it (``halo.outputs_reading``), so
         their ``dy`` is convolved back onto the rows and columns they span, and the box is cut out
-        of that: each cell gets the products of the whole ``conv_data``, summed in its order."""
+        of that: each cell gets the products of the whole ``conv_data``, summed in its order (BLAS
+        may round a smaller product differently in the last bit, so the blocking path makes the
+        same split)."""
         (i0, i1), (j0, j1) = self.halo.outputs_reading(box)
         n, c = dy.shape[0], self.x_win.shape[1]
         out = self.xp.zeros((n, c) + box.shape, dtype=dy.dtype)  # cells no output reads stay 0
