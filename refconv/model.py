@@ -165,8 +165,10 @@ class Model(Wrapper):
         when the gradient is read (the optimizer's step), so it runs behind the backward of the
         layers before it (:class:`refconv.layers.base.GradientsInFlight`); off, each is waited
         for at once.  The same MPI calls either way: the same gradients, bit for bit.  A
-        convolution's halo exchange also runs behind the interior of its output, and its halo
-        return behind backward-filter (``DistConv2d.overlap_halo``, docs/parallel.md "Overlap")."""
+        convolution's halo exchange also runs behind the interior of its output, its halo
+        return behind the own cells of backward-data and backward-filter, and Stationary-Y's
+        reduce-scatter of dx behind backward-filter (``DistConv2d.overlap_halo``,
+        docs/parallel.md "Overlap")."""
         self.overlap = bool(on)
         for _, layer in self.named_layers():
             if isinstance(layer, GradientsInFlight):

@@ -51,7 +51,7 @@ class DistConv2d(GradientsInFlight, Layer):
     ``+-1/sqrt(fan_in)``), drawn from ``seed`` identically on every rank.
     """
 
-    overlap_halo = False  # compute the interior behind the halo exchange, and the own cells of dx behind its return
+    overlap_halo = False  # the interior behind the halo exchange, dx's own cells behind its return (Model.set_overlap)
     poll_chunks = POLL_CHUNKS  # bands of that work, with MPI_Test (collectives.progress) between them
 
     def __init__(self, in_channels, out_channels, kernel_size, *, stride=1, padding=0, dilation=1, groups=1,
