@@ -140,9 +140,9 @@ print(f"dw is {F * C * K * K} float64 values = {F * C * K * K * 8} bytes; each r
 # The allreduce of `dw` need not stop backward: `refconv train` starts each
 # layer's allreduce the moment its `dw` is ready and waits for it only before the
 # optimizer's step (`Model.set_overlap`, docs/parallel.md "Overlap"). The same
-# MPI calls are made either way, so the sums are the same bits. Here 4 ranks
-# train the digits CNN with the batch split over 2 sample ranks and the image
-# rows over 2 (so the halo overlaps too), and record one step of each under
+# MPI calls are made either way, so the sums are the same bits. Here 2 ranks
+# train the digits CNN with the image rows split over them (so the halo
+# overlaps too, and the allreduce of `dw` is over both), and record one step of each under
 # `collectives.stats.timeline()`: when each call started, when the rank began to
 # wait for it, and when it finished. `refconv.bench.overlap.write_timeline`,
 # which the overlap benchmark also uses, records and draws them.
@@ -158,14 +158,14 @@ from refconv.optim import SGD
 
 comm = MPI.COMM_WORLD
 model = Model.from_spec("digits-cnn", comm=comm, backend="numpy", seed=0,
-                        defaults={"grid": {"sample": 2, "height": 2}})
+                        defaults={"grid": {"height": 2}})
 rng = numpy.random.default_rng(0)
 x, y = rng.standard_normal((8, 1, 16, 16)).astype(numpy.float32), rng.integers(0, 10, 8)
 optimizer = SGD(model.bind(x.shape), 0.1)
 write_timeline(comm, model, lambda: train.step(model, optimizer, x, y), sys.argv[1] + "/timeline.json",
-               "digits CNN, batch 8, sample=2 x height=2")
+               "digits CNN, batch 8, height=2")
 """
-job = course.run_on_ranks(TIMELINE)
+job = course.run_on_ranks(TIMELINE, ranks=2)
 timeline = job.json("timeline.json")
 fig, ax = plt.subplots(figsize=(10, 5))
 ax.imshow(plt.imread(job.folder / "timeline.png"))
@@ -177,9 +177,9 @@ fig.tight_layout()
 # starts (dark); in the overlapped rows the gradient allreduces start during
 # backward and run while the rank computes (light), and the halo exchange runs
 # behind the interior of each convolution. Batch normalization's allreduces stay
-# dark in both: the next operation needs their sums. With 4 ranks sharing 2
-# cores, most of a step is dark: a rank waits while the others get the CPU, so
-# the rows' lengths are noise here, not a speedup (docs/benchmarks.md, "Overlap").
+# dark in both: the next operation needs their sums. On a shared 2-core laptop
+# much of a step is dark (a rank waits while the other gets the CPU), and the
+# rows' lengths are noise, not a speedup (docs/benchmarks.md, "Overlap").
 
 # %%
 for rank in timeline["ranks"]:
