@@ -22,8 +22,10 @@ the ranks that own them (:func:`halo_plan`).
 
 ``start_extend`` and ``start_reduce`` start the same exchanges and return a
 :class:`Started`, whose ``wait()`` finishes them, so that compute can run while they
-are in flight: the interior of the output, which reads no halo cell
-(:attr:`Halo.interior`), in forward; backward-filter behind the halo return.
+are in flight: in forward, the interior of the output, which reads no halo cell
+(:attr:`Halo.interior`); in backward, this rank's own cells of ``dx_win``
+(:attr:`Halo.kept_box`), once the cells sent back (:attr:`Halo.return_boxes`) are
+computed, and backward-filter.
 
 When the spatial group has one rank, no message is sent: the window is the
 padded local block, or the block itself (no copy) when nothing is padded or
@@ -90,9 +92,11 @@ class Box:
         box = Box.of(map(max, self.lo, other.lo), map(min, self.hi, other.hi))
         return box if all(a < b for a, b in zip(box.lo, box.hi)) else None
 
-    def slices(self, origin):
-        """Slices of this box inside an array whose element (0, 0) is ``origin``'s corner."""
-        return tuple(slice(a - o, b - o) for a, b, o in zip(self.lo, self.hi, origin.lo))
+    def slices(self, origin=None):
+        """Slices of this box inside an array whose element (0, 0) is ``origin``'s corner (by
+        default the origin itself: a box of a local block's own coordinates)."""
+        corner = origin.lo if origin is not None else (0,) * len(self.lo)
+        return tuple(slice(a - o, b - o) for a, b, o in zip(self.lo, self.hi, corner))
 
     @property
     def shape(self):
@@ -310,33 +314,59 @@ class Halo:
         return self.start_reduce(dx_win, xp).wait()
 
     def start_reduce(self, dx_win, xp, overlap=""):
-        """Start :meth:`reduce`: this rank's own cells are added now, the pieces sent back are in
-        flight; ``wait()`` adds the pieces received and returns ``dx_loc``.  ``dx_win`` may be
-        changed once this returns (the pieces are copied)."""
+        """Start :meth:`reduce`: the pieces sent back are copied and in flight; ``wait()`` adds this
+        rank's own cells and the pieces received, and returns ``dx_loc``.  So the cells sent
+        (:attr:`return_boxes`) must be final when this is called, the rest of ``dx_win`` (its own
+        cells, :attr:`kept_box`) only at ``wait()``: backward-data computes them in between
+        (``Algorithm.backward_behind_halo``)."""
         if self.is_block:
             return Started(None, lambda _: dx_win)
         n, c = dx_win.shape[:2]
-        own = self.owned[self.me]
-        if self.mine_whole:
-            window_index, _ = self.mine_index
-            dx_loc = xp.empty((n, c) + own.shape, dtype=dx_win.dtype)  # (n, c, h, w), each cell held once
-            dx_loc[...] = dx_win[window_index]
-        else:  # rows read by no output of mine (stride, a neighbour's window only), or read twice
-            dx_loc = xp.zeros((n, c) + own.shape, dtype=dx_win.dtype)
-            if self.mine_index is not None:
-                window_index, owned_index = self.mine_index
-                _add_into(dx_loc, owned_index, dx_win[window_index], xp)
-        if self.size == 1:
-            return Started(None, lambda _: dx_loc)
-        sends = {s: dx_win[index] for s, index in self.recv_index.items()}  # back to the owners
-        recv_shapes = {r: (n, c) + piece.shape for r, piece in self.sends.items()}
-        request = collectives.iexchange(self.comm, sends, recv_shapes, dx_win.dtype, like=dx_win, overlap=overlap)
+        request = None
+        if self.size > 1:
+            sends = {s: dx_win[index] for s, index in self.recv_index.items()}  # back to the owners
+            recv_shapes = {r: (n, c) + piece.shape for r, piece in self.sends.items()}
+            request = collectives.iexchange(self.comm, sends, recv_shapes, dx_win.dtype, like=dx_win,
+                                            overlap=overlap)
 
         def finish(received):
-            for r, index in self.send_index.items():
+            own = self.owned[self.me]
+            if self.mine_whole:
+                window_index, _ = self.mine_index
+                dx_loc = xp.empty((n, c) + own.shape, dtype=dx_win.dtype)  # (n, c, h, w), each cell held once
+                dx_loc[...] = dx_win[window_index]
+            else:  # rows read by no output of mine (stride, a neighbour's window only), or read twice
+                dx_loc = xp.zeros((n, c) + own.shape, dtype=dx_win.dtype)
+                if self.mine_index is not None:
+                    window_index, owned_index = self.mine_index
+                    _add_into(dx_loc, owned_index, dx_win[window_index], xp)
+            for r, index in self.send_index.items():  # then the pieces received, in a fixed order
                 _add_into(dx_loc, index, received[r], xp)
             return dx_loc
         return Started(request, finish)
+
+    # -- backward-data in two parts: the cells sent back first, then this rank's own -------------
+    @property
+    def return_boxes(self):
+        """The window Boxes (local to the window) of the cells :meth:`start_reduce` sends back: the
+        bounding box of each piece of another rank's block in this window."""
+        return [_bounding_box(piece.win) for piece in self.receives.values()]
+
+    @property
+    def kept_box(self):
+        """The window Box (local to the window) of the cells this rank adds into its own block
+        (None where it holds none)."""
+        return None if self.mine is None else _bounding_box(self.mine.win)
+
+    def outputs_reading(self, box):
+        """``(rows, columns)`` (planes first in a volume): the local output ranges whose inputs
+        meet window Box ``box`` (every output that adds into one of its cells in backward-data)."""
+        ranges = []
+        for axis, (lo, hi) in enumerate(zip(box.lo, box.hi)):
+            reach, s = self.dilation[axis] * (self.kernel[axis] - 1), self.stride[axis]
+            first = max(0, -(-(lo - reach) // s))  # output i reads window rows [i s, i s + reach]
+            ranges.append((first, max(first, min(self.out_shape[axis], (hi - 1) // s + 1))))
+        return tuple(ranges)
 
     # -- the interior: output cells that read no halo cell ---------------------------------
     def _interior(self, out_hw, kernel, stride, dilation):
@@ -388,6 +418,13 @@ class Started:
             self._result = self._finish(self._request.wait() if self._request is not None else {})
             self._done, self._request, self._finish = True, None, None
         return self._result
+
+
+def _bounding_box(per_axis):
+    """The Box of a piece's window positions, per axis a slice or an index array."""
+    bounds = [(idx.start, idx.stop) if isinstance(idx, slice) else (int(idx.min()), int(idx.max()) + 1)
+              for idx in per_axis]
+    return Box.of([lo for lo, _ in bounds], [hi for _, hi in bounds])
 
 
 def _add_into(dx_loc, index, values, xp):

@@ -22,6 +22,8 @@ fixed order (what :class:`refconv.optim.SGD` and :mod:`refconv.checkpoint` take)
 """
 
 from refconv import checks, model_spec
+from refconv.collectives import buckets
+from refconv.collectives.buckets import Buckets
 from refconv.layers import SoftmaxCrossEntropy
 from refconv.layers.base import GradientsInFlight
 from refconv.layers.container import Sequential, Wrapper
@@ -44,6 +46,8 @@ class Model(Wrapper):
         self.head = SoftmaxCrossEntropy(grid=self.out_grid, backend=getattr(last, "backend", "numpy"))
         self.spec = None
         self._input_shape = None
+        self.overlap = False  # set_overlap
+        self.bucket_bytes, self._buckets = None, None  # set_buckets; the plan, made at the first backward
 
     @classmethod
     def from_spec(cls, spec, *, comm=None, backend="auto", dtype=None, seed=0, serial=False, defaults=None,
@@ -94,6 +98,7 @@ class Model(Wrapper):
         if shape != self._input_shape:
             self.body.bind(shape)
             self._input_shape = shape
+            self._buckets = None
         return self
 
     @property
@@ -122,15 +127,49 @@ class Model(Wrapper):
 
     def backward(self):
         """Backpropagate the last :meth:`loss`; leaves every layer's gradients."""
+        if self.bucket_bytes is not None:  # a fresh run of the plan: each bucket starts when it is full
+            run = Buckets(self.bucket_plan()[0], GradientsInFlight.OVERLAP if self.overlap else None)
+            for layer in self._gradient_layers():
+                layer.buckets = run
         return self.body.backward(self.head.backward())
+
+    def set_buckets(self, nbytes):
+        """Pack the gradients' allreduces into buckets of ``nbytes`` or more
+        (:mod:`refconv.collectives.buckets`; 0: each gradient its own, as without buckets; None:
+        no buckets, each layer allreduces its own).  The blocking path (``set_overlap(False)``)
+        uses the same buckets and waits for each as it starts: the same calls, the same bits."""
+        if nbytes is not None:
+            nbytes = checks.integer(nbytes, "nbytes", minimum=0)
+        self.bucket_bytes, self._buckets = nbytes, None
+        for layer in self._gradient_layers():
+            layer.buckets = None
+        return self
+
+    def _gradient_layers(self):
+        return [layer for _, layer in self.named_layers() if isinstance(layer, GradientsInFlight)]
+
+    def bucket_plan(self):
+        """``(buckets, calls)``: the :func:`refconv.collectives.buckets.plan` of this bound model's
+        gradients, taken in backward order (the layers last to first), and the Call of each
+        gradient's own allreduce by key."""
+        if self._buckets is None:
+            entries = [(key, comm, call, layer.dtype) for layer in reversed(self._gradient_layers())
+                       for key, comm, call in layer.gradient_entries()]
+            calls = {key: call for key, _, call, _ in entries}
+            self._buckets = (buckets.plan([(key, comm, call.bytes, dtype) for key, comm, call, dtype in entries],
+                                          self.bucket_bytes), calls)
+        return self._buckets
 
     def set_overlap(self, on=True):
         """With ``on``, every layer's gradient allreduce is started in its backward and waited for
         when the gradient is read (the optimizer's step), so it runs behind the backward of the
         layers before it (:class:`refconv.layers.base.GradientsInFlight`); off, each is waited
         for at once.  The same MPI calls either way: the same gradients, bit for bit.  A
-        convolution's halo exchange also runs behind the interior of its output, and its halo
-        return behind backward-filter (``DistConv2d.overlap_halo``, docs/parallel.md "Overlap")."""
+        convolution's halo exchange also runs behind the interior of its output, its halo
+        return behind the own cells of backward-data and backward-filter, and Stationary-Y's
+        reduce-scatter of dx behind backward-filter (``DistConv2d.overlap_halo``,
+        docs/parallel.md "Overlap")."""
+        self.overlap = bool(on)
         for _, layer in self.named_layers():
             if isinstance(layer, GradientsInFlight):
                 layer.overlap_gradients = bool(on)
@@ -148,7 +187,11 @@ class Model(Wrapper):
         """The calls one training step (forward, loss, backward) makes on this rank: the sum
         of every layer's ``records()`` and the loss's, as a multiset (the planner prices them;
         ``refconv.testing.check.check_records(..., ordered=False)`` checks them)."""
-        return self.body.records() + self.head.records(self.body.layers[-1].dtype.itemsize)
+        calls = self.body.records() + self.head.records(self.body.layers[-1].dtype.itemsize)
+        if self.bucket_bytes is None:
+            return calls
+        plan, own = self.bucket_plan()  # the gradients' calls are the buckets'
+        return [c for c in calls if not c.grad] + buckets.bucket_calls(plan, own)
 
     def describe(self):
         """One line per layer: name, layer (with its grid and algorithm) and output shape."""

@@ -268,6 +268,7 @@ def _prepare(cfg, comm):
     x_train, y_train, x_test, y_test, num_classes = load_dataset(cfg, numpy.dtype(cfg.dtype))
     model = build_model(cfg, comm=comm, in_channels=x_train.shape[1], num_classes=num_classes)
     model.set_overlap(cfg.overlap)  # gradient allreduces behind backward (--no-overlap: waited at once)
+    model.set_buckets(cfg.bucket_kib * 1024)  # the same buckets either way
     check_model_fits(model, cfg, x_train.shape, num_classes)
     per_epoch = datasets.num_batches(len(y_train), cfg.batch_size, drop_last=True)
     if per_epoch < 1:

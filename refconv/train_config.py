@@ -22,6 +22,7 @@ import re
 from refconv import algorithms, checks
 from refconv.backend import BACKENDS
 from refconv.collectives import TRAINING_TIMEOUT_S, env_timeout
+from refconv.collectives.buckets import BUCKET_BYTES
 from refconv.grid import AXES
 from refconv.model_spec import PRESETS, default_lr
 from refconv.pricing.machine import DEFAULT_MACHINE, builtin_names
@@ -209,6 +210,10 @@ OPTIONS = (
     Option("overlap", True, _BOOL, RUN, "wait for each layer's gradient allreduce at once, instead of leaving "
            "it in flight behind the backward of the layers before it until the optimizer's step (the same "
            "gradients, bit for bit; docs/parallel.md, \"Overlap\")"),
+    Option("bucket_kib", BUCKET_BYTES // 1024, _int(0), RUN, "pack the gradients' allreduces into buckets of at "
+           "least this many KiB, as DDP does (0: each gradient its own allreduce, started the moment it is ready); "
+           "the same buckets with --no-overlap, so the same bits (measured: docs/benchmarks.md)", parse=int,
+           metavar="KIB"),
     Option("timeout", env_timeout(TRAINING_TIMEOUT_S), _timeout, RUN,
            "seconds any one collective may wait before the job is ended (0: no deadline; the default is "
            "REFCONV_TIMEOUT's when set)", parse=float,

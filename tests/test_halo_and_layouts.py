@@ -4,12 +4,17 @@ batch-norm sums: each against an independent formula."""
 import numpy
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from mpi4py import MPI
 
+from refconv.algorithms.base import ConvGeometry
+from refconv.algorithms.spatial import SampleSpatial
 from refconv.backend import NumpyBackend
 from refconv.distribution import Distribution, Split
-from refconv.halo import Halo
-from refconv.testing.strategies import conv_problems
+from refconv.grid import ProcessGrid
+from refconv.halo import Box, Halo
+from refconv.testing.asserts import assert_close
+from refconv.testing.strategies import conv3d_problems, conv_problems
 
 
 def _halo(p):
@@ -90,3 +95,46 @@ def test_batch_norm_sums_match_their_formulas(dtype, tol):
     assert dx.dtype == x.dtype
     expected = c(gamma * invstd / M) * (M * dy64 - c(dy64.sum(axis=axes)) - xhat * c((dy64 * xhat).sum(axis=axes)))
     close(dx, expected)
+
+
+@settings(max_examples=40)
+@given(conv_problems(max_extra=5, dtypes=("float32", "float64")), st.data())
+def test_backward_data_of_a_box_is_the_whole_backward_data_cut_to_it(problem, data):
+    """``Algorithm.conv_data_box`` (backward-data's two parts behind the halo return) gives each
+    cell of any window box the whole ``conv_data``'s value: the same products, summed in the same
+    order, but BLAS may pick another kernel for a smaller product (a matrix-vector one for one
+    column), so float32 may differ in the last bit.  Blocking and overlapped runs use the same
+    split, so they agree bit for bit (tests/mpi/test_overlap.py)."""
+    p = problem
+    geom = ConvGeometry.of(p.x_shape, p.w_shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
+                           groups=p.groups, bias=False)
+    grid = ProcessGrid(MPI.COMM_SELF)
+    algo = SampleSpatial(grid, geom, NumpyBackend())
+    x, w, _, dy = p.arrays(seed=3)
+    algo.x_win = algo.halo.extend(x, numpy)
+    whole = algo.conv_data(dy, w, algo.x_win.shape)
+    h_win, w_win = algo.x_win.shape[2:]
+    h0, w0 = data.draw(st.integers(0, h_win - 1)), data.draw(st.integers(0, w_win - 1))
+    box = Box(h0, data.draw(st.integers(h0 + 1, h_win)), w0, data.draw(st.integers(w0 + 1, w_win)))
+    assert_close(algo.conv_data_box(dy, w, box), whole[(slice(None), slice(None)) + box.slices()],
+                 reduction_length=p.F // p.groups * p.Kh * p.Kw, name="dx_win[box]")
+    grid.free()
+
+
+@settings(max_examples=15)
+@given(conv3d_problems(max_channels=2, max_kernel=2, max_extra=2, dtypes=("float64",)), st.data())
+def test_backward_data_of_a_volume_box_is_the_whole_backward_data_cut_to_it(problem, data):
+    """The same in a volume: a box of planes, rows and columns (float64: round-off only)."""
+    p = problem
+    geom = ConvGeometry.of(p.x_shape, p.w_shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
+                           groups=p.groups, bias=False, dims=3)
+    grid = ProcessGrid(MPI.COMM_SELF)
+    algo = SampleSpatial(grid, geom, NumpyBackend())
+    x, w, _, dy = p.arrays(seed=3)
+    algo.x_win = algo.halo.extend(x, numpy)
+    whole = algo.conv_data(dy, w, algo.x_win.shape)
+    lo = [data.draw(st.integers(0, size - 1)) for size in algo.x_win.shape[2:]]
+    box = Box.of(lo, [data.draw(st.integers(a + 1, size)) for a, size in zip(lo, algo.x_win.shape[2:])])
+    assert_close(algo.conv_data_box(dy, w, box), whole[(slice(None), slice(None)) + box.slices()],
+                 reduction_length=p.F // p.groups * int(numpy.prod(p.kernel)), name="dx_win[box]")
+    grid.free()

@@ -67,6 +67,13 @@ def test_ring_pricing_is_the_cost_models_alpha_beta():
     assert m.comm_seconds("allreduce", 1, 10_000) == 0.0  # a one-rank communicator moves nothing
 
 
+def test_the_overlap_a_machine_file_states_is_a_share():
+    assert machine.from_dict(machine_doc()).overlap == 1.0  # unstated: all of each allreduce hidden
+    assert machine.from_dict({**machine_doc(), "overlap": 0.25}).overlap == 0.25
+    with pytest.raises(machine.MachineError, match="overlap: expected the share of an allreduce"):
+        machine.from_dict({**machine_doc(), "overlap": 1.5})
+
+
 def test_measured_table_reproduces_its_fit_and_scales_by_the_ring():
     doc = machine_doc()
     doc["collectives"]["intra"]["allgather"] = {"table": {2: [1e-5, 2e-10], 4: [3e-5, 3e-10]}}
@@ -372,6 +379,10 @@ def test_overlapped_step_by_hand():
     b = perf.StageCost((1, 1, 1, 1), fwd=1.0, bwd=1.0, grad=1.0)
     assert perf.overlapped_step([a, b]) == pytest.approx(2 + 2 + 5)
     assert a.seconds + b.seconds == pytest.approx(10)
+    # a machine that hides none of an allreduce steps as the blocking sum; one that hides half
+    # pays 0.5 + 2.5 on its own time: compute 2 + (1 + 0.5) + (1 + 2.5), then the hidden 2.5
+    assert perf.overlapped_step([a, b], hidden=0.0) == pytest.approx(10)
+    assert perf.overlapped_step([a, b], hidden=0.5) == pytest.approx(9.5)
 
 
 def test_calibration_fits_recover_known_costs():
@@ -531,9 +542,11 @@ def test_calibrate_writes_a_machine_file_with_and_without_mpiexec(tmp_path, laun
     assert isinstance(m.measured, str) and m.ranks_per_node == 2
     doc = yaml.safe_load(out.read_text())
     assert all(list(doc["collectives"]["intra"][kind]["table"]) == [2] for kind in machine.KINDS)
+    assert 0 <= doc["overlap"] <= 1 and m.overlap == doc["overlap"]  # the share of an allreduce it hides
     p = _refconv("plan", "--model", "digits-cnn", "--ranks", "2", "--batch", "8", "--image-size", "16",
                  "--machine", str(out))
     assert p.returncode == 0 and "machine this-machine (measured" in p.stdout, p.stderr
+    assert f"{m.overlap:.0%} of it hidden: the machine file's overlap" in p.stdout
 
 
 def test_calibrate_from_one_process_starts_four_ranks_by_default(tmp_path, monkeypatch, capsys):

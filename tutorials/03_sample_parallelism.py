@@ -135,6 +135,63 @@ print(f"dw is {F * C * K * K} float64 values = {F * C * K * K * 8} bytes; each r
       f"{sum(ring):.0f} bytes in ring allreduces, whatever the batch size")
 
 # %% [markdown]
+# ## One step's timeline: the allreduce blocking, and behind backward
+#
+# The allreduce of `dw` need not stop backward: `refconv train` starts each
+# layer's allreduce the moment its `dw` is ready and waits for it only before the
+# optimizer's step (`Model.set_overlap`, docs/parallel.md "Overlap"). The same
+# MPI calls are made either way, so the sums are the same bits. Here 2 ranks
+# train the digits CNN with the image rows split over them (so the halo
+# overlaps too, and the allreduce of `dw` is over both), and record one step of each under
+# `collectives.stats.timeline()`: when each call started, when the rank began to
+# wait for it, and when it finished. `refconv.bench.overlap.write_timeline`,
+# which the overlap benchmark also uses, records and draws them.
+
+# %%
+TIMELINE = """
+import json, sys
+import numpy
+from mpi4py import MPI
+from refconv import Model, train
+from refconv.bench.overlap import write_timeline
+from refconv.optim import SGD
+
+comm = MPI.COMM_WORLD
+model = Model.from_spec("digits-cnn", comm=comm, backend="numpy", seed=0,
+                        defaults={"grid": {"height": 2}})
+rng = numpy.random.default_rng(0)
+x, y = rng.standard_normal((8, 1, 16, 16)).astype(numpy.float32), rng.integers(0, 10, 8)
+optimizer = SGD(model.bind(x.shape), 0.1)
+write_timeline(comm, model, lambda: train.step(model, optimizer, x, y), sys.argv[1] + "/timeline.json",
+               "digits CNN, batch 8, height=2")
+"""
+job = course.run_on_ranks(TIMELINE, ranks=2)
+timeline = job.json("timeline.json")
+fig, ax = plt.subplots(figsize=(10, 5))
+ax.imshow(plt.imread(job.folder / "timeline.png"))
+ax.axis("off")
+fig.tight_layout()
+
+# %% [markdown]
+# Read it per rank: in the blocking rows every call is waited for the moment it
+# starts (dark); in the overlapped rows the gradient allreduces start during
+# backward and run while the rank computes (light), and the halo exchange runs
+# behind the interior of each convolution. Batch normalization's allreduces stay
+# dark in both: the next operation needs their sums. On a shared 2-core laptop
+# much of a step is dark (a rank waits while the other gets the CPU), and the
+# rows' lengths are noise, not a speedup (docs/benchmarks.md, "Overlap").
+
+# %%
+for rank in timeline["ranks"]:
+    blocking, overlapped = rank["blocking"]["calls"], rank["overlap"]["calls"]
+    assert not any(c["overlap"] for c in blocking)                     # nothing runs behind compute
+    behind = [c for c in overlapped if c["overlap"]]
+    assert {c["kind"] for c in behind} == {"allreduce", "halo"}        # gradients, and the halo
+    assert all(c["started"] <= c["waited"] <= c["ended"] for c in overlapped)
+    assert sorted(c["kind"] for c in blocking) == sorted(c["kind"] for c in overlapped)  # the same calls
+print("one step each: the same calls; with overlap on, the gradients' allreduces and the halo run behind compute")
+
+# %% [markdown]
 # ## Checks
 #
 # What this tutorial taught: sample parallelism moves nothing in forward and

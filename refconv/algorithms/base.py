@@ -25,9 +25,16 @@ from refconv import checks, collectives
 from refconv.distribution import block_size, block_sizes
 from refconv.halo import Box, Halo, exchanges, halo_plan
 
-ORIGIN = Box(0, 0, 0, 0)  # the corner of a local block, for Box.slices
 ALPHA = 2e-6  # default seconds per message step (a typical inter-node latency)
 BETA = 1 / 10e9  # default seconds per byte (10 GB/s)
+# What runs behind the halo calls, as their records say (Record.overlap)
+BEHIND_EXCHANGE = "interior of the forward convolution"
+BEHIND_RETURN = "own cells of backward-data, backward-filter"
+BEHIND_RETURN_WHOLE = "backward-filter"  # a block too small for the split (Halo.no_overlap)
+BEHIND_RETURN_OWN = "own cells of backward-data"  # when backward-filter runs behind the next call instead
+BEHIND_NEXT = "backward-filter"  # behind the collective that follows the halo return (Stationary-Y's)
+POLL_CHUNKS = 4  # bands of the work behind a halo call, MPI_Test between them (Algorithm.bands; measured:
+#                  docs/benchmarks.md, python -m refconv.bench.overlap halo)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +200,7 @@ def gradient_records(geom, grid_shape, coords, dw_shape):
     return calls
 
 
-def segmented_allreduce(peers, dw_loc, db_loc, overlap=None):
+def segmented_allreduce(peers, dw_loc, db_loc, overlap=None, bucketed=None):
     """forward: nothing · backward: allreduce of this rank's ``dw`` shard and ``db`` block among
     its weight peers, in place; both started here (``collectives.iallreduce_``).
 
@@ -207,7 +214,14 @@ def segmented_allreduce(peers, dw_loc, db_loc, overlap=None):
     gives the sums.  ``DistConv2d`` waits when its gradients are read, before the
     optimizer's step.  Both paths make the same MPI call (Iallreduce), so the sums are the
     same bits whether they overlap or not.
+
+    ``bucketed`` (``GradientsInFlight.bucketed()``, where the model packs gradients into
+    buckets): ``dw`` and ``db`` are handed to the model's buckets instead, which start (and
+    wait for, or not, as the model's overlap says) one allreduce per bucket; returns their
+    :class:`refconv.collectives.buckets.Slot`.
     """
+    if bucketed is not None:
+        return bucketed(0, dw_loc), None if db_loc is None else bucketed(1, db_loc)
     dw_req = collectives.iallreduce_(peers, dw_loc, overlap=overlap or "")
     db_req = None if db_loc is None else collectives.iallreduce_(peers, db_loc, overlap=overlap or "")
     if overlap:
@@ -238,7 +252,9 @@ class Algorithm:
                          geom.out_shape[2:], geom.kernel, geom.stride, geom.padding, geom.dilation, geom.padding_mode)
         self.peers = grid.weight_peers_comm
         self.overlap = None  # what the gradients' allreduce overlaps (DistConv2d sets it); None: waited for at once
+        self.bucketed = None  # the model's buckets, where it has them (DistConv2d sets it: segmented_allreduce)
         self.overlap_halo = False  # compute behind the halo exchange and return (DistConv2d sets it)
+        self.poll_chunks = 1  # bands of the work behind a halo call, MPI_Test between them (DistConv2d sets it)
         self._local = dict(stride=geom.stride, padding=0, dilation=geom.dilation, groups=geom.groups)
 
     @classmethod
@@ -263,7 +279,7 @@ class Algorithm:
         the interior convolved while it is in flight, and the strips after the wait; without,
         the exchange is waited for first.  The same products either way, so the same bits."""
         box = self.halo.interior
-        overlap = "interior of the forward convolution" if self.overlap_halo and box else ""
+        overlap = BEHIND_EXCHANGE if self.overlap_halo and box else ""
         started = self.halo.start_extend(x_loc, self.xp, overlap=overlap)  # halo exchange started
         if not overlap:
             started.wait()
@@ -271,28 +287,101 @@ class Algorithm:
             x_win = started.wait()  # (n, c, h_win, w_win)
             return x_win, self.conv(x_win, w_loc)
         whole = (slice(None), slice(None))
-        inner = self.conv(started.partial[self.halo.input_of(box)], w_loc)  # (n, F, box rows, box columns)
-        y = self.xp.empty(inner.shape[:2] + self.halo.out_shape, dtype=inner.dtype)  # (n, F, h', w')
-        y[whole + box.slices(ORIGIN)] = inner
+        y = None
+        for band in self.bands(box):  # the interior, MPI_Test between bands (poll_chunks)
+            inner = self.conv(started.partial[self.halo.input_of(band)], w_loc)  # (n, F, band rows, box columns)
+            if y is None:
+                y = self.xp.empty(inner.shape[:2] + self.halo.out_shape, dtype=inner.dtype)  # (n, F, h', w')
+            y[whole + band.slices()] = inner
+            collectives.progress()
         x_win = started.wait()
         for strip in self.halo.output_strips(self.halo.out_shape):  # the cells that read the halo
-            y[whole + strip.slices(ORIGIN)] = self.conv(x_win[self.halo.input_of(strip)], w_loc)
+            y[whole + strip.slices()] = self.conv(x_win[self.halo.input_of(strip)], w_loc)
         return x_win, y
 
-    def backward_behind_halo(self, dy, w_loc):
-        """backward: backward-data, the halo return of its window with backward-filter behind it ·
+    def backward_behind_halo(self, dy, w_loc, then=None):
+        """backward: backward-data, the halo return of its window with compute behind it ·
         ``(dx_part, dw_part)``, partial sums (the caller reduces them).
 
-        The window's gradient is computed first; with ``overlap_halo`` its return is started
-        and backward-filter (which needs no halo: forward kept ``x_win``) runs while it is in
-        flight; otherwise the return is waited for first.  The same values either way."""
-        dx_win = self.conv_data(dy, w_loc, self.x_win.shape)  # (n, c, h_win, w_win)
-        overlap = "backward-filter" if self.overlap_halo and self.halo.size > 1 else ""
-        back = self.halo.start_reduce(dx_win, self.xp, overlap=overlap)  # halo return started
-        if not overlap:
+        ``then(dx_part, overlap)``: where the algorithm moves ``dx_part`` on (Stationary-Y's
+        reduce-scatter), it starts that call and returns its Request; backward-filter then
+        runs behind it instead of behind the halo return, and the first item returned is that
+        call's result.
+
+        Where the block is large enough (``self.halo.interior``, forward's rule; else
+        ``self.halo.no_overlap`` says why not), ``dx_win`` is computed in two parts: first the
+        cells sent back to their owners (``halo.return_boxes``), then this rank's own
+        (``halo.kept_box``), each from the ``dy`` cells that add into it (:meth:`conv_data_box`).
+        With ``overlap_halo`` the return is started between the two, so that the own cells and
+        backward-filter (which needs no halo: forward kept ``x_win``) run while it is in flight;
+        without, it is started and waited for once ``dx_win`` is whole.  Where the block is too
+        small, ``dx_win`` is computed whole and only backward-filter runs behind the return.
+        The same sums of the same products either way, so the same bits."""
+        halo, xp = self.halo, self.xp
+        split = halo.interior is not None  # None on one rank, or a block too small to pay
+        on = self.overlap_halo and halo.size > 1
+        if split:
+            dx_win = xp.empty(self.x_win.shape, dtype=dy.dtype)  # (n, c, h_win, w_win)
+            for box in halo.return_boxes:  # the cells sent back (cells in no box are read by no one)
+                dx_win[(slice(None), slice(None)) + box.slices()] = self.conv_data_box(dy, w_loc, box)
+        else:
+            dx_win = self.conv_data(dy, w_loc, self.x_win.shape)  # (n, c, h_win, w_win)
+        if then is None:
+            overlap = (BEHIND_RETURN if split else BEHIND_RETURN_WHOLE) if on else ""
+        else:  # backward-filter goes behind the next call
+            overlap = BEHIND_RETURN_OWN if on and split else ""
+        back = halo.start_reduce(dx_win, xp, overlap=overlap) if overlap else None  # halo return started
+        if split and halo.kept_box is not None:  # this rank's own cells, behind the return
+            for band in self.bands(halo.kept_box):  # MPI_Test between bands (poll_chunks)
+                dx_win[(slice(None), slice(None)) + band.slices()] = self.conv_data_box(dy, w_loc, band)
+                collectives.progress()
+        if back is None:
+            back = halo.start_reduce(dx_win, xp)
             back.wait()
+        if then is not None:
+            started = then(back.wait(), BEHIND_NEXT if self.overlap_halo else "")  # e.g. the reduce-scatter
+            if not self.overlap_halo:
+                started.wait()
+            dw_part = self.conv_filter(self.x_win, dy, w_loc.shape)
+            return started.wait(), dw_part
         dw_part = self.conv_filter(self.x_win, dy, w_loc.shape)
         return back.wait(), dw_part
+
+    def bands(self, box):
+        """``box`` cut into ``poll_chunks`` bands of rows (of planes in a volume; fewer where it has
+        fewer), in order.
+
+        The work behind a halo call is computed band by band, and ``collectives.progress()``
+        (MPI_Test of every call in flight) runs between them: MPICH moves a nonblocking call
+        only inside an MPI call unless its progress thread runs (docs/parallel.md "Progress").
+        The bands are cut the same in the blocking path, so the bits do not depend on it."""
+        k = max(1, min(self.poll_chunks, box.hi[0] - box.lo[0]))  # rows (planes in a volume)
+        edges = [box.lo[0] + (box.hi[0] - box.lo[0]) * i // k for i in range(k + 1)]
+        return [Box.of((a,) + box.lo[1:], (b,) + box.hi[1:]) for a, b in zip(edges, edges[1:])]
+
+    def conv_data_box(self, dy, w_loc, box):
+        """Backward-data of the window cells in Box ``box`` only: ``(n, c) + box.shape``.
+
+        Only the outputs that read a cell of the box add into it (``halo.outputs_reading``), so
+        their ``dy`` is convolved back onto the rows and columns (planes too, in a volume) they
+        span, and the box is cut out of that: each cell gets the products of the whole
+        ``conv_data``, summed in its order (BLAS may round a smaller product differently in the
+        last bit, so the blocking path makes the same split)."""
+        halo = self.halo
+        ranges = halo.outputs_reading(box)  # per spatial axis, the outputs [i0, i1) that read the box
+        n, c = dy.shape[0], self.x_win.shape[1]
+        out = self.xp.zeros((n, c) + box.shape, dtype=dy.dtype)  # cells no output reads stay 0
+        if any(i0 == i1 for i0, i1 in ranges):
+            return out
+        span = Box.of([i0 * s for (i0, _), s in zip(ranges, halo.stride)],
+                      [(i1 - 1) * s + d * (k - 1) + 1
+                       for (_, i1), s, d, k in zip(ranges, halo.stride, halo.dilation, halo.kernel)])
+        dy_part = dy[(slice(None), slice(None)) + tuple(slice(i0, i1) for i0, i1 in ranges)]
+        part = self.conv_data(self.xp.ascontiguousarray(dy_part), w_loc, (n, c) + span.shape)
+        cut = box.intersect(span)  # the box's cells that some output reads
+        if cut is not None:
+            out[(slice(None), slice(None)) + cut.slices(box)] = part[(slice(None), slice(None)) + cut.slices(span)]
+        return out
 
     # -- local compute on this rank's window (no communication) -----------------------
     def conv(self, x_win, w_loc):

@@ -49,5 +49,6 @@ class SampleSpatial(Algorithm):
         # halo return of dx_win -> dx_loc (n, C, h, w), with backward-filter behind it
         dx_loc, dw_loc = self.backward_behind_halo(dy_loc, w_loc)
         # over the weight peers: summed, or with self.overlap, started (DistConv2d waits for them)
-        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc), self.overlap)
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc), self.overlap,
+                                             self.bucketed)
         return dx_loc, dw_loc, db_loc

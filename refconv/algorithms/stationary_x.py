@@ -53,5 +53,6 @@ class StationaryX(ChannelAlgorithm):
         # halo return of dx_win -> dx_loc (n, C_i, h, w), with backward-filter behind it
         dx_loc, dw_loc = self.backward_behind_halo(dy_full, w_loc)
         # over the weight peers: summed, or with self.overlap, started (DistConv2d waits for them)
-        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc), self.overlap)
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc), self.overlap,
+                                             self.bucketed)
         return dx_loc, dw_loc, db_loc

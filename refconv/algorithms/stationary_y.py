@@ -46,9 +46,12 @@ class StationaryY(ChannelAlgorithm):
     def backward(self, dy_loc, w_loc):
         # dy_loc: (n, F_i, h', w')
         # dx_win: (n, C, h_win, w_win), partial over F; dw_loc: (F_i, C, Kh, Kw) partial over n, h', w'
-        # halo return of dx_win -> dx_part (n, C, h, w), with backward-filter behind it
-        dx_part, dw_loc = self.backward_behind_halo(dy_loc, w_loc)
-        dx_loc = collectives.reduce_scatter(self.channel_comm, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
+        # halo return of dx_win -> dx_part (n, C, h, w), then its reduce-scatter -> dx_loc (n, C_i, h, w),
+        # with backward-filter behind the reduce-scatter
+        def reduce_scatter(dx_part, overlap):
+            return collectives.ireduce_scatter(self.channel_comm, dx_part, self.c_counts, axis=1, overlap=overlap)
+        dx_loc, dw_loc = self.backward_behind_halo(dy_loc, w_loc, then=reduce_scatter)
         # over the weight peers: summed, or with self.overlap, started (DistConv2d waits for them)
-        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc), self.overlap)
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc), self.overlap,
+                                             self.bucketed)
         return dx_loc, dw_loc, db_loc

@@ -3,7 +3,8 @@
     mpiexec -n 2 python -m refconv.bench.overlap progress [--mb 8] [--rounds 7]
     MPICH_ASYNC_PROGRESS=1 mpiexec -n 2 python -m refconv.bench.overlap progress
     mpiexec -n 2 python -m refconv.bench.overlap step [--model wide-cnn] [--batch 32]
-    mpiexec -n 2 python -m refconv.bench.overlap halo [--size 64] [--channels 64] [--batch 2]
+    mpiexec -n 2 python -m refconv.bench.overlap halo [--size 64] [--channels 64] [--batch 2] [--poll-chunks 4]
+    mpiexec -n 2 python -m refconv.bench.overlap buckets [--model wide-cnn] [--bucket-kib 0 256 1024 4096 25600]
 
 ``progress``: what makes a nonblocking call move while the caller computes.  An
 allreduce of ``--mb`` MB and a compute of about the same time (float32 matrix
@@ -28,10 +29,18 @@ each call started, when the rank began to wait for it, when it finished), writes
 per rank, and draws ``out.png``: :func:`draw_timeline`.
 
 ``halo``: one convolution (``--channels`` in and out, 3x3, 'same') with ``--size`` x
-``--size`` per rank, split over height on every rank; forward and backward,
-``overlap_halo`` off against on.  ``hidden`` is the share of the halo wait of the
-blocking run that the overlapped run no longer waits, ``1 - waited(overlap) /
-waited(blocking)``, from the seconds ``stats`` counts inside the halo's ``wait()``.
+``--size`` per rank, split over height on every rank; forward and backward, three
+contenders: ``blocking`` (``overlap_halo`` off), ``overlap`` (on, the work behind each
+halo call in one piece) and ``overlap+test`` (on, that work in ``--poll-chunks`` bands
+with ``collectives.progress()`` between them: ``DistConv2d.poll_chunks``).  ``hidden``
+is the share of the halo wait of the blocking run that an overlapped run no longer
+waits, ``1 - waited(overlap) / waited(blocking)``, per pass, from the seconds ``stats``
+counts inside the halo's ``wait()``.
+
+``buckets``: the ``step`` with the overlap on and the gradients packed into buckets
+(``Model.set_buckets``, :mod:`refconv.collectives.buckets`) of each ``--bucket-kib``
+threshold, side by side; the ratios are against the first (0: each gradient its own
+allreduce).  It prints how many allreduces each threshold makes per step.
 
 One BLAS thread per rank (``threads.configure(comm, 1)``), and a pause between contenders (``refconv.bench.timing``).
 """
@@ -46,6 +55,7 @@ import numpy
 from mpi4py import MPI
 
 from refconv import collectives, threads
+from refconv.algorithms.base import POLL_CHUNKS
 from refconv.bench import timing
 from refconv.bench.common import time_ranks
 from refconv.bench.torch_step import MODELS, refconv_step_of
@@ -53,6 +63,7 @@ from refconv.grid import ProcessGrid
 from refconv.layers import DistConv2d
 
 CHUNKS = 16
+BUCKET_SWEEP_KIB = [0, 256, 1024, 4096, 25600]  # 0: each gradient its own call; 25 MiB: DDP's default
 
 
 def _waited(fn, waits, name):
@@ -138,6 +149,33 @@ def run_step(args, comm):
         write_timeline(comm, model, step, args.timeline, f"{args.model}, batch {batch}, sample={comm.Get_size()}")
 
 
+def run_buckets(args, comm):
+    batch = args.batch or MODELS[args.model][2]
+    step, model, _, _ = refconv_step_of(args.model, batch, comm)
+    model.set_overlap(True)
+    waits = {}
+
+    def with_buckets(nbytes):
+        def run():
+            model.set_buckets(nbytes)
+            step()
+        return run
+
+    names = {f"{kib} KiB": kib * 1024 for kib in args.bucket_kib}
+    contenders = {name: _waited(with_buckets(nbytes), waits, name) for name, nbytes in names.items()}
+    times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
+    spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
+    counts = {}
+    for name, nbytes in names.items():
+        model.set_buckets(nbytes)
+        counts[name] = len(model.bucket_plan()[0])
+    lines = [f"buckets: {args.model}, batch {batch}, sample={comm.Get_size()}, overlap on; gradient allreduces per step: "
+             + ", ".join(f"{name} {n}" for name, n in counts.items())
+             + f"; MPICH_ASYNC_PROGRESS={os.environ.get('MPICH_ASYNC_PROGRESS', 'unset')}; median (min-max) of "
+             f"{args.rounds} rounds"]
+    _report(comm, spans, waits, next(iter(names)), lines)
+
+
 def write_timeline(comm, model, step, path, title):
     """One blocking and one overlapped step under ``stats.timeline()``; rank 0 writes every rank's
     calls to ``path`` (JSON, seconds from the step's start) and draws them (:func:`draw_timeline`)."""
@@ -202,35 +240,44 @@ def run_halo(args, comm):
     rng = numpy.random.default_rng(comm.Get_rank())
     x_loc = rng.standard_normal(layer.input_distribution.local_shape(grid.rank), dtype=numpy.float32)
     dy_loc = rng.standard_normal(layer.output_distribution.local_shape(grid.rank), dtype=numpy.float32)
-    halo_waits = {}
+    halo_waits = {}  # contender -> [(forward's halo wait, backward's)] per round
+    settings = {"blocking": (False, 1), "overlap": (True, 1), "overlap+test": (True, args.poll_chunks)}
 
-    def run(on):
+    def run(name):
         def passes():
-            layer.overlap_halo = on
-            with collectives.stats.recording() as region:
-                layer.forward(x_loc)
-                layer.backward(dy_loc)
-            halo_waits.setdefault(on, []).append(region.seconds.get("halo", 0.0))
+            layer.overlap_halo, layer.poll_chunks = settings[name]
+            waited = []
+            for pass_ in (lambda: layer.forward(x_loc), lambda: layer.backward(dy_loc)):
+                with collectives.stats.recording() as region:
+                    pass_()
+                waited.append(region.seconds.get("halo", 0.0))
+            halo_waits.setdefault(name, []).append(waited)
         return passes
 
     waits = {}
-    contenders = {"blocking": _waited(run(False), waits, "blocking"), "overlap": _waited(run(True), waits, "overlap")}
+    contenders = {name: _waited(run(name), waits, name) for name in settings}
     times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
     spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
-    blocked, overlapped = (collectives.allreduce(comm, numpy.array([numpy.median(halo_waits[on])]), op="max")[0]
-                           for on in (False, True))
+    waited = {name: collectives.allreduce(comm, numpy.median(numpy.array(w), axis=0), op="max")  # (forward, backward)
+              for name, w in halo_waits.items()}
     lines = [f"halo: conv {C}->{C} 3x3 'same', {H}x{H} per rank, batch {args.batch}, height={P}; forward + backward; "
              f"interior {layer._algo.halo.interior} ({layer._algo.halo.no_overlap or 'overlapped'}); "
+             f"overlap+test polls between {args.poll_chunks} bands; "
              f"MPICH_ASYNC_PROGRESS={os.environ.get('MPICH_ASYNC_PROGRESS', 'unset')}; median (min-max) of "
              f"{args.rounds} rounds",
-             f"  halo wait: blocking {blocked * 1e3:.2f} ms, overlapped {overlapped * 1e3:.2f} ms: "
-             f"{1 - overlapped / blocked if blocked else 0:.0%} of it hidden"]
+             "  halo wait (max over ranks of the median), forward / backward, and the share of the blocking "
+             "run's wait hidden:"]
+    (f0, b0) = waited["blocking"]
+    share = lambda got, base: f"{1 - got / base if base else 0:4.0%}"  # noqa: E731
+    for name, (f, b) in waited.items():
+        lines.append(f"  {name:<14} {f * 1e3:6.2f} / {b * 1e3:6.2f} ms   hidden: forward {share(f, f0)}, "
+                     f"backward {share(b, b0)}, both {share(f + b, f0 + b0)}")
     _report(comm, spans, waits, "blocking", lines)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m refconv.bench.overlap", description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("progress", "step", "halo"))
+    parser.add_argument("what", choices=("progress", "step", "halo", "buckets"))
     parser.add_argument("--mb", type=float, default=8.0, help="progress: the allreduce's megabytes (default 8)")
     parser.add_argument("--model", default="wide-cnn", choices=sorted(MODELS),
                         help="step: a model of refconv.bench.torch_step's table (default wide-cnn)")
@@ -239,15 +286,23 @@ def main(argv=None):
                                            "and draw them beside it (.png)")
     parser.add_argument("--size", type=int, default=64, help="halo: rows and columns per rank (default 64)")
     parser.add_argument("--channels", type=int, default=64, help="halo: C = F (default 64)")
+    parser.add_argument("--poll-chunks", type=int, default=POLL_CHUNKS,
+                        help=f"halo: the bands overlap+test computes, MPI_Test between them (default {POLL_CHUNKS})")
+    parser.add_argument("--bucket-kib", type=int, nargs="+", default=BUCKET_SWEEP_KIB,
+                        help=f"buckets: the thresholds to time, KiB (default {' '.join(map(str, BUCKET_SWEEP_KIB))}; "
+                             f"the first is the baseline)")
     parser.add_argument("--rounds", type=int, default=7, help="alternating timed rounds (default 7)")
     args = parser.parse_args(argv)
     if args.what == "halo":
         args.batch = args.batch or 2
     comm = MPI.COMM_WORLD
     threads.configure(comm, 1)  # one BLAS thread per rank
-    if args.mb <= 0 or args.rounds < 1:
-        raise SystemExit(f"--mb must be > 0 and --rounds >= 1, got {args.mb}, {args.rounds}")
-    {"progress": run_progress, "step": run_step, "halo": run_halo}[args.what](args, comm)
+    if args.mb <= 0 or args.rounds < 1 or args.poll_chunks < 1:
+        raise SystemExit(f"--mb must be > 0, --rounds and --poll-chunks >= 1, got {args.mb}, {args.rounds}, "
+                         f"{args.poll_chunks}")
+    if any(kib < 0 for kib in args.bucket_kib):
+        raise SystemExit(f"--bucket-kib must be >= 0, got {args.bucket_kib}")
+    {"progress": run_progress, "step": run_step, "halo": run_halo, "buckets": run_buckets}[args.what](args, comm)
     return 0
 
 

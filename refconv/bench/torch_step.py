@@ -25,8 +25,11 @@
   initial parameters).  The first step's loss must agree with torch's on the
   whole batch before anything is timed.
 - ``ddp``: the same with one sample-parallel model per rank, against
-  ``torch.nn.parallel.DistributedDataParallel`` over gloo; each rank holds
-  ``batch / ranks`` samples.  Every round is timed by the slowest rank.
+  ``torch.nn.parallel.DistributedDataParallel`` over gloo (which itself overlaps its
+  bucketed allreduces with backward); each rank holds ``batch / ranks`` samples.
+  Three contenders: ``refconv`` with the overlap on (``refconv train``'s default),
+  ``refconv blocking`` (``Model.set_overlap(False)``) and ``torch``.  Every round is
+  timed by the slowest rank.
 - ``columns``: forward + backward-filter with the im2col columns recomputed in
   each pass, against computed once and kept (``cols=``), and the memory kept.
 - ``memory``: the peak memory of one DistConv2d forward and backward on the
@@ -55,7 +58,7 @@ import numpy
 from mpi4py import MPI
 from threadpoolctl import threadpool_info
 
-from refconv import DistConv2d, Model, ProcessGrid, collectives, threads, train, train_config
+from refconv import DistConv2d, Model, ProcessGrid, collectives, failure, threads, train, train_config
 from refconv import reference as ref
 from refconv.bench import timing
 from refconv.optim import SGD
@@ -96,7 +99,9 @@ def _torch():
     try:
         import torch
     except ImportError:
-        raise SystemExit("refconv.bench.torch_step compares against PyTorch: install torch (CPU) first") from None
+        # torch stays optional: one line on every rank, exit status 2 (refconv's bad-input status)
+        sys.exit(failure.exit_on_shared_error("refconv.bench.torch_step: torch is not installed; it compares "
+                                              "against PyTorch, an optional contender: install torch (CPU) first"))
     return torch
 
 
@@ -299,7 +304,15 @@ def step_contenders(model_name, batch, comm, torch):
     first = (float(refconv_step()), first_loss)
     if not math.isclose(*first, rel_tol=1e-3):
         raise AssertionError(f"{model_name}: first-step losses differ: refconv {first[0]:.6f}, torch {first[1]:.6f}")
-    return {"refconv": refconv_step, "torch": torch_step}, first
+    if P == 1:
+        return {"refconv": refconv_step, "torch": torch_step}, first
+
+    def with_overlap(on):  # refconv train's default (on: the gradients' allreduces behind backward), and off
+        def run():
+            model.set_overlap(on)
+            return refconv_step()
+        return run
+    return {"refconv": with_overlap(True), "refconv blocking": with_overlap(False), "torch": torch_step}, first
 
 
 def run_step(args, comm):
@@ -316,6 +329,10 @@ def run_step(args, comm):
             what = f"{name} batch {batch}" + (f" on {comm.Get_size()} ranks (DDP, gloo)" if comm.Get_size() > 1 else "")
             print(f"{what}: first loss refconv {ours:.5f} torch {theirs:.5f}; step refconv {spans['refconv']}, "
                   f"torch {spans['torch']}; vs torch {r.format(1, '', 2)}")
+            if "refconv blocking" in spans:  # ddp: the overlap on ("refconv") and off, and DDP, side by side
+                print(f"  refconv blocking {spans['refconv blocking']}; overlapped / blocking speedup "
+                      f"{timing.ratio(spans, 'refconv blocking', 'refconv').format(1, 'x', 2)}; blocking vs torch "
+                      f"{timing.ratio(spans, 'torch', 'refconv blocking').format(1, '', 2)}")
     return 0
 
 

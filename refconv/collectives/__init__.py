@@ -13,6 +13,7 @@ module         what it holds
 ``watchdog``   the collective deadline (``set_timeout``, ``timeout``, ``REFCONV_TIMEOUT``)
 ``faults``     fault injection for tests (``REFCONV_FAULT``, read when first needed)
 ``staging``    host staging of device buffers, and the MPI datatypes of split blocks
+``buckets``    gradients packed into one allreduce up to a size threshold (DDP's buckets)
 =============  ==========================================================================
 
 Only this package calls MPI to move data (tests/test_architecture.py checks it).

@@ -25,6 +25,7 @@ import numpy
 
 from refconv import checks
 from refconv.collectives import Request
+from refconv.collectives.buckets import Slot
 from refconv.backend import get_backend
 from refconv.distribution import Distribution
 
@@ -138,6 +139,7 @@ class GradientsInFlight:
 
     OVERLAP = "backward of the layers before it"  # what the records of the overlapped calls say
     overlap_gradients = False
+    buckets = None  # the model's refconv.collectives.buckets.Buckets for this backward (Model.set_buckets)
     _weight_grad = _bias_grad = None
 
     @property
@@ -145,9 +147,26 @@ class GradientsInFlight:
         """What the gradients' allreduce overlaps (a string for the record), or None: waited at once."""
         return self.OVERLAP if self.overlap_gradients else None
 
+    def gradient_comm(self):
+        """The communicator of this layer's gradient allreduces."""
+        raise NotImplementedError
+
+    def gradient_entries(self):
+        """``[(key, comm, Call)]``: this layer's gradient allreduces (``Call.grad``), in the order its
+        backward starts them (dw, then db), for :func:`refconv.collectives.buckets.plan`."""
+        grads = [c for c in self.records() if c.grad]
+        return [((id(self), i), self.gradient_comm(), call) for i, call in enumerate(grads)]
+
+    def bucketed(self):
+        """``start(i, x)``, handing gradient ``i`` (0: dw, 1: db) to the model's buckets and returning
+        its :class:`refconv.collectives.buckets.Slot`; None where the model has no buckets."""
+        if self.buckets is None or (id(self), 0) not in self.buckets:
+            return None
+        return lambda i, x: self.buckets.add((id(self), i), x)
+
     def _finished(self, name):
         value = getattr(self, name)
-        if isinstance(value, Request):
+        if isinstance(value, (Request, Slot)):
             value = value.wait()
             setattr(self, name, value)
         return value

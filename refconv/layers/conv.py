@@ -18,7 +18,7 @@ import math
 import numpy
 
 from refconv import algorithms, checks, collectives
-from refconv.algorithms.base import ConvGeometry, grid_view
+from refconv.algorithms.base import POLL_CHUNKS, ConvGeometry, grid_view
 from refconv.distribution import Distribution
 from refconv.layers.base import GradientsInFlight, Layer
 from refconv.pricing.chooser import choose_for_layer
@@ -51,7 +51,8 @@ class DistConv2d(GradientsInFlight, Layer):
     ``+-1/sqrt(fan_in)``), drawn from ``seed`` identically on every rank.
     """
 
-    overlap_halo = False  # convolve the interior behind the halo exchange, backward-filter behind its return
+    overlap_halo = False  # the interior behind the halo exchange, dx's own cells behind its return (Model.set_overlap)
+    poll_chunks = POLL_CHUNKS  # bands of that work, with MPI_Test (collectives.progress) between them
     dims = 2  # spatial dims: (h, w) here, (d, h, w) in DistConv3d
     ndim = 4  # of the input, NCHW
 
@@ -232,7 +233,7 @@ class DistConv2d(GradientsInFlight, Layer):
         if self._input_shape is None:
             self._bind_from_local(x_loc)
         self._check_local(x_loc, self.input_distribution, "x_loc")
-        self._algo.overlap_halo = self.overlap_halo
+        self._algo.overlap_halo, self._algo.poll_chunks = self.overlap_halo, self.poll_chunks
         return self._algo.forward(x_loc, self.weight, self.bias)  # (n, F_i, h', w')
 
     def backward(self, dy_loc):
@@ -241,8 +242,12 @@ class DistConv2d(GradientsInFlight, Layer):
         ``overlap_gradients``, the allreduce is left in flight until they are read)."""
         self._check_local(dy_loc, self.output_distribution, "dy_loc")
         self._algo.overlap, self._algo.overlap_halo = self.gradient_overlap, self.overlap_halo
+        self._algo.poll_chunks, self._algo.bucketed = self.poll_chunks, self.bucketed()
         dx_loc, self.weight_grad, self.bias_grad = self._algo.backward(dy_loc, self.weight)
         return dx_loc
+
+    def gradient_comm(self):
+        return self._algo.peers
 
     def records(self):
         """The calls one forward and backward of this bound layer make on this rank (a layer that

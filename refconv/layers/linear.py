@@ -72,13 +72,21 @@ class Linear(GradientsInFlight, Layer):
         self._check_local(dy_loc, self.output_distribution, "dy_loc")
         sample_comm = self.grid.axis_comm("sample")
         overlap = self.gradient_overlap  # None: wait at once; else leave them in flight until read
-        dw = collectives.iallreduce_(sample_comm, dy_loc.T @ self._x, overlap=overlap or "")  # (K, C)
-        db = collectives.iallreduce_(sample_comm, dy_loc.sum(axis=0), overlap=overlap or "") if self.has_bias else None
-        self.weight_grad = dw if overlap else dw.wait()
-        self.bias_grad = db if overlap or db is None else db.wait()
+        dw, db = dy_loc.T @ self._x, dy_loc.sum(axis=0) if self.has_bias else None  # (K, C), (K,): partial sums
+        start = self.bucketed()  # the model's buckets (they wait, or not, as the overlap says)
+        if start is not None:
+            self.weight_grad, self.bias_grad = start(0, dw), None if db is None else start(1, db)
+        else:
+            dw = collectives.iallreduce_(sample_comm, dw, overlap=overlap or "")
+            db = None if db is None else collectives.iallreduce_(sample_comm, db, overlap=overlap or "")
+            self.weight_grad = dw if overlap else dw.wait()
+            self.bias_grad = db if overlap or db is None else db.wait()
         c0, c1 = block_range(self.in_features, self.grid.P_c, self.grid.coords[1])
         dx = dy_loc @ self.weight  # (n, C): the whole dx; keep this rank's channels
         return self.xp.ascontiguousarray(dx[:, c0:c1]).reshape(dx.shape[0], c1 - c0, 1, 1)
+
+    def gradient_comm(self):
+        return self.grid.axis_comm("sample")
 
     def records(self):
         """The calls one forward and backward of this bound layer make on this rank."""

@@ -14,6 +14,10 @@ squares (``m`` as :class:`refconv.cost_model.Call` records it; for ``alltoallv``
 and ``halo`` alpha is per message).  One node gives only the ``intra`` figures:
 ``inter`` is written as a copy and the file says so.
 
+Overlap: the share of an allreduce this machine hides behind compute polled as training
+polls it (:func:`measure_overlap`), the file's ``overlap`` key; ``refconv plan``'s
+overlapped step hides that share of each weight-gradient allreduce.
+
 Compute: the backend's kernels (the ones training uses) are timed on every rank
 at once on a sweep of local shapes, and ``time = t0 + work / rate`` is fitted per
 shape class (1x1 and KxK convolutions; batch norm, pooling, ReLU and packing per
@@ -164,6 +168,43 @@ def collective_calls(kind, sub, nbytes):
         return (lambda: collectives.alltoallv(sub, blocks, [(block,)] * q)), q - 1, block * 4 * (q - 1)
     peer = me ^ 1 if (me ^ 1) < q else me  # halo: one message to a neighbour and one back
     return (lambda: collectives.exchange(sub, {peer: x}, {peer: (n,)}, numpy.float32)), 1, x.nbytes
+
+
+OVERLAP_CHUNKS = 16  # the compute behind the allreduce, in chunks with collectives.progress() between (as training polls)
+
+
+def measure_overlap(comm, quick):
+    """``(share, note)``: how much of a gradient allreduce this machine hides behind compute,
+    ``(blocking - overlapped) / allreduce alone`` round by round (median, clipped to 0..1),
+    where the compute (float32 matrix products) takes about the allreduce's time and is
+    polled between chunks, as training polls between layers.  The planner's overlapped step
+    hides this share of each allreduce (``refconv.pricing.perf.overlapped_step``)."""
+    nbytes = 2**19 if quick else 2**23
+    x = numpy.ones(nbytes // 4, numpy.float32)
+    a = numpy.random.default_rng(comm.Get_rank()).standard_normal((128, 128), dtype=numpy.float32)
+    alone = statistics.median(time_ranks(comm, {"c": lambda: collectives.iallreduce_(comm, x).wait()}, 3, 1, 0.0)["c"])
+    chunk = statistics.median(time_ranks(comm, {"k": lambda: a @ a}, 3, 1, 0.0)["k"])
+    per_chunk = max(1, round(collectives.allreduce(comm, numpy.array([alone / OVERLAP_CHUNKS / chunk]),
+                                                   op="max")[0]))
+
+    def compute():
+        for _ in range(OVERLAP_CHUNKS):
+            for _ in range(per_chunk):
+                a @ a
+            collectives.progress()
+
+    def overlapped():
+        request = collectives.iallreduce_(comm, x, overlap="calibrate")
+        compute()
+        request.wait()
+
+    times = time_ranks(comm, {"comm": lambda: collectives.iallreduce_(comm, x).wait(),
+                              "blocking": lambda: (collectives.iallreduce_(comm, x).wait(), compute()),
+                              "overlap": overlapped}, 3 if quick else 7, 1, 0.0)
+    shares = [(b - o) / c for b, o, c in zip(times["blocking"], times["overlap"], times["comm"])]
+    share = min(1.0, max(0.0, statistics.median(shares)))
+    return float(f"{share:.3g}"), (f"overlap: {share:.0%} of an allreduce of {nbytes / 2**20:g} MiB hidden behind "
+                                   f"as much compute, polled {OVERLAP_CHUNKS} times (median of {len(shares)} rounds)")
 
 
 def measure_collectives(comm, quick):
@@ -365,6 +406,7 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine", shape
     started = time.perf_counter()
     load = os.getloadavg()[0]  # a shared machine measures slow when busy: the file says how busy
     tables, cnotes = measure_collectives(comm, quick)
+    overlap, onote = measure_overlap(comm, quick) if comm.Get_size() > 1 else (1.0, "overlap: one rank, nothing to hide")
     compute, knotes = measure_compute(comm, backend, quick)
     P = comm.Get_size()
     if P >= 2:
@@ -386,10 +428,12 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine", shape
                   f"{device.threads_per_rank()} BLAS thread(s) per rank), backend "
                   f"{type(backend).__name__}, {time.perf_counter() - started:.0f} s",
         "ranks_per_node": P,
+        "overlap": overlap,
         "collectives": {"intra": links, "inter": copy.deepcopy(links)},
         "compute": {op: (v if op == "conv_table" else {c: round_rate(r) for c, r in v.items()}
                          if op.startswith("conv") else round_rate(v)) for op, v in compute.items()},
-        "notes": ["one node: 'inter' is a copy of 'intra' (nothing across nodes was measured)"] + cnotes + knotes,
+        "notes": ["one node: 'inter' is a copy of 'intra' (nothing across nodes was measured)", onote]
+                 + cnotes + knotes,
     }
     free = unmeasured(doc)
     if free:

@@ -33,7 +33,7 @@ def summary(plan, sample, uniform):
     lines = [f"predicted step: {_ms(plan.seconds)} ms blocking (compute {_ms(plan.compute_seconds)} ms, "
              f"weight-gradient allreduce {_ms(plan.grad_seconds)} ms, as --no-overlap trains); "
              f"{_ms(plan.overlapped_seconds)} ms overlapped (each allreduce behind the backward before it, "
-             f"as refconv train runs)",
+             f"as refconv train runs, {plan.hidden:.0%} of it hidden: the machine file's overlap)",
              f"memory per rank: {plan.memory / 2**30:.3f} GiB (parameters x3, saved activations, largest "
              f"gathered buffer)"]
     for label, other in (("pure sample parallelism", sample), ("best single strategy", uniform)):

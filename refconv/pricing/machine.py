@@ -173,6 +173,7 @@ class Machine:
     compute: dict  # {"conv_fwd": {"1x1": Rate, "kxk": Rate}, "batchnorm": Rate, ...}
     path: str = None
     conv_table: dict = dataclasses.field(default_factory=dict)  # {(op, ConvShape): seconds}, measured
+    overlap: float = 1.0  # the share of a gradient allreduce this machine hides behind compute (calibrate)
 
     def comm_seconds(self, kind, q, nbytes, messages=0, *, intra=True):
         return self.links["intra" if intra else "inter"][kind].seconds(kind, q, nbytes, messages)
@@ -264,7 +265,11 @@ def from_dict(doc, path="<dict>"):
         else:
             compute[op] = _rate(spec, f"compute.{op}", path)
     table = _conv_table(doc["compute"].get("conv_table", []), path)
-    return Machine(str(doc["name"]), doc.get("measured", False), rpn, links, compute, path, table)
+    overlap = _number(doc.get("overlap", 1.0), "overlap", path)
+    if overlap > 1:
+        raise MachineError(f"machine file {path}: overlap: expected the share of an allreduce hidden behind "
+                           f"compute, from 0 to 1, got {overlap!r}")
+    return Machine(str(doc["name"]), doc.get("measured", False), rpn, links, compute, path, table, overlap)
 
 
 def _conv_table(entries, path):

@@ -320,12 +320,17 @@ def shuffle_matrix(shape, grid_list, machine):
     return out
 
 
-def overlapped_step(costs):
+def overlapped_step(costs, hidden=1.0):
     """Step seconds if each weight-gradient allreduce overlapped the backward compute of
-    the layers before it (one communication stream): ``costs`` in forward order."""
+    the layers before it (one communication stream): ``costs`` in forward order.
+
+    ``hidden``: the share of each allreduce the machine overlaps (``Machine.overlap``, which
+    ``refconv calibrate`` measures); the rest of it the rank pays on its own time, as in
+    the blocking step.  So each call costs max(compute, its hidden part) plus the part
+    that cannot overlap: ``hidden=0`` gives the blocking step, 1 the full overlap."""
     t = sum(c.fwd + sum(v for k, v in c.comm.items()) / 2 for c in costs)  # forward half of the comm
     compute, stream = t, t
     for c in reversed(costs):
-        compute += c.bwd + sum(c.comm.values()) / 2
-        stream = max(stream, compute) + c.grad
+        compute += c.bwd + sum(c.comm.values()) / 2 + (1 - hidden) * c.grad
+        stream = max(stream, compute) + hidden * c.grad
     return max(compute, stream)

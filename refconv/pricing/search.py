@@ -104,6 +104,7 @@ class Plan:
     choices: dict  # stage path -> StageCost
     ranks: int
     input_shape: tuple
+    hidden: float = 1.0  # the share of each gradient allreduce the machine overlaps (Machine.overlap)
 
     @property
     def seconds(self):
@@ -119,7 +120,7 @@ class Plan:
 
     @property
     def overlapped_seconds(self):
-        return perf.overlapped_step([r.cost for r in self.rows])
+        return perf.overlapped_step([r.cost for r in self.rows], self.hidden)
 
     def comm(self, kind):
         return sum(r.cost.comm.get(kind, 0.0) for r in self.rows)
@@ -274,7 +275,7 @@ class Planner:
         """The Plan of ``choices`` ({stage path: StageCost}): every stage and shuffle, in order."""
         rows = []
         self._walk(self.elements, None, choices, rows)
-        return Plan(rows, choices, self.P, self.input_shape)
+        return Plan(rows, choices, self.P, self.input_shape, self.machine.overlap)
 
     def _walk(self, elements, grid, choices, rows):
         for e in elements:

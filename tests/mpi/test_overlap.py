@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from refconv import collectives as coll
+from refconv.algorithms.base import BEHIND_EXCHANGE, BEHIND_NEXT, BEHIND_RETURN, BEHIND_RETURN_OWN, BEHIND_RETURN_WHOLE
 from refconv.grid import AXES, ProcessGrid
 from refconv.layers import DistConv2d
 from refconv.model import Model
@@ -127,18 +128,20 @@ GRIDS = {1: [({"sample": 1}, "stationary-x")],
 STEPS = 3
 
 
-def _train(grid, algorithm, overlap):
+def _train(grid, algorithm, overlap, bucket=None):
     model = Model.from_spec("digits-cnn", comm=comm, backend="numpy", seed=0,
                             defaults={"grid": grid, "algorithm": algorithm}).set_overlap(overlap)
     rng = numpy.random.default_rng(0)
     x, y = rng.standard_normal((8, 1, 16, 16)).astype(numpy.float32), rng.integers(0, 10, 8)
     optimizer = SGD(model.bind(x.shape), 0.1, momentum=0.9, weight_decay=1e-4)
+    model.set_buckets(bucket)
     losses = [step(model, optimizer, x, y) for _ in range(STEPS - 1)]
     loss, calls = _recorded(lambda: step(model, optimizer, x, y))
     overlapped = sorted((c.kind, c.comm_size, c.bytes) for c in calls if c.overlap and c.kind == "allreduce")
     marked = sorted((c.kind, c.comm_size, c.bytes) for c in model.records() if c.grad) if overlap else []
+    counts = [len(model.set_buckets(b).bucket_plan()[0]) for b in (0, bucket)] if bucket is not None else None
     return losses + [loss], [layer.parameters()[p].copy() for _, layer, p in model.named_parameters()], \
-        (overlapped, marked)
+        (overlapped, marked, counts)
 
 
 @mpi_test(sizes=ALL + (8,), timeout=300)
@@ -151,9 +154,31 @@ def test_training_with_the_gradient_allreduce_overlapped_gives_the_blocking_bits
         (l0, p0, c0), (l1, p1, c1) = _train(grid, algorithm, False), _train(grid, algorithm, True)
         if l0 != l1 or not all(numpy.array_equal(a, b) for a, b in zip(p0, p1)):
             problems.append(f"{grid} {algorithm}: losses {l0} vs {l1}")
-        for what, (made, marked) in (("blocking", c0), ("overlapped", c1)):
+        for what, (made, marked, _) in (("blocking", c0), ("overlapped", c1)):
             if made != marked:  # the model's records() mark (grad) exactly the calls that overlapped
                 problems.append(f"{grid} {algorithm} {what}: overlapped {made}, records() mark {marked}")
+    assert_all_ranks(comm, not problems, str(problems))
+
+
+BUCKET_GRIDS = {3: ({"sample": 3}, "stationary-x"), 4: ({"sample": 2, "channel": 2}, "stationary-x")}
+
+
+@mpi_test(sizes=(3, 4), timeout=240)
+def test_gradient_buckets_give_the_same_bits_blocking_and_overlapped_and_records_list_their_calls():
+    """Packed into buckets of 1 MiB (several gradients in one), blocking and overlapped training
+    give the same losses and parameters, bit for bit: both make the same bucket calls.  With
+    overlap on, the allreduces that ran behind compute are exactly the bucket calls the model's
+    ``records()`` lists, fewer than its gradients."""
+    problems = []
+    grid, algorithm = BUCKET_GRIDS[comm.size]
+    (l0, p0, c0), (l1, p1, c1) = (_train(grid, algorithm, on, 2 ** 20) for on in (False, True))
+    if l0 != l1 or not all(numpy.array_equal(a, b) for a, b in zip(p0, p1)):
+        problems.append(f"losses {l0} vs {l1}")
+    made, marked, (unbucketed, bucketed) = c1
+    if made != marked or not 0 < len(made) == bucketed < unbucketed:
+        problems.append(f"overlapped {made}, records() list {marked}; calls {bucketed} of {unbucketed} gradients")
+    if c0[0]:
+        problems.append(f"the blocking run overlapped {c0[0]}")
     assert_all_ranks(comm, not problems, str(problems))
 
 
@@ -168,7 +193,7 @@ def _halo_run(problem, shape, algorithm, p_f, overlap):
     (actual, expected), calls = _recorded(lambda: run_layer(layer, problem))
     halo = layer._algo.halo
     grid.free()
-    return actual, expected, [c for c in calls if c.kind == "halo"], halo
+    return actual, expected, [c for c in calls if c.kind == "halo" or c.kind == "reduce_scatter" and c.overlap], halo
 
 
 # (problem, [(grid shape, algorithm, p_f)]) at 4 ranks: H and W split together, with X, Y and W
@@ -188,7 +213,8 @@ HALO_CASES = [
 def test_halo_overlap_computes_the_interior_behind_the_exchange_and_gives_the_blocking_results():
     """Forward, backward-data and backward-filter match the reference, and are the blocking run's
     bits.  The forward exchange records the overlap exactly where the halo has an interior to
-    compute."""
+    compute, the return where backward-data is split, and Stationary-Y's reduce-scatter of dx
+    runs behind backward-filter."""
     problems = []
     for problem, runs in HALO_CASES:
         for shape, algorithm, p_f in runs:
@@ -203,7 +229,12 @@ def test_halo_overlap_computes_the_interior_behind_the_exchange_and_gives_the_bl
                 problems.append(str(exc))
             if not all(numpy.array_equal(a0[n], a1[n]) for n in ("y", "dx", "dw", "db")):
                 problems.append(f"{what}: backward differs from the blocking run")
-            wanted = ["interior of the forward convolution" if halo.interior else "", "backward-filter"]
+            if algorithm == "stationary-y":  # backward-filter behind the reduce-scatter of dx, not the return
+                wanted = [BEHIND_EXCHANGE if halo.interior else "", BEHIND_RETURN_OWN if halo.interior else "",
+                          BEHIND_NEXT]
+            else:
+                wanted = [BEHIND_EXCHANGE if halo.interior else "",
+                          BEHIND_RETURN if halo.interior else BEHIND_RETURN_WHOLE]
             if halo.size > 1 and [c.overlap for c in calls1] != wanted:
                 problems.append(f"{what}: recorded {[c.overlap for c in calls1]}, expected {wanted}")
             if any(c.overlap for c in calls0):
@@ -213,15 +244,18 @@ def test_halo_overlap_computes_the_interior_behind_the_exchange_and_gives_the_bl
 
 @mpi_test(sizes=(2, 4), timeout=60)
 def test_a_block_too_small_for_the_halo_overlap_falls_back_and_says_why():
+    """Forward's interior and backward-data's split into the cells sent back and the own cells
+    are both skipped for a block too small (only backward-filter then runs behind the return),
+    and both taken for a large one: what the exchange and the return record says which."""
     P = comm.size
     small = ConvProblem(N=1, C=2, F=2, H=2 * P, W=4, Kh=3, Kw=3, padding=(1, 1))   # 2 rows a rank, 1-2 need the halo
     large = ConvProblem(N=1, C=2, F=2, H=8 * P, W=4, Kh=3, Kw=3, padding=(1, 1))   # 8 rows, at most 2 do
     _, _, small_calls, small_halo = _halo_run(small, (1, 1, P, 1), "stationary-x", None, True)
     _, _, large_calls, large_halo = _halo_run(large, (1, 1, P, 1), "stationary-x", None, True)
     ok = (small_halo.interior is None and "too small a block" in small_halo.no_overlap
-          and small_calls[0].overlap == ""
+          and [c.overlap for c in small_calls] == ["", BEHIND_RETURN_WHOLE]
           and large_halo.interior is not None and large_halo.no_overlap is None
-          and large_calls[0].overlap == "interior of the forward convolution")
+          and [c.overlap for c in large_calls] == [BEHIND_EXCHANGE, BEHIND_RETURN])
     assert_all_ranks(comm, ok, f"small: {small_halo.interior} {small_halo.no_overlap!r} {small_calls}; "
                                f"large: {large_halo.interior} {large_halo.no_overlap!r} {large_calls}")
 
@@ -229,10 +263,11 @@ def test_a_block_too_small_for_the_halo_overlap_falls_back_and_says_why():
 @mpi_test(sizes=(2,), timeout=240)
 def test_refconv_train_overlaps_by_default_and_no_overlap_gives_the_same_run():
     runs = {on: train(TrainConfig(grid={"sample": 1, "height": 2}, epochs=1, max_steps=3, batch_size=16,
-                                  progress=False, **({} if on else {"overlap": False})), log=lambda *a: None)
-            for on in (True, False)}
+                                  progress=False, bucket_kib=64, **({} if on else {"overlap": False})),
+                      log=lambda *a: None)
+            for on in (True, False)}  # --bucket-kib 64: the gradients in buckets on both paths
     flags = {on: [(layer.overlap_gradients, layer.overlap_halo) for _, layer in run["model"].named_layers()
                   if isinstance(layer, DistConv2d)] for on, run in runs.items()}
     ok = (runs[True]["losses"] == runs[False]["losses"] and flags[True] and all(all(f) for f in flags[True])
-          and not any(any(f) for f in flags[False]))
+          and not any(any(f) for f in flags[False]) and runs[True]["model"].bucket_bytes == 64 * 1024)
     assert_all_ranks(comm, ok, f"losses {runs[True]['losses']} vs {runs[False]['losses']}; flags {flags}")
