@@ -1,6 +1,7 @@
 # make demo  -- set up a virtual environment and run the main job
 # make test  -- set up a virtual environment and run the whole test suite (what CI runs;
-#               the extended set is left out, by pyproject.toml's addopts)
+#               the extended set is left out, by pyproject.toml's addopts), on TEST_WORKERS
+#               pytest-xdist workers (default 2, the cores CI has; 0 runs it in this process)
 # make test-fast -- the quick set only (skips tests marked slow, and extended)
 # make test-extended -- the long set the default run leaves out (fault injection, executed site, ...)
 
@@ -26,8 +27,12 @@ DEMO_ARGS ?=
 demo: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/refconv demo $(DEMO_ARGS)
 
+# tests/conftest.py keeps a file's tests on one worker, and each mpiexec launch of tests/test_mpi.py
+# (one tests/mpi file at one world size) on one worker.
+TEST_WORKERS ?= 2
+
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not extended"

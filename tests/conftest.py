@@ -38,3 +38,19 @@ def _restore_algorithm_registry():
     yield
     algorithms.REGISTRY.clear()
     algorithms.REGISTRY.update(saved)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Groups for pytest-xdist's ``--dist loadgroup`` (``make test`` runs two workers): a test file's
+    tests stay on one worker, as in a serial run, but for tests/test_mpi.py, whose items are grouped
+    by the mpiexec launch they share (one tests/mpi file at one world size), so the launches spread
+    over the workers.  Without xdist the marks are inert."""
+    for item in items:
+        case = getattr(item, "callspec", None) and item.callspec.params.get("case")
+        if getattr(item, "originalname", None) == "test_mpi" and case:
+            path, _, size = case
+            group = f"{os.path.basename(path)}-{size}"
+        else:
+            group = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
