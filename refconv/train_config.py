@@ -22,11 +22,11 @@ import re
 from refconv import algorithms, checks
 from refconv.backend import BACKENDS
 from refconv.collectives import TRAINING_TIMEOUT_S, env_timeout
-from refconv.grid import AXES
+from refconv.grid import axes_of
 from refconv.model_spec import PRESETS, default_lr
 from refconv.pricing.machine import DEFAULT_MACHINE, builtin_names
 
-GRID_AXES = AXES        # the axes --grid takes (refconv.grid's)
+GRID_AXES = axes_of(5)  # the axes --grid takes (refconv.grid's; depth splits the volumes of a 3-D model)
 MAX_CLASSES = 100_000   # a classifier head beyond this is a mistake (a label of 2**40), not a model
 
 
@@ -87,8 +87,8 @@ def parse_grid(text):
     grid = {}
     for part in text.split(","):
         axis, sep, size = (s.strip() for s in part.partition("="))
-        if not sep or axis not in AXES:
-            raise ValueError(f"expected axis=size pairs with axes {', '.join(AXES)}, "
+        if not sep or axis not in GRID_AXES:
+            raise ValueError(f"expected axis=size pairs with axes {', '.join(GRID_AXES)}, "
                              f"e.g. sample=2,channel=2; got {part.strip()!r}")
         if axis in grid:
             raise ValueError(f"axis {axis!r} is given twice in {text!r}; give each axis once")
@@ -107,8 +107,8 @@ def _grid(v, name):
     if not isinstance(v, dict) or not v:
         raise ValueError(f"{name}: expected a dict like {{'sample': 2, 'channel': 2}} or unset, got {v!r}")
     for axis in v:
-        if axis not in AXES:
-            raise ValueError(f"{name}: unknown axis {axis!r}; axes are {', '.join(AXES)}")
+        if axis not in GRID_AXES:
+            raise ValueError(f"{name}: unknown axis {axis!r}; axes are {', '.join(GRID_AXES)}")
     return {axis: checks.integer(size, f"{name}: the size of {axis}") for axis, size in v.items()}
 
 
