@@ -4,11 +4,12 @@ The layers against the serial reference: BatchNorm3d, MaxPool3d, AvgPool3d, and
 GlobalAvgPool3d into Linear into MeanSquaredError; each one's communication against its
 ``records()``.  Drawn grids of 3 and 4 ranks (every factorization over the five axes) and
 drawn volumes that split over them, unevenly too; at 8 ranks the grids CosmoFlow runs on
-(2x2x2 spatial, 2 channels x 2x2 spatial, 2 samples x 2 channels x 2 depth).
+(2x2x2 spatial, 2 samples x 2 channels x 2 depth).
 
 The cosmoflow preset under ``train``: channel x depth at 4 ranks, channel x depth x height
 at 8; its losses agree with the one-rank replay (--check-serial), and a run checkpointed
-mid-way and resumed continues bit for bit.  Every rank draws the same examples and the
+mid-way and resumed continues bit for bit, and a step makes the calls the model's
+``records()`` list (what tests/mpi/test_records.py checks of the 2-D presets).  Every rank draws the same examples and the
 checks are collective.
 """
 
@@ -20,18 +21,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
 
+from refconv import datasets
 from refconv import reference as ref
 from refconv.grid import ProcessGrid, axes_of
 from refconv.layers import AvgPool3d, BatchNorm3d, GlobalAvgPool3d, Linear, MaxPool3d, MeanSquaredError
+from refconv.optim import SGD
 from refconv.sharding import allgather
 from refconv.testing.asserts import assert_all_ranks, collective_assert_close
 from refconv.testing.check import check_records
 from refconv.testing.mpirun import mpi_test
 from refconv.testing.strategies import grid_shapes
-from refconv.train import TrainConfig, train
+from refconv.train import TrainConfig, step, train
 
 comm = MPI.COMM_WORLD
-GRIDS_OF_8 = ((1, 1, 2, 2, 2), (1, 2, 1, 2, 2), (2, 2, 2, 1, 1))  # (P_N, P_c, P_D, P_H, P_W)
+GRIDS_OF_8 = ((1, 1, 2, 2, 2), (2, 2, 2, 1, 1))  # (P_N, P_c, P_D, P_H, P_W); training runs channel x depth x height
 
 
 def _grid(shape):
@@ -181,6 +184,10 @@ def test_cosmoflow_trains_checks_serial_and_resumes_exactly():
     assert_all_ranks(comm, first["losses"] == whole["losses"][:3] and rest["losses"] == whole["losses"][3:],
                      f"{cfg['grid']}: resumed {first['losses']} + {rest['losses']} != {whole['losses']}")
     assert_all_ranks(comm, rest["mse"] == whole["mse"], f"test mse {rest['mse']} != {whole['mse']}")
+    model, (x, y) = whole["model"], datasets.synthetic_volumes(4, 4, 8, dtype=numpy.float64)
+    x, optimizer = numpy.asarray(x), SGD(whole["model"], 0.01)
+    check_records(comm, lambda: step(model, optimizer, x, y), model.records(), f"cosmoflow on {cfg['grid']}",
+                  ordered=False)
     comm.Barrier()
     if comm.rank == 0:
         shutil.rmtree(folder)
