@@ -156,8 +156,8 @@ _PATH = _instance((str, type(None)), "a path (str) or unset")
 _BOOL = _instance(bool, "True or False")
 
 OPTIONS = (
-    Option("grid", None, _grid, STRATEGY, "process grid, e.g. sample=2,channel=2 or sample=2,height=2; the "
-           "product must be the number of ranks", parse=parse_grid, metavar="AXIS=SIZE,...",
+    Option("grid", None, _grid, STRATEGY, "process grid, e.g. sample=2,channel=2 or sample=2,height=2 (and "
+           "depth for a model of volumes: channel=2,depth=2,height=2); the product must be the number of ranks", parse=parse_grid, metavar="AXIS=SIZE,...",
            unset="the model's (sample=<ranks> for the presets)"),
     Option("algorithm", None, lambda v, name: v if v is None else _one_of(_algorithms)(v, name), STRATEGY,
            "channel/filter algorithm of the convolutions when channel > 1", parse=str, choices=_algorithms,
@@ -182,8 +182,8 @@ OPTIONS = (
            "(0: read in the step)", parse=int, metavar="BATCHES"),
     Option("synthetic", False, _BOOL, DATA, "train on generated images instead (scaling runs)"),
     Option("synthetic_samples", 1024, _int(1), DATA, "training images with --synthetic", parse=int),
-    Option("image_size", 32, _int(1), DATA, "height and width of --synthetic images, and of the images of a "
-           "--data folder (resized)", parse=int),
+    Option("image_size", 32, _int(1), DATA, "height and width of --synthetic images (and depth of --synthetic "
+           "volumes), and of the images of a --data folder (resized)", parse=int),
     Option("epochs", 4, _int(1), OPTIM, "passes over the training set", parse=int),
     Option("batch_size", 32, _int(1), OPTIM, "global batch size (split over the sample axis)", parse=int),
     Option("lr", None, lambda v, name: v if v is None else _real(0)(v, name), OPTIM,
