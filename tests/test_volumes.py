@@ -8,6 +8,7 @@ from mpi4py import MPI
 
 from refconv import cli, datasets, layers, spec_tree
 from refconv import reference as ref
+from refconv.backend import get_backend
 from refconv.layers import BatchNorm3d, DistConv3d, GlobalAvgPool3d, MaxPool3d, MeanSquaredError
 from refconv.model import Model
 from refconv.model_spec import cosmoflow
@@ -99,3 +100,27 @@ def test_commands_answer_a_model_of_volumes_in_one_line(capsys, argv, expected):
     status, err = _main(capsys, *argv)
     lines = [line for line in err.splitlines() if line.strip()]
     assert status == 2 and len(lines) == 1 and lines[0].startswith(expected), err
+
+
+def test_cuda_backend_normalises_and_pools_volumes_as_numpy_does():
+    """Under the simulator: 3-D batch norm through the 2-D kernels (the volume seen as
+    (N, C, D*H, W)) and 3-D pooling through the host reference match the NumPy backend."""
+    cuda, numpy_backend = get_backend("cuda"), get_backend("numpy")
+    rng = numpy.random.default_rng(0)
+    x, dy = rng.standard_normal((1, 2, 2, 2, 3)), rng.standard_normal((1, 2, 2, 2, 3))
+    mean, gamma, beta = rng.standard_normal(2), rng.standard_normal(2), rng.standard_normal(2)
+    invstd = numpy.abs(mean) + 0.5
+    # batch_norm_sum and _centered_sum_squares pass the same (N, C, D*H, W) view to a reduction kernel
+    # as grad_sums does; simulating each costs a second or two, so grad_sums stands for them here
+    calls = [("batch_norm_apply", (x, mean, invstd, gamma, beta)), ("batch_norm_grad_sums", (dy, x, mean, invstd)),
+             ("batch_norm_backward_apply", (dy, x, mean, invstd, gamma, beta, gamma, 12)),
+             ("avg_pool3d_forward", (x, 2, 1, 0))]
+    for name, args in calls:
+        got, want = getattr(cuda, name)(*args), getattr(numpy_backend, name)(*args)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            numpy.testing.assert_allclose(cuda.to_host(g), w, rtol=1e-10, atol=1e-12, err_msg=name)
+    y, argmax = cuda.max_pool3d_forward(x, 2, 1, 0)
+    numpy.testing.assert_array_equal(cuda.to_host(y), ref.max_pool3d_forward(x, 2, 1, 0)[0])
+    dy_y = dy[:, :, :1, :1, :2]  # (N, C, D', H', W') of the 2x2x2 windows at stride 1
+    numpy.testing.assert_array_equal(cuda.to_host(cuda.max_pool3d_backward(dy_y, argmax, x.shape, 2, 1)),
+                                     ref.max_pool3d_backward(dy_y, argmax, x.shape, 2, 1))
