@@ -78,6 +78,10 @@ def load_dataset(cfg, dtype):
     spec = load_model_spec(cfg.model)
     if spec.get("dims") == 3:
         return load_volumes(cfg, spec, dtype)
+    if spec.get("loss") == "mse":
+        raise OptionError("model", f"{spec.get('name', cfg.model)!r} regresses (loss 'mse') float targets, which "
+                                   f"only --synthetic volumes bring (a model with dims 3); the images here have "
+                                   f"class labels: use loss 'cross-entropy'")
     if cfg.synthetic:
         channels, s = spec.get("in_channels", 3), cfg.image_size
         x, y = datasets.synthetic(cfg.synthetic_samples, channels, s, s, 10, seed=cfg.seed, dtype=dtype)

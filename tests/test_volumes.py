@@ -124,3 +124,12 @@ def test_cuda_backend_normalises_and_pools_volumes_as_numpy_does():
     dy_y = dy[:, :, :1, :1, :2]  # (N, C, D', H', W') of the 2x2x2 windows at stride 1
     numpy.testing.assert_array_equal(cuda.to_host(cuda.max_pool3d_backward(dy_y, argmax, x.shape, 2, 1)),
                                      ref.max_pool3d_backward(dy_y, argmax, x.shape, 2, 1))
+
+
+def test_train_refuses_a_regression_of_images_in_one_line(capsys, tmp_path):
+    path = tmp_path / "mse.json"
+    path.write_text('{"loss": "mse", "in_channels": 1, "layers": [{"type": "conv", "out": 4, "kernel": 3}, '
+                    '{"type": "gap"}, {"type": "linear", "out": 10}]}')
+    status, err = _main(capsys, "train", "--model", str(path), "--backend", "numpy")
+    assert status == 2 and err.strip().endswith("the images here have class labels: use loss 'cross-entropy'"), err
+    assert len(err.strip().splitlines()) == 1, err
