@@ -33,7 +33,8 @@ import numpy
 
 from refconv import checks
 
-__all__ = ["load_digits", "load_npz", "split", "held_out_mask", "check_images", "check_labels", "synthetic", "SyntheticImages", "synthetic_volumes", "SyntheticVolumes", "batches", "num_batches"]
+__all__ = ["load_digits", "load_npz", "split", "held_out_mask", "check_images", "check_labels", "synthetic",
+           "SyntheticImages", "synthetic_volumes", "SyntheticVolumes", "batches", "num_batches"]
 
 
 # -- the bundled digits ---------------------------------------------------------------------

@@ -12,9 +12,9 @@ spec one refuses the other refuses too, with the same message::
 
 What :func:`parse` checks: the top-level keys (``dims``: 2 or 3, ``loss``: one of
 :data:`LOSSES`), that ``layers`` is a non-empty list of dicts with a known ``type``,
-each layer's keys (:data:`LAYER_KEYS`) and required keys (:data:`REQUIRED`), the number of layers (:data:`MAX_LAYERS`), and the order of the
-three kinds of values a model passes along (:data:`STATES`): activations, then ``gap``'s
-features, then ``linear``'s logits, after which nothing may follow.  What it does not
+each layer's keys (:data:`LAYER_KEYS`) and required keys (:data:`REQUIRED`), the number
+of layers (:data:`MAX_LAYERS`), and the order of the three kinds of values a model passes
+along (:data:`STATES`): activations, then ``gap``'s features, then ``linear``'s logits, after which nothing may follow.  What it does not
 check: sizes against an input shape (the planner's ``graph.bind``, the layers' own
 constructors) and grids (the builder).  The builder's shape is this module's
 ``layers[4].layers[0]``; errors name it.  Pure Python: no MPI, no arrays.

@@ -157,7 +157,8 @@ _BOOL = _instance(bool, "True or False")
 
 OPTIONS = (
     Option("grid", None, _grid, STRATEGY, "process grid, e.g. sample=2,channel=2 or sample=2,height=2 (and "
-           "depth for a model of volumes: channel=2,depth=2,height=2); the product must be the number of ranks", parse=parse_grid, metavar="AXIS=SIZE,...",
+           "depth for a model of volumes: channel=2,depth=2,height=2); the product must be the number of ranks",
+           parse=parse_grid, metavar="AXIS=SIZE,...",
            unset="the model's (sample=<ranks> for the presets)"),
     Option("algorithm", None, lambda v, name: v if v is None else _one_of(_algorithms)(v, name), STRATEGY,
            "channel/filter algorithm of the convolutions when channel > 1", parse=str, choices=_algorithms,

@@ -7,10 +7,10 @@ drawn volumes that split over them, unevenly too; at 8 ranks the grids CosmoFlow
 (2x2x2 spatial, 2 samples x 2 channels x 2 depth).
 
 The cosmoflow preset under ``train``: channel x depth at 4 ranks, channel x depth x height
-at 8; its losses agree with the one-rank replay (--check-serial), and a run checkpointed
+at 8; its losses agree with the one-rank replay (--check-serial), a run checkpointed
 mid-way and resumed continues bit for bit, and a step makes the calls the model's
-``records()`` list (what tests/mpi/test_records.py checks of the 2-D presets).  Every rank draws the same examples and the
-checks are collective.
+``records()`` list (what tests/mpi/test_records.py checks of the 2-D presets).  Every rank
+draws the same examples and the checks are collective.
 """
 
 import shutil
@@ -80,7 +80,8 @@ def check_batchnorm(grid, x_shape):
     M = x.size // C
     collective_assert_close(comm, _gathered(y_loc, dist, grid), y, reduction_length=M, name="y")
     collective_assert_close(comm, _gathered(dx_loc, dist, grid), dx, reduction_length=M, name="dx")
-    vector = lambda v: _gathered(v.reshape(-1, 1, 1, 1), layer.parameter_distributions()["weight"], grid).ravel()  # noqa: E731
+    channels = layer.parameter_distributions()["weight"]  # (C, 1, 1, 1) over the channel axis
+    vector = lambda v: _gathered(v.reshape(-1, 1, 1, 1), channels, grid).ravel()  # noqa: E731
     collective_assert_close(comm, vector(layer.weight_grad), dgamma, reduction_length=M, name="dgamma")
     collective_assert_close(comm, vector(layer.bias_grad), dbeta, reduction_length=M, name="dbeta")
     collective_assert_close(comm, vector(layer.running_var), rv, reduction_length=M, name="running_var")
