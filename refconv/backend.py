@@ -29,6 +29,22 @@ from refconv.reference import conv as ref_conv
 BACKENDS = ("auto", "numpy", "cuda")
 
 
+def _per_channel(v, x):
+    """A per-channel vector ``(C,)`` shaped to broadcast over ``x (N, C, ...)``, in x's dtype."""
+    return v.reshape((1, -1) + (1,) * (x.ndim - 2)).astype(x.dtype, copy=False)
+
+
+def _flat(x):
+    """``(N, C, ...)`` -> ``(N, C, S)``, the spatial cells in one axis (a view of a contiguous x)."""
+    return x.reshape(x.shape[0], x.shape[1], -1)
+
+
+def _as_4d(x):
+    """A volume ``(N, C, D, H, W)`` viewed as ``(N, C, D*H, W)`` (an image ``(N, C, H, W)`` as it is):
+    per-channel statistics do not see the difference, so the 2-D batch-norm kernels serve both."""
+    return x if x.ndim == 4 else x.reshape(x.shape[0], x.shape[1], -1, x.shape[-1])
+
+
 class NumpyBackend:
     """The CPU path: the reference's vectorised operations."""
 
@@ -103,40 +119,50 @@ class NumpyBackend:
     def avg_pool2d_backward(self, dy, x_shape, kernel_size, stride=None, padding=0):
         return ref.avg_pool2d_backward(dy, x_shape, kernel_size, stride, padding)
 
+    def max_pool3d_forward(self, x, kernel_size, stride=None, padding=0):
+        return ref.max_pool3d_forward(x, kernel_size, stride, padding)
+
+    def max_pool3d_backward(self, dy, argmax, x_shape, kernel_size, stride=None, padding=0):
+        return ref.max_pool3d_backward(dy, argmax, x_shape, kernel_size, stride, padding)
+
+    def avg_pool3d_forward(self, x, kernel_size, stride=None, padding=0):
+        return ref.avg_pool3d_forward(x, kernel_size, stride, padding)
+
+    def avg_pool3d_backward(self, dy, x_shape, kernel_size, stride=None, padding=0):
+        return ref.avg_pool3d_backward(dy, x_shape, kernel_size, stride, padding)
+
     # -- batch normalization, split so that the sums can be allreduced in between
-    # Per-channel sums over (N, H, W) are einsum contractions: no (N, C, H, W) temporary
-    # for a product or square, and one pass over the data.
+    # Per-channel sums over every axis but the channels' ((N, H, W), or (N, D, H, W) for a
+    # volume) are einsum contractions: no temporary for a product or square, one pass.
     def batch_norm_sum(self, x):
-        """Per-channel ``sum x`` over ``(N, H, W)``: ``(C,)`` (the mean's partial sum)."""
-        return numpy.einsum("nchw->c", x)
+        """Per-channel ``sum x`` over every non-channel axis: ``(C,)`` (the mean's partial sum)."""
+        return numpy.einsum("ncs->c", _flat(x))
 
     def batch_norm_centered_sum_squares(self, x, mean):
-        """Per-channel ``sum (x - mean)^2`` over ``(N, H, W)``: ``(C,)`` (the variance's partial sum)."""
-        centered = x - mean.reshape(1, -1, 1, 1).astype(x.dtype, copy=False)  # (N, C, H, W)
-        return numpy.einsum("nchw,nchw->c", centered, centered)
+        """Per-channel ``sum (x - mean)^2`` over every non-channel axis: ``(C,)`` (the variance's partial sum)."""
+        centered = x - _per_channel(mean, x)  # (N, C, H, W) or (N, C, D, H, W)
+        return numpy.einsum("ncs,ncs->c", _flat(centered), _flat(centered))
 
     def batch_norm_apply(self, x, mean, invstd, gamma, beta):
         """``y = (x - mean) * invstd * gamma + beta`` per channel."""
-        c = lambda v: v.reshape(1, -1, 1, 1).astype(x.dtype, copy=False)  # noqa: E731  (per-channel broadcast)
-        y = x - c(mean)  # (N, C, H, W): the one new array; the rest is in place
-        y *= c(invstd * gamma)
-        y += c(beta)
+        y = x - _per_channel(mean, x)  # the one new array; the rest is in place
+        y *= _per_channel(invstd * gamma, x)
+        y += _per_channel(beta, x)
         return y
 
     def batch_norm_grad_sums(self, dy, x, mean, invstd):
         """Per-channel ``(sum dy, sum dy * xhat)``: the partial ``dbeta`` and ``dgamma``."""
-        centered = x - mean.reshape(1, -1, 1, 1).astype(x.dtype, copy=False)  # (N, C, H, W)
-        return numpy.einsum("nchw->c", dy), numpy.einsum("nchw,nchw->c", dy, centered) * invstd
+        centered = x - _per_channel(mean, x)
+        return numpy.einsum("ncs->c", _flat(dy)), numpy.einsum("ncs,ncs->c", _flat(dy), _flat(centered)) * invstd
 
     def batch_norm_backward_apply(self, dy, x, mean, invstd, gamma, dbeta, dgamma, count):
         """``dx = gamma * invstd / M * (M dy - dbeta - xhat dgamma)`` with the global sums."""
-        c = lambda v: v.reshape(1, -1, 1, 1).astype(x.dtype, copy=False)  # noqa: E731  (per-channel broadcast)
-        xhat_dgamma = x - c(mean)  # (N, C, H, W), then scaled in place to xhat * dgamma
-        xhat_dgamma *= c(invstd * dgamma)
-        dx = dy * x.dtype.type(count)  # (N, C, H, W)
-        dx -= c(dbeta)
+        xhat_dgamma = x - _per_channel(mean, x)  # then scaled in place to xhat * dgamma
+        xhat_dgamma *= _per_channel(invstd * dgamma, x)
+        dx = dy * x.dtype.type(count)
+        dx -= _per_channel(dbeta, x)
         dx -= xhat_dgamma
-        dx *= c(gamma * invstd / count)
+        dx *= _per_channel(gamma * invstd / count, x)
         return dx
 
     def __repr__(self):
@@ -220,20 +246,36 @@ class CudaBackend(NumpyBackend):
     def avg_pool2d_backward(self, dy, x_shape, kernel_size, stride=None, padding=0):
         return self.k.avg_pool2d_backward(dy, x_shape, kernel_size, stride, padding)
 
+    # A volume goes to the 2-D batch-norm kernels as (N, C, D*H, W) (_as_4d), and pooling of
+    # volumes through the host reference (there is no 3-D pooling kernel yet).
+    def max_pool3d_forward(self, x, kernel_size, stride=None, padding=0):
+        y, argmax = ref.max_pool3d_forward(self.to_host(x), kernel_size, stride, padding)
+        return self.asarray(y), argmax
+
+    def max_pool3d_backward(self, dy, argmax, x_shape, kernel_size, stride=None, padding=0):
+        return self.asarray(ref.max_pool3d_backward(self.to_host(dy), argmax, x_shape, kernel_size, stride, padding))
+
+    def avg_pool3d_forward(self, x, kernel_size, stride=None, padding=0):
+        return self.asarray(ref.avg_pool3d_forward(self.to_host(x), kernel_size, stride, padding))
+
+    def avg_pool3d_backward(self, dy, x_shape, kernel_size, stride=None, padding=0):
+        return self.asarray(ref.avg_pool3d_backward(self.to_host(dy), x_shape, kernel_size, stride, padding))
+
     def batch_norm_sum(self, x):
-        return self.k.batch_norm_sums(x)[0]
+        return self.k.batch_norm_sums(_as_4d(x))[0]
 
     def batch_norm_centered_sum_squares(self, x, mean):
-        return self.k.batch_norm_sums(x - mean.reshape(1, -1, 1, 1))[1]
+        return self.k.batch_norm_sums(_as_4d(x) - mean.reshape(1, -1, 1, 1))[1]
 
     def batch_norm_apply(self, x, mean, invstd, gamma, beta):
-        return self.k.batch_norm_apply(x, mean, invstd, gamma, beta)
+        return self.k.batch_norm_apply(_as_4d(x), mean, invstd, gamma, beta).reshape(x.shape)
 
     def batch_norm_grad_sums(self, dy, x, mean, invstd):
-        return self.k.batch_norm_grad_sums(dy, x, mean, invstd)
+        return self.k.batch_norm_grad_sums(_as_4d(dy), _as_4d(x), mean, invstd)
 
     def batch_norm_backward_apply(self, dy, x, mean, invstd, gamma, dbeta, dgamma, count):
-        return self.k.batch_norm_backward_apply(dy, x, mean, invstd, gamma, dbeta, dgamma, count)
+        return self.k.batch_norm_backward_apply(_as_4d(dy), _as_4d(x), mean, invstd, gamma, dbeta, dgamma,
+                                                count).reshape(x.shape)
 
 
 def cuda_usable():

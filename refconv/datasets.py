@@ -9,6 +9,8 @@ Sources (all return NCHW float images ``x`` and int64 labels ``y``)::
                      validated with a ValueError that names the problem
     synthetic(...)   large learnable images for scaling runs: a class pattern plus
                      noise, each sample drawn from its own seed, made on demand
+    synthetic_volumes(...)  volumes (N, C, D, H, W) and float targets (N, 4): the
+                     parameters each volume was drawn with (for regression: CosmoFlow)
 
 Loading (no communication: every rank computes the same global batch)::
 
@@ -31,7 +33,8 @@ import numpy
 
 from refconv import checks
 
-__all__ = ["load_digits", "load_npz", "split", "held_out_mask", "check_images", "check_labels", "synthetic", "SyntheticImages", "batches", "num_batches"]
+__all__ = ["load_digits", "load_npz", "split", "held_out_mask", "check_images", "check_labels", "synthetic",
+           "SyntheticImages", "synthetic_volumes", "SyntheticVolumes", "batches", "num_batches"]
 
 
 # -- the bundled digits ---------------------------------------------------------------------
@@ -272,6 +275,60 @@ class SyntheticImages:
 
     def __repr__(self):
         return f"SyntheticImages(shape={self.shape}, dtype={self.dtype}, seed={self.seed})"
+
+
+VOLUME_TARGETS = 4  # the parameters of a synthetic volume: noise level, mean, smooth and rough amplitudes
+
+
+def synthetic_volumes(n, channels, size, *, seed=0, dtype=numpy.float32):
+    """``(x, y)``: ``n`` volumes of ``channels x size x size x size`` and their targets.
+
+    ``y`` (``(n, 4)`` of ``dtype``, uniform in [-1, 1), drawn from ``seed``) are the
+    parameters each volume depends on, so a regression can learn them; ``x`` is a lazy
+    :class:`SyntheticVolumes`, each sample made from ``(seed, i)`` when it is indexed.
+    """
+    for name, v in (("n", n), ("channels", channels), ("size", size)):
+        checks.positive_int(v, name)
+    y = numpy.random.default_rng([seed, 0]).uniform(-1, 1, size=(n, VOLUME_TARGETS)).astype(dtype)
+    return SyntheticVolumes(y, (channels, size, size, size), seed, dtype), y
+
+
+class SyntheticVolumes(SyntheticImages):
+    """Lazy volumes: sample i, with targets ``t = y[i]``, is in every channel c
+
+    ``(1 + t0/2) noise + t1 / 2 + t2 smooth[c] + t3 rough[c]``
+
+    with ``noise`` N(0, 1) drawn from seed ``(seed, 1, i)``, ``smooth[c]`` a separable
+    low-frequency cosine over (d, h, w) and ``rough[c]`` one at the highest frequency
+    (a checkerboard of random sign per channel), both fixed by ``seed``: the four targets
+    are the noise level, the mean, and the amplitudes of the two patterns.
+    """
+
+    def __init__(self, targets, cdhw, seed, dtype):
+        self.labels = targets
+        self.shape = (len(targets),) + tuple(int(s) for s in cdhw)
+        self.dtype = numpy.dtype(dtype)
+        self.ndim = 5
+        self.seed, self.noise = seed, 1.0
+        C, D, H, W = self.shape[1:]
+        rng = numpy.random.default_rng([seed, 2])
+        f, phase = rng.integers(1, 3, size=(3, C)), rng.uniform(0, 1, size=(3, C))
+        axis = [numpy.cos(2 * numpy.pi * (f[a][:, None] * numpy.arange(n) / n + phase[a][:, None]))
+                for a, n in enumerate((D, H, W))]  # (C, D), (C, H), (C, W)
+        self._smooth = axis[0][:, :, None, None] * axis[1][:, None, :, None] * axis[2][:, None, None, :]
+        d, h, w = numpy.ogrid[:D, :H, :W]
+        sign = rng.choice([-1.0, 1.0], size=C)
+        self._rough = sign[:, None, None, None] * numpy.where((d + h + w) % 2, -1.0, 1.0)[None]  # (C, D, H, W)
+
+    def sample(self, i):
+        """Sample ``i`` as a ``(C, D, H, W)`` array."""
+        i = int(i)
+        t = self.labels[i].astype(numpy.float64)
+        noise = numpy.random.default_rng([self.seed, 1, i]).standard_normal(self.shape[1:])
+        return ((1 + t[0] / 2) * noise + t[1] / 2 + t[2] * self._smooth + t[3] * self._rough).astype(self.dtype)
+
+    def __repr__(self):
+        return f"SyntheticVolumes(shape={self.shape}, dtype={self.dtype}, seed={self.seed})"
 
 
 # -- batches ----------------------------------------------------------------------------------

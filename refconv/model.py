@@ -24,7 +24,7 @@ fixed order (what :class:`refconv.optim.SGD` and :mod:`refconv.checkpoint` take)
 from refconv import checks, model_spec
 from refconv.collectives import buckets
 from refconv.collectives.buckets import Buckets
-from refconv.layers import SoftmaxCrossEntropy
+from refconv.layers import LOSSES
 from refconv.layers.base import GradientsInFlight
 from refconv.layers.container import Sequential, Wrapper
 
@@ -37,13 +37,14 @@ class Model(Wrapper):
     the last loss), ``named_parameters()``, ``named_buffers()``, ``train()``, ``eval()``.
     """
 
-    def __init__(self, layers, *, names=None):
+    def __init__(self, layers, *, names=None, loss="cross-entropy"):
         self.body = layers if isinstance(layers, Sequential) else Sequential(layers, names=names)
         if not self.body.layers:
             raise ValueError("layers: a model needs at least one layer")
         self.in_grid, self.out_grid = self.body.in_grid, self.body.out_grid
         last = self.body.layers[-1]
-        self.head = SoftmaxCrossEntropy(grid=self.out_grid, backend=getattr(last, "backend", "numpy"))
+        checks.one_of(loss, "loss", tuple(LOSSES))
+        self.head = LOSSES[loss](grid=self.out_grid, backend=getattr(last, "backend", "numpy"))
         self.spec = None
         self._input_shape = None
         self.overlap = False  # set_overlap
@@ -61,7 +62,7 @@ class Model(Wrapper):
         """
         body, spec, in_channels = model_spec.build(spec, comm=comm, backend=backend, dtype=dtype, seed=seed,
                                                    serial=serial, defaults=defaults, **preset_kwargs)
-        model = cls(body)
+        model = cls(body, loss=spec.get("loss", "cross-entropy"))
         model.spec, model.in_channels = spec, in_channels
         return model
 
@@ -94,7 +95,7 @@ class Model(Wrapper):
     # -- running ------------------------------------------------------------------------------------
     def bind(self, input_shape):
         """Bind every layer through the chain (call again when the batch size changes)."""
-        shape = checks.shape4(input_shape, "input_shape")
+        shape = checks.shape_of(input_shape, "input_shape", getattr(self.body.layers[0], "ndim", 4))  # NCHW, or NCDHW
         if shape != self._input_shape:
             self.body.bind(shape)
             self._input_shape = shape

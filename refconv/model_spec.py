@@ -21,7 +21,10 @@ moves).  ``defaults.grid`` defaults to pure sample parallelism over all ranks.
 the conv's grid has ``channel > 1``; ``algorithm: auto`` prices each conv with
 ``defaults.machine`` (a machine file or built-in name, :mod:`refconv.pricing.machine`).
 Parameterised layers take seeds ``seed,
-seed + 1, ...`` in spec order.  See docs/models.md.
+seed + 1, ...`` in spec order.  ``"dims": 3`` at the top makes every conv, batchnorm, pooling
+and gap layer its volume twin (``DistConv3d``, ``BatchNorm3d``, ``MaxPool3d``...) on inputs
+``(N, C, D, H, W)``, and grids may split ``"depth"``; ``"loss": "mse"`` trains the head with
+mean squared error (regression) instead of cross-entropy.  See docs/models.md.
 """
 
 import json
@@ -32,10 +35,18 @@ import yaml
 from mpi4py import MPI
 
 from refconv import algorithms, checks, spec_tree
-from refconv.grid import AXES, ProcessGrid
-from refconv.layers import AvgPool2d, BatchNorm2d, DistConv2d, GlobalAvgPool, Linear, MaxPool2d, ReLU
+from refconv.grid import ProcessGrid, axes_of
+from refconv.layers import (AvgPool2d, AvgPool3d, BatchNorm2d, BatchNorm3d, DistConv2d, DistConv3d, GlobalAvgPool,
+                            GlobalAvgPool3d, Linear, MaxPool2d, MaxPool3d, ReLU)
 from refconv.layers.container import Residual, Sequential
 from refconv.spec_tree import DEFAULT_KEYS, GRID_ALIASES
+
+# The layer class of each spec type, by the model's spatial dims ("dims"); the other types are the same for both.
+CLASSES = {2: {"conv": DistConv2d, "batchnorm": BatchNorm2d, "maxpool": MaxPool2d, "avgpool": AvgPool2d,
+               "gap": GlobalAvgPool},
+           3: {"conv": DistConv3d, "batchnorm": BatchNorm3d, "maxpool": MaxPool3d, "avgpool": AvgPool3d,
+               "gap": GlobalAvgPool3d}}
+GRID_KEYS = axes_of(5)  # the axes a layer's grid dict may name: sample, channel, depth, height, width
 
 # -- presets ---------------------------------------------------------------------------------------
 def conv_layer(out, kernel, stride=1, padding=0, bias=True, groups=1):
@@ -134,8 +145,28 @@ def mobilenet(width=1.0, num_classes=1000, in_channels=3, blocks=MOBILENET_V1, s
             "layers": layers}
 
 
+COSMOFLOW_STAGES = (16, 32, 64)  # filters of each conv3d + BN + ReLU stage; a 2x2x2 max pooling between stages
+
+
+def cosmoflow(num_classes=4, in_channels=4, stages=COSMOFLOW_STAGES):
+    """A small CosmoFlow-style 3-D CNN (Mathuriya et al., SC '18): volumes ``(N, 4, D, H, W)``
+    through conv3d + batch norm + ReLU stages with 2x2x2 max pooling between them, global
+    average pooling and a linear head regressing ``num_classes`` parameters of the volume,
+    trained with mean squared error.  32^3 volumes leave 8^3 for the last stage."""
+    bn, relu = {"type": "batchnorm"}, {"type": "relu"}
+    layers = []
+    for i, out in enumerate(stages):
+        if i:
+            layers.append({"type": "maxpool", "kernel": 2})
+        layers += [_conv(out, 3, padding=1, bias=False), bn, relu]
+    layers += [{"type": "gap"}, {"type": "linear", "out": num_classes}]
+    return {"name": "cosmoflow", "dims": 3, "loss": "mse", "in_channels": in_channels, "layers": layers,
+            "description": "a small CosmoFlow-style 3-D CNN regressing parameters of a volume (mean squared error)"}
+
+
 PRESETS = {
     "digits-cnn": digits_cnn,
+    "cosmoflow": cosmoflow,
     "resnet50": lambda **kw: resnet50(1, **kw),
     "resnet50-wide2": lambda **kw: resnet50(2, **kw),
     "resnet50-wide4": lambda **kw: resnet50(4, **kw),
@@ -148,7 +179,7 @@ PRESETS = {
 # the batch (Goyal et al., "Accurate, large minibatch SGD", 2017): the learning rate
 # ``refconv train`` uses when --lr is not given.  At batch 4, ResNet-50 with 0.1 diverged
 # (loss 2.8 -> 70 in one step on --synthetic images); with 0.0016 it does not.
-PRESET_LR_BATCH = {name: 256 for name in PRESETS if name != "digits-cnn"}
+PRESET_LR_BATCH = {name: 256 for name in PRESETS if name not in ("digits-cnn", "cosmoflow")}
 DEFAULT_LR = 0.1
 
 
@@ -182,8 +213,9 @@ def load_spec(spec, **preset_kwargs):
 
 # -- building -------------------------------------------------------------------------------------
 class _Builder:
-    def __init__(self, comm, backend, dtype, seed, serial, defaults):
+    def __init__(self, comm, backend, dtype, seed, serial, defaults, dims=2):
         self.comm, self.backend, self.dtype, self.serial = comm, backend, dtype, serial
+        self.classes = CLASSES[dims]
         self.seed = seed
         self.grids = {}
         self.default_grid = self.grid(defaults.get("grid", {"sample": comm.Get_size()}), "defaults.grid")
@@ -198,19 +230,19 @@ class _Builder:
         if spec in GRID_ALIASES:
             if not hasattr(self, "default_grid"):
                 raise ValueError(f"{where}: {spec!r} is relative to defaults.grid; give a dict here")
-            P_N, P_c, P_H, P_W = self.default_grid.shape
-            spec = ({"sample": P_N, "channel": P_c, "height": P_H, "width": P_W} if spec == "default"
-                    else {"sample": P_N * P_c, "height": P_H, "width": P_W})
+            P_N, P_c, P_D, P_H, P_W = self.default_grid.volume_shape
+            spec = ({"sample": P_N, "channel": P_c, "depth": P_D, "height": P_H, "width": P_W} if spec == "default"
+                    else {"sample": P_N * P_c, "depth": P_D, "height": P_H, "width": P_W})
         if not isinstance(spec, dict):
             raise ValueError(f"{where}: expected a dict like {{'sample': 2, 'channel': 2}} or one of "
                              f"{GRID_ALIASES}, got {spec!r}")
-        bad = set(spec) - set(AXES)
+        bad = set(spec) - set(GRID_KEYS)
         if bad:
-            raise ValueError(f"{where}: unknown axis {sorted(bad)[0]!r}; axes are {AXES}")
-        shape = tuple(spec.get(a, 1) for a in AXES)
+            raise ValueError(f"{where}: unknown axis {sorted(bad)[0]!r}; axes are {GRID_KEYS}")
+        shape = tuple(spec.get(a, 1) for a in GRID_KEYS)
         if shape not in self.grids:
             try:
-                self.grids[shape] = ProcessGrid(self.comm, **dict(zip(AXES, shape)))
+                self.grids[shape] = ProcessGrid(self.comm, **dict(zip(GRID_KEYS, shape)))
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
         return self.grids[shape]
@@ -246,7 +278,7 @@ class _Builder:
                 fg = spec.get("filter_groups", self.filter_groups if algorithm == "stationary-w" else None)
                 if own.P_c == 1:  # no channel split: the algorithm does not apply
                     algorithm, fg = algorithms.NO_CHANNEL_SPLIT, None
-                layer = DistConv2d(channels, spec["out"], spec["kernel"], stride=spec.get("stride", 1),
+                layer = self.classes["conv"](channels, spec["out"], spec["kernel"], stride=spec.get("stride", 1),
                                    padding=spec.get("padding", 0), dilation=spec.get("dilation", 1),
                                    groups=spec.get("groups", 1), bias=spec.get("bias", True),
                                    padding_mode=spec.get("padding_mode", "zeros"), grid=own,
@@ -258,15 +290,14 @@ class _Builder:
                                seed=self.next_seed(), **common)
                 return layer, own, spec["out"]
             if t == "batchnorm":
-                layer = BatchNorm2d(channels, grid=own, eps=spec.get("eps", 1e-5),
+                layer = self.classes["batchnorm"](channels, grid=own, eps=spec.get("eps", 1e-5),
                                     momentum=spec.get("momentum", 0.1), **common)
             elif t == "relu":
                 layer = ReLU(grid=own, **common)
             elif t in ("maxpool", "avgpool"):
-                cls = MaxPool2d if t == "maxpool" else AvgPool2d
-                layer = cls(spec["kernel"], spec.get("stride"), spec.get("padding", 0), grid=own, **common)
+                layer = self.classes[t](spec["kernel"], spec.get("stride"), spec.get("padding", 0), grid=own, **common)
             else:  # gap
-                layer = GlobalAvgPool(grid=own, **common)
+                layer = self.classes["gap"](grid=own, **common)
             return layer, own, channels
         except (ValueError, TypeError) as exc:
             msg = str(exc)
@@ -302,6 +333,6 @@ def build(spec, *, comm=None, backend="auto", dtype=None, seed=0, serial=False, 
     in_channels = checks.positive_int(in_channels, "spec.in_channels")
     dtype = numpy.dtype(dtype or numpy.float32)
     comm = MPI.COMM_SELF if serial else (comm or MPI.COMM_WORLD)
-    b = _Builder(comm, backend, dtype, seed, serial, merged)
+    b = _Builder(comm, backend, dtype, seed, serial, merged, dims=spec.get("dims", 2))
     layers, names, _, _ = b.sequence(nodes, None, in_channels)
     return Sequential(layers, names=names), spec, in_channels

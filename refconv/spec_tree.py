@@ -10,11 +10,11 @@ spec one refuses the other refuses too, with the same message::
         {"type": "residual", "layers": [{"type": "relu"}]},  # Node("residual", body=(Node("relu"),))
         {"type": "gap"}, {"type": "linear", "out": 10}]}
 
-What :func:`parse` checks: the top-level keys, that ``layers`` is a non-empty list of
-dicts with a known ``type``, each layer's keys (:data:`LAYER_KEYS`) and required keys
-(:data:`REQUIRED`), the number of layers (:data:`MAX_LAYERS`), and the order of the
-three kinds of values a model passes along (:data:`STATES`): activations, then ``gap``'s
-features, then ``linear``'s logits, after which nothing may follow.  What it does not
+What :func:`parse` checks: the top-level keys (``dims``: 2 or 3, ``loss``: one of
+:data:`LOSSES`), that ``layers`` is a non-empty list of dicts with a known ``type``,
+each layer's keys (:data:`LAYER_KEYS`) and required keys (:data:`REQUIRED`), the number
+of layers (:data:`MAX_LAYERS`), and the order of the three kinds of values a model passes
+along (:data:`STATES`): activations, then ``gap``'s features, then ``linear``'s logits, after which nothing may follow.  What it does not
 check: sizes against an input shape (the planner's ``graph.bind``, the layers' own
 constructors) and grids (the builder).  The builder's shape is this module's
 ``layers[4].layers[0]``; errors name it.  Pure Python: no MPI, no arrays.
@@ -35,7 +35,9 @@ LAYER_KEYS = {
 }
 REQUIRED = {"conv": ("out", "kernel"), "maxpool": ("kernel",), "avgpool": ("kernel",), "linear": ("out",),
             "residual": ("layers",)}
-TOP_KEYS = {"name", "in_channels", "defaults", "layers", "description"}
+TOP_KEYS = {"name", "in_channels", "defaults", "layers", "description", "dims", "loss"}
+DIMS = (2, 3)  # "dims": the model's spatial dims: images (N, C, H, W), or volumes (N, C, D, H, W)
+LOSSES = ("cross-entropy", "mse")  # "loss": what the head is trained with (refconv.layers.LOSSES)
 DEFAULT_KEYS = {"grid", "algorithm", "filter_groups", "machine"}
 # A layer's "grid" may also name one relative to defaults.grid: "default", or "no-channel"
 # (the channel axis folded into the sample axis: for a first conv with fewer input
@@ -84,6 +86,10 @@ def parse(spec):
         raise ValueError(f"spec: unknown key {sorted(bad)[0]!r}; allowed: {sorted(TOP_KEYS)}")
     if "layers" not in spec:
         raise ValueError("spec: needs 'layers', a list of layer dicts")
+    if spec.get("dims", 2) not in DIMS or isinstance(spec.get("dims"), bool):
+        raise ValueError(f"spec.dims: expected 2 (images) or 3 (volumes), got {spec['dims']!r}")
+    if spec.get("loss", LOSSES[0]) not in LOSSES:
+        raise ValueError(f"spec.loss: expected one of {LOSSES}, got {spec['loss']!r}")
     if count_layers(spec["layers"], MAX_LAYERS) > MAX_LAYERS:
         raise ValueError(f"layers: more than {MAX_LAYERS:,} layers (residual blocks' included); a model this "
                          f"deep is a mistake, e.g. YAML aliases nested into an alias bomb")

@@ -38,6 +38,7 @@ from mpi4py import MPI
 
 from refconv import checkpoint, checks, collectives, datasets, datastore, device, failure, progress, threads, train_config
 from refconv.collectives import KINDS
+from refconv.layers import MeanSquaredError
 from refconv.model import Model
 from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
@@ -74,8 +75,15 @@ def load_model_spec(model, **preset_kwargs):
 
 def load_dataset(cfg, dtype):
     """``(x_train, y_train, x_test, y_test, num_classes)`` (``--synthetic`` images take the model's channels)."""
+    spec = load_model_spec(cfg.model)
+    if spec.get("dims") == 3:
+        return load_volumes(cfg, spec, dtype)
+    if spec.get("loss") == "mse":
+        raise OptionError("model", f"{spec.get('name', cfg.model)!r} regresses (loss 'mse') float targets, which "
+                                   f"only --synthetic volumes bring (a model with dims 3); the images here have "
+                                   f"class labels: use loss 'cross-entropy'")
     if cfg.synthetic:
-        channels, s = load_model_spec(cfg.model).get("in_channels", 3), cfg.image_size
+        channels, s = spec.get("in_channels", 3), cfg.image_size
         x, y = datasets.synthetic(cfg.synthetic_samples, channels, s, s, 10, seed=cfg.seed, dtype=dtype)
         xt, yt = datasets.synthetic(max(cfg.synthetic_samples // 4, 1), channels, s, s, 10, seed=cfg.seed + 1,
                                     dtype=dtype)
@@ -92,6 +100,25 @@ def load_dataset(cfg, dtype):
                                       f"each class, rounded); give at least 3 samples of some class")
         return x_train, y_train, x_test, y_test, num_classes
     return (*datasets.load_digits(dtype=dtype), 10)
+
+
+def load_volumes(cfg, spec, dtype):
+    """``load_dataset`` for a model of volumes (``"dims": 3``): ``--synthetic`` volumes of
+    ``--image-size`` cubed, whose targets are the 4 parameters they were drawn with."""
+    if not cfg.synthetic:
+        raise OptionError("model", f"{spec.get('name', cfg.model)!r} is a model of volumes (dims 3), which trains "
+                                   f"on --synthetic volumes only; add --synthetic")
+    channels, s = spec.get("in_channels", 3), cfg.image_size
+    x, y = datasets.synthetic_volumes(cfg.synthetic_samples, channels, s, seed=cfg.seed, dtype=dtype)
+    xt, yt = datasets.synthetic_volumes(max(cfg.synthetic_samples // 4, 1), channels, s, seed=cfg.seed + 1,
+                                        dtype=dtype)
+    return x, y, xt, yt, datasets.VOLUME_TARGETS
+
+
+def is_regression(model):
+    """True for a model trained with mean squared error: its targets are floats ``(N, K)``, and its
+    test metric is the mean squared error (``"mse"``) instead of the accuracy."""
+    return isinstance(model.head, MeanSquaredError)
 
 
 def build_model(cfg, *, comm=None, serial=False, in_channels=None, num_classes=None):
@@ -122,6 +149,9 @@ def check_model_fits(model, cfg, x_shape, num_classes):
                                         f">= {need}")
     model.bind((cfg.batch_size,) + tuple(x_shape[1:]))
     outputs = model.body.output_shape[1]
+    if is_regression(model) and outputs != num_classes:
+        raise OptionError("model", f"its head has {outputs} outputs but the data have {num_classes} targets per "
+                                   f"sample; give the last 'linear' layer out = {num_classes}")
     if num_classes > outputs:
         raise OptionError("model", f"its classifier head has {outputs} outputs (classes 0..{outputs - 1}) but "
                                    f"the labels go up to {num_classes - 1}; give the last 'linear' layer "
@@ -156,6 +186,8 @@ def evaluate(model, x, y, batch_size):
     model keeps its binding.  In eval mode a sample's logits depend on that sample alone,
     so the padding changes nothing; it is not counted.  The same accuracy on any grid.
     """
+    if is_regression(model):
+        return evaluate_mse(model, x, y, batch_size)
     model.eval()
     backend = model.body.layers[0].backend
     n, size = len(y), max(batch_size, smallest_batch(model))
@@ -173,6 +205,28 @@ def evaluate(model, x, y, batch_size):
     model.train()
     total = collectives.allreduce(model.out_grid.axis_comm("sample"), numpy.array([correct], numpy.int64))
     return int(total[0]) / n
+
+
+def evaluate_mse(model, x, y, batch_size):
+    """The mean squared error on ``(x, y)`` (targets ``(n, K)``) with the running statistics,
+    batched and padded as :func:`evaluate` does; the same value on any grid."""
+    model.eval()
+    backend = model.body.layers[0].backend
+    n, size = len(y), max(batch_size, smallest_batch(model))
+    squares = 0.0
+    for start in range(0, n, size):
+        idx = numpy.arange(start, min(start + size, n))
+        real = numpy.arange(size) < len(idx)                       # (size,): False on the padding
+        idx = numpy.concatenate([idx, numpy.full(size - len(idx), idx[0])])
+        x_b, y_b = x[idx], numpy.asarray(y[idx])
+        model.bind(x_b.shape)
+        x_loc = backend.asarray(datastore.local_block(x_b, model.input_distribution, model.in_grid.rank))
+        pred = backend.to_host(model.forward(x_loc))              # (n_loc, K)
+        diff = (pred - model.label_block(y_b)) * model.label_block(real)[:, None]
+        squares += float((diff.astype(numpy.float64) ** 2).sum())
+    model.train()
+    total = collectives.allreduce(model.out_grid.axis_comm("sample"), numpy.array([squares]))
+    return float(total[0]) / y.size
 
 
 # -- the run ---------------------------------------------------------------------------------------------
@@ -333,9 +387,10 @@ def _train(cfg, comm, say, report):
                     break
             bar.end_epoch()
             check_finite(cfg, comm, model, optimizer, global_step, saved)
-            accuracy = evaluate(model, x_test, y_test, cfg.batch_size)
-            epochs.append({"epoch": epoch + 1, "loss": float(numpy.mean(epoch_losses)), "accuracy": accuracy})
-            say(f"epoch {epoch + 1}/{cfg.epochs}: loss {epochs[-1]['loss']:.4f}, test accuracy {accuracy:.4f}")
+            metric = "mse" if is_regression(model) else "accuracy"
+            score = evaluate(model, x_test, y_test, cfg.batch_size)
+            epochs.append({"epoch": epoch + 1, "loss": float(numpy.mean(epoch_losses)), metric: score})
+            say(f"epoch {epoch + 1}/{cfg.epochs}: loss {epochs[-1]['loss']:.4f}, test {metric} {score:.4f}")
             if cfg.checkpoint_dir and not (cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0):
                 _save(cfg, model, optimizer, global_step)
                 saved = global_step
@@ -349,7 +404,7 @@ def _train(cfg, comm, say, report):
                         numpy.float64)
     kinds = collectives.allreduce(comm, kinds) / comm.Get_size()  # averaged over ranks
     result = {
-        "losses": losses, "epochs": epochs, "accuracy": epochs[-1]["accuracy"],
+        "losses": losses, "epochs": epochs, **{m: e[m] for e in epochs[-1:] for m in ("accuracy", "mse") if m in e},
         "steps": steps, "time_per_step": float(numpy.mean(step_times)),
         "bytes_per_step": {k: kinds[i, 0] / steps for i, k in enumerate(KINDS) if kinds[i, 1]},
         "calls_per_step": {k: kinds[i, 1] / steps for i, k in enumerate(KINDS) if kinds[i, 1]},
@@ -405,7 +460,7 @@ def check_serial(cfg, losses, comm, x_train, y_train, num_classes, say):
 def format_summary(result):
     """The end-of-run report: time per step and bytes per step by kind of collective."""
     lines = [f"trained {result['steps']} steps: {result['time_per_step'] * 1e3:.1f} ms per step, "
-             f"final test accuracy {result['accuracy']:.4f}",
+             + next(f"final test {m} {result[m]:.4f}" for m in ("accuracy", "mse") if m in result),
              "communication per step and rank (mean over ranks):",
              f"  {'collective':<16}{'calls':>8}{'bytes':>14}"]
     total = 0

@@ -23,11 +23,11 @@ from refconv import algorithms, checks
 from refconv.backend import BACKENDS
 from refconv.collectives import TRAINING_TIMEOUT_S, env_timeout
 from refconv.collectives.buckets import BUCKET_BYTES
-from refconv.grid import AXES
+from refconv.grid import axes_of
 from refconv.model_spec import PRESETS, default_lr
 from refconv.pricing.machine import DEFAULT_MACHINE, builtin_names
 
-GRID_AXES = AXES        # the axes --grid takes (refconv.grid's)
+GRID_AXES = axes_of(5)  # the axes --grid takes (refconv.grid's; depth splits the volumes of a 3-D model)
 MAX_CLASSES = 100_000   # a classifier head beyond this is a mistake (a label of 2**40), not a model
 
 
@@ -88,8 +88,8 @@ def parse_grid(text):
     grid = {}
     for part in text.split(","):
         axis, sep, size = (s.strip() for s in part.partition("="))
-        if not sep or axis not in AXES:
-            raise ValueError(f"expected axis=size pairs with axes {', '.join(AXES)}, "
+        if not sep or axis not in GRID_AXES:
+            raise ValueError(f"expected axis=size pairs with axes {', '.join(GRID_AXES)}, "
                              f"e.g. sample=2,channel=2; got {part.strip()!r}")
         if axis in grid:
             raise ValueError(f"axis {axis!r} is given twice in {text!r}; give each axis once")
@@ -108,8 +108,8 @@ def _grid(v, name):
     if not isinstance(v, dict) or not v:
         raise ValueError(f"{name}: expected a dict like {{'sample': 2, 'channel': 2}} or unset, got {v!r}")
     for axis in v:
-        if axis not in AXES:
-            raise ValueError(f"{name}: unknown axis {axis!r}; axes are {', '.join(AXES)}")
+        if axis not in GRID_AXES:
+            raise ValueError(f"{name}: unknown axis {axis!r}; axes are {', '.join(GRID_AXES)}")
     return {axis: checks.integer(size, f"{name}: the size of {axis}") for axis, size in v.items()}
 
 
@@ -157,8 +157,9 @@ _PATH = _instance((str, type(None)), "a path (str) or unset")
 _BOOL = _instance(bool, "True or False")
 
 OPTIONS = (
-    Option("grid", None, _grid, STRATEGY, "process grid, e.g. sample=2,channel=2 or sample=2,height=2; the "
-           "product must be the number of ranks", parse=parse_grid, metavar="AXIS=SIZE,...",
+    Option("grid", None, _grid, STRATEGY, "process grid, e.g. sample=2,channel=2 or sample=2,height=2 (and "
+           "depth for a model of volumes: channel=2,depth=2,height=2); the product must be the number of ranks",
+           parse=parse_grid, metavar="AXIS=SIZE,...",
            unset="the model's (sample=<ranks> for the presets)"),
     Option("algorithm", None, lambda v, name: v if v is None else _one_of(_algorithms)(v, name), STRATEGY,
            "channel/filter algorithm of the convolutions when channel > 1", parse=str, choices=_algorithms,
@@ -183,8 +184,8 @@ OPTIONS = (
            "(0: read in the step)", parse=int, metavar="BATCHES"),
     Option("synthetic", False, _BOOL, DATA, "train on generated images instead (scaling runs)"),
     Option("synthetic_samples", 1024, _int(1), DATA, "training images with --synthetic", parse=int),
-    Option("image_size", 32, _int(1), DATA, "height and width of --synthetic images, and of the images of a "
-           "--data folder (resized)", parse=int),
+    Option("image_size", 32, _int(1), DATA, "height and width of --synthetic images (and depth of --synthetic "
+           "volumes), and of the images of a --data folder (resized)", parse=int),
     Option("epochs", 4, _int(1), OPTIM, "passes over the training set", parse=int),
     Option("batch_size", 32, _int(1), OPTIM, "global batch size (split over the sample axis)", parse=int),
     Option("lr", None, lambda v, name: v if v is None else _real(0)(v, name), OPTIM,

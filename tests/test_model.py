@@ -225,7 +225,7 @@ def test_resnet50_forward_backward_at_32x32():
 
 def test_presets_listed():
     assert set(PRESETS) == {"digits-cnn", "resnet50", "resnet50-wide2", "resnet50-wide4", "resnext50-32x4d",
-                            "mobilenet"}
+                            "mobilenet", "cosmoflow"}
 
 
 # -- training, evaluation and resume (one rank) ----------------------------------------------------

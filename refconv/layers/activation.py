@@ -4,7 +4,12 @@ from refconv.layers.base import Layer
 
 
 class ReLU(Layer):
-    """``max(x, 0)``: elementwise, so any distribution works and nothing moves."""
+    """``max(x, 0)``: elementwise, so any distribution works and nothing moves; images
+    ``(N, C, H, W)`` or volumes ``(N, C, D, H, W)`` alike."""
+
+    def bind(self, input_shape):
+        self.ndim = 5 if len(input_shape) == 5 else 4  # of this input: elementwise, either works
+        return super().bind(input_shape)
 
     def forward(self, x_loc):
         self._check_local(x_loc, self.input_distribution, "x_loc")

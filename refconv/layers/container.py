@@ -66,7 +66,7 @@ class Sequential:
         self.out_grid = grid
 
     def bind(self, input_shape):
-        shape = checks.shape4(input_shape, "input_shape")
+        shape = checks.shape_of(input_shape, "input_shape", 5 if len(input_shape) == 5 else 4)  # NCHW or NCDHW
         self._input_shape = shape
         for name, layer in zip(self.names, self.layers):
             try:

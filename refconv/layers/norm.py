@@ -6,25 +6,33 @@ backward: allreduce of (sum dy, sum dy * xhat) over the weight peers.
 
 With channels split, each rank owns the statistics, ``gamma`` and ``beta`` of its
 channels ``C_i`` (viewed as ``(C, 1, 1, 1)`` split over the channel axis).
+
+``BatchNorm3d`` is the same layer on volumes ``(N, C, D, H, W)``: the statistics of a
+channel run over every non-channel axis, so its weight peers add the depth ranks.
 """
+
+import math
 
 import numpy
 
 from refconv import checks, collectives
 from refconv.algorithms.base import Call
 from refconv.distribution import Distribution, block_size
+from refconv.grid import axes_of
 from refconv.layers.base import Layer
 
 
 def batch_norm_records(shape, grid_shape, coords, itemsize):
     """The calls of one training forward and backward at ``coords``, over the weight peers
-    (the ranks that share this rank's channels): forward, allreduce of the channel sums and
-    then of the centred squares; backward, allreduce of (sum dy, sum dy xhat)."""
-    P_N, P_c, P_H, P_W = grid_shape
-    C_i, axes = block_size(shape[1], P_c, coords[1]), ("sample", "height", "width")
-    return [Call("allreduce", P_N * P_H * P_W, C_i * itemsize, axes=axes),
-            Call("allreduce", P_N * P_H * P_W, C_i * itemsize, axes=axes),
-            Call("allreduce", P_N * P_H * P_W, 2 * C_i * itemsize, axes=axes)]
+    (the ranks that share this rank's channels, every axis of ``grid_shape`` but the channel
+    axis): forward, allreduce of the channel sums and then of the centred squares; backward,
+    allreduce of (sum dy, sum dy xhat)."""
+    P_c = grid_shape[1]
+    peers = math.prod(grid_shape) // P_c  # P_N P_H P_W, or P_N P_D P_H P_W
+    C_i, axes = block_size(shape[1], P_c, coords[1]), tuple(a for a in axes_of(len(grid_shape)) if a != "channel")
+    return [Call("allreduce", peers, C_i * itemsize, axes=axes),
+            Call("allreduce", peers, C_i * itemsize, axes=axes),
+            Call("allreduce", peers, 2 * C_i * itemsize, axes=axes)]
 
 
 class BatchNorm2d(Layer):
@@ -61,11 +69,15 @@ class BatchNorm2d(Layer):
             raise ValueError(f"input_shape: {self!r} expects C = {self.num_features}, got {shape}")
         return shape
 
+    @property
+    def _count(self):
+        """``M``, the elements of a channel over the global batch: ``N H W`` (``N D H W``)."""
+        return self._input_shape[0] * math.prod(self._input_shape[2:])
+
     def forward(self, x_loc):
-        # x_loc: (n, C_i, h, w)
+        # x_loc: (n, C_i, h, w), or (n, C_i, d, h, w)
         self._check_local(x_loc, self.input_distribution, "x_loc")
-        N, _, H, W = self._input_shape
-        M = N * H * W  # elements per channel over the global batch
+        M = self._count  # elements per channel over the global batch
         if self.training:
             peers = self.grid.weight_peers_comm
             s = self.backend.batch_norm_sum(x_loc)
@@ -84,16 +96,15 @@ class BatchNorm2d(Layer):
         return self.backend.batch_norm_apply(x_loc, self._saved[1], self._saved[2], self.weight, self.bias)
 
     def backward(self, dy_loc):
-        # dy_loc: (n, C_i, h, w)
+        # dy_loc: (n, C_i, h, w), or (n, C_i, d, h, w)
         self._check_local(dy_loc, self.output_distribution, "dy_loc")
         x_loc, mean, invstd = self._saved
-        N, _, H, W = self._input_shape
         sdy, sdyx = self.backend.batch_norm_grad_sums(dy_loc, x_loc, mean, invstd)
         C_i = sdy.shape[0]
         sums = collectives.allreduce(self.grid.weight_peers_comm, self.xp.concatenate([sdy, sdyx]))
         self.bias_grad, self.weight_grad = sums[:C_i], sums[C_i:]  # dbeta, dgamma over the global batch
         return self.backend.batch_norm_backward_apply(dy_loc, x_loc, mean, invstd, self.weight,
-                                                      self.bias_grad, self.weight_grad, N * H * W)
+                                                      self.bias_grad, self.weight_grad, self._count)
 
     def records(self):
         """The calls one training forward and backward of this bound layer make on this rank."""
@@ -116,4 +127,11 @@ class BatchNorm2d(Layer):
         return {"running_mean": self._channel_dist, "running_var": self._channel_dist}
 
     def __repr__(self):
-        return f"BatchNorm2d({self.num_features}, grid={self.grid.shape})"
+        return f"{type(self).__name__}({self.num_features}, grid={self.grid.shape})"
+
+
+class BatchNorm3d(BatchNorm2d):
+    """Batch norm of volumes ``(N, C, D, H, W)``, with :class:`BatchNorm2d`'s semantics; the
+    statistics of each channel run over ``(N, D, H, W)`` (PyTorch's ``BatchNorm3d``)."""
+
+    ndim = 5

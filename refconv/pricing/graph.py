@@ -133,6 +133,10 @@ def bind(spec, input_shape):
         nodes = spec_tree.parse(spec)
     except ValueError as exc:
         raise BindError(str(exc)) from None
+    if spec.get("dims", 2) != 2:
+        raise BindError(f"spec.dims: {spec.get('name', 'the model')!r} is a model of volumes (dims "
+                        f"{spec['dims']}); the planner prices models of images (dims 2) only: train it on a "
+                        f"--grid given by hand (docs/volumes.md)")
     if input_shape[1] != spec.get("in_channels", 3):
         raise BindError(f"spec.in_channels: the model takes {spec.get('in_channels', 3)} channels, "
                         f"the input has {input_shape[1]}")

@@ -266,3 +266,20 @@ def softmax_cross_entropy_backward(probs, labels):
     dlogits = probs.copy()
     dlogits[numpy.arange(N), labels] -= 1
     return dlogits / N
+
+
+def mse_forward(pred, target):
+    """Mean squared error over every element of ``pred (N, K)`` against ``target (N, K)``
+    (PyTorch's ``mse_loss``, ``reduction='mean'``).  Returns ``(loss, diff)``; ``diff`` feeds
+    the backward."""
+    checks.array(pred, "pred", 2)
+    target = numpy.asarray(target)
+    if target.shape != pred.shape:
+        raise ValueError(f"target: expected the shape of pred {tuple(pred.shape)}, got {tuple(target.shape)}")
+    diff = pred - target
+    return (diff * diff).mean(), diff
+
+
+def mse_backward(diff):
+    """``dpred = 2 (pred - target) / (N K)``."""
+    return 2 * diff / diff.size

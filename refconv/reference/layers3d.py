@@ -1,4 +1,5 @@
-"""3-D pooling and 3-D batch norm, forward and backward side by side (NumPy, NCDHW).
+"""3-D pooling, 3-D batch norm and global average pooling of volumes, forward and backward
+side by side (NumPy, NCDHW).
 
 Semantics follow PyTorch: ``max_pool3d`` / ``avg_pool3d`` (``count_include_pad=True``,
 ``ceil_mode=False``, padding at most half the kernel) and ``batch_norm`` of a 5-D input
@@ -115,3 +116,15 @@ def avg_pool3d_backward(dy, x_shape, kernel_size, stride=None, padding=0):
     for _, view in _windows(dx_pad, kernel, stride, out):
         view += share
     return numpy.ascontiguousarray(dx_pad[inside])
+
+
+def global_avg_pool3d_forward(x):
+    """``(N, C, D, H, W)`` -> ``(N, C)``, the mean over each volume."""
+    checks.array(x, "x", 5)
+    return x.mean(axis=(2, 3, 4))
+
+
+def global_avg_pool3d_backward(dy, x_shape):
+    """Spread ``dy (N, C)`` evenly over each ``D x H x W`` volume."""
+    N, C, D, H, W = checks.shape5(x_shape, "x_shape")
+    return numpy.broadcast_to((dy / (D * H * W)).reshape(N, C, 1, 1, 1), (N, C, D, H, W)).copy()

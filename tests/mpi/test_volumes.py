@@ -1,0 +1,194 @@
+"""A 3-D CNN on volume grids (``sample x channel x depth x height x width``).
+
+The layers against the serial reference: BatchNorm3d, MaxPool3d, AvgPool3d, and
+GlobalAvgPool3d into Linear into MeanSquaredError; each one's communication against its
+``records()``.  Drawn grids of 3 and 4 ranks (every factorization over the five axes) and
+drawn volumes that split over them, unevenly too; at 8 ranks the grids CosmoFlow runs on
+(2x2x2 spatial, 2 samples x 2 channels x 2 depth).
+
+The cosmoflow preset under ``train``: channel x depth at 4 ranks, channel x depth x height
+at 8; its losses agree with the one-rank replay (--check-serial), a run checkpointed
+mid-way and resumed continues bit for bit, and a step makes the calls the model's
+``records()`` list (what tests/mpi/test_records.py checks of the 2-D presets).  Every rank
+draws the same examples and the checks are collective.
+"""
+
+import shutil
+import tempfile
+
+import numpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mpi4py import MPI
+
+from refconv import datasets
+from refconv import reference as ref
+from refconv.grid import ProcessGrid, axes_of
+from refconv.layers import AvgPool3d, BatchNorm3d, GlobalAvgPool3d, Linear, MaxPool3d, MeanSquaredError
+from refconv.optim import SGD
+from refconv.sharding import allgather
+from refconv.testing.asserts import assert_all_ranks, collective_assert_close
+from refconv.testing.check import check_records
+from refconv.testing.mpirun import mpi_test
+from refconv.testing.strategies import grid_shapes
+from refconv.train import TrainConfig, step, train
+
+comm = MPI.COMM_WORLD
+GRIDS_OF_8 = ((1, 1, 2, 2, 2), (2, 2, 2, 1, 1))  # (P_N, P_c, P_D, P_H, P_W); training runs channel x depth x height
+
+
+def _grid(shape):
+    return ProcessGrid(comm, **dict(zip(axes_of(5), shape)))
+
+
+def _gathered(local, dist, grid):
+    return allgather(numpy.ascontiguousarray(local), dist, grid)
+
+
+@st.composite
+def volumes(draw, shape, need=(1, 1, 1)):
+    """``(N, C, D, H, W)`` that splits over the grid ``shape``, each spatial size at least ``need``."""
+    P_N, P_c, *spatial = shape
+    sizes = [draw(st.integers(max(P, n), max(P, n) + 2)) for P, n in zip(spatial, need)]
+    return (draw(st.integers(P_N, P_N + 1)), draw(st.integers(P_c, P_c + 2)), *sizes)
+
+
+@st.composite
+def pool_cases(draw, shape):
+    """``(kernel, stride, padding, x_shape)``: the output has a block on every spatial rank."""
+    k, s = draw(st.integers(1, 3)), draw(st.integers(1, 2))
+    p = draw(st.integers(0, k // 2))
+    need = [max(1, (P - 1) * s + k - 2 * p) for P in shape[2:]]  # D >= (P_D - 1) s + k - 2p, likewise H, W
+    return k, s, p, draw(volumes(shape, need))
+
+
+def check_batchnorm(grid, x_shape):
+    rng = numpy.random.default_rng(list(x_shape))
+    x, dy = rng.standard_normal(x_shape) * 3 + 1, rng.standard_normal(x_shape)
+    C = x_shape[1]
+    gamma, beta = rng.standard_normal(C), rng.standard_normal(C)
+    layer = BatchNorm3d(C, grid=grid, backend="numpy", dtype=numpy.float64).bind(x_shape)
+    dist = layer.input_distribution
+    (c0, c1), = dist.pieces(grid.rank, 1)
+    layer.weight[...], layer.bias[...] = gamma[c0:c1], beta[c0:c1]
+    x_loc, dy_loc = dist.extract(x, grid.rank), dist.extract(dy, grid.rank)
+    y_loc = layer.forward(x_loc)
+    dx_loc = layer.backward(dy_loc)
+    rm, rv = numpy.zeros(C), numpy.ones(C)
+    y, saved = ref.batch_norm3d_forward(x, gamma, beta, running_mean=rm, running_var=rv)
+    dx, dgamma, dbeta = ref.batch_norm3d_backward(dy, x, gamma, saved)
+    M = x.size // C
+    collective_assert_close(comm, _gathered(y_loc, dist, grid), y, reduction_length=M, name="y")
+    collective_assert_close(comm, _gathered(dx_loc, dist, grid), dx, reduction_length=M, name="dx")
+    channels = layer.parameter_distributions()["weight"]  # (C, 1, 1, 1) over the channel axis
+    vector = lambda v: _gathered(v.reshape(-1, 1, 1, 1), channels, grid).ravel()  # noqa: E731
+    collective_assert_close(comm, vector(layer.weight_grad), dgamma, reduction_length=M, name="dgamma")
+    collective_assert_close(comm, vector(layer.bias_grad), dbeta, reduction_length=M, name="dbeta")
+    collective_assert_close(comm, vector(layer.running_var), rv, reduction_length=M, name="running_var")
+    check_records(comm, lambda: (layer.forward(x_loc), layer.backward(dy_loc)), layer.records(), repr(layer))
+
+
+def check_pool(grid, cls, k, s, p, x_shape):
+    rng = numpy.random.default_rng(list(x_shape) + [k, s, p])
+    x = rng.standard_normal(x_shape)
+    layer = cls(k, s, p, grid=grid, backend="numpy", dtype=numpy.float64).bind(x_shape)
+    x_loc = layer.input_distribution.extract(x, grid.rank)
+    y_loc = layer.forward(x_loc)
+    if cls is MaxPool3d:
+        y, argmax = ref.max_pool3d_forward(x, k, s, p)
+        dy = rng.standard_normal(y.shape)
+        dx = ref.max_pool3d_backward(dy, argmax, x_shape, k, s, p)
+    else:
+        y = ref.avg_pool3d_forward(x, k, s, p)
+        dy = rng.standard_normal(y.shape)
+        dx = ref.avg_pool3d_backward(dy, x_shape, k, s, p)
+    dy_loc = layer.output_distribution.extract(dy, grid.rank)
+    dx_loc = layer.backward(dy_loc)
+    collective_assert_close(comm, _gathered(y_loc, layer.output_distribution, grid), y, name=f"{cls.__name__} y")
+    collective_assert_close(comm, _gathered(dx_loc, layer.input_distribution, grid), dx, name=f"{cls.__name__} dx")
+    check_records(comm, lambda: (layer.forward(x_loc), layer.backward(dy_loc)), layer.records(), repr(layer))
+
+
+def check_regression_head(grid, x_shape, K=4):
+    """GlobalAvgPool3d -> Linear -> MeanSquaredError, forward and backward, against the reference."""
+    N, C = x_shape[:2]
+    rng = numpy.random.default_rng(list(x_shape) + [K])
+    x, targets = rng.standard_normal(x_shape), rng.standard_normal((N, K))
+    gap = GlobalAvgPool3d(grid=grid, backend="numpy", dtype=numpy.float64).bind(x_shape)
+    lin = Linear(C, K, grid=grid, backend="numpy", dtype=numpy.float64, seed=3).bind(gap.output_shape)
+    head = MeanSquaredError(grid=grid, backend="numpy")
+    (n0, n1), = lin.output_distribution.pieces(grid.rank, 0)
+    x_loc = gap.input_distribution.extract(x, grid.rank)
+
+    def step():
+        pred = lin.forward(gap.forward(x_loc))
+        return pred, head.forward(pred, targets[n0:n1], N), gap.backward(lin.backward(head.backward()))
+
+    pred, loss, dx_loc = step()
+    f = ref.global_avg_pool3d_forward(x)
+    z = ref.linear_forward(f, lin.weight, lin.bias)
+    loss_ref, diff = ref.mse_forward(z, targets)
+    df, dw, db = ref.linear_backward(ref.mse_backward(diff), f, lin.weight)
+    dx = ref.global_avg_pool3d_backward(df, x_shape)
+    collective_assert_close(comm, numpy.array(loss), numpy.array(loss_ref), reduction_length=N * K, name="loss")
+    collective_assert_close(comm, pred, z[n0:n1], reduction_length=C, name="pred")
+    collective_assert_close(comm, lin.weight_grad, dw, reduction_length=N, name="dW")
+    collective_assert_close(comm, _gathered(dx_loc, gap.input_distribution, grid), dx, reduction_length=K, name="dx")
+    itemsize = numpy.dtype(numpy.float64).itemsize
+    check_records(comm, step, gap.records() + lin.records() + head.records(itemsize), "gap3d, linear, mse",
+                  ordered=False)
+
+
+@mpi_test(sizes=(3, 4), timeout=120)
+@settings(max_examples=4)
+@given(st.data())
+def test_volume_layers_match_reference(data):
+    shape = data.draw(grid_shapes(comm.size, axes=axes_of(5)))
+    grid = _grid(shape)
+    check_batchnorm(grid, data.draw(volumes(shape)))
+    k, s, p, x_shape = data.draw(pool_cases(shape))
+    check_pool(grid, data.draw(st.sampled_from((MaxPool3d, AvgPool3d))), k, s, p, x_shape)
+    check_regression_head(grid, data.draw(volumes(shape)))
+    grid.free()
+
+
+@mpi_test(sizes=(8,), timeout=180)
+def test_volume_layers_on_grids_of_8():
+    for shape in GRIDS_OF_8:
+        grid = _grid(shape)
+        x_shape = (shape[0] + 1, 2 * shape[1] + 1) + tuple(2 * P + 1 for P in shape[2:])  # uneven blocks
+        check_batchnorm(grid, x_shape)
+        check_pool(grid, MaxPool3d, 2, 2, 0, x_shape[:2] + (4, 4, 4))
+        check_pool(grid, AvgPool3d, 3, 1, 1, x_shape)
+        check_regression_head(grid, x_shape)
+        grid.free()
+
+
+# -- the cosmoflow preset, trained ---------------------------------------------------------------------
+TRAIN_GRIDS = {4: {"channel": 2, "depth": 2}, 8: {"channel": 2, "depth": 2, "height": 2}}
+
+
+def quiet(*args):
+    pass
+
+
+@mpi_test(sizes=tuple(TRAIN_GRIDS), timeout=240)
+def test_cosmoflow_trains_checks_serial_and_resumes_exactly():
+    folder = comm.bcast(tempfile.mkdtemp() if comm.rank == 0 else None, root=0)
+    cfg = dict(model="cosmoflow", synthetic=True, synthetic_samples=8, image_size=8, batch_size=4, epochs=2,
+               lr=0.01, dtype="float64", backend="numpy", progress=False, seed=3, grid=TRAIN_GRIDS[comm.size])
+    whole = train(TrainConfig(**cfg, check_serial=2), log=quiet)  # 2 steps per epoch, 4 in all
+    assert_all_ranks(comm, whole["serial_check"] is not None and whole["serial_check"] <= 1e-6,
+                     f"{cfg['grid']}: check-serial {whole['serial_check']}")
+    first = train(TrainConfig(**cfg, max_steps=3, checkpoint_dir=folder, checkpoint_every=3), log=quiet)
+    rest = train(TrainConfig(**cfg, checkpoint_dir=folder, resume=True), log=quiet)
+    assert_all_ranks(comm, first["losses"] == whole["losses"][:3] and rest["losses"] == whole["losses"][3:],
+                     f"{cfg['grid']}: resumed {first['losses']} + {rest['losses']} != {whole['losses']}")
+    assert_all_ranks(comm, rest["mse"] == whole["mse"], f"test mse {rest['mse']} != {whole['mse']}")
+    model, (x, y) = whole["model"], datasets.synthetic_volumes(4, 4, 8, dtype=numpy.float64)
+    x, optimizer = numpy.asarray(x), SGD(whole["model"], 0.01)
+    check_records(comm, lambda: step(model, optimizer, x, y), model.records(), f"cosmoflow on {cfg['grid']}",
+                  ordered=False)
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(folder)
