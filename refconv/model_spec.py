@@ -158,7 +158,7 @@ def cosmoflow(num_classes=4, in_channels=4, stages=COSMOFLOW_STAGES):
     for i, out in enumerate(stages):
         if i:
             layers.append({"type": "maxpool", "kernel": 2})
-        layers += [_conv(out, 3, padding=1, bias=False), bn, relu]
+        layers += [conv_layer(out, 3, padding=1, bias=False), bn, relu]
     layers += [{"type": "gap"}, {"type": "linear", "out": num_classes}]
     return {"name": "cosmoflow", "dims": 3, "loss": "mse", "in_channels": in_channels, "layers": layers,
             "description": "a small CosmoFlow-style 3-D CNN regressing parameters of a volume (mean squared error)"}
