@@ -107,29 +107,11 @@ class NumpyBackend:
     def relu_backward(self, dy, x):
         return ref.relu_backward(dy, x)
 
-    def max_pool2d_forward(self, x, kernel_size, stride=None, padding=0):
-        return ref.max_pool2d_forward(x, kernel_size, stride, padding)
-
-    def max_pool2d_backward(self, dy, argmax, x_shape, kernel_size, stride=None, padding=0):
-        return ref.max_pool2d_backward(dy, argmax, x_shape, kernel_size, stride, padding)
-
-    def avg_pool2d_forward(self, x, kernel_size, stride=None, padding=0):
-        return ref.avg_pool2d_forward(x, kernel_size, stride, padding)
-
-    def avg_pool2d_backward(self, dy, x_shape, kernel_size, stride=None, padding=0):
-        return ref.avg_pool2d_backward(dy, x_shape, kernel_size, stride, padding)
-
-    def max_pool3d_forward(self, x, kernel_size, stride=None, padding=0):
-        return ref.max_pool3d_forward(x, kernel_size, stride, padding)
-
-    def max_pool3d_backward(self, dy, argmax, x_shape, kernel_size, stride=None, padding=0):
-        return ref.max_pool3d_backward(dy, argmax, x_shape, kernel_size, stride, padding)
-
-    def avg_pool3d_forward(self, x, kernel_size, stride=None, padding=0):
-        return ref.avg_pool3d_forward(x, kernel_size, stride, padding)
-
-    def avg_pool3d_backward(self, dy, x_shape, kernel_size, stride=None, padding=0):
-        return ref.avg_pool3d_backward(dy, x_shape, kernel_size, stride, padding)
+    # Pooling is the reference's own functions, with their arguments, in 2-D and 3-D.
+    max_pool2d_forward, max_pool2d_backward = staticmethod(ref.max_pool2d_forward), staticmethod(ref.max_pool2d_backward)
+    avg_pool2d_forward, avg_pool2d_backward = staticmethod(ref.avg_pool2d_forward), staticmethod(ref.avg_pool2d_backward)
+    max_pool3d_forward, max_pool3d_backward = staticmethod(ref.max_pool3d_forward), staticmethod(ref.max_pool3d_backward)
+    avg_pool3d_forward, avg_pool3d_backward = staticmethod(ref.avg_pool3d_forward), staticmethod(ref.avg_pool3d_backward)
 
     # -- batch normalization, split so that the sums can be allreduced in between
     # Per-channel sums over every axis but the channels' ((N, H, W), or (N, D, H, W) for a

@@ -179,41 +179,34 @@ def step(model, optimizer, x_b, y_b):
 
 
 def evaluate(model, x, y, batch_size):
-    """Accuracy on ``(x, y)`` with the running statistics (``model.eval()``), any number of samples.
-
-    Every batch has ``batch_size`` samples (at least :func:`smallest_batch`): the last one
-    is padded with copies of its first sample, so it splits over the sample axis and the
-    model keeps its binding.  In eval mode a sample's logits depend on that sample alone,
-    so the padding changes nothing; it is not counted.  The same accuracy on any grid.
-    """
+    """Accuracy on ``(x, y)`` with the running statistics (``model.eval()``), any number of samples
+    (the mean squared error, :func:`evaluate_mse`, for a regression).  The same value on any grid."""
     if is_regression(model):
         return evaluate_mse(model, x, y, batch_size)
-    model.eval()
-    backend = model.body.layers[0].backend
-    n, size = len(y), max(batch_size, smallest_batch(model))
-    correct = 0
-    for start in range(0, n, size):
-        idx = numpy.arange(start, min(start + size, n))
-        real = numpy.arange(size) < len(idx)                       # (size,): False on the padding
-        idx = numpy.concatenate([idx, numpy.full(size - len(idx), idx[0])])
-        x_b, y_b = x[idx], numpy.asarray(y[idx])
-        model.bind(x_b.shape)
-        x_loc = backend.asarray(datastore.local_block(x_b, model.input_distribution, model.in_grid.rank))
-        logits = backend.to_host(model.forward(x_loc))           # (n_loc, K)
-        hits = (logits.reshape(len(logits), -1).argmax(axis=1) == model.label_block(y_b)) & model.label_block(real)
-        correct += int(hits.sum())
-    model.train()
+    correct = sum(int(((out.reshape(len(out), -1).argmax(axis=1) == labels) & real).sum())
+                  for out, labels, real in _eval_batches(model, x, y, batch_size))
     total = collectives.allreduce(model.out_grid.axis_comm("sample"), numpy.array([correct], numpy.int64))
-    return int(total[0]) / n
+    return int(total[0]) / len(y)
 
 
 def evaluate_mse(model, x, y, batch_size):
-    """The mean squared error on ``(x, y)`` (targets ``(n, K)``) with the running statistics,
-    batched and padded as :func:`evaluate` does; the same value on any grid."""
+    """The mean squared error on ``(x, y)`` (targets ``(n, K)``) with the running statistics."""
+    squares = sum(float((((out - targets) * real[:, None]).astype(numpy.float64) ** 2).sum())
+                  for out, targets, real in _eval_batches(model, x, y, batch_size))
+    total = collectives.allreduce(model.out_grid.axis_comm("sample"), numpy.array([squares]))
+    return float(total[0]) / y.size
+
+
+def _eval_batches(model, x, y, batch_size):
+    """Yield ``(outputs, labels, real)`` of this rank's samples, batch by batch, in eval mode.
+
+    Every batch has ``batch_size`` samples (at least :func:`smallest_batch`): the last one
+    is padded with copies of its first sample, so it splits over the sample axis and the
+    model keeps its binding.  In eval mode a sample's output depends on that sample alone,
+    so the padding changes nothing; ``real`` is False on it, so it is not counted."""
     model.eval()
     backend = model.body.layers[0].backend
     n, size = len(y), max(batch_size, smallest_batch(model))
-    squares = 0.0
     for start in range(0, n, size):
         idx = numpy.arange(start, min(start + size, n))
         real = numpy.arange(size) < len(idx)                       # (size,): False on the padding
@@ -221,12 +214,9 @@ def evaluate_mse(model, x, y, batch_size):
         x_b, y_b = x[idx], numpy.asarray(y[idx])
         model.bind(x_b.shape)
         x_loc = backend.asarray(datastore.local_block(x_b, model.input_distribution, model.in_grid.rank))
-        pred = backend.to_host(model.forward(x_loc))              # (n_loc, K)
-        diff = (pred - model.label_block(y_b)) * model.label_block(real)[:, None]
-        squares += float((diff.astype(numpy.float64) ** 2).sum())
+        out = backend.to_host(model.forward(x_loc))                # (n_loc, K): logits or predictions
+        yield out, model.label_block(y_b), model.label_block(real)
     model.train()
-    total = collectives.allreduce(model.out_grid.axis_comm("sample"), numpy.array([squares]))
-    return float(total[0]) / y.size
 
 
 # -- the run ---------------------------------------------------------------------------------------------

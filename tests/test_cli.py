@@ -22,6 +22,7 @@ import pytest
 
 from refconv import cli, datasets, demo, failure, progress, train_config
 from refconv.model_spec import PRESETS, default_lr
+from refconv.testing.commands import run_command
 from refconv.testing.mpirun import find_mpiexec
 from refconv.train import TrainConfig, train
 from refconv.train_config import OPTIONS, OptionError
@@ -36,16 +37,6 @@ def _npz(tmp_path, n=40, labels=None, name="small.npz"):
     return str(path)
 
 
-def _main(capsys, *argv):
-    """``refconv ARGV`` in this process: (status, stdout, stderr)."""
-    try:
-        status = cli.main(list(argv))
-    except SystemExit as exc:
-        status = exc.code
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
 # -- the registry ---------------------------------------------------------------------------------
 def test_every_registered_command_has_the_protocol_and_is_listed(capsys):
     names = [name for name, _ in cli.COMMANDS]
@@ -54,7 +45,7 @@ def test_every_registered_command_has_the_protocol_and_is_listed(capsys):
         module = importlib.import_module(module_name)
         assert isinstance(module.HELP, str) and module.HELP and isinstance(module.DESCRIPTION, str), module_name
         assert callable(module.add_arguments) and callable(module.run), module_name
-    status, out, _ = _main(capsys, "--help")
+    status, out, _ = run_command(capsys, "--help")
     assert status == 0 and all(name in out for name in names)
 
 
@@ -63,7 +54,7 @@ def test_demo_is_a_subcommand_that_launches_four_ranks(capsys):
     assert cmd[1:3] == ["-n", "4"] and cmd[cmd.index("train") + 1:] == [
         "--grid", "sample=2,channel=2", "--algorithm", "stationary-x", "--epochs", "1", "--check-serial", "5",
         "--no-progress"]
-    status, out, _ = _main(capsys, "demo", "--help")
+    status, out, _ = run_command(capsys, "demo", "--help")
     assert status == 0 and "4 ranks" in out and "(default: sample=2,channel=2)" in out
 
 
@@ -113,7 +104,7 @@ def _one_error_line(err):
     (["--batch-size", "5000"], "--batch-size: 5000 is larger than the training set (1438 samples)"),
 ])
 def test_bad_option_is_one_line_and_status_2(capsys, argv, message):
-    status, _, err = _main(capsys, "train", "--backend", "numpy", *argv)
+    status, _, err = run_command(capsys, "train", "--backend", "numpy", *argv)
     line = _one_error_line(err)
     assert status == 2 and line.startswith(f"refconv train: error: {message}"), line
 
@@ -124,7 +115,7 @@ def test_bad_option_is_one_line_and_status_2(capsys, argv, message):
     (["--epochs", "two"], "argument --epochs: invalid int value: 'two'"),
 ])
 def test_usage_error_is_one_line_and_status_2(capsys, argv, message):
-    status, _, err = _main(capsys, "train", *argv)
+    status, _, err = run_command(capsys, "train", *argv)
     line = _one_error_line(err)
     assert status == 2 and message in line and "--grid: --grid" not in line
 
@@ -137,34 +128,34 @@ def test_usage_error_is_one_line_and_status_2(capsys, argv, message):
 def test_bad_yaml_model_is_one_line(capsys, tmp_path, text, message):
     path = tmp_path / "model.yaml"
     path.write_text(text)
-    status, _, err = _main(capsys, "train", "--backend", "numpy", "--model", str(path))
+    status, _, err = run_command(capsys, "train", "--backend", "numpy", "--model", str(path))
     assert status == 2 and message in _one_error_line(err) and "--model:" in err
 
 
 def test_huge_label_and_small_head_are_refused(capsys, tmp_path):
     labels = numpy.arange(40) % 3
     labels[5] = 2 ** 40
-    status, _, err = _main(capsys, "train", "--backend", "numpy", "--data", _npz(tmp_path, labels=labels))
+    status, _, err = run_command(capsys, "train", "--backend", "numpy", "--data", _npz(tmp_path, labels=labels))
     assert status == 2 and "has a label 1099511627776" in _one_error_line(err)
     model = tmp_path / "head.yaml"
     model.write_text("in_channels: 1\nlayers:\n  - {type: conv, out: 4, kernel: 3, padding: 1}\n"
                      "  - {type: gap}\n  - {type: linear, out: 10}\n")
     twelve = _npz(tmp_path, labels=numpy.arange(40) % 12, name="twelve.npz")
-    status, _, err = _main(capsys, "train", "--backend", "numpy", "--data", twelve, "--model", str(model))
+    status, _, err = run_command(capsys, "train", "--backend", "numpy", "--data", twelve, "--model", str(model))
     assert status == 2 and "classifier head has 10 outputs" in _one_error_line(err)
 
 
 def test_data_too_small_for_a_test_set_is_refused(capsys, tmp_path):
-    status, _, err = _main(capsys, "train", "--backend", "numpy", "--data", _npz(tmp_path, n=4))
+    status, _, err = run_command(capsys, "train", "--backend", "numpy", "--data", _npz(tmp_path, n=4))
     assert status == 2 and "too few samples to hold any out for testing" in _one_error_line(err)
 
 
 def test_resume_of_a_finished_run_is_refused(capsys, tmp_path):
     args = ["train", "--backend", "numpy", "--data", _npz(tmp_path), "--batch-size", "16", "--epochs", "1",
             "--no-progress", "--checkpoint-dir", str(tmp_path / "ckpt")]
-    status, out, _ = _main(capsys, *args)
+    status, out, _ = run_command(capsys, *args)
     assert status == 0 and "trained 2 steps" in out
-    status, _, err = _main(capsys, *args, "--resume")
+    status, _, err = run_command(capsys, *args, "--resume")
     assert status == 2 and "--resume: the checkpoint in" in _one_error_line(err) and "raise --epochs" in err
 
 
@@ -285,7 +276,7 @@ def test_the_shared_options_are_defined_once():
 
 @pytest.mark.parametrize("command", [["train"], ["demo"], ["plan"], ["calibrate"], ["bench", "step"], ["sweep"]])
 def test_every_model_help_lists_every_preset(capsys, command):
-    status, out, _ = _main(capsys, *command, "--help")
+    status, out, _ = run_command(capsys, *command, "--help")
     text = " ".join(out.split())
     assert status == 0 and f"a preset ({', '.join(PRESETS)}) or a JSON/YAML model file" in text, text
 
@@ -305,7 +296,7 @@ BACKEND_CHOICE = "argument --backend: invalid choice: 'gpu' (choose from auto, n
 ])
 def test_a_shared_option_reads_alike_in_every_command(capsys, argv, message):
     """A bad value of a shared option: one line, in the same words (argparse prefixes the flag)."""
-    status, _, err = _main(capsys, *argv)
+    status, _, err = run_command(capsys, *argv)
     assert status == 2 and message in _one_error_line(err), err
 
 
@@ -314,7 +305,7 @@ def test_forgetting_mpiexec_is_the_same_line_in_train_and_bench(capsys):
                 "or choose sizes whose product is 1 (axes left out have size 1)")
     lines = []
     for argv in (["train", "--grid", "sample=2,channel=2"], ["bench", "layer", "--grid", "sample=2,channel=2"]):
-        status, _, err = _main(capsys, *argv)
+        status, _, err = run_command(capsys, *argv)
         assert status == 2
         lines.append(_one_error_line(err))
     assert lines == [f"refconv train: {expected}", f"refconv bench: {expected}"]
@@ -374,8 +365,8 @@ def test_unbounded_inputs_are_refused_with_one_line(capsys, tmp_path):
     """A YAML alias bomb (it never finished building) and a data file that is a FIFO (every rank
     blocked reading it) are refused at once: one line, exit 2 (issue 25)."""
     (tmp_path / "bomb.yaml").write_text(_alias_bomb())
-    status, _, err = _main(capsys, "train", "--backend", "numpy", "--model", str(tmp_path / "bomb.yaml"))
+    status, _, err = run_command(capsys, "train", "--backend", "numpy", "--model", str(tmp_path / "bomb.yaml"))
     assert status == 2 and "layers: more than 100,000 layers" in _one_error_line(err)
     os.mkfifo(tmp_path / "fifo.npz")
-    status, _, err = _main(capsys, "train", "--backend", "numpy", "--data", str(tmp_path / "fifo.npz"))
+    status, _, err = run_command(capsys, "train", "--backend", "numpy", "--data", str(tmp_path / "fifo.npz"))
     assert status == 2 and "is not a regular file (a FIFO" in _one_error_line(err)

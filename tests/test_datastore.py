@@ -19,6 +19,7 @@ import pytest
 from refconv import cli, datasets, datastore
 from refconv.datastore import prefetch
 from refconv.distribution import Distribution, Split
+from refconv.testing.commands import only_line, run_command
 from refconv.testing.mpirun import find_mpiexec
 from refconv.train import TrainConfig, train
 
@@ -212,27 +213,6 @@ BAD_NPY = {
 }
 
 
-def _main(capsys, *argv):
-    try:
-        status = cli.main(list(argv))
-    except SystemExit as exc:
-        status = exc.code
-    return status, capsys.readouterr().err
-
-
-def _one_error_line(err):
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
-@pytest.mark.parametrize("problem", sorted(BAD_NPY))
-def test_a_bad_npy_store_is_refused_before_training(capsys, tmp_path, problem):
-    status, err = _main(capsys, "train", "--backend", "numpy", "--no-progress", "--data", _bad_npy(tmp_path, problem))
-    line = _one_error_line(err)
-    assert status == 2 and line.startswith("refconv train: error: data ") and BAD_NPY[problem] in line, line
-
-
 def _bad_h5(tmp_path, problem):
     path = write_h5(tmp_path / "d.h5")
     if problem == "truncated":
@@ -268,11 +248,13 @@ BAD_H5 = {
 }
 
 
-@pytest.mark.parametrize("problem", sorted(BAD_H5))
-def test_a_bad_hdf5_store_is_refused_before_training(capsys, tmp_path, problem):
-    status, err = _main(capsys, "train", "--backend", "numpy", "--no-progress", "--data", _bad_h5(tmp_path, problem))
-    line = _one_error_line(err)
-    assert status == 2 and line.startswith("refconv train: error: data ") and BAD_H5[problem] in line, line
+@pytest.mark.parametrize("kind, problem", [("npy", p) for p in sorted(BAD_NPY)] + [("hdf5", p) for p in sorted(BAD_H5)])
+def test_a_bad_store_is_refused_before_training(capsys, tmp_path, kind, problem):
+    path, message = (_bad_npy(tmp_path, problem), BAD_NPY[problem]) if kind == "npy" else \
+        (_bad_h5(tmp_path, problem), BAD_H5[problem])
+    status, _, err = run_command(capsys, "train", "--backend", "numpy", "--no-progress", "--data", path)
+    line = only_line(err)
+    assert status == 2 and line.startswith("refconv train: error: data ") and message in line, line
 
 
 @pytest.mark.mpi

@@ -12,6 +12,7 @@ from PIL import Image
 from refconv import cli, datasets, datastore
 from refconv.datastore import convert, imagefolder
 from refconv.distribution import Distribution
+from refconv.testing.commands import only_line, run_command
 from refconv.train import TrainConfig, train
 
 CLASSES = ("bright", "dark", "stripes")
@@ -106,14 +107,8 @@ def test_convert_an_image_folder_decodes_once_as_training_would(tmp_path, capsys
 
 
 def _main(capsys, *argv):
-    try:
-        status = cli.main(list(argv))
-    except SystemExit as exc:
-        status = exc.code
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return status, lines[0]
+    status, _, err = run_command(capsys, *argv)
+    return status, only_line(err)
 
 
 def test_bad_image_folders_and_conversions_are_one_line(tmp_path, capsys):

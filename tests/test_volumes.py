@@ -6,26 +6,19 @@ import numpy
 import pytest
 from mpi4py import MPI
 
-from refconv import cli, datasets, layers, spec_tree
+from refconv import datasets, layers, spec_tree
 from refconv import reference as ref
 from refconv.backend import get_backend
 from refconv.layers import BatchNorm3d, DistConv3d, GlobalAvgPool3d, MaxPool3d, MeanSquaredError
 from refconv.model import Model
 from refconv.model_spec import cosmoflow
 from refconv.pricing import graph
+from refconv.testing.commands import run_command
 from refconv.train import TrainConfig, train
 
 TINY = {"dims": 3, "loss": "mse", "in_channels": 2,
         "layers": [{"type": "conv", "out": 4, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
                    {"type": "maxpool", "kernel": 2}, {"type": "gap"}, {"type": "linear", "out": 3}]}
-
-
-def _main(capsys, *argv):
-    try:
-        status = cli.main(list(argv))
-    except SystemExit as exc:
-        status = exc.code
-    return status, capsys.readouterr().err
 
 
 def test_dims_3_builds_the_volume_layers_and_loss_mse_the_regression_head():
@@ -97,7 +90,7 @@ def test_cosmoflow_learns_on_one_rank():
      "volumes only; add --synthetic"),
 ])
 def test_commands_answer_a_model_of_volumes_in_one_line(capsys, argv, expected):
-    status, err = _main(capsys, *argv)
+    status, _, err = run_command(capsys, *argv)
     lines = [line for line in err.splitlines() if line.strip()]
     assert status == 2 and len(lines) == 1 and lines[0].startswith(expected), err
 
@@ -130,6 +123,6 @@ def test_train_refuses_a_regression_of_images_in_one_line(capsys, tmp_path):
     path = tmp_path / "mse.json"
     path.write_text('{"loss": "mse", "in_channels": 1, "layers": [{"type": "conv", "out": 4, "kernel": 3}, '
                     '{"type": "gap"}, {"type": "linear", "out": 10}]}')
-    status, err = _main(capsys, "train", "--model", str(path), "--backend", "numpy")
+    status, _, err = run_command(capsys, "train", "--model", str(path), "--backend", "numpy")
     assert status == 2 and err.strip().endswith("the images here have class labels: use loss 'cross-entropy'"), err
     assert len(err.strip().splitlines()) == 1, err

@@ -128,18 +128,20 @@ def run_progress(args, comm):
     _report(comm, spans, waits, "blocking", lines)
 
 
+def _setting(setter, value, step):
+    """A contender: ``setter(value)`` (the model's overlap or bucket size), then one training step."""
+    def run():
+        setter(value)
+        step()
+    return run
+
+
 def run_step(args, comm):
     batch = args.batch or MODELS[args.model][2]
     step, model, _, _ = refconv_step_of(args.model, batch, comm)
     waits = {}
-
-    def with_overlap(on):
-        def run():
-            model.set_overlap(on)
-            step()
-        return run
-
-    contenders = {name: _waited(with_overlap(on), waits, name) for name, on in (("blocking", False), ("overlap", True))}
+    contenders = {name: _waited(_setting(model.set_overlap, on, step), waits, name)
+                  for name, on in (("blocking", False), ("overlap", True))}
     times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
     spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
     lines = [f"step: {args.model}, batch {batch}, sample={comm.Get_size()}; MPICH_ASYNC_PROGRESS="
@@ -154,15 +156,8 @@ def run_buckets(args, comm):
     step, model, _, _ = refconv_step_of(args.model, batch, comm)
     model.set_overlap(True)
     waits = {}
-
-    def with_buckets(nbytes):
-        def run():
-            model.set_buckets(nbytes)
-            step()
-        return run
-
     names = {f"{kib} KiB": kib * 1024 for kib in args.bucket_kib}
-    contenders = {name: _waited(with_buckets(nbytes), waits, name) for name, nbytes in names.items()}
+    contenders = {name: _waited(_setting(model.set_buckets, nbytes, step), waits, name) for name, nbytes in names.items()}
     times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
     spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
     counts = {}

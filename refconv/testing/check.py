@@ -29,7 +29,7 @@ from refconv import collectives, reference as ref
 from refconv.algorithms.base import Call
 from refconv.arrays import to_host
 from refconv.sharding import allgather
-from refconv.testing.asserts import assert_all_ranks, close_message, default_tolerance
+from refconv.testing.asserts import assert_all_ranks, close_message, collective_assert_close, default_tolerance
 
 # float32 results are compared with the reference run in float32 too: both round.
 FLOAT32 = dict(factor=1e-4 / 4 / float(numpy.finfo(numpy.float32).eps), floor=1e-4)
@@ -147,3 +147,38 @@ def check_records(comm, run, expected, what="", *, ordered=True):
                      f"measured {measured[diff:diff + 4]} ({len(measured)} calls)\n"
                      f"records  {expected[diff:diff + 4]} ({len(expected)} calls)")
     return measured
+
+
+def check_batch_norm(comm, layer, x, dy, gamma, beta):
+    """``layer`` (a BatchNorm2d or BatchNorm3d bound to ``x``'s shape, float64) against refconv.reference's
+    batch norm on the whole ``x``: y, dx, dgamma, dbeta and the running statistics after one training
+    step, then the eval-mode output, and the calls of the step against ``layer.records()``.  Collective."""
+    grid, dist, C = layer.grid, layer.input_distribution, x.shape[1]
+    (c0, c1), = dist.pieces(grid.rank, 1)
+    layer.weight[...], layer.bias[...] = gamma[c0:c1], beta[c0:c1]
+    x_loc, dy_loc = dist.extract(x, grid.rank), layer.output_distribution.extract(dy, grid.rank)
+    y_loc = layer.forward(x_loc)
+    dx_loc = layer.backward(dy_loc)
+    rm, rv = numpy.zeros(C), numpy.ones(C)
+    suffix = "" if x.ndim == 4 else f"{x.ndim - 2}d"
+    y, saved = getattr(ref, f"batch_norm{suffix}_forward")(x, gamma, beta, running_mean=rm, running_var=rv)
+    dx, dgamma, dbeta = getattr(ref, f"batch_norm{suffix}_backward")(dy, x, gamma, saved)
+    M = x.size // C
+    channels = layer.parameter_distributions()["weight"]  # (C, 1, 1, 1) over the channel axis
+
+    def vector(v):  # a rank's per-channel shard (C_i,) -> the global (C,)
+        return allgather(numpy.ascontiguousarray(v.reshape(-1, 1, 1, 1)), channels, grid).reshape(-1)
+
+    gathered = lambda local, d: allgather(numpy.ascontiguousarray(local), d, grid)  # noqa: E731
+    for name, ours, expected in [("y", gathered(y_loc, layer.output_distribution), y), ("dx", gathered(dx_loc, dist), dx),
+                                 ("dgamma", vector(layer.weight_grad), dgamma), ("dbeta", vector(layer.bias_grad), dbeta),
+                                 ("running_mean", vector(layer.running_mean), rm),
+                                 ("running_var", vector(layer.running_var), rv)]:
+        collective_assert_close(comm, ours, expected, reduction_length=M, name=name)
+    layer.training = False  # eval mode normalises with the running statistics
+    shape = (1, C) + (1,) * (x.ndim - 2)
+    expected = (x - rm.reshape(shape)) / numpy.sqrt(rv.reshape(shape) + 1e-5) * gamma.reshape(shape) + beta.reshape(shape)
+    collective_assert_close(comm, gathered(layer.forward(x_loc), layer.output_distribution), expected, name="y (eval)")
+    layer.training = True
+    check_records(comm, lambda: (layer.forward(x_loc), layer.backward(dy_loc)), layer.records(), repr(layer))
+

@@ -17,6 +17,7 @@ from refconv.layers import GlobalAvgPool, Linear, Redistribute, SoftmaxCrossEntr
 from refconv.layers import AvgPool2d, BatchNorm2d, MaxPool2d
 from refconv.sharding import allgather
 from refconv.testing.asserts import collective_assert_close
+from refconv.testing.check import check_batch_norm
 from refconv.testing.mpirun import mpi_test
 from refconv.testing.strategies import grid_shapes
 
@@ -30,12 +31,6 @@ def _grid(shape):
 
 def _gathered(local, dist, grid):
     return allgather(numpy.ascontiguousarray(local), dist, grid)
-
-
-def _channel_vector(v, layer):
-    """A per-channel shard (C_i,) -> the global (C,) vector."""
-    dist = layer.parameter_distributions()["weight"]
-    return _gathered(v.reshape(-1, 1, 1, 1), dist, layer.grid).reshape(-1)
 
 
 @st.composite
@@ -61,33 +56,10 @@ def _grid_and_activations(data):
 def test_batchnorm_matches_reference(data):
     shape, x_shape, grid = _grid_and_activations(data)
     rng = numpy.random.default_rng(list(x_shape))
-    x = rng.standard_normal(x_shape) * 3 + 1
-    dy = rng.standard_normal(x_shape)
-    C = x_shape[1]
-    gamma, beta = rng.standard_normal(C), rng.standard_normal(C)
-    layer = BatchNorm2d(C, grid=grid, backend="numpy", dtype=numpy.float64).bind(x_shape)
-    dist = layer.input_distribution
-    (c0, c1), = dist.pieces(grid.rank, 1)
-    layer.weight[...], layer.bias[...] = gamma[c0:c1], beta[c0:c1]
-    y_loc = layer.forward(dist.extract(x, grid.rank))
-    dx_loc = layer.backward(layer.output_distribution.extract(dy, grid.rank))
-
-    rm, rv = numpy.zeros(C), numpy.ones(C)
-    y, saved = ref.batch_norm_forward(x, gamma, beta, running_mean=rm, running_var=rv)
-    dx, dgamma, dbeta = ref.batch_norm_backward(dy, x, gamma, saved)
-    M = x_shape[0] * x_shape[2] * x_shape[3]
-    collective_assert_close(comm, _gathered(y_loc, layer.output_distribution, grid), y, reduction_length=M, name="y")
-    collective_assert_close(comm, _gathered(dx_loc, dist, grid), dx, reduction_length=M, name="dx")
-    collective_assert_close(comm, _channel_vector(layer.weight_grad, layer), dgamma, reduction_length=M, name="dgamma")
-    collective_assert_close(comm, _channel_vector(layer.bias_grad, layer), dbeta, reduction_length=M, name="dbeta")
-    collective_assert_close(comm, _channel_vector(layer.running_mean, layer), rm, reduction_length=M, name="running_mean")
-    collective_assert_close(comm, _channel_vector(layer.running_var, layer), rv, reduction_length=M, name="running_var")
-    # eval mode normalises with the running statistics
-    layer.training = False
-    y_eval = _gathered(layer.forward(dist.extract(x, grid.rank)), layer.output_distribution, grid)
-    expected = (x - rm.reshape(1, -1, 1, 1)) / numpy.sqrt(rv.reshape(1, -1, 1, 1) + 1e-5) * gamma.reshape(1, -1, 1, 1) \
-        + beta.reshape(1, -1, 1, 1)
-    collective_assert_close(comm, y_eval, expected, name="y (eval)")
+    x, dy = rng.standard_normal(x_shape) * 3 + 1, rng.standard_normal(x_shape)
+    gamma, beta = rng.standard_normal(x_shape[1]), rng.standard_normal(x_shape[1])
+    layer = BatchNorm2d(x_shape[1], grid=grid, backend="numpy", dtype=numpy.float64).bind(x_shape)
+    check_batch_norm(comm, layer, x, dy, gamma, beta)
     grid.free()
 
 
