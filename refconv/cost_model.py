@@ -24,6 +24,7 @@ import argparse
 
 from refconv import algorithms
 from refconv.algorithms.base import ALPHA, BETA, Call, ConvGeometry
+from refconv.grid import AXES
 from refconv.pricing import choose_for_layer
 from refconv.pricing.machine import DEFAULT_MACHINE
 from refconv.train_config import add_option
@@ -36,15 +37,17 @@ candidates = algorithms.candidates
 
 
 def main(argv=None):
-    """``python -m refconv.cost_model --shape N C H W --F 64 --K 3 --grid 1 4 1 1``: the table of ``auto``."""
+    """``python -m refconv.cost_model --shape N C H W --F 64 --K 3 --grid channel=4``: the table of ``auto``."""
     parser = argparse.ArgumentParser(prog="python -m refconv.cost_model", description=main.__doc__)
     parser.add_argument("--shape", type=int, nargs=4, default=(32, 64, 56, 56), metavar=("N", "C", "H", "W"))
     parser.add_argument("--F", type=int, default=64)
     parser.add_argument("--K", type=int, default=3)
-    parser.add_argument("--grid", type=int, nargs=4, default=(1, 4, 1, 1), metavar=("P_N", "P_c", "P_H", "P_W"))
+    add_option(parser, "grid", default={"channel": 4}, unset=None, purpose="the layer's grid (default channel=4)")
     add_option(parser, "machine", default=DEFAULT_MACHINE, purpose="what the table prices with")
     args = parser.parse_args(argv)
-    shape, grid_shape = tuple(args.shape), tuple(args.grid)
+    if set(args.grid) - set(AXES):
+        parser.error(f"argument --grid: this table prices a 2-D layer, on the axes {', '.join(AXES)}")
+    shape, grid_shape = tuple(args.shape), tuple(args.grid.get(axis, 1) for axis in AXES)
     geom = ConvGeometry.of(shape, (args.F, shape[1], args.K, args.K), padding=args.K // 2)
     best, best_p_f, table = choose_for_layer(shape, args.F, (args.K, args.K), grid_shape=grid_shape,
                                              padding=geom.padding, machine=args.machine)

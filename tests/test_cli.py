@@ -263,15 +263,14 @@ SHARED = ("grid", "algorithm", "backend", "threads", "model", "machine")
 def test_the_shared_options_are_defined_once():
     """--grid, --algorithm, --backend, --threads, --model and --machine come from
     train_config.OPTIONS (train_config.add_option) in every parser; the exceptions are other options
-    that share a name: cost_model's --grid takes four ints, torch_step's --model (and bench.overlap's,
-    which times the same models) names torch_step's model table."""
+    that share a name: torch_step's --model (and bench.overlap's, which times the same models) names
+    torch_step's model table."""
     pattern = re.compile(r"add_argument\(\s*[\"']--(" + "|".join(SHARED) + r")[\"']")
     found = {}
     for path in sorted((ROOT / "refconv").rglob("*.py")):
         for name in pattern.findall(path.read_text()):
             found.setdefault(str(path.relative_to(ROOT)), []).append(name)
-    assert found == {"refconv/cost_model.py": ["grid"], "refconv/bench/torch_step.py": ["model"],
-                     "refconv/bench/overlap.py": ["model"]}
+    assert found == {"refconv/bench/torch_step.py": ["model"], "refconv/bench/overlap.py": ["model"]}
 
 
 @pytest.mark.parametrize("command", [["train"], ["demo"], ["plan"], ["calibrate"], ["bench", "step"], ["sweep"]])
