@@ -47,7 +47,7 @@ API = {
     "plan": ("Planning", ["refconv.plan", "refconv.pricing.search", "refconv.pricing.machine", "refconv.pricing.perf"]),
     "testing": ("refconv.testing", ["refconv.testing.strategies", "refconv.testing.check",
                                     "refconv.testing.asserts", "refconv.testing.mutants",
-                                    "refconv.testing.mpirun"]),
+                                    "refconv.testing.mpirun", "refconv.testing.commands"]),
 }
 
 REEXPORTS = {"refconv", "refconv.reference"}  # packages whose API is the names they import
