@@ -267,7 +267,7 @@ def test_ddp_bench_without_torch_is_one_line_and_status_2():
                                      "an optional contender: install torch (CPU) first"], r.stderr
 
 
-@pytest.mark.extended  # 10 s: two ranks of torch; the contenders' single-rank path runs in test_bench_timing
+@pytest.mark.mpi  # the DDP figures the docs quote come from this command: it runs in CI (about 10 s)
 def test_ddp_bench_times_refconv_overlapped_and_blocking_beside_ddp():
     pytest.importorskip("torch")  # an optional contender: reported as skipped where it is missing
     r = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "refconv.bench.torch_step",
