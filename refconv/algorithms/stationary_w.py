@@ -26,9 +26,10 @@ So the code is Stationary-X with one collective before it and one after: the
 class extends :class:`.StationaryX`, whose channel group is here the ``p_c'``
 ranks ``(a, .)``.  ``forward`` allgathers ``x`` over ``(., b)`` and hands
 ``x[:, C_b]`` to X's forward (halo exchange, local conv, reduce-scatter of the
-partial ``y``).  ``backward`` runs X's backward (allgather of ``dy``, local
-backward, halo return, segmented allreduce of ``dw`` and ``db``) and then
-reduce-scatters the partial ``dx`` over ``(., b)``.
+partial ``y``).  ``backward`` is X's (allgather of ``dy``, local backward, halo
+return, segmented allreduce of ``dw`` and ``db``) with the reduce-scatter of the
+partial ``dx`` over ``(., b)`` after the halo return, as Stationary-Y's: so
+backward-filter, which needs neither, runs behind it.
 
 A grouped layer whose groups span ranks (``groups`` dividing ``P_c``: docs/grouped.md)
 runs W within each group: ``P_c = groups x p_f x p_c'``, coordinate
@@ -38,7 +39,7 @@ For an ungrouped layer ``groups = 1`` and ``g = 0``.
 """
 
 from refconv import checks, collectives
-from refconv.algorithms.base import Call, gradient_records, halo_records, local_blocks
+from refconv.algorithms.base import Call, gradient_records, halo_records, local_blocks, segmented_allreduce
 from refconv.algorithms.stationary_x import StationaryX
 from refconv.distribution import Split, block_sizes
 
@@ -96,7 +97,7 @@ class StationaryW(StationaryX):
     def records(geom, grid_shape, coords, filter_groups):
         """This rank's calls, in order: the allgather of x over (., b), the halo exchange, the
         reduce-scatter of y over (a, .); the allgather of dy over (a, .), the halo return, the
-        segmented allreduce (the end of X's backward), then the reduce-scatter of dx over (., b)."""
+        reduce-scatter of dx over (., b), then the segmented allreduce."""
         b, P_c = local_blocks(geom, grid_shape, coords), grid_shape[1]
         c_counts, f_counts = _groups(geom, P_c, filter_groups, coords[1])
         C_b, F_a = sum(c_counts), sum(f_counts)
@@ -104,9 +105,8 @@ class StationaryW(StationaryX):
         x_b = b.n * C_b * b.cells * geom.itemsize  # the gathered x, and the partial dx
         y_a = b.n * F_a * b.out_cells * geom.itemsize  # the partial y, and the gathered dy
         return ([Call("allgather", len(c_counts), x_b)] + exchange + [Call("reduce_scatter", len(f_counts), y_a)]
-                + [Call("allgather", len(f_counts), y_a)] + back
-                + gradient_records(geom, grid_shape, coords, (F_a, C_b) + geom.kernel)
-                + [Call("reduce_scatter", len(c_counts), x_b)])
+                + [Call("allgather", len(f_counts), y_a)] + back + [Call("reduce_scatter", len(c_counts), x_b)]
+                + gradient_records(geom, grid_shape, coords, (F_a, C_b) + geom.kernel))
 
     def forward(self, x_loc, w_loc, b_loc):
         # x_loc: (n, C_i, h, w); w_loc: (F_a, C_b, Kh, Kw); b_loc: (F_i,) or None
@@ -117,9 +117,14 @@ class StationaryW(StationaryX):
 
     def backward(self, dy_loc, w_loc):
         # dy_loc: (n, F_i, h', w')
-        # Stationary-X over (a, .): allgather of dy -> (n, F_a, h', w'), local backward, halo return
-        # -> dx_part (n, C_b, h, w) partial over F_a; dw_loc (F_a, C_b, Kh, Kw) and db_loc allreduced
-        # over the weight peers
-        dx_part, dw_loc, db_loc = super().backward(dy_loc, w_loc)
-        dx_loc = collectives.reduce_scatter(self.gather_comm, dx_part, self.c_counts, axis=1)  # (n, C_i, h, w)
+        dy_a = collectives.allgather(self.channel_comm, dy_loc, self.f_counts, axis=1)  # over (a, .): (n, F_a, h', w')
+        # dx_win: (n, C_b, h_win, w_win), partial over F_a; dw_loc: (F_a, C_b, Kh, Kw) partial over n, h', w'
+        # halo return of dx_win -> dx_part (n, C_b, h, w), then its reduce-scatter over (., b) -> dx_loc
+        # (n, C_i, h, w), with backward-filter behind the reduce-scatter
+        def reduce_scatter(dx_part, overlap):
+            return collectives.ireduce_scatter(self.gather_comm, dx_part, self.c_counts, axis=1, overlap=overlap)
+        dx_loc, dw_loc = self.backward_behind_halo(dy_a, w_loc, then=reduce_scatter)
+        # over the weight peers: summed, or with self.overlap, started (DistConv2d waits for them)
+        dw_loc, db_loc = segmented_allreduce(self.peers, dw_loc, self.bias_grad(dy_loc), self.overlap,
+                                             self.bucketed)
         return dx_loc, dw_loc, db_loc

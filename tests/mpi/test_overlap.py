@@ -200,7 +200,7 @@ def _halo_run(problem, shape, algorithm, p_f, overlap):
 HALO_CASES = [
     (ConvProblem(N=2, C=4, F=6, H=13, W=12, Kh=3, Kw=3, padding=(1, 1)),
      [((1, 1, 2, 2), "stationary-x", None), ((1, 2, 2, 1), "stationary-x", None),
-      ((1, 2, 1, 2), "stationary-y", None), ((2, 1, 2, 1), "stationary-x", None)]),
+      ((1, 2, 1, 2), "stationary-y", None), ((2, 1, 2, 1), "stationary-x", None), ((1, 2, 2, 1), "stationary-w", 2)]),
     (ConvProblem(N=1, C=4, F=4, H=16, W=14, Kh=3, Kw=5, stride=(2, 1), padding=(2, 2), dilation=(2, 1),
                  padding_mode="reflect"),
      [((1, 1, 2, 2), "stationary-x", None), ((1, 2, 2, 1), "stationary-y", None)]),
@@ -213,8 +213,8 @@ HALO_CASES = [
 def test_halo_overlap_computes_the_interior_behind_the_exchange_and_gives_the_blocking_results():
     """Forward, backward-data and backward-filter match the reference, and are the blocking run's
     bits.  The forward exchange records the overlap exactly where the halo has an interior to
-    compute, the return where backward-data is split, and Stationary-Y's reduce-scatter of dx
-    runs behind backward-filter."""
+    compute, the return where backward-data is split, and Stationary-Y's and -W's reduce-scatter
+    of dx runs behind backward-filter."""
     problems = []
     for problem, runs in HALO_CASES:
         for shape, algorithm, p_f in runs:
@@ -229,13 +229,15 @@ def test_halo_overlap_computes_the_interior_behind_the_exchange_and_gives_the_bl
                 problems.append(str(exc))
             if not all(numpy.array_equal(a0[n], a1[n]) for n in ("y", "dx", "dw", "db")):
                 problems.append(f"{what}: backward differs from the blocking run")
-            if algorithm == "stationary-y":  # backward-filter behind the reduce-scatter of dx, not the return
-                wanted = [BEHIND_EXCHANGE if halo.interior else "", BEHIND_RETURN_OWN if halo.interior else "",
-                          BEHIND_NEXT]
-            else:
+            behind_next = algorithm in ("stationary-y", "stationary-w")  # backward-filter behind the reduce-scatter of dx
+            wanted = []
+            if halo.size > 1 and behind_next:  # then only the own cells of backward-data behind the return
+                wanted = [BEHIND_EXCHANGE if halo.interior else "", BEHIND_RETURN_OWN if halo.interior else ""]
+            elif halo.size > 1:
                 wanted = [BEHIND_EXCHANGE if halo.interior else "",
                           BEHIND_RETURN if halo.interior else BEHIND_RETURN_WHOLE]
-            if halo.size > 1 and [c.overlap for c in calls1] != wanted:
+            wanted += [BEHIND_NEXT] if behind_next else []
+            if [c.overlap for c in calls1] != wanted:
                 problems.append(f"{what}: recorded {[c.overlap for c in calls1]}, expected {wanted}")
             if any(c.overlap for c in calls0):
                 problems.append(f"{what}: the blocking run recorded an overlap")
