@@ -103,7 +103,7 @@ def load_dataset(cfg, dtype):
                                    f"volumes or --data with float targets bring; the images here have class labels: "
                                    f"use loss 'cross-entropy'")
     if datasets.is_targets(y) and not regression:
-        raise OptionError("data", f"{cfg.data!r} holds float targets y {tuple(y.shape)}, which only a regression "
+        raise OptionError("data", f"{cfg.data!r} holds float targets y (N, {y.shape[1]}), which only a regression "
                                   f"takes; give the model loss 'mse', or give class labels y (N,) ints")
     return data
 
