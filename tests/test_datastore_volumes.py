@@ -9,10 +9,13 @@ import os
 import h5py
 import numpy
 import pytest
+from mpi4py import MPI
 
 from refconv import datasets, datastore
 from refconv.datastore.convert import convert
+from refconv.model_spec import conv_layer
 from refconv.testing.commands import only_line, run_command
+from refconv.train import TrainConfig, train
 
 
 def _volumes(n=10, shape=(3, 5, 4, 6), seed=0):
@@ -128,3 +131,13 @@ def test_targets_of_the_wrong_length_for_a_model_file_are_refused(capsys, tmp_pa
                                  "--batch-size", "2", "--backend", "numpy", "--no-progress")
     line = only_line(err)
     assert status == 2 and "its head has 3 outputs but the data have 4 targets per sample" in line, line
+
+
+def test_a_classifier_of_volumes_trains_on_class_labels(tmp_path):
+    """Class labels (N,) go with a model of volumes whose loss is cross-entropy (the default)."""
+    spec = {"dims": 3, "in_channels": 4, "layers": [conv_layer(2, 3, padding=1), {"type": "gap"},
+                                                    {"type": "linear", "out": 3}]}
+    path = _store(tmp_path / "c", x, numpy.arange(10) % 3)
+    result = train(TrainConfig(model=spec, data=path, batch_size=2, epochs=1, backend="numpy", progress=False),
+                   comm=MPI.COMM_SELF, log=lambda *a: None)
+    assert len(result["losses"]) == 3 and 0 <= result["accuracy"] <= 1 and "mse" not in result, result  # 7 of 10 train
