@@ -5,7 +5,8 @@
 
 Each rank reads its block of ``--repeat`` global batches (after ``--warmup``) through
 :func:`refconv.datastore.local_block`, as ``refconv train`` does, with the block laid out as a
-model's input is (N over sample, C over channel, H over height, W over width), and reports:
+model's input is (N over sample, C over channel, D over depth in a store of volumes, H over height,
+W over width), and reports:
 
 - **bytes read per step**, counted by the store (``bytes_read``), against the block's own size
   ``prod(local shape) * itemsize``; with the global batch fixed it falls as
