@@ -15,7 +15,7 @@ from refconv import datasets, datastore
 from refconv.datastore.convert import convert
 from refconv.model_spec import conv_layer
 from refconv.testing.commands import only_line, run_command
-from refconv.train import TrainConfig, train
+from refconv.train import TrainConfig, load_dataset, train
 
 
 def _volumes(n=10, shape=(3, 5, 4, 6), seed=0):
@@ -64,12 +64,15 @@ def test_convert_writes_volumes_and_targets_chunked_with_progress(tmp_path):
     numpy.testing.assert_array_equal(numpy.asarray(images[[3, 1]]), x[[3, 1]].astype(numpy.float64))
 
 
-def test_data_synth_writes_what_train_synthetic_makes(capsys, tmp_path):
+@pytest.mark.parametrize("model, written", [("cosmoflow", "x (6, 4, 4, 4, 4) float32, y (6, 4) float32"),
+                                            ("digits-cnn", "x (6, 1, 4, 4) float32, y (6,) int64")])
+def test_data_synth_writes_what_train_synthetic_makes(capsys, tmp_path, model, written):
     out = tmp_path / "s"
-    status, stdout, err = run_command(capsys, "data", "synth", str(out), "--model", "cosmoflow",
+    status, stdout, err = run_command(capsys, "data", "synth", str(out), "--model", model,
                                       "--synthetic-samples", "6", "--image-size", "4", "--seed", "3")
-    assert status == 0 and stdout == f"wrote {out}: x (6, 4, 4, 4, 4) float32, y (6, 4) float32\n", (stdout, err)
-    x, y = datasets.synthetic_volumes(6, 4, 4, seed=3)
+    assert status == 0 and stdout == f"wrote {out}: {written}\n" and "6/6 samples (100%)" in err, (stdout, err)
+    cfg = TrainConfig(model=model, synthetic=True, synthetic_samples=6, image_size=4, seed=3)
+    x, y = load_dataset(cfg, numpy.dtype(numpy.float32))[:2]              # what train --synthetic trains on
     numpy.testing.assert_array_equal(numpy.load(out / "x-00000.npy"), numpy.asarray(x))
     numpy.testing.assert_array_equal(numpy.load(out / "y.npy"), y)
 
