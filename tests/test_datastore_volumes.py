@@ -144,3 +144,14 @@ def test_a_classifier_of_volumes_trains_on_class_labels(tmp_path):
     result = train(TrainConfig(model=spec, data=path, batch_size=2, epochs=1, backend="numpy", progress=False),
                    comm=MPI.COMM_SELF, log=lambda *a: None)
     assert len(result["losses"]) == 3 and 0 <= result["accuracy"] <= 1 and "mse" not in result, result  # 7 of 10 train
+
+
+def test_a_regression_of_images_trains_on_float_targets(tmp_path):
+    """Targets and dims are independent: float targets (N, K) also go with a model of images whose
+    loss is mse; its test metric is the mean squared error."""
+    spec = {"loss": "mse", "in_channels": 4, "layers": [conv_layer(2, 3, padding=1), {"type": "gap"},
+                                                        {"type": "linear", "out": 4}]}
+    path = _store(tmp_path / "r", x[:, :, 0], y)
+    result = train(TrainConfig(model=spec, data=path, batch_size=4, epochs=1, backend="numpy", progress=False),
+                   comm=MPI.COMM_SELF, log=lambda *a: None)
+    assert len(result["losses"]) == 2 and result["mse"] > 0 and "accuracy" not in result, result  # 8 of 10 train

@@ -3,11 +3,12 @@
 ``refconv train --data PATH`` takes::
 
     an .npz          x and y, loaded whole on every rank (refconv.datasets.load_npz)
-
-x holds images (N, C, H, W) or volumes (N, C, D, H, W), y class labels (N,) or float targets (N, K).
     a directory      y.npy and x.npy (or shards x-00000.npy, ...), read by offset  (formats.py)
     FILE.h5/.hdf5    datasets x and y, read by hyperslab through h5py               (formats.py)
     an image folder  one subfolder per class; a rank decodes only its samples       (imagefolder.py)
+
+x holds images (N, C, H, W) or volumes (N, C, D, H, W), y class labels (N,) or float targets (N, K)
+(an image folder: images and labels).
 
 A store's images are a lazy array (:class:`StoreImages`, images.py): the global sample order
 is still :func:`refconv.datasets.batches`' (seed and epoch), but a batch is only a list of

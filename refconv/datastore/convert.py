@@ -39,8 +39,6 @@ def convert(source, output, *, image_size=32, chunk=64, shard_samples=4096, grou
     for name, v in (("image_size", image_size), ("chunk", chunk), ("shard_samples", shard_samples),
                     ("group", group)):
         checks.positive_int(v, name)
-    if os.path.exists(output):
-        raise ValueError(f"output: {output!r} exists; remove it or choose another name (nothing is overwritten)")
     _check_output(output)
     if kind_of(source) == "npz":
         x, y = datasets.load_npz(source, dtype=None)
