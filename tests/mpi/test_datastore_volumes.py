@@ -5,7 +5,7 @@ The same synthetic volumes (N, 4, 6, 6, 6) and their float targets (N, 4) are sa
 (loaded whole on every rank, each rank extracting its block of the global batch), as a
 directory of .npy shards and as an HDF5 file chunked smaller than a sample (each rank reading
 only its samples, channels, planes, rows and columns).  ``train`` on a store gives exactly the
-losses and test error of the .npz at 1 to 4 ranks, on sample, depth, height and channel splits
+losses and test error of the .npz at 1 to 4 ranks, on sample, depth, height, width and channel splits
 (Stationary-W too, whose ranks read several pieces of the channels); the grids of a world size
 take the two formats in turn (one rank: both), the .npy shards read ahead, the HDF5 file not.  Bad stores of volumes are refused with
 the same error on every rank before training, and ``refconv bench data`` reads exactly each
@@ -39,7 +39,7 @@ STORES = (("npy", 1), ("v.h5", 0))  # (store, blocks read ahead): the grids of a
 GRIDS = {
     1: [{}],
     2: [{"grid": {"sample": 2}}, {"grid": {"depth": 2}}, {"grid": {"channel": 2}, "algorithm": "stationary-x"}],
-    3: [{"grid": {"height": 3}}, {"grid": {"channel": 3}, "algorithm": "stationary-y"}],
+    3: [{"grid": {"height": 3}}, {"grid": {"channel": 3}, "algorithm": "stationary-y"}, {"grid": {"width": 3}}],
     4: [{"grid": {"sample": 2, "depth": 2}}, {"grid": {"depth": 2, "height": 2}},
         {"grid": {"channel": 4}, "algorithm": "stationary-w", "filter_groups": 2}],
 }
