@@ -5,8 +5,9 @@ Sources (all return NCHW float images ``x`` and int64 labels ``y``)::
     load_digits()    the 1797 8x8 handwritten digits shipped in refconv/data/digits.npz
                      (copied once from scikit-learn by scripts/make_digits_npz.py;
                      nothing is downloaded), normalised and upsampled to 16x16
-    load_npz(path)   a user's file with arrays x (N x C x H x W floats) and y (N ints),
-                     validated with a ValueError that names the problem
+    load_npz(path)   a user's file with arrays x (N x C x H x W floats, or N x C x D x H x W
+                     volumes) and y (N ints, or (N, K) float targets), validated with a
+                     ValueError that names the problem
     synthetic(...)   large learnable images for scaling runs: a class pattern plus
                      noise, each sample drawn from its own seed, made on demand
     synthetic_volumes(...)  volumes (N, C, D, H, W) and float targets (N, 4): the
@@ -33,8 +34,9 @@ import numpy
 
 from refconv import checks
 
-__all__ = ["load_digits", "load_npz", "split", "held_out_mask", "check_images", "check_labels", "synthetic",
-           "SyntheticImages", "synthetic_volumes", "SyntheticVolumes", "batches", "num_batches"]
+__all__ = ["load_digits", "load_npz", "split", "held_out_mask", "check_images", "check_labels", "is_targets",
+           "cast_labels", "synthetic", "SyntheticImages", "synthetic_volumes", "SyntheticVolumes", "synthetic_for",
+           "batches", "num_batches"]
 
 
 # -- the bundled digits ---------------------------------------------------------------------
@@ -75,7 +77,8 @@ def split(x, y, test_fraction=0.2, *, seed=0, stratify=True):
     """``(x_train, y_train, x_test, y_test)``: a deterministic split by ``seed``.
 
     With ``stratify`` each class gives ``round(test_fraction * count)`` samples to
-    the test set, so both sets keep the class proportions.  Samples keep their
+    the test set, so both sets keep the class proportions (regression targets ``(N, K)``
+    have no classes: their samples are one group).  Samples keep their
     original order within each set.  ``x`` may be anything indexed by a boolean
     mask (an array, or a store's lazy images: :mod:`refconv.datastore`).
     """
@@ -92,7 +95,7 @@ def held_out_mask(y, test_fraction=0.2, *, seed=0, stratify=True):
         raise ValueError(f"test_fraction: expected a number in [0, 1), got {test_fraction!r}")
     y = numpy.asarray(y)
     rng = numpy.random.default_rng(seed)
-    groups = [numpy.flatnonzero(y == k) for k in numpy.unique(y)] if stratify \
+    groups = [numpy.flatnonzero(y == k) for k in numpy.unique(y)] if stratify and not is_targets(y) \
         else [numpy.arange(len(y))]
     test = [numpy.zeros(0, numpy.int64)]
     for members in groups:
@@ -105,12 +108,13 @@ def held_out_mask(y, test_fraction=0.2, *, seed=0, stratify=True):
 
 # -- a user's file -----------------------------------------------------------------------------
 def load_npz(path, *, dtype=numpy.float32, num_classes=None):
-    """``(x, y)`` from an .npz with ``x`` (N x C x H x W, floats) and ``y`` (N ints >= 0).
+    """``(x, y)`` from an .npz with ``x`` (N x C x H x W images or N x C x D x H x W volumes,
+    floats) and ``y`` (N ints >= 0, or (N, K) float regression targets).
 
     Every problem is a ValueError naming the file and what would be right: a
     missing or unreadable file, a missing array, a wrong shape or dtype, NaN or
-    inf in x, a label < 0 or >= ``num_classes`` (when given), no samples.
-    x is returned as ``dtype``, y as int64.
+    inf in x (or in the targets), a label < 0 or >= ``num_classes`` (when given), no samples.
+    x is returned as ``dtype``, y as int64 (targets as ``dtype``: :func:`cast_labels`).
     """
     where = f"data file {os.fspath(path)!r}"
     if not os.path.exists(path):
@@ -171,16 +175,18 @@ def _check_xy(x, y, where, dtype, num_classes):
         first = tuple(int(i) for i in numpy.argwhere(~finite)[0])
         raise ValueError(f"{where}: x has {int((~finite).sum())} NaN or inf values "
                          f"(first at index {first})")
-    return numpy.ascontiguousarray(x, dtype=dtype), y.astype(numpy.int64)
+    return numpy.ascontiguousarray(x, dtype=dtype), cast_labels(y, dtype)
 
 
 def check_images(shape, dtype, where):
-    """x's shape and dtype: 4-D N x C x H x W, no empty dim, floats (a ValueError naming ``where``).
-    The one check of images, in memory (:func:`load_npz`) or on disk (:mod:`refconv.datastore`)."""
+    """x's shape and dtype: 4-D N x C x H x W images or 5-D N x C x D x H x W volumes, no empty dim,
+    floats (a ValueError naming ``where``).  The one check of samples, in memory (:func:`load_npz`)
+    or on disk (:mod:`refconv.datastore`)."""
     shape = tuple(shape)
-    if len(shape) != 4:
+    if len(shape) not in (4, 5):
         hint = " (one channel? use x[:, None])" if len(shape) == 3 else ""
-        raise ValueError(f"{where}: x must be 4-D N x C x H x W, got shape {shape}{hint}")
+        raise ValueError(f"{where}: x must be 4-D N x C x H x W, got shape {shape}{hint}; volumes are 5-D "
+                         f"N x C x D x H x W")
     if shape[0] == 0:
         raise ValueError(f"{where}: x has zero samples; need at least one")
     if 0 in shape:
@@ -191,11 +197,23 @@ def check_images(shape, dtype, where):
 
 
 def check_labels(y, n, where, num_classes=None):
-    """y: 1-D integer class labels >= 0 (< ``num_classes`` when given), one for each of ``n`` samples."""
+    """y: 1-D integer class labels >= 0 (< ``num_classes`` when given), one for each of ``n``
+    samples; or regression targets, 2-D ``(n, K)`` finite floats (:func:`is_targets`)."""
+    if y.ndim == 2 and y.dtype.kind == "f":
+        if len(y) != n:
+            raise ValueError(f"{where}: x has {n} samples but y has targets for {len(y)}")
+        if y.shape[1] == 0:
+            raise ValueError(f"{where}: y has no targets per sample (shape {y.shape}); give (N, K) with K >= 1")
+        if not numpy.isfinite(y).all():
+            raise ValueError(f"{where}: y has NaN or inf targets (first at sample "
+                             f"{int(numpy.flatnonzero(~numpy.isfinite(y).all(axis=1))[0])})")
+        return
     if y.ndim != 1:
-        raise ValueError(f"{where}: y must be 1-D (one label per sample), got shape {y.shape}")
+        raise ValueError(f"{where}: y must be 1-D (one label per sample), got shape {y.shape} of {y.dtype}; "
+                         f"regression targets are 2-D floats (N, K)")
     if y.dtype.kind not in "iu":
-        raise ValueError(f"{where}: y must hold integer class labels, got dtype {y.dtype}")
+        raise ValueError(f"{where}: y must hold integer class labels, got dtype {y.dtype} of shape {y.shape}; "
+                         f"regression targets are 2-D floats (N, K)")
     if len(y) != n:
         raise ValueError(f"{where}: x has {n} samples but y has {len(y)} labels")
     if (y < 0).any():
@@ -204,6 +222,19 @@ def check_labels(y, n, where, num_classes=None):
     if num_classes is not None and (y >= num_classes).any():
         raise ValueError(f"{where}: y has label {int(y.max())} but num_classes = {num_classes}; "
                          f"labels must be 0..{num_classes - 1}")
+
+
+def is_targets(y):
+    """True for regression targets ``(N, K)`` floats, False for class labels ``(N,)`` ints."""
+    return numpy.ndim(y) == 2
+
+
+def cast_labels(y, dtype):
+    """Checked labels as training takes them: class labels as int64, targets as ``dtype`` (the
+    samples' dtype; kept as they are when None), so an .npz and a store of it give the same."""
+    if not is_targets(y):
+        return y.astype(numpy.int64)
+    return y if dtype is None else y.astype(dtype)
 
 
 # -- synthetic images for scaling runs ---------------------------------------------------------
@@ -329,6 +360,17 @@ class SyntheticVolumes(SyntheticImages):
 
     def __repr__(self):
         return f"SyntheticVolumes(shape={self.shape}, dtype={self.dtype}, seed={self.seed})"
+
+
+def synthetic_for(spec, n, size, *, seed=0, dtype=numpy.float32):
+    """``(x, y, num_classes)``: what ``refconv train --synthetic`` gives the model ``spec`` (a dict):
+    ``n`` volumes of ``size`` cubed and their targets for a model of volumes (``"dims": 3``;
+    ``num_classes`` is the number of targets), else ``n`` images of ``size`` squared in 10
+    classes; of the spec's ``in_channels`` (3 by default)."""
+    channels = spec.get("in_channels", 3)
+    if spec.get("dims") == 3:
+        return (*synthetic_volumes(n, channels, size, seed=seed, dtype=dtype), VOLUME_TARGETS)
+    return (*synthetic(n, channels, size, size, 10, seed=seed, dtype=dtype), 10)
 
 
 # -- batches ----------------------------------------------------------------------------------

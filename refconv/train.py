@@ -74,45 +74,56 @@ def load_model_spec(model, **preset_kwargs):
 
 
 def load_dataset(cfg, dtype):
-    """``(x_train, y_train, x_test, y_test, num_classes)`` (``--synthetic`` images take the model's channels)."""
+    """``(x_train, y_train, x_test, y_test, num_classes)``: ``--synthetic`` samples (of the model's
+    channels, images or volumes as its ``dims``), ``--data``, or the digits; for a regression
+    ``num_classes`` is the number of targets per sample.  The data must be of the model's dims,
+    and bring targets to a regression (loss ``"mse"``) and class labels to a classifier."""
     spec = load_model_spec(cfg.model)
-    if spec.get("dims") == 3:
-        return load_volumes(cfg, spec, dtype)
-    if spec.get("loss") == "mse":
-        raise OptionError("model", f"{spec.get('name', cfg.model)!r} regresses (loss 'mse') float targets, which "
-                                   f"only --synthetic volumes bring (a model with dims 3); the images here have "
-                                   f"class labels: use loss 'cross-entropy'")
+    name, dims = spec.get("name", cfg.model), spec.get("dims", 2)
     if cfg.synthetic:
-        channels, s = spec.get("in_channels", 3), cfg.image_size
-        x, y = datasets.synthetic(cfg.synthetic_samples, channels, s, s, 10, seed=cfg.seed, dtype=dtype)
-        xt, yt = datasets.synthetic(max(cfg.synthetic_samples // 4, 1), channels, s, s, 10, seed=cfg.seed + 1,
-                                    dtype=dtype)
-        return x, y, xt, yt, 10
-    if cfg.data:
-        x, y = datastore.load(cfg.data, dtype=dtype, image_size=cfg.image_size)  # an .npz, or a store read by block
+        x, y, k = datasets.synthetic_for(spec, cfg.synthetic_samples, cfg.image_size, seed=cfg.seed, dtype=dtype)
+        xt, yt, _ = datasets.synthetic_for(spec, max(cfg.synthetic_samples // 4, 1), cfg.image_size,
+                                           seed=cfg.seed + 1, dtype=dtype)
+        data = x, y, xt, yt, k
+    elif cfg.data:
+        data = load_data(cfg, dtype)
+    elif dims == 3:
+        raise OptionError("model", f"{name!r} is a model of volumes (dims 3), which trains on --synthetic volumes "
+                                   f"or on --data with volumes (N, C, D, H, W); add one of them")
+    else:
+        data = (*datasets.load_digits(dtype=dtype), 10)
+    x, y = data[0], data[1]
+    if x.ndim - 2 != dims:
+        raise OptionError("data", f"{cfg.data!r} holds {'volumes' if x.ndim == 5 else 'images'} {tuple(x.shape[1:])} "
+                                  f"per sample but {name!r} is a model of dims {dims}; give it "
+                                  f"{'volumes (N, C, D, H, W)' if dims == 3 else 'images (N, C, H, W)'}")
+    regression = spec.get("loss") == "mse"
+    if regression and not datasets.is_targets(y):
+        raise OptionError("model", f"{name!r} regresses (loss 'mse') float targets (N, K), which --synthetic "
+                                   f"volumes or --data with float targets bring; the images here have class labels: "
+                                   f"use loss 'cross-entropy'")
+    if datasets.is_targets(y) and not regression:
+        raise OptionError("data", f"{cfg.data!r} holds float targets y (N, {y.shape[1]}), which only a regression "
+                                  f"takes; give the model loss 'mse', or give class labels y (N,) ints")
+    return data
+
+
+def load_data(cfg, dtype):
+    """``load_dataset`` of ``--data``: an .npz in memory or a store read by block, 20% held out
+    for testing (of each class; of all samples for targets)."""
+    x, y = datastore.load(cfg.data, dtype=dtype, image_size=cfg.image_size)
+    if datasets.is_targets(y):
+        num_classes = y.shape[1]                                         # targets per sample
+    else:
         num_classes = int(y.max()) + 1
         if num_classes > MAX_CLASSES:
             raise OptionError("data", f"{cfg.data!r} has a label {num_classes - 1}: labels must be class "
                                       f"numbers 0..num_classes-1, with at most {MAX_CLASSES:,} classes")
-        x_train, y_train, x_test, y_test = datasets.split(x, y, 0.2, seed=cfg.seed)
-        if len(y_test) == 0:
-            raise OptionError("data", f"{cfg.data!r} has too few samples to hold any out for testing (20% of "
-                                      f"each class, rounded); give at least 3 samples of some class")
-        return x_train, y_train, x_test, y_test, num_classes
-    return (*datasets.load_digits(dtype=dtype), 10)
-
-
-def load_volumes(cfg, spec, dtype):
-    """``load_dataset`` for a model of volumes (``"dims": 3``): ``--synthetic`` volumes of
-    ``--image-size`` cubed, whose targets are the 4 parameters they were drawn with."""
-    if not cfg.synthetic:
-        raise OptionError("model", f"{spec.get('name', cfg.model)!r} is a model of volumes (dims 3), which trains "
-                                   f"on --synthetic volumes only; add --synthetic")
-    channels, s = spec.get("in_channels", 3), cfg.image_size
-    x, y = datasets.synthetic_volumes(cfg.synthetic_samples, channels, s, seed=cfg.seed, dtype=dtype)
-    xt, yt = datasets.synthetic_volumes(max(cfg.synthetic_samples // 4, 1), channels, s, seed=cfg.seed + 1,
-                                        dtype=dtype)
-    return x, y, xt, yt, datasets.VOLUME_TARGETS
+    x_train, y_train, x_test, y_test = datasets.split(x, y, 0.2, seed=cfg.seed)
+    if len(y_test) == 0:
+        raise OptionError("data", f"{cfg.data!r} has too few samples to hold any out for testing (20% of "
+                                  f"each class, rounded); give at least 3 samples of some class")
+    return x_train, y_train, x_test, y_test, num_classes
 
 
 def is_regression(model):

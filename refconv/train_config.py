@@ -176,7 +176,8 @@ OPTIONS = (
            f"a preset ({', '.join(PRESETS)}) or a JSON/YAML model file", parse=str,
            metavar="PRESET|FILE"),
     Option("data", None, _PATH, DATA,
-           "an .npz with x (N,C,H,W) and y (N,), loaded whole; or a store each rank reads only its block of: "
+           "an .npz with x (N,C,H,W) images or (N,C,D,H,W) volumes and y (N,) labels or (N,K) float targets, "
+           "loaded whole; or a store each rank reads only its block of: "
            "a directory with x.npy (or shards x-00000.npy, ...) and y.npy, an HDF5 file (.h5) with x and y, or "
            "a folder of images with one subfolder per class (docs/data.md); 20%% is held out for testing; unset: the bundled digits",
            parse=str, metavar="NPZ|DIR|H5|FOLDER"),

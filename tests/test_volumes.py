@@ -87,7 +87,7 @@ def test_cosmoflow_learns_on_one_rank():
      "images (dims 2) only"),
     (["train", "--model", "cosmoflow", "--backend", "numpy"],
      "refconv train: error: --model: 'cosmoflow' is a model of volumes (dims 3), which trains on --synthetic "
-     "volumes only; add --synthetic"),
+     "volumes or on --data with volumes (N, C, D, H, W); add one of them"),
 ])
 def test_commands_answer_a_model_of_volumes_in_one_line(capsys, argv, expected):
     status, _, err = run_command(capsys, *argv)

@@ -5,7 +5,8 @@
 
 Each rank reads its block of ``--repeat`` global batches (after ``--warmup``) through
 :func:`refconv.datastore.local_block`, as ``refconv train`` does, with the block laid out as a
-model's input is (N over sample, C over channel, H over height, W over width), and reports:
+model's input is (N over sample, C over channel, D over depth in a store of volumes, H over height,
+W over width), and reports:
 
 - **bytes read per step**, counted by the store (``bytes_read``), against the block's own size
   ``prod(local shape) * itemsize``; with the global batch fixed it falls as
@@ -39,7 +40,7 @@ from refconv import collectives, datasets, datastore
 from refconv.bench import data_train
 from refconv.bench.common import BenchError, full_grid, grid_text, option, record, reject
 from refconv.distribution import Distribution
-from refconv.grid import AXES
+from refconv.grid import axes_of
 
 
 def run(args, comm, env):
@@ -160,7 +161,10 @@ def _measure(comm, env, path, grid, batch, repeat, warmup, args):
     if batch > len(x):
         raise ValueError(f"--batch: {batch} is larger than the store's {len(x)} samples")
     shape = (batch,) + x.shape[1:]
-    d = Distribution(tuple(grid[a] for a in AXES), shape, AXES)          # a model's input: N, C, H, W split
+    axes = axes_of(len(shape))                                           # a volume's: N, C, D, H, W split
+    if grid["depth"] > 1 and len(shape) == 4:
+        raise BenchError(f"--grid: depth={grid['depth']} splits volumes, but {path!r} holds images {shape[1:]}")
+    d = Distribution(tuple(grid[a] for a in axes), shape, axes)          # a model's input: N, C, (D,) H, W split
     block = int(numpy.prod(d.local_shape(rank))) * x.store.dtype.itemsize
     batches = datasets.batches(x, y, batch, seed=0, epoch=0, drop_last=True)
     steps, times, read, held = 0, [], [], [0]

@@ -1,16 +1,20 @@
-"""``refconv data convert SOURCE OUTPUT``: an .npz or a folder of images into HDF5 or .npy shards.
+"""``refconv data convert SOURCE OUTPUT``: an .npz or a folder of images into HDF5 or .npy shards;
+``refconv data synth OUTPUT``: the samples ``refconv train --synthetic`` makes, into a store.
 
     refconv data convert my_data.npz my_data.h5                  # HDF5: x chunked, y
     refconv data convert photos/ photos.h5 --image-size 64       # class-per-subfolder images, decoded once
     refconv data convert my_data.npz my_data --shard-samples 4096   # a directory: x-00000.npy, ..., y.npy
+    refconv data synth volumes.h5 --model cosmoflow --synthetic-samples 64 --image-size 16
 
-The output is what ``refconv train --data OUTPUT`` reads block by block (docs/data.md).  HDF5
-x is written in chunks of one sample, all channels and at most ``--chunk`` x ``--chunk`` pixels,
-so that a rank of a spatial split reads only the chunks its rows and columns overlap.  Images
-are stored as float32, decoded and normalised as training would (refconv.datastore.imagefolder);
-an .npz keeps its dtype.  The source is read ``--group`` samples at a time (an .npz is loaded
-whole: a zip member cannot be read in part), with a progress line on stderr at each tenth.
-It runs as one process; an existing OUTPUT is refused, never overwritten.
+The output is what ``refconv train --data OUTPUT`` reads block by block (docs/data.md).  x may
+hold images (N, C, H, W) or volumes (N, C, D, H, W), y class labels (N,) or float targets
+(N, K).  HDF5 x is written in chunks of one sample, all channels and at most ``--chunk`` pixels
+along each spatial dim, so that a rank of a spatial split reads only the chunks its block
+overlaps.  Images are stored as float32, decoded and normalised as training would
+(refconv.datastore.imagefolder); an .npz keeps its dtype.  The source is read ``--group``
+samples at a time (an .npz is loaded whole: a zip member cannot be read in part), with a
+progress line on stderr at each tenth.  It runs as one process; an existing OUTPUT is
+refused, never overwritten.
 """
 
 import os
@@ -18,13 +22,14 @@ import os
 import numpy
 from mpi4py import MPI
 
-from refconv import checks, datasets, failure
+from refconv import checks, datasets, failure, train_config
 from refconv.datastore import HDF5_SUFFIXES, kind_of, open_store
 from refconv.datastore.formats import import_h5py
+from refconv.model_spec import load_spec
 
-__all__ = ["convert"]
+__all__ = ["convert", "synthesize"]
 
-HELP = "data stores: convert an .npz or a folder of images to HDF5 or .npy shards"
+HELP = "data stores: convert an .npz or a folder of images to HDF5 or .npy shards, or write synthetic samples"
 DESCRIPTION = __doc__.split("\n\n")[0]
 
 
@@ -34,9 +39,7 @@ def convert(source, output, *, image_size=32, chunk=64, shard_samples=4096, grou
     for name, v in (("image_size", image_size), ("chunk", chunk), ("shard_samples", shard_samples),
                     ("group", group)):
         checks.positive_int(v, name)
-    if os.path.exists(output):
-        raise ValueError(f"output: {output!r} exists; remove it or choose another name (nothing is overwritten)")
-    checks.output_file(output, "output")
+    _check_output(output)
     if kind_of(source) == "npz":
         x, y = datasets.load_npz(source, dtype=None)
         shape, dtype = x.shape, x.dtype
@@ -49,12 +52,39 @@ def convert(source, output, *, image_size=32, chunk=64, shard_samples=4096, grou
 
         def samples(a, b):
             out = numpy.empty((b - a,) + shape[1:], dtype)
-            store.read(numpy.arange(a, b), (0, shape[1]), (0, shape[2]), (0, shape[3]), out)
+            store.read(numpy.arange(a, b), tuple((0, n) for n in shape[1:]), out)
             return out
-    write = _hdf5 if output.lower().endswith(HDF5_SUFFIXES) else _shards
-    write(output, shape, dtype, y, samples, chunk=chunk, shard_samples=shard_samples, group=group,
-          report=report or (lambda line: failure.write_line(line)))
+    _write(output, shape, dtype, y, samples, chunk=chunk, shard_samples=shard_samples, group=group, report=report)
     return shape, dtype
+
+
+def synthesize(output, *, model, samples, size, seed=0, chunk=64, shard_samples=4096, group=256, report=None):
+    """Write to ``output`` the training samples ``refconv train --model model --synthetic
+    --synthetic-samples samples --image-size size --seed seed`` makes (float32), sample for
+    sample (:func:`refconv.datasets.synthetic_for`): volumes and their targets for a model of
+    volumes, else images and class labels.  Returns ``(shape, dtype)`` of the x written."""
+    for name, v in (("samples", samples), ("size", size), ("chunk", chunk), ("shard_samples", shard_samples),
+                    ("group", group)):
+        checks.positive_int(v, name)
+    spec = load_spec(model)
+    _check_output(output)
+    x, y, _ = datasets.synthetic_for(spec, samples, size, seed=seed, dtype=numpy.float32)
+    _write(output, x.shape, x.dtype, y, lambda a, b: x[a:b], chunk=chunk, shard_samples=shard_samples, group=group,
+           report=report)
+    return x.shape, x.dtype
+
+
+def _check_output(output):
+    if os.path.exists(output):
+        raise ValueError(f"output: {output!r} exists; remove it or choose another name (nothing is overwritten)")
+    checks.output_file(output, "output")
+
+
+def _write(output, shape, dtype, y, samples, *, report, **options):
+    """Write x (``samples(a, b)`` gives x[a:b]) and y: HDF5 if ``output`` ends in .h5/.hdf5, else .npy shards."""
+    write = _hdf5 if output.lower().endswith(HDF5_SUFFIXES) else _shards
+    write(output, shape, dtype, datasets.cast_labels(numpy.asarray(y), None), samples,
+          report=report or (lambda line: failure.write_line(line)), **options)
 
 
 def _progress(report, done, total, last):
@@ -67,10 +97,10 @@ def _progress(report, done, total, last):
 
 def _hdf5(output, shape, dtype, y, samples, *, chunk, group, report, **_):
     h5py = import_h5py()
-    n, C, H, W = shape
+    n, C = shape[:2]
     with h5py.File(output, "w") as f:
-        x = f.create_dataset("x", shape=shape, dtype=dtype, chunks=(1, C, min(H, chunk), min(W, chunk)))
-        f.create_dataset("y", data=numpy.asarray(y, numpy.int64))
+        x = f.create_dataset("x", shape=shape, dtype=dtype, chunks=(1, C) + tuple(min(s, chunk) for s in shape[2:]))
+        f.create_dataset("y", data=y)
         last = 0
         for a in range(0, n, group):
             b = min(a + group, n)
@@ -81,7 +111,7 @@ def _hdf5(output, shape, dtype, y, samples, *, chunk, group, report, **_):
 def _shards(output, shape, dtype, y, samples, *, shard_samples, group, report, **_):
     os.makedirs(output)
     n = shape[0]
-    numpy.save(os.path.join(output, "y.npy"), numpy.asarray(y, numpy.int64))
+    numpy.save(os.path.join(output, "y.npy"), y)
     last = 0
     for k, start in enumerate(range(0, n, shard_samples)):
         stop = min(start + shard_samples, n)
@@ -99,20 +129,38 @@ def _shards(output, shape, dtype, y, samples, *, shard_samples, group, report, *
 def add_arguments(parser):
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     p = sub.add_parser("convert", help="an .npz or a folder of images to HDF5 or .npy shards",
-                       description=__doc__.split("\n\n")[0])
+                       description="An .npz (images or volumes), a folder of images or a store to HDF5 or .npy "
+                                   "shards.")
     p.add_argument("source", help="an .npz, a folder of images (one subfolder per class), or a store")
     p.add_argument("output", help="FILE.h5 (HDF5) or a new directory (.npy shards)")
     p.add_argument("--image-size", type=int, default=32, help="height and width images are resized to (default 32)")
-    p.add_argument("--chunk", type=int, default=64, help="HDF5 chunk height and width at most (default 64)")
+    _store_options(p)
+    p = sub.add_parser("synth", help="the samples of refconv train --synthetic into HDF5 or .npy shards",
+                       description="Write the training samples that refconv train --model MODEL --synthetic makes "
+                                   "with the same --synthetic-samples, --image-size and --seed (volumes and their "
+                                   "targets for a model of volumes, else images and labels) to a store.")
+    p.add_argument("output", help="FILE.h5 (HDF5) or a new directory (.npy shards)")
+    for name in ("model", "synthetic_samples", "image_size", "seed"):
+        train_config.add_option(p, name)
+    _store_options(p)
+
+
+def _store_options(p):
+    p.add_argument("--chunk", type=int, default=64, help="HDF5 chunk size along each spatial dim at most (default 64)")
     p.add_argument("--shard-samples", type=int, default=4096, help="samples per .npy shard (default 4096)")
     p.add_argument("--group", type=int, default=256, help="samples read and written at a time (default 256)")
 
 
 def run(args):
     if MPI.COMM_WORLD.Get_size() > 1:
-        raise ValueError("refconv data convert runs as one process; start it without mpiexec")
-    shape, dtype = convert(args.source, args.output, image_size=args.image_size, chunk=args.chunk,
-                           shard_samples=args.shard_samples, group=args.group)
-    print(f"wrote {args.output}: x {tuple(shape)} {numpy.dtype(dtype)}, y ({shape[0]},) int64", flush=True)
+        raise ValueError(f"refconv data {args.data_command} runs as one process; start it without mpiexec")
+    options = {"chunk": args.chunk, "shard_samples": args.shard_samples, "group": args.group}
+    if args.data_command == "synth":
+        shape, dtype = synthesize(args.output, model=args.model, samples=args.synthetic_samples,
+                                  size=args.image_size, seed=args.seed, **options)
+    else:
+        shape, dtype = convert(args.source, args.output, image_size=args.image_size, **options)
+    labels = open_store(args.output).labels                         # what was written, read back
+    print(f"wrote {args.output}: x {tuple(shape)} {numpy.dtype(dtype)}, y {labels.shape} {labels.dtype}", flush=True)
     return 0
 

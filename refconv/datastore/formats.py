@@ -2,15 +2,19 @@
 
 A directory of ``.npy`` files, read with plain reads at each piece's offset::
 
-    DIR/y.npy                      (N,) integer labels, read whole (N ints)
-    DIR/x.npy                      (N, C, H, W) floats: one shard, or
+    DIR/y.npy                      (N,) integer labels or (N, K) float targets, read whole
+    DIR/x.npy                      (N, C, H, W) images or (N, C, D, H, W) volumes, floats: one shard, or
     DIR/x-00000.npy, x-00001.npy   shards of consecutive samples, numbered from 0 without a gap
 
 One HDF5 file (h5py, the ``data`` extra), read by hyperslab::
 
-    FILE.h5 or FILE.hdf5           datasets "x" (N, C, H, W) floats and "y" (N,) ints; x is best
-                                   chunked (refconv data convert writes one sample and at most
-                                   64 x 64 pixels per chunk, so a spatial block touches few chunks)
+    FILE.h5 or FILE.hdf5           datasets "x" and "y" as above; x is best chunked
+                                   (refconv data convert writes one sample and at most 64 pixels
+                                   along each spatial dim per chunk, so a spatial block touches
+                                   few chunks)
+
+A sample has 2 spatial dims (an image) or 3 (a volume); a block of it is a box, one
+``(start, stop)`` per dim after the sample dim: ``(c, h, w)`` or ``(c, d, h, w)``.
 
 Opening costs the headers and the labels.  Everything a file can get wrong that its headers
 show is a ``ValueError`` naming the file and what would be right, raised before training on
@@ -19,6 +23,7 @@ every rank alike (every rank opens the same files): a missing file or shard, a t
 match.  ``read`` reads exactly the elements asked for and counts them in ``bytes_read``.
 """
 
+import itertools
 import os
 import re
 import threading
@@ -43,8 +48,9 @@ def kind_of(path):
 
 
 class Store:
-    """What both stores share: ``shape`` (N, C, H, W), ``dtype`` (x's, on disk), ``labels``
-    (int64, N), and ``bytes_read``, the bytes of x read so far (a counter safe across threads)."""
+    """What both stores share: ``shape`` (N, C, H, W) or (N, C, D, H, W), ``dtype`` (x's, on disk),
+    ``labels`` (int64 (N,), or float targets (N, K) as stored), and ``bytes_read``, the bytes of x
+    read so far (a counter safe across threads)."""
 
     def __init__(self, path, shape, dtype, labels):
         self.path = os.fspath(path)
@@ -52,14 +58,17 @@ class Store:
         datasets.check_images(shape, dtype, self.where)
         datasets.check_labels(labels, shape[0], self.where)
         self.shape, self.dtype = tuple(int(s) for s in shape), numpy.dtype(dtype)
-        self.labels = labels.astype(numpy.int64)
+        self.labels = datasets.cast_labels(labels, None)
         self.bytes_read = 0
         self._lock = threading.Lock()
 
-    def read(self, samples, c, h, w, out):
-        """Write x[samples, c0:c1, h0:h1, w0:w1] into ``out`` (cast to its dtype); ``c``, ``h``,
-        ``w`` are (start, stop) pairs, ``samples`` global sample numbers in any order."""
-        self._read(numpy.asarray(samples, numpy.int64), slice(*c), slice(*h), slice(*w), out)
+    def read(self, samples, box, out):
+        """Write x[samples, c0:c1, (d0:d1,) h0:h1, w0:w1] into ``out`` (cast to its dtype); ``box``
+        holds a (start, stop) pair per dim after the sample dim, ``samples`` are global sample
+        numbers in any order."""
+        if len(box) != len(self.shape) - 1:
+            raise ValueError(f"read: a box of {len(box)} ranges for samples of {self.shape[1:]}")
+        self._read(numpy.asarray(samples, numpy.int64), tuple((int(a), int(b)) for a, b in box), out)
         with self._lock:
             self.bytes_read += out.size * self.dtype.itemsize
 
@@ -113,9 +122,9 @@ class NpyDirectory(Store):
             files = [n for _, n in numbered]
         else:
             raise ValueError(f"{where} has no x.npy (or shards x-00000.npy, ...); write the images "
-                             f"(N, C, H, W) there, or convert with refconv data convert")
+                             f"(N, C, H, W) or volumes (N, C, D, H, W) there, or convert with refconv data convert")
         if "y.npy" not in names:
-            raise ValueError(f"{where} has no y.npy; write the labels (N,) there")
+            raise ValueError(f"{where} has no y.npy; write the labels (N,) or targets (N, K) there")
         self.files = [os.path.join(path, n) for n in files]
         headers = [_npy_header(f, where) for f in self.files]
         for name, (shape, dtype, _) in zip(files, headers):
@@ -130,12 +139,12 @@ class NpyDirectory(Store):
         y_path = os.path.join(path, "y.npy")
         _npy_header(y_path, where)
         labels = numpy.load(y_path, allow_pickle=False)
-        if labels.ndim == 1 and len(labels) > self.starts[-1] and len(files) > 1:
+        if labels.ndim in (1, 2) and len(labels) > self.starts[-1] and len(files) > 1:
             raise ValueError(f"{where}: the shards {files[0]} .. {files[-1]} hold {self.starts[-1]} samples but "
                              f"y.npy has {len(labels)} labels; is a shard after {files[-1]} missing?")
         super().__init__(path, (int(self.starts[-1]),) + headers[0][0][1:], headers[0][1], labels)
 
-    def _read(self, samples, c, h, w, out):
+    def _read(self, samples, box, out):
         shard = numpy.searchsorted(self.starts, samples, side="right") - 1
         for k in numpy.unique(shard):
             mine = numpy.flatnonzero(shard == k)
@@ -144,31 +153,36 @@ class NpyDirectory(Store):
             with open(self.files[k], "rb", buffering=0) as f:
                 for j, i in zip(mine, samples[mine] - self.starts[k]):
                     if out.dtype == dtype and out[j].flags.c_contiguous:
-                        _pread_piece(f, offset, shape, i, c, h, w, out[j])   # straight into the block
+                        _pread_piece(f, offset, shape, i, box, out[j])       # straight into the block
                         continue
                     if piece is None:
-                        piece = numpy.empty((c.stop - c.start, h.stop - h.start, w.stop - w.start), dtype)
-                    _pread_piece(f, offset, shape, i, c, h, w, piece)
+                        piece = numpy.empty([b - a for a, b in box], dtype)
+                    _pread_piece(f, offset, shape, i, box, piece)
                     out[j] = piece                                   # cast to the batch's dtype
 
 
-def _pread_piece(f, offset, shape, i, c, h, w, piece):
-    """``piece[...] = x[i, c, h, w]`` of the C-ordered (N, C, H, W) array at ``offset`` in the open file ``f``,
-    in as few reads as its layout allows: the whole piece, a channel's rows, or a row at a time.
+def _pread_piece(f, offset, shape, i, box, piece):
+    """``piece[...] = x[i][box]`` of the C-ordered (N, C, ...) array at ``offset`` in the open file ``f``,
+    in as few reads as its layout allows.
+
+    The dims at the end that the box holds whole are contiguous in the file, and so is the range
+    of the dim before them: one read covers that, and there is one read per index of the dims
+    before (an image: the whole piece, a channel's rows, or a row at a time; a volume: the whole
+    piece, a channel's planes, a plane's rows, or a row at a time).
 
     Plain reads (``os.preadv``) rather than a memory map: the page cache holds what is read, not
     this process (a mapped page counts in its resident memory until it is unmapped), and the
     thread that prefetches lets go of the GIL while the kernel copies."""
-    _, C, H, W = shape
-    item = piece.itemsize
-    sample = offset + i * C * H * W * item
-    if w.stop - w.start == W and h.stop - h.start == H:             # whole channels: one read
-        runs = [(sample + c.start * H * W * item, piece)]
-    elif w.stop - w.start == W:                                      # whole rows: one read per channel
-        runs = [(sample + ((c.start + k) * H + h.start) * W * item, piece[k]) for k in range(len(piece))]
-    else:                                                            # a read per row
-        runs = [(sample + (((c.start + k) * H + h.start + r) * W + w.start) * item, piece[k, r])
-                for k in range(piece.shape[0]) for r in range(piece.shape[1])]
+    sizes = shape[1:]                                                # (C, (D,) H, W)
+    strides = numpy.cumprod((1,) + sizes[:0:-1])[::-1]               # elements per step of each dim
+    run = len(sizes) - 1                                             # the dim whose range one read covers
+    while run > 0 and box[run] == (0, sizes[run]):
+        run -= 1
+    sample = offset + i * int(numpy.prod(sizes)) * piece.itemsize
+    runs = []
+    for index in itertools.product(*(range(a, b) for a, b in box[:run])):
+        first = sum(int(j * s) for j, s in zip(index + (box[run][0],), strides))
+        runs.append((sample + first * piece.itemsize, piece[tuple(j - a for j, (a, _) in zip(index, box))]))
     for at, into in runs:
         view = memoryview(into).cast("B")
         while len(view):
@@ -196,7 +210,7 @@ class Hdf5File(Store):
         for key in ("x", "y"):
             if not isinstance(self.file.get(key), h5py.Dataset):
                 raise ValueError(f"{where} has no dataset {key} (it holds {sorted(self.file.keys())}); it needs "
-                                 f"x (N, C, H, W) floats and y (N,) ints")
+                                 f"x (N, C, H, W) or (N, C, D, H, W) floats and y (N,) ints or (N, K) floats")
         self.x = self.file["x"]
         try:
             labels = self.file["y"][()]
@@ -204,10 +218,11 @@ class Hdf5File(Store):
             raise ValueError(f"{where}: cannot read y ({exc})") from None
         super().__init__(path, self.x.shape, self.x.dtype, numpy.asarray(labels))
 
-    def _read(self, samples, c, h, w, out):
+    def _read(self, samples, box, out):
+        box = tuple(slice(a, b) for a, b in box)
         try:
             for j, i in enumerate(samples):
-                out[j] = self.x[i, c, h, w]                             # one hyperslab per sample
+                out[j] = self.x[(i,) + box]                             # one hyperslab per sample
         except OSError as exc:
             raise ValueError(f"{self.where}: reading samples failed ({exc}); is the file damaged?") from None
 

@@ -78,7 +78,8 @@ class ImageFolder(Store):
         """Sample ``i``: ``(3, size, size)`` float32, normalised."""
         return normalise(self.pixels(i), 0, 3)
 
-    def read(self, samples, c, h, w, out):
+    def read(self, samples, box, out):
+        c, h, w = box
         for j, i in enumerate(samples):
             out[j] = normalise(self.pixels(i)[slice(*h), slice(*w)], *c)
         encoded = sum(os.path.getsize(self.files[i]) for i in samples)

@@ -1,4 +1,4 @@
-"""A store's images as a lazy array: indexing reads nothing, a rank's block reads only that block.
+"""A store's images (or volumes) as a lazy array: indexing reads nothing, a rank's block reads only that block.
 
 ::
 
@@ -7,12 +7,12 @@
     x_loc = x_b.block(distribution, rank)                    # reads exactly this rank's block
     numpy.asarray(x_b)                                       # reads the whole batch (the one-rank replay)
 
-``block`` reads the rank's pieces of every dim of ``distribution`` (samples, channels, rows,
-columns; :meth:`refconv.distribution.Distribution.pieces`), so it holds exactly what
+``block`` reads the rank's pieces of every dim of ``distribution`` (samples, channels, planes of
+a volume, rows, columns; :meth:`refconv.distribution.Distribution.pieces`), so it holds exactly what
 ``distribution.extract(numpy.asarray(x_b), rank)`` would, bit for bit (the same elements, cast
 the same way) without the global batch ever existing.  The input distribution of a model
-carries no halo: its first convolution exchanges the rows and columns it needs with its
-neighbours (refconv.halo), so the block is all a rank reads.
+carries no halo: its first convolution exchanges the rows and columns (of a volume: the faces,
+edges and corners) it needs with its neighbours (refconv.halo), so the block is all a rank reads.
 """
 
 import itertools
@@ -24,16 +24,15 @@ __all__ = ["StoreImages", "local_block"]
 
 class StoreImages:
     """``store``'s samples ``index`` (global sample numbers) as a lazy ``(len(index), C, H, W)``
-    array of ``dtype``.  ``x[i]`` reads one sample; ``x[idx]`` (an index array, slice or mask)
-    is another StoreImages."""
-
-    ndim = 4
+    (or ``(len(index), C, D, H, W)``) array of ``dtype``.  ``x[i]`` reads one sample; ``x[idx]``
+    (an index array, slice or mask) is another StoreImages."""
 
     def __init__(self, store, index, dtype):
         self.store = store
         self.index = numpy.asarray(index, numpy.int64)               # (n,) global sample numbers
         self.dtype = numpy.dtype(dtype)
         self.shape = (len(self.index),) + store.shape[1:]
+        self.ndim = len(self.shape)
         self._ahead = None                                           # (distribution, rank, block) read ahead
 
     def __len__(self):
@@ -55,15 +54,15 @@ class StoreImages:
         if tuple(distribution.global_shape) != self.shape:
             raise ValueError(f"block: the distribution is of {distribution.global_shape} but this batch is "
                              f"{self.shape}")
-        pieces = [distribution.pieces(rank, d) for d in range(4)]
+        pieces = [distribution.pieces(rank, d) for d in range(self.ndim)]
         samples = self.index[numpy.concatenate([numpy.arange(s, e) for s, e in pieces[0]])]
-        if out is None:
-            out = numpy.empty(distribution.local_shape(rank), self.dtype)  # x_loc: (n_loc, C_loc, H_loc, W_loc)
-        offsets = [numpy.cumsum([0] + [e - s for s, e in p]) for p in pieces[1:]]
-        for (ci, c), (hi, h), (wi, w) in itertools.product(*[enumerate(p) for p in pieces[1:]]):
-            self.store.read(samples, c, h, w, out[:, offsets[0][ci]:offsets[0][ci + 1],
-                                                  offsets[1][hi]:offsets[1][hi + 1],
-                                                  offsets[2][wi]:offsets[2][wi + 1]])
+        if out is None:                                              # x_loc: (n_loc, C_loc, [D_loc,] H_loc, W_loc)
+            out = numpy.empty(distribution.local_shape(rank), self.dtype)
+        offsets = [numpy.cumsum([0] + [e - s for s, e in p]) for p in pieces[1:]]   # where each piece goes in x_loc
+        for chosen in itertools.product(*[enumerate(p) for p in pieces[1:]]):   # one box per piece of each dim
+            box = tuple(r for _, r in chosen)
+            into = tuple(slice(at[k], at[k + 1]) for at, (k, _) in zip(offsets, chosen))
+            self.store.read(samples, box, out[(slice(None),) + into])
         return self._finite(out, samples)
 
     def read_ahead(self, distribution, rank, out=None):
@@ -73,10 +72,9 @@ class StoreImages:
         return self
 
     def read_all(self):
-        """The whole ``(n, C, H, W)`` array."""
+        """The whole ``(n, C, (D,) H, W)`` array."""
         out = numpy.empty(self.shape, self.dtype)
-        C, H, W = self.shape[1:]
-        self.store.read(self.index, (0, C), (0, H), (0, W), out)
+        self.store.read(self.index, tuple((0, n) for n in self.shape[1:]), out)
         return self._finite(out, self.index)
 
     def __array__(self, dtype=None, copy=None):
