@@ -152,6 +152,14 @@ def split4(index, d1, d2, d3):
 
 
 @cuda.jit(device=True)
+def split5(index, d1, d2, d3, d4):
+    """``index`` -> ``(a, b, c, d, e)`` in a ``(*, d1, d2, d3, d4)`` C-ordered array (volumes, NCDHW)."""
+    rest = index // d4
+    a, b, c, d = split4(rest, d1, d2, d3)
+    return a, b, c, d, index - rest * d4
+
+
+@cuda.jit(device=True)
 def input_pixel(out, tap, stride, padding, dilation):
     """The input coordinate that output ``out`` reads through kernel tap ``tap`` (may be outside)."""
     return out * stride - padding + tap * dilation

@@ -23,9 +23,8 @@ from ._launch import (
     kernel_jit,
     multiply_stage, stream, tiled_jit,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split4, xp,
+    ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split4, split5, xp,
 )
-from ._launch3d import split5
 from .conv_backward_filter import choose_splits, sum_splits
 from .conv_forward import check_version
 from refconv import checks

@@ -22,9 +22,8 @@ from ._launch import (
     kernel_jit,
     multiply_stage, stream, tiled_jit,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    contiguous, gemm_grid, grid_1d, input_pixel, split4, xp,
+    contiguous, gemm_grid, grid_1d, input_pixel, split4, split5, xp,
 )
-from ._launch3d import split5
 from .conv_forward import check_version
 from .elementwise import bias_add
 from refconv import checks
