@@ -8,6 +8,7 @@ threads, and a few blocks per launch.  The named examples still leave partial ti
 two blocks along M, several 16-deep stages along K, groups, and uneven split-K slices.
 """
 
+import inspect
 import math
 import re
 
@@ -20,7 +21,7 @@ import refconv
 from refconv import kernels
 from refconv import reference as ref
 from refconv.arrays import to_host
-from refconv.backend import NumpyBackend, get_backend
+from refconv.backend import CudaBackend, NumpyBackend, get_backend
 from refconv.layers import BatchNorm3d
 from refconv.testing.strategies import Conv3dProblem, conv3d_problems
 
@@ -263,3 +264,20 @@ def test_batch_norm3d_on_the_cuda_backend_is_the_reference():
                             ("dbeta", layer.bias_grad, dbeta), ("running_mean", layer.running_mean, running_mean),
                             ("running_var", layer.running_var, running_var)]:
         check(got, want, count, name)
+
+
+# A volume goes through these backend methods in a 3-D CNN (conv3d, batch norm, ReLU, pooling); global
+# average pooling and the MSE head use backend.xp, the device's array module.
+VOLUME_METHODS = ("conv3d_forward", "conv3d_backward_data", "conv3d_backward_filter", "conv3d_backward_bias",
+                  "max_pool3d_forward", "max_pool3d_backward", "avg_pool3d_forward", "avg_pool3d_backward",
+                  "batch_norm_sum", "batch_norm_centered_sum_squares", "batch_norm_apply", "batch_norm_grad_sums",
+                  "batch_norm_backward_apply", "relu_forward", "relu_backward")
+
+
+@pytest.mark.parametrize("name", VOLUME_METHODS)
+def test_the_cuda_backend_keeps_every_volume_method_on_the_device(name):
+    """docs/volumes.md: no layer of a 3-D CNN leaves the device.  Each method is CudaBackend's own (not the
+    NumPy backend's, inherited) and neither copies to the host nor calls the host reference."""
+    assert name in CudaBackend.__dict__, f"CudaBackend.{name} is inherited from NumpyBackend"
+    source = inspect.getsource(CudaBackend.__dict__[name])
+    assert "self.k." in source and "to_host" not in source and "ref." not in source, source
