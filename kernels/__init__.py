@@ -12,12 +12,11 @@ speed); see docs/kernels.md.
     conv_backward_filter.py   conv2d_backward_filter
     elementwise.py            bias_add, bias_grad, relu_forward, relu_backward
     batch_norm.py             batch_norm_sums, batch_norm_apply, batch_norm_grad_sums, batch_norm_backward_apply
-    pooling.py                max_pool2d_forward/backward, avg_pool2d_forward/backward
+    pooling.py                max_pool2d_forward/backward, avg_pool2d_forward/backward, and the 3d ones
     conv3d_forward.py         conv3d_forward
     conv3d_backward_data.py   conv3d_backward_data
     conv3d_backward_filter.py conv3d_backward_filter
     _launch.py                tile constants, launch geometry, shared index device functions
-    _launch3d.py              the 3-D kernels' index helper (split5)
 """
 
 from .batch_norm import batch_norm_apply, batch_norm_backward_apply, batch_norm_grad_sums, batch_norm_sums
@@ -28,17 +27,20 @@ from .conv3d_backward_data import conv3d_backward_data
 from .conv3d_backward_filter import conv3d_backward_filter
 from .conv3d_forward import conv3d_forward
 from .elementwise import bias_add, bias_grad, relu_backward, relu_forward
-from .pooling import avg_pool2d_backward, avg_pool2d_forward, max_pool2d_backward, max_pool2d_forward
+from .pooling import (
+    avg_pool2d_backward, avg_pool2d_forward, avg_pool3d_backward, avg_pool3d_forward,
+    max_pool2d_backward, max_pool2d_forward, max_pool3d_backward, max_pool3d_forward,
+)
 
 VERSIONS = (1, 2)
 
 __all__ = [
     "VERSIONS",
-    "avg_pool2d_backward", "avg_pool2d_forward",
+    "avg_pool2d_backward", "avg_pool2d_forward", "avg_pool3d_backward", "avg_pool3d_forward",
     "batch_norm_apply", "batch_norm_backward_apply", "batch_norm_grad_sums", "batch_norm_sums",
     "bias_add", "bias_grad",
     "conv2d_backward_data", "conv2d_backward_filter", "conv2d_forward",
     "conv3d_backward_data", "conv3d_backward_filter", "conv3d_forward",
-    "max_pool2d_backward", "max_pool2d_forward",
+    "max_pool2d_backward", "max_pool2d_forward", "max_pool3d_backward", "max_pool3d_forward",
     "relu_backward", "relu_forward",
 ]

@@ -152,6 +152,14 @@ def split4(index, d1, d2, d3):
 
 
 @cuda.jit(device=True)
+def split5(index, d1, d2, d3, d4):
+    """``index`` -> ``(a, b, c, d, e)`` in a ``(*, d1, d2, d3, d4)`` C-ordered array (volumes, NCDHW)."""
+    rest = index // d4
+    a, b, c, d = split4(rest, d1, d2, d3)
+    return a, b, c, d, index - rest * d4
+
+
+@cuda.jit(device=True)
 def input_pixel(out, tap, stride, padding, dilation):
     """The input coordinate that output ``out`` reads through kernel tap ``tap`` (may be outside)."""
     return out * stride - padding + tap * dilation
@@ -176,6 +184,39 @@ def output_pixel(inp, tap, stride, padding, dilation, size_out):
     return out if out < size_out else -1
 
 
+# ---------------------------------------------- the pieces every tiled (version 2) kernel shares
+# The 2-D and 3-D tiled kernels differ in how they gather their input tile (the index
+# arithmetic of two or three spatial dims); what does not depend on the dims is here.
+
+
+@cuda.jit(device=True)
+def zero_fill(acc):
+    """``acc[:, :] = 0``: the ``MICRO x MICRO`` register micro-tile, before the first stage."""
+    for ii in range(MICRO):
+        for jj in range(MICRO):
+            acc[ii, jj] = 0
+
+
+@cuda.jit(device=True)
+def load_weight_stage(b_tile, w2, row0, rows, col0, k0, K, t):
+    """One stage of the forward kernels' B tile: ``b_tile[kk, ff] = w2[row0 + col0 + ff, k0 + kk]``.
+
+    ``w2 (F, K)``: the weights flattened per filter, ``k = (c, i, j)`` or ``(c, a, i, j)``;
+    ``row0`` the group's first filter and ``rows`` its filters; zero past ``rows`` or ``K``.
+    Thread ``t`` loads row ``kk = t % TILE_K`` (neighbouring threads read neighbouring ``k``
+    of one filter: coalesced) in ``LOADS_B`` columns ``t // TILE_K + 16 load``.
+    """
+    kk = t % TILE_K
+    k = k0 + kk
+    for load in range(LOADS_B):
+        ff = t // TILE_K + load * (THREADS * THREADS // TILE_K)
+        f = col0 + ff
+        if f < rows and k < K:
+            b_tile[kk, ff] = w2[row0 + f, k]
+        else:
+            b_tile[kk, ff] = 0
+
+
 @cuda.jit(device=True)
 def multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty):
     """``acc += a_tile[:, rows] x b_tile[:, cols]`` for this thread's ``MICRO x MICRO`` micro-tile.
@@ -193,3 +234,18 @@ def multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty):
         for ii in range(MICRO):
             for jj in range(MICRO):
                 acc[ii, jj] += a_reg[ii] * b_reg[jj]
+
+
+@cuda.jit(device=True)
+def store_flat_tile(c2, acc, row0, rows, m0, n0, cols, tx, ty):
+    """``c2[row0 + m, n] = acc[ii, jj]`` for this thread's rows ``m = m0 + tx + 16 ii < rows`` and columns
+    ``n = n0 + ty + 16 jj < cols``: the backward-filter kernels' store into their workspace ``c2``, flat in
+    ``q``.  The loop body holds no index arithmetic, so it unrolls fully and ``acc[ii, jj]`` keeps a
+    compile-time index: ``acc`` stays in registers (a divide in it once gave a 64-byte stack frame)."""
+    for ii in range(MICRO):
+        m = m0 + tx + ii * THREADS
+        if m < rows:
+            for jj in range(MICRO):
+                n = n0 + ty + jj * THREADS
+                if n < cols:
+                    c2[row0 + m, n] = acc[ii, jj]

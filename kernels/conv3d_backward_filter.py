@@ -21,11 +21,10 @@ from numba import cuda
 
 from ._launch import (
     kernel_jit,
-    multiply_stage, stream, tiled_jit,
+    multiply_stage, stream, tiled_jit, store_flat_tile, zero_fill,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split4, xp,
+    ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split4, split5, xp,
 )
-from ._launch3d import split5
 from .conv_backward_filter import choose_splits, sum_splits
 from .conv_forward import check_version
 from refconv import checks
@@ -95,9 +94,7 @@ def backward_filter3d_tiled(dtype):
         acc = cuda.local.array((MICRO, MICRO), dtype)
         a_reg = cuda.local.array(MICRO, dtype)
         b_reg = cuda.local.array(MICRO, dtype)
-        for ii in range(MICRO):
-            for jj in range(MICRO):
-                acc[ii, jj] = zero
+        zero_fill(acc)
 
         # A (dy) is contiguous along p: neighbouring threads take neighbouring p.
         a_k = t % TILE_K
@@ -136,15 +133,7 @@ def backward_filter3d_tiled(dtype):
             multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty)
             cuda.syncthreads()
 
-        # Stored flat in q, so the loop body holds no index arithmetic: it stays small enough
-        # to unroll, and acc stays in registers (no stack frame, see docs/kernels.md).
-        for ii in range(MICRO):
-            f = f0 + tx + ii * THREADS
-            if f < Fg:
-                for jj in range(MICRO):
-                    qo = q0 + ty + jj * THREADS
-                    if qo < Q:
-                        partial[s, g * Fg + f, qo] = acc[ii, jj]
+        store_flat_tile(partial[s], acc, g * Fg, Fg, f0, q0, Q, tx, ty)  # partial[s]: (F, Q), flat in q = (c, a, i, j)
 
     return kernel
 

@@ -20,11 +20,10 @@ from numba import cuda
 
 from ._launch import (
     kernel_jit,
-    multiply_stage, stream, tiled_jit,
-    A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    contiguous, gemm_grid, grid_1d, input_pixel, split4, xp,
+    multiply_stage, stream, tiled_jit, load_weight_stage, zero_fill,
+    A_STAGE, B_STAGE, LOADS_A, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
+    contiguous, gemm_grid, grid_1d, input_pixel, split4, split5, xp,
 )
-from ._launch3d import split5
 from .conv_forward import check_version
 from .elementwise import bias_add
 from refconv import checks
@@ -89,9 +88,7 @@ def forward3d_tiled(dtype):
         acc = cuda.local.array((MICRO, MICRO), dtype)
         a_reg = cuda.local.array(MICRO, dtype)
         b_reg = cuda.local.array(MICRO, dtype)
-        for ii in range(MICRO):
-            for jj in range(MICRO):
-                acc[ii, jj] = zero
+        zero_fill(acc)
 
         # This thread's A row (an output voxel) is fixed: its corner input voxel once, outside the K loop.
         a_m = t % TILE_M
@@ -101,8 +98,6 @@ def forward3d_tiled(dtype):
         id0 = input_pixel(od, 0, sd, pd, dd)
         ih0 = input_pixel(oh, 0, sh, ph, dh)
         iw0 = input_pixel(ow, 0, sw, pw, dw)
-        b_k = t % TILE_K
-        b_f = t // TILE_K
 
         for tile in range((K + TILE_K - 1) // TILE_K):
             k0 = tile * TILE_K
@@ -118,14 +113,7 @@ def forward3d_tiled(dtype):
                     if 0 <= id_ < D and 0 <= ih < H and 0 <= iw < W:
                         value = x[n, g * Cg + c, id_, ih, iw]
                 a_tile[kk, a_m] = value
-            for load in range(LOADS_B):
-                ff = b_f + load * (THREADS * THREADS // TILE_K)
-                f = f0 + ff
-                k = k0 + b_k
-                value = zero
-                if f < Fg and k < K:
-                    value = w2[g * Fg + f, k]
-                b_tile[b_k, ff] = value
+            load_weight_stage(b_tile, w2, g * Fg, Fg, f0, k0, K, t)
             cuda.syncthreads()
 
             multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty)

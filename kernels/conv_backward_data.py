@@ -22,7 +22,7 @@ from numba import cuda
 
 from ._launch import (
     kernel_jit,
-    multiply_stage, stream, tiled_jit,
+    multiply_stage, stream, tiled_jit, zero_fill,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
     advance3, contiguous, gemm_grid, grid_1d, output_pixel, split3, split4, xp,
 )
@@ -90,9 +90,7 @@ def backward_data_tiled(dtype):
         acc = cuda.local.array((MICRO, MICRO), dtype)
         a_reg = cuda.local.array(MICRO, dtype)
         b_reg = cuda.local.array(MICRO, dtype)
-        for ii in range(MICRO):
-            for jj in range(MICRO):
-                acc[ii, jj] = zero
+        zero_fill(acc)
 
         # This thread's A row (an input pixel) is fixed; decompose it once.
         a_m = t % TILE_M

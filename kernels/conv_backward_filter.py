@@ -23,7 +23,7 @@ from numba import cuda
 
 from ._launch import (
     kernel_jit,
-    multiply_stage, stream, tiled_jit,
+    multiply_stage, stream, tiled_jit, store_flat_tile, zero_fill,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, TARGET_BLOCKS, THREADS, TILE_K, TILE_M, TILE_N,
     advance3, ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
@@ -100,9 +100,7 @@ def backward_filter_tiled(dtype):
         acc = cuda.local.array((MICRO, MICRO), dtype)
         a_reg = cuda.local.array(MICRO, dtype)
         b_reg = cuda.local.array(MICRO, dtype)
-        for ii in range(MICRO):
-            for jj in range(MICRO):
-                acc[ii, jj] = zero
+        zero_fill(acc)
 
         # Both tiles are loaded along p: thread t takes depth row kk = t % 16 of each stage,
         # so neighbouring threads read neighbouring output pixels of dy and, through the
@@ -142,15 +140,7 @@ def backward_filter_tiled(dtype):
             multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty)
             cuda.syncthreads()
 
-        # The store loop must unroll fully, or acc[ii, jj] takes a run-time index and acc
-        # moves to local memory: no divides in it (partial is flat in q = (c, i, j)).
-        for ii in range(MICRO):
-            f = f0 + tx + ii * THREADS
-            if f < Fg:
-                for jj in range(MICRO):
-                    q = q0 + ty + jj * THREADS
-                    if q < Q:
-                        partial[s, g * Fg + f, q] = acc[ii, jj]
+        store_flat_tile(partial[s], acc, g * Fg, Fg, f0, q0, Q, tx, ty)  # partial[s]: (F, Q), flat in q = (c, i, j)
 
     return kernel
 

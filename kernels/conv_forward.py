@@ -19,8 +19,8 @@ from numba import cuda
 
 from ._launch import (
     kernel_jit,
-    multiply_stage, stream, tiled_jit,
-    A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
+    multiply_stage, stream, tiled_jit, load_weight_stage, zero_fill,
+    A_STAGE, B_STAGE, LOADS_A, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
     advance3, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
 from .elementwise import bias_add
@@ -89,9 +89,7 @@ def forward_tiled(dtype):
         acc = cuda.local.array((MICRO, MICRO), dtype)
         a_reg = cuda.local.array(MICRO, dtype)
         b_reg = cuda.local.array(MICRO, dtype)
-        for ii in range(MICRO):
-            for jj in range(MICRO):
-                acc[ii, jj] = zero
+        zero_fill(acc)
 
         # The A element this thread loads always sits in tile row a_m: neighbouring
         # threads take neighbouring output pixels (coalesced reads of x).  Its
@@ -105,9 +103,6 @@ def forward_tiled(dtype):
         # The k this thread loads walks a_k, a_k + 4, a_k + 8, ... through the loads of every
         # stage in turn: split it into (c, i, j) once, then advance it by carrying.
         c, i, j = split3(a_k, Kh, Kw)
-        # The B element: neighbouring threads take neighbouring k (coalesced reads of w).
-        b_k = t % TILE_K
-        b_f = t // TILE_K
 
         for tile in range((K + TILE_K - 1) // TILE_K):
             k0 = tile * TILE_K
@@ -122,14 +117,7 @@ def forward_tiled(dtype):
                         value = x[n, g * Cg + c, ih, iw]
                 a_tile[kk, a_m] = value
                 c, i, j = advance3(c, i, j, THREADS * THREADS // TILE_M, Kh, Kw)
-            for load in range(LOADS_B):
-                ff = b_f + load * (THREADS * THREADS // TILE_K)
-                f = f0 + ff
-                k = k0 + b_k
-                value = zero
-                if f < Fg and k < K:
-                    value = w2[g * Fg + f, k]
-                b_tile[b_k, ff] = value
+            load_weight_stage(b_tile, w2, g * Fg, Fg, f0, k0, K, t)
             cuda.syncthreads()
 
             multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty)

@@ -1,13 +1,17 @@
-"""Max and average pooling, forward and backward, on device arrays (NCHW).
+"""Max and average pooling, forward and backward, on device arrays: images (NCHW) and volumes (NCDHW).
 
 Versions: one each.  Forward: one thread per output element, looping over its
 window.  Backward: one thread per *input* element, gathering from the outputs
 whose windows cover it, so no two threads write the same ``dx`` and no atomics
 are needed (the result is deterministic).  Semantics, argument checks and
-errors are ``refconv.reference``'s (``pool_geometry``): max pooling pads with
-``-inf`` and records the flat offset ``i*Kw + j`` of the first maximum;
-average pooling counts padding in the divisor.  Benchmark:
-``python -m refconv.bench kernels``.
+errors are ``refconv.reference``'s (``pool_geometry``, ``pool3d_geometry``):
+max pooling pads with ``-inf`` and records the flat offset ``(a*Kh + i)*Kw + j``
+of the first maximum; average pooling counts padding in the divisor.
+
+The kernels are written once, for volumes ``(N, C, D, H, W)``.  An image is the
+volume of depth 1 (a view, ``(N, C, 1, H, W)``) pooled with kernel 1, stride 1 and
+no padding along depth, so its argmax offset is ``i*Kw + j``, the 2-D reference's.
+Benchmark: ``python -m refconv.bench kernels``.
 """
 
 import math
@@ -15,9 +19,9 @@ import math
 import numpy
 from numba import cuda
 
-from ._launch import contiguous, grid_1d, input_pixel, split4, xp, stream, kernel_jit
+from ._launch import contiguous, grid_1d, input_pixel, split5, xp, stream, kernel_jit
 from refconv import checks
-from refconv.reference import pool_geometry
+from refconv.reference import pool_geometry, pool3d_geometry
 
 
 @cuda.jit(device=True)
@@ -30,136 +34,200 @@ def covering_outputs(inp, kernel, stride, padding, size_out):
 
 
 @kernel_jit
-def max_pool_forward_kernel(x, y, argmax, Kh, Kw, sh, sw, ph, pw):
+def max_pool_forward_kernel(x, y, argmax, Kd, Kh, Kw, sd, sh, sw, pd, ph, pw):
     """Thread ``t`` scans the window of ``y.flat[t]``; strict ``>`` keeps the first maximum."""
     index = cuda.grid(1)
     if index >= y.size:
         return
-    H, W = x.shape[2], x.shape[3]
-    n, c, oh, ow = split4(index, y.shape[1], y.shape[2], y.shape[3])
+    D, H, W = x.shape[2], x.shape[3], x.shape[4]
+    n, c, od, oh, ow = split5(index, y.shape[1], y.shape[2], y.shape[3], y.shape[4])
     best = -math.inf
     best_at = 0
-    for i in range(Kh):
-        for j in range(Kw):
+    for a in range(Kd):
+        id_ = input_pixel(od, a, sd, pd, 1)
+        for i in range(Kh):
             ih = input_pixel(oh, i, sh, ph, 1)
-            iw = input_pixel(ow, j, sw, pw, 1)
-            v = -math.inf  # padding
-            if 0 <= ih < H and 0 <= iw < W:
-                v = x[n, c, ih, iw]
-            if v > best:
-                best = v
-                best_at = i * Kw + j
-    y[n, c, oh, ow] = best
-    argmax[n, c, oh, ow] = best_at
+            for j in range(Kw):
+                iw = input_pixel(ow, j, sw, pw, 1)
+                v = -math.inf  # padding
+                if 0 <= id_ < D and 0 <= ih < H and 0 <= iw < W:
+                    v = x[n, c, id_, ih, iw]
+                if v > best:
+                    best = v
+                    best_at = (a * Kh + i) * Kw + j
+    y[n, c, od, oh, ow] = best
+    argmax[n, c, od, oh, ow] = best_at
 
 
 @kernel_jit
-def max_pool_backward_kernel(dy, argmax, dx, Kh, Kw, sh, sw, ph, pw):
+def max_pool_backward_kernel(dy, argmax, dx, Kd, Kh, Kw, sd, sh, sw, pd, ph, pw):
     """Thread ``t`` sums the ``dy`` of every covering window whose argmax is ``x.flat[t]``."""
     index = cuda.grid(1)
     if index >= dx.size:
         return
-    Ho, Wo = dy.shape[2], dy.shape[3]
-    n, c, h, w = split4(index, dx.shape[1], dx.shape[2], dx.shape[3])
+    Do, Ho, Wo = dy.shape[2], dy.shape[3], dy.shape[4]
+    n, c, d, h, w = split5(index, dx.shape[1], dx.shape[2], dx.shape[3], dx.shape[4])
+    od_first, od_last = covering_outputs(d, Kd, sd, pd, Do)
     oh_first, oh_last = covering_outputs(h, Kh, sh, ph, Ho)
     ow_first, ow_last = covering_outputs(w, Kw, sw, pw, Wo)
     acc = 0.0
-    for oh in range(oh_first, oh_last):
-        for ow in range(ow_first, ow_last):
-            tap = (h + ph - oh * sh) * Kw + (w + pw - ow * sw)
-            if argmax[n, c, oh, ow] == tap:
-                acc += dy[n, c, oh, ow]
-    dx[n, c, h, w] = acc
+    for od in range(od_first, od_last):
+        a = d + pd - od * sd  # the window offsets (a, i, j) at which output (od, oh, ow) reads (d, h, w)
+        for oh in range(oh_first, oh_last):
+            i = h + ph - oh * sh
+            for ow in range(ow_first, ow_last):
+                j = w + pw - ow * sw
+                if argmax[n, c, od, oh, ow] == (a * Kh + i) * Kw + j:
+                    acc += dy[n, c, od, oh, ow]
+    dx[n, c, d, h, w] = acc
 
 
 @kernel_jit
-def avg_pool_forward_kernel(x, y, Kh, Kw, sh, sw, ph, pw):
+def avg_pool_forward_kernel(x, y, Kd, Kh, Kw, sd, sh, sw, pd, ph, pw):
     """Thread ``t`` averages the window of ``y.flat[t]``, padding counted as zeros."""
     index = cuda.grid(1)
     if index >= y.size:
         return
-    H, W = x.shape[2], x.shape[3]
-    n, c, oh, ow = split4(index, y.shape[1], y.shape[2], y.shape[3])
+    D, H, W = x.shape[2], x.shape[3], x.shape[4]
+    n, c, od, oh, ow = split5(index, y.shape[1], y.shape[2], y.shape[3], y.shape[4])
     acc = 0.0
-    for i in range(Kh):
-        ih = input_pixel(oh, i, sh, ph, 1)
-        for j in range(Kw):
-            iw = input_pixel(ow, j, sw, pw, 1)
-            if 0 <= ih < H and 0 <= iw < W:
-                acc += x[n, c, ih, iw]
-    y[n, c, oh, ow] = acc / (Kh * Kw)
+    for a in range(Kd):
+        id_ = input_pixel(od, a, sd, pd, 1)
+        for i in range(Kh):
+            ih = input_pixel(oh, i, sh, ph, 1)
+            for j in range(Kw):
+                iw = input_pixel(ow, j, sw, pw, 1)
+                if 0 <= id_ < D and 0 <= ih < H and 0 <= iw < W:
+                    acc += x[n, c, id_, ih, iw]
+    y[n, c, od, oh, ow] = acc / (Kd * Kh * Kw)
 
 
 @kernel_jit
-def avg_pool_backward_kernel(dy, dx, Kh, Kw, sh, sw, ph, pw):
-    """Thread ``t`` gathers ``dy / (Kh*Kw)`` from every window covering ``x.flat[t]``."""
+def avg_pool_backward_kernel(dy, dx, Kd, Kh, Kw, sd, sh, sw, pd, ph, pw):
+    """Thread ``t`` gathers ``dy / (Kd*Kh*Kw)`` from every window covering ``x.flat[t]``."""
     index = cuda.grid(1)
     if index >= dx.size:
         return
-    Ho, Wo = dy.shape[2], dy.shape[3]
-    n, c, h, w = split4(index, dx.shape[1], dx.shape[2], dx.shape[3])
+    Do, Ho, Wo = dy.shape[2], dy.shape[3], dy.shape[4]
+    n, c, d, h, w = split5(index, dx.shape[1], dx.shape[2], dx.shape[3], dx.shape[4])
+    od_first, od_last = covering_outputs(d, Kd, sd, pd, Do)
     oh_first, oh_last = covering_outputs(h, Kh, sh, ph, Ho)
     ow_first, ow_last = covering_outputs(w, Kw, sw, pw, Wo)
     acc = 0.0
-    for oh in range(oh_first, oh_last):
-        for ow in range(ow_first, ow_last):
-            acc += dy[n, c, oh, ow]
-    dx[n, c, h, w] = acc / (Kh * Kw)
+    for od in range(od_first, od_last):
+        for oh in range(oh_first, oh_last):
+            for ow in range(ow_first, ow_last):
+                acc += dy[n, c, od, oh, ow]
+    dx[n, c, d, h, w] = acc / (Kd * Kh * Kw)
 
 
+# ------------------------------------------------------------------ host side, images and volumes
 def _geometry(x_shape, kernel_size, stride, padding):
-    (Kh, Kw), (sh, sw), (ph, pw), out = pool_geometry(x_shape, kernel_size, stride, padding)
-    return (Kh, Kw, sh, sw, ph, pw), out
+    """``((Kd, Kh, Kw, sd, sh, sw, pd, ph, pw), out)`` for pooling ``x_shape`` (4-D or 5-D), checked by the
+    reference's geometry; an image gets kernel 1, stride 1 and padding 0 along its depth of 1."""
+    if len(x_shape) == 4:
+        kernel, stride, padding, out = pool_geometry(x_shape, kernel_size, stride, padding)
+        kernel, stride, padding = (1, *kernel), (1, *stride), (0, *padding)
+    else:
+        kernel, stride, padding, out = pool3d_geometry(x_shape, kernel_size, stride, padding)
+    return (*kernel, *stride, *padding), out
+
+
+def _volume(a):
+    """``a`` as the kernels take it: a volume as it is, an image ``(N, C, H, W)`` as ``(N, C, 1, H, W)`` (a view)."""
+    return a if a.ndim == 5 else a.reshape(a.shape[:2] + (1,) + a.shape[2:])
 
 
 def _check_dy(dy, x_shape, out):
     expected = (x_shape[0], x_shape[1], *out)
     if tuple(dy.shape) != expected:
-        raise ValueError(f"dy: expected shape {expected} (N, C, Ho, Wo), got {tuple(dy.shape)}")
+        names = "(N, C, Ho, Wo)" if len(out) == 2 else "(N, C, Do, Ho, Wo)"
+        raise ValueError(f"dy: expected shape {expected} {names}, got {tuple(dy.shape)}")
 
 
-def max_pool2d_forward(x, kernel_size, stride=None, padding=0):
-    """Max pooling of ``x (N, C, H, W)``: returns ``(y (N, C, Ho, Wo), argmax (N, C, Ho, Wo) int64)``."""
-    checks.array(x, "x", 4)
+def _max_pool_forward(x, kernel_size, stride, padding):
     params, out = _geometry(x.shape, kernel_size, stride, padding)
     y = xp().empty(x.shape[:2] + out, dtype=x.dtype)
     argmax = xp().empty(y.shape, dtype=numpy.int64)
     blocks, threads = grid_1d(y.size)
-    max_pool_forward_kernel[blocks, threads, stream()](contiguous(x), y, argmax, *params)
+    max_pool_forward_kernel[blocks, threads, stream()](_volume(contiguous(x)), _volume(y), _volume(argmax), *params)
     return y, argmax
 
 
-def max_pool2d_backward(dy, argmax, x_shape, kernel_size, stride=None, padding=0):
-    """Route each ``dy`` to the window's maximum recorded in ``argmax``: returns ``dx`` of ``x_shape``."""
-    checks.array(dy, "dy", 4)
-    x_shape = checks.shape4(x_shape, "x_shape")
+def _max_pool_backward(dy, argmax, x_shape, kernel_size, stride, padding):
     params, out = _geometry(x_shape, kernel_size, stride, padding)
     _check_dy(dy, x_shape, out)
     if tuple(argmax.shape) != tuple(dy.shape):
         raise ValueError(f"argmax: expected the shape of dy {tuple(dy.shape)}, got {tuple(argmax.shape)}")
     dx = xp().empty(x_shape, dtype=dy.dtype)
     blocks, threads = grid_1d(dx.size)
-    max_pool_backward_kernel[blocks, threads, stream()](contiguous(dy), contiguous(argmax), dx, *params)
+    max_pool_backward_kernel[blocks, threads, stream()](_volume(contiguous(dy)), _volume(contiguous(argmax)),
+                                                        _volume(dx), *params)
     return dx
+
+
+def _avg_pool_forward(x, kernel_size, stride, padding):
+    params, out = _geometry(x.shape, kernel_size, stride, padding)
+    y = xp().empty(x.shape[:2] + out, dtype=x.dtype)
+    blocks, threads = grid_1d(y.size)
+    avg_pool_forward_kernel[blocks, threads, stream()](_volume(contiguous(x)), _volume(y), *params)
+    return y
+
+
+def _avg_pool_backward(dy, x_shape, kernel_size, stride, padding):
+    params, out = _geometry(x_shape, kernel_size, stride, padding)
+    _check_dy(dy, x_shape, out)
+    dx = xp().empty(x_shape, dtype=dy.dtype)
+    blocks, threads = grid_1d(dx.size)
+    avg_pool_backward_kernel[blocks, threads, stream()](_volume(contiguous(dy)), _volume(dx), *params)
+    return dx
+
+
+# ------------------------------------------------------------------ the public functions
+def max_pool2d_forward(x, kernel_size, stride=None, padding=0):
+    """Max pooling of ``x (N, C, H, W)``: returns ``(y (N, C, Ho, Wo), argmax (N, C, Ho, Wo) int64)``."""
+    checks.array(x, "x", 4)
+    return _max_pool_forward(x, kernel_size, stride, padding)
+
+
+def max_pool2d_backward(dy, argmax, x_shape, kernel_size, stride=None, padding=0):
+    """Route each ``dy`` to the window's maximum recorded in ``argmax``: returns ``dx`` of ``x_shape``."""
+    checks.array(dy, "dy", 4)
+    return _max_pool_backward(dy, argmax, checks.shape4(x_shape, "x_shape"), kernel_size, stride, padding)
 
 
 def avg_pool2d_forward(x, kernel_size, stride=None, padding=0):
     """Average pooling (``count_include_pad=True``): ``(N, C, H, W)`` -> ``(N, C, Ho, Wo)``."""
     checks.array(x, "x", 4)
-    params, out = _geometry(x.shape, kernel_size, stride, padding)
-    y = xp().empty(x.shape[:2] + out, dtype=x.dtype)
-    blocks, threads = grid_1d(y.size)
-    avg_pool_forward_kernel[blocks, threads, stream()](contiguous(x), y, *params)
-    return y
+    return _avg_pool_forward(x, kernel_size, stride, padding)
 
 
 def avg_pool2d_backward(dy, x_shape, kernel_size, stride=None, padding=0):
     """Spread each ``dy`` evenly over its window (padding included): returns ``dx`` of ``x_shape``."""
     checks.array(dy, "dy", 4)
-    x_shape = checks.shape4(x_shape, "x_shape")
-    params, out = _geometry(x_shape, kernel_size, stride, padding)
-    _check_dy(dy, x_shape, out)
-    dx = xp().empty(x_shape, dtype=dy.dtype)
-    blocks, threads = grid_1d(dx.size)
-    avg_pool_backward_kernel[blocks, threads, stream()](contiguous(dy), dx, *params)
-    return dx
+    return _avg_pool_backward(dy, checks.shape4(x_shape, "x_shape"), kernel_size, stride, padding)
+
+
+def max_pool3d_forward(x, kernel_size, stride=None, padding=0):
+    """Max pooling of ``x (N, C, D, H, W)``: returns ``(y (N, C, Do, Ho, Wo), argmax int64)``,
+    ``argmax`` the flat offset ``(a*Kh + i)*Kw + j`` of each window's first maximum."""
+    checks.array(x, "x", 5)
+    return _max_pool_forward(x, kernel_size, stride, padding)
+
+
+def max_pool3d_backward(dy, argmax, x_shape, kernel_size, stride=None, padding=0):
+    """Route each ``dy (N, C, Do, Ho, Wo)`` to its window's maximum: returns ``dx`` of ``x_shape``."""
+    checks.array(dy, "dy", 5)
+    return _max_pool_backward(dy, argmax, checks.shape5(x_shape, "x_shape"), kernel_size, stride, padding)
+
+
+def avg_pool3d_forward(x, kernel_size, stride=None, padding=0):
+    """Average pooling of volumes (``count_include_pad=True``): ``(N, C, D, H, W)`` -> ``(N, C, Do, Ho, Wo)``."""
+    checks.array(x, "x", 5)
+    return _avg_pool_forward(x, kernel_size, stride, padding)
+
+
+def avg_pool3d_backward(dy, x_shape, kernel_size, stride=None, padding=0):
+    """Spread each ``dy`` evenly over its window (padding included): returns ``dx`` of ``x_shape``."""
+    checks.array(dy, "dy", 5)
+    return _avg_pool_backward(dy, checks.shape5(x_shape, "x_shape"), kernel_size, stride, padding)

@@ -78,13 +78,13 @@ class Kernel:
 
     def signature(self, dtype):
         """Numba types for ``args``: ``1``-``4`` a C-contiguous array of that rank in
-        ``dtype``, ``s`` a scalar in ``dtype``, ``L`` an int64 array of rank 4, ``D`` a
+        ``dtype``, ``s`` a scalar in ``dtype``, ``L`` an int64 array of rank 5 (pooling's argmax), ``D`` a
         float64 array of rank 2, ``i`` an int64, ``f`` a float64, ``b`` a bool."""
         from numba import types
 
         element = types.float32 if dtype == numpy.float32 else types.float64
         kinds = {"i": types.int64, "f": types.float64, "b": types.boolean, "s": element,
-                 "L": types.Array(types.int64, 4, "C"), "D": types.Array(types.float64, 2, "C")}
+                 "L": types.Array(types.int64, 5, "C"), "D": types.Array(types.float64, 2, "C")}
         return tuple(types.Array(element, int(a), "C") if a.isdigit() else kinds[a] for a in self.args)
 
 
@@ -104,10 +104,10 @@ KERNELS = (
     Kernel("batch_norm", "channel_sums_finish_kernel", 0, "DD11b", 256),
     Kernel("batch_norm", "batch_norm_apply_kernel", 0, "411114", 256),
     Kernel("batch_norm", "batch_norm_backward_apply_kernel", 0, "4411111s4", 256),
-    Kernel("pooling", "max_pool_forward_kernel", 0, "44Liiiiii", 256),
-    Kernel("pooling", "max_pool_backward_kernel", 0, "4L4iiiiii", 256),
-    Kernel("pooling", "avg_pool_forward_kernel", 0, "44iiiiii", 256),
-    Kernel("pooling", "avg_pool_backward_kernel", 0, "44iiiiii", 256),
+    Kernel("pooling", "max_pool_forward_kernel", 0, "55L" + "i" * 9, 256),
+    Kernel("pooling", "max_pool_backward_kernel", 0, "5L5" + "i" * 9, 256),
+    Kernel("pooling", "avg_pool_forward_kernel", 0, "55" + "i" * 9, 256),
+    Kernel("pooling", "avg_pool_backward_kernel", 0, "55" + "i" * 9, 256),
     Kernel("conv3d_forward", "forward3d_direct", 1, "555" + "i" * 10, 256),
     Kernel("conv3d_forward", "forward3d_tiled", 2, "525" + "i" * 13, TILE_THREADS),
     Kernel("conv3d_backward_data", "backward_data3d_direct", 1, "555" + "i" * 10, 256),

@@ -228,21 +228,20 @@ class CudaBackend(NumpyBackend):
     def avg_pool2d_backward(self, dy, x_shape, kernel_size, stride=None, padding=0):
         return self.k.avg_pool2d_backward(dy, x_shape, kernel_size, stride, padding)
 
-    # A volume goes to the 2-D batch-norm kernels as (N, C, D*H, W) (_as_4d), and pooling of
-    # volumes through the host reference (there is no 3-D pooling kernel yet).
     def max_pool3d_forward(self, x, kernel_size, stride=None, padding=0):
-        y, argmax = ref.max_pool3d_forward(self.to_host(x), kernel_size, stride, padding)
-        return self.asarray(y), argmax
+        return self.k.max_pool3d_forward(x, kernel_size, stride, padding)
 
     def max_pool3d_backward(self, dy, argmax, x_shape, kernel_size, stride=None, padding=0):
-        return self.asarray(ref.max_pool3d_backward(self.to_host(dy), argmax, x_shape, kernel_size, stride, padding))
+        return self.k.max_pool3d_backward(dy, argmax, x_shape, kernel_size, stride, padding)
 
     def avg_pool3d_forward(self, x, kernel_size, stride=None, padding=0):
-        return self.asarray(ref.avg_pool3d_forward(self.to_host(x), kernel_size, stride, padding))
+        return self.k.avg_pool3d_forward(x, kernel_size, stride, padding)
 
     def avg_pool3d_backward(self, dy, x_shape, kernel_size, stride=None, padding=0):
-        return self.asarray(ref.avg_pool3d_backward(self.to_host(dy), x_shape, kernel_size, stride, padding))
+        return self.k.avg_pool3d_backward(dy, x_shape, kernel_size, stride, padding)
 
+    # A volume goes to the 2-D batch-norm kernels as (N, C, D*H, W) (_as_4d): the statistics of
+    # a channel run over every other axis, so merging D and H changes no sum's terms.
     def batch_norm_sum(self, x):
         return self.k.batch_norm_sums(_as_4d(x))[0]
 

@@ -384,36 +384,46 @@ def test_batch_norm_channel_vector_error():
 
 
 @st.composite
-def pool_problems(draw):
-    """``(x_shape, kernel, stride or None, padding)`` valid for PyTorch pooling (padding <= kernel / 2)."""
-    kernel = draw(st.tuples(st.integers(1, 3), st.integers(1, 3)))
-    stride = draw(st.none() | st.tuples(st.integers(1, 3), st.integers(1, 3)))
+def pool_problems(draw, dims=2, max_kernel=3):
+    """``(x_shape, kernel, stride or None, padding)`` valid for PyTorch pooling (padding <= kernel / 2), for
+    images (``dims=2``) or volumes (``dims=3``, tests/test_kernels3d.py)."""
+    kernel = draw(st.tuples(*[st.integers(1, max_kernel)] * dims))
+    stride = draw(st.none() | st.tuples(*[st.integers(1, 3)] * dims))
     padding = tuple(draw(st.integers(0, k // 2)) for k in kernel)
-    hw = tuple(draw(st.integers(max(1, k - 2 * p), k - 2 * p + 4)) for k, p in zip(kernel, padding))
-    return (draw(st.integers(1, 2)), draw(st.integers(1, 3)), *hw), kernel, stride, padding
+    extra = 4 if dims == 2 else 2  # a volume's threads grow with the cube
+    sizes = tuple(draw(st.integers(max(1, k - 2 * p), k - 2 * p + extra)) for k, p in zip(kernel, padding))
+    return (draw(st.integers(1, 2)), draw(st.integers(1, 3 if dims == 2 else 2)), *sizes), kernel, stride, padding
+
+
+def check_pooling(problem, dtype, seed, ties):
+    """Max and average pooling, forward and backward, of ``problem`` (a ``pool_problems`` draw) against the
+    reference: ``y`` and ``argmax`` exactly (the first maximum of each window, padding ``-inf``), the rest
+    to rounding (the kernels add a window's terms in another order)."""
+    x_shape, kernel, stride, padding = problem
+    pool = lambda module, name: getattr(module, name.format(len(x_shape) - 2))  # noqa: E731  max_pool{}d_forward
+    rng = numpy.random.default_rng(seed)
+    x = rng.standard_normal(x_shape).astype(dtype)
+    if ties:  # few distinct values: windows hold several maxima, and the first must win
+        x = numpy.round(x).astype(dtype)
+    y, argmax = pool(ref, "max_pool{}d_forward")(x, kernel, stride, padding)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    x_d, dy_d = dev(x, dy)
+    y_d, argmax_d = pool(kernels, "max_pool{}d_forward")(x_d, kernel, stride, padding)
+    assert numpy.array_equal(to_host(y_d), y) and to_host(y_d).dtype == y.dtype, "max pooling forward"
+    assert numpy.array_equal(to_host(argmax_d), argmax) and to_host(argmax_d).dtype == numpy.int64, "argmax"
+    window, args = int(numpy.prod(kernel)), (kernel, stride, padding)
+    check(pool(kernels, "max_pool{}d_backward")(dy_d, argmax_d, x_shape, *args),
+          pool(ref, "max_pool{}d_backward")(dy, argmax, x_shape, *args), window, "max pooling backward")
+    check(pool(kernels, "avg_pool{}d_forward")(x_d, *args),
+          pool(ref, "avg_pool{}d_forward")(x, *args), window, "average pooling forward")
+    check(pool(kernels, "avg_pool{}d_backward")(dy_d, x_shape, *args),
+          pool(ref, "avg_pool{}d_backward")(dy, x_shape, *args), window, "average pooling backward")
 
 
 @FAST
 @given(pool_problems(), st.sampled_from(DTYPES), st.integers(0, 2**16), st.booleans())
 def test_pooling(problem, dtype, seed, ties):
-    x_shape, kernel, stride, padding = problem
-    rng = numpy.random.default_rng(seed)
-    x = rng.standard_normal(x_shape).astype(dtype)
-    if ties:  # few distinct values: windows hold several maxima, and the first must win
-        x = numpy.round(x).astype(dtype)
-    y, argmax = ref.max_pool2d_forward(x, kernel, stride, padding)
-    dy = rng.standard_normal(y.shape).astype(dtype)
-    x_d, dy_d = dev(x, dy)
-    y_d, argmax_d = kernels.max_pool2d_forward(x_d, kernel, stride, padding)
-    check(y_d, y, 1, "max_pool2d_forward")
-    assert numpy.array_equal(to_host(argmax_d), argmax) and to_host(argmax_d).dtype == numpy.int64
-    window = kernel[0] * kernel[1]
-    check(kernels.max_pool2d_backward(dy_d, argmax_d, x_shape, kernel, stride, padding),
-          ref.max_pool2d_backward(dy, argmax, x_shape, kernel, stride, padding), window, "max_pool2d_backward")
-    check(kernels.avg_pool2d_forward(x_d, kernel, stride, padding),
-          ref.avg_pool2d_forward(x, kernel, stride, padding), window, "avg_pool2d_forward")
-    check(kernels.avg_pool2d_backward(dy_d, x_shape, kernel, stride, padding),
-          ref.avg_pool2d_backward(dy, x_shape, kernel, stride, padding), window, "avg_pool2d_backward")
+    check_pooling(problem, dtype, seed, ties)
 
 
 def test_pooling_errors_match_reference():

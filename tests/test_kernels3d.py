@@ -1,4 +1,5 @@
-"""The 3-D convolution kernels against the serial reference: both versions, both dtypes, three passes.
+"""The 3-D kernels against the serial reference: the convolutions (both versions, both dtypes, three
+passes), max and average pooling of volumes, and batch norm of volumes on the cuda backend.
 
 Runs under Numba's CUDA simulator on a machine without a GPU (tests/conftest.py sets
 NUMBA_ENABLE_CUDASIM=1 there) and unchanged on a real GPU.  The simulator costs about
@@ -7,19 +8,24 @@ threads, and a few blocks per launch.  The named examples still leave partial ti
 two blocks along M, several 16-deep stages along K, groups, and uneven split-K slices.
 """
 
+import inspect
+import math
 import re
 
 import numpy
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, settings, strategies as st
+from mpi4py import MPI
 
+import refconv
 from refconv import kernels
 from refconv import reference as ref
 from refconv.arrays import to_host
-from refconv.backend import NumpyBackend, get_backend
+from refconv.backend import CudaBackend, NumpyBackend, get_backend
+from refconv.layers import BatchNorm3d
 from refconv.testing.strategies import Conv3dProblem, conv3d_problems
 
-from test_kernels import assert_errors_match_reference, check, dev
+from test_kernels import DEVICE, assert_errors_match_reference, check, check_pooling, dev, pool_problems, reference_error
 
 VERSIONS = kernels.VERSIONS
 DTYPES = ("float64", "float32")
@@ -141,3 +147,137 @@ def test_both_backends_expose_the_3d_passes():
                "bias": backend.conv3d_backward_bias(dy_b)}
         for name, want in expected.items():
             check(got[name], want, 64, f"{backend!r} {name}")
+
+
+# --------------------------------------------------------------------- pooling
+
+
+@settings(max_examples=8, deadline=None)
+@given(pool_problems(dims=3, max_kernel=2), st.sampled_from(DTYPES), st.integers(0, 2**16), st.booleans())
+def test_pooling3d(problem, dtype, seed, ties):
+    """Max and average pooling of volumes, forward and backward: ``y`` and ``argmax`` exactly (first maximum,
+    padding ``-inf``), the rest to rounding; the 2-D test's body (tests/test_kernels.py) on volumes."""
+    check_pooling(problem, dtype, seed, ties)
+
+
+POOL3D_EXAMPLES = {
+    # a 3-deep window along depth only, padded: the argmax offset a*Kh*Kw must count depth first
+    "depth-window-padded": ((1, 2, 4, 3, 3), (3, 1, 1), None, (1, 0, 0)),
+    # every dim its own kernel, stride and padding; two blocks of threads along the input (2*2*5*4*5 = 400)
+    "per-dim": ((2, 2, 5, 4, 5), (2, 3, 2), (1, 2, 2), (1, 1, 0)),
+    # overlapping windows (stride < kernel): an input voxel is the maximum of several windows
+    "overlapping": ((1, 1, 4, 4, 4), 3, 1, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POOL3D_EXAMPLES))
+def test_pooling3d_examples(name):
+    """With ties (rounded values) in float64, and again in float32 without them."""
+    check_pooling(POOL3D_EXAMPLES[name], "float64", 1, True)
+    check_pooling(POOL3D_EXAMPLES[name], "float32", 2, False)
+
+
+def test_max_pool3d_special_values_match_the_reference():
+    """NaN is never the maximum, a window of -inf and NaN keeps offset 0 (and its dy is dropped where offset 0
+    is padding), equal maxima go to the first offset, and an infinite dy reaches only its maximum."""
+    x = numpy.full((1, 1, 3, 3, 3), -numpy.inf)
+    x[0, 0, 0, 0, 0] = numpy.nan
+    x[0, 0, 2, 2, 2] = x[0, 0, 2, 2, 1] = 1.0  # a tie, in one window
+    x[0, 0, 1, 1, 1] = numpy.nan
+    args = ((2, 2, 2), (1, 1, 1), (1, 1, 1))
+    y, argmax = ref.max_pool3d_forward(x, *args)
+    y_d, argmax_d = kernels.max_pool3d_forward(dev(x), *args)
+    assert numpy.array_equal(to_host(y_d), y) and numpy.array_equal(to_host(argmax_d), argmax)
+    assert (argmax == 0).any() and numpy.isneginf(y).any()  # the cases named above occur
+    dy = numpy.arange(y.size, dtype=float).reshape(y.shape)
+    dy[0, 0, 3, 3, 3] = numpy.inf
+    dx = ref.max_pool3d_backward(dy, argmax, x.shape, *args)
+    assert numpy.array_equal(to_host(kernels.max_pool3d_backward(dev(dy), argmax_d, x.shape, *args)), dx)
+
+
+def test_pooling3d_errors_match_reference():
+    x = numpy.zeros((1, 1, 4, 4, 4))
+    for args in [(3, 1, 2), (0, None, 0), (5, None, 0), ((2, 2), None, 0), ((3, 3, 3), 1, (1, 2, 1))]:
+        for name in ("max_pool3d_forward", "avg_pool3d_forward"):
+            with pytest.raises(ValueError, match=reference_error(getattr(ref, name), x, *args)):
+                getattr(kernels, name)(dev(x), *args)
+    with pytest.raises(ValueError, match=reference_error(ref.max_pool3d_forward, x[0], 2)):
+        kernels.max_pool3d_forward(dev(x[0]), 2)
+    dy = dev(numpy.zeros((1, 1, 2, 2, 1)))
+    with pytest.raises(ValueError, match=re.escape("dy: expected shape (1, 1, 2, 2, 2) (N, C, Do, Ho, Wo)")):
+        kernels.avg_pool3d_backward(dy, x.shape, 2)
+
+
+# ------------------------------------------------------------ the cuda backend keeps volumes on the device
+
+
+def test_cuda_backend_pools_volumes_with_the_kernels(monkeypatch):
+    """With the way to the host (to_host) and the reference's pooling of volumes closed, the cuda backend's
+    3-D pooling still agrees with the reference: it runs the kernels on the device."""
+    x_shape, args = (1, 2, 4, 3, 5), ((2, 2, 3), (2, 1, 2), (1, 0, 1))
+    rng = numpy.random.default_rng(4)
+    x = rng.standard_normal(x_shape)
+    y, argmax = ref.max_pool3d_forward(x, *args)
+    dy = rng.standard_normal(y.shape)
+    expected = {"max forward": y, "max backward": ref.max_pool3d_backward(dy, argmax, x_shape, *args),
+                "avg forward": ref.avg_pool3d_forward(x, *args),
+                "avg backward": ref.avg_pool3d_backward(dy, x_shape, *args)}
+
+    def closed(*_, **__):
+        raise AssertionError("a volume left the device")
+
+    monkeypatch.setattr(refconv.arrays, "to_host", closed)
+    for name in ("max_pool3d_forward", "max_pool3d_backward", "avg_pool3d_forward", "avg_pool3d_backward"):
+        monkeypatch.setattr(ref, name, closed)
+    for version in kernels.VERSIONS:
+        backend = get_backend("cuda", version)
+        x_d, dy_d = dev(x, dy)
+        y_d, argmax_d = backend.max_pool3d_forward(x_d, *args)
+        got = {"max forward": y_d, "max backward": backend.max_pool3d_backward(dy_d, argmax_d, x_shape, *args),
+               "avg forward": backend.avg_pool3d_forward(x_d, *args),
+               "avg backward": backend.avg_pool3d_backward(dy_d, x_shape, *args)}
+        for name, want in expected.items():
+            check(got[name], want, 12, f"{backend!r} {name}")
+
+
+def test_batch_norm3d_on_the_cuda_backend_is_the_reference():
+    """BatchNorm3d on the cuda backend hands the 2-D batch-norm kernels the volume as (N, C, D*H, W): a
+    channel's statistics still run over all of (N, D, H, W).  y, dx, dgamma, dbeta and the running
+    statistics of one training step against refconv.reference.batch_norm3d_*, on a volume whose D, H and W
+    differ and whose channels differ in mean and spread (a sum over the wrong axes would not agree)."""
+    x_shape = (2, 2, 3, 2, 4)  # each channel a block of 256 threads in the sums: C = 2 keeps the simulator quick
+    rng = numpy.random.default_rng(8)
+    x = rng.standard_normal(x_shape) * numpy.array([3, 0.5]).reshape(1, 2, 1, 1, 1) + numpy.array([0, 1]).reshape(
+        1, 2, 1, 1, 1)
+    dy, gamma, beta = rng.standard_normal(x_shape), rng.standard_normal(2), rng.standard_normal(2)
+    running_mean, running_var = numpy.zeros(2), numpy.ones(2)
+    y, saved = ref.batch_norm3d_forward(x, gamma, beta, running_mean=running_mean, running_var=running_var)
+    dx, dgamma, dbeta = ref.batch_norm3d_backward(dy, x, gamma, saved)
+
+    grid = refconv.ProcessGrid(MPI.COMM_SELF)
+    layer = BatchNorm3d(2, grid=grid, backend="cuda", dtype=numpy.float64).bind(x_shape)
+    layer.weight[...], layer.bias[...] = dev(gamma, beta)
+    y_d = layer.forward(DEVICE.asarray(x))
+    dx_d = layer.backward(DEVICE.asarray(dy))
+    count = math.prod(x_shape) // 2
+    for name, got, want in [("y", y_d, y), ("dx", dx_d, dx), ("dgamma", layer.weight_grad, dgamma),
+                            ("dbeta", layer.bias_grad, dbeta), ("running_mean", layer.running_mean, running_mean),
+                            ("running_var", layer.running_var, running_var)]:
+        check(got, want, count, name)
+
+
+# A volume goes through these backend methods in a 3-D CNN (conv3d, batch norm, ReLU, pooling); global
+# average pooling and the MSE head use backend.xp, the device's array module.
+VOLUME_METHODS = ("conv3d_forward", "conv3d_backward_data", "conv3d_backward_filter", "conv3d_backward_bias",
+                  "max_pool3d_forward", "max_pool3d_backward", "avg_pool3d_forward", "avg_pool3d_backward",
+                  "batch_norm_sum", "batch_norm_centered_sum_squares", "batch_norm_apply", "batch_norm_grad_sums",
+                  "batch_norm_backward_apply", "relu_forward", "relu_backward")
+
+
+@pytest.mark.parametrize("name", VOLUME_METHODS)
+def test_the_cuda_backend_keeps_every_volume_method_on_the_device(name):
+    """docs/volumes.md: no layer of a 3-D CNN leaves the device.  Each method is CudaBackend's own (not the
+    NumPy backend's, inherited) and neither copies to the host nor calls the host reference."""
+    assert name in CudaBackend.__dict__, f"CudaBackend.{name} is inherited from NumpyBackend"
+    source = inspect.getsource(CudaBackend.__dict__[name])
+    assert "self.k." in source and "to_host" not in source and "ref." not in source, source

@@ -97,7 +97,7 @@ def test_commands_answer_a_model_of_volumes_in_one_line(capsys, argv, expected):
 
 def test_cuda_backend_normalises_and_pools_volumes_as_numpy_does():
     """Under the simulator: 3-D batch norm through the 2-D kernels (the volume seen as
-    (N, C, D*H, W)) and 3-D pooling through the host reference match the NumPy backend."""
+    (N, C, D*H, W)) and 3-D average pooling through its kernel match the NumPy backend."""
     cuda, numpy_backend = get_backend("cuda"), get_backend("numpy")
     rng = numpy.random.default_rng(0)
     x, dy = rng.standard_normal((1, 2, 2, 2, 3)), rng.standard_normal((1, 2, 2, 2, 3))
