@@ -84,7 +84,7 @@ def test_table_key_is_each_strategys_window_and_weight_block():
         got = layer._algo.x_win.shape + layer.weight.shape
         grid.free()
         if comm.rank == 0:
-            assert got == (key.n, key.C, key.H_win, key.W_win, key.F, key.C, key.Kh, key.Kw), (label, got, key)
+            assert got == (key.n, key.C, *key.window, key.F, key.C, *key.kernel), (label, got, key)
 
 
 @mpi_test(sizes=(2,), timeout=180)
