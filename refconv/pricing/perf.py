@@ -19,9 +19,13 @@ there are) this module predicts, on the rank with the largest blocks (coordinate
 The weight-gradient allreduce (convolution ``dw``/``db``, classifier ``dW``/``db``)
 is kept apart in ``grad``.  ``refconv train`` starts it in each layer's backward and
 waits before the optimizer's step (``Model.set_overlap``); ``--no-overlap`` waits in
-the layer.  The planner's objective is the blocking sum; :func:`overlapped_step`
-prices the overlapped step (each allreduce as max(compute, communication) on one
-stream) and ``refconv plan`` prints both.
+the layer.  With overlap on, a convolution also computes behind its halo exchange
+(the interior of its output) and its halo return (its own cells of backward-data and,
+but for Stationary-Y, backward-filter): :func:`halo_hidden` prices what that hides, in
+``hidden_fwd`` and ``hidden_bwd``.  The planner's objective is the blocking sum;
+:func:`overlapped_step` prices the overlapped step (each allreduce as max(compute,
+communication) on one stream, each halo call as max(the compute behind it, the call)
+plus the compute after it) and ``refconv plan`` prints both.
 """
 
 import dataclasses
@@ -32,15 +36,16 @@ import math
 import numpy
 
 from refconv import algorithms, checks
-from refconv.algorithms import ConvGeometry, candidates
+from refconv.algorithms import REGISTRY, ConvGeometry, SampleSpatial, StationaryY, candidates
 from refconv.distribution import Distribution
 from refconv.grid import AXES, SPATIAL, axes_of
+from refconv.halo import Halo
 from refconv.layers.linear import linear_records
 from refconv.layers.loss import loss_records
 from refconv.layers.norm import batch_norm_records
 from refconv.layers.pool import gap_records, pool_records
 from refconv.pricing.graph import spatial_tuple
-from refconv.pricing.machine import ConvShape
+from refconv.pricing.machine import CONV_OPS, ConvShape
 
 ITEMSIZE = 4  # float32
 
@@ -90,6 +95,8 @@ class StageCost:
     grad: float = 0.0  # weight-gradient allreduce seconds
     memory: int = 0  # bytes kept for the whole step: parameters x 3 and saved activations
     workspace: int = 0  # the largest gathered or reduced buffer
+    hidden_fwd: float = 0.0  # seconds of the halo exchange hidden behind compute when overlapped (halo_hidden)
+    hidden_bwd: float = 0.0  # seconds of the halo return hidden likewise
 
     @property
     def seconds(self):
@@ -101,6 +108,8 @@ class StageCost:
         for k, v in other.comm.items():
             self.comm[k] = self.comm.get(k, 0.0) + v
         self.grad += other.grad
+        self.hidden_fwd += other.hidden_fwd
+        self.hidden_bwd += other.hidden_bwd
         self.memory += other.memory
         self.workspace = max(self.workspace, other.workspace)
 
@@ -183,12 +192,18 @@ def layer_calls(layer, grid):
     return []
 
 
+def call_seconds(c, grid, machine):
+    """Seconds of one call ``c`` (a :class:`refconv.algorithms.Call`) of rank 0 on ``grid``."""
+    intra = _axis_span(grid, c.axes or comm_axes(c.kind, grid)) <= machine.ranks_per_node
+    t = machine.comm_seconds(c.kind, c.comm_size, c.bytes, c.messages, intra=intra)
+    if c.kind == "halo" and c.bytes:  # the pieces are strided rows and columns: packed, then unpacked
+        t += 2 * machine.local_seconds("pack", c.bytes)
+    return t
+
+
 def price_calls(calls, grid, machine, cost):
     for c in calls:
-        intra = _axis_span(grid, c.axes or comm_axes(c.kind, grid)) <= machine.ranks_per_node
-        t = machine.comm_seconds(c.kind, c.comm_size, c.bytes, c.messages, intra=intra)
-        if c.kind == "halo" and c.bytes:  # the pieces are strided rows and columns: packed, then unpacked
-            t += 2 * machine.local_seconds("pack", c.bytes)
+        t = call_seconds(c, grid, machine)
         if c.grad:
             cost.grad += t
         else:
@@ -214,6 +229,54 @@ def local_conv_shape(layer, grid, F_rows, C_cols):
                      groups)
 
 
+class _Rank0:
+    """Rank 0 of a spatial group of ``size`` ranks: what :class:`refconv.halo.Halo` asks of its
+    communicator, so that the planner reads rank 0's windows from the layers' own Halo."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return self.size
+
+
+@functools.lru_cache(maxsize=4096)
+def halo_shares(spatial_grid, in_shape, out_shape, kernel, stride, padding, dilation, padding_mode):
+    """``(interior, own)`` of rank 0: the share of its output block that reads no halo cell
+    (``Halo.interior``), and of its window the share of backward-data cells it keeps
+    (``Halo.kept_box``); both 0 where the block is too small for the layer to split its work."""
+    halo = Halo(_Rank0(math.prod(spatial_grid)), spatial_grid, in_shape, out_shape, kernel, stride, padding,
+                dilation, padding_mode)
+    if halo.interior is None:
+        return 0.0, 0.0
+    kept = 0 if halo.kept_box is None else math.prod(halo.kept_box.shape)
+    return math.prod(halo.interior.shape) / math.prod(halo.out_shape), kept / math.prod(halo.window_shape)
+
+
+def halo_hidden(geom, grid, algorithm, passes, halos, share):
+    """``(forward, backward)`` seconds of rank 0's halo exchange and halo return hidden behind
+    compute when the layer overlaps them (``Algorithm.conv_behind_halo``, ``backward_behind_halo``).
+
+    ``passes``: seconds of the local forward, backward-data and backward-filter; ``halos``: of
+    the exchange and the return; ``share``: what the machine hides of a call in flight
+    (``Machine.overlap``).  Behind the exchange runs the interior of the output; behind the
+    return, the own cells of backward-data and backward-filter (Stationary-Y runs
+    backward-filter behind its reduce-scatter instead, not priced as overlapped here; a block
+    too small to split leaves backward-filter alone behind the return).  Compute is taken in
+    proportion to the cells.  A call then costs max(compute behind it, ``share`` of it) plus the
+    rest of it, so it saves min(compute behind it, ``share`` of it) of the blocking sum."""
+    fwd, data, filt = passes
+    exchange, back = halos
+    interior, own = halo_shares(tuple(grid[SPATIAL:]), geom.in_shape[2:], geom.out_shape[2:], geom.kernel,
+                                 geom.stride, geom.padding, geom.dilation, geom.padding_mode)
+    runs = REGISTRY[algorithm] if grid[1] > 1 else SampleSpatial
+    behind_return = own * data + (0.0 if issubclass(runs, StationaryY) else filt)
+    return min(interior * fwd, share * exchange), min(behind_return, share * back)
+
+
 def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
     """StageCost of one layer on ``grid`` (a conv with the given algorithm)."""
     cost = StageCost(grid, algorithm, filter_groups)
@@ -229,9 +292,12 @@ def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
         flops = 2 * pixels * shard
         columns = pixels * C_cols * area * ITEMSIZE  # the im2col matrix of the local conv
         shape = local_conv_shape(layer, grid, F_rows, C_cols)  # for a machine's measured table
-        cost.fwd = machine.conv_seconds("conv_fwd", area, flops, columns, shape)
-        cost.bwd = (machine.conv_seconds("conv_bwd_data", area, flops, columns, shape)
-                    + machine.conv_seconds("conv_bwd_filter", area, flops, columns, shape))
+        passes = [machine.conv_seconds(op, area, flops, columns, shape) for op in CONV_OPS]  # fwd, data, filter
+        cost.fwd, cost.bwd = passes[0], passes[1] + passes[2]
+        halos = [call_seconds(c, grid, machine) for c in calls if c.kind == "halo"]  # the exchange, the return
+        if halos:
+            cost.hidden_fwd, cost.hidden_bwd = halo_hidden(conv_geometry(layer), grid, algorithm, passes, halos,
+                                                           machine.overlap)
         gathered = max([c.bytes for c in calls if c.kind == "allgather"] + [0])
         cost.memory = 3 * (shard + (layer.out_shape[1] if layer.spec.get("bias", True) else 0)) * ITEMSIZE \
             + max(x_bytes, gathered if algorithm != "stationary-x" else 0)
@@ -331,15 +397,18 @@ def shuffle_matrix(shape, grid_list, machine):
 
 def overlapped_step(costs, hidden=1.0):
     """Step seconds if each weight-gradient allreduce overlapped the backward compute of
-    the layers before it (one communication stream): ``costs`` in forward order.
+    the layers before it (one communication stream), and each convolution's halo exchange
+    and return the compute its layer runs behind them: ``costs`` in forward order.
 
     ``hidden``: the share of each allreduce the machine overlaps (``Machine.overlap``, which
     ``refconv calibrate`` measures); the rest of it the rank pays on its own time, as in
     the blocking step.  So each call costs max(compute, its hidden part) plus the part
-    that cannot overlap: ``hidden=0`` gives the blocking step, 1 the full overlap."""
-    t = sum(c.fwd + sum(v for k, v in c.comm.items()) / 2 for c in costs)  # forward half of the comm
+    that cannot overlap: ``hidden=0`` gives the blocking step, 1 the full overlap.  The
+    halo calls' hidden seconds (``hidden_fwd``, ``hidden_bwd``: :func:`halo_hidden`, priced
+    with the same share) come off the rank's own time."""
+    t = sum(c.fwd + sum(v for k, v in c.comm.items()) / 2 - c.hidden_fwd for c in costs)  # forward half of the comm
     compute, stream = t, t
     for c in reversed(costs):
-        compute += c.bwd + sum(c.comm.values()) / 2 + (1 - hidden) * c.grad
+        compute += c.bwd + sum(c.comm.values()) / 2 - c.hidden_bwd + (1 - hidden) * c.grad
         stream = max(stream, compute) + hidden * c.grad
     return max(compute, stream)

@@ -123,6 +123,11 @@ class Plan:
     def overlapped_seconds(self):
         return perf.overlapped_step([r.cost for r in self.rows], self.hidden)
 
+    @property
+    def halo_hidden_seconds(self):
+        """Seconds of the halo exchanges and returns that overlap hides (part of the overlapped step)."""
+        return sum(r.cost.hidden_fwd + r.cost.hidden_bwd for r in self.rows)
+
     def comm(self, kind):
         return sum(r.cost.comm.get(kind, 0.0) for r in self.rows)
 

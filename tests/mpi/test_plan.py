@@ -6,6 +6,7 @@ plans differ and mix grids and algorithms) is trained by ``refconv.train`` with
 agree (float64, relative 1e-6).
 """
 
+import math
 import warnings
 
 import numpy
@@ -144,10 +145,12 @@ def test_the_planner_prices_the_calls_3d_layers_make():
     for these layers, and every algorithm it prices there: the calls it prices for a 3-D conv
     (halo faces, edges and corners; the X/Y/W collectives; the segmented allreduce), max pooling,
     batch norm and global average pooling are rank 0's ``records()`` of DistConv3d, MaxPool3d,
-    BatchNorm3d and GlobalAvgPool3d, which every rank's measured calls then match."""
+    BatchNorm3d and GlobalAvgPool3d, which every rank's measured calls then match.  The shares of
+    rank 0's forward and backward-data that the model prices behind the halo calls
+    (``perf.halo_shares``) are those of the layer's own Halo."""
     rng = numpy.random.default_rng(0)
     x = rng.standard_normal(VOLUME).astype(numpy.float32)
-    priced = 0
+    priced, wrong = 0, []
     for grid_shape in perf.grids(comm.size, 5):
         grid = ProcessGrid(comm, **dict(zip(axes_of(5), grid_shape)))
         layers = []
@@ -162,6 +165,17 @@ def test_the_planner_prices_the_calls_3d_layers_make():
                                    bias=spec.get("bias", True), grid=grid, algorithm=algorithm, filter_groups=p_f,
                                    backend="numpy", input_shape=VOLUME)
                 layers.append((layer, perf.conv_calls(planned, grid_shape, algorithm, p_f)))
+                if comm.rank == 0 and math.prod(grid_shape[2:]) > 1:  # what the model hides behind the halo
+                    halo, geom = layer._algo.halo, perf.conv_geometry(planned)
+                    kept = 0 if halo.kept_box is None else math.prod(halo.kept_box.shape)
+                    shares = ((0.0, 0.0) if halo.interior is None else
+                              (math.prod(halo.interior.shape) / math.prod(halo.out_shape),
+                               kept / math.prod(halo.window_shape)))
+                    priced_shares = perf.halo_shares(grid_shape[2:], geom.in_shape[2:], geom.out_shape[2:],
+                                                     geom.kernel, geom.stride, geom.padding, geom.dilation,
+                                                     geom.padding_mode)
+                    if shares != priced_shares:
+                        wrong.append(f"{grid_shape} {spec}: the layer's halo shares {shares}, priced {priced_shares}")
         for kind, spec, make in VOLUME_LAYERS:
             planned = graph.Layer.of({"type": kind, **spec}, VOLUME)
             if perf.feasible(planned, grid_shape):
@@ -175,4 +189,5 @@ def test_the_planner_prices_the_calls_3d_layers_make():
                           layer.records(), f"{grid_shape} {layer!r}")
             priced += comm.rank == 0 and bool(calls)
         grid.free()
-    assert_all_ranks(comm, comm.rank != 0 or priced >= {2: 15, 4: 40}[comm.size], f"{priced} layers with calls")
+    assert_all_ranks(comm, comm.rank != 0 or (priced >= {2: 15, 4: 40}[comm.size] and not wrong),
+                     f"{priced} layers with calls; {wrong}")
