@@ -15,6 +15,7 @@ from mpi4py import MPI
 from refconv import DistConv2d, Model, ProcessGrid
 from refconv.grid import axes_of
 from refconv.layers import BatchNorm3d, DistConv2d, DistConv3d, GlobalAvgPool3d, MaxPool3d
+from refconv.model_spec import load_spec
 from refconv.plan import calibrate, validate
 from refconv.pricing import choose_for_layer, graph, machine, perf, search
 from refconv.testing.asserts import assert_all_ranks
@@ -191,3 +192,14 @@ def test_the_planner_prices_the_calls_3d_layers_make():
         grid.free()
     assert_all_ranks(comm, comm.rank != 0 or (priced >= {2: 15, 4: 40}[comm.size] and not wrong),
                      f"{priced} layers with calls; {wrong}")
+
+
+@mpi_test(sizes=(2,), timeout=60)
+def test_validation_times_the_plan_of_a_model_of_volumes():
+    """``python -m refconv.plan.validate --model cosmoflow``'s model part: the plan of 8x8x8 volumes
+    on grids of five axes, and its training step timed against sample parallelism's."""
+    predicted, measured = validate.model_rows(comm, machine.load("dev-cpu"), 1, spec=load_spec("cosmoflow"))
+    plan, sample = predicted["planned"]
+    assert_all_ranks(comm, all(len(r.cost.grid) == 5 for r in plan.rows) and sample is not None
+                     and plan.seconds <= sample.seconds and "sample" in measured
+                     and all(span.min > 0 for span in measured.values()), f"{predicted} {measured}")
