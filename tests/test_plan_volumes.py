@@ -118,6 +118,15 @@ def test_the_command_plans_cosmoflow(capsys):
     assert len(strategies) == 3 and any(s[1] in ("x", "y") or s[1].startswith("w(") for s in strategies), out
 
 
+def test_the_command_refuses_more_grids_of_five_axes_than_it_searches_in_one_line(capsys):
+    status, _, err = run_command(capsys, "plan", "--model", "cosmoflow", "--ranks", "256", "--batch", "2",
+                                 "--machine", "v100-edr")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2 and len(lines) == 1, err
+    assert lines[0].startswith("refconv plan: error: --ranks: 256 ranks factor into 495 grids (sample x channel x "
+                               "depth x height x width), more than the 400"), err
+
+
 def test_cost_model_prices_a_3d_layer_and_refuses_depth_on_images(capsys):
     assert cost_model.main(["--shape", "4", "16", "8", "8", "8", "--F", "16", "--grid", "channel=4,depth=2"]) == 0
     out = capsys.readouterr().out

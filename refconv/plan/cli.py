@@ -7,7 +7,9 @@ Usage::
 
 Prints the per-stage table and the totals against pure sample parallelism and
 the best single strategy; ``--out`` writes a model file that ``refconv train
---model plan.yaml`` runs on ``P`` ranks.  Bad input (a missing or malformed
+--model plan.yaml`` runs on ``P`` ranks.  A model of volumes (``dims: 3``, e.g. ``--model
+cosmoflow``) is planned on grids of five axes, ``--image-size`` its depth, height and
+width (docs/planning.md, "Models of volumes").  Bad input (a missing or malformed
 machine file, no feasible plan, a model it cannot bind) raises ValueError alike
 on every rank, which :func:`refconv.cli.main` prints as one line, exiting with
 status 2.  This command computes only (no collectives); under mpiexec every rank
@@ -29,10 +31,10 @@ from refconv.pricing import graph, machine as machine_mod, search
 
 
 HELP = "plan every layer's grid and algorithm from a performance model"
-DESCRIPTION = ("Search every factorisation of the ranks into sample x channel x height x width (x depth, for a "
-               "model of volumes) per layer (and "
-               "every channel algorithm and p_f), minimising the predicted step time with the shuffles between "
-               "layers, under a memory limit. See docs/planning.md.")
+DESCRIPTION = ("Search every factorisation of the ranks into sample x channel x height x width (sample x channel x "
+               "depth x height x width for a model of volumes) per layer (and every channel algorithm and p_f), "
+               "minimising the predicted step time with the shuffles between layers, under a memory limit. See "
+               "docs/planning.md.")
 
 
 def add_arguments(p):
@@ -54,7 +56,8 @@ def _plan(args):
         v = getattr(args, name)
         if v < 1:
             raise ValueError(f"--{name.replace('_', '-')}: expected a positive int, got {v}")
-    search.check_ranks(args.ranks)  # before loading anything: a rank count it cannot search in minutes (images)
+    search.check_ranks(args.ranks)  # before loading anything: a rank count it cannot search in minutes
+    #                                 (over four axes; the planner checks a model of volumes' five again)
     if args.memory_per_rank is not None and args.memory_per_rank <= 0:
         raise ValueError(f"--memory-per-rank: expected a positive number of GiB, got {args.memory_per_rank}")
     if args.out and not args.out.endswith((".yaml", ".yml", ".json")):
