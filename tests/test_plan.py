@@ -22,7 +22,7 @@ from refconv.cost_model import Call
 from refconv.distribution import Distribution
 from refconv.layers import DistConv2d
 from refconv.model_spec import PRESETS, load_spec
-from refconv.plan import calibrate
+from refconv.plan import calibrate, report
 from refconv.plan.calibrate import fit_line, fit_plane
 from refconv.plan.validate import Row, picks, relative_to_sample
 from refconv.pricing import choose_for_layer, graph, machine, perf, search
@@ -318,10 +318,10 @@ def test_plan_writes_a_model_file(tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("preset", sorted(p for p in PRESETS if load_spec(p).get("dims", 2) == 2))
+@pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_the_command_plan_prints_trains_every_preset(tmp_path, preset):
     """The line ``refconv plan --out`` ends with is run as printed, on 2 ranks, for every preset
-    of images (the planner refuses a model of volumes: tests/test_volumes.py):
+    (cosmoflow's volumes too: 16^3, on a grid of five axes):
     it must bring the data the plan was made for (resnet50 on the 1-channel digits failed).
     Appended only: one step on 8 images, and a small lr (the step's numbers are not checked)."""
     out = tmp_path / "plan.yaml"
@@ -386,6 +386,52 @@ def test_overlapped_step_by_hand():
     assert perf.overlapped_step([a, b], hidden=0.5) == pytest.approx(9.5)
 
 
+def _halo_hidden(shape, grid, algorithm, halos, share=1.0):
+    layer = _conv_layer({"out": 4, "kernel": 3, "padding": 1}, shape)
+    return perf.halo_hidden(perf.conv_geometry(layer), grid, algorithm, (6.0, 14.0, 5.0), halos, share)
+
+
+def test_halo_overlap_hides_the_halo_behind_the_interior_by_hand():
+    """A 3x3 conv, padding 1, of 12 x 12 images on 2 height ranks: rank 0's outputs are rows 0-5,
+    of which 0-4 read no halo row (5/6 of its forward behind the exchange); its window is
+    8 x 14 (rows -1..6, columns -1..12), of which it keeps its own 6 x 12 cells (9/14 of
+    backward-data behind the return, with all of backward-filter but for Stationary-Y).
+    Passes 6 s forward, 14 s backward-data, 5 s backward-filter: each halo call hides
+    min(the compute behind it, the machine's share of the call)."""
+    sample, y = (1, 1, 2, 1), (1, 2, 2, 1)
+    assert _halo_hidden((1, 4, 12, 12), sample, "stationary-x", (100.0, 100.0)) == pytest.approx((5.0, 9.0 + 5.0))
+    assert _halo_hidden((1, 4, 12, 12), sample, "stationary-x", (0.5, 0.25)) == pytest.approx((0.5, 0.25))
+    assert _halo_hidden((1, 4, 12, 12), sample, "stationary-x", (4.0, 4.0), share=0.5) == pytest.approx((2.0, 2.0))
+    assert _halo_hidden((1, 4, 12, 12), y, "stationary-y", (100.0, 100.0)) == pytest.approx((5.0, 9.0))
+    assert _halo_hidden((1, 4, 12, 12), y, "stationary-x", (100.0, 100.0)) == pytest.approx((5.0, 14.0))
+    # 2 output rows a rank, 1 reading the halo: too small to split (the layer falls back), so only
+    # backward-filter runs behind the return, and nothing for Stationary-Y
+    assert _halo_hidden((1, 4, 4, 12), sample, "stationary-x", (100.0, 100.0)) == (0.0, 5.0)
+    assert _halo_hidden((1, 4, 4, 12), y, "stationary-y", (100.0, 100.0)) == (0.0, 0.0)
+
+
+def test_overlapped_step_hides_the_halo_calls_by_hand():
+    """Forward 2 + halo exchange 1 (as comm, half of 2 s), of which 0.5 hidden; backward 3 +
+    return 1 of which 1 hidden, then the allreduce (4) alone on its stream: 2.5 + 3 + 4."""
+    a = perf.StageCost((1, 1, 2, 1), fwd=2.0, bwd=3.0, comm={"halo": 2.0}, grad=4.0, hidden_fwd=0.5, hidden_bwd=1.0)
+    assert a.seconds == pytest.approx(11.0)
+    assert perf.overlapped_step([a]) == pytest.approx(2.5 + 3.0 + 4.0)
+    assert perf.overlapped_step([a], hidden=0.0) == pytest.approx(11.0 - 1.5)  # halo shares priced in hidden_*
+
+
+def test_the_plan_prints_the_halo_hidden_behind_compute():
+    """digits-cnn with one sample on 4 ranks splits space: the overlapped step hides part of
+    the convolutions' halo calls, and the blocking step (the objective) is unchanged by it."""
+    planner, plan = search.plan_model(load_spec("digits-cnn"), (1, 1, 64, 64), 4, V100)
+    hidden = plan.halo_hidden_seconds
+    assert 0 < hidden <= plan.comm("halo")
+    no_halo = perf.overlapped_step([dataclasses.replace(r.cost, hidden_fwd=0.0, hidden_bwd=0.0) for r in plan.rows],
+                                   plan.hidden)
+    assert plan.overlapped_seconds == pytest.approx(no_halo - hidden)
+    assert f"of the halo calls' {plan.comm('halo') * 1e3:.3f} ms, {hidden * 1e3:.3f} ms hidden" in report.summary(
+        plan, None, None)
+
+
 def test_calibration_fits_recover_known_costs():
     flops = numpy.array([1e6, 4e6, 2e7, 8e7, 3e8])
     columns = numpy.array([4e5, 1e5, 6e6, 2e6, 4e7])
@@ -417,7 +463,7 @@ def test_validation_pick_rates_strict_and_within_noise():
 
 
 # -- the per-local-shape conv table ----------------------------------------------------------------------
-TABLED = machine.ConvShape(2, 4, 8, 10, 10, 3, 3)  # [n, C, F, H_win, W_win, Kh, Kw]; stride, dilation 1, groups 1
+TABLED = machine.ConvShape(2, 4, 8, (10, 10), (3, 3))  # n, C, F, (H_win, W_win), (Kh, Kw); stride, dilation 1, groups 1
 
 
 def tabled_doc(*entries):
@@ -484,8 +530,8 @@ def test_table_key_is_the_window_the_algorithm_convolves(spec):
     layer.forward(numpy.zeros(shape, numpy.float32))
     planned = _conv_layer(spec, shape)
     key = perf.local_conv_shape(planned, (1, 1, 1, 1), *perf.local_weight_shape(planned, (1, 1, 1, 1), None, None))
-    assert (key.n, key.C, key.H_win, key.W_win) == layer._algo.x_win.shape
-    assert (key.F, key.C // key.groups, key.Kh, key.Kw) == layer.weight.shape
+    assert (key.n, key.C, *key.window) == layer._algo.x_win.shape
+    assert (key.F, key.C // key.groups, *key.kernel) == layer.weight.shape
 
 
 def test_plan_runs_with_a_tabled_machine_file(tmp_path):

@@ -82,9 +82,6 @@ def test_cosmoflow_learns_on_one_rank():
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["plan", "--model", "cosmoflow", "--ranks", "8", "--batch", "8"],
-     "refconv plan: error: spec.dims: 'cosmoflow' is a model of volumes (dims 3); the planner prices models of "
-     "images (dims 2) only"),
     (["train", "--model", "cosmoflow", "--backend", "numpy"],
      "refconv train: error: --model: 'cosmoflow' is a model of volumes (dims 3), which trains on --synthetic "
      "volumes or on --data with volumes (N, C, D, H, W); add one of them"),

@@ -23,7 +23,8 @@ as in 2-D.  ``ProcessGrid(comm, ..., depth=P_D)`` splits depth; a grid without a
 split (``depth=1``) leaves every rank whole volumes along depth.  Every option of the
 serial :func:`refconv.reference.conv3d_forward` is taken: stride, padding (ints, triples,
 ``'same'``, ``'valid'``), ``padding_mode``, dilation, groups, bias.  ``algorithm='auto'``
-is not: the planner prices 2-D layers only.
+is not: the layer does not ask the chooser yet (``refconv plan`` chooses X, Y or W for
+every convolution of a model of volumes, docs/planning.md).
 """
 
 from refconv.layers.conv import DistConv2d
@@ -42,7 +43,7 @@ class DistConv3d(DistConv2d):
     def __init__(self, in_channels, out_channels, kernel_size, *, algorithm="stationary-x", **options):
         if algorithm == "auto":
             raise ValueError("algorithm: DistConv3d takes 'stationary-x', 'stationary-y' or 'stationary-w'; "
-                             "'auto' prices 2-D layers only")
+                             "'auto' is not chosen per 3-D layer yet (refconv plan chooses for a model of volumes)")
         super().__init__(in_channels, out_channels, kernel_size, algorithm=algorithm, **options)
 
 

@@ -89,7 +89,8 @@ def add_arguments(p):
     train_config.add_option(p, "model", default=None, unset="no table", purpose="also time the local convolutions "
                             "`refconv plan` prices for this model on these ranks, into compute.conv_table")
     p.add_argument("--batch", type=int, help="global batch size of --model (required with it)")
-    p.add_argument("--image-size", type=int, default=32, help="image height and width of --model (default 32)")
+    p.add_argument("--image-size", type=int, default=32, help="image height and width of --model (default 32; "
+                                                               "depth, height and width for a model of volumes)")
     p.add_argument("--max-shapes", type=int, default=300, help="refuse a --model with more local shapes than this "
                                                                  "(default 300; about 0.4 s each on 4 ranks of the 2-core "
                                                                  "dev-cpu machine, 2026-11-30)")
@@ -263,7 +264,7 @@ def measure_compute(comm, backend, quick):
     # The sweep's shapes as the algorithms convolve them (a window of the padded input, padding 0),
     # timed as the conv table is: every (shape, pass) a contender of each round.
     sweep = conv_shapes(quick)
-    windows = [machine_mod.ConvShape(N, C, F, H + 2 * (K // 2), H + 2 * (K // 2), K, K) for N, C, F, H, K in sweep]
+    windows = [machine_mod.ConvShape(N, C, F, (H + 2 * (K // 2),) * 2, (K, K)) for N, C, F, H, K in sweep]
     for (N, C, F, H, K), entry in zip(sweep, measure_conv_table(comm, backend, windows, repeats)):
         cls = "1x1" if K == 1 else "kxk"
         for op in CONV_OPS:
@@ -375,22 +376,22 @@ def model_shapes(spec, input_shape, P, machine):
 
 def measure_conv_table(comm, backend, shapes, repeats, say=lambda *a: None):
     """``[{shape: [...], conv_fwd: s, conv_bwd_data: s, conv_bwd_filter: s}]``: each local shape's
-    three passes, ``padding=0`` on the window as the algorithms run them, with every rank running
-    the same pass at once.  Every (shape, pass) is a contender of each round, as the collectives
+    three passes (the backend's ``conv2d_*``, or ``conv3d_*`` for a volume's shape), ``padding=0`` on
+    the window as the algorithms run them, with every rank running the same pass at once.  Every (shape, pass) is a contender of each round, as the collectives
     are: a change of load during the run (the machine may be shared) hits every shape alike
     instead of whichever was being timed then.  All shapes' arrays are held at once."""
     rng = numpy.random.default_rng(comm.Get_rank())
     passes = {}
     for i, s in enumerate(shapes):
         local = dict(stride=s.stride, dilation=s.dilation, groups=s.groups)
-        x = backend.asarray(rng.standard_normal((s.n, s.C, s.H_win, s.W_win), dtype=numpy.float32))
-        w = backend.asarray(rng.standard_normal((s.F, s.C // s.groups, s.Kh, s.Kw), dtype=numpy.float32))
-        dy = backend.conv2d_forward(x, w, **local)  # (n, F, h, w): the output block
-        passes[i, "conv_fwd"] = lambda x=x, w=w, local=local: backend.conv2d_forward(x, w, **local)
-        passes[i, "conv_bwd_data"] = lambda dy=dy, w=w, x=x, local=local: backend.conv2d_backward_data(
-            dy, w, x.shape, **local)
-        passes[i, "conv_bwd_filter"] = lambda x=x, dy=dy, w=w, local=local: backend.conv2d_backward_filter(
-            x, dy, w.shape, **local)
+        fwd, data, filt = (getattr(backend, f"conv{s.dims}d_{p}") for p in ("forward", "backward_data",
+                                                                           "backward_filter"))
+        x = backend.asarray(rng.standard_normal((s.n, s.C) + s.window, dtype=numpy.float32))
+        w = backend.asarray(rng.standard_normal((s.F, s.C // s.groups) + s.kernel, dtype=numpy.float32))
+        dy = fwd(x, w, **local)  # (n, F, h, w), or (n, F, d, h, w): the output block
+        passes[i, "conv_fwd"] = lambda x=x, w=w, local=local, fwd=fwd: fwd(x, w, **local)
+        passes[i, "conv_bwd_data"] = lambda dy=dy, w=w, x=x, local=local, data=data: data(dy, w, x.shape, **local)
+        passes[i, "conv_bwd_filter"] = lambda x=x, dy=dy, w=w, local=local, filt=filt: filt(x, dy, w.shape, **local)
     started = time.perf_counter()
     rounds = time_ranks(comm, passes, repeats, 0, 0.0, window=COMPUTE_WINDOW_S,
                         progress=lambda done: say(f"conv table: round {done}/{repeats} of {len(shapes)} local "
@@ -499,8 +500,9 @@ def _model_shapes(args, P):
                          f"{args.batch}, {args.image_size}, {args.max_shapes}")
     spec = load_model_spec(args.model)  # a file that does not parse: "--model: ..." (as refconv train and plan)
     in_channels = spec.get("in_channels", 3) if isinstance(spec, dict) else 3
+    dims = graph.dims_of(spec) if isinstance(spec, dict) else 2
     try:
-        shapes = model_shapes(spec, (args.batch, in_channels, args.image_size, args.image_size), P,
+        shapes = model_shapes(spec, (args.batch, in_channels) + (args.image_size,) * dims, P,
                               machine_mod.load(machine_mod.DEFAULT_MACHINE))  # any machine: only the shapes count
     except graph.BindError as exc:
         raise graph.BindError(f"--model/--image-size: {exc}") from None

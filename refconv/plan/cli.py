@@ -7,7 +7,9 @@ Usage::
 
 Prints the per-stage table and the totals against pure sample parallelism and
 the best single strategy; ``--out`` writes a model file that ``refconv train
---model plan.yaml`` runs on ``P`` ranks.  Bad input (a missing or malformed
+--model plan.yaml`` runs on ``P`` ranks.  A model of volumes (``dims: 3``, e.g. ``--model
+cosmoflow``) is planned on grids of five axes, ``--image-size`` its depth, height and
+width (docs/planning.md, "Models of volumes").  Bad input (a missing or malformed
 machine file, no feasible plan, a model it cannot bind) raises ValueError alike
 on every rank, which :func:`refconv.cli.main` prints as one line, exiting with
 status 2.  This command computes only (no collectives); under mpiexec every rank
@@ -25,20 +27,22 @@ from mpi4py import MPI
 from refconv import checks, datasets, train_config
 from refconv.train import load_model_spec
 from refconv.plan import report
-from refconv.pricing import machine as machine_mod, search
+from refconv.pricing import graph, machine as machine_mod, search
 
 
 HELP = "plan every layer's grid and algorithm from a performance model"
-DESCRIPTION = ("Search every factorisation of the ranks into sample x channel x height x width per layer (and "
-               "every channel algorithm and p_f), minimising the predicted step time with the shuffles between "
-               "layers, under a memory limit. See docs/planning.md.")
+DESCRIPTION = ("Search every factorisation of the ranks into sample x channel x height x width (sample x channel x "
+               "depth x height x width for a model of volumes) per layer (and every channel algorithm and p_f), "
+               "minimising the predicted step time with the shuffles between layers, under a memory limit. See "
+               "docs/planning.md.")
 
 
 def add_arguments(p):
     train_config.add_option(p, "model", default=None, unset=None, required=True)
     p.add_argument("--ranks", type=int, required=True, help="number of ranks P")
     p.add_argument("--batch", type=int, required=True, help="global batch size")
-    p.add_argument("--image-size", type=int, default=32, help="height and width of the input images (default 32)")
+    p.add_argument("--image-size", type=int, default=32, help="height and width of the input images, or depth, "
+                                                               "height and width of a model of volumes (default 32)")
     p.add_argument("--num-classes", type=int, default=None, help="classes of a preset's classifier "
                                                                   "(default: the preset's)")
     train_config.add_option(p, "machine")
@@ -53,6 +57,7 @@ def _plan(args):
         if v < 1:
             raise ValueError(f"--{name.replace('_', '-')}: expected a positive int, got {v}")
     search.check_ranks(args.ranks)  # before loading anything: a rank count it cannot search in minutes
+    #                                 (over four axes; the planner checks a model of volumes' five again)
     if args.memory_per_rank is not None and args.memory_per_rank <= 0:
         raise ValueError(f"--memory-per-rank: expected a positive number of GiB, got {args.memory_per_rank}")
     if args.out and not args.out.endswith((".yaml", ".yml", ".json")):
@@ -64,12 +69,12 @@ def _plan(args):
         machine = machine_mod.load(args.machine)
     kwargs = {"num_classes": args.num_classes} if args.num_classes else {}
     spec = load_model_spec(args.model, **kwargs)  # a file that does not parse: "--model: ..." (as refconv train)
-    shape = (args.batch, spec.get("in_channels", 3) if isinstance(spec, dict) else 3, args.image_size,
-             args.image_size)
+    dims = graph.dims_of(spec) if isinstance(spec, dict) else 2
+    shape = (args.batch, spec.get("in_channels", 3) if isinstance(spec, dict) else 3) + (args.image_size,) * dims
     limit = args.memory_per_rank * 2**30 if args.memory_per_rank else None
     say = (lambda text: print(text, file=sys.stderr, flush=True)) if _rank() == 0 else None
     planner, plan = search.plan_model(spec, shape, args.ranks, machine, limit, progress=say)
-    sample = planner.uniform((args.ranks, 1, 1, 1), "stationary-x")
+    sample = planner.sample_parallel()
     out = [str(w.message) for w in caught]
     out.append(f"model {spec.get('name', args.model)}, input {shape}, {args.ranks} ranks, machine "
                f"{machine.name} ({'measured ' + str(machine.measured) if machine.measured else 'not measured'})")

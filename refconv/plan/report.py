@@ -30,10 +30,12 @@ def table(plan):
 
 def summary(plan, sample, uniform):
     """The planned step against pure sample parallelism and the best single strategy."""
+    halo = (f"; of the halo calls' {_ms(plan.comm('halo'))} ms, {_ms(plan.halo_hidden_seconds)} ms hidden behind the "
+            f"convolutions' interior and own cells" if plan.comm("halo") > 0 else "")
     lines = [f"predicted step: {_ms(plan.seconds)} ms blocking (compute {_ms(plan.compute_seconds)} ms, "
              f"weight-gradient allreduce {_ms(plan.grad_seconds)} ms, as --no-overlap trains); "
              f"{_ms(plan.overlapped_seconds)} ms overlapped (each allreduce behind the backward before it, "
-             f"as refconv train runs, {plan.hidden:.0%} of it hidden: the machine file's overlap)",
+             f"as refconv train runs, {plan.hidden:.0%} of it hidden: the machine file's overlap{halo})",
              f"memory per rank: {plan.memory / 2**30:.3f} GiB (parameters x3, saved activations, largest "
              f"gathered buffer)"]
     for label, other in (("pure sample parallelism", sample), ("best single strategy", uniform)):

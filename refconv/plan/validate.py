@@ -15,7 +15,9 @@
    the fastest's (the pick is within the noise of the best).
 2. A model: ``refconv plan``'s plan of a small wide CNN (batch 4, one sample per
    rank at 4 ranks: the strong-scaling regime) on all ranks against the same model
-   purely sample-parallel, their training steps timed alternately.
+   purely sample-parallel, their training steps timed alternately.  ``--model``
+   times another model's plan instead, on 8x8 images or, for a model of volumes
+   (``--model cosmoflow``), 8x8x8 volumes.
 
 ``--table`` first times every local convolution the model prices above (each
 layer's strategies and the wide CNN's planner search) on all ranks at once, as
@@ -48,7 +50,7 @@ from refconv.model import Model
 from refconv.optim import SGD
 from refconv.plan import calibrate
 from refconv.pricing import graph, machine as machine_mod, perf, search
-from refconv.train import step
+from refconv.train import load_model_spec, step
 
 # name: (N, C, F, H, K)
 LAYERS = {
@@ -181,10 +183,23 @@ def reprice(rows, machine, layers=LAYERS):
     return out
 
 
-def priced_everywhere(machine, world_size, layers=LAYERS):
+def model_input(spec, batch=4, image=8):
+    """``(x, y)`` of one global batch for ``spec``: images ``(batch, C, image, image)``, or volumes
+    ``(batch, C, image, image, image)`` for a model of volumes; class labels, or for a regression
+    (``loss: mse``) targets ``(batch, K)``."""
+    rng = numpy.random.default_rng(0)
+    shape = (batch, spec.get("in_channels", 3)) + (image,) * graph.dims_of(spec)
+    K = spec["layers"][-1]["out"]
+    x = rng.standard_normal(shape).astype(numpy.float32)
+    if spec.get("loss") == "mse":
+        return x, rng.uniform(-1, 1, (batch, K)).astype(numpy.float32)
+    return x, rng.integers(0, K, batch)
+
+
+def priced_everywhere(machine, world_size, layers=LAYERS, spec=MODEL):
     """The local conv shapes this validation prices: each layer's strategies at 1, 2 and 4
-    ranks (those ``world_size`` measures), and the planner's whole search of the wide CNN on
-    ``world_size`` ranks."""
+    ranks (those ``world_size`` measures), and the planner's whole search of the model (the
+    wide CNN) on ``world_size`` ranks."""
 
     def price(m):
         for P in (1, 2, 4):
@@ -197,13 +212,13 @@ def priced_everywhere(machine, world_size, layers=LAYERS):
                         perf.layer_cost(layer, grid_shape, m, algorithm, p_f)
 
     return (calibrate.priced_shapes(machine, price)
-            + calibrate.model_shapes(MODEL, (4, 8, 8, 8), world_size, machine))
+            + calibrate.model_shapes(spec, model_input(spec)[0].shape, world_size, machine))
 
 
-def with_table(world, machine, repeats, layers, say):
+def with_table(world, machine, repeats, layers, say, spec=MODEL):
     """``machine`` with a ``conv_table`` of every shape :func:`priced_everywhere` gives, timed
     here on all ranks at once (refconv calibrate's own timing)."""
-    shapes = list(dict.fromkeys(priced_everywhere(machine, world.Get_size(), layers)))
+    shapes = list(dict.fromkeys(priced_everywhere(machine, world.Get_size(), layers, spec)))
     say(f"conv table: timing {len(shapes)} local shapes on all {world.Get_size()} ranks at once")
     entries = calibrate.measure_conv_table(world, get_backend("numpy"), shapes, repeats, say)
     table = {(op, machine_mod.ConvShape.of_list(e["shape"])): e[op] for e in entries for op in machine_mod.CONV_OPS}
@@ -227,25 +242,23 @@ def relative_to_sample(rows):
             for r in rows if r.label != "sample" and (s := sample.get((r.layer, r.P)))]
 
 
-def model_rows(world, machine, steps, batch=4, image=8, tabled=None):
-    """({name: (plan, sample-parallel prediction)}, {name | "sample": Span of seconds per step}).
+def model_rows(world, machine, steps, tabled=None, spec=MODEL):
+    """({name: (plan, sample-parallel prediction)}, {name | "sample": Span of seconds per step})
+    of ``spec`` on :func:`model_input`'s batch.
 
     ``name`` is "planned" (priced with ``machine``) and with ``tabled`` (a machine with a
     table) also "planned (table)", which is timed only if it is another plan."""
-    P, shape = world.Get_size(), (batch, 8, image, image)
+    P, (x, y) = world.Get_size(), model_input(spec)
     predicted = {}
     for name, m in (("planned", machine), ("planned (table)", tabled)):
         if m is not None:
-            planner, plan = search.plan_model(MODEL, shape, P, m)
-            predicted[name] = plan, planner.uniform((P, 1, 1, 1), "stationary-x")
-    contenders = {"sample": dict(MODEL, defaults={"grid": {"sample": P}})}
+            planner, plan = search.plan_model(spec, x.shape, P, m)
+            predicted[name] = plan, planner.sample_parallel()
+    contenders = {"sample": dict(spec, defaults={"grid": {"sample": P}})}
     for name, (plan, _) in predicted.items():
-        spec = search.to_spec(MODEL, plan)
-        if spec not in contenders.values():
-            contenders[name] = spec
-    rng = numpy.random.default_rng(0)
-    x = rng.standard_normal(shape).astype(numpy.float32)
-    y = rng.integers(0, 10, batch)
+        planned = search.to_spec(spec, plan)
+        if planned not in contenders.values():
+            contenders[name] = planned
     models = {k: Model.from_spec(s, comm=world, backend="numpy", seed=0) for k, s in contenders.items()}
     opts = {k: SGD(m, 0.01) for k, m in models.items()}
     runs = {k: (lambda m=m, k=k: step(m, opts[k], x, y)) for k, m in models.items()}
@@ -263,7 +276,11 @@ def main(argv=None):
     parser.add_argument("--table", action="store_true", help="first time every local conv shape priced here into "
                                                              "the machine's conv_table, and report the model with "
                                                              "and without it side by side")
+    train_config.add_option(parser, "model", default=None, unset=f"{MODEL['name']}, a wide CNN",
+                            purpose="the model whose plan is timed against sample parallelism (batch 4, 8x8 "
+                                    "images or 8x8x8 volumes)")
     args = parser.parse_args(argv)
+    spec = MODEL if args.model is None else load_model_spec(args.model)
     layers = {"narrow 3x3": LAYERS["narrow 3x3"]} if args.quick else LAYERS
     if args.quick:
         args.repeats, args.steps = 1, 1
@@ -274,7 +291,7 @@ def main(argv=None):
     say(f"model vs measurement on {world.Get_size()} ranks, machine {machine.name} "
         f"({'measured ' + str(machine.measured) if machine.measured else 'not measured'}), numpy backend, float32; "
         f"{choice.describe()}; load average {os.getloadavg()[0]:.1f} at the start")
-    tabled = with_table(world, machine, 2 if args.quick else 5, layers, say) if args.table else None
+    tabled = with_table(world, machine, 2 if args.quick else 5, layers, say, spec) if args.table else None
     rows = layer_rows(world, machine, args.repeats, layers)
     priced = {"class fit": rows}
     if tabled is not None:
@@ -285,10 +302,10 @@ def main(argv=None):
     if tabled is not None:
         result["table"] = {"rows": priced["with table"], "picks": picks(priced["with table"])}
     if world.Get_size() > 1:
-        predicted, measured = model_rows(world, machine, args.steps, tabled=tabled)
+        predicted, measured = model_rows(world, machine, args.steps, tabled=tabled, spec=spec)
         result.update(plan=predicted["planned"][0], sample=predicted["planned"][1], measured=measured,
                       predicted=predicted)
-        say(f"model {MODEL['name']} on {world.Get_size()} ranks, batch 4, 8x8:")
+        say(f"model {spec.get('name', args.model)} on {world.Get_size()} ranks, input {model_input(spec)[0].shape}:")
         for name, (plan, sample) in predicted.items():
             say(f"  {name}: {sorted({search.strategy_label(r.cost.grid) for r in plan.rows})}"
                 f"{'' if name in measured else ' (the class fit plan: not timed twice)'}; predicted "

@@ -11,6 +11,10 @@ a block runs on the block's exit grid (the body's last grid).
 Each stage keeps its path in the spec (``("layers", 4, "layers", 0)``) so the
 plan can be written back into a copy of the spec.  The spec's structure is read once, by
 :func:`refconv.spec_tree.parse` (as the model builder reads it); this module adds shapes.
+
+A model of images (``dims: 2``) has activations ``(N, C, H, W)``; a model of volumes
+(``dims: 3``) ``(N, C, D, H, W)``, its kernels, strides and paddings a ``(d, h, w)`` triple.
+Global average pooling gives features ``(N, C, 1, 1)`` either way, as the layers do.
 """
 
 import dataclasses
@@ -18,6 +22,7 @@ import dataclasses
 from refconv import spec_tree
 from refconv.checks import conv_output_size, conv_padding
 from refconv.reference.layers import pool_geometry
+from refconv.reference.layers3d import pool3d_geometry
 
 _FOLLOWERS = ("batchnorm", "relu")
 
@@ -74,24 +79,30 @@ class Block:
     path: tuple
 
 
-def _pair(v):
-    return (v, v) if isinstance(v, int) else tuple(v)
+def spatial_tuple(v, dims):
+    """A spec's kernel, stride or dilation (an int or one int per spatial dim) as ``dims`` ints."""
+    return (v,) * dims if isinstance(v, int) else tuple(v)
+
+
+POOL_GEOMETRY = {2: pool_geometry, 3: pool3d_geometry}  # spatial dims -> the serial pooling's geometry
 
 
 def _out_shape(kind, spec, shape, where):
-    N, C, H, W = shape
+    (N, C), spatial = shape[:2], shape[2:]
+    dims = len(spatial)
     try:
         if kind == "conv":
-            kernel, stride = _pair(spec["kernel"]), _pair(spec.get("stride", 1))
-            dilation = _pair(spec.get("dilation", 1))
-            padding = conv_padding(spec.get("padding", 0), kernel, stride, dilation)  # ((top, bottom), (left, right))
-            hw = tuple(conv_output_size(L, k, s, p, d, "HW"[a])
-                       for a, (L, k, s, p, d) in enumerate(zip((H, W), kernel, stride, padding, dilation)))
+            kernel, stride = spatial_tuple(spec["kernel"], dims), spatial_tuple(spec.get("stride", 1), dims)
+            dilation = spatial_tuple(spec.get("dilation", 1), dims)
+            padding = conv_padding(spec.get("padding", 0), kernel, stride, dilation)  # ((low, high),) per dim
+            out = tuple(conv_output_size(L, k, s, p, d, "DHW"[-dims:][a])
+                        for a, (L, k, s, p, d) in enumerate(zip(spatial, kernel, stride, padding, dilation)))
             if C % spec.get("groups", 1) or ("in" in spec and spec["in"] != C):
                 raise ValueError(f"the input has {C} channels, which the conv's 'in'/'groups' do not fit")
-            return (N, spec["out"]) + hw
+            return (N, spec["out"]) + out
         if kind in ("maxpool", "avgpool"):
-            return (N, C) + pool_geometry(shape, spec["kernel"], spec.get("stride"), spec.get("padding", 0))[3]
+            geometry = POOL_GEOMETRY[dims]
+            return (N, C) + geometry(shape, spec["kernel"], spec.get("stride"), spec.get("padding", 0))[3]
         if kind == "gap":
             return (N, C, 1, 1)
         if kind == "linear":
@@ -127,16 +138,21 @@ def chain(nodes, shape):
     return out, shape
 
 
+def dims_of(spec):
+    """The spatial dims of a model spec's activations: 2 (images), or 3 (``dims: 3``, volumes)."""
+    return spec.get("dims", 2)
+
+
 def bind(spec, input_shape):
-    """The top-level chain of ``spec`` (a dict) for a global ``input_shape`` (N, C, H, W)."""
+    """The top-level chain of ``spec`` (a dict) for a global ``input_shape``: ``(N, C, H, W)``, or
+    ``(N, C, D, H, W)`` for a model of volumes."""
     try:
         nodes = spec_tree.parse(spec)
     except ValueError as exc:
         raise BindError(str(exc)) from None
-    if spec.get("dims", 2) != 2:
-        raise BindError(f"spec.dims: {spec.get('name', 'the model')!r} is a model of volumes (dims "
-                        f"{spec['dims']}); the planner prices models of images (dims 2) only: train it on a "
-                        f"--grid given by hand (docs/volumes.md)")
+    if len(input_shape) != dims_of(spec) + 2:
+        raise BindError(f"input shape: {spec.get('name', 'the model')!r} has dims {dims_of(spec)}, so it takes "
+                        f"{dims_of(spec) + 2} sizes (N, C, {', '.join('DHW'[-dims_of(spec):])}), got {input_shape}")
     if input_shape[1] != spec.get("in_channels", 3):
         raise BindError(f"spec.in_channels: the model takes {spec.get('in_channels', 3)} channels, "
                         f"the input has {input_shape[1]}")

@@ -23,6 +23,7 @@ A machine file is YAML (see docs/planning.md and the files in
       conv_table:                   # optional: measured local convolutions (refconv calibrate --model)
         - {shape: [n, C, F, H_win, W_win, Kh, Kw, sh, sw, dh, dw, groups],
            conv_fwd: s, conv_bwd_data: s, conv_bwd_filter: s}
+        - {shape: [n, C, F, D_win, H_win, W_win, Kd, Kh, Kw, sd, sh, sw, dd, dh, dw, groups], ...}   # a volume
 
 A collective of kind ``k`` over ``q`` ranks moving the buffer ``m`` (what
 :class:`refconv.cost_model.Call` records) costs ``steps_k(q) * alpha + factor_k(q) *
@@ -44,7 +45,10 @@ A ``table`` entry (a measured machine) gives the fitted ``alpha(q), beta(q)`` of
 measured one scaled by the ring schedule.  A local kernel costs
 ``t0 + work / rate`` (work: FLOPs for convolutions, bytes of the local input for
 the bandwidth-bound layers), and for a convolution class with ``bw`` also
-``columns / bw`` (the bytes of its im2col columns).  ``layer`` is what every layer costs besides its
+``columns / bw`` (the bytes of its im2col columns).  A 3-D convolution pass is the same GEMM, ``F x (C/groups
+Kd Kh Kw) x (n D' H' W')`` on its im2col columns, so it is priced by the same class fits (``1x1``
+for a 1x1x1 kernel) on its FLOPs and columns, and its measured shapes key the table as 16 ints.
+``layer`` is what every layer costs besides its
 kernels (the framework's per-call overhead, argument checks, the window copy and
 bias), per byte of its local input and output.
 
@@ -139,29 +143,41 @@ class Rate:
 
 @dataclasses.dataclass(frozen=True)
 class ConvShape:
-    """One rank's local convolution: ``x_win (n, C, H_win, W_win)`` with ``w_loc (F, C / groups,
-    Kh, Kw)``, ``padding=0`` (the window already holds the halo and the padding)."""
+    """One rank's local convolution: ``x_win (n, C, *window)`` with ``w_loc (F, C / groups, *kernel)``,
+    ``padding=0`` (the window already holds the halo and the padding).  ``window`` is
+    ``(H_win, W_win)`` and ``kernel`` ``(Kh, Kw)`` for an image; ``(D_win, H_win, W_win)`` and
+    ``(Kd, Kh, Kw)`` for a volume, whose passes are the backend's ``conv3d_*``.  ``stride`` and
+    ``dilation`` default to ones."""
 
     n: int
     C: int
     F: int
-    H_win: int
-    W_win: int
-    Kh: int
-    Kw: int
-    stride: tuple = (1, 1)
-    dilation: tuple = (1, 1)
+    window: tuple
+    kernel: tuple
+    stride: tuple = None
+    dilation: tuple = None
     groups: int = 1
 
+    def __post_init__(self):
+        for name in ("window", "kernel", "stride", "dilation"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, (1,) * len(self.kernel) if value is None else tuple(value))
+
+    @property
+    def dims(self):
+        """Spatial dims: 2, or 3 for a volume."""
+        return len(self.kernel)
+
     def as_list(self):
-        """The ``shape`` of a ``conv_table`` entry: ``[n, C, F, H_win, W_win, Kh, Kw, sh, sw, dh, dw, groups]``."""
-        return [self.n, self.C, self.F, self.H_win, self.W_win, self.Kh, self.Kw, *self.stride, *self.dilation,
-                self.groups]
+        """The ``shape`` of a ``conv_table`` entry: ``[n, C, F, *window, *kernel, *stride, *dilation, groups]``,
+        12 ints for an image (``[n, C, F, H_win, W_win, Kh, Kw, sh, sw, dh, dw, groups]``), 16 for a volume."""
+        return [self.n, self.C, self.F, *self.window, *self.kernel, *self.stride, *self.dilation, self.groups]
 
     @classmethod
     def of_list(cls, v):
-        n, C, F, H, W, Kh, Kw, sh, sw, dh, dw, groups = v
-        return cls(n, C, F, H, W, Kh, Kw, (sh, sw), (dh, dw), groups)
+        d = (len(v) - 4) // 4  # spatial dims: 12 ints for 2, 16 for 3
+        window, kernel, stride, dilation = (tuple(v[3 + i * d:3 + (i + 1) * d]) for i in range(4))
+        return cls(v[0], v[1], v[2], window, kernel, stride, dilation, v[-1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,10 +300,11 @@ def _conv_table(entries, path):
         if not isinstance(entry, dict) or set(entry) != {"shape", *CONV_OPS}:
             raise MachineError(f"{where}[{i}]: expected the keys shape, {', '.join(CONV_OPS)}, got {entry!r}")
         v = entry["shape"]
-        if (not isinstance(v, list) or len(v) != 12
+        if (not isinstance(v, list) or len(v) not in (12, 16)
                 or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in v)):
             raise MachineError(f"{where}[{i}].shape: expected 12 positive ints [n, C, F, H_win, W_win, Kh, Kw, "
-                               f"stride_h, stride_w, dilation_h, dilation_w, groups], got {v!r}")
+                               f"stride_h, stride_w, dilation_h, dilation_w, groups] (16 for a volume, with "
+                               f"D_win, Kd, stride_d and dilation_d before each pair), got {v!r}")
         shape = ConvShape.of_list(v)
         if shape.C % shape.groups or shape.F % shape.groups:
             raise MachineError(f"{where}[{i}].shape: groups={shape.groups} must divide C={shape.C} and "

@@ -1,13 +1,14 @@
 """Predicted time and memory of one training step, per stage and strategy.
 
-For a :class:`refconv.pricing.graph.Stage` on a grid ``(P_N, P_c, P_H, P_W)`` this
-module predicts, on the rank with the largest blocks (coordinate 0 everywhere):
+For a :class:`refconv.pricing.graph.Stage` on a grid ``(P_N, P_c, P_H, P_W)`` (for a model
+of volumes ``(P_N, P_c, P_D, P_H, P_W)``: every formula below runs over the spatial dims
+there are) this module predicts, on the rank with the largest blocks (coordinate 0 everywhere):
 
 - compute: forward and backward FLOPs (or bytes, for batch norm, pooling and
   element-wise layers) priced by the machine's fitted rates;
 - communication: every call the layer makes, priced by the machine file: the
   ``records`` of the module that makes them.  A convolution's come from
-  :func:`refconv.algorithms.layer_records`, the other layers' from their modules in
+  :func:`refconv.algorithms.records` (:func:`conv_calls`), the other layers' from their modules in
   refconv/layers (:func:`layer_calls`); ``refconv.testing.check.check_records``
   checks both against the calls a training step makes;
 - memory: parameters x 3 (weight, gradient, SGD momentum), the activations each
@@ -18,9 +19,13 @@ module predicts, on the rank with the largest blocks (coordinate 0 everywhere):
 The weight-gradient allreduce (convolution ``dw``/``db``, classifier ``dW``/``db``)
 is kept apart in ``grad``.  ``refconv train`` starts it in each layer's backward and
 waits before the optimizer's step (``Model.set_overlap``); ``--no-overlap`` waits in
-the layer.  The planner's objective is the blocking sum; :func:`overlapped_step`
-prices the overlapped step (each allreduce as max(compute, communication) on one
-stream) and ``refconv plan`` prints both.
+the layer.  With overlap on, a convolution also computes behind its halo exchange
+(the interior of its output) and its halo return (its own cells of backward-data and,
+but for Stationary-Y, backward-filter): :func:`halo_hidden` prices what that hides, in
+``hidden_fwd`` and ``hidden_bwd``.  The planner's objective is the blocking sum;
+:func:`overlapped_step` prices the overlapped step (each allreduce as max(compute,
+communication) on one stream, each halo call as max(the compute behind it, the call)
+plus the compute after it) and ``refconv plan`` prints both.
 """
 
 import dataclasses
@@ -31,14 +36,16 @@ import math
 import numpy
 
 from refconv import algorithms, checks
-from refconv.algorithms import candidates, layer_records
+from refconv.algorithms import REGISTRY, ConvGeometry, SampleSpatial, StationaryY, candidates
 from refconv.distribution import Distribution
-from refconv.grid import AXES
+from refconv.grid import AXES, SPATIAL, axes_of
+from refconv.halo import Halo
 from refconv.layers.linear import linear_records
 from refconv.layers.loss import loss_records
 from refconv.layers.norm import batch_norm_records
 from refconv.layers.pool import gap_records, pool_records
-from refconv.pricing.machine import ConvShape
+from refconv.pricing.graph import spatial_tuple
+from refconv.pricing.machine import CONV_OPS, ConvShape
 
 ITEMSIZE = 4  # float32
 
@@ -47,29 +54,34 @@ def _ceil(a, b):
     return -(-a // b)
 
 
-def _pair(v):
-    return (v, v) if isinstance(v, int) else tuple(v)
+def _dims(layer):
+    return len(layer.in_shape) - 2  # spatial dims: 2, or 3 for a volume
 
 
 @functools.lru_cache(maxsize=None)
-def grids(P):
-    """Every factorisation of ``P`` into ``(P_N, P_c, P_H, P_W)``."""
+def grids(P, ndim=len(AXES)):
+    """Every factorisation of ``P`` into ``(P_N, P_c, P_H, P_W)``, or with ``ndim=5`` into
+    ``(P_N, P_c, P_D, P_H, P_W)`` (a model of volumes)."""
     divisors = checks.divisors(P)
     out = []
-    for a, b, c in itertools.product(divisors, repeat=3):
-        if P % (a * b * c) == 0:
-            out.append((a, b, c, P // (a * b * c)))
+    for head in itertools.product(divisors, repeat=ndim - 1):
+        if P % math.prod(head) == 0:
+            out.append(head + (P // math.prod(head),))
     return tuple(sorted(out))
 
 
 def _axis_span(grid, axes):
     """1 + the largest rank distance in a communicator over ``axes`` (row-major grid)."""
-    strides = (grid[1] * grid[2] * grid[3], grid[2] * grid[3], grid[3], 1)
-    return 1 + sum((grid[i] - 1) * strides[i] for i in range(4) if AXES[i] in axes)
+    names = axes_of(grid)
+    return 1 + sum((p - 1) * math.prod(grid[i + 1:]) for i, p in enumerate(grid) if names[i] in axes)
 
 
-_COMM_AXES = {"halo": ("height", "width"), "allreduce": ("sample", "height", "width"),
-              "allgather": ("channel",), "reduce_scatter": ("channel",)}
+def comm_axes(kind, grid):
+    """The grid axes a call of ``kind`` usually spans: the halo the spatial ones, the channel
+    collectives the channel axis, an allreduce (the segmented one) every axis but channel."""
+    names = axes_of(grid)
+    return {"halo": names[SPATIAL:], "allreduce": names[:1] + names[SPATIAL:], "allgather": ("channel",),
+            "reduce_scatter": ("channel",)}[kind]
 
 
 @dataclasses.dataclass
@@ -83,6 +95,8 @@ class StageCost:
     grad: float = 0.0  # weight-gradient allreduce seconds
     memory: int = 0  # bytes kept for the whole step: parameters x 3 and saved activations
     workspace: int = 0  # the largest gathered or reduced buffer
+    hidden_fwd: float = 0.0  # seconds of the halo exchange hidden behind compute when overlapped (halo_hidden)
+    hidden_bwd: float = 0.0  # seconds of the halo return hidden likewise
 
     @property
     def seconds(self):
@@ -94,6 +108,8 @@ class StageCost:
         for k, v in other.comm.items():
             self.comm[k] = self.comm.get(k, 0.0) + v
         self.grad += other.grad
+        self.hidden_fwd += other.hidden_fwd
+        self.hidden_bwd += other.hidden_bwd
         self.memory += other.memory
         self.workspace = max(self.workspace, other.workspace)
 
@@ -106,9 +122,7 @@ def local_elements(shape, grid):
 def feasible(layer, grid):
     """Can ``layer`` (a graph.Layer) run on ``grid``?  Also prunes spatial splits that
     leave a rank fewer input rows than the kernel (or 2 rows), as docs/planning.md says."""
-    P_N, P_c, P_H, P_W = grid
-    N, C, H, W = layer.in_shape
-    _, F, Ho, Wo = layer.out_shape
+    (P_N, P_c), (N, C), F = grid[:2], layer.in_shape[:2], layer.out_shape[1]
     spec = layer.spec
     if P_N > N or P_c > (C if layer.kind == "linear" else min(C, F)):  # the classifier splits only its input
         return False
@@ -119,22 +133,17 @@ def feasible(layer, grid):
             return False
     if layer.kind in ("gap", "linear"):
         return True
-    kernel = _pair(spec.get("kernel", 1)) if layer.kind in ("conv", "maxpool", "avgpool") else (1, 1)
-    for p, L, Lo, K in ((P_H, H, Ho, kernel[0]), (P_W, W, Wo, kernel[1])):
+    dims = _dims(layer)
+    kernel = spatial_tuple(spec.get("kernel", 1) if layer.kind in ("conv", "maxpool", "avgpool") else 1, dims)
+    for p, L, Lo, K in zip(grid[SPATIAL:], layer.in_shape[2:], layer.out_shape[2:], kernel):
         if p > 1 and (L // p < max(K, 2) or Lo < p):
             return False
     return True
 
 
-def _conv_geometry(spec):
-    return dict(stride=_pair(spec.get("stride", 1)), padding=spec.get("padding", 0),
-                dilation=_pair(spec.get("dilation", 1)), groups=spec.get("groups", 1),
-                padding_mode=spec.get("padding_mode", "zeros"))
-
-
 def local_weight_shape(layer, grid, algorithm, filter_groups):
     """``(F_rows, C_cols)`` of the weight block of rank 0: the algorithm's own layout
-    (``weight_dims``) of ``F x C/groups x Kh x Kw`` on the grid."""
+    (``weight_dims``) of ``F x C/groups x Kh x Kw`` (``x Kd x Kh x Kw``) on the grid."""
     spec = layer.spec
     groups = spec.get("groups", 1)
     return _weight_block(spec["out"], layer.in_shape[1] // groups, grid[1],
@@ -148,20 +157,28 @@ def _weight_block(F, C, P_c, name, filter_groups, groups):
     return Distribution((1, P_c, 1, 1), (F, C, 1, 1), dims, names=("F", "C", "Kh", "Kw")).local_shape(0)[:2]
 
 
+def conv_geometry(layer):
+    """The :class:`refconv.algorithms.ConvGeometry` of a conv (a graph.Layer), 2-D or 3-D, float32."""
+    spec, dims = layer.spec, _dims(layer)
+    C, groups = layer.in_shape[1], spec.get("groups", 1)
+    return ConvGeometry.of(layer.in_shape, (spec["out"], C // groups) + spatial_tuple(spec["kernel"], dims),
+                           stride=spec.get("stride", 1), padding=spec.get("padding", 0),
+                           dilation=spec.get("dilation", 1), groups=groups, bias=spec.get("bias", True),
+                           itemsize=ITEMSIZE, padding_mode=spec.get("padding_mode", "zeros"), dims=dims)
+
+
 def conv_calls(layer, grid, algorithm, filter_groups):
-    """The calls of a conv, from :func:`refconv.algorithms.layer_records`; all its allreduces
-    are the weight-gradient ones (``dw``, then ``db``)."""
-    spec = layer.spec
-    records = layer_records(algorithm, layer.in_shape, spec["out"], _pair(spec["kernel"]), grid_shape=grid,
-                            filter_groups=filter_groups, bias=spec.get("bias", True), itemsize=ITEMSIZE,
-                            **_conv_geometry(spec))
-    return [dataclasses.replace(r, axes=_COMM_AXES[r.kind], grad=r.kind == "allreduce") for r in records]
+    """The calls of a conv on rank 0: its algorithm's ``records()`` (:func:`refconv.algorithms.records`,
+    what ``DistConv2d.records()`` and ``DistConv3d.records()`` return); all its allreduces are
+    the weight-gradient ones (``dw``, then ``db``)."""
+    records = algorithms.records(algorithm, conv_geometry(layer), grid, (0,) * len(grid), filter_groups)
+    return [dataclasses.replace(r, axes=comm_axes(r.kind, grid), grad=r.kind == "allreduce") for r in records]
 
 
 def layer_calls(layer, grid):
     """The calls of a non-conv layer on ``grid`` (rank 0): the ``records`` of its layer module
     (the classifier's with the loss's, which follows it; ReLU has none)."""
-    origin, spec = (0, 0, 0, 0), layer.spec
+    origin, spec = (0,) * len(grid), layer.spec
     if layer.kind == "batchnorm":
         return batch_norm_records(layer.in_shape, grid, origin, ITEMSIZE)
     if layer.kind in ("maxpool", "avgpool"):
@@ -175,12 +192,18 @@ def layer_calls(layer, grid):
     return []
 
 
+def call_seconds(c, grid, machine):
+    """Seconds of one call ``c`` (a :class:`refconv.algorithms.Call`) of rank 0 on ``grid``."""
+    intra = _axis_span(grid, c.axes or comm_axes(c.kind, grid)) <= machine.ranks_per_node
+    t = machine.comm_seconds(c.kind, c.comm_size, c.bytes, c.messages, intra=intra)
+    if c.kind == "halo" and c.bytes:  # the pieces are strided rows and columns: packed, then unpacked
+        t += 2 * machine.local_seconds("pack", c.bytes)
+    return t
+
+
 def price_calls(calls, grid, machine, cost):
     for c in calls:
-        intra = _axis_span(grid, c.axes or _COMM_AXES[c.kind]) <= machine.ranks_per_node
-        t = machine.comm_seconds(c.kind, c.comm_size, c.bytes, c.messages, intra=intra)
-        if c.kind == "halo" and c.bytes:  # the pieces are strided rows and columns: packed, then unpacked
-            t += 2 * machine.local_seconds("pack", c.bytes)
+        t = call_seconds(c, grid, machine)
         if c.grad:
             cost.grad += t
         else:
@@ -191,18 +214,67 @@ def price_calls(calls, grid, machine, cost):
 
 def local_conv_shape(layer, grid, F_rows, C_cols):
     """The :class:`refconv.pricing.machine.ConvShape` rank 0 convolves: ``x_win (n, C_cols x groups,
-    H_win, W_win)`` (its output block plus the halo, padding included) with the weight block
-    ``(F_rows, C_cols, Kh, Kw)``, at ``padding=0``.  None for a grouped conv on a channel split,
-    whose local groups the table does not key."""
-    spec = layer.spec
+    H_win, W_win)`` (``D_win, H_win, W_win`` for a volume: its output block plus the halo, padding
+    included) with the weight block ``(F_rows, C_cols, Kh, Kw)``, at ``padding=0``.  None for a
+    grouped conv on a channel split, whose local groups the table does not key."""
+    spec, dims = layer.spec, _dims(layer)
     groups = spec.get("groups", 1)
     if groups > 1 and grid[1] > 1:
         return None
-    (Kh, Kw), (sh, sw), (dh, dw) = _pair(spec["kernel"]), _pair(spec.get("stride", 1)), _pair(spec.get("dilation", 1))
-    _, _, Ho, Wo = layer.out_shape
-    h, w = _ceil(Ho, grid[2]), _ceil(Wo, grid[3])  # output rows and columns of rank 0
-    return ConvShape(_ceil(layer.in_shape[0], grid[0]), C_cols * groups, F_rows, (h - 1) * sh + dh * (Kh - 1) + 1,
-                     (w - 1) * sw + dw * (Kw - 1) + 1, Kh, Kw, (sh, sw), (dh, dw), groups)
+    kernel, stride = spatial_tuple(spec["kernel"], dims), spatial_tuple(spec.get("stride", 1), dims)
+    dilation = spatial_tuple(spec.get("dilation", 1), dims)
+    out = [_ceil(L, p) for L, p in zip(layer.out_shape[2:], grid[SPATIAL:])]  # output rows of rank 0, per dim
+    window = tuple((o - 1) * s + d * (k - 1) + 1 for o, k, s, d in zip(out, kernel, stride, dilation))
+    return ConvShape(_ceil(layer.in_shape[0], grid[0]), C_cols * groups, F_rows, window, kernel, stride, dilation,
+                     groups)
+
+
+class _Rank0:
+    """Rank 0 of a spatial group of ``size`` ranks: what :class:`refconv.halo.Halo` asks of its
+    communicator, so that the planner reads rank 0's windows from the layers' own Halo."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return self.size
+
+
+@functools.lru_cache(maxsize=4096)
+def halo_shares(spatial_grid, in_shape, out_shape, kernel, stride, padding, dilation, padding_mode):
+    """``(interior, own)`` of rank 0: the share of its output block that reads no halo cell
+    (``Halo.interior``), and of its window the share of backward-data cells it keeps
+    (``Halo.kept_box``); both 0 where the block is too small for the layer to split its work."""
+    halo = Halo(_Rank0(math.prod(spatial_grid)), spatial_grid, in_shape, out_shape, kernel, stride, padding,
+                dilation, padding_mode)
+    if halo.interior is None:
+        return 0.0, 0.0
+    kept = 0 if halo.kept_box is None else math.prod(halo.kept_box.shape)
+    return math.prod(halo.interior.shape) / math.prod(halo.out_shape), kept / math.prod(halo.window_shape)
+
+
+def halo_hidden(geom, grid, algorithm, passes, halos, share):
+    """``(forward, backward)`` seconds of rank 0's halo exchange and halo return hidden behind
+    compute when the layer overlaps them (``Algorithm.conv_behind_halo``, ``backward_behind_halo``).
+
+    ``passes``: seconds of the local forward, backward-data and backward-filter; ``halos``: of
+    the exchange and the return; ``share``: what the machine hides of a call in flight
+    (``Machine.overlap``).  Behind the exchange runs the interior of the output; behind the
+    return, the own cells of backward-data and backward-filter (Stationary-Y runs
+    backward-filter behind its reduce-scatter instead, not priced as overlapped here; a block
+    too small to split leaves backward-filter alone behind the return).  Compute is taken in
+    proportion to the cells.  A call then costs max(compute behind it, ``share`` of it) plus the
+    rest of it, so it saves min(compute behind it, ``share`` of it) of the blocking sum."""
+    fwd, data, filt = passes
+    exchange, back = halos
+    interior, own = halo_shares(tuple(grid[SPATIAL:]), geom.in_shape[2:], geom.out_shape[2:], geom.kernel,
+                                 geom.stride, geom.padding, geom.dilation, geom.padding_mode)
+    runs = REGISTRY[algorithm] if grid[1] > 1 else SampleSpatial
+    behind_return = own * data + (0.0 if issubclass(runs, StationaryY) else filt)
+    return min(interior * fwd, share * exchange), min(behind_return, share * back)
 
 
 def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
@@ -211,18 +283,21 @@ def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
     x_bytes = local_elements(layer.in_shape, grid) * ITEMSIZE
     if layer.kind == "conv":
         calls = conv_calls(layer, grid, algorithm, filter_groups)
-        Kh, Kw = _pair(layer.spec["kernel"])
+        area = math.prod(spatial_tuple(layer.spec["kernel"], _dims(layer)))  # Kh Kw, or Kd Kh Kw
         F_rows, C_cols = local_weight_shape(layer, grid, algorithm, filter_groups)
-        shard = F_rows * C_cols * Kh * Kw
-        _, _, Ho, Wo = layer.out_shape
-        pixels = _ceil(layer.in_shape[0], grid[0]) * _ceil(Ho, grid[2]) * _ceil(Wo, grid[3])
-        flops = 2 * pixels * shard  # each output pixel meets the local weight shard once
-        columns = pixels * C_cols * Kh * Kw * ITEMSIZE  # the im2col matrix of the local conv
-        area = Kh * Kw
+        shard = F_rows * C_cols * area
+        # output pixels (voxels) of rank 0: n h' w' (n d' h' w')
+        pixels = _ceil(layer.in_shape[0], grid[0]) * local_elements(layer.out_shape[2:], grid[SPATIAL:])
+        # the local pass is the GEMM F_rows x (C_cols Kh Kw) x pixels: each output pixel meets the shard once
+        flops = 2 * pixels * shard
+        columns = pixels * C_cols * area * ITEMSIZE  # the im2col matrix of the local conv
         shape = local_conv_shape(layer, grid, F_rows, C_cols)  # for a machine's measured table
-        cost.fwd = machine.conv_seconds("conv_fwd", area, flops, columns, shape)
-        cost.bwd = (machine.conv_seconds("conv_bwd_data", area, flops, columns, shape)
-                    + machine.conv_seconds("conv_bwd_filter", area, flops, columns, shape))
+        passes = [machine.conv_seconds(op, area, flops, columns, shape) for op in CONV_OPS]  # fwd, data, filter
+        cost.fwd, cost.bwd = passes[0], passes[1] + passes[2]
+        halos = [call_seconds(c, grid, machine) for c in calls if c.kind == "halo"]  # the exchange, the return
+        if halos:
+            cost.hidden_fwd, cost.hidden_bwd = halo_hidden(conv_geometry(layer), grid, algorithm, passes, halos,
+                                                           machine.overlap)
         gathered = max([c.bytes for c in calls if c.kind == "allgather"] + [0])
         cost.memory = 3 * (shard + (layer.out_shape[1] if layer.spec.get("bias", True) else 0)) * ITEMSIZE \
             + max(x_bytes, gathered if algorithm != "stationary-x" else 0)
@@ -322,15 +397,18 @@ def shuffle_matrix(shape, grid_list, machine):
 
 def overlapped_step(costs, hidden=1.0):
     """Step seconds if each weight-gradient allreduce overlapped the backward compute of
-    the layers before it (one communication stream): ``costs`` in forward order.
+    the layers before it (one communication stream), and each convolution's halo exchange
+    and return the compute its layer runs behind them: ``costs`` in forward order.
 
     ``hidden``: the share of each allreduce the machine overlaps (``Machine.overlap``, which
     ``refconv calibrate`` measures); the rest of it the rank pays on its own time, as in
     the blocking step.  So each call costs max(compute, its hidden part) plus the part
-    that cannot overlap: ``hidden=0`` gives the blocking step, 1 the full overlap."""
-    t = sum(c.fwd + sum(v for k, v in c.comm.items()) / 2 for c in costs)  # forward half of the comm
+    that cannot overlap: ``hidden=0`` gives the blocking step, 1 the full overlap.  The
+    halo calls' hidden seconds (``hidden_fwd``, ``hidden_bwd``: :func:`halo_hidden`, priced
+    with the same share) come off the rank's own time."""
+    t = sum(c.fwd + sum(v for k, v in c.comm.items()) / 2 - c.hidden_fwd for c in costs)  # forward half of the comm
     compute, stream = t, t
     for c in reversed(costs):
-        compute += c.bwd + sum(c.comm.values()) / 2 + (1 - hidden) * c.grad
+        compute += c.bwd + sum(c.comm.values()) / 2 - c.hidden_bwd + (1 - hidden) * c.grad
         stream = max(stream, compute) + hidden * c.grad
     return max(compute, stream)

@@ -34,7 +34,7 @@ import time
 import numpy
 
 from refconv import algorithms
-from refconv.grid import axes_of
+from refconv.grid import AXES, axes_of
 from refconv.pricing import graph, perf
 from refconv.pricing.graph import Block, Stage
 
@@ -52,18 +52,19 @@ class TooLarge(ValueError):
     """More ranks, or grids of them, than the planner searches in minutes."""
 
 
-def check_ranks(P):
+def check_ranks(P, ndim=len(AXES)):
     """Refuse (TooLarge, naming --ranks) a rank count whose search would run for many minutes: the
-    work grows with the number of grids (ordered factorisations of P), cubed in the min-plus products."""
+    work grows with the number of grids (ordered factorisations of P into ``ndim`` axes: 5 for a
+    model of volumes), cubed in the min-plus products."""
     if P > MAX_RANKS:
         raise TooLarge(f"--ranks: {P} is more than the {MAX_RANKS} ranks the planner searches; plan for at most "
                        f"{MAX_RANKS}")
-    count = len(perf.grids(P))
+    count = len(perf.grids(P, ndim))
     if count > MAX_GRIDS:
-        fits = max(p for p in range(1, P + 1) if p & (p - 1) == 0 and len(perf.grids(p)) <= MAX_GRIDS)
-        raise TooLarge(f"--ranks: {P} ranks factor into {count} grids (sample x channel x height x width), more "
+        fits = max(p for p in range(1, P + 1) if p & (p - 1) == 0 and len(perf.grids(p, ndim)) <= MAX_GRIDS)
+        raise TooLarge(f"--ranks: {P} ranks factor into {count} grids ({' x '.join(axes_of(ndim))}), more "
                        f"than the {MAX_GRIDS} the planner searches in minutes; choose a rank count with fewer "
-                       f"factors (e.g. {fits}: {len(perf.grids(fits))} grids)")
+                       f"factors (e.g. {fits}: {len(perf.grids(fits, ndim))} grids)")
 
 
 def minplus(A, B):
@@ -122,6 +123,11 @@ class Plan:
     def overlapped_seconds(self):
         return perf.overlapped_step([r.cost for r in self.rows], self.hidden)
 
+    @property
+    def halo_hidden_seconds(self):
+        """Seconds of the halo exchanges and returns that overlap hides (part of the overlapped step)."""
+        return sum(r.cost.hidden_fwd + r.cost.hidden_bwd for r in self.rows)
+
     def comm(self, kind):
         return sum(r.cost.comm.get(kind, 0.0) for r in self.rows)
 
@@ -131,13 +137,15 @@ class Plan:
 
 
 class Planner:
-    """Plans ``spec`` (a dict) for ``ranks`` ranks and a global input ``(N, C, H, W)``."""
+    """Plans ``spec`` (a dict) for ``ranks`` ranks and a global input ``(N, C, H, W)``, or for a
+    model of volumes ``(N, C, D, H, W)`` on grids ``(P_N, P_c, P_D, P_H, P_W)``."""
 
     def __init__(self, spec, input_shape, ranks, machine, progress=None, every_s=PROGRESS_S):
-        check_ranks(ranks)
+        self.ndim = graph.dims_of(spec) + 2  # axes of a grid: one per axis of the activations
+        check_ranks(ranks, self.ndim)
         self.spec, self.input_shape, self.P, self.machine = spec, tuple(input_shape), ranks, machine
         self.elements = graph.bind(spec, self.input_shape)
-        self.grids = perf.grids(ranks)
+        self.grids = perf.grids(ranks, self.ndim)
         self._options, self._shuffles = {}, {}
         # progress(text) every every_s seconds while searching (None: silent)
         self._say, self._every, self._started = progress, every_s, time.monotonic()
@@ -239,8 +247,8 @@ class Planner:
         last = int(numpy.argmin(M[0]))
         if not numpy.isfinite(M[0, last]):
             raise NoFeasiblePlan(f"--ranks: no grid of {self.P} ranks runs every layer of this model "
-                                 f"(each layer needs sample <= batch, channel <= its channels, and height/width blocks of at "
-                                 f"least max(kernel, 2) rows)")
+                                 f"(each layer needs sample <= batch, channel <= its channels, and "
+                                 f"{'/'.join(axes_of(self.ndim)[2:])} blocks of at least max(kernel, 2) rows)")
         return self.backtrack(trace, 0, last, {})
 
     def plan(self, memory_limit=None):
@@ -304,7 +312,7 @@ class Planner:
         """Every stage on ``grid`` (a stage that cannot split channels on ``grid`` folds the
         channel ranks into the sample axis, as the presets' "no-channel" stems do); None if
         some stage runs on neither."""
-        folded = (grid[0] * grid[1], 1, grid[2], grid[3])
+        folded = (grid[0] * grid[1], 1) + tuple(grid[2:])
         choices = {}
         for stage in graph.stages(self.elements):
             for g in (grid, folded):
@@ -317,6 +325,10 @@ class Planner:
             else:
                 return None
         return self.evaluate(choices)
+
+    def sample_parallel(self):
+        """Pure sample parallelism, every stage on ``(P, 1, ...)`` (None where it cannot run)."""
+        return self.uniform((self.P,) + (1,) * (self.ndim - 1), "stationary-x")
 
     def best_uniform(self):
         """(label, Plan): the fastest single strategy used for every layer."""
