@@ -243,6 +243,9 @@ class Algorithm:
     name = None
     asked_as = None  # what a layer asks for to run this class, where that is another name (grouped.py)
     weight_layout = (None, None, None, None)  # the weight's dims over the grid axes; see weight_dims
+    # backward-filter runs behind the call that moves dx on after the halo return (backward_behind_halo's
+    # ``then``: Stationary-Y's and -W's reduce-scatter), not behind the return; the planner prices it so
+    filter_behind_next = False
 
     def __init__(self, grid, geom, backend, filter_groups=None):
         self.grid, self.geom, self.backend, self.xp = grid, geom, backend, backend.xp

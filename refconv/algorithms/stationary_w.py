@@ -57,6 +57,7 @@ def _groups(geom, P_c, p_f, c):
 
 class StationaryW(StationaryX):
     name = "stationary-w"
+    filter_behind_next = True  # behind the reduce-scatter of dx
 
     def __init__(self, grid, geom, backend, filter_groups):
         super().__init__(grid, geom, backend, filter_groups)  # X's state, over the p_c' ranks (g, a, .)

@@ -24,6 +24,7 @@ from refconv.algorithms.base import (Call, ChannelAlgorithm, gradient_records, h
 class StationaryY(ChannelAlgorithm):
     name = "stationary-y"
     weight_layout = ("channel", None, None, None)  # w[F_i, :]
+    filter_behind_next = True  # behind the reduce-scatter of dx
 
     @staticmethod
     def records(geom, grid_shape, coords, filter_groups=None):

@@ -21,7 +21,7 @@ is kept apart in ``grad``.  ``refconv train`` starts it in each layer's backward
 waits before the optimizer's step (``Model.set_overlap``); ``--no-overlap`` waits in
 the layer.  With overlap on, a convolution also computes behind its halo exchange
 (the interior of its output) and its halo return (its own cells of backward-data and,
-but for Stationary-Y, backward-filter): :func:`halo_hidden` prices what that hides, in
+but for Stationary-Y and -W, backward-filter): :func:`halo_hidden` prices what that hides, in
 ``hidden_fwd`` and ``hidden_bwd``.  The planner's objective is the blocking sum;
 :func:`overlapped_step` prices the overlapped step (each allreduce as max(compute,
 communication) on one stream, each halo call as max(the compute behind it, the call)
@@ -36,7 +36,7 @@ import math
 import numpy
 
 from refconv import algorithms, checks
-from refconv.algorithms import REGISTRY, ConvGeometry, SampleSpatial, StationaryY, candidates
+from refconv.algorithms import REGISTRY, ConvGeometry, SampleSpatial, candidates
 from refconv.distribution import Distribution
 from refconv.grid import AXES, SPATIAL, axes_of
 from refconv.halo import Halo
@@ -263,9 +263,9 @@ def halo_hidden(geom, grid, algorithm, passes, halos, share):
     ``passes``: seconds of the local forward, backward-data and backward-filter; ``halos``: of
     the exchange and the return; ``share``: what the machine hides of a call in flight
     (``Machine.overlap``).  Behind the exchange runs the interior of the output; behind the
-    return, the own cells of backward-data and backward-filter (Stationary-Y runs
-    backward-filter behind its reduce-scatter instead, not priced as overlapped here; a block
-    too small to split leaves backward-filter alone behind the return).  Compute is taken in
+    return, the own cells of backward-data and backward-filter (Stationary-Y and -W run
+    backward-filter behind their reduce-scatter of dx instead, ``filter_behind_next``, not priced
+    as overlapped here; a block too small to split leaves backward-filter alone behind the return).  Compute is taken in
     proportion to the cells.  A call then costs max(compute behind it, ``share`` of it) plus the
     rest of it, so it saves min(compute behind it, ``share`` of it) of the blocking sum."""
     fwd, data, filt = passes
@@ -273,7 +273,7 @@ def halo_hidden(geom, grid, algorithm, passes, halos, share):
     interior, own = halo_shares(tuple(grid[SPATIAL:]), geom.in_shape[2:], geom.out_shape[2:], geom.kernel,
                                  geom.stride, geom.padding, geom.dilation, geom.padding_mode)
     runs = REGISTRY[algorithm] if grid[1] > 1 else SampleSpatial
-    behind_return = own * data + (0.0 if issubclass(runs, StationaryY) else filt)
+    behind_return = own * data + (0.0 if runs.filter_behind_next else filt)
     return min(interior * fwd, share * exchange), min(behind_return, share * back)
 
 
