@@ -1,4 +1,4 @@
-"""Training data: where images come from, and the global batches every rank computes alike.
+"""Training data: where images come from, and the global batches every rank draws alike.
 
 Sources (all return NCHW float images ``x`` and int64 labels ``y``)::
 
@@ -13,15 +13,21 @@ Sources (all return NCHW float images ``x`` and int64 labels ``y``)::
     synthetic_volumes(...)  volumes (N, C, D, H, W) and float targets (N, 4): the
                      parameters each volume was drawn with (for regression: CosmoFlow)
 
-Loading (no communication: every rank computes the same global batch)::
+Loading (no communication: every rank draws the same global batch and takes its block)::
 
     for x_b, y_b in batches(x, y, B, seed=s, epoch=e):     # same order on every rank
         x_loc = model.input_distribution.extract(x_b, rank) # this rank's block
         y_loc = model.label_block(y_b)                      # the labels of its samples
 
+An array in memory (the digits, an .npz) holds every batch whole, and a rank extracts its block.
 A store on disk (a directory of .npy files, HDF5, a folder of images) is read one block per
-rank instead: :mod:`refconv.datastore`.  The digits live in ``refconv/data/``, a directory of
-package data (no code).
+rank instead: :mod:`refconv.datastore`.  So are ``refconv train --synthetic``'s samples: a
+synthetic generator is a store whose samples are made, not read (``x.read(samples, box, out)``
+makes a box of some samples), so in a ``datastore.StoreImages`` a rank makes only its block:
+its samples, and of them its channels, (planes,) rows and columns.  The patterns are made on
+the box; the noise of a sample is drawn up to the box's last element and cut (its stream
+cannot skip ahead), one sample at a time.  ``x[idx]`` makes whole samples, the same values.
+The digits live in ``refconv/data/``, a directory of package data (no code).
 """
 
 import importlib.resources
