@@ -1,4 +1,4 @@
-"""Training data: where images come from, and the global batches every rank computes alike.
+"""Training data: where images come from, and the global batches every rank draws alike.
 
 Sources (all return NCHW float images ``x`` and int64 labels ``y``)::
 
@@ -13,21 +13,28 @@ Sources (all return NCHW float images ``x`` and int64 labels ``y``)::
     synthetic_volumes(...)  volumes (N, C, D, H, W) and float targets (N, 4): the
                      parameters each volume was drawn with (for regression: CosmoFlow)
 
-Loading (no communication: every rank computes the same global batch)::
+Loading (no communication: every rank draws the same global batch and takes its block)::
 
     for x_b, y_b in batches(x, y, B, seed=s, epoch=e):     # same order on every rank
         x_loc = model.input_distribution.extract(x_b, rank) # this rank's block
         y_loc = model.label_block(y_b)                      # the labels of its samples
 
+An array in memory (the digits, an .npz) holds every batch whole, and a rank extracts its block.
 A store on disk (a directory of .npy files, HDF5, a folder of images) is read one block per
-rank instead: :mod:`refconv.datastore`.  The digits live in ``refconv/data/``, a directory of
-package data (no code).
+rank instead: :mod:`refconv.datastore`.  So are ``refconv train --synthetic``'s samples: a
+synthetic generator is a store whose samples are made, not read (``x.read(samples, box, out)``
+makes a box of some samples), so in a ``datastore.StoreImages`` a rank makes only its block:
+its samples, and of them its channels, (planes,) rows and columns.  The patterns are made on
+the box; the noise of a sample is drawn up to the box's last element and cut (its stream
+cannot skip ahead), one sample at a time.  ``x[idx]`` makes whole samples, the same values.
+The digits live in ``refconv/data/``, a directory of package data (no code).
 """
 
 import importlib.resources
 import io
 import math
 import os
+import threading
 import zipfile
 
 import numpy
@@ -245,7 +252,8 @@ def synthetic(n, channels, height, width, num_classes, *, seed=0, dtype=numpy.fl
     ``y`` (int64, length n) is drawn from ``seed``.  ``x`` is a
     :class:`SyntheticImages`: a lazy ``(n, C, H, W)`` array whose samples are
     generated only when indexed (``x[idx]``, ``x[a:b]``, ``numpy.asarray(x)``),
-    each from its own seed, so any subset is the same whoever asks for it.
+    each from its own seed, so any subset is the same whoever asks for it; or
+    only a box of some samples (:meth:`SyntheticImages.read`: a rank's block).
     """
     for name, v in (("n", n), ("channels", channels), ("height", height), ("width", width),
                     ("num_classes", num_classes)):
@@ -260,14 +268,20 @@ class SyntheticImages:
     The class pattern is separable, ``a[k, c] * cos(2 pi (f_h[k,c] h/H + phi_h))
     * cos(2 pi (f_w[k,c] w/W + phi_w))``, so it costs O(C (H + W)) to describe even
     for very large images; its frequencies and phases come from ``seed``.
+
+    Two ways to make samples, the same values bit for bit: ``x[idx]`` makes whole samples
+    (an array), and :meth:`read` makes only a box (channels, rows, columns) of each of some
+    samples.  :meth:`read` is the protocol of a store on disk (:mod:`refconv.datastore`),
+    so ``StoreImages(x, range(len(x)), dtype)`` is a lazy array whose batches make only a
+    rank's block: what ``refconv train --synthetic`` trains on.  ``made`` counts what was
+    made: ``samples`` (boxes of a sample), ``cells`` (elements of x written) and
+    ``normals`` (noise values drawn).
     """
 
+    kind = "images"
+
     def __init__(self, labels, chw, num_classes, seed, dtype, noise):
-        self.labels = labels
-        self.shape = (len(labels),) + tuple(int(s) for s in chw)
-        self.dtype = numpy.dtype(dtype)
-        self.ndim = 4
-        self.seed, self.noise = seed, float(noise)
+        self._start(labels, chw, seed, dtype, noise)
         C, H, W = self.shape[1:]
         rng = numpy.random.default_rng([seed, 2])
         f = rng.integers(1, 4, size=(2, num_classes, C))            # low frequencies
@@ -278,20 +292,59 @@ class SyntheticImages:
                                                 + phase[1, :, :, None]))   # (K, C, W)
         self._amp = rng.choice([-2.0, 2.0], size=(num_classes, C))
 
+    def _start(self, labels, sample_shape, seed, dtype, noise):
+        self.labels = labels
+        self.shape = (len(labels),) + tuple(int(s) for s in sample_shape)
+        self.dtype = numpy.dtype(dtype)
+        self.ndim = len(self.shape)
+        self.seed, self.noise = seed, float(noise)
+        self.where = f"synthetic {self.kind} (seed {seed})"           # a store's name, in its errors
+        self.made = {"samples": 0, "cells": 0, "normals": 0}
+        self._lock = threading.Lock()                                 # the prefetch thread makes samples too
+
     def __len__(self):
         return self.shape[0]
 
     def sample(self, i):
-        """Sample ``i`` as a ``(C, H, W)`` array."""
-        i = int(i)
+        """Sample ``i`` as a ``(C, H, W)`` array (a volume: ``(C, D, H, W)``)."""
+        return self._box(int(i), tuple(slice(0, n) for n in self.shape[1:]))
+
+    def read(self, samples, box, out):
+        """Write the box of each of ``samples`` (global sample numbers) into ``out[j]``, making
+        only that box: ``box`` holds a ``(start, stop)`` pair per dim after the sample dim, as a
+        store's ``read`` takes it.  One sample at a time, so nothing larger than one sample is
+        made besides ``out`` (:meth:`_noise`)."""
+        box = tuple(slice(int(a), int(b)) for a, b in box)
+        for j, i in enumerate(samples):
+            out[j] = self._box(int(i), box)
+
+    def _box(self, i, box):
+        """Sample ``i``'s ``box`` (a slice per dim after the sample dim) as ``dtype``."""
         k = self.labels[i]
-        pattern = self._amp[k][:, None, None] * self._rows[k][:, :, None] * self._cols[k][:, None, :]
-        noise = numpy.random.default_rng([self.seed, 1, i]).standard_normal(self.shape[1:])
-        return (pattern + self.noise * noise).astype(self.dtype)
+        c, h, w = box
+        pattern = self._amp[k][c, None, None] * self._rows[k][c, h, None] * self._cols[k][c, None, w]  # (c, h, w)
+        return (pattern + self.noise * self._noise(i, box)).astype(self.dtype)
+
+    def _noise(self, i, box):
+        """Sample ``i``'s N(0, 1) noise on ``box`` (float64), from seed ``(seed, 1, i)``.
+
+        The stream gives a sample's values in C order and cannot skip ahead: a normal costs a
+        varying number of raw draws.  So the values up to the box's last element are drawn into
+        a buffer of one sample (its pages past them never touched), and the box cut from it: a
+        rank with the first rows of a sample draws those rows only, one with the last draws all."""
+        shape = self.shape[1:]
+        stop = int(numpy.ravel_multi_index(tuple(s.stop - 1 for s in box), shape)) + 1
+        flat = numpy.empty(math.prod(shape))                           # one sample's noise, at most
+        numpy.random.default_rng([self.seed, 1, i]).standard_normal(out=flat[:stop])
+        with self._lock:
+            self.made["samples"] += 1
+            self.made["cells"] += math.prod(s.stop - s.start for s in box)
+            self.made["normals"] += stop
+        return flat.reshape(shape)[box]
 
     def __getitem__(self, index):
         if isinstance(index, tuple):
-            raise TypeError("SyntheticImages: index the sample dim only (x[i], x[idx], x[a:b])")
+            raise TypeError(f"{type(self).__name__}: index the sample dim only (x[i], x[idx], x[a:b])")
         if numpy.ndim(index) == 0 and not isinstance(index, slice):
             return self.sample(numpy.arange(len(self))[index])
         picked = numpy.arange(len(self))[index]
@@ -305,7 +358,7 @@ class SyntheticImages:
         return out if dtype is None else out.astype(dtype)
 
     def __repr__(self):
-        return f"SyntheticImages(shape={self.shape}, dtype={self.dtype}, seed={self.seed})"
+        return f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype}, seed={self.seed})"
 
 
 VOLUME_TARGETS = 4  # the parameters of a synthetic volume: noise level, mean, smooth and rough amplitudes
@@ -332,34 +385,30 @@ class SyntheticVolumes(SyntheticImages):
     with ``noise`` N(0, 1) drawn from seed ``(seed, 1, i)``, ``smooth[c]`` a separable
     low-frequency cosine over (d, h, w) and ``rough[c]`` one at the highest frequency
     (a checkerboard of random sign per channel), both fixed by ``seed``: the four targets
-    are the noise level, the mean, and the amplitudes of the two patterns.
+    are the noise level, the mean, and the amplitudes of the two patterns.  Both patterns
+    are made on the box asked for, as the images' are (:meth:`SyntheticImages.read`).
     """
 
+    kind = "volumes"
+
     def __init__(self, targets, cdhw, seed, dtype):
-        self.labels = targets
-        self.shape = (len(targets),) + tuple(int(s) for s in cdhw)
-        self.dtype = numpy.dtype(dtype)
-        self.ndim = 5
-        self.seed, self.noise = seed, 1.0
+        self._start(targets, cdhw, seed, dtype, 1.0)
         C, D, H, W = self.shape[1:]
         rng = numpy.random.default_rng([seed, 2])
         f, phase = rng.integers(1, 3, size=(3, C)), rng.uniform(0, 1, size=(3, C))
-        axis = [numpy.cos(2 * numpy.pi * (f[a][:, None] * numpy.arange(n) / n + phase[a][:, None]))
-                for a, n in enumerate((D, H, W))]  # (C, D), (C, H), (C, W)
-        self._smooth = axis[0][:, :, None, None] * axis[1][:, None, :, None] * axis[2][:, None, None, :]
-        d, h, w = numpy.ogrid[:D, :H, :W]
-        sign = rng.choice([-1.0, 1.0], size=C)
-        self._rough = sign[:, None, None, None] * numpy.where((d + h + w) % 2, -1.0, 1.0)[None]  # (C, D, H, W)
+        self._axes = [numpy.cos(2 * numpy.pi * (f[a][:, None] * numpy.arange(n) / n + phase[a][:, None]))
+                      for a, n in enumerate((D, H, W))]  # (C, D), (C, H), (C, W)
+        self._sign = rng.choice([-1.0, 1.0], size=C)
 
-    def sample(self, i):
-        """Sample ``i`` as a ``(C, D, H, W)`` array."""
-        i = int(i)
+    def _box(self, i, box):
+        """Sample ``i``'s ``box`` (slices of c, d, h, w) as ``dtype``."""
         t = self.labels[i].astype(numpy.float64)
-        noise = numpy.random.default_rng([self.seed, 1, i]).standard_normal(self.shape[1:])
-        return ((1 + t[0] / 2) * noise + t[1] / 2 + t[2] * self._smooth + t[3] * self._rough).astype(self.dtype)
-
-    def __repr__(self):
-        return f"SyntheticVolumes(shape={self.shape}, dtype={self.dtype}, seed={self.seed})"
+        c, d, h, w = box
+        depth, rows, cols = (axis[c, s] for axis, s in zip(self._axes, (d, h, w)))   # (c, d), (c, h), (c, w)
+        smooth = depth[:, :, None, None] * rows[:, None, :, None] * cols[:, None, None, :]        # (c, d, h, w)
+        dd, hh, ww = numpy.ogrid[d, h, w]
+        rough = self._sign[c, None, None, None] * numpy.where((dd + hh + ww) % 2, -1.0, 1.0)[None]  # (c, d, h, w)
+        return ((1 + t[0] / 2) * self._noise(i, box) + t[1] / 2 + t[2] * smooth + t[3] * rough).astype(self.dtype)
 
 
 def synthetic_for(spec, n, size, *, seed=0, dtype=numpy.float32):

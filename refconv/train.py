@@ -4,8 +4,9 @@ One step, on every rank::
 
     x_b, y_b = next global batch              same on every rank (refconv.datasets.batches:
                                               a function of seed and epoch only)
-    x_loc = model.input_distribution.extract(x_b, rank)      this rank's block (of a store: read, and
-                                              only it: refconv.datastore.local_block)
+    x_loc = model.input_distribution.extract(x_b, rank)      this rank's block (of a store: read, of
+                                              --synthetic samples: made, and only it:
+                                              refconv.datastore.local_block)
     y_loc = model.label_block(y_b)                            labels of its samples
     loss  = model.loss(model.forward(x_loc), y_loc)           global mean (allreduce)
     model.backward(); sgd.step()                              local shards only
@@ -81,10 +82,7 @@ def load_dataset(cfg, dtype):
     spec = load_model_spec(cfg.model)
     name, dims = spec.get("name", cfg.model), spec.get("dims", 2)
     if cfg.synthetic:
-        x, y, k = datasets.synthetic_for(spec, cfg.synthetic_samples, cfg.image_size, seed=cfg.seed, dtype=dtype)
-        xt, yt, _ = datasets.synthetic_for(spec, max(cfg.synthetic_samples // 4, 1), cfg.image_size,
-                                           seed=cfg.seed + 1, dtype=dtype)
-        data = x, y, xt, yt, k
+        data = load_synthetic(cfg, spec, dtype)
     elif cfg.data:
         data = load_data(cfg, dtype)
     elif dims == 3:
@@ -106,6 +104,18 @@ def load_dataset(cfg, dtype):
         raise OptionError("data", f"{cfg.data!r} holds float targets y (N, {y.shape[1]}), which only a regression "
                                   f"takes; give the model loss 'mse', or give class labels y (N,) ints")
     return data
+
+
+def load_synthetic(cfg, spec, dtype):
+    """``load_dataset`` of ``--synthetic``: :func:`refconv.datasets.synthetic_for`'s samples for
+    training, and a quarter as many (seed + 1) for testing, each a lazy
+    :class:`refconv.datastore.StoreImages` over its generator.  A batch is then a list of sample
+    numbers, and a rank makes only its block of it (its samples, and of them its channels,
+    planes, rows and columns), read ahead as a store's block is; the labels, every rank all."""
+    x, y, k = datasets.synthetic_for(spec, cfg.synthetic_samples, cfg.image_size, seed=cfg.seed, dtype=dtype)
+    xt, yt, _ = datasets.synthetic_for(spec, max(cfg.synthetic_samples // 4, 1), cfg.image_size,
+                                       seed=cfg.seed + 1, dtype=dtype)
+    return datastore.StoreImages(x, range(len(x)), dtype), y, datastore.StoreImages(xt, range(len(xt)), dtype), yt, k
 
 
 def load_data(cfg, dtype):
