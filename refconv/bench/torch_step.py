@@ -421,25 +421,75 @@ MEMORY_LAYER = (1024, 1024, 7, 3, 1, 1)  # C, F, H=W, K, stride, padding: issue 
 
 
 def run_profile(args, comm):
-    """Where refconv's step goes: cProfile over ``--rounds`` steps after one warm-up (one rank,
-    torch not needed), the functions that take the most time of their own."""
+    """Where refconv's step goes (one rank, torch not needed), in CPU seconds: each layer's
+    forward and backward and each convolution pass (``_part_times``), then cProfile over
+    ``--rounds`` steps after one warm-up: the functions that take the most time of their own."""
     if comm.Get_size() > 1:
         raise SystemExit("profile: one rank")
     for name in args.model or ["digits-cnn"]:
-        step, _, _, _ = refconv_step_of(name, args.batch or MODELS[name][2], comm)
+        step, model, _, _ = refconv_step_of(name, args.batch or MODELS[name][2], comm)
         step()
-        profile = cProfile.Profile()
-        start = time.perf_counter()
+        parts, per_step = _part_times(model, step, args.rounds)
+        print(f"{name}: {per_step * 1e3:.1f} ms of CPU a step (mean of {args.rounds}); by part:")
+        for part, seconds in parts.items():
+            print(f"  {seconds / args.rounds * 1e3:7.2f} ms {seconds / args.rounds / per_step:6.1%}  {part}")
+        profile = cProfile.Profile(time.process_time)
         profile.runcall(lambda: [step() for _ in range(args.rounds)])
-        per_step = (time.perf_counter() - start) / args.rounds
         stats = pstats.Stats(profile)
+        per_step = stats.total_tt / args.rounds
         rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:PROFILE_ROWS]  # by own time
-        print(f"{name}: {per_step * 1e3:.1f} ms a step under cProfile (mean of {args.rounds}); own time:")
+        print(f"{name}: {per_step * 1e3:.1f} ms of CPU a step under cProfile; own time:")
         for (path, line, function), (_, calls, own, _, _) in rows:
             where = f"{os.path.basename(path)}:{line}({function})" if line else function
             print(f"  {own / args.rounds * 1e3:7.2f} ms {own / args.rounds / per_step:6.1%}  "
                   f"{calls // args.rounds:>4} calls  {where}")
     return 0
+
+
+CONV_PASSES = {"conv2d_forward": "forward", "conv2d_backward_data": "backward-data",
+               "conv2d_backward_filter": "backward-filter"}
+
+
+def _part_times(model, step, rounds):
+    """``({part: CPU seconds over rounds}, CPU seconds a step)``: ``rounds`` steps with every
+    layer's forward and backward, and each convolution pass of the backend inside them, timed by
+    ``time.process_time``.  A part is named by the layer's index and kind (a pass indented
+    under its layer); "rest" is the loss, the optimizer and the data: the step less its layers."""
+    totals, inside = {}, []  # inside: the layers whose call is running, innermost last
+
+    def timed(owner, attribute, part_of):
+        fn = getattr(owner, attribute)
+
+        def run(*args, **kwargs):
+            part = part_of()
+            inside.append(part)
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[part] = totals.get(part, 0.0) + time.process_time() - start
+                inside.pop()
+        setattr(owner, attribute, run)  # an instance attribute: it shadows the method until popped
+
+    layers = [layer for _, layer in model.named_layers()]
+    backends = {id(layer.backend): layer.backend for layer in layers}.values()
+    for index, layer in enumerate(layers):
+        for attribute in ("forward", "backward"):
+            timed(layer, attribute, lambda label=f"layer {index} {type(layer).__name__} {attribute}": label)
+    for backend in backends:
+        for method, label in CONV_PASSES.items():
+            timed(backend, method, lambda label=label: f"{inside[-1]}:  {label}")
+    start = time.process_time()
+    try:
+        for _ in range(rounds):
+            step()
+    finally:
+        for owner in layers + list(backends):
+            for attribute in ("forward", "backward") + tuple(CONV_PASSES):
+                owner.__dict__.pop(attribute, None)
+    total = time.process_time() - start
+    totals["rest (loss, optimizer, data)"] = total - sum(s for part, s in totals.items() if ":" not in part)
+    return totals, total / rounds
 
 
 PROFILE_ROWS = 15
