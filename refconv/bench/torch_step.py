@@ -74,7 +74,9 @@ SHAPES = {
     "conv4-1x1": (1024, 256, 14, 1, 1, 0),
 }
 EXTRA_SHAPES = {"foundation": (64, 64, 32, 3, 1, 1),  # the foundation issue's layer (use --batch 32)
-                "digits2": (32, 32, 16, 3, 1, 1), "digits3": (32, 64, 8, 3, 1, 1)}  # the digits CNN's (--batch 64)
+                "digits2": (32, 32, 16, 3, 1, 1), "digits3": (32, 64, 8, 3, 1, 1),  # the digits CNN's (--batch 64)
+                # the wide CNN's three wide convolutions (--batch 16: a rank's half of its batch on 2 ranks)
+                "wide2": (128, 128, 32, 3, 1, 1), "wide3": (128, 256, 16, 3, 1, 1), "wide4": (256, 256, 16, 3, 1, 1)}
 QUICK_SHAPES = {"quick3x3": (8, 8, 8, 3, 1, 1), "quick1x1": (8, 4, 6, 1, 1, 0)}
 # name: (C, F, D=H=W, K, stride, padding): CosmoFlow's conv layers (MLPerf HPC) on a 32^3 input
 SHAPES3D = {"cosmo1": (4, 32, 32, 3, 1, 1), "cosmo2": (32, 64, 16, 3, 1, 1), "cosmo3": (64, 128, 8, 3, 1, 1),
