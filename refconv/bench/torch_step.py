@@ -14,7 +14,9 @@
   of the per-shape ratios for each pass.  A third contender, ``GEMM``, is the
   pass's matrix product alone on operands built beforehand: the floor of any
   im2col formulation on numpy's BLAS, so ``refconv / GEMM`` is what the copies
-  around it cost.
+  around it cost.  A fourth, ``im2col``, is refconv's pass with the rule of
+  :mod:`refconv.reference.conv_taps` off (every shape to im2col): ``im2col / refconv``
+  is what the tap path gains where the rule takes it (1 where it does not).
 - ``passes3d``: the same for the 3-D passes (``refconv.reference.conv3d_*`` against
   ``torch.nn.functional.conv3d`` and its gradients) on CosmoFlow-like layers: the five
   3x3x3 convolutions of MLPerf HPC's CosmoFlow (4 -> 32 -> 64 -> 128 -> 256 -> 256
@@ -63,6 +65,7 @@ from refconv import reference as ref
 from refconv.bench import timing
 from refconv.optim import SGD
 from refconv.reference import conv as ref_conv
+from refconv.reference import conv_taps
 
 # name: (C, F, H=W, K, stride, padding): the ResNet-50 3x3 layers and the stem, and a 1x1 layer
 SHAPES = {
@@ -111,8 +114,8 @@ def _torch():
 
 
 def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0, dims=2):
-    """``{"refconv": {pass: fn}, "torch": {pass: fn}, "GEMM": {pass: fn}}`` on one layer's random
-    fp32 arrays: ``H x H`` images (``dims=2``) or ``H x H x H`` volumes (``dims=3``)."""
+    """``{"refconv": {pass: fn}, "torch": {pass: fn}, "GEMM": {pass: fn}}`` (and, in 2-D, ``"im2col"``)
+    on one layer's random fp32 arrays: ``H x H`` images (``dims=2``) or ``H x H x H`` volumes (``dims=3``)."""
     rng = numpy.random.default_rng(seed)
     Ho = (H + 2 * padding - K) // stride + 1
     x = rng.standard_normal((batch, C) + (H,) * dims, dtype=numpy.float32)
@@ -133,7 +136,8 @@ def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0, dims=2):
     forward, backward_data, backward_filter = (getattr(ref, f"conv{dims}d_{p}")
                                                for p in ("forward", "backward_data", "backward_filter"))
     nd = f"conv{dims}d"  # torch's functions are looked up when called: a stand-in for torch may lack them
-    return {
+    # "im2col": refconv's pass with the rule sending every shape to im2col (2-D only; the 3-D passes have one path)
+    contenders = {
         "refconv": {"forward": lambda: forward(x, w, **g),
                     "backward-data": lambda: backward_data(dy, w, x.shape, **g),
                     "backward-filter": lambda: backward_filter(x, dy, w.shape, **g)},
@@ -144,6 +148,21 @@ def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0, dims=2):
                  "backward-data": lambda: numpy.matmul(w_2d.T, dy_2d, out=dcols),
                  "backward-filter": lambda: numpy.matmul(dy_2d, cols.T, out=dw_2d)},
     }
+    if dims == 2:
+        contenders["im2col"] = {p: _im2col_only(fn) for p, fn in contenders["refconv"].items()}
+    return contenders
+
+
+def _im2col_only(fn):
+    """``fn`` with the tap path's rule off (``conv_taps.takes_taps``): the im2col side of the rule."""
+    def run():
+        rule = conv_taps.takes_taps
+        conv_taps.takes_taps = lambda *args: False
+        try:
+            return fn()
+        finally:
+            conv_taps.takes_taps = rule
+    return run
 
 
 def _shapes(args):
@@ -163,16 +182,16 @@ def _shapes(args):
 def run_passes(args):
     torch = _torch()
     ratios = {p: [] for p in PASSES}
-    print(f"{'shape':<11}{'pass':<17}{'refconv ms':>24}{'GFLOP/s':>9}{'torch ms':>24}{'GFLOP/s':>9}{'vs torch':>20}"
-          f"{'GEMM ms':>24}{'refconv / GEMM':>20}")
     dims = 3 if args.what == "passes3d" else 2
+    print(f"{'shape':<11}{'pass':<17}{'refconv ms':>24}{'GFLOP/s':>9}{'torch ms':>24}{'GFLOP/s':>9}{'vs torch':>20}"
+          f"{'GEMM ms':>24}{'refconv / GEMM':>20}" + (f"{'im2col ms':>24}{'im2col / refconv':>20}" if dims == 2 else ""))
     for name, (C, F, H, K, stride, padding) in _shapes(args).items():
         Ho = (H + 2 * padding - K) // stride + 1
         gflop = 2 * args.batch * F * Ho ** dims * C * K ** dims / 1e9  # each pass does the same arithmetic
         fns = pass_contenders(C, F, H, K, stride, padding, args.batch, torch, dims=dims)
         for p in PASSES:
             contenders = {who: fns[who][p] for who in fns}
-            outputs = {who: contenders[who]() for who in ("refconv", "torch")}  # GEMM's is not the answer
+            outputs = {who: contenders[who]() for who in contenders if who != "GEMM"}  # GEMM's is not the answer
             length = {"forward": C * K ** dims, "backward-data": F * K ** dims,
                       "backward-filter": args.batch * H ** dims}[p]
             # fp32 sums of `length` O(1) terms: error ~ eps * sqrt(length) relative to the largest value
@@ -183,7 +202,9 @@ def run_passes(args):
             ratios[p].append(r.median)
             print(f"{name:<11}{p:<17}{spans['refconv'].format():>24}{gflop / spans['refconv'].median:>9.1f}"
                   f"{spans['torch'].format():>24}{gflop / spans['torch'].median:>9.1f}{r.format(1, '', 2):>20}"
-                  f"{spans['GEMM'].format():>24}{timing.ratio(spans, 'refconv', 'GEMM').format(1, '', 2):>20}")
+                  f"{spans['GEMM'].format():>24}{timing.ratio(spans, 'refconv', 'GEMM').format(1, '', 2):>20}"
+                  + (f"{spans['im2col'].format():>24}{timing.ratio(spans, 'im2col', 'refconv').format(1, '', 2):>20}"
+                     if "im2col" in spans else ""))
     for p in PASSES:
         print(f"geometric mean vs torch, {p}: {_geomean(ratios[p]):.2f}")
     return 0

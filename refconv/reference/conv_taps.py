@@ -33,7 +33,7 @@ product goes to a small buffer and is added to the block while both are in the
 cache.  Backward-filter needs no sum: each tap's product is its own output.
 
 :func:`takes_taps` is the rule :mod:`refconv.reference.conv` follows to pick this
-path; docs/reference.md ("The CPU path's two formulations") gives the measurements
+path; docs/reference.md ("The formulations of convolution") gives the measurements
 behind it.  The loop oracle (:mod:`refconv.reference.conv_loops`) checks both paths.
 """
 
