@@ -1,8 +1,15 @@
-"""``python -m refconv.bench.torch_step profile``'s split of a step into layers and convolution passes."""
+"""``python -m refconv.bench.torch_step``: ``profile``'s split of a step into layers and convolution
+passes, and ``passes``' im2col contender (the tap rule's other side)."""
 
+import types
+from unittest import mock
+
+import numpy
 from mpi4py import MPI
 
+from refconv.bench import torch_step
 from refconv.bench.torch_step import _part_times, refconv_step_of
+from refconv.reference import conv_taps
 
 
 def test_part_times_name_every_layer_and_pass_and_sum_to_the_step():
@@ -18,3 +25,19 @@ def test_part_times_name_every_layer_and_pass_and_sum_to_the_step():
     assert abs(sum(s for part, s in parts.items() if ":" not in part) - per_step) < 1e-9 * max(1.0, per_step)
     # the wrappers are gone afterwards: the layers' and backend's own methods again
     assert all("forward" not in layer.__dict__ and "backward" not in layer.__dict__ for _, layer in model.named_layers())
+
+
+def test_passes_im2col_contender_is_refconvs_pass_with_the_tap_rule_off():
+    """``passes``' im2col contender gives refconv's answers through im2col where the rule takes taps
+    (so ``im2col / refconv`` is what the tap path gains), and leaves the rule as it found it."""
+    torch = types.SimpleNamespace(from_numpy=lambda a: a)  # torch's contenders are built, never called
+    fns = torch_step.pass_contenders(16, 16, 6, 3, 1, 1, 2, torch)  # C=F=16, 6x6, 3x3, padding 1: taps
+    names = {"forward": "forward", "backward-data": "backward_data", "backward-filter": "backward_filter"}
+    for p in torch_step.PASSES:
+        with mock.patch.object(conv_taps, names[p], wraps=getattr(conv_taps, names[p])) as tap_pass:
+            ours = fns["refconv"][p]()
+            assert tap_pass.call_count == 1
+            theirs = fns["im2col"][p]()
+            assert tap_pass.call_count == 1  # im2col did not take the tap path
+        numpy.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-5)
+    assert conv_taps.takes_taps((2, 16, 6, 6), (16, 16, 3, 3), (1, 1), (1, 1), (1, 1), 1, (6, 6))
