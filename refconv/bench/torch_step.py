@@ -184,7 +184,8 @@ def run_passes(args):
     ratios = {p: [] for p in PASSES}
     dims = 3 if args.what == "passes3d" else 2
     print(f"{'shape':<11}{'pass':<17}{'refconv ms':>24}{'GFLOP/s':>9}{'torch ms':>24}{'GFLOP/s':>9}{'vs torch':>20}"
-          f"{'GEMM ms':>24}{'refconv / GEMM':>20}" + (f"{'im2col ms':>24}{'im2col / refconv':>20}" if dims == 2 else ""))
+          f"{'GEMM ms':>24}{'refconv / GEMM':>20}"
+          + (f"{'im2col ms':>24}{'im2col / refconv':>20}" if dims == 2 else ""))
     for name, (C, F, H, K, stride, padding) in _shapes(args).items():
         Ho = (H + 2 * padding - K) // stride + 1
         gflop = 2 * args.batch * F * Ho ** dims * C * K ** dims / 1e9  # each pass does the same arithmetic
@@ -476,8 +477,9 @@ CONV_PASSES = {"conv2d_forward": "forward", "conv2d_backward_data": "backward-da
 def _part_times(model, step, rounds):
     """``({part: CPU seconds over rounds}, CPU seconds a step)``: ``rounds`` steps with every
     layer's forward and backward, and each convolution pass of the backend inside them, timed by
-    ``time.process_time``.  A part is named by the layer's index and kind (a pass indented
-    under its layer); "rest" is the loss, the optimizer and the data: the step less its layers."""
+    ``time.process_time``.  A part is named by the layer's qualified name and kind (a pass
+    indented under its layer); "rest" is the loss, the optimizer, the data and what containers
+    do themselves (a residual block's sum): the step less its layers."""
     totals, inside = {}, []  # inside: the layers whose call is running, innermost last
 
     def timed(owner, attribute, part_of):
@@ -494,11 +496,12 @@ def _part_times(model, step, rounds):
                 inside.pop()
         setattr(owner, attribute, run)  # an instance attribute: it shadows the method until popped
 
-    layers = [layer for _, layer in model.named_layers()]
+    named = model.named_layers()  # the leaves, by qualified name ("4.body.0" inside a block)
+    layers = [layer for _, layer in named]
     backends = {id(layer.backend): layer.backend for layer in layers}.values()
-    for index, layer in enumerate(layers):
+    for name, layer in named:
         for attribute in ("forward", "backward"):
-            timed(layer, attribute, lambda label=f"layer {index} {type(layer).__name__} {attribute}": label)
+            timed(layer, attribute, lambda label=f"layer {name} {type(layer).__name__} {attribute}": label)
     for backend in backends:
         for method, label in CONV_PASSES.items():
             timed(backend, method, lambda label=label: f"{inside[-1]}:  {label}")
