@@ -52,8 +52,7 @@ def takes_taps(x_shape, w_shape, stride, padding, dilation, groups, out_hw):
     Cg, Fg = C // groups, F // groups
     if stride != (1, 1) or (Kh, Kw) == (1, 1) or not MIN_CHANNELS <= min(Cg, Fg) <= max(Cg, Fg) <= MAX_CHANNELS:
         return False
-    return _layout_holds(H, out_hw[0], Kh, padding[0], dilation[0]) and _layout_holds(W, out_hw[1], Kw, padding[1],
-                                                                                      dilation[1])
+    return all(_layout_holds(*axis) for axis in zip((H, W), out_hw, (Kh, Kw), padding, dilation))
 
 
 def _layout_holds(size, out, kernel, pad, dilation):
@@ -67,11 +66,10 @@ class Rows:
     the row offset of each tap, taps in ``(i, j)`` order."""
 
     def __init__(self, x_shape, kernel, padding, dilation):
-        N, _, H, W = x_shape
+        self.N, _, H, W = x_shape
         (Kh, Kw), (ph, pw), (dh, dw) = kernel, padding, dilation
-        self.N, self.H, self.W = N, H, W
         self.Wp, self.Hs = W + pw, H + ph
-        self.M = N * self.Hs * self.Wp  # output rows computed, dropped ones included
+        self.M = self.N * self.Hs * self.Wp  # output rows computed, dropped ones included
         self.lead = ph * self.Wp + pw  # the row of sample 0's pixel (0, 0)
         self.offsets = [i * dh * self.Wp + j * dw for i in range(Kh) for j in range(Kw)]
 
