@@ -77,10 +77,12 @@ RULE_CASES = [
     ((1, 16, 5, 5), (16, 16, 3, 3), 1, 1, 1, 1, True),
     ((1, 16, 7, 6), (32, 16, 3, 2), 1, (2, 1), (2, 1), 1, True),  # dilated, uneven
     ((1, 32, 5, 5), (32, 16, 3, 3), 1, 0, 1, 2, True),  # two groups of 16
-    ((1, 128, 4, 4), (128, 128, 3, 3), 1, 1, 1, 1, True),  # the bound itself
+    ((1, 128, 4, 4), (128, 128, 3, 3), 1, 1, 1, 1, True),  # the output's bound
     ((1, 8, 5, 5), (16, 8, 3, 3), 1, 1, 1, 1, False),  # too few input channels
     ((1, 32, 5, 5), (32, 8, 3, 3), 1, 1, 1, 4, False),  # too few per group
-    ((1, 256, 4, 4), (128, 256, 3, 3), 1, 1, 1, 1, False),  # too many input channels
+    ((1, 256, 4, 4), (128, 256, 3, 3), 1, 1, 1, 1, True),  # the input's bound
+    ((1, 512, 4, 4), (128, 512, 3, 3), 1, 1, 1, 1, False),  # too many input channels
+    ((1, 128, 4, 4), (256, 128, 3, 3), 1, 1, 1, 1, False),  # too many output channels
     ((1, 16, 5, 5), (16, 16, 3, 3), 2, 1, 1, 1, False),  # stride 2
     ((1, 16, 5, 5), (16, 16, 1, 1), 1, 0, 1, 1, False),  # 1x1: its own path, no columns
     ((1, 16, 5, 5), (16, 16, 1, 1), 1, 1, 1, 1, False),  # padding past the kernel's reach
