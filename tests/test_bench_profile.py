@@ -1,13 +1,16 @@
 """``python -m refconv.bench.torch_step``: ``profile``'s split of a step into layers and convolution
 passes, and ``passes``' im2col contender (the tap rule's other side)."""
 
+import subprocess
+import sys
+import time
 import types
 from unittest import mock
 
 import numpy
 from mpi4py import MPI
 
-from refconv.bench import torch_step
+from refconv.bench import timing, torch_step
 from refconv.bench.torch_step import _part_times, refconv_step_of
 from refconv.reference import conv_taps
 
@@ -44,3 +47,19 @@ def test_passes_im2col_contender_is_refconvs_pass_with_the_tap_rule_off():
             assert tap_pass.call_count == 1  # im2col did not take the tap path
         numpy.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-5)
     assert conv_taps.takes_taps((2, 16, 6, 6), (16, 16, 3, 3), (1, 1), (1, 1), (1, 1), 1, (6, 6))
+
+
+def test_compare_on_the_cpu_clock_leaves_out_waiting():
+    """``timing.compare(clock=time.process_time)`` (``step --cpu-time``): a sleep costs no CPU."""
+    contenders = {"sleep": lambda: time.sleep(0.02)}
+    wall = timing.compare(contenders, rounds=2, warmup=0, pause=0)["sleep"]
+    cpu = timing.compare(contenders, rounds=2, warmup=0, pause=0, clock=time.process_time)["sleep"]
+    assert wall.min >= 0.02 and cpu.max < wall.min / 2, (wall, cpu)
+
+
+def test_cpu_time_outside_a_one_rank_step_is_one_line_and_status_2():
+    r = subprocess.run([sys.executable, "-m", "refconv.bench.torch_step", "passes", "--cpu-time"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.splitlines() == ["--cpu-time: only with step on one rank, not passes on 1: drop it, or run "
+                                     "step without mpiexec"], r.stderr

@@ -25,7 +25,9 @@
   preset built by ``refconv.Model.from_spec`` against the same model written in
   PyTorch (``torch.nn`` modules built from the same spec, holding the same
   initial parameters).  The first step's loss must agree with torch's on the
-  whole batch before anything is timed.
+  whole batch before anything is timed.  A third contender, ``refconv im2col``,
+  is refconv's step with the tap rule off (every convolution through im2col).
+  ``--cpu-time`` times each by the process's CPU seconds instead of wall seconds.
 - ``ddp``: the same with one sample-parallel model per rank, against
   ``torch.nn.parallel.DistributedDataParallel`` over gloo (which itself overlaps its
   bucketed allreduces with backward); each rank holds ``batch / ranks`` samples.
@@ -346,13 +348,21 @@ def run_step(args, comm):
     for name in names:
         batch = args.batch or MODELS[name][2]
         contenders, (ours, theirs) = step_contenders(name, batch, comm, torch)  # checked: the first losses agree
-
-        spans = timing.compare(contenders, rounds=args.rounds, warmup=1, sync=lambda: collectives.barrier(comm))
+        if comm.Get_size() == 1:  # the same step with every convolution through im2col (the tap rule off)
+            contenders["refconv im2col"] = _im2col_only(contenders["refconv"])
+        clock = time.process_time if args.cpu_time else time.perf_counter
+        spans = timing.compare(contenders, rounds=args.rounds, warmup=1, sync=lambda: collectives.barrier(comm),
+                               clock=clock)
         r = timing.ratio(spans, "torch", "refconv")
         if rank0:
             what = f"{name} batch {batch}" + (f" on {comm.Get_size()} ranks (DDP, gloo)" if comm.Get_size() > 1 else "")
             print(f"{what}: first loss refconv {ours:.5f} torch {theirs:.5f}; step refconv {spans['refconv']}, "
-                  f"torch {spans['torch']}; vs torch {r.format(1, '', 2)}")
+                  f"torch {spans['torch']}; vs torch {r.format(1, '', 2)}"
+                  + ("; CPU seconds" if args.cpu_time else ""))
+            if "refconv im2col" in spans:
+                print(f"  refconv im2col {spans['refconv im2col']}; im2col / refconv "
+                      f"{timing.ratio(spans, 'refconv im2col', 'refconv').format(1, 'x', 2)}; im2col vs torch "
+                      f"{timing.ratio(spans, 'torch', 'refconv im2col').format(1, '', 2)}")
             if "refconv blocking" in spans:  # ddp: the overlap on ("refconv") and off, and DDP, side by side
                 print(f"  refconv blocking {spans['refconv blocking']}; overlapped / blocking speedup "
                       f"{timing.ratio(spans, 'refconv blocking', 'refconv').format(1, 'x', 2)}; blocking vs torch "
@@ -535,6 +545,8 @@ def build_parser():
     parser.add_argument("--batch", type=int, help="global batch (passes: 8; step: per model)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timed rounds (default 7)")
     train_config.add_option(parser, "threads")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="step: time by this process's CPU seconds, not wall seconds (one rank; a shared machine)")
     parser.add_argument("--shapes", nargs="+", help=f"passes/columns: shape names (default: {' '.join(SHAPES)}; "
                                                      f"also {' '.join(EXTRA_SHAPES)}; passes3d: {' '.join(SHAPES3D)})")
     parser.add_argument("--quick", action="store_true", help="passes/columns: tiny shapes, as a smoke test")
@@ -552,6 +564,10 @@ def main(argv=None):
         return run_columns(args)
     if args.what == "profile":
         return run_profile(args, comm)
+    if args.cpu_time and (args.what != "step" or comm.Get_size() > 1):
+        # another rank's work and the waits for it are not this process's CPU seconds
+        sys.exit(failure.exit_on_shared_error(f"--cpu-time: only with step on one rank, not {args.what} on "
+                                              f"{comm.Get_size()}: drop it, or run step without mpiexec"))
     torch = _torch()
     torch.set_num_threads(choice.threads)
     if comm.Get_rank() == 0:
