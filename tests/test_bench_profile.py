@@ -58,8 +58,8 @@ def test_compare_on_the_cpu_clock_leaves_out_waiting():
 
 
 def test_cpu_time_outside_a_one_rank_step_is_one_line_and_status_2():
-    r = subprocess.run([sys.executable, "-m", "refconv.bench.torch_step", "passes", "--cpu-time"],
+    r = subprocess.run([sys.executable, "-m", "refconv.bench.torch_step", "memory", "--cpu-time"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
-    assert r.stderr.splitlines() == ["--cpu-time: only with step on one rank, not passes on 1: drop it, or run "
-                                     "step without mpiexec"], r.stderr
+    assert r.stderr.splitlines() == ["--cpu-time: only with step, passes, passes3d on one rank, not memory on 1: "
+                                     "drop it, or run without mpiexec"], r.stderr

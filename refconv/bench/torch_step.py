@@ -27,7 +27,8 @@
   initial parameters).  The first step's loss must agree with torch's on the
   whole batch before anything is timed.  A third contender, ``refconv im2col``,
   is refconv's step with the tap rule off (every convolution through im2col).
-  ``--cpu-time`` times each by the process's CPU seconds instead of wall seconds.
+  ``--cpu-time`` (``step``, ``passes`` and ``passes3d``, one rank) times each by the process's CPU
+  seconds instead of wall seconds: robust to other jobs on a shared machine.
 - ``ddp``: the same with one sample-parallel model per rank, against
   ``torch.nn.parallel.DistributedDataParallel`` over gloo (which itself overlaps its
   bucketed allreduces with backward); each rank holds ``batch / ranks`` samples.
@@ -200,7 +201,7 @@ def run_passes(args):
             # fp32 sums of `length` O(1) terms: error ~ eps * sqrt(length) relative to the largest value
             scale = float(numpy.abs(numpy.asarray(outputs["torch"])).max())
             timing.check(outputs, "torch", atol=1e-6 * math.sqrt(length) * scale, rtol=1e-5)
-            spans = timing.compare(contenders, rounds=args.rounds, warmup=1)
+            spans = timing.compare(contenders, rounds=args.rounds, warmup=1, clock=_clock(args))
             r = timing.ratio(spans, "torch", "refconv")
             ratios[p].append(r.median)
             print(f"{name:<11}{p:<17}{spans['refconv'].format():>24}{gflop / spans['refconv'].median:>9.1f}"
@@ -211,6 +212,14 @@ def run_passes(args):
     for p in PASSES:
         print(f"geometric mean vs torch, {p}: {_geomean(ratios[p]):.2f}")
     return 0
+
+
+CPU_TIMED = ("step", "passes", "passes3d")  # what --cpu-time may time: one process's own work
+
+
+def _clock(args):
+    """``--cpu-time``: this process's CPU seconds (robust to other jobs, blind to waiting); else wall seconds."""
+    return time.process_time if args.cpu_time else time.perf_counter
 
 
 def _geomean(values):
@@ -350,9 +359,8 @@ def run_step(args, comm):
         contenders, (ours, theirs) = step_contenders(name, batch, comm, torch)  # checked: the first losses agree
         if comm.Get_size() == 1:  # the same step with every convolution through im2col (the tap rule off)
             contenders["refconv im2col"] = _im2col_only(contenders["refconv"])
-        clock = time.process_time if args.cpu_time else time.perf_counter
         spans = timing.compare(contenders, rounds=args.rounds, warmup=1, sync=lambda: collectives.barrier(comm),
-                               clock=clock)
+                               clock=_clock(args))
         r = timing.ratio(spans, "torch", "refconv")
         if rank0:
             what = f"{name} batch {batch}" + (f" on {comm.Get_size()} ranks (DDP, gloo)" if comm.Get_size() > 1 else "")
@@ -546,7 +554,7 @@ def build_parser():
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timed rounds (default 7)")
     train_config.add_option(parser, "threads")
     parser.add_argument("--cpu-time", action="store_true",
-                        help="step: time by this process's CPU seconds, not wall seconds (one rank; a shared machine)")
+                        help="step, passes, passes3d: time by this process's CPU seconds, not wall seconds (one rank; a shared machine)")
     parser.add_argument("--shapes", nargs="+", help=f"passes/columns: shape names (default: {' '.join(SHAPES)}; "
                                                      f"also {' '.join(EXTRA_SHAPES)}; passes3d: {' '.join(SHAPES3D)})")
     parser.add_argument("--quick", action="store_true", help="passes/columns: tiny shapes, as a smoke test")
@@ -556,6 +564,10 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     comm = MPI.COMM_WORLD
+    if args.cpu_time and (args.what not in CPU_TIMED or comm.Get_size() > 1):
+        # another rank's work and the waits for it are not this process's CPU seconds
+        sys.exit(failure.exit_on_shared_error(f"--cpu-time: only with {', '.join(CPU_TIMED)} on one rank, not "
+                                              f"{args.what} on {comm.Get_size()}: drop it, or run without mpiexec"))
     choice = threads.configure(comm, args.threads)
     if args.what == "memory":
         return run_memory(args, comm)
@@ -564,10 +576,6 @@ def main(argv=None):
         return run_columns(args)
     if args.what == "profile":
         return run_profile(args, comm)
-    if args.cpu_time and (args.what != "step" or comm.Get_size() > 1):
-        # another rank's work and the waits for it are not this process's CPU seconds
-        sys.exit(failure.exit_on_shared_error(f"--cpu-time: only with step on one rank, not {args.what} on "
-                                              f"{comm.Get_size()}: drop it, or run step without mpiexec"))
     torch = _torch()
     torch.set_num_threads(choice.threads)
     if comm.Get_rank() == 0:
