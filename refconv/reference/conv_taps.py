@@ -30,7 +30,9 @@ of the input.
 The sums.  NumPy's matmul cannot accumulate into its output, so forward and
 backward-data run over blocks of :data:`ROW_BLOCK` output rows: each tap's
 product goes to a small buffer and is added to the block while both are in the
-cache.  Backward-filter needs no sum: each tap's product is its own output.
+cache.  Backward-filter runs over the same blocks of ``dy``'s rows, each read
+from memory once for all the taps, and adds each tap's ``(C, F)`` product to its
+``dw_t`` (10-20% faster than one product per tap over all ``M`` rows).
 
 :func:`takes_taps` is the rule :mod:`refconv.reference.conv` follows to pick this
 path; docs/reference.md ("The formulations of convolution") gives the measurements
@@ -39,7 +41,7 @@ behind it.  The loop oracle (:mod:`refconv.reference.conv_loops`) checks both pa
 
 import numpy
 
-ROW_BLOCK = 512  # output rows per block of the tap sums: a block and its product buffer stay in L2
+ROW_BLOCK = 512  # rows per block of the tap sums: a block and its product buffer stay in L2
 MIN_CHANNELS = 16  # fewer channels (per group) in or out: each tap's product is too thin, im2col is faster
 MAX_IN_CHANNELS = 256  # per group: the most measured (256 -> 128 on 16x16 was 1.1-1.2x faster than im2col)
 MAX_OUT_CHANNELS = 128  # per group: with 256 out im2col was faster (0.84-0.97x), its copies a smaller share
@@ -155,8 +157,12 @@ def backward_filter(x, dy, w_shape, padding, dilation, groups):
     rows = Rows(x.shape, (Kh, Kw), padding, dilation)
     x_rows = rows.pack(x, rows.lead, rows.M + rows.offsets[-1])  # (M + max offset, C)
     dy_rows = rows.pack(dy, 0, rows.M)  # (M, F), zero on the dropped rows
-    dw_taps = numpy.empty((groups, Kh * Kw, Cg, F // groups), dtype=x.dtype)  # (G, T, Cg, Fg)
+    dw_taps = numpy.zeros((groups, Kh * Kw, Cg, F // groups), dtype=x.dtype)  # (G, T, Cg, Fg)
+    part = numpy.empty((Cg, F // groups), dtype=x.dtype)
     for g, (cs, fs) in enumerate(zip(_groups(x.shape[1], groups), _groups(F, groups))):
-        for t, offset in enumerate(rows.offsets):
-            numpy.matmul(x_rows[offset:offset + rows.M, cs].T, dy_rows[:, fs], out=dw_taps[g, t])
+        for start in range(0, rows.M, ROW_BLOCK):  # a block of dy's rows stays in the cache for every tap
+            stop = min(rows.M, start + ROW_BLOCK)
+            for t, offset in enumerate(rows.offsets):
+                numpy.matmul(x_rows[start + offset:stop + offset, cs].T, dy_rows[start:stop, fs], out=part)
+                dw_taps[g, t] += part
     return numpy.ascontiguousarray(dw_taps.transpose(0, 3, 2, 1)).reshape(F, Cg, Kh, Kw)  # (G, Fg, Cg, T)
