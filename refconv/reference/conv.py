@@ -24,8 +24,8 @@ A 1x1 convolution with stride 1 and no padding needs no columns: its columns
 are ``x`` itself, so forward and backward-data are per-sample products
 ``w @ x[n]``, and backward-filter contracts ``dy`` with a transposed copy of ``x``.
 
-The tap path.  A stride-1 convolution with 16 to 128 channels per group (the
-rule is :func:`refconv.reference.conv_taps.takes_taps`) builds no columns either:
+The tap path.  A stride-1 convolution with 16 to 256 input and 16 to 128 output
+channels per group (the rule is :func:`refconv.reference.conv_taps.takes_taps`) builds no columns either:
 :mod:`refconv.reference.conv_taps` sums one product per kernel tap over a padded
 channels-last copy of the input, which is faster there.  Passing ``cols=`` always
 takes the columns.
