@@ -67,7 +67,8 @@ class Span:
         return self.format()
 
 
-def compare(contenders, *, rounds=5, warmup=1, pause=PAUSE, calls=1, sync=None, settle=0, progress=None):
+def compare(contenders, *, rounds=5, warmup=1, pause=PAUSE, calls=1, sync=None, settle=0, progress=None,
+            clock=time.perf_counter):
     """Time each of ``contenders`` (``{name: fn}``, ``fn()`` does one unit of work) in
     ``rounds`` interleaved rounds; returns ``{name: Span of seconds per call}``.
 
@@ -77,7 +78,9 @@ def compare(contenders, *, rounds=5, warmup=1, pause=PAUSE, calls=1, sync=None, 
     the pause).  ``calls`` and ``settle`` are an int or ``{name: int}``.  ``sync``, if
     given, is called before the clock is read at both ends (e.g. a device
     synchronize or a barrier).  ``progress``, if given, is called with the number of
-    rounds done after each round (for a progress line on long runs).
+    rounds done after each round (for a progress line on long runs).  ``clock`` reads the time:
+    wall seconds by default, ``time.process_time`` for this process's CPU seconds (robust to
+    other jobs on a shared machine, blind to waiting).
     """
     if not contenders:
         raise ValueError("contenders: expected at least one {name: callable}")
@@ -98,11 +101,11 @@ def compare(contenders, *, rounds=5, warmup=1, pause=PAUSE, calls=1, sync=None, 
             for _ in range(settle[name]):
                 contenders[name]()
             sync()
-            start = time.perf_counter()
+            start = clock()
             for _ in range(calls[name]):
                 contenders[name]()
             sync()
-            times[name].append((time.perf_counter() - start) / calls[name])
+            times[name].append((clock() - start) / calls[name])
         if progress is not None:
             progress(r + 1)
     return {name: Span(tuple(t)) for name, t in times.items()}

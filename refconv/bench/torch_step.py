@@ -14,7 +14,9 @@
   of the per-shape ratios for each pass.  A third contender, ``GEMM``, is the
   pass's matrix product alone on operands built beforehand: the floor of any
   im2col formulation on numpy's BLAS, so ``refconv / GEMM`` is what the copies
-  around it cost.
+  around it cost.  A fourth, ``im2col``, is refconv's pass with the rule of
+  :mod:`refconv.reference.conv_taps` off (every shape to im2col): ``im2col / refconv``
+  is what the tap path gains where the rule takes it (1 where it does not).
 - ``passes3d``: the same for the 3-D passes (``refconv.reference.conv3d_*`` against
   ``torch.nn.functional.conv3d`` and its gradients) on CosmoFlow-like layers: the five
   3x3x3 convolutions of MLPerf HPC's CosmoFlow (4 -> 32 -> 64 -> 128 -> 256 -> 256
@@ -23,7 +25,10 @@
   preset built by ``refconv.Model.from_spec`` against the same model written in
   PyTorch (``torch.nn`` modules built from the same spec, holding the same
   initial parameters).  The first step's loss must agree with torch's on the
-  whole batch before anything is timed.
+  whole batch before anything is timed.  A third contender, ``refconv im2col``,
+  is refconv's step with the tap rule off (every convolution through im2col).
+  ``--cpu-time`` (``step``, ``passes`` and ``passes3d``, one rank) times each by the process's CPU
+  seconds instead of wall seconds: robust to other jobs on a shared machine.
 - ``ddp``: the same with one sample-parallel model per rank, against
   ``torch.nn.parallel.DistributedDataParallel`` over gloo (which itself overlaps its
   bucketed allreduces with backward); each rank holds ``batch / ranks`` samples.
@@ -63,6 +68,7 @@ from refconv import reference as ref
 from refconv.bench import timing
 from refconv.optim import SGD
 from refconv.reference import conv as ref_conv
+from refconv.reference import conv_taps
 
 # name: (C, F, H=W, K, stride, padding): the ResNet-50 3x3 layers and the stem, and a 1x1 layer
 SHAPES = {
@@ -74,7 +80,9 @@ SHAPES = {
     "conv4-1x1": (1024, 256, 14, 1, 1, 0),
 }
 EXTRA_SHAPES = {"foundation": (64, 64, 32, 3, 1, 1),  # the foundation issue's layer (use --batch 32)
-                "digits2": (32, 32, 16, 3, 1, 1), "digits3": (32, 64, 8, 3, 1, 1)}  # the digits CNN's (--batch 64)
+                "digits2": (32, 32, 16, 3, 1, 1), "digits3": (32, 64, 8, 3, 1, 1),  # the digits CNN's (--batch 64)
+                # the wide CNN's three wide convolutions (--batch 16: a rank's half of its batch on 2 ranks)
+                "wide2": (128, 128, 32, 3, 1, 1), "wide3": (128, 256, 16, 3, 1, 1), "wide4": (256, 256, 16, 3, 1, 1)}
 QUICK_SHAPES = {"quick3x3": (8, 8, 8, 3, 1, 1), "quick1x1": (8, 4, 6, 1, 1, 0)}
 # name: (C, F, D=H=W, K, stride, padding): CosmoFlow's conv layers (MLPerf HPC) on a 32^3 input
 SHAPES3D = {"cosmo1": (4, 32, 32, 3, 1, 1), "cosmo2": (32, 64, 16, 3, 1, 1), "cosmo3": (64, 128, 8, 3, 1, 1),
@@ -109,8 +117,8 @@ def _torch():
 
 
 def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0, dims=2):
-    """``{"refconv": {pass: fn}, "torch": {pass: fn}, "GEMM": {pass: fn}}`` on one layer's random
-    fp32 arrays: ``H x H`` images (``dims=2``) or ``H x H x H`` volumes (``dims=3``)."""
+    """``{"refconv": {pass: fn}, "torch": {pass: fn}, "GEMM": {pass: fn}}`` (and, in 2-D, ``"im2col"``)
+    on one layer's random fp32 arrays: ``H x H`` images (``dims=2``) or ``H x H x H`` volumes (``dims=3``)."""
     rng = numpy.random.default_rng(seed)
     Ho = (H + 2 * padding - K) // stride + 1
     x = rng.standard_normal((batch, C) + (H,) * dims, dtype=numpy.float32)
@@ -131,7 +139,8 @@ def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0, dims=2):
     forward, backward_data, backward_filter = (getattr(ref, f"conv{dims}d_{p}")
                                                for p in ("forward", "backward_data", "backward_filter"))
     nd = f"conv{dims}d"  # torch's functions are looked up when called: a stand-in for torch may lack them
-    return {
+    # "im2col": refconv's pass with the rule sending every shape to im2col (2-D only; the 3-D passes have one path)
+    contenders = {
         "refconv": {"forward": lambda: forward(x, w, **g),
                     "backward-data": lambda: backward_data(dy, w, x.shape, **g),
                     "backward-filter": lambda: backward_filter(x, dy, w.shape, **g)},
@@ -142,6 +151,21 @@ def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0, dims=2):
                  "backward-data": lambda: numpy.matmul(w_2d.T, dy_2d, out=dcols),
                  "backward-filter": lambda: numpy.matmul(dy_2d, cols.T, out=dw_2d)},
     }
+    if dims == 2:
+        contenders["im2col"] = {p: _im2col_only(fn) for p, fn in contenders["refconv"].items()}
+    return contenders
+
+
+def _im2col_only(fn):
+    """``fn`` with the tap path's rule off (``conv_taps.takes_taps``): the im2col side of the rule."""
+    def run():
+        rule = conv_taps.takes_taps
+        conv_taps.takes_taps = lambda *args: False
+        try:
+            return fn()
+        finally:
+            conv_taps.takes_taps = rule
+    return run
 
 
 def _shapes(args):
@@ -161,30 +185,41 @@ def _shapes(args):
 def run_passes(args):
     torch = _torch()
     ratios = {p: [] for p in PASSES}
-    print(f"{'shape':<11}{'pass':<17}{'refconv ms':>24}{'GFLOP/s':>9}{'torch ms':>24}{'GFLOP/s':>9}{'vs torch':>20}"
-          f"{'GEMM ms':>24}{'refconv / GEMM':>20}")
     dims = 3 if args.what == "passes3d" else 2
+    print(f"{'shape':<11}{'pass':<17}{'refconv ms':>24}{'GFLOP/s':>9}{'torch ms':>24}{'GFLOP/s':>9}{'vs torch':>20}"
+          f"{'GEMM ms':>24}{'refconv / GEMM':>20}"
+          + (f"{'im2col ms':>24}{'im2col / refconv':>20}" if dims == 2 else ""))
     for name, (C, F, H, K, stride, padding) in _shapes(args).items():
         Ho = (H + 2 * padding - K) // stride + 1
         gflop = 2 * args.batch * F * Ho ** dims * C * K ** dims / 1e9  # each pass does the same arithmetic
         fns = pass_contenders(C, F, H, K, stride, padding, args.batch, torch, dims=dims)
         for p in PASSES:
             contenders = {who: fns[who][p] for who in fns}
-            outputs = {who: contenders[who]() for who in ("refconv", "torch")}  # GEMM's is not the answer
+            outputs = {who: contenders[who]() for who in contenders if who != "GEMM"}  # GEMM's is not the answer
             length = {"forward": C * K ** dims, "backward-data": F * K ** dims,
                       "backward-filter": args.batch * H ** dims}[p]
             # fp32 sums of `length` O(1) terms: error ~ eps * sqrt(length) relative to the largest value
             scale = float(numpy.abs(numpy.asarray(outputs["torch"])).max())
             timing.check(outputs, "torch", atol=1e-6 * math.sqrt(length) * scale, rtol=1e-5)
-            spans = timing.compare(contenders, rounds=args.rounds, warmup=1)
+            spans = timing.compare(contenders, rounds=args.rounds, warmup=1, clock=_clock(args))
             r = timing.ratio(spans, "torch", "refconv")
             ratios[p].append(r.median)
             print(f"{name:<11}{p:<17}{spans['refconv'].format():>24}{gflop / spans['refconv'].median:>9.1f}"
                   f"{spans['torch'].format():>24}{gflop / spans['torch'].median:>9.1f}{r.format(1, '', 2):>20}"
-                  f"{spans['GEMM'].format():>24}{timing.ratio(spans, 'refconv', 'GEMM').format(1, '', 2):>20}")
+                  f"{spans['GEMM'].format():>24}{timing.ratio(spans, 'refconv', 'GEMM').format(1, '', 2):>20}"
+                  + (f"{spans['im2col'].format():>24}{timing.ratio(spans, 'im2col', 'refconv').format(1, '', 2):>20}"
+                     if "im2col" in spans else ""))
     for p in PASSES:
         print(f"geometric mean vs torch, {p}: {_geomean(ratios[p]):.2f}")
     return 0
+
+
+CPU_TIMED = ("step", "passes", "passes3d")  # what --cpu-time may time: one process's own work
+
+
+def _clock(args):
+    """``--cpu-time``: this process's CPU seconds (robust to other jobs, blind to waiting); else wall seconds."""
+    return time.process_time if args.cpu_time else time.perf_counter
 
 
 def _geomean(values):
@@ -322,13 +357,20 @@ def run_step(args, comm):
     for name in names:
         batch = args.batch or MODELS[name][2]
         contenders, (ours, theirs) = step_contenders(name, batch, comm, torch)  # checked: the first losses agree
-
-        spans = timing.compare(contenders, rounds=args.rounds, warmup=1, sync=lambda: collectives.barrier(comm))
+        if comm.Get_size() == 1:  # the same step with every convolution through im2col (the tap rule off)
+            contenders["refconv im2col"] = _im2col_only(contenders["refconv"])
+        spans = timing.compare(contenders, rounds=args.rounds, warmup=1, sync=lambda: collectives.barrier(comm),
+                               clock=_clock(args))
         r = timing.ratio(spans, "torch", "refconv")
         if rank0:
             what = f"{name} batch {batch}" + (f" on {comm.Get_size()} ranks (DDP, gloo)" if comm.Get_size() > 1 else "")
             print(f"{what}: first loss refconv {ours:.5f} torch {theirs:.5f}; step refconv {spans['refconv']}, "
-                  f"torch {spans['torch']}; vs torch {r.format(1, '', 2)}")
+                  f"torch {spans['torch']}; vs torch {r.format(1, '', 2)}"
+                  + ("; CPU seconds" if args.cpu_time else ""))
+            if "refconv im2col" in spans:
+                print(f"  refconv im2col {spans['refconv im2col']}; im2col / refconv "
+                      f"{timing.ratio(spans, 'refconv im2col', 'refconv').format(1, 'x', 2)}; im2col vs torch "
+                      f"{timing.ratio(spans, 'torch', 'refconv im2col').format(1, '', 2)}")
             if "refconv blocking" in spans:  # ddp: the overlap on ("refconv") and off, and DDP, side by side
                 print(f"  refconv blocking {spans['refconv blocking']}; overlapped / blocking speedup "
                       f"{timing.ratio(spans, 'refconv blocking', 'refconv').format(1, 'x', 2)}; blocking vs torch "
@@ -421,25 +463,77 @@ MEMORY_LAYER = (1024, 1024, 7, 3, 1, 1)  # C, F, H=W, K, stride, padding: issue 
 
 
 def run_profile(args, comm):
-    """Where refconv's step goes: cProfile over ``--rounds`` steps after one warm-up (one rank,
-    torch not needed), the functions that take the most time of their own."""
+    """Where refconv's step goes (one rank, torch not needed), in CPU seconds: each layer's
+    forward and backward and each convolution pass (``_part_times``), then cProfile over
+    ``--rounds`` steps after one warm-up: the functions that take the most time of their own."""
     if comm.Get_size() > 1:
         raise SystemExit("profile: one rank")
     for name in args.model or ["digits-cnn"]:
-        step, _, _, _ = refconv_step_of(name, args.batch or MODELS[name][2], comm)
+        step, model, _, _ = refconv_step_of(name, args.batch or MODELS[name][2], comm)
         step()
-        profile = cProfile.Profile()
-        start = time.perf_counter()
+        parts, per_step = _part_times(model, step, args.rounds)
+        print(f"{name}: {per_step * 1e3:.1f} ms of CPU a step (mean of {args.rounds}); by part:")
+        for part, seconds in parts.items():
+            print(f"  {seconds / args.rounds * 1e3:7.2f} ms {seconds / args.rounds / per_step:6.1%}  {part}")
+        profile = cProfile.Profile(time.process_time)
         profile.runcall(lambda: [step() for _ in range(args.rounds)])
-        per_step = (time.perf_counter() - start) / args.rounds
         stats = pstats.Stats(profile)
+        per_step = stats.total_tt / args.rounds
         rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:PROFILE_ROWS]  # by own time
-        print(f"{name}: {per_step * 1e3:.1f} ms a step under cProfile (mean of {args.rounds}); own time:")
+        print(f"{name}: {per_step * 1e3:.1f} ms of CPU a step under cProfile; own time:")
         for (path, line, function), (_, calls, own, _, _) in rows:
             where = f"{os.path.basename(path)}:{line}({function})" if line else function
             print(f"  {own / args.rounds * 1e3:7.2f} ms {own / args.rounds / per_step:6.1%}  "
                   f"{calls // args.rounds:>4} calls  {where}")
     return 0
+
+
+CONV_PASSES = {"conv2d_forward": "forward", "conv2d_backward_data": "backward-data",
+               "conv2d_backward_filter": "backward-filter"}
+
+
+def _part_times(model, step, rounds):
+    """``({part: CPU seconds over rounds}, CPU seconds a step)``: ``rounds`` steps with every
+    layer's forward and backward, and each convolution pass of the backend inside them, timed by
+    ``time.process_time``.  A part is named by the layer's qualified name and kind (a pass
+    indented under its layer); "rest" is the loss, the optimizer, the data and what containers
+    do themselves (a residual block's sum): the step less its layers."""
+    totals, inside = {}, []  # inside: the layers whose call is running, innermost last
+
+    def timed(owner, attribute, part_of):
+        fn = getattr(owner, attribute)
+
+        def run(*args, **kwargs):
+            part = part_of()
+            inside.append(part)
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[part] = totals.get(part, 0.0) + time.process_time() - start
+                inside.pop()
+        setattr(owner, attribute, run)  # an instance attribute: it shadows the method until popped
+
+    named = model.named_layers()  # the leaves, by qualified name ("4.body.0" inside a block)
+    layers = [layer for _, layer in named]
+    backends = {id(layer.backend): layer.backend for layer in layers}.values()
+    for name, layer in named:
+        for attribute in ("forward", "backward"):
+            timed(layer, attribute, lambda label=f"layer {name} {type(layer).__name__} {attribute}": label)
+    for backend in backends:
+        for method, label in CONV_PASSES.items():
+            timed(backend, method, lambda label=label: f"{inside[-1]}:  {label}")
+    start = time.process_time()
+    try:
+        for _ in range(rounds):
+            step()
+    finally:
+        for owner in layers + list(backends):
+            for attribute in ("forward", "backward") + tuple(CONV_PASSES):
+                owner.__dict__.pop(attribute, None)
+    total = time.process_time() - start
+    totals["rest (loss, optimizer, data)"] = total - sum(s for part, s in totals.items() if ":" not in part)
+    return totals, total / rounds
 
 
 PROFILE_ROWS = 15
@@ -459,6 +553,8 @@ def build_parser():
     parser.add_argument("--batch", type=int, help="global batch (passes: 8; step: per model)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timed rounds (default 7)")
     train_config.add_option(parser, "threads")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="step, passes, passes3d: time by this process's CPU seconds, not wall seconds (one rank; a shared machine)")
     parser.add_argument("--shapes", nargs="+", help=f"passes/columns: shape names (default: {' '.join(SHAPES)}; "
                                                      f"also {' '.join(EXTRA_SHAPES)}; passes3d: {' '.join(SHAPES3D)})")
     parser.add_argument("--quick", action="store_true", help="passes/columns: tiny shapes, as a smoke test")
@@ -468,6 +564,10 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     comm = MPI.COMM_WORLD
+    if args.cpu_time and (args.what not in CPU_TIMED or comm.Get_size() > 1):
+        # another rank's work and the waits for it are not this process's CPU seconds
+        sys.exit(failure.exit_on_shared_error(f"--cpu-time: only with {', '.join(CPU_TIMED)} on one rank, not "
+                                              f"{args.what} on {comm.Get_size()}: drop it, or run without mpiexec"))
     choice = threads.configure(comm, args.threads)
     if args.what == "memory":
         return run_memory(args, comm)

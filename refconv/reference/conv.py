@@ -24,6 +24,12 @@ A 1x1 convolution with stride 1 and no padding needs no columns: its columns
 are ``x`` itself, so forward and backward-data are per-sample products
 ``w @ x[n]``, and backward-filter contracts ``dy`` with a transposed copy of ``x``.
 
+The tap path.  A stride-1 convolution with 16 to 256 input and 16 to 128 output
+channels per group (the rule is :func:`refconv.reference.conv_taps.takes_taps`) builds no columns either:
+:mod:`refconv.reference.conv_taps` sums one product per kernel tap over a padded
+channels-last copy of the input, which is faster there.  Passing ``cols=`` always
+takes the columns.
+
 Keeping the columns.  Forward and backward-filter read the same columns.
 ``conv2d_columns`` computes them once; pass them as ``cols=`` to both and the
 second im2col is saved, at the cost of holding ``Kh*Kw`` times the input
@@ -42,6 +48,7 @@ import threading
 import numpy
 
 from refconv import checks
+from refconv.reference import conv_taps
 from refconv.reference import padding as padding_modes
 
 
@@ -204,7 +211,9 @@ def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, c
     F, Cg, Kh, Kw = w.shape
     G, Fg = groups, F // groups
     w_g = w.reshape(G, Fg, Cg * Kh * Kw)
-    if cols is None and _pointwise((Kh, Kw), stride, padding):
+    if cols is None and conv_taps.takes_taps(x.shape, w.shape, stride, padding, dilation, groups, (Ho, Wo)):
+        y = conv_taps.forward(x, w, padding, dilation, groups, (Ho, Wo))  # no columns: a product per tap
+    elif cols is None and _pointwise((Kh, Kw), stride, padding):
         y = numpy.matmul(w_g, x.reshape(N, G, Cg, H * W))  # (N, G, Fg, H*W): w @ x[n], no columns
         y = y.reshape(N, F, Ho, Wo)
     else:
@@ -236,6 +245,8 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     F, Cg, Kh, Kw = w.shape
     G, Fg = groups, F // groups
     Ho, Wo = out_hw
+    if conv_taps.takes_taps(x_shape, w.shape, stride, padding, dilation, groups, out_hw):
+        return conv_taps.backward_data(dy, w, x_shape, padding, dilation, groups)  # no columns: a product per tap
     w_t = w.reshape(G, Fg, Cg * Kh * Kw).transpose(0, 2, 1)  # (G, CgKK, Fg)
     if _pointwise((Kh, Kw), stride, padding):
         dx = numpy.matmul(w_t, dy.reshape(N, G, Fg, Ho * Wo))  # (N, G, Cg, H*W): w.T @ dy[n]
@@ -264,6 +275,8 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     stride, padding, dilation, groups, out_hw = checks.conv_geometry(x.shape, w_shape, **geometry)
     checks.dy_shape(dy, x.shape, w_shape, out_hw)
     F, Cg, Kh, Kw = w_shape
+    if cols is None and conv_taps.takes_taps(x.shape, w_shape, stride, padding, dilation, groups, out_hw):
+        return conv_taps.backward_filter(x, dy, w_shape, padding, dilation, groups)  # no columns: a product per tap
     if cols is None:  # (G, CgKK, N*Ho*Wo), in the workspace: they die in this call
         cols = _grouped_columns(x, w_shape, stride, padding, dilation, groups, out_hw, _workspace.array)
     else:
