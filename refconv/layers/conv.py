@@ -162,7 +162,7 @@ class DistConv2d(GradientsInFlight, Layer):
             algorithm, filter_groups = algorithms.NO_CHANNEL_SPLIT, None
         else:  # the planner's whole-step model: compute and every call, priced by the machine file
             algorithm, filter_groups, self.cost_estimates = choose_for_layer(
-                geom.in_shape, geom.F, geom.kernel, grid_shape=self.grid.shape, stride=geom.stride,
+                geom.in_shape, geom.F, geom.kernel, grid_shape=grid_view(self.grid, geom)[0], stride=geom.stride,
                 padding=self.padding, dilation=geom.dilation, groups=geom.groups, bias=geom.bias,
                 padding_mode=geom.padding_mode, machine=self.machine)
         self.algorithm, self.filter_groups = algorithm, filter_groups

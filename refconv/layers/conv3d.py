@@ -23,8 +23,8 @@ as in 2-D.  ``ProcessGrid(comm, ..., depth=P_D)`` splits depth; a grid without a
 split (``depth=1``) leaves every rank whole volumes along depth.  Every option of the
 serial :func:`refconv.reference.conv3d_forward` is taken: stride, padding (ints, triples,
 ``'same'``, ``'valid'``), ``padding_mode``, dilation, groups, bias.  ``algorithm='auto'``
-is not: the layer does not ask the chooser yet (``refconv plan`` chooses X, Y or W for
-every convolution of a model of volumes, docs/planning.md).
+asks the planner's chooser when the layer is bound, as in 2-D: it prices X, Y and W (every
+``p_f``) on the grid ``(P_N, P_c, P_D, P_H, P_W)`` with ``machine=`` (docs/planning.md).
 """
 
 from refconv.layers.conv import DistConv2d
@@ -34,17 +34,11 @@ class DistConv3d(DistConv2d):
     """A 3-D convolution (NCDHW, weights ``F x C/groups x Kd x Kh x Kw``) whose activations and
     weights are split over ``grid``; the arguments of :class:`refconv.layers.DistConv2d`, with
     ``kernel_size``, ``stride``, ``padding`` and ``dilation`` an int or a ``(d, h, w)`` triple and
-    ``input_shape`` ``(N, C, D, H, W)``.  ``algorithm``: "stationary-x", "stationary-y" or
-    "stationary-w" (with ``filter_groups``)."""
+    ``input_shape`` ``(N, C, D, H, W)``.  ``algorithm``: "stationary-x", "stationary-y",
+    "stationary-w" (with ``filter_groups``) or "auto"."""
 
     dims = 3
     ndim = 5
-
-    def __init__(self, in_channels, out_channels, kernel_size, *, algorithm="stationary-x", **options):
-        if algorithm == "auto":
-            raise ValueError("algorithm: DistConv3d takes 'stationary-x', 'stationary-y' or 'stationary-w'; "
-                             "'auto' is not chosen per 3-D layer yet (refconv plan chooses for a model of volumes)")
-        super().__init__(in_channels, out_channels, kernel_size, algorithm=algorithm, **options)
 
 
 __all__ = ["DistConv3d"]

@@ -165,3 +165,22 @@ def test_grouped_volumes_on_a_channel_split():
         check_layer(layer, problem)
         check_calls(layer, problem)
         grid.free()
+
+
+@mpi_test(sizes=(4,), timeout=60)
+def test_auto_chooses_among_x_y_and_w_with_the_planner_and_runs_its_choice():
+    """``algorithm='auto'`` on ``channel=2 x depth=2``: bound, the layer prices X, Y and W on the
+    five-axis grid (the chooser's table names each), runs the cheapest, and matches the serial
+    reference and its records."""
+    problem = Conv3dProblem(N=2, C=4, F=6, size=(4, 3, 3), kernel=(3, 3, 3), padding=(1, 1, 1))
+    grid = ProcessGrid(comm, channel=2, depth=2)
+    layer = DistConv3d(4, 6, 3, padding=1, grid=grid, algorithm="auto", machine="v100-edr", backend="numpy",
+                       dtype=numpy.float64)
+    layer.bind(problem.x_shape)
+    priced = {algorithm for algorithm, _ in layer.cost_estimates}
+    cheapest = min(layer.cost_estimates, key=layer.cost_estimates.get)
+    assert_all_ranks(comm, priced >= {"stationary-x", "stationary-y"} and layer.algorithm == cheapest[0]
+                     and layer.filter_groups == cheapest[1], f"{layer.cost_estimates} -> {layer.algorithm}")
+    check_layer(layer, problem)
+    check_calls(layer, problem)
+    grid.free()
