@@ -8,7 +8,7 @@ import math
 import numpy
 import pytest
 from mpi4py import MPI
-from test_plan import brute_force, machine_doc
+from test_plan import SMALL, brute_force, machine_doc
 
 from refconv import ProcessGrid, cost_model
 from refconv.backend import get_backend
@@ -18,17 +18,8 @@ from refconv.plan import calibrate
 from refconv.pricing import choose_for_layer, graph, machine, perf, search
 from refconv.testing.commands import run_command
 
-VOLUMES = {
-    "name": "volumes", "dims": 3, "loss": "mse", "in_channels": 2,
-    "layers": [
-        {"type": "conv", "out": 4, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
-        {"type": "residual", "layers": [{"type": "conv", "out": 4, "kernel": 3, "padding": 1, "bias": False},
-                                        {"type": "batchnorm"}]},
-        {"type": "relu"},
-        {"type": "maxpool", "kernel": 2},
-        {"type": "gap"}, {"type": "linear", "out": 3},
-    ],
-}
+# test_plan's SMALL model (conv, batch norm, a residual block, pooling, the head) on volumes
+VOLUMES = dict(SMALL, name="volumes", dims=3, loss="mse")
 
 
 def test_grids_of_volumes_are_every_ordered_factorisation_into_five_axes():
