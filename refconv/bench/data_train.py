@@ -271,8 +271,8 @@ def run_prefetch(args, comm, env, path, grid, batch):
                   f"block")
         for name, t in thread.items():
             print(f"  the step's thread, {name} (rank 0, medians per step): {t['cpu_s'] * 1e3:.1f} ms on a core, "
-                  f"{t['queued_s'] * 1e3:.1f} ms runnable waiting for one, {t['asleep_s'] * 1e3:.1f} ms asleep "
-                  f"(for Python's lock, or its block)")
+                  f"{t['queued_s'] * 1e3:.1f} ms runnable waiting for one ({t['preempted']:.1f} preemptions, mean), "
+                  f"{t['asleep_s'] * 1e3:.1f} ms asleep (for Python's lock, or its block)")
     return line
 
 
@@ -287,13 +287,26 @@ def schedstat():
         return 0.0, 0.0
 
 
+def preemptions():
+    """How often the calling thread has been taken off a core while it could run (Linux's
+    nonvoluntary_ctxt_switches of /proc/thread-self/status; 0 where there is none)."""
+    try:
+        with open("/proc/thread-self/status") as f:
+            for line in f:
+                if line.startswith("nonvoluntary_ctxt_switches:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def _accounted(fn, calls):
-    """``fn``, with the wall, core and run-queue seconds of each call appended to ``calls``."""
+    """``fn``, with the wall, core and run-queue seconds and the preemptions of each call appended to ``calls``."""
     def call():
-        (c0, q0), t0 = schedstat(), time.perf_counter()
+        (c0, q0), p0, t0 = schedstat(), preemptions(), time.perf_counter()
         fn()
-        (c1, q1), t1 = schedstat(), time.perf_counter()
-        calls.append((t1 - t0, c1 - c0, q1 - q0))
+        (c1, q1), p1, t1 = schedstat(), preemptions(), time.perf_counter()
+        calls.append((t1 - t0, c1 - c0, q1 - q0, p1 - p0))
     return call
 
 
@@ -301,6 +314,7 @@ def _split(calls):
     """Medians of a contender's calls: on a core, queued for one, and asleep (the rest of the wall
     time: waiting for Python's lock, which another thread holds, or for the block).  The load of
     other processes lengthens the queue; the core and asleep times are the step's own."""
-    wall, cpu, queued = numpy.array(calls).T
+    wall, cpu, queued, preempted = numpy.array(calls).T
     return {"wall_s": float(numpy.median(wall)), "cpu_s": float(numpy.median(cpu)),
-            "queued_s": float(numpy.median(queued)), "asleep_s": float(numpy.median(wall - cpu - queued))}
+            "queued_s": float(numpy.median(queued)), "asleep_s": float(numpy.median(wall - cpu - queued)),
+            "preempted": float(numpy.mean(preempted))}
