@@ -130,8 +130,8 @@ def test_data_prefetch_mode_times_the_contenders_on_an_image_folder(tmp_path):
     assert len(memory) == 2 and line["config"]["kind"] == "ImageFolder" and line["config"]["readers"] == [
         "thread", "process"]
     for reader in ("thread", "process"):
-        store = line["passes"][reader]["times"]
-        assert line["extra"]["readers"][reader]["ratio"]["values"] == pytest.approx([s / m for s, m in zip(store, memory)])
+        store, ratio = line["passes"][reader]["times"], line["extra"]["readers"][reader]["ratio"]
+        assert ratio["values"] == pytest.approx([s / m for s, m in zip(store, memory)])
         assert line["extra"]["step_thread"][0][reader]["cpu_s"] > 0
     kept = result.stdout.split("kept the store: ")[1].split()[0]
     assert len(os.listdir(kept)) > 1 and all(name.startswith("class") for name in os.listdir(kept))

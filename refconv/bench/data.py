@@ -17,8 +17,8 @@ model's input is (N over sample, C over channel, H over height, W over width), a
   block is alive (the largest of the steps): what reading costs the rank.
 
 Without ``--data`` rank 0 writes a synthetic store (``--store npy``, ``hdf5`` or ``images``, a
-folder of PNGs) of ``4 * --batch`` images (``--mode prefetch``: 16 batches) of 3 x ``--image-size``^2 into ``--dir`` (default: the
-temporary folder), removed after unless ``--keep``.
+folder of PNGs) of ``4 * --batch`` images (``--mode prefetch``: 16 batches) of 3 x ``--image-size``^2
+into ``--dir`` (default: the temporary folder), removed after unless ``--keep``.
 
 ``--mode memory`` (a store of ``--store-gib``, by default 4 x memory / ranks: is a rank's peak
 memory bounded by its block?) and ``--mode prefetch`` (the step read ahead from a store against

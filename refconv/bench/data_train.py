@@ -20,14 +20,21 @@ pages it has mapped, so a memory map cannot hide a read):
 3. then the peak is reset (``5`` to ``/proc/self/clear_refs``), and ``--repeat`` steps read
    their blocks from the store with ``--prefetch`` (as refconv train): ``peak_rss``.
 
-``blocks_held = (peak_rss - model_own) / block``, the target being below 2.
+``blocks_held = (peak_rss - model_own) / block``, the target being below 2.  With ``--reader
+process`` the reader process's own pages (``private_bytes``) are reported besides: they are not
+in the rank's peak.
 
-``--mode prefetch``: does reading ahead hide the reads?  ``time_ranks`` alternates two
+``--mode prefetch``: does reading ahead hide the reads?  ``time_ranks`` alternates the
 contenders in each of ``--repeat`` rounds (a pause before each, for spinning BLAS threads; then
-untimed steps that use up what the thread read during the pause; then steps back to back):
-``memory``, the step on a block read before; ``store``, the step on the next batch of a
-prefetching iterator, whose thread reads the block after it meanwhile.  It prints the median
-of each and of their ratio per round (store / memory; the target is at most 1.05).
+untimed steps that use up what the reader read during the pause; then steps back to back):
+``memory``, the step on a block read before; ``thread`` and ``process`` (``--reader``, both by
+default), the step on the next batch of a prefetching iterator whose reader (prefetch.py) reads
+the block after it meanwhile.  The store is 16 batches, so an epoch (and a reader process's
+fork) spans 16 steps.  It prints the median of each and of their ratio per round (reader /
+memory; the target is at most 1.05), and where the step's own thread spent each step
+(``schedstat``): on a core, runnable but waiting for one, preempted how often, and asleep
+(waiting for Python's lock or for its block).  Other processes' load lengthens the wait for a
+core; the time on a core and asleep are the step's own.
 """
 
 import math
@@ -265,10 +272,10 @@ def run_prefetch(args, comm, env, path, grid, batch):
             print(f"  read ahead by a {kind}: step {p[kind]['median'] * 1e3:.1f} ms; {kind} / memory per round: "
                   f"median {ratio['median']:.3f} (min {ratio['min']:.3f}, max {ratio['max']:.3f}); within 5%: "
                   f"{r['within_5_percent']}")
-            print(f"    medians, slowest rank: a block takes the {kind} {r['read_s'] * 1e3:.1f} ms ({r['read_cpu_s'] * 1e3:.1f} "
-                  f"ms of CPU: {r['read_cpu_s'] / p['memory']['median']:.0%} of the step in memory, what a rank without "
-                  f"a free core for its reader adds to the step); the step waits {r['waited_s'] * 1e3:.1f} ms for its "
-                  f"block")
+            print(f"    medians, slowest rank: a block takes the {kind} {r['read_s'] * 1e3:.1f} ms "
+                  f"({r['read_cpu_s'] * 1e3:.1f} ms of CPU: {r['read_cpu_s'] / p['memory']['median']:.0%} of the step "
+                  f"in memory, what a rank without a free core for its reader adds to the step); the step waits "
+                  f"{r['waited_s'] * 1e3:.1f} ms for its block")
         for name, t in thread.items():
             print(f"  the step's thread, {name} (rank 0, medians per step): {t['cpu_s'] * 1e3:.1f} ms on a core, "
                   f"{t['queued_s'] * 1e3:.1f} ms runnable waiting for one ({t['preempted']:.1f} preemptions, mean), "
