@@ -35,6 +35,7 @@ Two readers (``reader=``, ``refconv train --prefetch-reader``):
 import mmap
 import multiprocessing
 import os
+import pickle
 import queue
 import struct
 import threading
@@ -264,7 +265,7 @@ class ProcessPrefetcher:
                 if not self.process.is_alive() and not self._answers.poll():
                     break
             else:
-                return self._answers.recv()
+                return pickle.loads(self._answers.recv_bytes())
         except EOFError:
             pass
         return RuntimeError(f"prefetch: the reader process ended (exit code {self.process.exitcode}) before it read "
@@ -309,16 +310,17 @@ def _serve(batches, distribution, rank, blocks, store, commands, answers, parent
             try:
                 x_b.block(distribution, rank, blocks[k])
             except BaseException as exc:             # raised in the rank at this batch
-                answers.send(exc if _picklable(exc) else RuntimeError(f"{type(exc).__name__}: {exc}"))
+                answers.send_bytes(_pickled(exc))
                 return
-            answers.send((k, store.bytes_read - before, time.process_time() - cpu, time.perf_counter() - wall))
+            answers.send_bytes(_pickled((k, store.bytes_read - before, time.process_time() - cpu,
+                                         time.perf_counter() - wall)))
     except OSError:                                  # the rank closed the pipes (it ended, or stopped early)
         return
 
 
-def _picklable(exc):
+def _pickled(answer):
+    """An answer as bytes for the pipe; an error that does not pickle, as its one line."""
     try:
-        multiprocessing.reduction.ForkingPickler.dumps(exc)
-        return True
+        return pickle.dumps(answer)
     except Exception:
-        return False
+        return pickle.dumps(RuntimeError(f"{type(answer).__name__}: {answer}"))
