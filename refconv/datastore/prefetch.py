@@ -38,6 +38,7 @@ import os
 import pickle
 import queue
 import struct
+import sys
 import threading
 import time
 
@@ -59,6 +60,9 @@ def batches(x, y, batch_size, *, distribution, rank, depth=1, reader="thread", *
     :data:`READERS`) when ``x`` is in a store."""
     if reader not in READERS:
         raise ValueError(f"prefetch reader: expected one of {', '.join(READERS)}; got {reader!r}")
+    if reader == "process" and not sys.platform.startswith("linux"):
+        raise ValueError(f"prefetch reader: process needs Linux (fork, PR_SET_PDEATHSIG), not {sys.platform}; "
+                         f"use thread")
     it = datasets.batches(x, y, batch_size, **order)
     if not isinstance(x, StoreImages) or depth == 0:
         return it
