@@ -9,6 +9,9 @@ memory at 1 to 4 ranks in tests/mpi/test_datastore.py.
 
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import h5py
 import numpy
@@ -117,6 +120,39 @@ def test_a_reader_process_that_dies_is_an_error_in_the_step_not_a_hang(tmp_path)
     del kept                                          # a block given back: the command finds no reader
     with pytest.raises(RuntimeError, match="the reader process ended .* before it read the next block"):
         next(ahead)
+
+
+def _ended(pid):
+    """Whether process ``pid`` has ended (gone, or a zombie nobody has reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_the_reader_process_ends_with_its_rank(tmp_path):
+    """A rank killed outright (MPI_Abort, the OOM killer) leaves no reader behind: the child,
+    waiting for a command, finds the pipe closed (and one busy reading would get the kernel's
+    PR_SET_PDEATHSIG)."""
+    script = (f"import os, numpy\n"
+              f"from refconv import datastore\n"
+              f"from refconv.datastore import prefetch\n"
+              f"from refconv.distribution import Distribution\n"
+              f"x, y = datastore.load({_store('npy', tmp_path / 'd')!r}, dtype=numpy.float32)\n"
+              f"d = Distribution((1, 1, 1, 1), (4,) + x.shape[1:], ('sample', None, None, None))\n"
+              f"ahead = prefetch.batches(x, y, 4, distribution=d, rank=0, reader='process', seed=0)\n"
+              f"next(ahead)\n"
+              f"print(ahead.process.pid, flush=True)\n"
+              f"os.kill(os.getpid(), 9)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    pid = int(result.stdout.split()[0])
+    for _ in range(3000):                             # until it has ended (a bound, not a timing)
+        if _ended(pid):
+            break
+        time.sleep(0.01)
+    assert _ended(pid)
 
 
 def test_an_unknown_reader_is_refused_in_one_line():
