@@ -122,6 +122,29 @@ def test_a_reader_process_that_dies_is_an_error_in_the_step_not_a_hang(tmp_path)
         next(ahead)
 
 
+@pytest.mark.parametrize("reader", ["thread", "process"])
+def test_the_next_epoch_reads_into_the_same_pool_and_spares_the_block_still_held(tmp_path, reader):
+    """At an epoch's end the first layer still holds the last block: the next epoch's reader
+    takes the pool over (2 blocks in all, not 4) and reads into the other block only."""
+    x, y = datastore.load(_store("npy", tmp_path / "d"), dtype=numpy.float32)
+    d = Distribution((1, 1, 1, 1), (4,) + x.shape[1:], ("sample", None, None, None))
+    order = dict(seed=3, drop_last=True)
+    expected = [[numpy.asarray(x_b) for x_b, _ in datasets.batches(x, y, 4, epoch=e, **order)] for e in (0, 1)]
+    got, held = [], None
+    for epoch in (0, 1):
+        ahead = prefetch.batches(x, y, 4, distribution=d, rank=0, reader=reader, epoch=epoch, **order)
+        for x_b, _ in ahead:
+            block = x_b.block(d, 0)
+            assert held is None or numpy.array_equal(held, got[-1])   # the block before, still held: untouched
+            got.append(block.copy())
+            held = block                              # the first layer's: let go at the next forward
+        pool = [id(b.base) for b in (ahead.pool.blocks if reader == "thread" else ahead.blocks)]
+        if epoch == 0:
+            first = pool
+    assert pool == first                              # the same blocks in the second epoch
+    assert all(numpy.array_equal(a, b) for a, b in zip(got, expected[0] + expected[1])) and len(got) == 6
+
+
 def _ended(pid):
     """Whether process ``pid`` has ended (gone, or a zombie nobody has reaped yet)."""
     try:

@@ -41,6 +41,7 @@ import struct
 import sys
 import threading
 import time
+import weakref
 
 import numpy
 
@@ -52,6 +53,20 @@ __all__ = ["batches", "READERS", "Prefetcher", "ProcessPrefetcher", "Pool"]
 
 READERS = ("thread", "process")
 _END = object()
+_RETIRED = {}     # (reader, local shape, dtype, depth) -> a weak reference to the pool of an epoch that has ended
+
+
+def _retire(key, pool):
+    """An epoch's prefetcher gave out its last batch: the next epoch's takes its pool over.  The
+    first layer still holds a block of it; a new pool beside it would hold 2 blocks more at the
+    start of every epoch (measured: 4.0 blocks across an epoch's end, before this)."""
+    _RETIRED[key] = weakref.ref(pool)
+
+
+def _adopt(key):
+    """The pool of the epoch before (None: there was none, or nothing holds it any more)."""
+    ref = _RETIRED.pop(key, None)
+    return None if ref is None else ref()
 
 
 def batches(x, y, batch_size, *, distribution, rank, depth=1, reader="thread", **order):
@@ -79,7 +94,9 @@ class Prefetcher:
         self._stop = threading.Event()
         self._wanted = threading.Event()             # the step waits for a batch
         starving = lambda: self._wanted.is_set() and self._queue.empty()  # noqa: E731
-        self.pool = Pool(depth + 1, distribution.local_shape(rank), starving, self._stop)
+        self._key = ("thread", tuple(distribution.local_shape(rank)), None, depth)
+        self.pool = _adopt(self._key) or Pool(depth + 1, distribution.local_shape(rank), starving, self._stop)
+        self.pool.starving, self.pool.stop = starving, self._stop
         self.read_cpu_s, self.read_s = [], []        # per block: the thread's CPU seconds, and wall seconds
         self.waited_s = []                           # per batch: seconds the step waited for it
         self._thread = threading.Thread(target=_read, name="refconv-prefetch", daemon=True,
@@ -98,6 +115,7 @@ class Prefetcher:
         self.waited_s.append(time.perf_counter() - start)
         self._wanted.clear()
         if item is _END:
+            _retire(self._key, self.pool)
             raise StopIteration
         if isinstance(item, BaseException):
             self.close()
@@ -197,12 +215,18 @@ class ProcessPrefetcher:
     def __init__(self, batches, distribution, rank, depth, x):
         shape = tuple(distribution.local_shape(rank))
         size = int(numpy.prod(shape))
-        self.blocks = [numpy.frombuffer(mmap.mmap(-1, max(1, size * x.dtype.itemsize)), x.dtype, size).reshape(shape)
-                       for _ in range(depth + 1)]    # each (n_loc, C_loc, H_loc, W_loc), shared with the child
+        self._key, self._successor = ("process", shape, x.dtype.str, depth), None
+        before = _adopt(self._key)                   # the epoch before's blocks, mapped before this fork too
+        if before is not None:
+            self.blocks, self._leased, before._successor = before.blocks, before._leased, self
+        else:
+            self.blocks = [numpy.frombuffer(mmap.mmap(-1, max(1, size * x.dtype.itemsize)), x.dtype, size)
+                           .reshape(shape) for _ in range(depth + 1)]  # each (n_loc, C_loc, H_loc, W_loc)
+            self._leased = set()                     # blocks a lease holds
         self.distribution, self.rank, self._batches = distribution, rank, batches
         self.read_cpu_s, self.read_s = [], []        # per block: the child's CPU seconds, and wall seconds
         self.waited_s = []                           # per batch: seconds the step waited for it
-        self._free = list(range(depth + 1))          # blocks nobody holds and the child was not told to read into
+        self._free = [k for k in range(depth + 1) if k not in self._leased]   # nobody holds; the child not told
         self._granted = self._taken = 0              # batches the child was told about; batches handed out
         self._closed = False
         context = multiprocessing.get_context("fork")
@@ -224,6 +248,7 @@ class ProcessPrefetcher:
             x_b, y_b = next(self._batches)
         except StopIteration:
             self.close()
+            _retire(self._key, self)
             raise
         self._taken += 1
         start = time.perf_counter()
@@ -242,11 +267,17 @@ class ProcessPrefetcher:
         x_b.store.bytes_read += nbytes               # counted in the child; this process's count stays whole
         self.read_cpu_s.append(cpu)
         self.read_s.append(wall)
+        self._leased.add(k)
         x_b.hold(self.distribution, self.rank, numpy.asarray(_Lease(self, k, self.blocks[k])))
         return x_b, y_b
 
     def give_back(self, k, block):
-        """A lease died (the last view of block ``k``): the child reads the next batch into it, now."""
+        """A lease died (the last view of block ``k``): the child reads the next batch into it, now
+        (the next epoch's child, once this epoch's prefetcher has handed its blocks on)."""
+        if self._successor is not None:
+            self._successor.give_back(k, block)
+            return
+        self._leased.discard(k)
         self._free.append(k)
         self._grant()
 
