@@ -372,7 +372,7 @@ def _train(cfg, comm, say, report):
             epoch_losses = []
             batches = datastore.batches(x_train, y_train, cfg.batch_size, seed=cfg.seed, epoch=epoch,  # read ahead
                                         drop_last=True, start=first, distribution=model.input_distribution,
-                                        rank=model.in_grid.rank, depth=cfg.prefetch)
+                                        rank=model.in_grid.rank, depth=cfg.prefetch, reader=cfg.prefetch_reader)
             for b, (x_b, y_b) in enumerate(batches, start=first):
                 optimizer.lr = learning_rate(cfg, global_step, total_steps)
                 t0 = time.perf_counter()

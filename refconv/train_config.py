@@ -23,6 +23,7 @@ from refconv import algorithms, checks
 from refconv.backend import BACKENDS
 from refconv.collectives import TRAINING_TIMEOUT_S, env_timeout
 from refconv.collectives.buckets import BUCKET_BYTES
+from refconv.datastore.prefetch import READERS
 from refconv.grid import axes_of
 from refconv.model_spec import PRESETS, default_lr
 from refconv.pricing.machine import DEFAULT_MACHINE, builtin_names
@@ -183,6 +184,9 @@ OPTIONS = (
            parse=str, metavar="NPZ|DIR|H5|FOLDER"),
     Option("prefetch", 1, _int(0), DATA, "with a store: blocks read ahead in a thread while a step trains "
            "(0: read in the step)", parse=int, metavar="BATCHES"),
+    Option("prefetch_reader", "thread", _one_of(READERS), DATA, "what reads ahead: a thread of each rank, or a "
+           "process forked by each rank, which shares no lock with the step (Linux; docs/data.md)", parse=str,
+           choices=READERS),
     Option("synthetic", False, _BOOL, DATA, "train on generated images instead (scaling runs)"),
     Option("synthetic_samples", 1024, _int(1), DATA, "training images with --synthetic", parse=int),
     Option("image_size", 32, _int(1), DATA, "height and width of --synthetic images (and depth of --synthetic "

@@ -117,18 +117,22 @@ def test_data_memory_mode_trains_from_a_store_and_removes_it(tmp_path):
     assert "most blocks held on any rank" in result.stdout
 
 
-def test_data_prefetch_mode_times_both_contenders_on_an_image_folder(tmp_path):
-    """--mode prefetch: both contenders timed in each round and their ratio per round; --keep keeps
-    the image folder it wrote (a subfolder per class)."""
+def test_data_prefetch_mode_times_the_contenders_on_an_image_folder(tmp_path):
+    """--mode prefetch: the step in memory and the step read ahead by each reader timed in each
+    round, and their ratio per round; --keep keeps the image folder it wrote (a subfolder per class)."""
     out = tmp_path / "results.jsonl"
     result = bench(["data", "--mode", "prefetch", "--store", "images", "--batch", "4", "--image-size", "16",
                     "--repeat", "2", "--warmup", "0", "--window", "0.01", "--dir", str(tmp_path), "--keep",
                     "--out", str(out)])
     assert result.returncode == 0, result.stderr
     line, = read_lines(out)
-    memory, store = line["passes"]["memory"]["times"], line["passes"]["store"]["times"]
-    assert len(memory) == len(store) == 2 and line["config"]["kind"] == "ImageFolder"
-    assert line["extra"]["ratio"]["values"] == pytest.approx([s / m for s, m in zip(store, memory)])
+    memory = line["passes"]["memory"]["times"]
+    assert len(memory) == 2 and line["config"]["kind"] == "ImageFolder" and line["config"]["readers"] == [
+        "thread", "process"]
+    for reader in ("thread", "process"):
+        store, ratio = line["passes"][reader]["times"], line["extra"]["readers"][reader]["ratio"]
+        assert ratio["values"] == pytest.approx([s / m for s, m in zip(store, memory)])
+        assert line["extra"]["step_thread"][0][reader]["cpu_s"] > 0
     kept = result.stdout.split("kept the store: ")[1].split()[0]
     assert len(os.listdir(kept)) > 1 and all(name.startswith("class") for name in os.listdir(kept))
 

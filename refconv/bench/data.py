@@ -18,8 +18,8 @@ W over width), and reports:
   block is alive (the largest of the steps): what reading costs the rank.
 
 Without ``--data`` rank 0 writes a synthetic store (``--store npy``, ``hdf5`` or ``images``, a
-folder of PNGs) of ``4 * --batch`` images of 3 x ``--image-size``^2 into ``--dir`` (default: the
-temporary folder), removed after unless ``--keep``.
+folder of PNGs) of ``4 * --batch`` images (``--mode prefetch``: 16 batches) of 3 x ``--image-size``^2
+into ``--dir`` (default: the temporary folder), removed after unless ``--keep``.
 
 ``--mode memory`` (a store of ``--store-gib``, by default 4 x memory / ranks: is a rank's peak
 memory bounded by its block?) and ``--mode prefetch`` (the step read ahead from a store against
@@ -54,9 +54,12 @@ def run(args, comm, env):
     batch = option(args, "batch", 32)
     size = option(args, "image_size", 64)
     option(args, "prefetch", 1, minimum=0)                              # checked before a store is written
+    if args.mode != "read":
+        data_train.readers_of(args, args.mode)
     if args.mode == "memory" and args.store != "npy":
         raise BenchError(f"--store: --mode memory writes an npy store (sized by --store-gib), not {args.store}")
-    samples = data_train.store_samples(args, comm, size) if args.mode == "memory" else 4 * batch
+    samples = {"memory": lambda: data_train.store_samples(args, comm, size),
+               "prefetch": lambda: data_train.EPOCH_BATCHES * batch}.get(args.mode, lambda: 4 * batch)()
     if args.data is not None:
         path, folder = args.data, None
     else:
@@ -219,6 +222,9 @@ def add_arguments(p):
     p.add_argument("--store-gib", type=float, help="--mode memory: the synthetic store's size (default: 4 x this "
                                                    "machine's memory / the ranks)")
     p.add_argument("--prefetch", type=int, default=1, help="--mode memory and prefetch: blocks read ahead")
+    p.add_argument("--reader", choices=("thread", "process", "both"),
+                   help="--mode memory and prefetch: the prefetch reader (both: each, side by side, --mode prefetch's "
+                        "default; --mode memory's: refconv train's --prefetch-reader)")
     p.add_argument("--window", type=float, default=0.5, help="--mode prefetch: seconds of steps back to back per "
                                                            "contender and round")
     p.add_argument("--dir", help="the folder for the synthetic store (default: the temporary folder)")

@@ -71,6 +71,11 @@ class StoreImages:
         self._ahead = (distribution, rank, self.block(distribution, rank, out))
         return self
 
+    def hold(self, distribution, rank, block):
+        """Keep ``block``, this rank's block read elsewhere (by the prefetch reader process), so that
+        :meth:`block` returns it."""
+        self._ahead = (distribution, rank, block)
+
     def read_all(self):
         """The whole ``(n, C, (D,) H, W)`` array."""
         out = numpy.empty(self.shape, self.dtype)

@@ -4,7 +4,8 @@ The same digits are saved as an .npz (loaded whole on every rank, each rank extr
 of the global batch), as a directory of .npy shards and as an HDF5 file (each rank reading only
 its block).  ``train`` on each must give exactly the same losses and test accuracy, at 1 to 4
 ranks, on sample, spatial and channel splits (Stationary-W too, whose ranks hold several
-pieces of the channels), with the next block read ahead and without.
+pieces of the channels), with the next block read ahead and without, by the reader thread and (on
+one grid of 2 ranks) by the reader process.
 """
 
 import os
@@ -57,9 +58,9 @@ def _write(folder):
         f.create_dataset("y", data=y)
 
 
-def _run(data, defaults, prefetch=1):
+def _run(data, defaults, prefetch=1, reader="thread"):
     cfg = TrainConfig(model=SPEC, data=data, batch_size=6, epochs=2, max_steps=9, dtype="float64",
-                      backend="numpy", progress=False, seed=4, prefetch=prefetch, **defaults)
+                      backend="numpy", progress=False, seed=4, prefetch=prefetch, prefetch_reader=reader, **defaults)
     result = train(cfg, log=lambda *a: None)
     return result["losses"], result["accuracy"]
 
@@ -70,12 +71,14 @@ def _check():
         _write(folder)
     comm.Barrier()
     try:
-        for defaults in GRIDS[comm.size]:
+        for g, defaults in enumerate(GRIDS[comm.size]):
             memory = _run(os.path.join(folder, "d.npz"), defaults)
-            for name, prefetch in (("npy", 1), ("d.h5", 1), ("npy", 0)):
-                stored = _run(os.path.join(folder, name), defaults, prefetch)
+            runs = [("npy", 1, "thread"), ("d.h5", 1, "thread"), ("npy", 0, "thread")]
+            runs += [("npy", 1, "process"), ("d.h5", 2, "process")] if g == 0 and comm.size == 2 else []  # the cost
+            for name, prefetch, reader in runs:
+                stored = _run(os.path.join(folder, name), defaults, prefetch, reader)
                 assert_all_ranks(comm, stored == memory and len(memory[0]) == 9,
-                                 f"{defaults}, {name}, prefetch {prefetch}: {stored} != in memory {memory}")
+                                 f"{defaults}, {name}, prefetch {prefetch} ({reader}): {stored} != in memory {memory}")
     finally:
         comm.Barrier()
         if comm.rank == 0:
