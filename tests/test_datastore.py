@@ -154,6 +154,31 @@ def test_prefetch_reads_into_depth_plus_one_blocks_reused_once_let_go(store_path
     assert not ahead._thread.is_alive()
 
 
+def test_prefetch_makes_no_block_while_the_step_takes_one_it_was_put(store_path):
+    """The step holds batch 0 and takes batch 1, so both blocks of the pool are held; the thread,
+    looking for a block for batch 2 in the moment after the step's get, must wait, not make a
+    third (the step waits for no batch then).  The get is slowed to hold that moment open."""
+    x, y = datastore.load(store_path, dtype=numpy.float32)
+    d = Distribution((1, 1, 1, 1), (2,) + X.shape[1:], ("sample", None, None, None))
+    ahead = prefetch.batches(x, y, 2, distribution=d, rank=0, depth=1, seed=0, epoch=0, drop_last=True)
+    first, _ = next(ahead)
+    assert _queued(ahead, 1)                           # batch 1 read into the pool's second block
+    pool = list(ahead.pool.blocks)
+    get = ahead._queue.get
+
+    def slow_get():
+        item = get()
+        ahead._thread.join(0.3)                        # the thread looks for a block meanwhile
+        return item
+
+    ahead._queue.get = slow_get
+    second, _ = next(ahead)
+    assert [b is a for a, b in zip(pool, ahead.pool.blocks)] == [True, True], "a third block was made"
+    ahead.close()
+    ahead._thread.join(30)
+    assert not ahead._thread.is_alive() and first is not None and second is not None
+
+
 def test_prefetch_raises_the_thread_s_error_in_the_training_thread(tmp_path):
     bad = X.copy()
     bad[:, 0, 0, 0] = numpy.inf

@@ -92,28 +92,30 @@ class Prefetcher:
     def __init__(self, batches, distribution, rank, depth):
         self._queue = queue.Queue()                  # at most depth items: each holds a block of the pool
         self._stop = threading.Event()
-        self._wanted = threading.Event()             # the step waits for a batch
-        starving = lambda: self._wanted.is_set() and self._queue.empty()  # noqa: E731
+        # the step waits for a batch the thread has not put yet: more asked for than put.  (A flag set
+        # around the step's get would still be set just after the get, when the queue is empty and the
+        # step holds every block, and the thread would make a block nobody waits for.)
+        self._asked, self._put = 0, [0]
+        starving = lambda: self._asked > self._put[0]  # noqa: E731
         self._key = ("thread", tuple(distribution.local_shape(rank)), None, depth)
         self.pool = _adopt(self._key) or Pool(depth + 1, distribution.local_shape(rank), starving, self._stop)
         self.pool.starving, self.pool.stop = starving, self._stop
         self.read_cpu_s, self.read_s = [], []        # per block: the thread's CPU seconds, and wall seconds
         self.waited_s = []                           # per batch: seconds the step waited for it
         self._thread = threading.Thread(target=_read, name="refconv-prefetch", daemon=True,
-                                        args=(batches, distribution, rank, self._queue, self.pool, self._stop,
-                                              self.read_cpu_s, self.read_s))
+                                        args=(batches, distribution, rank, self._queue, self._put, self.pool,
+                                              self._stop, self.read_cpu_s, self.read_s))
         self._thread.start()
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        self._wanted.set()
+        self._asked += 1
         self.pool.wake.set()                         # every block held? then the thread makes one
         start = time.perf_counter()
         item = self._queue.get()
         self.waited_s.append(time.perf_counter() - start)
-        self._wanted.clear()
         if item is _END:
             _retire(self._key, self.pool)
             raise StopIteration
@@ -182,8 +184,9 @@ class _Lease:
         self.pool.give_back(self.k, self.block)
 
 
-def _read(batches, distribution, rank, out, pool, stop, cpu, wall):
-    """The thread: read each batch's block into a free block of the pool; end with _END or the error."""
+def _read(batches, distribution, rank, out, put, pool, stop, cpu, wall):
+    """The thread: read each batch's block into a free block of the pool; end with _END or the error.
+    ``put[0]`` counts the batches it has put in ``out``."""
     try:
         for x_b, y_b in batches:
             block = pool.free(x_b.dtype) if tuple(distribution.local_shape(rank)) == pool.shape else None
@@ -193,9 +196,12 @@ def _read(batches, distribution, rank, out, pool, stop, cpu, wall):
             x_b.read_ahead(distribution, rank, block)
             cpu.append(time.thread_time() - start)
             wall.append(time.perf_counter() - t0)
+            put[0] += 1
             out.put((x_b, y_b))
+        put[0] += 1
         out.put(_END)
     except BaseException as exc:                     # handed to the training thread, raised there
+        put[0] += 1
         out.put(exc)
 
 
