@@ -28,6 +28,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 import pytest  # noqa: E402
+from xdist.scheduler import LoadGroupScheduling  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -54,17 +55,16 @@ def launch_group(nodeid):
     return f"{launch[1]}-{launch[2]}" if launch else nodeid.split("::")[0]
 
 
+class LaunchGroups(LoadGroupScheduling):
+    """xdist's ``loadgroup`` scheduling with the work units of :func:`launch_group`."""
+
+    def _split_scope(self, nodeid):
+        return launch_group(nodeid)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup`` with the work units of :func:`launch_group`.  Not through xdist_group
     marks: xdist 3.8 appends a mark's group to ``item._nodeid``, which pytest 9.2 no longer reads
     (its ``nodeid`` comes from ``item._id``), so every item became a unit of its own."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadGroupScheduling
-
-    class LaunchGroups(LoadGroupScheduling):
-        def _split_scope(self, nodeid):
-            return launch_group(nodeid)
-
-    return LaunchGroups(config, log)
+    return LaunchGroups(config, log) if config.getvalue("dist") == "loadgroup" else None

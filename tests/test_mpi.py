@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from conftest import launch_group
 
 from refconv.testing import mpirun
 
@@ -62,8 +63,6 @@ def test_mpi(case, request):
 def test_each_launch_is_one_xdist_work_unit(request):
     """tests/conftest.py's work units for ``make test``: one per (tests/mpi file, world size), the
     same for all the items of a launch and for no other item (two units of one launch would launch it twice)."""
-    from conftest import launch_group
-
     units = {}
     for case in _cases():
         path, name, size = case.values[0]
