@@ -12,7 +12,6 @@ import sys
 import time
 
 import pytest
-from conftest import launch_group
 
 from refconv.testing import mpirun
 
@@ -62,7 +61,11 @@ def test_mpi(case, request):
 
 def test_each_launch_is_one_xdist_work_unit(request):
     """tests/conftest.py's work units for ``make test``: one per (tests/mpi file, world size), the
-    same for all the items of a launch and for no other item (two units of one launch would launch it twice)."""
+    same for all the items of a launch and for no other item (two units of one launch would launch
+    it twice), and xdist asks conftest for its scheduler, which splits its work by those units."""
+    hook, = [h for h in request.config.hook.pytest_xdist_make_scheduler.get_hookimpls()
+             if h.plugin_name.endswith(os.path.join("tests", "conftest.py"))]
+    launch_group = hook.plugin.launch_group    # tests/conftest.py (tests/mpi/ has a conftest too)
     units = {}
     for case in _cases():
         path, name, size = case.values[0]
@@ -71,9 +74,6 @@ def test_each_launch_is_one_xdist_work_unit(request):
     assert len(units) > 20 and all(len(names) == 1 for names in units.values()), units
     assert len(set.union(*units.values())) == len(units), units
     assert launch_group(request.node.nodeid) == "tests/test_mpi.py"
-    # ... and xdist asks conftest for its scheduler, which splits its work by those units
-    hook, = [h for h in request.config.hook.pytest_xdist_make_scheduler.get_hookimpls()
-             if h.plugin_name.endswith(os.path.join("tests", "conftest.py"))]
     options = {"dist": "loadgroup", "tx": ["2*popen"]}  # what `-n 2 --dist loadgroup` sets
     config = type("Options", (), {"getvalue": lambda self, name: options[name]})()
     scheduler = hook.function(config=config, log=None)
