@@ -4,6 +4,7 @@ This must happen before numba is first imported, hence at the very top.
 """
 
 import os
+import re
 
 
 def _real_gpu():
@@ -27,6 +28,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 import pytest  # noqa: E402
+from xdist.scheduler import LoadGroupScheduling  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -40,17 +42,29 @@ def _restore_algorithm_registry():
     algorithms.REGISTRY.update(saved)
 
 
-def pytest_collection_modifyitems(config, items):
-    """Groups for pytest-xdist's ``--dist loadgroup`` (``make test`` runs two workers): a test file's
-    tests stay on one worker, as in a serial run, but for tests/test_mpi.py, whose items are grouped
-    by the mpiexec launch they share (one tests/mpi file at one world size), so the launches spread
-    over the workers.  Without xdist the marks are inert."""
-    for item in items:
-        case = getattr(item, "callspec", None) and item.callspec.params.get("case")
-        if getattr(item, "originalname", None) == "test_mpi" and case:
-            path, _, size = case
-            group = f"{os.path.basename(path)}-{size}"
-        else:
-            group = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+LAUNCH_ITEM = re.compile(r"tests/test_mpi\.py::test_mpi\[(\w+)::\w+-(\d+)\]")
 
+
+def launch_group(nodeid):
+    """The pytest-xdist work unit of a test under ``make test`` (``--dist loadgroup``, two workers):
+    a test file's tests stay on one worker, as in a serial run, but for tests/test_mpi.py, whose items
+    are grouped by the mpiexec launch they share (one tests/mpi file at one world size), so the
+    launches spread over the workers, and each runs once: the items of a launch on two workers
+    would each launch the whole batch."""
+    launch = LAUNCH_ITEM.match(nodeid)
+    return f"{launch[1]}-{launch[2]}" if launch else nodeid.split("::")[0]
+
+
+class LaunchGroups(LoadGroupScheduling):
+    """xdist's ``loadgroup`` scheduling with the work units of :func:`launch_group`."""
+
+    def _split_scope(self, nodeid):
+        return launch_group(nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with the work units of :func:`launch_group`.  Not through xdist_group
+    marks: xdist 3.8 appends a mark's group to ``item._nodeid``, which pytest 9.2 no longer reads
+    (its ``nodeid`` comes from ``item._id``), so every item became a unit of its own."""
+    return LaunchGroups(config, log) if config.getvalue("dist") == "loadgroup" else None

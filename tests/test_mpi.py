@@ -5,6 +5,7 @@ The selected items of one (file, size) share one mpiexec launch, made when the
 first of them runs and cached for the rest.
 """
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -56,6 +57,31 @@ def test_mpi(case, request):
     outcome = _batch(request, path, size)[name]
     if not outcome.passed:
         pytest.fail(f"{name} at {size} ranks failed:\n{outcome.output}", pytrace=False)
+
+
+def test_each_launch_is_one_xdist_work_unit(request):
+    """tests/conftest.py's work units for ``make test``: one per (tests/mpi file, world size), the
+    same for all the items of a launch and for no other item (two units of one launch would launch
+    it twice), and xdist asks conftest for its scheduler, which splits its work by those units."""
+    hook, = [h for h in request.config.hook.pytest_xdist_make_scheduler.get_hookimpls()
+             if h.plugin_name.endswith(os.path.join("tests", "conftest.py"))]
+    launch_group = hook.plugin.launch_group    # tests/conftest.py (tests/mpi/ has a conftest too)
+    units = {}
+    for case in _cases():
+        path, name, size = case.values[0]
+        if name != "<import>":
+            units.setdefault((path, size), set()).add(launch_group(f"tests/test_mpi.py::test_mpi[{case.id}]"))
+    assert len(units) > 20 and all(len(names) == 1 for names in units.values()), units
+    assert len(set.union(*units.values())) == len(units), units
+    assert launch_group(request.node.nodeid) == "tests/test_mpi.py"
+    options = {"dist": "loadgroup", "tx": ["2*popen"]}  # what `-n 2 --dist loadgroup` sets
+    config = type("Options", (), {"getvalue": lambda self, name: options[name]})()
+    scheduler = hook.function(config=config, log=None)
+    for nodeid in ("tests/test_mpi.py::test_mpi[training::test_stationary_x_matches_serial-4]",
+                   "tests/test_mpi.py::test_harness_missing_mpiexec_fails", "tests/test_docs.py::test_docs_have_pages"):
+        assert scheduler._split_scope(nodeid) == launch_group(nodeid)
+    assert scheduler._split_scope("tests/test_mpi.py::test_mpi[training::test_stationary_x_matches_serial-4]") == \
+        "training-4"
 
 
 # -- the harness and failure behaviour themselves -------------------------------------------------

@@ -5,6 +5,7 @@ torch.nn.Module; the multi-rank cases (tests/torch_mpi/torch_cases.py) compare i
 torch.nn.Conv2d at 1, 2 and 4 ranks, gradients and a torch optimizer included.
 """
 
+import functools
 import pathlib
 import subprocess
 import sys
@@ -20,6 +21,12 @@ torch = pytest.importorskip("torch")
 import refconv.torch  # noqa: E402  (needs torch)
 
 CASES = str(pathlib.Path(__file__).parent / "torch_mpi" / "torch_cases.py")
+
+
+@functools.cache
+def listed_cases():
+    """The cases' tests, listed once for the three world sizes (the listing imports torch in a child)."""
+    return mpirun.list_tests([CASES])[CASES]
 
 
 def test_import_refconv_does_not_import_torch():
@@ -75,7 +82,7 @@ def test_one_rank_module_is_a_torch_module():
 @pytest.mark.mpi
 @pytest.mark.parametrize("size", (1, 2, 4))
 def test_against_torch_conv2d_under_mpi(size):
-    tests = [t for t in mpirun.list_tests([CASES])[CASES] if size in t.sizes]
+    tests = [t for t in listed_cases() if size in t.sizes]
     assert [t.name for t in tests] == ["test_forward_and_gradients_match_torch",
                                        "test_trains_with_a_torch_optimizer_inside_a_torch_model"]
     outcomes = mpirun.run_file(CASES, size, tests)
