@@ -7,7 +7,9 @@ itself the ``n``-th time (default 1) it reaches ``point``:
 - ``startup``: the start of a ``refconv`` command (``refconv.cli.main``);
 - a collective kind, just before its MPI call: ``allreduce``, ``reduce_scatter``,
   ``allgather``, ``halo``, ``alltoallv``, ``bcast``, ``scatter``, ``gather``,
-  ``barrier``, ``object``, ``split``;
+  ``barrier``, ``object``, ``split`` (a call started without waiting, ``iallreduce_`` and the
+  others that return a Request, just after MPI took it: its wait may never come, where
+  ``progress()`` finished it);
 - ``collective``: any of them, so ``n`` counts every MPI call of the run;
 - a point of a checkpoint save (``refconv.checkpoint.FAULT_POINTS``).
 

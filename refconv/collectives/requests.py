@@ -13,6 +13,7 @@ import time
 
 from mpi4py import MPI
 
+from refconv.collectives.faults import fault_point
 from refconv.collectives.recording import stats
 from refconv.collectives.watchdog import guard
 
@@ -29,6 +30,7 @@ class Request:
         self.overlap, self.started = overlap, time.perf_counter()
         self._done, self._result = False, None
         if requests:
+            fault_point(kind, "collective")  # at the start: progress() may finish the call, and no wait come
             _IN_FLIGHT.add(self)
 
     def test(self):

@@ -73,8 +73,10 @@ class Watchdog:
 
     def __call__(self, kind, comm, buffers, *, started=None, overlap=""):
         """``with guard(kind, comm, buffers): <one MPI call>``; also the fault hook.  For the wait
-        of a started call, ``started`` is when it was started and ``overlap`` what it ran behind."""
-        fault_point(kind, "collective")
+        of a started call, ``started`` is when it was started and ``overlap`` what it ran behind
+        (its fault point was its start: :class:`refconv.collectives.requests.Request`)."""
+        if started is None:
+            fault_point(kind, "collective")
         if self.timeout is not None:
             self.current = (kind, comm, buffers, time.monotonic(), self.timeout)
         self.kind, self.started = kind, time.perf_counter()
