@@ -5,7 +5,7 @@ import types
 import numpy
 import pytest
 
-from refconv.bench import timing, torch_step
+from refconv.bench import apart, timing, torch_step
 from refconv.reference import conv as ref_conv
 
 
@@ -100,3 +100,21 @@ def test_gemm_floor_contender_is_the_pass_product(shape):
     dcols = gemm["backward-data"]().reshape(C, K, K, N, Ho, Ho).transpose(3, 0, 1, 2, 4, 5)
     numpy.testing.assert_allclose(ref_conv.col2im(dcols, dx.shape, (stride,) * 2, (padding,) * 2, (1, 1)), dx,
                                   rtol=1e-5, atol=1e-5)
+
+
+def test_the_frameworks_apart_are_timed_each_in_its_own_process(capsys):
+    """``refconv.bench.apart``: every shape and pass of both frameworks, each timed in a process of
+    its own (the refconv process never imports torch: the bench refuses otherwise)."""
+    pytest.importorskip("torch")
+    assert apart.main(["--quick", "--rounds", "1", "--repeat", "1", "--dims", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "each framework alone in its own process (1 x 1 timings)" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("quick")]
+    assert sorted((r[0], r[1]) for r in rows) == sorted((s, p) for s in ("quick3x3", "quick1x1")
+                                                        for p in torch_step.PASSES)
+    assert all(float(r[-1]) > 0 for r in rows) and out.count("geometric mean vs torch") == 3
+
+
+def test_apart_refuses_an_unknown_shape_in_one_line():
+    with pytest.raises(SystemExit, match=r"--shapes: unknown \['nope'\] for --dims 3"):
+        apart.main(["--shapes", "nope"])
