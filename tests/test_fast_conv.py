@@ -118,3 +118,18 @@ def _counting(fn, calls, name):
         calls.append(name)
         return fn(*args, **kwargs)
     return run
+
+
+def test_3d_passes_keep_im2col(monkeypatch):
+    """docs/reference.md: the 3-D passes build columns even on a layer whose channels the tap rule
+    takes (the taps were slower there), so no tap pass is called."""
+    calls = []
+    for name in ("forward", "backward_data", "backward_filter"):
+        monkeypatch.setattr(conv_taps, name, _counting(getattr(conv_taps, name), calls, name))
+    rng = numpy.random.default_rng(0)
+    x = rng.standard_normal((1, 32, 4, 4, 4), dtype=numpy.float32)  # CosmoFlow's second layer, smaller
+    w = rng.standard_normal((64, 32, 3, 3, 3), dtype=numpy.float32)
+    y = ref.conv3d_forward(x, w, padding=1)
+    assert ref.conv3d_backward_data(y, w, x.shape, padding=1).shape == x.shape
+    assert ref.conv3d_backward_filter(x, y, w.shape, padding=1).shape == w.shape
+    assert calls == []
