@@ -25,6 +25,7 @@ import time
 import numpy
 
 from refconv import reference as ref
+from refconv import train_config
 from refconv.bench.torch_step import PASSES, QUICK_SHAPES, QUICK_SHAPES3D, SHAPES, SHAPES3D, _torch
 
 
@@ -119,7 +120,7 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=9, help="timings of each pass in each process")
     parser.add_argument("--repeat", type=int, default=2, help="processes of each framework, alternating")
-    parser.add_argument("--threads", type=int, default=2, help="BLAS / torch threads of each process")
+    train_config.add_option(parser, "threads", default=2, unset=None, purpose="each process's (torch's too)")
     parser.add_argument("--child", choices=("refconv", "torch"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if min(args.batch, args.rounds, args.repeat, args.threads) < 1:
