@@ -22,11 +22,9 @@ import subprocess
 import sys
 import time
 
-import numpy
-
-from refconv import reference as ref
 from refconv import train_config
-from refconv.bench.torch_step import PASSES, QUICK_SHAPES, QUICK_SHAPES3D, SHAPES, SHAPES3D, _torch
+from refconv.bench.torch_step import (PASSES, QUICK_SHAPES, QUICK_SHAPES3D, SHAPES, SHAPES3D, import_torch,
+                                     layer_arrays, refconv_passes, torch_passes)
 
 
 def shapes_of(dims, names=None, quick=False):
@@ -39,29 +37,18 @@ def shapes_of(dims, names=None, quick=False):
 
 
 def passes_of(who, dims, C, F, H, K, stride, padding, batch):
-    """``{pass: fn}`` of one framework on one layer's random fp32 arrays."""
-    rng = numpy.random.default_rng(0)
-    Ho = (H + 2 * padding - K) // stride + 1
-    x = rng.standard_normal((batch, C) + (H,) * dims, dtype=numpy.float32)
-    w = rng.standard_normal((F, C) + (K,) * dims, dtype=numpy.float32)
-    dy = rng.standard_normal((batch, F) + (Ho,) * dims, dtype=numpy.float32)
+    """``{pass: fn}`` of one framework on one layer's random fp32 arrays (torch_step's, for the same layer)."""
+    x, w, dy = layer_arrays(C, F, H, K, stride, padding, batch, dims=dims)
     g = dict(stride=stride, padding=padding)
     if who == "torch":
-        torch = _torch()  # only in torch's own process
-        xt, wt, dyt = (torch.from_numpy(a) for a in (x, w, dy))
-        nd = f"conv{dims}d"
-        return {"forward": lambda: getattr(torch.nn.functional, nd)(xt, wt, **g),
-                "backward-data": lambda: getattr(torch.nn.grad, f"{nd}_input")(xt.shape, wt, dyt, **g),
-                "backward-filter": lambda: getattr(torch.nn.grad, f"{nd}_weight")(xt, wt.shape, dyt, **g)}
-    forward, data, filt = (getattr(ref, f"conv{dims}d_{p}") for p in ("forward", "backward_data", "backward_filter"))
-    return {"forward": lambda: forward(x, w, **g), "backward-data": lambda: data(dy, w, x.shape, **g),
-            "backward-filter": lambda: filt(x, dy, w.shape, **g)}
+        return torch_passes(import_torch(), x, w, dy, g, dims)  # only in torch's own process
+    return refconv_passes(x, w, dy, g, dims)
 
 
 def child(args):
     """One framework's timings, one JSON line per (shape, pass): ``{"shape", "pass", "ms": [...]}``."""
     if args.child == "torch":
-        _torch().set_num_threads(args.threads)
+        import_torch().set_num_threads(args.threads)
     for name, shape in shapes_of(args.dims, args.shapes, args.quick).items():
         for p, fn in passes_of(args.child, args.dims, *shape, args.batch).items():
             fn()  # warm-up

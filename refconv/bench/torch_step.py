@@ -103,7 +103,7 @@ MODELS = {"digits-cnn": ("digits-cnn", 16, 64), "resnet50": ("resnet50", 32, 16)
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 1e-4  # refconv train's defaults
 
 
-def _torch():
+def import_torch():
     try:
         import torch
     except ImportError:
@@ -116,16 +116,41 @@ def _torch():
 # ----------------------------------------------------------------------------- single passes
 
 
-def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0, dims=2):
-    """``{"refconv": {pass: fn}, "torch": {pass: fn}, "GEMM": {pass: fn}}`` (and, in 2-D, ``"im2col"``)
-    on one layer's random fp32 arrays: ``H x H`` images (``dims=2``) or ``H x H x H`` volumes (``dims=3``)."""
+def layer_arrays(C, F, H, K, stride, padding, batch, seed=0, dims=2):
+    """``(x, w, dy)``: one layer's random fp32 arrays, ``H x H`` images (``dims=2``) or ``H x H x H``
+    volumes (``dims=3``)."""
     rng = numpy.random.default_rng(seed)
     Ho = (H + 2 * padding - K) // stride + 1
     x = rng.standard_normal((batch, C) + (H,) * dims, dtype=numpy.float32)
     w = rng.standard_normal((F, C) + (K,) * dims, dtype=numpy.float32)
     dy = rng.standard_normal((batch, F) + (Ho,) * dims, dtype=numpy.float32)
-    g = dict(stride=stride, padding=padding)
+    return x, w, dy
+
+
+def refconv_passes(x, w, dy, g, dims=2):
+    """``{pass: fn}``: refconv's three passes (``refconv.reference.conv{dims}d_*``) on these arrays."""
+    forward, backward_data, backward_filter = (getattr(ref, f"conv{dims}d_{p}")
+                                               for p in ("forward", "backward_data", "backward_filter"))
+    return {"forward": lambda: forward(x, w, **g), "backward-data": lambda: backward_data(dy, w, x.shape, **g),
+            "backward-filter": lambda: backward_filter(x, dy, w.shape, **g)}
+
+
+def torch_passes(torch, x, w, dy, g, dims=2):
+    """``{pass: fn}``: torch's three passes on the same arrays (``torch.nn.functional.conv{dims}d`` and
+    its gradients, looked up when called: a stand-in for torch may lack them)."""
     xt, wt, dyt = (torch.from_numpy(a) for a in (x, w, dy))
+    nd = f"conv{dims}d"
+    return {"forward": lambda: getattr(torch.nn.functional, nd)(xt, wt, **g),
+            "backward-data": lambda: getattr(torch.nn.grad, f"{nd}_input")(xt.shape, wt, dyt, **g),
+            "backward-filter": lambda: getattr(torch.nn.grad, f"{nd}_weight")(xt, wt.shape, dyt, **g)}
+
+
+def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0, dims=2):
+    """``{"refconv": {pass: fn}, "torch": {pass: fn}, "GEMM": {pass: fn}}`` (and, in 2-D, ``"im2col"``)
+    on one layer's random fp32 arrays (:func:`layer_arrays`)."""
+    x, w, dy = layer_arrays(C, F, H, K, stride, padding, batch, seed, dims)
+    Ho = dy.shape[2]
+    g = dict(stride=stride, padding=padding)
     # The GEMM of each pass alone, on operands laid out as the numpy backend multiplies them,
     # into results allocated once (the backend reuses its large buffers too).
     if dims == 2:
@@ -136,17 +161,10 @@ def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0, dims=2):
     w_2d = w.reshape(F, -1)
     dy_2d = numpy.ascontiguousarray(numpy.moveaxis(dy, 1, 0)).reshape(F, -1)  # (F, N Ho Wo ...)
     y_2d, dcols, dw_2d = numpy.empty_like(dy_2d), numpy.empty_like(cols), numpy.empty_like(w_2d)
-    forward, backward_data, backward_filter = (getattr(ref, f"conv{dims}d_{p}")
-                                               for p in ("forward", "backward_data", "backward_filter"))
-    nd = f"conv{dims}d"  # torch's functions are looked up when called: a stand-in for torch may lack them
     # "im2col": refconv's pass with the rule sending every shape to im2col (2-D only; the 3-D passes have one path)
     contenders = {
-        "refconv": {"forward": lambda: forward(x, w, **g),
-                    "backward-data": lambda: backward_data(dy, w, x.shape, **g),
-                    "backward-filter": lambda: backward_filter(x, dy, w.shape, **g)},
-        "torch": {"forward": lambda: getattr(torch.nn.functional, nd)(xt, wt, **g),
-                  "backward-data": lambda: getattr(torch.nn.grad, f"{nd}_input")(xt.shape, wt, dyt, **g),
-                  "backward-filter": lambda: getattr(torch.nn.grad, f"{nd}_weight")(xt, wt.shape, dyt, **g)},
+        "refconv": refconv_passes(x, w, dy, g, dims),
+        "torch": torch_passes(torch, x, w, dy, g, dims),
         "GEMM": {"forward": lambda: numpy.matmul(w_2d, cols, out=y_2d),
                  "backward-data": lambda: numpy.matmul(w_2d.T, dy_2d, out=dcols),
                  "backward-filter": lambda: numpy.matmul(dy_2d, cols.T, out=dw_2d)},
@@ -183,7 +201,7 @@ def _shapes(args):
 
 
 def run_passes(args):
-    torch = _torch()
+    torch = import_torch()
     ratios = {p: [] for p in PASSES}
     dims = 3 if args.what == "passes3d" else 2
     print(f"{'shape':<11}{'pass':<17}{'refconv ms':>24}{'GFLOP/s':>9}{'torch ms':>24}{'GFLOP/s':>9}{'vs torch':>20}"
@@ -351,7 +369,7 @@ def step_contenders(model_name, batch, comm, torch):
 
 
 def run_step(args, comm):
-    torch = _torch()
+    torch = import_torch()
     rank0 = comm.Get_rank() == 0
     names = args.model or list(MODELS)
     for name in names:
@@ -576,7 +594,7 @@ def main(argv=None):
         return run_columns(args)
     if args.what == "profile":
         return run_profile(args, comm)
-    torch = _torch()
+    torch = import_torch()
     torch.set_num_threads(choice.threads)
     if comm.Get_rank() == 0:
         print(f"torch {torch.__version__}; numpy's BLAS {_blas_kernels()}; {choice.describe()}; "
