@@ -103,8 +103,9 @@ def test_gemm_floor_contender_is_the_pass_product(shape):
 
 
 def test_the_frameworks_apart_are_timed_each_in_its_own_process(capsys):
-    """``refconv.bench.apart``: every shape and pass of both frameworks, each timed in a process of
-    its own (the refconv process never imports torch: the bench refuses otherwise)."""
+    """``refconv.bench.apart``: every shape and pass of both frameworks and of the GEMM alone, each
+    timed in a process of its own (the refconv and GEMM processes never import torch: the bench
+    refuses otherwise)."""
     pytest.importorskip("torch")
     assert apart.main(["--quick", "--rounds", "1", "--repeat", "1", "--dims", "2"]) == 0
     out = capsys.readouterr().out
@@ -112,7 +113,8 @@ def test_the_frameworks_apart_are_timed_each_in_its_own_process(capsys):
     rows = [line.split() for line in out.splitlines() if line.startswith("quick")]
     assert sorted((r[0], r[1]) for r in rows) == sorted((s, p) for s in ("quick3x3", "quick1x1")
                                                         for p in torch_step.PASSES)
-    assert all(float(r[-1]) > 0 for r in rows) and out.count("geometric mean vs torch") == 3
+    assert all(len(r) == 13 and float(r[-1]) > 0 and float(r[-2]) > 0 for r in rows)  # 3 spans, 2 ratios
+    assert out.count("geometric mean vs torch") == 3 and out.count("(the GEMM alone: ") == 3
 
 
 def test_apart_refuses_an_unknown_shape_in_one_line():

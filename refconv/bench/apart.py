@@ -8,9 +8,12 @@ threads spin for a while after numpy's call, torch's OpenMP team after torch's, 
 contender runs beside them.  On 2 cores that moved single figures by 2-10x, in both directions
 (docs/benchmarks.md, 2026-12-02 09:30).  Here each contender runs in a fresh Python process, one
 after the other (refconv's never imports torch), ``--repeat`` times each, alternating; every pass
-is warmed up once and timed ``--rounds`` times.  The figures are the medians (min-max) over all
-of a contender's timings; "vs torch" is torch's median over refconv's.  The passes' results are
-checked against torch by ``torch_step passes``/``passes3d`` and the tests, not here.
+is warmed up once and timed ``--rounds`` times.  A third process times each pass's GEMM alone
+(``torch_step.gemm_passes``: numpy's matrix product on ready columns, without the copies around
+it), the ceiling of any im2col formulation through numpy's BLAS.  The figures are the medians
+(min-max) over all of a contender's timings; "vs torch" is torch's median over refconv's, and
+"GEMM vs torch" torch's over the GEMM's.  The passes' results are checked against torch by
+``torch_step passes``/``passes3d`` and the tests, not here.
 """
 
 import argparse
@@ -23,8 +26,8 @@ import sys
 import time
 
 from refconv import train_config
-from refconv.bench.torch_step import (PASSES, QUICK_SHAPES, QUICK_SHAPES3D, SHAPES, SHAPES3D, import_torch,
-                                     layer_arrays, refconv_passes, torch_passes)
+from refconv.bench.torch_step import (PASSES, QUICK_SHAPES, QUICK_SHAPES3D, SHAPES, SHAPES3D, gemm_passes,
+                                     import_torch, layer_arrays, refconv_passes, torch_passes)
 
 
 def shapes_of(dims, names=None, quick=False):
@@ -42,7 +45,7 @@ def passes_of(who, dims, C, F, H, K, stride, padding, batch):
     g = dict(stride=stride, padding=padding)
     if who == "torch":
         return torch_passes(import_torch(), x, w, dy, g, dims)  # only in torch's own process
-    return refconv_passes(x, w, dy, g, dims)
+    return (gemm_passes if who == "GEMM" else refconv_passes)(x, w, dy, g, dims)
 
 
 def child(args):
@@ -65,7 +68,7 @@ def child(args):
 def run(args):
     """Both frameworks in turn, ``--repeat`` processes each, then the table."""
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
-    times = {"refconv": {}, "torch": {}}
+    times = {"refconv": {}, "GEMM": {}, "torch": {}}
     for _ in range(args.repeat):
         for who in times:
             command = [sys.executable, "-m", "refconv.bench.apart", "--child", who, "--dims", str(args.dims),
@@ -83,15 +86,18 @@ def run(args):
         time.sleep(0.2)
     print(f"{args.dims}-D passes, batch {args.batch}, {args.threads} threads each, each framework alone in its "
           f"own process ({args.repeat} x {args.rounds} timings); median (min-max) ms")
-    print(f"{'shape':<11}{'pass':<17}{'refconv ms':>24}{'torch ms':>24}{'vs torch':>10}")
-    ratios = {p: [] for p in PASSES}
+    print(f"{'shape':<11}{'pass':<17}{'refconv ms':>24}{'GEMM alone ms':>24}{'torch ms':>24}{'vs torch':>10}"
+          f"{'GEMM vs torch':>15}")
+    ratios = {who: {p: [] for p in PASSES} for who in ("refconv", "GEMM")}
     for (name, p), ours in times["refconv"].items():
-        theirs = times["torch"][(name, p)]
-        r = statistics.median(theirs) / statistics.median(ours)
-        ratios[p].append(r)
-        print(f"{name:<11}{p:<17}{_span(ours):>24}{_span(theirs):>24}{r:>10.2f}")
+        gemm, theirs = times["GEMM"][(name, p)], times["torch"][(name, p)]
+        r, r_gemm = (statistics.median(theirs) / statistics.median(t) for t in (ours, gemm))
+        ratios["refconv"][p].append(r)
+        ratios["GEMM"][p].append(r_gemm)
+        print(f"{name:<11}{p:<17}{_span(ours):>24}{_span(gemm):>24}{_span(theirs):>24}{r:>10.2f}{r_gemm:>15.2f}")
     for p in PASSES:
-        print(f"geometric mean vs torch, {p}: {math.exp(statistics.fmean(math.log(r) for r in ratios[p])):.2f}")
+        mean, mean_gemm = (math.exp(statistics.fmean(math.log(r) for r in ratios[who][p])) for who in ratios)
+        print(f"geometric mean vs torch, {p}: {mean:.2f} (the GEMM alone: {mean_gemm:.2f})")
     return 0
 
 
@@ -108,7 +114,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=9, help="timings of each pass in each process")
     parser.add_argument("--repeat", type=int, default=2, help="processes of each framework, alternating")
     train_config.add_option(parser, "threads", default=2, unset=None, purpose="each process's (torch's too)")
-    parser.add_argument("--child", choices=("refconv", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("refconv", "GEMM", "torch"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if min(args.batch, args.rounds, args.repeat, args.threads) < 1:
         parser.error("--batch, --rounds, --repeat and --threads: expected positive integers")

@@ -145,29 +145,36 @@ def torch_passes(torch, x, w, dy, g, dims=2):
             "backward-filter": lambda: getattr(torch.nn.grad, f"{nd}_weight")(xt, wt.shape, dyt, **g)}
 
 
-def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0, dims=2):
-    """``{"refconv": {pass: fn}, "torch": {pass: fn}, "GEMM": {pass: fn}}`` (and, in 2-D, ``"im2col"``)
-    on one layer's random fp32 arrays (:func:`layer_arrays`)."""
-    x, w, dy = layer_arrays(C, F, H, K, stride, padding, batch, seed, dims)
+def gemm_passes(x, w, dy, g, dims=2):
+    """``{pass: fn}``: the GEMM of each of refconv's passes alone, on operands laid out as the numpy
+    backend multiplies them, into results allocated once (the backend reuses its large buffers
+    too): what any im2col formulation through numpy's BLAS costs at least."""
+    F, C, K = w.shape[0], w.shape[1], w.shape[-1]
     Ho = dy.shape[2]
-    g = dict(stride=stride, padding=padding)
-    # The GEMM of each pass alone, on operands laid out as the numpy backend multiplies them,
-    # into results allocated once (the backend reuses its large buffers too).
     if dims == 2:
         cols = ref_conv.conv2d_columns(x, w.shape, **g)[0]  # (C K K, N Ho Wo)
     else:  # vol2col's columns, laid out channel-major as backward-filter multiplies them: (C K K K, N Do Ho Wo)
+        stride, padding = g["stride"], g["padding"]
         cols = ref.vol2col(x, (K,) * 3, (stride,) * 3, (padding,) * 3, (1,) * 3, (Ho,) * 3)
         cols = cols.transpose(1, 2, 3, 4, 0, 5, 6, 7).reshape(C * K ** 3, -1)
     w_2d = w.reshape(F, -1)
     dy_2d = numpy.ascontiguousarray(numpy.moveaxis(dy, 1, 0)).reshape(F, -1)  # (F, N Ho Wo ...)
     y_2d, dcols, dw_2d = numpy.empty_like(dy_2d), numpy.empty_like(cols), numpy.empty_like(w_2d)
+    return {"forward": lambda: numpy.matmul(w_2d, cols, out=y_2d),
+            "backward-data": lambda: numpy.matmul(w_2d.T, dy_2d, out=dcols),
+            "backward-filter": lambda: numpy.matmul(dy_2d, cols.T, out=dw_2d)}
+
+
+def pass_contenders(C, F, H, K, stride, padding, batch, torch, seed=0, dims=2):
+    """``{"refconv": {pass: fn}, "torch": {pass: fn}, "GEMM": {pass: fn}}`` (and, in 2-D, ``"im2col"``)
+    on one layer's random fp32 arrays (:func:`layer_arrays`)."""
+    x, w, dy = layer_arrays(C, F, H, K, stride, padding, batch, seed, dims)
+    g = dict(stride=stride, padding=padding)
     # "im2col": refconv's pass with the rule sending every shape to im2col (2-D only; the 3-D passes have one path)
     contenders = {
         "refconv": refconv_passes(x, w, dy, g, dims),
         "torch": torch_passes(torch, x, w, dy, g, dims),
-        "GEMM": {"forward": lambda: numpy.matmul(w_2d, cols, out=y_2d),
-                 "backward-data": lambda: numpy.matmul(w_2d.T, dy_2d, out=dcols),
-                 "backward-filter": lambda: numpy.matmul(dy_2d, cols.T, out=dw_2d)},
+        "GEMM": gemm_passes(x, w, dy, g, dims),
     }
     if dims == 2:
         contenders["im2col"] = {p: _im2col_only(fn) for p, fn in contenders["refconv"].items()}
