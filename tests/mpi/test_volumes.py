@@ -9,8 +9,9 @@ drawn volumes that split over them, unevenly too; at 8 ranks the grids CosmoFlow
 The cosmoflow preset under ``train``: channel x depth at 4 ranks, channel x depth x height
 at 8; its losses agree with the one-rank replay (--check-serial), a run checkpointed
 mid-way and resumed continues bit for bit, and a step makes the calls the model's
-``records()`` list (what tests/mpi/test_records.py checks of the 2-D presets).  Every rank
-draws the same examples and the checks are collective.
+``records()`` list (what tests/mpi/test_records.py checks of the 2-D presets).  A model that
+opens with a residual block trains the same ways at 4 ranks, and as ``refconv plan`` plans it.
+Every rank draws the same examples and the checks are collective.
 """
 
 import shutil
