@@ -130,6 +130,12 @@ def shape5(shape, name):
     return shape_of(shape, name, 5)
 
 
+def activation_shape(shape, name):
+    """The shape of images ``(N, C, H, W)`` or of volumes ``(N, C, D, H, W)``: what a layer that
+    takes either (a container, a Redistribute, a model) checks; each layer in it checks its own dims."""
+    return shape_of(shape, name, 5 if hasattr(shape, "__len__") and len(shape) == 5 else 4)
+
+
 def shape_of(shape, name, ndim):
     """An ``ndim``-tuple of positive ints."""
     try:

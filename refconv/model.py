@@ -26,7 +26,7 @@ from refconv.collectives import buckets
 from refconv.collectives.buckets import Buckets
 from refconv.layers import LOSSES
 from refconv.layers.base import GradientsInFlight
-from refconv.layers.container import Sequential, Wrapper
+from refconv.layers.container import Sequential, Wrapper, first_layer
 
 
 class Model(Wrapper):
@@ -95,7 +95,7 @@ class Model(Wrapper):
     # -- running ------------------------------------------------------------------------------------
     def bind(self, input_shape):
         """Bind every layer through the chain (call again when the batch size changes)."""
-        shape = checks.shape_of(input_shape, "input_shape", getattr(self.body.layers[0], "ndim", 4))  # NCHW, or NCDHW
+        shape = checks.activation_shape(input_shape, "input_shape")  # its layers check their dims in bind
         if shape != self._input_shape:
             self.body.bind(shape)
             self._input_shape = shape
@@ -105,6 +105,12 @@ class Model(Wrapper):
     @property
     def input_shape(self):
         return self._input_shape
+
+    @property
+    def backend(self):
+        """The backend of the layer the input goes to first (where ``x_loc`` must be): of the
+        first layer, or of the first layer in its body if it is a residual block."""
+        return first_layer(self.body).backend
 
     def label_block(self, labels):
         """This rank's labels: its samples under the logits' distribution."""

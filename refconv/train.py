@@ -156,17 +156,19 @@ def build_model(cfg, *, comm=None, serial=False, in_channels=None, num_classes=N
 
 
 def smallest_batch(model):
-    """The smallest global batch every layer can split: the largest sample split of any layer."""
-    return max(layer.grid.P_N for _, layer in model.named_layers())
+    """The smallest global batch every layer can split: the largest sample split of any layer, or of
+    the grid the input lies on (a leading residual block's input grid, which is no layer's)."""
+    return max([model.in_grid.P_N] + [layer.grid.P_N for _, layer in model.named_layers()])
 
 
 def check_model_fits(model, cfg, x_shape, num_classes):
     """Bind ``model`` to the batch shape and check its head against the labels (every rank alike)."""
     need = smallest_batch(model)
     if cfg.batch_size < need:
-        name = next(name for name, layer in model.named_layers() if layer.grid.P_N == need)
+        where = next((f"layer {name}" for name, layer in model.named_layers() if layer.grid.P_N == need),
+                     "the grid the input lies on (defaults.grid: the model opens with a residual block)")
         raise OptionError("batch_size", f"{cfg.batch_size} samples cannot be split over the sample={need} "
-                                        f"ranks of layer {name} (each needs at least one); use {{batch_size}} "
+                                        f"ranks of {where} (each needs at least one); use {{batch_size}} "
                                         f">= {need}")
     model.bind((cfg.batch_size,) + tuple(x_shape[1:]))
     outputs = model.body.output_shape[1]
@@ -190,7 +192,7 @@ def learning_rate(cfg, step, total_steps):
 def step(model, optimizer, x_b, y_b):
     """One training step on the global batch ``(x_b, y_b)``; returns the loss (same on every rank)."""
     model.bind(x_b.shape)
-    backend = model.body.layers[0].backend
+    backend = model.backend
     x_loc = backend.asarray(datastore.local_block(x_b, model.input_distribution, model.in_grid.rank))
     y_loc = backend.asarray(model.label_block(numpy.asarray(y_b)))
     loss = model.loss(model.forward(x_loc), y_loc)
@@ -226,7 +228,7 @@ def _eval_batches(model, x, y, batch_size):
     model keeps its binding.  In eval mode a sample's output depends on that sample alone,
     so the padding changes nothing; ``real`` is False on it, so it is not counted."""
     model.eval()
-    backend = model.body.layers[0].backend
+    backend = model.backend
     n, size = len(y), max(batch_size, smallest_batch(model))
     for start in range(0, n, size):
         idx = numpy.arange(start, min(start + size, n))

@@ -26,7 +26,7 @@ from refconv.plan import calibrate, report
 from refconv.plan.calibrate import fit_line, fit_plane
 from refconv.plan.validate import Row, picks, relative_to_sample
 from refconv.pricing import choose_for_layer, graph, machine, perf, search
-from refconv.pricing.graph import stages
+from refconv.pricing.graph import Block, stages
 from refconv.sharding import send_counts
 from refconv.testing.mpirun import find_mpiexec
 
@@ -167,21 +167,34 @@ PROJECTION = {
 }
 
 
+# the input goes straight into a residual block: the plan chooses the grid it lies on
+RESIDUAL_FIRST = {
+    "in_channels": 2,
+    "layers": [
+        {"type": "residual", "layers": [{"type": "conv", "out": 2, "kernel": 3, "padding": 1}, {"type": "relu"}]},
+        {"type": "gap"}, {"type": "linear", "out": 3},
+    ],
+}
+
+
 def brute_force(planner):
-    """The least evaluated step time over every assignment of every stage option."""
+    """The least evaluated step time over every assignment of every stage option (and of the
+    input's grid, where the model opens with a block)."""
     all_stages = list(stages(planner.elements))
     options = [[c for opts in planner.options(s) for c in opts] for s in all_stages]
+    inputs = planner.grids if isinstance(planner.elements[0], Block) else [None]
     best = math.inf
-    for combo in itertools.product(*options):
-        plan = planner.evaluate({s.main.path: c for s, c in zip(all_stages, combo)})
+    for combo, grid in itertools.product(itertools.product(*options), inputs):
+        plan = planner.evaluate({s.main.path: c for s, c in zip(all_stages, combo)}, grid)
         best = min(best, plan.seconds)
-    return best, math.prod(len(o) for o in options)
+    return best, math.prod(len(o) for o in options) * len(inputs)
 
 
 @pytest.mark.parametrize("spec, shape, P, doc", [
     (SMALL, (4, 2, 8, 8), 2, machine_doc()),
     (SMALL, (4, 2, 8, 8), 2, machine_doc(ranks_per_node=1)),
     (PROJECTION, (4, 4, 6, 6), 4, machine_doc()),
+    (RESIDUAL_FIRST, (2, 2, 8, 8), 4, machine_doc()),
 ])
 def test_planner_finds_the_brute_force_optimum(spec, shape, P, doc):
     m = machine.from_dict(doc)
@@ -237,6 +250,16 @@ def test_written_spec_carries_every_stage_grid_and_algorithm():
         assert tuple(node["grid"].get(a, 1) for a in perf.AXES) == cost.grid
         if stage.main.kind == "conv" and cost.grid[1] > 1:
             assert node["algorithm"] == cost.algorithm
+
+
+def test_written_spec_of_a_model_opening_with_a_block_puts_its_input_on_the_planned_grid():
+    """A leading block's input lies on defaults.grid (the builder's rule), so the written spec sets it
+    to the grid the plan chose for the input: here not pure samples, which a batch of 2 cannot fill."""
+    planner, plan = search.plan_model(RESIDUAL_FIRST, (2, 2, 8, 8), 4, V100)
+    out = search.to_spec(RESIDUAL_FIRST, plan)
+    assert out["defaults"] == {"grid": search.grid_dict(plan.input_grid)} and plan.input_grid[0] <= 2
+    assert search.to_spec(SMALL, search.plan_model(SMALL, (4, 2, 8, 8), 2, V100)[1])["defaults"] == \
+        {"grid": {"sample": 2}}  # a model opening with a stage: its input lies on that stage's own grid
 
 
 def test_resnet50_plans_at_64_ranks_quickly_and_beats_sample_parallelism():

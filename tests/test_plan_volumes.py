@@ -8,7 +8,7 @@ import math
 import numpy
 import pytest
 from mpi4py import MPI
-from test_plan import SMALL, brute_force, machine_doc
+from test_plan import RESIDUAL_FIRST, SMALL, brute_force, machine_doc
 
 from refconv import ProcessGrid, cost_model
 from refconv.backend import get_backend
@@ -29,8 +29,10 @@ def test_grids_of_volumes_are_every_ordered_factorisation_into_five_axes():
     assert len(perf.grids(64, 5)) == 210 and len(perf.grids(64)) == 84  # C(6 + 4, 4) and C(6 + 3, 3)
 
 
-def test_planner_finds_the_brute_force_optimum_of_a_model_of_volumes():
-    planner, plan = search.plan_model(VOLUMES, (4, 2, 8, 8, 8), 2, machine.from_dict(machine_doc()))
+@pytest.mark.parametrize("spec, shape", [(VOLUMES, (4, 2, 8, 8, 8)),
+                                         (dict(RESIDUAL_FIRST, dims=3, loss="mse"), (1, 2, 8, 8, 8))])
+def test_planner_finds_the_brute_force_optimum_of_a_model_of_volumes(spec, shape):
+    planner, plan = search.plan_model(spec, shape, 2, machine.from_dict(machine_doc()))
     assert all(len(r.cost.grid) == 5 for r in plan.rows)
     best, count = brute_force(planner)
     assert count > 50

@@ -81,6 +81,27 @@ def test_cosmoflow_learns_on_one_rank():
     assert cosmoflow()["layers"][-1]["out"] == datasets.VOLUME_TARGETS
 
 
+RESIDUAL = {"type": "residual", "layers": [{"type": "conv", "out": 2, "kernel": 3, "padding": 1}, {"type": "relu"}]}
+
+
+@pytest.mark.parametrize("dims, first", [(2, RESIDUAL), (3, RESIDUAL),
+                                         (3, dict(RESIDUAL, shortcut=[{"type": "conv", "out": 2, "kernel": 1}])),
+                                         (3, {"type": "relu"})])
+def test_a_model_opening_with_a_residual_block_or_a_relu_trains_on_one_rank(dims, first):
+    """The input goes to the first layer in the body (the backend, dtype and dims the model takes in
+    are its own): a model of images or of volumes trains and evaluates (tests/mpi/test_volumes.py
+    trains one split, against the one-rank replay)."""
+    spec = {"in_channels": 2, "layers": [first, {"type": "conv", "out": 2, "kernel": 1}, {"type": "gap"},
+                                         {"type": "linear", "out": datasets.VOLUME_TARGETS if dims == 3 else 10}]}
+    spec.update({"dims": 3, "loss": "mse"} if dims == 3 else {})
+    result = train(TrainConfig(model=spec, synthetic=True, synthetic_samples=8, image_size=4, batch_size=4, epochs=1,
+                               backend="numpy", dtype="float64", progress=False), comm=MPI.COMM_SELF,
+                   log=lambda *a: None)
+    model = result["model"]
+    assert model.backend is model.named_layers()[0][1].backend and model.input_shape == (4, 2) + (4,) * dims
+    assert len(result["losses"]) == 2 and all(numpy.isfinite(result["losses"])), result["losses"]
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["train", "--model", "cosmoflow", "--backend", "numpy"],
      "refconv train: error: --model: 'cosmoflow' is a model of volumes (dims 3), which trains on --synthetic "

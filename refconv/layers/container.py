@@ -30,11 +30,19 @@ def _kind_out(node, kind_in):
     return getattr(node, "kind_out", "activations")
 
 
+def first_layer(node):
+    """The layer that ``node`` (a layer, or a :class:`Sequential` or :class:`Residual` of them)
+    hands its input to first: itself, or its first leaf (a Redistribute ahead of it skipped).  Its
+    backend, dtype and dims are those of what ``node`` takes in, wherever ``node`` stands (first in
+    a model too: a residual block's body's first layer)."""
+    if isinstance(node, (Sequential, Residual)):
+        return next(layer for _, layer in node.named_layers())
+    return node
+
+
 def _dtype(node):
     """The dtype of what a layer (or the first leaf of a container) takes in."""
-    while not hasattr(node, "dtype"):
-        node = node.body if hasattr(node, "body") else node.layers[0]
-    return node.dtype
+    return first_layer(node).dtype
 
 
 class Sequential:
@@ -66,7 +74,7 @@ class Sequential:
         self.out_grid = grid
 
     def bind(self, input_shape):
-        shape = checks.shape_of(input_shape, "input_shape", 5 if len(input_shape) == 5 else 4)  # NCHW or NCDHW
+        shape = checks.activation_shape(input_shape, "input_shape")
         self._input_shape = shape
         for name, layer in zip(self.names, self.layers):
             try:

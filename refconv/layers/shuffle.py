@@ -35,7 +35,7 @@ class Redistribute(Layer):
         self.src_grid, self.kind_in, self.kind_out = src_grid, kind, kind
 
     def bind(self, input_shape):
-        shape = checks.shape_of(input_shape, "input_shape", 5 if len(input_shape) == 5 else 4)  # NCHW or NCDHW
+        shape = checks.activation_shape(input_shape, "input_shape")
         self.src = layout(self.src_grid, shape, self.kind_in)
         self.dst = layout(self.grid, shape, self.kind_out)
         self._input_shape = self._output_shape = shape

@@ -13,7 +13,9 @@ whose cost matrix ``B[g_in, g_out]`` is its body's chain matrix plus its
 shortcut's (ending with the shuffle onto the body's exit grid) plus the local sum:
 both paths start from the same input grid and end on the same exit grid, exactly
 as :class:`refconv.model.Residual` runs them.  The top-level input is free on any
-grid (the loader scatters straight into the first layer's layout).  The result is
+grid (the loader scatters straight into the first layer's layout; of a model that opens with a
+block, into the block's input grid, which the plan records and the written spec makes its
+``defaults.grid``).  The result is
 the exact optimum of the model in :mod:`refconv.pricing.perf` over every
 factorisation of ``P`` that :func:`refconv.pricing.perf.feasible` keeps.
 
@@ -106,6 +108,7 @@ class Plan:
     ranks: int
     input_shape: tuple
     hidden: float = 1.0  # the share of each gradient allreduce the machine overlaps (Machine.overlap)
+    input_grid: tuple = None  # the grid the model's input lies on (the first stage's, or a leading block's input)
 
     @property
     def seconds(self):
@@ -227,7 +230,8 @@ class Planner:
         return body + short + extra[None, :], (body_trace, short_trace, short_arg)
 
     def backtrack(self, trace, row, last, out):
-        """Fill ``out`` {stage path: grid index} walking ``trace`` back from grid ``last``."""
+        """Fill ``out`` {stage path: grid index} walking ``trace`` back from grid ``last``; returns the
+        grid index the walk ends on (that of the chain's input)."""
         for e, arg, info in reversed(trace):
             prev = row if arg is None else arg[row, last]
             if isinstance(e, Stage):
@@ -238,10 +242,11 @@ class Planner:
                 if short_trace:
                     self.backtrack(short_trace, prev, short_arg[prev, last], out)
             last = prev
-        return out
+        return last
 
     def search(self, lam=0.0):
-        """``{stage path: StageCost}`` of the optimum under time + lam * memory."""
+        """``({stage path: StageCost}, input grid)`` of the optimum under time + lam * memory; the input
+        grid is None unless the model opens with a block (else the first stage's grid)."""
         self._passes, self._done = self._passes + 1, 0
         M, trace = self.chain(self.elements, self.input_shape, numpy.zeros((1, len(self.grids))), lam)
         last = int(numpy.argmin(M[0]))
@@ -249,17 +254,19 @@ class Planner:
             raise NoFeasiblePlan(f"--ranks: no grid of {self.P} ranks runs every layer of this model "
                                  f"(each layer needs sample <= batch, channel <= its channels, and "
                                  f"{'/'.join(axes_of(self.ndim)[2:])} blocks of at least max(kernel, 2) rows)")
-        return self.backtrack(trace, 0, last, {})
+        choices = {}
+        first = self.backtrack(trace, 0, last, choices)
+        return choices, (self.grids[first] if isinstance(self.elements[0], Block) else None)
 
     def plan(self, memory_limit=None):
         """The fastest plan (exact), or under ``memory_limit`` bytes a plan that fits (see above)."""
-        result = self.evaluate(self.search(0.0))
+        result = self.evaluate(*self.search(0.0))
         if memory_limit is None or result.memory <= memory_limit:
             return result
         # lambda in seconds per byte, from a scale where the penalty is 1/1000 of the step
         lam, fits = 1e-3 * result.seconds / result.memory, None
         for _ in range(12):  # raise lambda until the plan fits (up to 4**11 times the start)
-            candidate = self.evaluate(self.search(lam))
+            candidate = self.evaluate(*self.search(lam))
             if candidate.memory <= memory_limit:
                 fits = candidate
                 break
@@ -271,7 +278,7 @@ class Planner:
         hi, lo = lam, lam / 4
         for _ in range(6):  # tighten lambda: the least penalty that still fits is the fastest of these
             mid = math.sqrt(hi * lo)
-            candidate = self.evaluate(self.search(mid))
+            candidate = self.evaluate(*self.search(mid))
             if candidate.memory <= memory_limit:
                 hi, fits = mid, candidate
             else:
@@ -279,17 +286,21 @@ class Planner:
         return fits
 
     # -- any assignment --------------------------------------------------------------------------------
-    def evaluate(self, choices):
-        """The Plan of ``choices`` ({stage path: StageCost}): every stage and shuffle, in order."""
+    def evaluate(self, choices, input_grid=None):
+        """The Plan of ``choices`` ({stage path: StageCost}): every stage and shuffle, in order.  The
+        input lies on the first stage's grid (the loader scatters it there), or, where the model
+        opens with a block, on ``input_grid`` (None: its first stage's grid too)."""
         rows = []
-        self._walk(self.elements, None, choices, rows)
-        return Plan(rows, choices, self.P, self.input_shape, self.machine.overlap)
+        if input_grid is None or not isinstance(self.elements[0], Block):
+            input_grid = choices[next(graph.stages(self.elements)).main.path].grid
+        self._walk(self.elements, input_grid, choices, rows)
+        return Plan(rows, choices, self.P, self.input_shape, self.machine.overlap, input_grid)
 
     def _walk(self, elements, grid, choices, rows):
         for e in elements:
             if isinstance(e, Stage):
                 cost = copy.deepcopy(choices[e.main.path])
-                if grid is not None and grid != cost.grid:
+                if grid != cost.grid:
                     shuffle = self.shuffle(e.in_shape)[self.grids.index(grid), self.grids.index(cost.grid)]
                     cost.comm["alltoallv"] = cost.comm.get("alltoallv", 0.0) + shuffle
                 rows.append(Row(e.name, e.main.kind, cost, e.out_shape))
@@ -324,7 +335,7 @@ class Planner:
                         break
             else:
                 return None
-        return self.evaluate(choices)
+        return self.evaluate(choices, grid)  # the input on the grid (a leading block's: --grid's)
 
     def sample_parallel(self):
         """Pure sample parallelism, every stage on ``(P, 1, ...)`` (None where it cannot run)."""
@@ -369,7 +380,10 @@ def grid_dict(grid):
 def to_spec(spec, plan):
     """A copy of ``spec`` with every stage's ``grid`` (and conv ``algorithm``) set from ``plan``."""
     out = copy.deepcopy(spec)
-    out["defaults"] = {"grid": {"sample": plan.ranks}}
+    elements = graph.bind(spec, plan.input_shape)
+    # a block's input lies on defaults.grid when the model opens with it (model_spec's rule)
+    opens_with_block = isinstance(elements[0], Block)
+    out["defaults"] = {"grid": grid_dict(plan.input_grid) if opens_with_block else {"sample": plan.ranks}}
     out.setdefault("name", "model")
     out["name"] = f"{out['name']}-planned-{plan.ranks}"
 
@@ -379,7 +393,6 @@ def to_spec(spec, plan):
             node = node[p]
         return node
 
-    elements = graph.bind(spec, plan.input_shape)
     for stage in graph.stages(elements):
         cost = plan.choices[stage.main.path]
         main = at(stage.main.path)

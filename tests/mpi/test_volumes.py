@@ -9,14 +9,16 @@ drawn volumes that split over them, unevenly too; at 8 ranks the grids CosmoFlow
 The cosmoflow preset under ``train``: channel x depth at 4 ranks, channel x depth x height
 at 8; its losses agree with the one-rank replay (--check-serial), a run checkpointed
 mid-way and resumed continues bit for bit, and a step makes the calls the model's
-``records()`` list (what tests/mpi/test_records.py checks of the 2-D presets).  Every rank
-draws the same examples and the checks are collective.
+``records()`` list (what tests/mpi/test_records.py checks of the 2-D presets).  A model that
+opens with a residual block trains the same ways at 4 ranks, and as ``refconv plan`` plans it.
+Every rank draws the same examples and the checks are collective.
 """
 
 import shutil
 import tempfile
 
 import numpy
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
@@ -26,12 +28,14 @@ from refconv import reference as ref
 from refconv.grid import ProcessGrid, axes_of
 from refconv.layers import AvgPool3d, BatchNorm3d, GlobalAvgPool3d, Linear, MaxPool3d, MeanSquaredError
 from refconv.optim import SGD
+from refconv.pricing import machine, search
 from refconv.sharding import allgather
 from refconv.testing.asserts import assert_all_ranks, collective_assert_close
 from refconv.testing.check import check_batch_norm, check_records
 from refconv.testing.mpirun import mpi_test
 from refconv.testing.strategies import grid_shapes
 from refconv.train import TrainConfig, step, train
+from refconv.train_config import OptionError
 
 comm = MPI.COMM_WORLD
 GRIDS_OF_8 = ((1, 1, 2, 2, 2), (2, 2, 2, 1, 1))  # (P_N, P_c, P_D, P_H, P_W); training runs channel x depth x height
@@ -171,6 +175,57 @@ def test_cosmoflow_trains_checks_serial_and_resumes_exactly():
     x, optimizer = numpy.asarray(x), SGD(whole["model"], 0.01)
     check_records(comm, lambda: step(model, optimizer, x, y), model.records(), f"cosmoflow on {cfg['grid']}",
                   ordered=False)
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(folder)
+
+
+# -- a residual block as the first layer ------------------------------------------------------------------
+def residual_first(shortcut=None):
+    """A model of volumes that opens with a residual block (docs/volumes.md): the loader reads each
+    rank's block on the block's input grid, and the body's first conv and the shortcut start there."""
+    block = {"type": "residual", "layers": [{"type": "conv", "out": 4 if shortcut else 2, "kernel": 3, "padding": 1},
+                                            {"type": "relu"}]}
+    if shortcut:
+        block["shortcut"] = shortcut
+    return {"name": "residual-first", "dims": 3, "loss": "mse", "in_channels": 2,
+            "layers": [block, {"type": "gap"}, {"type": "linear", "out": datasets.VOLUME_TARGETS}]}
+
+
+PROJECTION = [{"type": "conv", "out": 4, "kernel": 1}, {"type": "batchnorm"}]
+
+
+@mpi_test(sizes=(4,), timeout=240)
+def test_a_residual_block_first_trains_as_the_serial_model_and_resumes_exactly():
+    """Identity shortcut on a spatial split (depth x height), projection shortcut on a channel split
+    (channel x width), and the projection model as planned for a batch of 1 (``refconv plan``'s
+    file, which puts the block's input on the planned grid, one of no sample split): the losses
+    agree with the one-rank replay, and the projection run, checkpointed after 3 steps and
+    resumed, continues bit for bit."""
+    folder = comm.bcast(tempfile.mkdtemp() if comm.rank == 0 else None, root=0)
+    for spec, grid in ((residual_first(), {"depth": 2, "height": 2}),
+                       (residual_first(PROJECTION), {"channel": 2, "width": 2})):
+        cfg = dict(model=spec, synthetic=True, synthetic_samples=8, image_size=6, batch_size=4, epochs=2, lr=0.05,
+                   dtype="float64", backend="numpy", progress=False, seed=1, grid=grid)
+        whole = train(TrainConfig(**cfg, check_serial=4), log=quiet)
+        assert_all_ranks(comm, whole["serial_check"] is not None and whole["serial_check"] <= 1e-6,
+                         f"{grid}: check-serial {whole['serial_check']}")
+    first = train(TrainConfig(**cfg, max_steps=3, checkpoint_dir=folder, checkpoint_every=3), log=quiet)
+    rest = train(TrainConfig(**cfg, checkpoint_dir=folder, resume=True), log=quiet)
+    assert_all_ranks(comm, first["losses"] + rest["losses"] == whole["losses"],
+                     f"{grid}: resumed {first['losses']} + {rest['losses']} != {whole['losses']}")
+    # planned for a batch of 1 (no sample split): the written file puts the input on the planned grid
+    _, plan = search.plan_model(cfg["model"], (1, 2, 6, 6, 6), comm.size, machine.load("dev-cpu"))
+    cfg.update(model=search.to_spec(cfg["model"], plan), batch_size=1, epochs=1, max_steps=2, grid=None)
+    planned = train(TrainConfig(**cfg, check_serial=2), log=quiet)
+    assert_all_ranks(comm, planned["serial_check"] is not None and planned["serial_check"] <= 1e-6,
+                     f"planned {plan.input_grid}: check-serial {planned['serial_check']}")
+    # the input's grid splits samples, its body's conv does not: the batch must fill the input's grid
+    spec = dict(residual_first(), defaults={"grid": {"sample": comm.size}})
+    spec["layers"][0]["layers"][0]["grid"] = spec["layers"][-1]["grid"] = {"depth": comm.size}
+    with pytest.raises(OptionError, match=f"2 samples cannot be split over the sample={comm.size} ranks of "
+                                          f"the grid the input lies on"):
+        train(TrainConfig(**dict(cfg, model=spec, batch_size=2, max_steps=1, image_size=8)), log=quiet)
     comm.Barrier()
     if comm.rank == 0:
         shutil.rmtree(folder)
