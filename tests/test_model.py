@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from refconv import datasets, reference as ref
+from refconv.layers.container import entry_name
 from refconv.model import Model
 from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
@@ -196,6 +197,14 @@ def test_bind_error_names_the_layer():
                                                           {"type": "linear", "out": 2}]}, backend="numpy")
     with pytest.raises(ValueError, match="layer 0"):
         model.bind((2, 1, 2, 2))
+
+
+def test_a_bind_error_of_a_redistribution_names_the_layer_it_leads_to():
+    """A Redistribute has no name (``None`` in the chain's names): its error names the next layer."""
+    names = [None, "0", None, "1", None]
+    assert [entry_name(names, at) for at in range(5)] == [
+        "the redistribution before layer 0", "layer 0", "the redistribution before layer 1", "layer 1",
+        "the redistribution at the end of the block"]
 
 
 @pytest.mark.parametrize("name, params", [("digits-cnn", 28970), ("resnet50", 25557032),

@@ -45,6 +45,16 @@ def _dtype(node):
     return first_layer(node).dtype
 
 
+def entry_name(names, at):
+    """How an error names entry ``at`` of a chain whose layers are called ``names``: ``layer <name>``,
+    or for a Redistribute (named ``None``) the layer it leads to."""
+    if names[at] is not None:
+        return f"layer {names[at]}"
+    following = next((n for n in names[at + 1:] if n is not None), None)
+    return (f"the redistribution before layer {following}" if following is not None
+            else "the redistribution at the end of the block")
+
+
 class Sequential:
     """Layers run one after the other; a Redistribute is inserted wherever the grid changes.
 
@@ -76,11 +86,11 @@ class Sequential:
     def bind(self, input_shape):
         shape = checks.activation_shape(input_shape, "input_shape")
         self._input_shape = shape
-        for name, layer in zip(self.names, self.layers):
+        for at, (name, layer) in enumerate(zip(self.names, self.layers)):
             try:
                 layer.bind(shape)
             except ValueError as exc:
-                raise ValueError(f"layer {name}: {exc}") from None
+                raise ValueError(f"{entry_name(self.names, at)}: {exc}") from None
             shape = layer.output_shape
         self._output_shape = shape
         return self
