@@ -262,6 +262,19 @@ def test_written_spec_of_a_model_opening_with_a_block_puts_its_input_on_the_plan
         {"grid": {"sample": 2}}  # a model opening with a stage: its input lies on that stage's own grid
 
 
+def test_the_table_shows_a_leading_blocks_input_grid_where_it_is_not_the_first_rows():
+    """``refconv plan`` prints an ``input`` row with the grid a leading block's input lies on (the
+    written plan's defaults.grid) when that is not the first row's grid, and no such row otherwise."""
+    planner, plan = search.plan_model(RESIDUAL_FIRST, (2, 2, 8, 8), 4, V100)
+    first = plan.rows[0].cost.grid
+    other = next(g for g in planner.grids if g != first)
+    moved = planner.evaluate(plan.choices, other)
+    assert moved.input_grid == other
+    lines = report.table(moved).splitlines()
+    assert lines[1].split() == ["input", search.strategy_label(other)]
+    assert any(line.startswith("input ") for line in report.table(plan).splitlines()) == (plan.input_grid != first)
+
+
 def test_resnet50_plans_at_64_ranks_quickly_and_beats_sample_parallelism():
 
     planner, plan = search.plan_model(load_spec("resnet50"), (256, 3, 224, 224), 64, V100)

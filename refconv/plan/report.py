@@ -23,6 +23,9 @@ def table(plan):
                      f"{_ms(c.fwd + c.bwd):>8s} " + " ".join(f"{_ms(t):>9s}" for t in comm)
                      + f" {c.memory / 2**20:8.1f}")
     comm = [plan.comm(k) + (plan.grad_seconds if k == "allreduce" else 0.0) for k in KINDS]
+    if plan.input_grid is not None and plan.rows and plan.input_grid != plan.rows[0].cost.grid:
+        # only a model that opens with a block: its input lies on a grid of its own (the plan's defaults.grid)
+        lines.insert(1, f"{'input':16s} {'':9s} {strategy_label(plan.input_grid):22s}")
     lines.append(f"{'total':16s} {'':9s} {'':22s} {_ms(plan.compute_seconds):>8s} "
                  + " ".join(f"{_ms(t):>9s}" for t in comm) + f" {plan.memory / 2**20:8.1f}")
     return "\n".join(lines)
