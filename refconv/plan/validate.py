@@ -13,6 +13,9 @@
    than one strategy whether the model's first choice is the measured fastest
    (the strict pick rate, the headline) and whether its min..max range overlaps
    the fastest's (the pick is within the noise of the best).
+   For a model of volumes (``--model cosmoflow``) the layers are four of volumes
+   instead (VOLUMES), each a ``DistConv3d`` on grids of five axes, and the
+   strategies at 2 and 4 ranks add a depth split beside the height split.
 2. A model: ``refconv plan``'s plan of a small wide CNN (batch 4, one sample per
    rank at 4 ranks: the strong-scaling regime) on all ranks against the same model
    purely sample-parallel, their training steps timed alternately.  ``--model``
@@ -45,14 +48,15 @@ from refconv.backend import get_backend
 from refconv.grid import axes_of
 from refconv.bench.common import time_ranks
 from refconv.bench.timing import Span, ratio
-from refconv.layers import DistConv2d
+from refconv.layers import DistConv2d, DistConv3d
 from refconv.model import Model
 from refconv.optim import SGD
 from refconv.plan import calibrate
 from refconv.pricing import graph, machine as machine_mod, perf, search
 from refconv.train import load_model_spec, step
 
-# name: (N, C, F, H, K)
+# name: (N, C, F, S, K): batch, channels, filters, the side of the S x S images (S x S x S volumes in
+# VOLUMES) and of the K x K (K x K x K) kernel, padded to keep the size
 LAYERS = {
     "narrow 3x3": (8, 16, 16, 16, 3),
     "narrow 3x3 large": (8, 32, 32, 32, 3),   # a large image: halos are cheap beside the compute
@@ -61,6 +65,14 @@ LAYERS = {
     "wide 3x3": (8, 128, 128, 8, 3),
     "wide 1x1": (8, 256, 256, 8, 1),
 }
+VOLUMES = {  # the layers of a model of volumes (DistConv3d); a batch of 4, one sample per rank at 4
+    "narrow 3x3x3": (4, 16, 16, 12, 3),
+    "cosmo 4-16 3x3x3": (4, 4, 16, 16, 3),    # cosmoflow's first conv on 16^3: four input channels, a large volume
+    "wide 3x3x3": (4, 64, 64, 6, 3),          # a small volume: depth and height split only 2 ways
+    "wide 1x1x1": (4, 128, 128, 8, 1),        # little compute per byte moved
+}
+CASES = {2: LAYERS, 3: VOLUMES}  # spatial dims -> the layers measured (a model's dims choose: graph.dims_of)
+CONVS = {2: DistConv2d, 3: DistConv3d}
 PAUSE_S = 0.15  # between contenders: the other ranks' BLAS and MPI progress settle
 SETTLE_S = 0.05  # untimed calls after the pause: caches and clock back to a busy core's
 WINDOW_S = 0.02  # each sample: the layer back to back this long, as calibrate times kernels
@@ -115,53 +127,60 @@ class Pick:
         return self.chosen.measured.min <= self.fastest.measured.max
 
 
-def strategies(P):
-    """(label, grid, algorithm, p_f) measured at P ranks."""
+def strategies(P, dims=2):
+    """(label, grid, algorithm, p_f) measured at P ranks, on grids of ``dims`` spatial dims
+    (``axes_of``: a volume's grid has a depth axis, and its depth is split as well as its height)."""
     if P == 1:
-        return [("serial", (1, 1, 1, 1), "stationary-x", None)]
-    out = [("sample", (P, 1, 1, 1), "stationary-x", None), ("height", (1, 1, P, 1), "stationary-x", None),
-           ("X", (1, P, 1, 1), "stationary-x", None), ("Y", (1, P, 1, 1), "stationary-y", None)]
+        out = [("serial", {}, "stationary-x", None)]
+    else:
+        out = [("sample", {"sample": P}, "stationary-x", None)]
+        out += [("depth", {"depth": P}, "stationary-x", None)] if dims == 3 else []
+        out += [("height", {"height": P}, "stationary-x", None), ("X", {"channel": P}, "stationary-x", None),
+                ("Y", {"channel": P}, "stationary-y", None)]
     if P == 4:
-        out += [("W pf=2", (1, 4, 1, 1), "stationary-w", 2), ("sample2 x X", (2, 2, 1, 1), "stationary-x", None)]
-    return out
+        out += [("W pf=2", {"channel": 4}, "stationary-w", 2),
+                ("sample2 x X", {"sample": 2, "channel": 2}, "stationary-x", None)]
+    axes = axes_of(dims + 2)
+    return [(label, tuple(sizes.get(axis, 1) for axis in axes), algorithm, p_f)
+            for label, sizes, algorithm, p_f in out]
 
 
-def conv_layer(N, C, F, H, K):
+def conv_layer(N, C, F, S, K, dims=2):
+    """The graph.Layer of one of LAYERS (``dims=3``: of VOLUMES)."""
     spec = {"type": "conv", "out": F, "kernel": K, "padding": K // 2}
-    shape = (N, C, H, H)
-    return graph.Layer.of(spec, shape)
+    return graph.Layer.of(spec, (N, C) + (S,) * dims)
 
 
-def built_layer(sub, dims, grid_shape, algorithm, p_f):
-    """(grid, a forward + backward callable) of one strategy on the group ``sub``."""
-    N, C, F, H, K = dims
+def built_layer(sub, layer, grid_shape, algorithm, p_f):
+    """(grid, a forward + backward callable) of one strategy of ``layer`` (a conv_layer) on the group ``sub``."""
+    (N, C), F, K = layer.in_shape[:2], layer.spec["out"], layer.spec["kernel"]
     grid = ProcessGrid(sub, **dict(zip(axes_of(grid_shape), grid_shape)))
-    layer = DistConv2d(C, F, K, padding=K // 2, grid=grid, algorithm=algorithm, filter_groups=p_f, backend="numpy",
-                       input_shape=(N, C, H, H))
+    conv = CONVS[len(grid_shape) - 2](C, F, K, padding=K // 2, grid=grid, algorithm=algorithm, filter_groups=p_f,
+                                      backend="numpy", input_shape=layer.in_shape)
     rng = numpy.random.default_rng(0)
-    x = rng.standard_normal(layer.input_distribution.local_shape(grid.rank)).astype(numpy.float32)
-    dy = rng.standard_normal(layer.output_distribution.local_shape(grid.rank)).astype(numpy.float32)
+    x = rng.standard_normal(conv.input_distribution.local_shape(grid.rank)).astype(numpy.float32)
+    dy = rng.standard_normal(conv.output_distribution.local_shape(grid.rank)).astype(numpy.float32)
 
     def run():
-        layer.forward(x)
-        layer.backward(dy)
+        conv.forward(x)
+        conv.backward(dy)
 
     run()  # warm-up
     return grid, run
 
 
-def layer_rows(world, machine, repeats, layers=LAYERS):
-    """[Row] for P in 1, 2, 4 (as the world allows)."""
+def layer_rows(world, machine, repeats, layers=LAYERS, dims=2):
+    """[Row] for P in 1, 2, 4 (as the world allows) of ``layers`` (LAYERS, or VOLUMES with ``dims=3``)."""
     rows = []
     for P in (1, 2, 4):
         if P > world.Get_size() or world.Get_size() % P:
             continue
         groups = ProcessGrid(world, sample=world.Get_size() // P, channel=P)
         sub = groups.channel_comm  # P consecutive ranks; world/P such groups measure at once
-        for name, dims in layers.items():
-            layer = conv_layer(*dims)
-            chosen = [s for s in strategies(P) if perf.feasible(layer, s[1])]
-            built = {s[0]: built_layer(sub, dims, *s[1:]) for s in chosen}
+        for name, case in layers.items():
+            layer = conv_layer(*case, dims=dims)
+            chosen = [s for s in strategies(P, dims) if perf.feasible(layer, s[1])]
+            built = {s[0]: built_layer(sub, layer, *s[1:]) for s in chosen}
             measured = time_ranks(world, {label: run for label, (_, run) in built.items()}, repeats, 0, PAUSE_S,
                                   window=WINDOW_S, settle=SETTLE_S)
             for label, grid_shape, algorithm, p_f in chosen:
@@ -173,12 +192,12 @@ def layer_rows(world, machine, repeats, layers=LAYERS):
     return rows
 
 
-def reprice(rows, machine, layers=LAYERS):
+def reprice(rows, machine, layers=LAYERS, dims=2):
     """``rows`` with the same measurements, priced with ``machine``."""
     out = []
     for r in rows:
-        _, grid_shape, algorithm, p_f = next(s for s in strategies(r.P) if s[0] == r.label)
-        cost = perf.layer_cost(conv_layer(*layers[r.layer]), grid_shape, machine, algorithm, p_f)
+        _, grid_shape, algorithm, p_f = next(s for s in strategies(r.P, dims) if s[0] == r.label)
+        cost = perf.layer_cost(conv_layer(*layers[r.layer], dims=dims), grid_shape, machine, algorithm, p_f)
         out.append(dataclasses.replace(r, cost=cost))
     return out
 
@@ -196,7 +215,7 @@ def model_input(spec, batch=4, image=8):
     return x, rng.integers(0, K, batch)
 
 
-def priced_everywhere(machine, world_size, layers=LAYERS, spec=MODEL):
+def priced_everywhere(machine, world_size, layers=LAYERS, spec=MODEL, dims=2):
     """The local conv shapes this validation prices: each layer's strategies at 1, 2 and 4
     ranks (those ``world_size`` measures), and the planner's whole search of the model (the
     wide CNN) on ``world_size`` ranks."""
@@ -205,9 +224,9 @@ def priced_everywhere(machine, world_size, layers=LAYERS, spec=MODEL):
         for P in (1, 2, 4):
             if P > world_size or world_size % P:  # layer_rows measures no such P
                 continue
-            for dims in layers.values():
-                layer = conv_layer(*dims)
-                for _, grid_shape, algorithm, p_f in strategies(P):
+            for case in layers.values():
+                layer = conv_layer(*case, dims=dims)
+                for _, grid_shape, algorithm, p_f in strategies(P, dims):
                     if perf.feasible(layer, grid_shape):
                         perf.layer_cost(layer, grid_shape, m, algorithm, p_f)
 
@@ -215,10 +234,10 @@ def priced_everywhere(machine, world_size, layers=LAYERS, spec=MODEL):
             + calibrate.model_shapes(spec, model_input(spec)[0].shape, world_size, machine))
 
 
-def with_table(world, machine, repeats, layers, say, spec=MODEL):
+def with_table(world, machine, repeats, layers, say, spec=MODEL, dims=2):
     """``machine`` with a ``conv_table`` of every shape :func:`priced_everywhere` gives, timed
     here on all ranks at once (refconv calibrate's own timing)."""
-    shapes = list(dict.fromkeys(priced_everywhere(machine, world.Get_size(), layers, spec)))
+    shapes = list(dict.fromkeys(priced_everywhere(machine, world.Get_size(), layers, spec, dims)))
     say(f"conv table: timing {len(shapes)} local shapes on all {world.Get_size()} ranks at once")
     entries = calibrate.measure_conv_table(world, get_backend("numpy"), shapes, repeats, say)
     table = {(op, machine_mod.ConvShape.of_list(e["shape"])): e[op] for e in entries for op in machine_mod.CONV_OPS}
@@ -272,7 +291,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=7, help="measured rounds per layer contender")
     parser.add_argument("--steps", type=int, default=9, help="measured steps per model contender")
     train_config.add_option(parser, "threads")
-    parser.add_argument("--quick", action="store_true", help="the narrow layer once and one step: a smoke test")
+    parser.add_argument("--quick", action="store_true", help="the first (narrow) layer once and one step: a smoke test")
     parser.add_argument("--table", action="store_true", help="first time every local conv shape priced here into "
                                                              "the machine's conv_table, and report the model with "
                                                              "and without it side by side")
@@ -281,7 +300,8 @@ def main(argv=None):
                                     "images or 8x8x8 volumes)")
     args = parser.parse_args(argv)
     spec = MODEL if args.model is None else load_model_spec(args.model)
-    layers = {"narrow 3x3": LAYERS["narrow 3x3"]} if args.quick else LAYERS
+    dims = graph.dims_of(spec)  # a model of volumes: its layers are checked on VOLUMES
+    layers = dict(list(CASES[dims].items())[:1]) if args.quick else CASES[dims]
     if args.quick:
         args.repeats, args.steps = 1, 1
     world = MPI.COMM_WORLD
@@ -291,11 +311,11 @@ def main(argv=None):
     say(f"model vs measurement on {world.Get_size()} ranks, machine {machine.name} "
         f"({'measured ' + str(machine.measured) if machine.measured else 'not measured'}), numpy backend, float32; "
         f"{choice.describe()}; load average {os.getloadavg()[0]:.1f} at the start")
-    tabled = with_table(world, machine, 2 if args.quick else 5, layers, say, spec) if args.table else None
-    rows = layer_rows(world, machine, args.repeats, layers)
+    tabled = with_table(world, machine, 2 if args.quick else 5, layers, say, spec, dims) if args.table else None
+    rows = layer_rows(world, machine, args.repeats, layers, dims)
     priced = {"class fit": rows}
     if tabled is not None:
-        priced["with table"] = reprice(rows, tabled, layers)
+        priced["with table"] = reprice(rows, tabled, layers, dims)
     report_layers(say, priced)
     chosen = picks(rows)
     result = {"rows": rows, "picks": chosen, "errors": [abs(r.error) for r in rows]}
