@@ -56,6 +56,48 @@ def test_a_3d_conv_is_priced_as_its_gemm_by_hand():
     assert set(cost.comm) == {"halo"} and cost.comm["halo"] < 1e-20 and cost.grad == 0.0  # priced, here free
 
 
+def test_a_machines_kxkxk_class_prices_the_3d_kernels_and_only_them():
+    """The optional ``kxkxk`` class (refconv calibrate fits it on 3x3x3 volumes) prices a 3x3x3
+    conv's three passes; a 1x1x1 kernel stays ``1x1``'s and a 2-D 3x3 ``kxk``'s, and a file
+    without the class (the datasheet ones) prices the 3x3x3 passes by ``kxk``.  Rates by hand:
+    1x1 at 1e10, kxk at 2e10, kxkxk at 5e9 FLOP/s, no t0, nothing else costs."""
+    doc = machine_doc()
+    for scope in ("intra", "inter"):
+        doc["collectives"][scope] = {k: {"alpha": 0.0, "beta": 0.0} for k in machine.KINDS}
+    doc["compute"] = {op: ({"1x1": {"t0": 0.0, "rate": 1e10}, "kxk": {"t0": 0.0, "rate": 2e10}}
+                           if op.startswith("conv") else {"t0": 0.0, "rate": 1e30}) for op in machine.COMPUTE}
+    plain = machine.from_dict(doc)
+    for op in machine.CONV_OPS:
+        doc["compute"][op][machine.VOLUME_CLASS] = {"t0": 0.0, "rate": 5e9}
+    volumes = machine.from_dict(doc)
+
+    def passes(m, kernel, shape):
+        cost = perf.layer_cost(graph.Layer.of({"type": "conv", "out": 8, "kernel": kernel, "padding": kernel // 2},
+                                              shape), (1,) * len(shape), m, "stationary-x")
+        return cost.fwd + cost.bwd
+
+    gemm = 2 * 8 * 4 * 1024  # 2 F C (n d h w) FLOPs per tap of one pass: 1024 = 2 x 8^3 voxels = 1 x 32^2 pixels
+    assert passes(volumes, 3, (2, 4, 8, 8, 8)) == pytest.approx(3 * 27 * gemm / 5e9)
+    assert passes(plain, 3, (2, 4, 8, 8, 8)) == pytest.approx(3 * 27 * gemm / 2e10)
+    assert passes(volumes, 1, (2, 4, 8, 8, 8)) == pytest.approx(3 * gemm / 1e10)
+    assert passes(volumes, 3, (1, 4, 32, 32)) == passes(plain, 3, (1, 4, 32, 32)) == pytest.approx(
+        3 * 9 * gemm / 2e10)
+    doc["compute"]["conv_fwd"]["kxkxkxk"] = {"t0": 0.0, "rate": 1e9}
+    with pytest.raises(machine.MachineError, match=r"compute.conv_fwd: expected classes \('1x1', 'kxk'\) "
+                                                   r"\(and optionally 'kxkxk'\)"):
+        machine.from_dict(doc)
+
+
+def test_global_average_pooling_is_planned_on_no_more_spatial_ranks_than_its_input_has_rows():
+    """cosmoflow's gap on 8^3 input volumes sees 2 x 2 x 2: a grid splitting width 4 ways would leave
+    ranks an empty block, and the shuffle onto it refuses to bind (a plan priced from a conv table
+    chose one at 4 ranks: ``python -m refconv.plan.validate --model cosmoflow --table``)."""
+    gap = graph.Layer.of({"type": "gap"}, (4, 64, 2, 2, 2))
+    assert [g for g in perf.grids(4, 5) if perf.feasible(gap, g)] == [
+        g for g in perf.grids(4, 5) if max(g[2:]) <= 2]
+    assert not perf.feasible(gap, (1, 1, 1, 1, 4)) and perf.feasible(gap, (1, 1, 2, 1, 2))
+
+
 def test_a_tall_volume_is_split_along_depth_with_channel_algorithms_per_layer():
     """cosmoflow on one 128 x 16 x 16 volume over 8 ranks of the V100 machine: the first conv
     splits depth (its 16 x 16 planes are too small to split more) with channels, and the plan

@@ -20,7 +20,7 @@ overlapped step hides that share of each weight-gradient allreduce.
 
 Compute: the backend's kernels (the ones training uses) are timed on every rank
 at once on a sweep of local shapes, and ``time = t0 + work / rate`` is fitted per
-shape class (1x1 and KxK convolutions; batch norm, pooling, ReLU and packing per
+shape class (1x1 and KxK convolutions, and KxKxK ones of volumes apart; batch norm, pooling, ReLU and packing per
 byte; and ``layer``: a one-rank ``DistConv2d`` forward + backward less its fitted
 kernels, per byte of its input and output).  The fit is always there because the planner
 prices local shapes nobody measured (ResNet-50 split 1024 ways has hundreds), and because
@@ -257,19 +257,32 @@ def conv_shapes(quick):
     return out
 
 
+def volume_shapes(quick):
+    """(N, C, F, S, 3): local 3x3x3 convolutions of S x S x S volumes, the sweep of the
+    ``kxkxk`` class (F from C/4 to 4C, as :func:`conv_shapes`)."""
+    if quick:
+        return [(2, 4, 4, 6, 3), (2, 8, 8, 6, 3), (2, 8, 2, 6, 3)]
+    return [(N, C, F, S, 3) for N, C, F, S in ((2, 8, 8, 8), (2, 16, 16, 8), (4, 16, 16, 8), (2, 32, 32, 8),
+                                               (2, 16, 64, 6), (2, 64, 16, 6), (4, 4, 16, 12), (2, 32, 8, 8),
+                                               (2, 64, 64, 4), (1, 16, 16, 12))]
+
+
 def measure_compute(comm, backend, quick):
     rng = numpy.random.default_rng(comm.Get_rank())
     repeats = 2 if quick else 5
-    rows = {op: {"1x1": ([], [], []), "kxk": ([], [], [])} for op in CONV_OPS}  # (FLOPs, columns bytes, seconds)
+    rows = {op: {c: ([], [], []) for c in ("1x1", "kxk", machine_mod.VOLUME_CLASS)}  # (FLOPs, columns bytes, s)
+            for op in CONV_OPS}
     # The sweep's shapes as the algorithms convolve them (a window of the padded input, padding 0),
-    # timed as the conv table is: every (shape, pass) a contender of each round.
-    sweep = conv_shapes(quick)
-    windows = [machine_mod.ConvShape(N, C, F, (H + 2 * (K // 2),) * 2, (K, K)) for N, C, F, H, K in sweep]
-    for (N, C, F, H, K), entry in zip(sweep, measure_conv_table(comm, backend, windows, repeats)):
-        cls = "1x1" if K == 1 else "kxk"
+    # timed as the conv table is: every (shape, pass) a contender of each round.  Images and
+    # volumes: a 3x3x3 kernel's passes are fitted apart (docs/planning.md, "Models of volumes").
+    sweep = [(s, 2) for s in conv_shapes(quick)] + [(s, 3) for s in volume_shapes(quick)]
+    windows = [machine_mod.ConvShape(N, C, F, (H + 2 * (K // 2),) * dims, (K,) * dims)
+               for (N, C, F, H, K), dims in sweep]
+    for ((N, C, F, H, K), dims), entry in zip(sweep, measure_conv_table(comm, backend, windows, repeats)):
+        cls = "1x1" if K == 1 else "kxk" if dims == 2 else machine_mod.VOLUME_CLASS
         for op in CONV_OPS:
-            rows[op][cls][0].append(2 * N * F * H * H * C * K * K)  # FLOPs
-            rows[op][cls][1].append(N * H * H * C * K * K * 4)  # bytes of im2col columns
+            rows[op][cls][0].append(2 * N * F * C * (H * K) ** dims)  # FLOPs
+            rows[op][cls][1].append(N * C * (H * K) ** dims * 4)  # bytes of im2col columns
             rows[op][cls][2].append(entry[op])
     sizes = [(2, 8, 16), (4, 16, 16)] if quick else [(2, 16, 16), (4, 32, 16), (8, 32, 32), (8, 64, 32)]
     bw = {op: ([], []) for op in ("batchnorm", "pool", "elementwise", "pack")}  # and "layer", below

@@ -15,6 +15,7 @@ A machine file is YAML (see docs/planning.md and the files in
         allreduce: {table: {2: [alpha, beta], 4: [alpha, beta]}}   # measured per size q
     compute:
       conv_fwd: {1x1: {t0: 1.0e-5, rate: 1.0e13}, kxk: {t0: 1.0e-5, rate: 1.2e13, bw: 5.0e11}}
+                                    # optional third class kxkxk: a 3-D KxKxK kernel (else priced by kxk)
       conv_bwd_data: ...
       conv_bwd_filter: ...
       batchnorm: {t0: 1.0e-5, rate: 4.0e11}            # bytes of the local input per second
@@ -46,8 +47,10 @@ measured one scaled by the ring schedule.  A local kernel costs
 ``t0 + work / rate`` (work: FLOPs for convolutions, bytes of the local input for
 the bandwidth-bound layers), and for a convolution class with ``bw`` also
 ``columns / bw`` (the bytes of its im2col columns).  A 3-D convolution pass is the same GEMM, ``F x (C/groups
-Kd Kh Kw) x (n D' H' W')`` on its im2col columns, so it is priced by the same class fits (``1x1``
-for a 1x1x1 kernel) on its FLOPs and columns, and its measured shapes key the table as 16 ints.
+Kd Kh Kw) x (n D' H' W')`` on its im2col columns, priced on its FLOPs and columns by the class
+``kxkxk`` where the file has it (optional: ``refconv calibrate`` measures it, as the 27 taps of a
+3x3x3 kernel's columns cost more to gather and scatter than a 2-D kernel's of the same bytes),
+else by ``kxk``; a 1x1x1 kernel by ``1x1``.  Its measured shapes key the table as 16 ints.
 ``layer`` is what every layer costs besides its
 kernels (the framework's per-call overhead, argument checks, the window copy and
 bias), per byte of its local input and output.
@@ -73,6 +76,7 @@ from refconv.algorithms.base import Call
 KINDS = collectives.KINDS[:5]  # what a machine file prices: the kinds training moves data with
 COMPUTE = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter", "batchnorm", "pool", "elementwise", "pack", "layer")
 CONV_CLASSES = ("1x1", "kxk")
+VOLUME_CLASS = "kxkxk"  # optional: a KxKxK kernel's 3-D passes; a file without it prices them by "kxk"
 CONV_OPS = ("conv_fwd", "conv_bwd_data", "conv_bwd_filter")
 MACHINES_DIR = os.path.join(os.path.dirname(__file__), "machines")
 DEFAULT_MACHINE = "v100-edr"
@@ -186,7 +190,7 @@ class Machine:
     measured: object  # False, or the date of the calibration run
     ranks_per_node: int
     links: dict  # {"intra"|"inter": {kind: Link}}
-    compute: dict  # {"conv_fwd": {"1x1": Rate, "kxk": Rate}, "batchnorm": Rate, ...}
+    compute: dict  # {"conv_fwd": {"1x1": Rate, "kxk": Rate[, "kxkxk": Rate]}, "batchnorm": Rate, ...}
     path: str = None
     conv_table: dict = dataclasses.field(default_factory=dict)  # {(op, ConvShape): seconds}, measured
     overlap: float = 1.0  # the share of a gradient allreduce this machine hides behind compute (calibrate)
@@ -194,13 +198,17 @@ class Machine:
     def comm_seconds(self, kind, q, nbytes, messages=0, *, intra=True):
         return self.links["intra" if intra else "inter"][kind].seconds(kind, q, nbytes, messages)
 
-    def conv_seconds(self, op, kernel_area, flops, columns=0, shape=None):
+    def conv_seconds(self, op, kernel_area, flops, columns=0, shape=None, dims=2):
         """Seconds of one local convolution pass: the table's where it has ``shape`` (a
-        :class:`ConvShape`), else the class fit on its FLOPs and im2col ``columns``."""
+        :class:`ConvShape`), else the class fit on its FLOPs and im2col ``columns``: ``1x1``
+        for a kernel of one tap (1x1x1 too), ``kxkxk`` for a larger one in ``dims=3`` where the
+        file has that class, else ``kxk``."""
         measured = self.conv_table.get((op, shape)) if shape is not None else None
         if measured is not None:
             return measured
-        return self.compute[op]["1x1" if kernel_area == 1 else "kxk"].seconds(flops, columns)
+        classes = self.compute[op]
+        cls = "1x1" if kernel_area == 1 else VOLUME_CLASS if dims == 3 and VOLUME_CLASS in classes else "kxk"
+        return classes[cls].seconds(flops, columns)
 
     def local_seconds(self, op, nbytes):
         return self.compute[op].seconds(nbytes)
@@ -275,9 +283,10 @@ def from_dict(doc, path="<dict>"):
             raise MachineError(f"machine file {path}: compute: missing {op!r}")
         spec = doc["compute"][op]
         if op.startswith("conv"):
-            if not isinstance(spec, dict) or set(spec) != set(CONV_CLASSES):
-                raise MachineError(f"machine file {path}: compute.{op}: expected classes {CONV_CLASSES}, got {spec!r}")
-            compute[op] = {c: _rate(spec[c], f"compute.{op}.{c}", path, allow_bw=True) for c in CONV_CLASSES}
+            if not isinstance(spec, dict) or set(spec) - {VOLUME_CLASS} != set(CONV_CLASSES):
+                raise MachineError(f"machine file {path}: compute.{op}: expected classes {CONV_CLASSES} "
+                                   f"(and optionally {VOLUME_CLASS!r}), got {spec!r}")
+            compute[op] = {c: _rate(spec[c], f"compute.{op}.{c}", path, allow_bw=True) for c in spec}
         else:
             compute[op] = _rate(spec, f"compute.{op}", path)
     table = _conv_table(doc["compute"].get("conv_table", []), path)

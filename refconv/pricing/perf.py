@@ -131,8 +131,10 @@ def feasible(layer, grid):
             candidates(P_c, spec["groups"], (C, F))
         except ValueError:
             return False
-    if layer.kind in ("gap", "linear"):
+    if layer.kind == "linear":
         return True
+    if layer.kind == "gap":  # every rank needs a block of the input: a 2 x 2 x 2 volume splits at most 2 ways
+        return all(p <= L for p, L in zip(grid[SPATIAL:], layer.in_shape[2:]))
     dims = _dims(layer)
     kernel = spatial_tuple(spec.get("kernel", 1) if layer.kind in ("conv", "maxpool", "avgpool") else 1, dims)
     for p, L, Lo, K in zip(grid[SPATIAL:], layer.in_shape[2:], layer.out_shape[2:], kernel):
@@ -292,7 +294,8 @@ def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
         flops = 2 * pixels * shard
         columns = pixels * C_cols * area * ITEMSIZE  # the im2col matrix of the local conv
         shape = local_conv_shape(layer, grid, F_rows, C_cols)  # for a machine's measured table
-        passes = [machine.conv_seconds(op, area, flops, columns, shape) for op in CONV_OPS]  # fwd, data, filter
+        passes = [machine.conv_seconds(op, area, flops, columns, shape, _dims(layer))  # fwd, data, filter
+                  for op in CONV_OPS]
         cost.fwd, cost.bwd = passes[0], passes[1] + passes[2]
         halos = [call_seconds(c, grid, machine) for c in calls if c.kind == "halo"]  # the exchange, the return
         if halos:

@@ -109,6 +109,28 @@ def test_quick_validation_measures_every_strategy_at_1_and_2_ranks():
 
 
 @mpi_test(sizes=(2,), timeout=60)
+def test_validation_of_3d_layers_measures_and_prices_every_strategy():
+    """The per-layer part for a model of volumes (``--model cosmoflow``): each strategy of two tiny
+    DistConv3d layers at 1 and 2 ranks (a depth split among them), on grids of five axes, measured
+    and priced, and the report prints a row for each and the summary (no timing is compared)."""
+    layers = {"tiny 3x3x3": (2, 2, 4, 6, 3), "tiny 1x1x1": (2, 4, 4, 4, 1)}
+    rows = validate.layer_rows(comm, machine.load("dev-cpu"), 1, layers, dims=3)
+    expected = [(name, P, label) for P in (1, 2) for name in layers for label, *_ in validate.strategies(P, 3)]
+    lines = []
+    validate.report_layers(lines.append, {"class fit": rows})
+    table = [line.split()[:3] for line in lines if line.startswith("tiny")]
+    assert_all_ranks(comm, [(r.layer, r.P, r.label) for r in rows] == expected
+                     and {r.label for r in rows} == {"serial", "sample", "depth", "height", "X", "Y"}
+                     and all(len(r.cost.grid) == 5 and r.cost.fwd > 0 and r.cost.bwd > 0 and r.predicted > 0
+                             and len(r.measured.values) == 1 and r.measured.min > 0 for r in rows)
+                     and all((r.cost.comm.get("halo", 0) > 0) == (r.label in ("depth", "height")) for r in rows
+                             if r.layer == "tiny 3x3x3")
+                     and table == [[r.layer.split()[0], r.layer.split()[1], str(r.P)] for r in rows]
+                     and [(p.layer, p.P) for p in validate.picks(rows)] == [(name, 2) for name in layers]
+                     and any(line.lstrip().startswith("pick rate, STRICT") for line in lines), f"{rows} {lines}")
+
+
+@mpi_test(sizes=(2,), timeout=60)
 def test_a_models_machine_reaches_its_auto_convs():
     """``defaults.machine`` (``refconv train --machine``) is what the model's 'auto' convs on a
     channel split price with: their estimates are that machine's, and differ between machines."""
