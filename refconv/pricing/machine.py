@@ -48,8 +48,8 @@ measured one scaled by the ring schedule.  A local kernel costs
 the bandwidth-bound layers), and for a convolution class with ``bw`` also
 ``columns / bw`` (the bytes of its im2col columns).  A 3-D convolution pass is the same GEMM, ``F x (C/groups
 Kd Kh Kw) x (n D' H' W')`` on its im2col columns, priced on its FLOPs and columns by the class
-``kxkxk`` where the file has it (optional: ``refconv calibrate`` measures it, as the 27 taps of a
-3x3x3 kernel's columns cost more to gather and scatter than a 2-D kernel's of the same bytes),
+``kxkxk`` where the file has it (optional; ``refconv calibrate`` measures it, as a 3x3x3 pass
+measured 1.3-2.9x slower than a 2-D pass of the same FLOPs and columns: docs/planning.md),
 else by ``kxk``; a 1x1x1 kernel by ``1x1``.  Its measured shapes key the table as 16 ints.
 ``layer`` is what every layer costs besides its
 kernels (the framework's per-call overhead, argument checks, the window copy and
