@@ -8,13 +8,22 @@ from hypothesis import given, settings, strategies as st
 from conv_checks import assert_gradients_match_finite_differences, assert_vectorised_matches_loops
 from finite_differences import check_gradient
 from refconv import reference as ref
+from refconv.reference import conv3d
 from refconv.testing.strategies import PADDING_MODES, conv3d_problems
 
 
+@pytest.mark.parametrize("per_sample_from", [1, None], ids=["per-sample", "whole-batch"])
 @settings(max_examples=40, deadline=None)
 @given(conv3d_problems(dtypes=("float64", "float32"), padding_strings=True, padding_modes=PADDING_MODES))
-def test_vectorised_matches_loops(problem):
-    assert_vectorised_matches_loops(problem, 3)
+def test_vectorised_matches_loops(per_sample_from, problem):
+    """Both ways forward and backward-data multiply (``conv3d.PER_SAMPLE_MIN_VOXELS``): sample by
+    sample for every output, and the whole batch in one product for every output."""
+    rule = conv3d.PER_SAMPLE_MIN_VOXELS
+    conv3d.PER_SAMPLE_MIN_VOXELS = per_sample_from or float("inf")
+    try:
+        assert_vectorised_matches_loops(problem, 3)
+    finally:
+        conv3d.PER_SAMPLE_MIN_VOXELS = rule
 
 
 @settings(max_examples=15, deadline=None)

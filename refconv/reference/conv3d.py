@@ -13,14 +13,16 @@ offset ``(a, i, j)``.  Per sample and group they are one ``(Cg Kd Kh Kw, Do Ho W
     backward-data    dcols[n, g] = w[g].T @ dy[n, g]       then col2vol (scatter-add of slices)
     backward-filter  dw[g]       = dy[g] @ cols[g].T       (Fg x N DoHoWo) @ (N DoHoWo x CgKKK)
 
-Forward and backward-data take the columns sample-major, ``(N, C, Kd, Kh, Kw, Do, Ho, Wo)``:
-``y`` and ``dx`` then come out of the products in their own layout, and a volume is
-large enough that one product per sample is an efficient GEMM.  (The 2-D reference
-stores them channel-major for one product over all samples, and moves ``y`` with a
-transposed copy; for volumes that copy, of a fresh array, cost as much as the product.)
-Backward-filter sums over the samples, so it takes them channel-major,
-``(C, Kd, Kh, Kw, N, Do, Ho, Wo)``, and contracts every sample and voxel in one product,
-without per-sample partial gradients.
+Forward and backward-data take the columns sample-major, ``(N, C, Kd, Kh, Kw, Do, Ho, Wo)``,
+when a sample's output has at least ``PER_SAMPLE_MIN_VOXELS`` voxels: ``y`` and ``dx`` then
+come out of the products in their own layout, and such a volume is large enough that one
+product per sample is an efficient GEMM.  (Moving a large ``y`` with a transposed copy, as
+the 2-D reference does, cost as much as the product.)  A smaller output per sample (the deep
+layers of a CosmoFlow-style model, or a rank's block of a volume split many ways) makes a
+product per sample a thin GEMM, so there they take the columns channel-major, as
+backward-filter always does: ``(C, Kd, Kh, Kw, N, Do, Ho, Wo)``, one product over every
+sample, and a transposed copy of the small ``y``.  Backward-filter sums over the samples, so
+it contracts every sample and voxel in one product, without per-sample partial gradients.
 
 Which rows of the output read inside the volume through each offset is the 2-D
 reference's ``_taps``, one call per axis; large columns go into the 2-D reference's
@@ -34,6 +36,19 @@ from refconv import checks
 from refconv.reference import padding as padding_modes
 # One source of truth for the tap arithmetic and the reusable columns buffer: the 2-D module's.
 from refconv.reference.conv import _taps, _workspace
+
+
+# A sample's output voxels from which one product per sample beats one product over the batch.
+# 2026-12-02, batch 4, 2 threads, 3x3x3, the CosmoFlow layers of refconv.bench.apart, both ways
+# alternated in one process (a one-off script): at 4^3 and 2^3 voxels the product over the batch
+# made forward 7% and 23% faster and backward-data 9% and 43%; at 8^3 they tied; at 16^3 and
+# 32^3 one product per sample was 3-15% faster.
+PER_SAMPLE_MIN_VOXELS = 512
+
+
+def _per_sample(out):
+    """Whether forward and backward-data multiply sample by sample (large outputs) or the whole batch at once."""
+    return out[0] * out[1] * out[2] >= PER_SAMPLE_MIN_VOXELS
 
 
 def _pointwise(kernel, stride, padding):
@@ -101,7 +116,8 @@ def col2vol(cols, x_shape, stride, padding, dilation):
 
 
 def _grouped_columns(x, w_shape, stride, padding, dilation, groups, out):
-    """The columns backward-filter multiplies, channel-major ``(G, Cg Kd Kh Kw, N Do Ho Wo)``, in the workspace."""
+    """Channel-major columns ``(G, Cg Kd Kh Kw, N Do Ho Wo)``, in the workspace: what backward-filter
+    multiplies, and forward where a sample's output is small (:func:`_per_sample`)."""
     N, C = x.shape[:2]
     F, Cg, Kd, Kh, Kw = w_shape
     shape = (groups, Cg * Kd * Kh * Kw, N * out[0] * out[1] * out[2])
@@ -139,10 +155,14 @@ def conv3d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, p
     if _pointwise((Kd, Kh, Kw), stride, padding):
         y = numpy.matmul(w_g, x.reshape(N, G, Cg, D * H * W))  # (N, G, Fg, D*H*W): w @ x[n], no columns
         y = y.reshape(N, F, *out)
-    else:  # (N, C, Kd, Kh, Kw, Do, Ho, Wo), in the workspace: they die in this call
+    elif _per_sample(out):  # (N, C, Kd, Kh, Kw, Do, Ho, Wo), in the workspace: they die in this call
         cols = _columns(x, (Kd, Kh, Kw), stride, padding, dilation, out, _workspace.array((N, C, Kd, Kh, Kw) + out, x.dtype))
         y = numpy.matmul(w_g, cols.reshape(N, G, Cg * Kd * Kh * Kw, -1))  # (N, G, Fg, Do*Ho*Wo): w[g] @ cols[n, g]
         y = y.reshape(N, F, *out)
+    else:  # a small output per sample: one product over the batch, then y to (N, F, ...)
+        cols = _grouped_columns(x, w.shape, stride, padding, dilation, groups, out)  # (G, CgKKK, N*Do*Ho*Wo)
+        y = numpy.matmul(w_g, cols)  # (G, Fg, N*Do*Ho*Wo): w[g] @ cols[g]
+        y = numpy.ascontiguousarray(y.reshape(F, N, *out).transpose(1, 0, 2, 3, 4))
     if b is not None:
         y += b.reshape(1, F, 1, 1, 1)
     return y
@@ -171,9 +191,13 @@ def conv3d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     if _pointwise((Kd, Kh, Kw), stride, padding):
         dx = numpy.matmul(w_t, dy.reshape(N, G, Fg, D * H * W))  # (N, G, Cg, D*H*W): w.T @ dy[n]
         return dx.reshape(N, C, D, H, W)
-    dcols = _workspace.array((N, G, Cg * Kd * Kh * Kw, out[0] * out[1] * out[2]), dy.dtype)  # dies in this call
-    numpy.matmul(w_t, dy.reshape(N, G, Fg, -1), out=dcols)  # w[g].T @ dy[n, g]
-    return col2vol(dcols.reshape(N, C, Kd, Kh, Kw, *out), x_shape, stride, padding, dilation)
+    if _per_sample(out):
+        dcols = _workspace.array((N, G, Cg * Kd * Kh * Kw, out[0] * out[1] * out[2]), dy.dtype)  # dies in this call
+        numpy.matmul(w_t, dy.reshape(N, G, Fg, -1), out=dcols)  # w[g].T @ dy[n, g]
+        return col2vol(dcols.reshape(N, C, Kd, Kh, Kw, *out), x_shape, stride, padding, dilation)
+    dcols = numpy.matmul(w_t, _to_channel_major(dy, groups))  # (G, CgKKK, N*Do*Ho*Wo): w[g].T @ dy[g], all samples
+    dcols = dcols.reshape(C, Kd, Kh, Kw, N, *out).transpose(4, 0, 1, 2, 3, 5, 6, 7)  # (N, C, Kd, Kh, Kw, Do, Ho, Wo), a view
+    return col2vol(dcols, x_shape, stride, padding, dilation)
 
 
 def conv3d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros"):
