@@ -39,10 +39,11 @@ from refconv.reference.conv import _taps, _workspace
 
 
 # A sample's output voxels from which one product per sample beats one product over the batch.
-# 2026-12-02, batch 4, 2 threads, 3x3x3, the CosmoFlow layers of refconv.bench.apart, both ways
-# alternated in one process (a one-off script): at 4^3 and 2^3 voxels the product over the batch
-# made forward 7% and 23% faster and backward-data 9% and 43%; at 8^3 they tied; at 16^3 and
-# 32^3 one product per sample was 3-15% faster.
+# 2026-12-02 13:30 UTC, batch 4, 2 threads, 3x3x3, the CosmoFlow layers of refconv.bench.apart,
+# both ways alternated in one process with 0.2 s between calls (a one-off script): at 2^3 and 4^3
+# voxels the product over the batch made forward 21% and 8% faster and backward-data 39% and 9%;
+# at 8^3 they tied (within 2%); at 32^3 one product per sample was 13-17% faster, and at 16^3 18%
+# faster in backward-data, 7% slower in forward.
 PER_SAMPLE_MIN_VOXELS = 512
 
 
