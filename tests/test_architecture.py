@@ -36,6 +36,8 @@ MPI_ALLOWED = {
     "refconv/collectives/control.py": "barrier, split and small objects, under the same deadline",
     "refconv/bench/collectives.py": "times raw Allreduce, Reduce_scatter and Allgatherv against the wrappers",
     "refconv/testing/mpirun.py": "the test harness's own barrier between tests, outside the code under test",
+    "refconv/simulated/comm.py": "the simulated ranks' communicator: it implements these calls (behind the collectives)",
+    "refconv/simulated/engine.py": "the simulated ranks' engine: it implements these calls (behind the collectives)",
     "refconv/failure.py": "a leaving rank's 8-byte notices (Isend at exit, one posted Irecv): control, not data, "
                           "sent after training and outside the watchdog, which must not end a rank that is leaving "
                           "(and collectives imports failure)",

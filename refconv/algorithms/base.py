@@ -389,18 +389,31 @@ class Algorithm:
     # -- local compute on this rank's window (no communication) -----------------------
     def conv(self, x_win, w_loc):
         if self.geom.dims == 3:
-            return self.backend.conv3d_forward(x_win, w_loc, **self._local)
-        return self.backend.conv2d_forward(x_win, w_loc, **self._local)
+            y = self.backend.conv3d_forward(x_win, w_loc, **self._local)
+        else:
+            y = self.backend.conv2d_forward(x_win, w_loc, **self._local)
+        self._priced("conv_fwd", x_win.shape, w_loc.shape, y.shape)
+        return y
 
     def conv_data(self, dy, w_loc, x_win_shape):
         if self.geom.dims == 3:
-            return self.backend.conv3d_backward_data(dy, w_loc, x_win_shape, **self._local)
-        return self.backend.conv2d_backward_data(dy, w_loc, x_win_shape, **self._local)
+            dx = self.backend.conv3d_backward_data(dy, w_loc, x_win_shape, **self._local)
+        else:
+            dx = self.backend.conv2d_backward_data(dy, w_loc, x_win_shape, **self._local)
+        self._priced("conv_bwd_data", x_win_shape, w_loc.shape, dy.shape)
+        return dx
 
     def conv_filter(self, x_win, dy, w_shape):
         if self.geom.dims == 3:
-            return self.backend.conv3d_backward_filter(x_win, dy, w_shape, **self._local)
-        return self.backend.conv2d_backward_filter(x_win, dy, w_shape, **self._local)
+            dw = self.backend.conv3d_backward_filter(x_win, dy, w_shape, **self._local)
+        else:
+            dw = self.backend.conv2d_backward_filter(x_win, dy, w_shape, **self._local)
+        self._priced("conv_bwd_filter", x_win.shape, w_shape, dy.shape)
+        return dw
+
+    def _priced(self, op, window, w_shape, y_shape):
+        """On a priced simulated rank, the pass's time on the logical clock (refconv.simulated.clock)."""
+        collectives.priced("conv", op, window, w_shape, y_shape, self.geom.stride, self.geom.dilation, self.geom.groups)
 
     def add_bias(self, y_loc, b_loc):
         if b_loc is None:

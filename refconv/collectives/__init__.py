@@ -9,7 +9,9 @@ module         what it holds
 ``ops``        the operations, one implementation each, with the table of what each moves
 ``requests``   the calls in flight: ``Request`` (``wait``, ``test``) and ``progress``
 ``control``    calls that move no recorded data: barrier, split, small objects, node layout
-``recording``  ``stats``: exact counts of the calls made (kind, ranks, elements, bytes)
+``recording``  ``CommStats``: exact counts of the calls made (kind, ranks, elements, bytes)
+``local``      what is kept per rank (``stats``, the calls in flight, the fault): the process's,
+               or a simulated rank's (:mod:`refconv.simulated`)
 ``watchdog``   the collective deadline (``set_timeout``, ``timeout``, ``REFCONV_TIMEOUT``)
 ``faults``     fault injection for tests (``REFCONV_FAULT``, read when first needed)
 ``staging``    host staging of device buffers, and the MPI datatypes of split blocks
@@ -23,7 +25,8 @@ from refconv.collectives.control import allgather_object, barrier, bcast_object,
 from refconv.collectives.faults import FaultInjected, fault_point, set_fault
 from refconv.collectives.ops import allgather, allreduce, allreduce_, alltoallv, bcast, exchange, gather, iallgather, \
     iallreduce_, iexchange, ireduce_scatter, reduce_scatter, scatter
-from refconv.collectives.recording import KINDS, CommStats, Record, Region, stats
+from refconv.collectives.local import priced, stats
+from refconv.collectives.recording import KINDS, CommStats, Record, Region
 from refconv.collectives.requests import Request, progress
 from refconv.collectives.staging import cuda_aware
 from refconv.collectives.watchdog import EXIT_TIMEOUT, TRAINING_TIMEOUT_S, env_timeout, get_timeout, \
@@ -32,6 +35,6 @@ from refconv.collectives.watchdog import EXIT_TIMEOUT, TRAINING_TIMEOUT_S, env_t
 __all__ = ["allgather", "allgather_object", "allreduce", "allreduce_", "alltoallv", "barrier", "bcast",
            "bcast_object", "CommStats", "cuda_aware", "env_timeout", "exchange", "EXIT_TIMEOUT",
            "fault_point", "FaultInjected", "gather", "get_timeout", "iallgather", "iallreduce_", "iexchange",
-           "ireduce_scatter", "KINDS", "library_version", "node_comm", "progress", "Record", "Request",
+           "ireduce_scatter", "KINDS", "library_version", "node_comm", "priced", "progress", "Record", "Request",
            "reduce_scatter", "Region", "scatter", "set_fault", "set_timeout", "split", "stats", "timeout",
            "TRAINING_TIMEOUT_S"]

@@ -3,23 +3,27 @@ and the job's layout (``refconv.device``, ``refconv info``).  Each runs under th
 
 from mpi4py import MPI
 
+from refconv.collectives.local import check_comm
 from refconv.collectives.watchdog import guard
 
 
 def barrier(comm):
     """comm.Barrier() (not recorded)."""
+    check_comm(comm, "barrier")
     with guard("barrier", comm, {"barrier": "no data"}):
         comm.Barrier()
 
 
 def split(comm, color, key):
     """``comm.Split(color, key)`` under the deadline (collective; not recorded)."""
+    check_comm(comm, "split")
     with guard("split", comm, {"color": color, "key": key}):
         return comm.Split(color, key)
 
 
 def bcast_object(comm, obj, root=0):
     """Root's small picklable ``obj`` (a shape, a flag) on every rank; metadata, not recorded."""
+    check_comm(comm, "bcast_object")
     if comm.Get_size() == 1:
         return obj
     with guard("object", comm, {"bcast from root": root}):
@@ -28,6 +32,7 @@ def bcast_object(comm, obj, root=0):
 
 def allgather_object(comm, obj):
     """Every rank's picklable ``obj``, as a list indexed by rank, on every rank."""
+    check_comm(comm, "allgather_object")
     with guard("object", comm, {"allgather of": type(obj).__name__}):
         return comm.allgather(obj)
 
@@ -35,6 +40,7 @@ def allgather_object(comm, obj):
 def node_comm(comm):
     """The ranks of ``comm`` that share this rank's node (a shared-memory split);
     its rank is the node-local rank.  The caller frees it."""
+    check_comm(comm, "node_comm")
     with guard("split", comm, {"split": "shared memory"}):
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     node.Set_name("node")                   # for the watchdog's timeout line

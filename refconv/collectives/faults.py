@@ -14,8 +14,10 @@ itself the ``n``-th time (default 1) it reaches ``point``:
 - a point of a checkpoint save (``refconv.checkpoint.FAULT_POINTS``).
 
 Importing this module reads nothing: the variable is read the first time a point
-is reached (or ``set_fault`` sets the fault instead).  Unset, a point costs one
-``is None`` test.
+is reached (or ``set_fault`` sets the fault instead).  Unset, a point costs two
+tests.  On simulated ranks (:mod:`refconv.simulated`) ``rank`` is the simulated
+rank and each rank keeps its own fault; ``kill``, ``stop`` and ``osexit`` need a
+process per rank and raise NotImplementedError there.
 """
 
 import os
@@ -23,6 +25,8 @@ import signal
 import sys
 
 from mpi4py import MPI
+
+from refconv.collectives import local
 
 
 class FaultInjected(RuntimeError):
@@ -42,7 +46,7 @@ class Fault:
         if rank is None or len(parts) > 4 or self.action not in self.ACTIONS or self.nth < 1:
             raise ValueError(f"REFCONV_FAULT: expected rank:point:action[:n] with action in "
                              f"{self.ACTIONS} and n >= 1, e.g. 1:allreduce:stop:3; got {spec!r}")
-        self.mine = rank == MPI.COMM_WORLD.Get_rank()
+        self.mine = rank == _world_rank()
         self.count = 0
 
     def reached(self, *points):
@@ -52,37 +56,37 @@ class Fault:
         self.count += 1
         if self.count != self.nth:
             return
-        where = f"{self.point} (visit {self.nth}) on rank {MPI.COMM_WORLD.Get_rank()}"
+        where = f"{self.point} (visit {self.nth}) on rank {_world_rank()}"
         sys.stderr.write(f"REFCONV_FAULT: {self.action} at {where}\n")     # tests time the end from here
         sys.stderr.flush()
         if self.action == "raise":
             raise FaultInjected(f"REFCONV_FAULT: injected at {where}")
         if self.action == "exit":
             sys.exit(0)
+        if local.simulated() is not None:   # a thread cannot be killed, stopped or os._exit alone
+            raise NotImplementedError(f"REFCONV_FAULT: {self.action!r} needs a rank of its own process: "
+                                      f"on simulated ranks use 'raise' or 'exit', or run under mpiexec")
         if self.action == "osexit":
             os._exit(0)
         os.kill(os.getpid(), signal.SIGKILL if self.action == "kill" else signal.SIGSTOP)
 
 
-class _Unread:
-    """The fault before REFCONV_FAULT is read: the first point reached reads it."""
-
-    def reached(self, *points):
-        set_fault(os.environ.get("REFCONV_FAULT") or None)
-        if _fault is not None:
-            _fault.reached(*points)
-
-
-_fault = _Unread()
+def _world_rank():
+    """This rank's place in the world: the simulated rank, else ``MPI.COMM_WORLD``'s."""
+    sim = local.simulated()
+    return sim.rank if sim is not None else MPI.COMM_WORLD.Get_rank()
 
 
 def set_fault(spec):
-    """Inject a fault like REFCONV_FAULT (``"rank:point:action[:n]"``), or None for none."""
-    global _fault
-    _fault = None if spec is None else Fault(spec)
+    """Inject a fault like REFCONV_FAULT (``"rank:point:action[:n]"``), or None for none, on the
+    calling rank (each simulated rank keeps its own, as each process does)."""
+    local.current().fault = None if spec is None else Fault(spec)
 
 
 def fault_point(*points):
     """A named point where REFCONV_FAULT may strike (the collectives, refconv.checkpoint)."""
-    if _fault is not None:
-        _fault.reached(*points)
+    state = local.current()
+    if state.fault is local.UNREAD:
+        set_fault(os.environ.get("REFCONV_FAULT") or None)
+    if state.fault is not None:
+        state.fault.reached(*points)

@@ -55,7 +55,7 @@ import numpy
 from mpi4py import MPI
 
 from refconv import arrays
-from refconv.collectives.recording import stats
+from refconv.collectives.local import check_comm, stats
 from refconv.collectives.requests import Request, finished
 from refconv.collectives.staging import (block_types, cuda_aware, displs, empty, from_mpi, new, spec,
                                          split_axis, to_mpi)
@@ -89,6 +89,7 @@ def allreduce(comm, x, op="sum", *, out=None):
     The result is a new array, or ``out`` (same shape and dtype, contiguous) when given:
     reusing a buffer saves the allocation, which matters for large ones.
     """
+    check_comm(comm, "allreduce")
     stats.add("allreduce", comm.Get_size(), x.size, x.nbytes)
     if out is not None and (tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype):
         raise ValueError(f"allreduce: out must have x's shape {tuple(x.shape)} and dtype {x.dtype}, "
@@ -113,6 +114,7 @@ def allreduce(comm, x, op="sum", *, out=None):
 
 def allreduce_(comm, x, op="sum"):
     """In-place allreduce (MPI.IN_PLACE, no new buffer) of a contiguous array; returns x."""
+    check_comm(comm, "allreduce_")
     if comm.Get_size() == 1:  # the sum of one rank's x is x: record the call, copy nothing
         stats.add("allreduce", 1, x.size, x.nbytes)
         return x
@@ -134,6 +136,7 @@ def iallreduce_(comm, x, op="sum", *, overlap=""):
     on the device without a CUDA-aware MPI) is reduced in a contiguous host copy, written
     back into x by ``wait()``.
     """
+    check_comm(comm, "iallreduce_")
     stats.add("allreduce", comm.Get_size(), x.size, x.nbytes, overlap=overlap)
     if comm.Get_size() == 1:   # the sum of one rank's x is x
         return finished(x)
@@ -160,6 +163,7 @@ def reduce_scatter(comm, x, counts, axis=0):
 def ireduce_scatter(comm, x, counts, axis=0, *, overlap=""):
     """Start :func:`reduce_scatter`; ``wait()`` returns this rank's summed block.  x must stay
     untouched until then."""
+    check_comm(comm, "ireduce_scatter")
     axis = _check_axis(x, axis, "reduce_scatter")
     counts = _check_counts(comm, counts, x.shape[axis], "reduce_scatter")
     stats.add("reduce_scatter", comm.Get_size(), x.size, x.nbytes, overlap=overlap)
@@ -192,6 +196,7 @@ def allgather(comm, x, counts, axis=0):
 
 def iallgather(comm, x, counts, axis=0, *, overlap=""):
     """Start :func:`allgather`; ``wait()`` returns the concatenation."""
+    check_comm(comm, "iallgather")
     axis = _check_axis(x, axis, "allgather")
     total = sum(int(c) for c in counts)
     counts = _check_counts(comm, counts, total, "allgather")
@@ -229,6 +234,7 @@ def iexchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None, overlap=""):
     """Start :func:`exchange`; ``wait()`` returns {source rank: array}.  The arrays sent may be
     changed once this returns (they are copied, or staged, when not contiguous in ``dtype``;
     contiguous ones are sent in place and must stay untouched until ``wait()``)."""
+    check_comm(comm, "iexchange")
     dtype = numpy.dtype(dtype)
     me = comm.Get_rank()
     if like is None and sends:
@@ -261,6 +267,7 @@ def iexchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None, overlap=""):
 def alltoallv(comm, send_blocks, recv_shapes, dtype=None):
     """Uneven all-to-all: send_blocks[q] goes to rank q; returns the list of
     blocks received, block r from rank r with shape recv_shapes[r]."""
+    check_comm(comm, "alltoallv")
     size, me = comm.Get_size(), comm.Get_rank()
     if len(send_blocks) != size or len(recv_shapes) != size:
         raise ValueError(f"alltoallv: need one send block and one recv shape per rank ({size}); "
@@ -285,6 +292,7 @@ def alltoallv(comm, send_blocks, recv_shapes, dtype=None):
 def bcast(comm, x, root=0):
     """Root's x on every rank.  Non-roots pass None: shape, dtype and array module
     come from root in a small pickled message (not recorded)."""
+    check_comm(comm, "bcast")
     if comm.Get_size() == 1:
         stats.add("bcast", 1, x.size, x.nbytes)
         return arrays.array_module(x).array(x, copy=True)
@@ -304,6 +312,7 @@ def bcast(comm, x, root=0):
 
 def scatter(comm, blocks, shape, root=0):
     """Root's blocks[r] to rank r (Scatterv).  ``shape``: this rank's block shape."""
+    check_comm(comm, "scatter")
     me, shape = comm.Get_rank(), tuple(shape)
     if comm.Get_size() == 1:
         meta = (blocks[0].dtype, arrays.is_device_array(blocks[0]))
@@ -333,6 +342,7 @@ def scatter(comm, blocks, shape, root=0):
 def gather(comm, x, shapes, root=0):
     """Every rank's x to root (Gatherv): a list, block r of shape shapes[r], on root;
     None elsewhere."""
+    check_comm(comm, "gather")
     stats.add("gather", comm.Get_size(), x.size, x.nbytes)
     if comm.Get_size() == 1:
         return [arrays.array_module(x).array(x, copy=True).reshape(tuple(shapes[0]))]

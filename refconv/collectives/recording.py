@@ -1,4 +1,5 @@
-"""``stats``: exact counts of the calls made through :mod:`refconv.collectives`.
+"""Exact counts of the calls made through :mod:`refconv.collectives` (``CommStats``; each rank's
+is ``collectives.stats``, :mod:`refconv.collectives.local`).
 
 Every wrapper adds one :class:`Record` (its kind, communicator size, elements and
 bytes, and for a call started by an ``i...`` form what it overlaps) before it calls
@@ -99,7 +100,8 @@ class CommStats:
         return _merge(self._folded[moved_only], summarize(self.records, moved_only))
 
     def add_event(self, kind, overlap, started, waited, ended):
-        """One MPI call's times (``time.perf_counter``): started, waited for from ``waited`` (the
+        """One MPI call's times (the rank's clock, ``local.now()``: ``time.perf_counter`` but on priced
+        simulated ranks): started, waited for from ``waited`` (the
         same as started for a blocking call), finished at ``ended``; kept by open timelines."""
         for events in self._timelines:
             events.append({"kind": kind, "overlap": overlap, "started": started, "waited": waited, "ended": ended})
@@ -130,5 +132,3 @@ class CommStats:
         finally:
             self._regions.remove(region)
 
-
-stats = CommStats()

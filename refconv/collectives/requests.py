@@ -9,12 +9,9 @@ MPI calls unless ``MPICH_ASYNC_PROGRESS=1``, so work that overlaps calls in flig
 calls :func:`progress` between its chunks (docs/parallel.md, "Overlap").
 """
 
-import time
-
-from mpi4py import MPI
-
+from refconv.collectives import local
 from refconv.collectives.faults import fault_point
-from refconv.collectives.recording import stats
+from refconv.collectives.local import stats
 from refconv.collectives.watchdog import guard
 
 
@@ -27,21 +24,20 @@ class Request:
 
     def __init__(self, kind, comm, requests, finish, buffers=None, overlap=""):
         self.kind, self.comm, self._requests, self._finish, self._buffers = kind, comm, requests, finish, buffers
-        self.overlap, self.started = overlap, time.perf_counter()
+        self.overlap, self.started = overlap, local.now()
         self._done, self._result = False, None
         if requests:
             fault_point(kind, "collective")  # at the start: progress() may finish the call, and no wait come
-            _IN_FLIGHT.add(self)
+            local.current().in_flight.add(self)
 
     def test(self):
         """True when MPI has finished the call (``wait()`` then returns without waiting)."""
         if self._done or not self._requests:
             return True
-        if MPI.Request.Testall(self._requests):
-            _IN_FLIGHT.discard(self)
+        if _request_class(self._requests).Testall(self._requests):
+            local.current().in_flight.discard(self)
             self._requests = []
-            now = time.perf_counter()
-            stats.add_event(self.kind, self.overlap, self.started, now, now)  # finished while polled: no wait
+            stats.add_event(self.kind, self.overlap, self.started, local.now(), local.current().arrived())  # no wait
             return True
         return False
 
@@ -50,22 +46,26 @@ class Request:
         if not self._done:
             if self._requests:
                 with guard(self.kind, self.comm, self._buffers or {}, started=self.started, overlap=self.overlap):
-                    MPI.Request.Waitall(self._requests)
-                _IN_FLIGHT.discard(self)
+                    _request_class(self._requests).Waitall(self._requests)
+                local.current().in_flight.discard(self)
             self._result, self._done = self._finish(), True
             self._requests = self._finish = self._buffers = None
         return self._result
 
 
-_IN_FLIGHT = set()  # the Requests started and not yet finished, for progress()
+def _request_class(requests):
+    """The request class whose ``Waitall``/``Testall`` completes these: ``MPI.Request``, or a simulated
+    world's (refconv.simulated), which offers the same two class methods."""
+    return type(requests[0])
 
 
 def progress():
-    """Test every call in flight, so that MPI moves them on (MPI_Test polling); returns how many
-    are still in flight.  Cheap: call it between chunks of compute while calls overlap it."""
-    for request in list(_IN_FLIGHT):
+    """Test every call in flight on this rank, so that MPI moves them on (MPI_Test polling); returns
+    how many are still in flight.  Cheap: call it between chunks of compute while calls overlap it."""
+    in_flight = local.current().in_flight
+    for request in list(in_flight):
         request.test()
-    return len(_IN_FLIGHT)
+    return len(in_flight)
 
 
 def finished(result):

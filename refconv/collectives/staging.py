@@ -14,6 +14,7 @@ unpacked (docs/benchmarks.md, "The collectives' packing").
 
 import collections
 import ctypes
+import dataclasses
 import functools
 import itertools
 import math
@@ -23,6 +24,7 @@ import numpy
 from mpi4py import MPI
 
 from refconv import arrays
+from refconv.collectives import local
 
 
 # -- CUDA-aware detection and staging ----------------------------------------------------
@@ -116,31 +118,44 @@ def split_axis(shape, axis):
     return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
 
 
-_BLOCK_TYPES = collections.OrderedDict()  # (outer, run, stride) in bytes -> committed MPI datatype
+_BLOCK_TYPES = collections.OrderedDict()  # BlockLayout -> committed MPI datatype
 BLOCK_TYPES_KEPT = 64                     # past this many the least recently used are freed
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockLayout:
+    """One rank's block in a C-contiguous buffer: ``outer`` runs of ``run`` bytes, ``stride``
+    bytes apart, with an extent of ``run`` bytes (so that block q of an even split starts q
+    extents in).  :func:`block_type` commits it as an MPI datatype; simulated ranks
+    (refconv.simulated) read it as it is."""
+
+    outer: int
+    run: int
+    stride: int
 
 
 def block_types(dtype, outer, counts, inner, stride):
     """Every rank's block datatype (``block_type``) for the lengths ``counts`` along the
     split axis, ``stride`` elements apart.  The cache is trimmed after the list is made, and
-    never below this call's distinct types: freeing one of them would hand MPI a null type."""
+    never below this call's distinct types: freeing one of them would hand MPI a null type.
+    On a simulated rank the blocks are their :class:`BlockLayout`: no MPI datatype is made."""
     item = numpy.dtype(dtype).itemsize
-    blocks = [block_type(outer, c * inner * item, stride * item) for c in counts]
+    layouts = [BlockLayout(outer, c * inner * item, stride * item) for c in counts]
+    if local.simulated() is not None:
+        return layouts
+    blocks = [block_type(layout) for layout in layouts]
     while len(_BLOCK_TYPES) > max(BLOCK_TYPES_KEPT, len(set(counts))):
         _BLOCK_TYPES.popitem(last=False)[1].Free()     # the least recently used: not this call's
     return blocks
 
 
-def block_type(outer, run, stride):
-    """The MPI datatype of one rank's block in a C-contiguous buffer: ``outer`` runs of
-    ``run`` bytes, ``stride`` bytes apart, with an extent of ``run`` bytes (so that block
-    q of an even split starts q extents in).  Bytes, so that any dtype moves alike (the
+def block_type(layout):
+    """The MPI datatype of a :class:`BlockLayout` (bytes, so that any dtype moves alike: the
     wrappers sum nothing through MPI with these).  Committed once and kept."""
-    key = (outer, run, stride)
-    block = _BLOCK_TYPES.pop(key, None)
+    block = _BLOCK_TYPES.pop(layout, None)
     if block is None:
-        runs = MPI.BYTE.Create_vector(outer, run, stride)
-        block = runs.Create_resized(0, run).Commit()
+        runs = MPI.BYTE.Create_vector(layout.outer, layout.run, layout.stride)
+        block = runs.Create_resized(0, layout.run).Commit()
         runs.Free()
-    _BLOCK_TYPES[key] = block                          # the most recently used go last
+    _BLOCK_TYPES[layout] = block                       # the most recently used go last
     return block

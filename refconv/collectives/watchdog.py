@@ -22,8 +22,9 @@ import time
 
 from mpi4py import MPI
 
+from refconv.collectives import local
 from refconv.collectives.faults import fault_point
-from refconv.collectives.recording import stats
+from refconv.collectives.local import stats
 from refconv.failure import LINE_GRACE_S
 
 TRAINING_TIMEOUT_S = 300.0      # refconv train's default --timeout
@@ -74,23 +75,14 @@ class Watchdog:
     def __call__(self, kind, comm, buffers, *, started=None, overlap=""):
         """``with guard(kind, comm, buffers): <one MPI call>``; also the fault hook.  For the wait
         of a started call, ``started`` is when it was started and ``overlap`` what it ran behind
-        (its fault point was its start: :class:`refconv.collectives.requests.Request`)."""
+        (its fault point was its start: :class:`refconv.collectives.requests.Request`).  On a
+        simulated rank (refconv.simulated) there is no deadline: its world reports a hang itself."""
         if started is None:
             fault_point(kind, "collective")
-        if self.timeout is not None:
+        simulated = local.simulated() is not None
+        if self.timeout is not None and not simulated:
             self.current = (kind, comm, buffers, time.monotonic(), self.timeout)
-        self.kind, self.started = kind, time.perf_counter()
-        self.call_started, self.overlap = started or self.started, overlap
-        return self
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.current = None
-        ended = time.perf_counter()
-        stats.add_seconds(self.kind, ended - self.started)  # time per kind, for refconv bench
-        stats.add_event(self.kind, self.overlap, self.call_started, self.started, ended)  # for a timeline
+        return _Call(self, kind, started, overlap, simulated)
 
     def _watch(self):
         while True:
@@ -99,6 +91,25 @@ class Watchdog:
             time.sleep(min(1.0, max(0.01, limit / 20)))     # fires within 5% of the deadline
             if call is not None and call is self.current and time.monotonic() - call[3] > call[4]:
                 _abort_timed_out(*call)
+
+
+class _Call:
+    """One guarded MPI call: its times go to the calling rank's ``stats`` when it ends."""
+
+    def __init__(self, watchdog, kind, started, overlap, simulated):
+        self.watchdog, self.kind, self.overlap, self.simulated = watchdog, kind, overlap, simulated
+        self.waited = local.now()
+        self.started = started if started is not None else self.waited
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self.simulated:
+            self.watchdog.current = None
+        ended = local.current().arrived()
+        stats.add_seconds(self.kind, max(0.0, ended - self.waited))  # time per kind, for refconv bench
+        stats.add_event(self.kind, self.overlap, self.started, self.waited, ended)  # for a timeline
 
 
 def _abort_timed_out(kind, comm, buffers, started, timeout):

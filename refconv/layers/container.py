@@ -109,12 +109,16 @@ class Sequential:
 
     def forward(self, x_loc):
         for layer in self.layers:
-            x_loc = layer.forward(x_loc)
+            y_loc = layer.forward(x_loc)
+            collectives.priced("layer", layer, x_loc.size, y_loc.size, "forward")  # a priced simulated run's clock
+            x_loc = y_loc
         return x_loc
 
     def backward(self, dy_loc):
         for layer in reversed(self.layers):
-            dy_loc = layer.backward(dy_loc)
+            dx_loc = layer.backward(dy_loc)
+            collectives.priced("layer", layer, dx_loc.size, dy_loc.size, "backward")
+            dy_loc = dx_loc
             collectives.progress()  # test the calls in flight (a layer's gradient allreduce), so MPI moves them on
         return dy_loc
 

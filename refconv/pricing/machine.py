@@ -198,6 +198,14 @@ class Machine:
     def comm_seconds(self, kind, q, nbytes, messages=0, *, intra=True):
         return self.links["intra" if intra else "inter"][kind].seconds(kind, q, nbytes, messages)
 
+    def call_seconds(self, kind, q, nbytes, messages=0, *, intra=True):
+        """Seconds of one recorded call (a :class:`refconv.collectives.Record`'s figures): the link's
+        time, and for a halo exchange the packing and unpacking of its strided pieces."""
+        t = self.comm_seconds(kind, q, nbytes, messages, intra=intra)
+        if kind == "halo" and nbytes:
+            t += 2 * self.local_seconds("pack", nbytes)
+        return t
+
     def conv_seconds(self, op, kernel_area, flops, columns=0, shape=None, dims=2):
         """Seconds of one local convolution pass: the table's where it has ``shape`` (a
         :class:`ConvShape`), else the class fit on its FLOPs and im2col ``columns``: ``1x1``

@@ -197,10 +197,7 @@ def layer_calls(layer, grid):
 def call_seconds(c, grid, machine):
     """Seconds of one call ``c`` (a :class:`refconv.algorithms.Call`) of rank 0 on ``grid``."""
     intra = _axis_span(grid, c.axes or comm_axes(c.kind, grid)) <= machine.ranks_per_node
-    t = machine.comm_seconds(c.kind, c.comm_size, c.bytes, c.messages, intra=intra)
-    if c.kind == "halo" and c.bytes:  # the pieces are strided rows and columns: packed, then unpacked
-        t += 2 * machine.local_seconds("pack", c.bytes)
-    return t
+    return machine.call_seconds(c.kind, c.comm_size, c.bytes, c.messages, intra=intra)
 
 
 def price_calls(calls, grid, machine, cost):

@@ -1,0 +1,116 @@
+"""What refconv.collectives keeps per rank, and which rank is calling.
+
+Under ``mpiexec`` a rank is a process, and its state is the process's.  On simulated ranks
+(:mod:`refconv.simulated`: K ranks as threads of one process) each rank thread binds its own
+:class:`RankState`, so that every rank counts its own calls (``stats``), keeps its own calls in
+flight (``requests.progress``) and meets its own injected fault, exactly as a process would.
+
+``stats`` is the calling rank's :class:`refconv.collectives.recording.CommStats`, looked up at each
+use: ``collectives.stats.recording()`` on a simulated rank records that rank's calls only.
+"""
+
+import threading
+import time
+
+from mpi4py import MPI
+
+from refconv.collectives.recording import CommStats
+
+UNREAD = object()  # a rank's fault before REFCONV_FAULT is read (refconv.collectives.faults)
+
+
+class RankState:
+    """One rank's state in refconv.collectives.
+
+    ``simulated`` is the rank's handle in a simulated world (``refconv.simulated``), None for the
+    process of an MPI rank.  ``clock`` is its logical clock when the run prices time (else None):
+    then ``now()`` reads it instead of the wall clock.
+    """
+
+    def __init__(self, simulated=None, clock=None):
+        self.stats = CommStats()
+        self.in_flight = set()   # the Requests started and not yet finished (requests.progress)
+        self.fault = UNREAD      # the fault this rank injects (faults.set_fault), read when first needed
+        self.simulated = simulated
+        self.clock = clock
+
+    def now(self):
+        """Seconds on this rank's clock: the logical clock of a priced run, else ``time.perf_counter()``."""
+        return self.clock.now() if self.clock is not None else time.perf_counter()
+
+    def arrived(self):
+        """When the calls this rank just completed finished: now, but on a priced run, where a call
+        that arrived while the rank computed finished before the rank came to wait for it."""
+        return self.clock.arrival if self.clock is not None else time.perf_counter()
+
+
+_PROCESS = RankState()
+_THREAD = threading.local()
+
+
+def current():
+    """The calling rank's state: the simulated rank this thread runs, else the process's."""
+    return getattr(_THREAD, "state", _PROCESS)
+
+
+def bind(state):
+    """Make ``state`` the calling thread's rank state (None: back to the process's)."""
+    if state is None:
+        _THREAD.__dict__.pop("state", None)
+    else:
+        _THREAD.state = state
+
+
+def simulated():
+    """The calling thread's simulated rank (``refconv.simulated``), or None on a real MPI rank."""
+    return current().simulated
+
+
+def now():
+    """The calling rank's clock (:meth:`RankState.now`)."""
+    return current().now()
+
+
+def priced(what, *args):
+    """On a priced simulated rank, advance its logical clock by the machine file's price of ``what``
+    (``"conv"``: a local convolution pass; ``"layer"``: a layer's other work; the arguments of
+    :class:`refconv.simulated.clock.Clock`'s method of that name).  Elsewhere nothing."""
+    clock = current().clock
+    if clock is not None:
+        getattr(clock, what)(*args)
+
+
+class RankStats:
+    """``collectives.stats``: every attribute is the calling rank's CommStats'."""
+
+    def __getattr__(self, name):
+        return getattr(current().stats, name)
+
+    def __repr__(self):
+        return f"<the calling rank's {current().stats!r}>"
+
+
+stats = RankStats()
+
+
+def check_comm(comm, what):
+    """``comm``, once it is known to belong to the calling rank's world: a simulated rank must
+    use its world's communicators (``MPI.COMM_WORLD`` there is the pytest process's one rank,
+    a silent wrong answer), and a simulated communicator works only on its own ranks."""
+    on_simulated_rank = simulated() is not None
+    if getattr(comm, "simulated", False) != on_simulated_rank:
+        if on_simulated_rank:
+            name = "MPI.COMM_WORLD" if _is_comm_world(comm) else f"the MPI communicator {comm!r}"
+            raise RuntimeError(f"{what}: {name} used on simulated rank {simulated().rank}: inside "
+                               f"refconv.simulated.run use the communicator the rank function was given "
+                               f"(or refconv.simulated.world()), never MPI.COMM_WORLD")
+        raise RuntimeError(f"{what}: the simulated communicator {comm!r} used outside its world's rank "
+                           f"threads: call it only inside the function refconv.simulated.run runs")
+    return comm
+
+
+def _is_comm_world(comm):
+    try:
+        return comm == MPI.COMM_WORLD
+    except Exception:
+        return False

@@ -1,0 +1,143 @@
+"""What a simulated rank hands its communicator: buffers, their datatypes, and the regions they name.
+
+mpi4py takes a buffer in several forms.  The simulated world reads the forms refconv's
+collectives use (:mod:`refconv.collectives.ops`) and refuses any other by name:
+
+====================================  ============================================================
+form                                  meaning
+====================================  ============================================================
+``array``                             the whole contiguous array, in its own dtype
+``[array, (counts, displs)]``         one block per rank, in elements of the array's dtype
+                                      (``Alltoallv``, ``Scatterv``, ``Gatherv``)
+``[array, count, datatype]``          ``count`` items of ``datatype`` from the start
+                                      (``Iallgather``)
+``[array, (counts, displs), types]``  one block per rank: ``counts[r]`` items of ``types[r]``
+                                      from byte ``displs[r]`` (``Ialltoallw``)
+====================================  ============================================================
+
+A datatype is ``MPI.BYTE`` or a :class:`refconv.collectives.staging.BlockLayout` (``outer``
+runs of ``run`` bytes, ``stride`` bytes apart, extent ``run``): the layouts refconv would
+commit as MPI datatypes.  Data moves as bytes, so a sum (``Allreduce``) reads the array's dtype.
+
+A :class:`Region` is where a message's bytes lie in one buffer: :meth:`Region.read` copies
+them out, :meth:`Region.write` puts bytes in.  :func:`checksum` fingerprints a buffer, so that
+a send buffer changed before its request completes is caught, not silently copied.
+"""
+
+import zlib
+
+import numpy
+from mpi4py import MPI
+
+from refconv.collectives.staging import BlockLayout
+
+
+def as_array(buf, what):
+    """``buf`` as a C-contiguous NumPy array (MPI reads memory in place: a copy would hide writes)."""
+    if isinstance(buf, numpy.ndarray):
+        if not buf.flags.c_contiguous:
+            raise ValueError(f"{what}: the buffer must be C-contiguous, got an array of shape {buf.shape} "
+                             f"with strides {buf.strides}")
+        return buf
+    raise NotImplementedError(f"{what}: simulated ranks take NumPy arrays as buffers (host-staged, as "
+                              f"refconv.collectives stages them); got {type(buf).__name__}")
+
+
+def as_bytes(array):
+    """The bytes of a contiguous array, as a flat uint8 view (writes go to the array)."""
+    return array.reshape(-1).view(numpy.uint8)
+
+
+def checksum(array):
+    """A fingerprint of the array's bytes (CRC-32)."""
+    return zlib.crc32(memoryview(as_bytes(array)))
+
+
+def extent(datatype):
+    """Bytes from one item of ``datatype`` to the next."""
+    if isinstance(datatype, BlockLayout):
+        return datatype.run
+    if datatype == MPI.BYTE:
+        return 1
+    raise NotImplementedError(f"simulated ranks: datatype {datatype!r} is not implemented (MPI.BYTE and "
+                              f"refconv.collectives.staging.BlockLayout are)")
+
+
+class Region:
+    """``count`` items of ``datatype`` from byte ``offset`` of ``array``: a byte view of shape
+    (count, outer, run) with strides (extent, stride, 1)."""
+
+    def __init__(self, array, offset, count, datatype, what):
+        self.array, self.what = array, what
+        data = as_bytes(array)
+        if isinstance(datatype, BlockLayout):
+            outer, run, stride = datatype.outer, datatype.run, datatype.stride
+        else:
+            extent(datatype)                      # refuses what it does not know
+            outer, run, stride = 1, 1, 1
+        self.nbytes = count * outer * run
+        last = offset + (count - 1) * extent(datatype) + (outer - 1) * stride + run if self.nbytes else offset
+        if offset < 0 or last > data.size:
+            raise ValueError(f"{what}: the message reaches byte {last} of a buffer of {data.size} bytes "
+                             f"(shape {array.shape} {array.dtype}): counts, displacements or the datatype are wrong")
+        if self.nbytes == 0:
+            self.view = data[:0]
+        elif not isinstance(datatype, BlockLayout):
+            self.view = data[offset:offset + count]
+        else:
+            self.view = numpy.lib.stride_tricks.as_strided(data[offset:], shape=(count, outer, run),
+                                                           strides=(extent(datatype), stride, 1), writeable=True)
+
+    def read(self):
+        """A copy of the region's bytes, flat."""
+        return numpy.array(self.view, copy=True).reshape(-1)
+
+    def write(self, payload):
+        """Put ``payload`` (flat bytes, exactly this region's size) into the region."""
+        if payload.size != self.nbytes:
+            raise ValueError(f"{self.what}: {payload.size} bytes arrive for a receive of {self.nbytes} bytes: "
+                             f"the sender's and the receiver's counts differ")
+        self.view[...] = payload.reshape(self.view.shape)
+
+
+def whole(buf, what):
+    """The region of a whole buffer given as an array or ``[array, count, datatype]``; returns
+    ``(array, Region)``."""
+    if isinstance(buf, (list, tuple)):
+        if len(buf) == 3 and isinstance(buf[1], (int, numpy.integer)):
+            array = as_array(buf[0], what)
+            return array, Region(array, 0, buf[1], buf[2], what)
+        if len(buf) == 2 and buf[1] == MPI.BYTE:
+            array = as_array(buf[0], what)
+            return array, Region(array, 0, array.nbytes, MPI.BYTE, what)
+        raise NotImplementedError(f"{what}: simulated ranks do not read the buffer form {_form(buf)}; "
+                                  f"they read an array or [array, count, datatype]")
+    array = as_array(buf, what)
+    return array, Region(array, 0, array.nbytes, MPI.BYTE, what)
+
+
+def blocks(buf, size, what):
+    """One region per rank of a buffer given per rank: ``[array, (counts, displs)]`` (elements of the
+    array's dtype) or ``[array, (counts, displs), types]`` (items of each type, byte displacements).
+    Returns ``(array, [Region] * size)``."""
+    if not (isinstance(buf, (list, tuple)) and len(buf) in (2, 3) and isinstance(buf[1], (list, tuple))
+            and len(buf[1]) == 2):
+        raise NotImplementedError(f"{what}: simulated ranks do not read the buffer form {_form(buf)}; they read "
+                                  f"[array, (counts, displs)] or [array, (counts, displs), types]")
+    array = as_array(buf[0], what)
+    counts, displs = (list(v) for v in buf[1])
+    if len(counts) != size or len(displs) != size:
+        raise ValueError(f"{what}: counts and displacements need one entry per rank ({size}), got "
+                         f"{len(counts)} and {len(displs)}")
+    if len(buf) == 2:
+        item = array.itemsize
+        return array, [Region(array, d * item, c * item, MPI.BYTE, f"{what} block {r}")
+                       for r, (c, d) in enumerate(zip(counts, displs))]
+    types = list(buf[2])
+    return array, [Region(array, d, c, t, f"{what} block {r}") for r, (c, d, t) in enumerate(zip(counts, displs, types))]
+
+
+def _form(buf):
+    if isinstance(buf, (list, tuple)):
+        return "[" + ", ".join(type(b).__name__ for b in buf) + "]"
+    return type(buf).__name__

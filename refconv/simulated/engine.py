@@ -1,0 +1,220 @@
+"""The engine under a simulated rank's calls: posting, matching, moving the data, completing.
+
+Each rank has one :class:`Calls` (``rank.world_calls``); :class:`refconv.simulated.comm.Comm`
+hands it every call.  All of it runs under the world's lock:
+
+- a **collective** is the n-th collective of its rank on its communicator; it waits in slot n
+  until every member has posted its n-th, and the last one moves the data for all (:data:`FIRE`);
+- a **send** is matched with the oldest posted receive of its destination that names its source
+  (or ``ANY_SOURCE``) and tag (or ``ANY_TAG``) on the same communicator, and a receive with the
+  oldest such send: MPI's order, so messages between two ranks do not overtake each other;
+- a **wait** blocks (:meth:`refconv.simulated.world.World.block`) until the requests are done,
+  then checks that their buffers were left alone and, on a priced run, moves the rank's clock
+  to when their data arrived (:mod:`refconv.simulated.clock`).
+"""
+
+import pickle
+
+from mpi4py import MPI
+
+from refconv.simulated.comm import Comm, Group, Post, Request, mismatch, reduction
+
+
+class Calls:
+    """One rank's side of the engine."""
+
+    def __init__(self, world, me):
+        self.world, self.me = world, me
+
+    # -- posting -----------------------------------------------------------------------------------------
+    def collective(self, comm, op, agree, args):
+        group, r = comm.group, comm.rank
+        request = Request(self.me, f"{op} on {group.name!r}")
+        with self.world.lock:
+            self.world.check(self.me, request.what)
+            n = group.posted[r]
+            group.posted[r] += 1
+            request.what = f"{op} (collective {n}) on communicator {group.name!r}"
+            post = Post(r, op, agree, request, args)
+            for role in ("send", "recv", "buf"):
+                if args.get(role) is not None and (role != "recv" or args["recv"] is not args.get("send")):
+                    request.watch(args[role], "send" if role == "send" else "receive" if role == "recv" else "broadcast")
+            slot = group.slots.setdefault(n, {})
+            first = next(iter(slot.values()), None)
+            if first is not None and (first.call != op or first.agree != agree):
+                raise mismatch(group, n, list(slot.values()) + [post])
+            slot[r] = post
+            if self.me.clock is not None:
+                self.me.clock.posted(post, comm)
+            if len(slot) == len(group.members):
+                del group.slots[n]
+                posts = [slot[i] for i in range(len(group.members))]
+                for p in posts:
+                    p.request.moving()
+                FIRE[op](group, posts, self.world)
+                if self.me.clock is not None:
+                    self.me.clock.collective_done(group, posts)
+                for p in posts:
+                    p.request.delivered()
+                self.world.notify()
+        self.world.switch(self.me, request.what)
+        return request
+
+    def send(self, comm, array, dest, tag):
+        request = Request(self.me, f"Isend to rank {dest} tag {tag} on communicator {comm.group.name!r}")
+        message = Post(comm.rank, "send", (), request, dict(array=array, peer=dest, tag=tag))
+        request.watch(array, "send")
+        self._point_to_point(comm, message, comm.group.recvs, comm.group.sends, _matches_send)
+        return request
+
+    def recv(self, comm, array, source, tag):
+        peer = "any rank" if source == MPI.ANY_SOURCE else f"rank {source}"
+        label = "any tag" if tag == MPI.ANY_TAG else f"tag {tag}"
+        request = Request(self.me, f"Irecv from {peer} {label} on communicator {comm.group.name!r}")
+        message = Post(comm.rank, "recv", (), request, dict(array=array, peer=source, tag=tag))
+        request.watch(array, "receive")
+        self._point_to_point(comm, message, comm.group.sends, comm.group.recvs, _matches_recv)
+        return request
+
+    def _point_to_point(self, comm, mine, theirs, queue, matches):
+        with self.world.lock:
+            self.world.check(self.me, mine.request.what)
+            if self.me.clock is not None:
+                self.me.clock.posted(mine, comm)
+            other = next((o for o in theirs if matches(mine, o)), None)
+            if other is None:
+                queue.append(mine)
+            else:
+                theirs.remove(other)
+                send, recv = (mine, other) if mine.call == "send" else (other, mine)
+                send.request.moving()
+                recv.request.moving()
+                _deliver(send, recv)
+                if self.me.clock is not None:
+                    self.me.clock.message_done(comm.group, send, recv)
+                send.request.delivered()
+                recv.request.delivered()
+                self.world.notify()
+        self.world.switch(self.me, mine.request.what)
+
+    # -- completing ----------------------------------------------------------------------------------------
+    def wait(self, requests):
+        self._check_owner(requests, "Wait")
+        what = lambda: "; ".join(r.what for r in requests if not r.done) or requests[0].what  # noqa: E731
+        self.world.block(self.me, lambda: all(r.done for r in requests), what)
+        self._complete(requests)
+        self.world.switch(self.me, what())
+
+    def test(self, requests):
+        self._check_owner(requests, "Test")
+        with self.world.lock:
+            self.world.check(self.me, requests[0].what)
+            done = all(r.done for r in requests)
+            if done and self.me.clock is not None:
+                done = self.me.clock.arrived(requests)
+        if done:
+            self._complete(requests)
+        self.world.switch(self.me, requests[0].what)
+        return done
+
+    def _complete(self, requests):
+        for r in requests:
+            error = r.error or r.verify("before its request completed")
+            if error is not None:
+                raise error
+        if self.me.clock is not None:
+            self.me.clock.waited(requests)
+
+    def _check_owner(self, requests, call):
+        for r in requests:
+            if r.owner is not self.me:
+                raise RuntimeError(f"{call}: rank {self.me.rank} completes a request of rank {r.owner.rank} ({r.what})")
+
+
+def _matches_send(send, recv):
+    """Does the posted receive ``recv`` take the new message ``send``?"""
+    return recv.rank == send.args["peer"] and recv.args["peer"] in (send.rank, MPI.ANY_SOURCE) \
+        and recv.args["tag"] in (send.args["tag"], MPI.ANY_TAG)
+
+
+def _matches_recv(recv, send):
+    return _matches_send(send, recv)
+
+
+def _deliver(send, recv):
+    data, into = send.args["array"], recv.args["array"]
+    if data.nbytes > into.nbytes:
+        raise ValueError(f"{recv.request.what}: the message of rank {send.rank} ({send.request.what}, {data.nbytes} bytes) "
+                         f"is larger than the receive buffer ({into.nbytes} bytes): MPI truncates it, an error")
+    into.reshape(-1).view("u1")[:data.nbytes] = data.reshape(-1).view("u1")
+
+
+# -- the collectives, once every member has posted: posts[i] is comm rank i's ----------------------------------
+def _allreduce(group, posts, world):
+    ufunc = reduction(posts[0].args["op"])
+    total = posts[0].args["send"].copy()
+    for p in posts[1:]:                           # rank order: ((x_0 + x_1) + x_2) + ...
+        ufunc(total, p.args["send"], out=total)
+    for p in posts:
+        p.args["recv"][...] = total
+
+
+def _split(group, posts, world):
+    colors = {}
+    for p in posts:
+        if p.args["color"] != MPI.UNDEFINED:
+            colors.setdefault(p.args["color"], []).append((p.args["key"], p.rank))
+    for color, members in colors.items():
+        members.sort()
+        new = Group(world, [group.members[r] for _, r in members], f"{group.name}/split {color}")
+        for index, (_, r) in enumerate(members):
+            owner = world.ranks[group.members[r]]
+            posts[r].request.result = Comm(new, index, owner)
+    for p in posts:
+        if p.args["color"] == MPI.UNDEFINED:
+            p.request.result = MPI.COMM_NULL
+
+
+def _bcast(group, posts, world):
+    root = posts[posts[0].args["root"]].args["buf"]
+    for p in posts:
+        if p.args["buf"] is not root:
+            p.args["buf"].reshape(-1).view("u1")[...] = root.reshape(-1).view("u1")
+
+
+def _bcast_object(group, posts, world):
+    payload = posts[posts[0].args["root"]].args["payload"]
+    for p in posts:
+        p.request.result = pickle.loads(payload)    # each rank its own copy, as from a message
+
+
+def _allgather_object(group, posts, world):
+    for p in posts:
+        p.request.result = [pickle.loads(q.args["payload"]) for q in posts]
+
+
+def _blocks(group, posts, world):
+    """Alltoallw, Alltoallv, Allgather: rank q's send block r goes to rank r's receive block q."""
+    payloads = [[region.read() for region in q.args["send_blocks"]] for q in posts]   # every read before a write
+    for r, p in enumerate(posts):
+        for q, region in enumerate(p.args["recv_blocks"]):
+            region.write(payloads[q][r])
+
+
+def _scatterv(group, posts, world):
+    blocks = posts[posts[0].args["root"]].args["send_blocks"]
+    payloads = [region.read() for region in blocks]
+    for r, p in enumerate(posts):
+        p.args["recv_region"].write(payloads[r])
+
+
+def _gatherv(group, posts, world):
+    root = posts[posts[0].args["root"]]
+    payloads = [p.args["send_region"].read() for p in posts]
+    for q, region in enumerate(root.args["recv_blocks"]):
+        region.write(payloads[q])
+
+
+FIRE = {"Allreduce": _allreduce, "Split": _split, "Barrier": lambda group, posts, world: None, "Bcast": _bcast,
+        "bcast": _bcast_object, "allgather": _allgather_object, "Alltoallw": _blocks, "Alltoallv": _blocks,
+        "Allgather": _blocks, "Scatterv": _scatterv, "Gatherv": _gatherv}

@@ -1,0 +1,222 @@
+"""A world of K simulated ranks in one process: the rank threads, who runs when, and what ends a run.
+
+Every rank is a thread running the same function with its own communicator
+(:class:`refconv.simulated.comm.Comm`) and its own state in refconv.collectives
+(:mod:`refconv.collectives.local`).  One lock (a ``threading.Condition``) guards everything the
+ranks share: the calls posted on each communicator, the messages not yet received, each rank's
+status.  A call that completes other ranks' calls (the last rank entering a collective, a send
+meeting its receive) moves the data in the caller's thread and wakes the others.
+
+Two schedules:
+
+- **free** (the default): the rank threads run at once, as processes would (NumPy releases the
+  GIL in its kernels);
+- **stepped**: one rank runs at a time and the turn passes only at a communication call, to the
+  next rank in rank order that can run.  Then ``breakpoint()`` in rank 1 stops there with every
+  other rank parked, and a run is the same to the instruction each time.
+
+A run never hangs:
+
+- when a rank raises, every rank blocked in a call is released at once, and every other rank
+  at its next call, each with :class:`PeerFailed`, which names the failing rank and carries its
+  traceback;
+- when every live rank is blocked and no call can complete them, the world reports a
+  :class:`Deadlock` at once: for each rank its pending call (operation, communicator, peer, tag)
+  and its Python stack.
+"""
+
+import os
+import sys
+import threading
+import traceback
+
+from refconv.collectives import local
+
+MAX_RANKS = 256  # threads of one process; a larger world belongs under mpiexec
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class SimulatedError(RuntimeError):
+    """An error the simulated world itself raises on a rank."""
+
+
+class PeerFailed(SimulatedError):
+    """This rank was released from a call (or stopped at its next one) because another rank failed."""
+
+
+class Deadlock(SimulatedError):
+    """Every live rank waits for a call that no rank can complete."""
+
+
+class CollectiveMismatch(SimulatedError):
+    """The ranks of a communicator called different collectives at the same place in their order."""
+
+
+class BufferReused(SimulatedError):
+    """A buffer handed to a nonblocking call was changed before its request completed."""
+
+
+class Rank:
+    """The world's record of one rank, and the rank's handle (``local.simulated()``)."""
+
+    def __init__(self, world, rank):
+        self.world, self.rank = world, rank
+        self.status = "new"        # running, done, failed
+        self.waiting = None        # while blocked: (done, describe), two callables
+        self.thread = None
+        self.result = self.error = None
+        self.clock = None          # refconv.simulated.clock.Clock on a priced run
+        self.comm = None           # the rank's world communicator
+
+    def __repr__(self):
+        return f"<simulated rank {self.rank} of {self.world.size}>"
+
+
+class World:
+    """K ranks and the lock they share; :func:`refconv.simulated.run` makes one per run."""
+
+    def __init__(self, size, *, stepped=False):
+        self.size, self.stepped = size, stepped
+        self.lock = threading.Condition()
+        self.ranks = [Rank(self, r) for r in range(size)]
+        self.failure = None        # the first rank that failed by itself (not released)
+        self.deadlock = None       # the Deadlock report, once found
+        self.turn = 0              # stepped: the rank that may run
+        self._ids = 0
+
+    def next_id(self):
+        self._ids += 1
+        return self._ids
+
+    # -- the rank threads --------------------------------------------------------------------
+    def start(self, body):
+        """Start one thread per rank running ``body(rank)`` (a :class:`Rank`)."""
+        for r in self.ranks:
+            r.status = "running"
+            r.thread = threading.Thread(target=self._main, args=(r, body), name=f"simulated rank {r.rank}",
+                                        daemon=True)
+        for r in self.ranks:
+            r.thread.start()
+
+    def _main(self, me, body):
+        try:
+            if self.stepped:
+                with self.lock:
+                    self._await_turn(me)
+            me.result = body(me)
+        except BaseException as exc:  # noqa: B036 -- a rank's SystemExit or KeyboardInterrupt ends it, not the world
+            with self.lock:
+                me.error, me.status = exc, "failed"
+                if self.failure is None and not isinstance(exc, (PeerFailed, Deadlock)):
+                    self.failure = me
+                self._rank_left(me)
+        else:
+            with self.lock:
+                me.status = "done"
+                self._rank_left(me)
+
+    def _rank_left(self, me):
+        """A rank ended: the others may now be deadlocked; in stepped mode the turn moves on."""
+        if self.failure is None and self.deadlock is None and self._deadlocked():
+            self._report_deadlock(None)
+        if self.stepped:
+            self._pass_turn(me)
+        self.lock.notify_all()
+
+    def ended(self):
+        return self.failure is not None or self.deadlock is not None
+
+    # -- a rank's calls ------------------------------------------------------------------------
+    def check(self, me, doing):
+        """Raise on ``me`` if the world has ended (a failure elsewhere, a deadlock).  Under the lock."""
+        if self.deadlock is not None:
+            raise Deadlock(self.deadlock)
+        if self.failure is not None and self.failure is not me:
+            f = self.failure
+            tb = "".join(traceback.format_exception(type(f.error), f.error, f.error.__traceback__))
+            raise PeerFailed(f"rank {me.rank}: released from {doing} because rank {f.rank} failed with "
+                             f"{type(f.error).__name__}: {f.error}\n--- rank {f.rank}'s traceback ---\n{tb}")
+
+    def switch(self, me, doing):
+        """The end of a communication call: in stepped mode the next rank that can run takes the turn."""
+        if not self.stepped:
+            return
+        with self.lock:
+            self._pass_turn(me)
+            self._await_turn(me, doing)
+
+    def block(self, me, done, describe):
+        """Wait until ``done()`` (under the lock) is true; raise if the world ends first or if every
+        live rank is blocked.  ``describe()`` says what ``me`` waits for, for the reports."""
+        with self.lock:
+            while True:
+                self.check(me, describe())
+                if done():
+                    me.waiting = None
+                    return
+                me.waiting = (done, describe)
+                if self._deadlocked():
+                    self._report_deadlock(me)
+                    raise Deadlock(self.deadlock)
+                if self.stepped:
+                    self._pass_turn(me)
+                    self._await_turn(me, describe())
+                else:
+                    self.lock.wait()
+
+    def notify(self):
+        """Something completed: wake the blocked ranks (under the lock)."""
+        self.lock.notify_all()
+
+    # -- stepped turns -----------------------------------------------------------------------------
+    def _runnable(self, r):
+        return r.status == "running" and (r.waiting is None or r.waiting[0]())
+
+    def _pass_turn(self, me):
+        for k in range(1, self.size + 1):
+            r = self.ranks[(me.rank + k) % self.size]
+            if self._runnable(r):
+                self.turn = r.rank
+                break
+        self.lock.notify_all()
+
+    def _await_turn(self, me, doing="the start"):
+        while self.turn != me.rank:
+            self.check(me, doing)
+            self.lock.wait()
+        self.check(me, doing)
+
+    # -- deadlock ------------------------------------------------------------------------------------
+    def _deadlocked(self):
+        live = [r for r in self.ranks if r.status == "running"]
+        return bool(live) and all(r.waiting is not None and not r.waiting[0]() for r in live)
+
+    def _report_deadlock(self, me):
+        frames = sys._current_frames()
+        lines = [f"deadlock on {self.size} simulated ranks: every live rank waits for a call no rank can complete"]
+        for r in self.ranks:
+            if r.status != "running":
+                lines.append(f"rank {r.rank}: {r.status}")
+                continue
+            lines.append(f"rank {r.rank}: waits in {r.waiting[1]()}")
+            frame = sys._getframe() if r is me else frames.get(r.thread.ident)
+            lines.extend("    " + line for line in user_stack(frame))
+        self.deadlock = "\n".join(lines)
+        self.lock.notify_all()
+
+
+def user_stack(frame):
+    """The lines of ``frame``'s stack that are the rank's own code, not this package's or threading's."""
+    if frame is None:
+        return []
+    kept = [f for f in traceback.extract_stack(frame)
+            if not f.filename.startswith(_HERE) and not f.filename.endswith(("threading.py",))]
+    return "".join(traceback.format_list(kept)).rstrip("\n").split("\n")
+
+
+def current_rank(what):
+    """The calling thread's simulated rank, or a RuntimeError naming ``what`` outside a simulated world."""
+    sim = local.simulated()
+    if sim is None:
+        raise RuntimeError(f"{what}: not on a simulated rank; call it inside a function run by refconv.simulated.run")
+    return sim
