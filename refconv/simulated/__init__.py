@@ -152,8 +152,8 @@ def _summary(world):
     for r in world.ranks:
         if r.status == "done":
             lines.append(f"  rank {r.rank}: returned")
-        elif isinstance(r.error, PeerFailed):
-            lines.append(f"  rank {r.rank}: {str(r.error).splitlines()[0]}")
+        elif isinstance(r.error, PeerFailed):   # its message names the rank already
+            lines.append(f"  {str(r.error).splitlines()[0]}")
         else:
             lines.append(f"  rank {r.rank}: raised {type(r.error).__name__}: {str(r.error).splitlines()[0] if str(r.error) else ''}")
     return "\n".join(lines)
