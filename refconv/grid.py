@@ -109,6 +109,7 @@ class ProcessGrid:
         self.axes = axes_of(5 if sizes[DEPTH] > 1 else 4)
         shape = tuple(sizes[a] for a in self.axes)
         total = math.prod(shape)
+        collectives.check_comm(comm, "grid")   # MPI.COMM_WORLD on a simulated rank is one rank of the process
         if total != comm.Get_size():
             raise ValueError(
                 f"grid: {'*'.join(self.axes)} = {total} but the communicator "

@@ -58,6 +58,7 @@ class Request:
         self.owner, self.what = owner, what
         self.done = False
         self.result = None         # what a blocking call returns (a new communicator, an object)
+        self.payload = None        # what an object collective carries, pickled (for the reports)
         self.error = None          # a BufferReused found while the data moved, raised at completion
         self.ready = 0.0           # the logical time the call's data arrives (a priced run)
         self._watched = []         # [(array, checksum, role)]: buffers that must not change
@@ -295,15 +296,18 @@ def _agree(post):
 
 
 def _payloads(posts):
-    """What an object collective carried, cut short: a rank that reports a failure through one (as
-    refconv.testing.asserts does) shows its message here."""
-    lines = []
-    for p in sorted(posts, key=lambda p: p.rank):
-        payload = p.args.get("payload")
-        if payload is not None:
-            try:
-                text = repr(pickle.loads(payload))
-            except Exception:       # an object that does not unpickle: its size will do
-                text = f"{len(payload)} bytes"
-            lines.append(f"\n  rank {p.rank}'s {p.call} carried: {text[:2000]}")
-    return "".join(lines)
+    """What the object collectives among ``posts`` carried, cut short."""
+    from_rank = [(p.rank, p.call, p.args.get("payload")) for p in sorted(posts, key=lambda p: p.rank)]
+    return "".join(f"\n  rank {rank}'s {call}{carried(payload)}" for rank, call, payload in from_rank
+                   if payload is not None)
+
+
+def carried(payload):
+    """``payload`` (a pickled object) as a short line, or nothing."""
+    if payload is None:
+        return ""
+    try:
+        text = repr(pickle.loads(payload))
+    except Exception:           # an object that does not unpickle here: its size will do
+        text = f"{len(payload)} bytes"
+    return f"\n    carrying: {text[:2000]}"

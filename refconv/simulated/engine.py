@@ -17,7 +17,7 @@ import pickle
 
 from mpi4py import MPI
 
-from refconv.simulated.comm import Comm, Group, Post, Request, mismatch, reduction
+from refconv.simulated.comm import Comm, Group, Post, Request, carried, mismatch, reduction
 
 
 class Calls:
@@ -36,6 +36,7 @@ class Calls:
             group.posted[r] += 1
             request.what = f"{op} (collective {n}) on communicator {group.name!r}"
             post = Post(r, op, agree, request, args)
+            request.payload = args.get("payload")
             for role in ("send", "recv", "buf"):
                 if args.get(role) is not None and (role != "recv" or args["recv"] is not args.get("send")):
                     request.watch(args[role], "send" if role == "send" else "receive" if role == "recv" else "broadcast")
@@ -100,10 +101,9 @@ class Calls:
     # -- completing ----------------------------------------------------------------------------------------
     def wait(self, requests):
         self._check_owner(requests, "Wait")
-        what = lambda: "; ".join(r.what for r in requests if not r.done) or requests[0].what  # noqa: E731
-        self.world.block(self.me, lambda: all(r.done for r in requests), what)
+        self.world.block(self.me, lambda: all(r.done for r in requests), lambda: _pending(requests))
         self._complete(requests)
-        self.world.switch(self.me, what())
+        self.world.switch(self.me, requests[0].what)
 
     def test(self, requests):
         self._check_owner(requests, "Test")
@@ -129,6 +129,13 @@ class Calls:
         for r in requests:
             if r.owner is not self.me:
                 raise RuntimeError(f"{call}: rank {self.me.rank} completes a request of rank {r.owner.rank} ({r.what})")
+
+
+def _pending(requests):
+    """What a rank waits for: its calls not yet done, and what an object collective among them carries
+    (a rank reporting a failure through one, as refconv.testing.asserts does, shows its message)."""
+    waiting = [r for r in requests if not r.done] or requests[:1]
+    return "; ".join(r.what for r in waiting) + "".join(carried(r.payload) for r in waiting)
 
 
 def _matches_send(send, recv):
