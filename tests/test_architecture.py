@@ -65,6 +65,7 @@ LAZY_IMPORTS = {
     ("refconv/testing/mpirun.py", "mpi4py"): "the launcher lists tests without initialising MPI",
     ("refconv/testing/mpirun.py", "hypothesis"): "runs only inside a launched rank",
     ("refconv/testing/mpirun.py", "refconv.testing.profiles"): "runs only inside a launched rank",
+    ("refconv/testing/mpirun.py", "refconv.testing.asserts"): "runs only inside a launched rank (it imports MPI)",
     ("tests/conftest.py", "cupy"): "optional; decides NUMBA_ENABLE_CUDASIM before numba is first imported",
     ("tests/conftest.py", "refconv"): "refconv may import numba: only after the simulator switch",
     ("tests/test_site.py", "site_hooks"): "docs/site_hooks.py is imported from a path put on sys.path for the call",

@@ -121,6 +121,20 @@ def test_harness_keeps_a_failure_report_the_job_lost():
 
 
 @pytest.mark.mpi
+def test_harness_timeout_shows_each_ranks_stack_and_caught_error():
+    path = str(FIXTURES / "ranks_apart.py")
+    tests = mpirun.list_tests([path])[path]
+    out = mpirun.run_file(path, 2, tests)["test_ranks_apart_after_a_caught_error"]
+    assert not out.passed
+    for rank, line in [(0, "other.Barrier()"), (1, "world.Barrier()")]:
+        assert f"rank {rank}: TIMEOUT in test test_ranks_apart_after_a_caught_error" in out.output, out.output
+        assert f"--- rank {rank}'s Python stacks ---" in out.output, out.output
+        assert "in test_ranks_apart_after_a_caught_error" in out.output, out.output
+    assert "--- caught on rank 1 during the test ---" in out.output, out.output
+    assert "ValueError: rank 1's caught error" in out.output, out.output
+
+
+@pytest.mark.mpi
 def test_harness_missing_mpiexec_fails(monkeypatch):
     monkeypatch.setattr(mpirun, "find_mpiexec", lambda: None)
     t = mpirun.MpiTest("x.py", "test_x", (2,), 5.0)

@@ -17,6 +17,7 @@ any rank failed, naming the failing ranks and their messages.
 """
 
 import math
+import traceback
 
 import numpy
 
@@ -70,6 +71,16 @@ def close_message(actual, expected, *, rtol=None, atol=None, reduction_length=1,
     return _message(actual, expected, rtol, atol, reduction_length, name)
 
 
+CAUGHT = []  # the exceptions the collective checks caught on this process's rank (refconv.testing.mpirun prints them)
+
+
+def caught(exc):
+    """Keep ``exc``, which a collective check turned into a verdict: if the ranks then fall out of step
+    (a rank raised where the others went on), the test harness's timeout report shows it."""
+    CAUGHT.append("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    del CAUGHT[:-8]
+
+
 def assert_all_ranks(comm, ok, message=""):
     """Collective: AssertionError on every rank of ``comm`` if ``ok`` is False on any."""
     verdicts = collectives.allgather_object(comm, (bool(ok), "" if ok else str(message)))
@@ -84,5 +95,6 @@ def collective_assert_close(comm, actual, expected, **kwargs):
     try:
         msg = close_message(actual, expected, **kwargs)
     except Exception as exc:  # a crash in the comparison must not desynchronise ranks
+        caught(exc)
         msg = f"comparison raised {exc!r}"
     assert_all_ranks(comm, msg is None, msg)

@@ -29,7 +29,7 @@ from refconv import collectives, reference as ref
 from refconv.algorithms.base import Call
 from refconv.arrays import to_host
 from refconv.sharding import allgather
-from refconv.testing.asserts import assert_all_ranks, close_message, collective_assert_close, default_tolerance
+from refconv.testing.asserts import assert_all_ranks, caught, close_message, collective_assert_close, default_tolerance
 
 # float32 results are compared with the reference run in float32 too: both round.
 FLOAT32 = dict(factor=1e-4 / 4 / float(numpy.finfo(numpy.float32).eps), floor=1e-4)
@@ -113,6 +113,7 @@ def check_layer(layer, problem, *, seed=0, rtol=None, atol=None):
                 problems.append(msg)
         message = "\n".join(problems)
     except Exception as exc:  # report a crash on one rank on every rank instead of hanging
+        caught(exc)
         message = f"raised {exc!r}\n{traceback.format_exc()}"
     assert_all_ranks(comm, not message, f"{layer!r} on {problem}:\n{message}")
     return True

@@ -38,8 +38,11 @@ loads the Hypothesis profile "mpi", and runs the tests registered for size K in
 definition order.  Rank 0 prints ``@@refconv-mpi START <name>`` before a test
 and ``@@refconv-mpi PASS <name>`` once every rank finished it (barrier).  An
 exception prints ``@@refconv-mpi FAIL <name> rank <r>`` and the traceback, then
-``MPI.COMM_WORLD.Abort(1)`` ends the job in seconds.  A watchdog thread prints
-``rank r: TIMEOUT in test <name>`` and exits after ``timeout`` seconds.
+``MPI.COMM_WORLD.Abort(1)`` ends the job in seconds.  After ``timeout`` seconds a watchdog
+prints ``rank r: TIMEOUT in test <name>``, the rank's Python stacks (``faulthandler``'s,
+dumped by its own thread, which needs no GIL) and the exceptions the collective checks
+caught on it (``refconv.testing.asserts.CAUGHT``: a rank that raised inside ``check_layer``
+and went on to report it while the others went on to their next collective), then exits.
 Abort can kill the job before mpiexec has forwarded the failing rank's last
 lines, so a rank also writes each failure report to a file in the directory
 named by ``REFCONV_MPI_REPORTS`` (the launcher sets it) before it aborts; the
@@ -59,6 +62,7 @@ as JSON without initialising MPI (pytest collects through it).
 
 import argparse
 import dataclasses
+import faulthandler
 import importlib.util
 import json
 import os
@@ -77,6 +81,7 @@ SLACK_S = 30.0
 DEFAULT_SIZES = (1, 2, 3, 4)
 _MARKER = re.compile(re.escape(MARK) + r" (START|PASS|FAIL) (\S+)")
 REPORTS_ENV = "REFCONV_MPI_REPORTS"
+REPORT_GRACE_S = 1.0
 
 
 def mpi_test(fn=None, *, sizes=DEFAULT_SIZES, timeout=60):
@@ -128,10 +133,18 @@ def _report(rank, text):
             os.fsync(f.fileno())
 
 
-def _watchdog(rank, name, timeout, done):
+def _watchdog(rank, name, timeout, done, stacks, caught):
+    """Past ``timeout``: report this rank's Python stacks (written by faulthandler's own thread,
+    which needs no GIL, at the deadline) and the exceptions the collective checks caught on it,
+    then end the rank."""
     if not done.wait(timeout):
-        _report(rank, f"rank {rank}: TIMEOUT in test {name} after {timeout:g} s")
+        time.sleep(0.2)                       # faulthandler's dump, due at the same deadline
+        stacks.seek(0)
+        found = "".join(f"\n--- caught on rank {rank} during the test ---\n{text}" for text in caught)
+        _report(rank, f"rank {rank}: TIMEOUT in test {name} after {timeout:g} s\n"
+                      f"--- rank {rank}'s Python stacks ---\n{stacks.read().strip()}{found}")
         sys.stderr.flush()
+        time.sleep(REPORT_GRACE_S)            # the other ranks' watchdogs report too before this exit ends the job
         os._exit(3)
 
 
@@ -140,6 +153,7 @@ def run_rank(path, size, only=None):
     from hypothesis import settings
     from mpi4py import MPI
 
+    from refconv.testing.asserts import CAUGHT
     from refconv.testing.profiles import register_profiles
 
     comm = MPI.COMM_WORLD
@@ -160,8 +174,10 @@ def run_rank(path, size, only=None):
     for name, fn in tests:
         if rank == 0:
             _say(f"{MARK} START {name}")
-        done = threading.Event()
-        threading.Thread(target=_watchdog, args=(rank, name, fn.mpi_timeout, done),
+        done, stacks = threading.Event(), tempfile.TemporaryFile("w+")
+        CAUGHT.clear()
+        faulthandler.dump_traceback_later(fn.mpi_timeout, file=stacks)
+        threading.Thread(target=_watchdog, args=(rank, name, fn.mpi_timeout, done, stacks, CAUGHT),
                          daemon=True).start()
         try:
             fn()
@@ -173,6 +189,7 @@ def run_rank(path, size, only=None):
             comm.Abort(1)
         comm.Barrier()
         done.set()
+        faulthandler.cancel_dump_traceback_later()
         if rank == 0:
             _say(f"{MARK} PASS {name}")
 
