@@ -129,6 +129,15 @@ class Clock:
         self.t = max(self.t, self.arrival)
 
 
+def current():
+    """The calling simulated rank's clock (a priced run's), or a RuntimeError."""
+    clock = local.current().clock
+    if clock is None:
+        raise RuntimeError("refconv.simulated.clock.current: not on a rank of a priced run "
+                           "(refconv.simulated.run(..., machine=...))")
+    return clock
+
+
 def clocks_for(machine, world):
     """One clock per rank of ``world``, on ``machine`` (a Machine, a built-in name or a path)."""
     if not isinstance(machine, Machine):
@@ -141,18 +150,22 @@ def _tuple(v, kernel):
 
 
 # -- what a run's clocks say --------------------------------------------------------------------------
+def summarize(events):
+    """Per call kind of ``events`` (``stats.timeline()``'s dicts): calls, and seconds in flight, waited
+    (exposed: the rank waited for the call) and hidden (in flight, not waited)."""
+    kinds = {}
+    for e in events:
+        k = kinds.setdefault(e["kind"], {"calls": 0, "in_flight": 0.0, "waited": 0.0, "hidden": 0.0})
+        in_flight, waited = e["ended"] - e["started"], max(0.0, e["ended"] - e["waited"])
+        k["calls"] += 1
+        k["in_flight"] += in_flight
+        k["waited"] += waited
+        k["hidden"] += in_flight - waited
+    return kinds
+
+
 def report(clocks):
-    """Per rank: the time, the compute, and per call kind the seconds in flight, waited (exposed) and
-    hidden (in flight but not waited): ``[{"rank", "seconds", "compute", "calls": {kind: {...}}}]``."""
-    out = []
-    for c in clocks:
-        kinds = {}
-        for e in c.events:
-            k = kinds.setdefault(e["kind"], {"calls": 0, "in_flight": 0.0, "waited": 0.0, "hidden": 0.0})
-            k["calls"] += 1
-            in_flight, waited = e["ended"] - e["started"], max(0.0, e["ended"] - e["waited"])
-            k["in_flight"] += in_flight
-            k["waited"] += waited
-            k["hidden"] += in_flight - waited
-        out.append({"rank": c.rank, "seconds": c.t, "compute": sum(c.compute.values()), "calls": kinds})
-    return out
+    """Per rank: the time, the compute, and :func:`summarize` of its calls:
+    ``[{"rank", "seconds", "compute", "calls": {kind: {...}}}]``."""
+    return [{"rank": c.rank, "seconds": c.t, "compute": sum(c.compute.values()), "calls": summarize(c.events)}
+            for c in clocks]
