@@ -26,6 +26,8 @@ import traceback
 import numpy
 
 from refconv import collectives, reference as ref
+from refconv.grid import ProcessGrid
+from refconv.layers import DistConv2d, DistConv3d
 from refconv.algorithms.base import Call
 from refconv.arrays import to_host
 from refconv.sharding import allgather
@@ -117,6 +119,25 @@ def check_layer(layer, problem, *, seed=0, rtol=None, atol=None):
         message = f"raised {exc!r}\n{traceback.format_exc()}"
     assert_all_ranks(comm, not message, f"{layer!r} on {problem}:\n{message}")
     return True
+
+
+def case_layer(comm, case, backend="numpy"):
+    """The layer of a drawn :class:`refconv.testing.strategies.DistConvCase` on ``comm``'s ranks: a
+    DistConv2d, or a DistConv3d for a volume's problem, on the case's grid."""
+    p = case.problem
+    layer_class = DistConv3d if len(p.w_shape) == 5 else DistConv2d
+    return layer_class(p.C, p.F, p.w_shape[2:], grid=ProcessGrid(comm, **case.grid_kwargs()), backend=backend,
+                       **case.layer_kwargs())
+
+
+def check_case(comm, case, backend="numpy"):
+    """:func:`check_layer` of the case's layer (:func:`case_layer`), then its grid freed: the body a
+    property test runs on every rank (``refconv.simulated.run(check_case, ranks, args=(case,))``)."""
+    layer = case_layer(comm, case, backend)
+    try:
+        return check_layer(layer, case.problem)
+    finally:
+        layer.grid.free()
 
 
 def _order(call):
