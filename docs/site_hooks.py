@@ -47,7 +47,11 @@ API = {
     "plan": ("Planning", ["refconv.plan", "refconv.pricing.search", "refconv.pricing.machine", "refconv.pricing.perf"]),
     "testing": ("refconv.testing", ["refconv.testing.strategies", "refconv.testing.check",
                                     "refconv.testing.asserts", "refconv.testing.mutants",
-                                    "refconv.testing.mpirun", "refconv.testing.commands"]),
+                                    "refconv.testing.mpirun", "refconv.testing.ranks",
+                                    "refconv.testing.commands"]),
+    "simulated": ("Simulated ranks", ["refconv.simulated", "refconv.simulated.comm", "refconv.simulated.world",
+                                      "refconv.simulated.engine", "refconv.simulated.clock",
+                                      "refconv.simulated.against_plan"]),
 }
 
 REEXPORTS = {"refconv", "refconv.reference"}  # packages whose API is the names they import

@@ -79,7 +79,7 @@ def compare(model, ranks, batch, image_size, machine, grid=None):
     return {"plan": {"blocking": plan.seconds, "overlap": plan.overlapped_seconds,
                      "hidden": plan.seconds - plan.overlapped_seconds},
             "clock": {**busiest, "hidden": busiest["blocking"] - busiest["overlap"], "calls": calls},
-            "ranks": steps, "grid": plan.rows[0].cost.grid}
+            "ranks": steps}
 
 
 def _grid(text):
@@ -103,7 +103,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     out = compare(args.model, args.ranks, args.batch, args.image_size, args.machine, args.grid)
     plan, clock = out["plan"], out["clock"]
-    print(f"{args.model} on {args.ranks} simulated ranks, grid {out['grid']}, machine {args.machine}, batch {args.batch}")
+    grid = "as planned" if args.grid is None else "x".join(map(str, args.grid)) + " (sample x channel x height x width)"
+    print(f"{args.model} on {args.ranks} simulated ranks, grid {grid}, machine {args.machine}, batch {args.batch}")
     print(f"{'':10s} {'plan ms':>9s} {'clock ms':>9s} {'clock/plan':>10s}")
     for name in ("blocking", "overlap", "hidden"):
         ratio = clock[name] / plan[name] if plan[name] else float("nan")

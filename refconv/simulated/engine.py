@@ -29,12 +29,11 @@ class Calls:
     # -- posting -----------------------------------------------------------------------------------------
     def collective(self, comm, op, agree, args):
         group, r = comm.group, comm.rank
-        request = Request(self.me, f"{op} on {group.name!r}")
         with self.world.lock:
-            self.world.check(self.me, request.what)
             n = group.posted[r]
+            request = Request(self.me, f"{op} (collective {n}) on communicator {group.name!r}")
+            self.world.check(self.me, request.what)
             group.posted[r] += 1
-            request.what = f"{op} (collective {n}) on communicator {group.name!r}"
             post = Post(r, op, agree, request, args)
             request.payload = args.get("payload")
             for role in ("send", "recv", "buf"):
