@@ -34,7 +34,7 @@ import numpy
 import yaml
 from mpi4py import MPI
 
-from refconv import algorithms, checks, spec_tree
+from refconv import algorithms, checks, collectives, spec_tree
 from refconv.grid import ProcessGrid, axes_of
 from refconv.layers import (AvgPool2d, AvgPool3d, BatchNorm2d, BatchNorm3d, DistConv2d, DistConv3d, GlobalAvgPool,
                             GlobalAvgPool3d, Linear, MaxPool2d, MaxPool3d, ReLU)
@@ -320,7 +320,8 @@ def build(spec, *, comm=None, backend="auto", dtype=None, seed=0, serial=False, 
     docstring), the spec as a dict, and its input channels.
 
     ``defaults`` (a dict with ``grid``/``algorithm``/``filter_groups``) overrides the
-    spec's; ``serial=True`` builds every layer on a 1-rank grid of ``MPI.COMM_SELF``.
+    spec's; ``serial=True`` builds every layer on a 1-rank grid of ``MPI.COMM_SELF`` (on a simulated rank,
+    its own one-rank communicator: ``collectives.comm_self()``).
     Raises ValueError naming the bad key or value, identically on every rank.
     """
     spec = load_spec(spec, **preset_kwargs)
@@ -332,7 +333,7 @@ def build(spec, *, comm=None, backend="auto", dtype=None, seed=0, serial=False, 
     in_channels = spec.get("in_channels", 3)
     in_channels = checks.positive_int(in_channels, "spec.in_channels")
     dtype = numpy.dtype(dtype or numpy.float32)
-    comm = MPI.COMM_SELF if serial else (comm or MPI.COMM_WORLD)
+    comm = collectives.comm_self() if serial else (comm or MPI.COMM_WORLD)
     b = _Builder(comm, backend, dtype, seed, serial, merged, dims=spec.get("dims", 2))
     layers, names, _, _ = b.sequence(nodes, None, in_channels)
     return Sequential(layers, names=names), spec, in_channels

@@ -48,6 +48,16 @@ def test_mpi_comm_world_on_a_simulated_rank_is_named():
         run(lambda comm: ProcessGrid(MPI.COMM_WORLD), 1)
 
 
+def test_each_rank_has_a_communicator_of_its_own_for_serial_twins():
+    def body(comm):
+        alone = collectives.comm_self()
+        total = collectives.allreduce(alone, numpy.full(2, comm.rank + 1.0))
+        return alone.Get_size(), alone is collectives.comm_self(), total.tolist()
+    assert run(body, 3) == [(1, True, [r + 1.0] * 2) for r in range(3)]
+    with pytest.raises(RuntimeError, match="MPI.COMM_SELF used on simulated rank 0.*collectives.comm_self"):
+        run(lambda comm: ProcessGrid(MPI.COMM_SELF), 1)
+
+
 def test_a_simulated_communicator_outside_its_world_is_named():
     comm, = run(lambda comm: comm, 1)
     with pytest.raises(RuntimeError, match="used outside its world's rank threads"):

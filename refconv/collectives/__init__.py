@@ -25,7 +25,7 @@ from refconv.collectives.control import allgather_object, barrier, bcast_object,
 from refconv.collectives.faults import FaultInjected, fault_point, set_fault
 from refconv.collectives.ops import allgather, allreduce, allreduce_, alltoallv, bcast, exchange, gather, iallgather, \
     iallreduce_, iexchange, ireduce_scatter, reduce_scatter, scatter
-from refconv.collectives.local import check_comm, priced, stats
+from refconv.collectives.local import check_comm, comm_self, priced, stats
 from refconv.collectives.recording import KINDS, CommStats, Record, Region
 from refconv.collectives.requests import Request, progress
 from refconv.collectives.staging import cuda_aware
@@ -33,7 +33,7 @@ from refconv.collectives.watchdog import EXIT_TIMEOUT, TRAINING_TIMEOUT_S, env_t
     set_timeout, timeout
 
 __all__ = ["allgather", "allgather_object", "allreduce", "allreduce_", "alltoallv", "barrier", "bcast",
-           "bcast_object", "check_comm", "CommStats", "cuda_aware", "env_timeout", "exchange", "EXIT_TIMEOUT",
+           "bcast_object", "check_comm", "comm_self", "CommStats", "cuda_aware", "env_timeout", "exchange", "EXIT_TIMEOUT",
            "fault_point", "FaultInjected", "gather", "get_timeout", "iallgather", "iallreduce_", "iexchange",
            "ireduce_scatter", "KINDS", "library_version", "node_comm", "priced", "progress", "Record", "Request",
            "reduce_scatter", "Region", "scatter", "set_fault", "set_timeout", "split", "stats", "timeout",

@@ -66,6 +66,12 @@ def simulated():
     return current().simulated
 
 
+def comm_self():
+    """This rank alone: ``MPI.COMM_SELF``, or on a simulated rank its own one-rank communicator."""
+    sim = simulated()
+    return MPI.COMM_SELF if sim is None else sim.comm_self()
+
+
 def now():
     """The calling rank's clock (:meth:`RankState.now`)."""
     return current().now()
@@ -100,17 +106,20 @@ def check_comm(comm, what):
     on_simulated_rank = simulated() is not None
     if getattr(comm, "simulated", False) != on_simulated_rank:
         if on_simulated_rank:
-            name = "MPI.COMM_WORLD" if _is_comm_world(comm) else f"the MPI communicator {comm!r}"
-            raise RuntimeError(f"{what}: {name} used on simulated rank {simulated().rank}: inside "
+            raise RuntimeError(f"{what}: {_mpi_name(comm)} used on simulated rank {simulated().rank}: inside "
                                f"refconv.simulated.run use the communicator the rank function was given "
-                               f"(or refconv.simulated.world()), never MPI.COMM_WORLD")
+                               f"(or refconv.simulated.comm_world(); collectives.comm_self() for this rank "
+                               f"alone), never MPI.COMM_WORLD or MPI.COMM_SELF")
         raise RuntimeError(f"{what}: the simulated communicator {comm!r} used outside its world's rank "
                            f"threads: call it only inside the function refconv.simulated.run runs")
     return comm
 
 
-def _is_comm_world(comm):
-    try:
-        return comm == MPI.COMM_WORLD
-    except Exception:
-        return False
+def _mpi_name(comm):
+    for name in ("COMM_WORLD", "COMM_SELF"):
+        try:
+            if comm == getattr(MPI, name):
+                return f"MPI.{name}"
+        except Exception:       # not an MPI communicator at all
+            break
+    return f"the MPI communicator {comm!r}"

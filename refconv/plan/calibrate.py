@@ -333,7 +333,7 @@ def measure_compute(comm, backend, quick):
 def measure_layer_overhead(comm, kernel_fits, quick, repeats):
     """(bytes, seconds): a one-rank DistConv2d's forward + backward less its three kernels
     as fitted, against the bytes of its input and output."""
-    grid = ProcessGrid(MPI.COMM_SELF)
+    grid = ProcessGrid(collectives.comm_self())
     rng = numpy.random.default_rng(0)
     xs, ys = [], []
     for N, C, F, H, K in conv_shapes(quick):

@@ -183,6 +183,13 @@ class Comm:
     def Dup(self):
         return self.Split(0, self._rank)
 
+    def self_comm(self):
+        """A new one-rank communicator of this rank alone (not collective: no other rank takes part)."""
+        world = self.owner.world
+        with world.lock:
+            group = Group(world, [self.group.members[self._rank]], "self")
+        return Comm(group, 0, self.owner)
+
     # -- collectives ---------------------------------------------------------------------------------------
     def Barrier(self):
         self._wait(self._collective("Barrier", ()))

@@ -67,6 +67,13 @@ class Rank:
         self.result = self.error = None
         self.clock = None          # refconv.simulated.clock.Clock on a priced run
         self.comm = None           # the rank's world communicator
+        self._self = None
+
+    def comm_self(self):
+        """This rank's one-rank communicator (what ``MPI.COMM_SELF`` is to a process), made once."""
+        if self._self is None:
+            self._self = self.comm.self_comm()
+        return self._self
 
     def __repr__(self):
         return f"<simulated rank {self.rank} of {self.world.size}>"
