@@ -27,6 +27,7 @@ import time
 import numpy
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from mpi4py import MPI
 
 from refconv import collectives, simulated
 from refconv.bench.timing import PAUSE
@@ -72,7 +73,6 @@ def time_mpiexec(path, ranks, rounds):
 
 
 def _rank_side(path, out, rounds):
-    from mpi4py import MPI
     comm = MPI.COMM_WORLD
     with open(path, "rb") as f:
         cases = pickle.load(f)
