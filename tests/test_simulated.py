@@ -297,3 +297,14 @@ def test_stepped_ranks_take_turns_only_at_calls_and_every_run_is_the_same():
     pairs = list(zip(logs[0][::2], logs[0][1::2]))
     assert all(a[:2] == b[:2] and (a[2], b[2]) == ("a", "b") for a, b in pairs)
     assert [a[0] for a, _ in pairs[:3]] == [0, 1, 2]    # round robin in rank order
+
+
+def test_communicators_compare_as_mpi_compares_them():
+    def body(comm):
+        same = collectives.split(comm, 0, comm.rank)
+        reordered = collectives.split(comm, 0, -comm.rank)
+        half = collectives.split(comm, comm.rank % 2, comm.rank)
+        compare = type(comm).Compare
+        return [compare(comm, comm), compare(comm, same), compare(comm, reordered), compare(comm, half)]
+    expected = [MPI.IDENT, MPI.CONGRUENT, MPI.SIMILAR, MPI.UNEQUAL]
+    assert run(body, 4) == [expected] * 4

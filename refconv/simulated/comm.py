@@ -10,7 +10,8 @@ call                                      what the simulated world does
 ``Allreduce``, ``Iallreduce``             sum (or max, min, prod) in rank order, in place too
 ``Ialltoallw``, ``Iallgather``            blocks of bytes (``MPI.BYTE``, ``BlockLayout``)
 ``Alltoallv``, ``Scatterv``, ``Gatherv``  blocks in elements of the array's dtype
-``Bcast``, ``Barrier``                    as MPI
+``Bcast``, ``Barrier``, ``barrier``       as MPI
+``Compare`` (a static method)             IDENT, CONGRUENT, SIMILAR or UNEQUAL, as MPI
 ``bcast``, ``allgather``                  pickled objects: each rank gets its own copy
 ``Isend``, ``Irecv``                      matched by communicator, source and tag, in order
 ``Request.Wait``, ``Test``,               completion; ``Waitall``/``Testall`` are class methods
@@ -157,6 +158,19 @@ class Comm:
     def Free(self):
         pass
 
+    @staticmethod
+    def Compare(a, b):
+        """``MPI.IDENT`` for the same communicator, ``MPI.CONGRUENT`` for the same ranks in the same order
+        (a Split that kept them), ``MPI.SIMILAR`` for the same ranks in another order, else ``MPI.UNEQUAL``."""
+        if a.group is b.group:
+            return MPI.IDENT
+        if a.group.members == b.group.members:
+            return MPI.CONGRUENT
+        return MPI.SIMILAR if sorted(a.group.members) == sorted(b.group.members) else MPI.UNEQUAL
+
+    def barrier(self):
+        self.Barrier()
+
     def world_rank(self, rank):
         """The world rank of this communicator's ``rank``."""
         return self.group.members[rank]
@@ -166,7 +180,7 @@ class Comm:
 
     def __getattr__(self, name):
         if name[:1].isupper() or name in ("reduce", "gather", "scatter", "send", "recv", "alltoall", "allreduce",
-                                          "barrier", "isend", "irecv", "sendrecv", "scan", "exscan"):
+                                          "isend", "irecv", "sendrecv", "scan", "exscan"):
             raise NotImplementedError(f"simulated ranks: Comm.{name} is not implemented (refconv.simulated.comm "
                                       f"lists what is); run this under mpiexec")
         raise AttributeError(name)
