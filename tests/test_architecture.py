@@ -9,7 +9,8 @@
 - the pricing model (refconv/pricing/) imports no tool, and layers and training
   import no planning tool (refconv.plan);
 - the worked example of docs/testing.md is the class that
-  tests/mpi/test_fifth_algorithm.py registers, letter for letter.
+  tests/simulated/test_fifth_algorithm.py registers, and the test it runs on simulated ranks,
+  letter for letter.
 """
 
 import ast
@@ -159,11 +160,17 @@ def _between(text, start, end):
 START = "@algorithms.register\nclass AllreduceX"
 
 
+TEST_START = "def _layer(case, grid):"
+
+
 def test_the_worked_example_is_the_tested_class():
-    tested = _between((ROOT / "tests/mpi/test_fifth_algorithm.py").read_text(), START,
-                      "# -- end of the algorithm")
-    page = _between((ROOT / "docs/testing.md").read_text(), START, "```")
-    assert page == tested, "docs/testing.md shows a different AllreduceX than tests/mpi/test_fifth_algorithm.py"
+    text, page = (ROOT / "tests/simulated/test_fifth_algorithm.py").read_text(), (ROOT / "docs/testing.md").read_text()
+    tested = _between(text, START, "# -- end of the algorithm")
+    assert _between(page, START, "```") == tested, \
+        "docs/testing.md shows a different AllreduceX than tests/simulated/test_fifth_algorithm.py"
+    tested = _between(text, TEST_START, "# -- end of the test")
+    assert _between(page, TEST_START, "```") == tested, \
+        "docs/testing.md shows a different first test than tests/simulated/test_fifth_algorithm.py"
 
 
 # the modules that run things: commands, benchmarks, the planning tools

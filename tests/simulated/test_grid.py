@@ -1,12 +1,13 @@
-"""ProcessGrid on every factorization of the world size: coords, sub-communicators, errors."""
+"""ProcessGrid on every factorization of the world size: coords, sub-communicators, errors,
+on 1 to 8 simulated ranks (refconv.simulated)."""
 
 import itertools
 
-from mpi4py import MPI
-
 from refconv.grid import AXES, ProcessGrid
 from refconv.testing.asserts import assert_all_ranks
-from refconv.testing.mpirun import mpi_test
+from refconv.testing.ranks import on_ranks
+
+SIZES = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
 def factorizations(p):
@@ -27,9 +28,8 @@ def _expected(grid, vary):
     return [grid.rank_of(c) for c in itertools.product(*ranges)]
 
 
-@mpi_test(sizes=(1, 2, 3, 4, 8))
-def test_coords_and_sub_communicators():
-    comm = MPI.COMM_WORLD
+@on_ranks(*SIZES)
+def test_coords_and_sub_communicators(comm):
     for shape in factorizations(comm.size):
         with ProcessGrid(comm, **dict(zip(AXES, shape))) as g:
             ok = (g.shape == shape and (g.P_N, g.P_c, g.P_H, g.P_W) == shape
@@ -59,9 +59,8 @@ def test_coords_and_sub_communicators():
         g.free()                                  # second free is harmless
 
 
-@mpi_test(sizes=(1, 2, 3, 4))
-def test_bad_grids_raise_identically():
-    comm = MPI.COMM_WORLD
+@on_ranks(*SIZES)
+def test_bad_grids_raise_identically(comm):
     p = comm.size
     cases = [dict(sample=p + 1), dict(channel=0), dict(height=1.5), dict(width=True)]
     for kwargs in cases:

@@ -7,19 +7,18 @@ digits-sized images, 10 classes): digits-cnn as shipped, resnet50 at 16x16, and 
 mobilenet and resnext50-32x4d of tests/mpi/test_grouped_models.py.  The wide ResNets
 (resnet50-wide2, -wide4) are resnet50's builder with wider bottlenecks, the same layer
 kinds; at 69M and 240M parameters per rank they do not fit this test's memory.  The
-cosmoflow preset's step (volumes) is checked in tests/mpi/test_volumes.py.
+cosmoflow preset's step (volumes) is checked in tests/mpi/test_volumes.py.  On simulated ranks
+(refconv.simulated): each rank thread trains its own model, as each process would.
 """
 
 import numpy
-from mpi4py import MPI
 
 from refconv.model import Model
 from refconv.optim import SGD
 from refconv.testing.check import check_records
-from refconv.testing.mpirun import mpi_test
+from refconv.testing.ranks import on_ranks
 from refconv.train import step
 
-comm = MPI.COMM_WORLD
 SMALL = {"digits-cnn": {},
          "resnet50": dict(num_classes=10, in_channels=1),
          "mobilenet": dict(width=1 / 8, blocks=((64, 1), (128, 2)), num_classes=10, in_channels=1),
@@ -44,7 +43,7 @@ MIXED = {"name": "mixed", "in_channels": 1, "layers": [
     {"type": "gap"}, {"type": "linear", "out": 10, "grid": {"sample": 2, "channel": 2}}]}
 
 
-def _step_records(name, grid, algorithm, filter_groups=None):
+def _step_records(comm, name, grid, algorithm, filter_groups=None):
     defaults = {"grid": grid, "algorithm": algorithm, "filter_groups": filter_groups} if grid else None
     model = Model.from_spec(name, comm=comm, backend="numpy", seed=0, defaults=defaults,
                             **(SMALL[name] if isinstance(name, str) else {}))
@@ -64,31 +63,31 @@ def _runs(size):
                 yield name, grid
 
 
-@mpi_test(sizes=(1, 2, 3, 4), timeout=600)
-def test_a_training_step_makes_the_calls_of_its_layers_records():
+@on_ranks(1, 2, 3, 4)
+def test_a_training_step_makes_the_calls_of_its_layers_records(comm):
     for name, grid in _runs(comm.size):
-        _step_records(name, grid, "stationary-y" if grid.get("channel", 1) > 1 else "stationary-x")
+        _step_records(comm, name, grid, "stationary-y" if grid.get("channel", 1) > 1 else "stationary-x")
 
 
-@mpi_test(sizes=(8,), timeout=300)
-def test_a_training_step_at_8_ranks_makes_the_calls_of_its_layers_records():
+@on_ranks(8)
+def test_a_training_step_at_8_ranks_makes_the_calls_of_its_layers_records(comm):
     """Every preset at 8 ranks: the shipped digits-cnn on sample x channel x height and on 8
     channel ranks with Stationary-W (p_f = 2 and 4); the others on 2 samples x 4 channels
     (Stationary-X; the grouped ones through the grouped classes)."""
     for grid, algorithm, p_f in (({"sample": 2, "channel": 2, "height": 2}, "stationary-x", None),
                                  ({"channel": 8}, "stationary-w", 2), ({"channel": 8}, "stationary-w", 4)):
-        _step_records("digits-cnn", grid, algorithm, p_f)
+        _step_records(comm, "digits-cnn", grid, algorithm, p_f)
     for name in SMALL:
         if name != "digits-cnn":
-            _step_records(name, {"sample": 2, "channel": 4}, "stationary-x")
+            _step_records(comm, name, {"sample": 2, "channel": 4}, "stationary-x")
 
 
-@mpi_test(sizes=(2, 4), timeout=300)
-def test_the_records_of_auto_and_stationary_w_convs_are_the_calls_made():
+@on_ranks(2, 4)
+def test_the_records_of_auto_and_stationary_w_convs_are_the_calls_made(comm):
     for grid, algorithm in (({"channel": comm.size}, "auto"), ({"channel": comm.size}, "stationary-w")):
-        _step_records("digits-cnn", grid, algorithm)
+        _step_records(comm, "digits-cnn", grid, algorithm)
 
 
-@mpi_test(sizes=(4,), timeout=120)
-def test_the_records_of_a_model_on_a_grid_per_layer_are_the_calls_made():
-    _step_records(MIXED, None, None)
+@on_ranks(4)
+def test_the_records_of_a_model_on_a_grid_per_layer_are_the_calls_made(comm):
+    _step_records(comm, MIXED, None, None)

@@ -1,23 +1,26 @@
 """A fifth algorithm, added without editing refconv: registered, priced, property-tested
-against the serial reference and volume-checked, all from this one file.
+against the serial reference and volume-checked, all from this one file, on 1 to 8
+simulated ranks (refconv.simulated): plain ``pytest``, no mpiexec.
 
-This is the worked example of docs/testing.md ("Adding an algorithm"); the class
-below must stay identical to the one on that page (tests/test_architecture.py
-checks it).
+This is the worked example of docs/testing.md ("Adding an algorithm"); the class and the
+first test below must stay identical to the ones on that page (tests/test_architecture.py
+checks them).  tests/mpi/test_algorithms.py runs the class once under mpiexec.
 """
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mpi4py import MPI
 
-from refconv import DistConv2d, ProcessGrid, algorithms, collectives, cost_model
+from refconv import DistConv2d, ProcessGrid, algorithms, collectives, cost_model, simulated
 from refconv.algorithms.base import (Algorithm, Call, gradient_records, halo_records, local_blocks,
                                     segmented_allreduce)
 from refconv.distribution import block_range, block_size
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.check import check_layer, check_records
-from refconv.testing.mpirun import mpi_test
+from refconv.testing.ranks import on_ranks
 from refconv.testing.strategies import ConvProblem, dist_conv_cases
+
+SIZES = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
 # -- the algorithm (docs/testing.md shows this class) ------------------------------------
@@ -62,34 +65,42 @@ class AllreduceX(Algorithm):
         return (exchange + [Call("allreduce", P_c, y_full), Call("allreduce", P_c, y_full)] + back
                 + gradient_records(geom, grid_shape, coords, (geom.F, b.C_i) + geom.kernel))
 # -- end of the algorithm -----------------------------------------------------------------
+# Registered while this file's tests run only (the fixture below): pytest imports every test file
+# into one process, and an "allreduce-x" left in the registry would be priced by every other test.
+algorithms.REGISTRY.pop(AllreduceX.name)
 
-comm = MPI.COMM_WORLD
+
+@pytest.fixture(autouse=True)
+def _registered():
+    algorithms.register(AllreduceX)  # tests/conftest.py restores the registry after each test
 
 
+# -- a test on simulated ranks (docs/testing.md shows it) ----------------------------------
 def _layer(case, grid):
     p = case.problem
     return DistConv2d(p.C, p.F, (p.Kh, p.Kw), grid=grid, backend="numpy", input_shape=p.x_shape,
                       **case.layer_kwargs())
 
 
-@mpi_test(sizes=(1, 2, 3, 4), timeout=120)
-@settings(max_examples=15)
-@given(st.data())
-def test_matches_the_serial_reference(data):
-    """Property-tested like the built-in algorithms: drawn problems and grids, uneven blocks."""
-    case = data.draw(dist_conv_cases(comm.size, algorithms=("allreduce-x",)))
+def matches_the_serial_reference(comm, case):
+    """On every rank: the drawn case's layer against the serial reference (collective checks)."""
     grid = ProcessGrid(comm, **case.grid_kwargs())
     check_layer(_layer(case, grid), case.problem)
     grid.free()
 
 
-@mpi_test(sizes=(1, 2, 4), timeout=120)
-@settings(max_examples=10)
+@on_ranks(1, 2, 3, 4, 5, 6, 7, 8)
+@settings(max_examples=25)
 @given(st.data())
-def test_records_are_what_it_moves(data):
-    """Volume: the calls measured equal records(), in order, and the closed form
-    (two allreduces of the full n F h' w' on the channel group)."""
-    case = data.draw(dist_conv_cases(comm.size, algorithms=("allreduce-x",), axes=("sample", "channel")))
+def test_matches_the_serial_reference(ranks, data):
+    """Property-tested like the built-in algorithms: drawn problems and grids, uneven blocks.
+    Hypothesis draws in the test's thread; then every rank runs the example."""
+    case = data.draw(dist_conv_cases(ranks, algorithms=("allreduce-x",)))
+    simulated.run(matches_the_serial_reference, ranks, args=(case,))
+# -- end of the test -------------------------------------------------------------------------
+
+
+def _records_are_what_it_moves(comm, case):
     grid = ProcessGrid(comm, **case.grid_kwargs())
     layer, p = _layer(case, grid), case.problem
     x, w, b, dy = p.arrays()
@@ -103,14 +114,24 @@ def test_records_are_what_it_moves(data):
     grid.free()
 
 
-@mpi_test(sizes=(4,), timeout=60)
-def test_priced_and_never_chosen_over_stationary_x():
+@on_ranks(*SIZES)
+@settings(max_examples=15)
+@given(st.data())
+def test_records_are_what_it_moves(ranks, data):
+    """Volume: the calls measured equal records(), in order, and the closed form
+    (two allreduces of the full n F h' w' on the channel group)."""
+    case = data.draw(dist_conv_cases(ranks, algorithms=("allreduce-x",), axes=("sample", "channel")))
+    simulated.run(_records_are_what_it_moves, ranks, args=(case,))
+
+
+@on_ranks(4, 8)
+def test_priced_and_never_chosen_over_stationary_x(comm):
     """The cost model prices it from its records() with no edit: twice X's forward bytes."""
-    grid = ProcessGrid(comm, channel=4)
+    grid = ProcessGrid(comm, channel=comm.size)
     layer = DistConv2d(8, 8, 3, padding=1, grid=grid, algorithm="auto", backend="numpy",
                        input_shape=ConvProblem(N=2, C=8, F=8, H=6, W=6, Kh=3, Kw=3).x_shape)
     table = layer.cost_estimates
     assert_all_ranks(comm, ("allreduce-x", None) in table and layer.algorithm != "allreduce-x"
                      and table[("allreduce-x", None)] > table[("stationary-x", None)], f"table {table}")
-    assert_all_ranks(comm, ("allreduce-x", None) in cost_model.candidates(4), "not a candidate")
+    assert_all_ranks(comm, ("allreduce-x", None) in cost_model.candidates(comm.size), "not a candidate")
     grid.free()

@@ -1,27 +1,22 @@
 """Each algorithm's ``records()``, which the cost model prices, lists call for call, in
-order, what CommStats measures: any grid, halos included."""
+order, what CommStats measures: any grid, halos included, on 1 to 8 simulated ranks
+(refconv.simulated)."""
 
 import numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mpi4py import MPI
 
+from refconv import simulated
 from refconv.layers import DistConv2d
 from refconv.cost_model import layer_records
 from refconv.grid import ProcessGrid
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.check import check_layer, check_records
-from refconv.testing.mpirun import mpi_test
+from refconv.testing.ranks import on_ranks
 from refconv.testing.strategies import ConvProblem, dist_conv_cases
 
-comm = MPI.COMM_WORLD
 
-
-@mpi_test(sizes=(1, 2, 3, 4), timeout=120)
-@settings(max_examples=20)
-@given(st.data())
-def test_predicted_calls_equal_measured_calls(data):
-    case = data.draw(dist_conv_cases(comm.size, dtypes=("float32", "float64"), grouped_channel_split=True))
+def predicted_calls_equal_measured_calls(comm, case):
     p = case.problem
     grid = ProcessGrid(comm, **case.grid_kwargs())
     layer = DistConv2d(p.C, p.F, (p.Kh, p.Kw), grid=grid, backend="numpy", input_shape=p.x_shape, **case.layer_kwargs())
@@ -36,8 +31,16 @@ def test_predicted_calls_equal_measured_calls(data):
     grid.free()
 
 
-@mpi_test(sizes=(4,), timeout=60)
-def test_auto_picks_the_cheapest_and_computes_the_same():
+@on_ranks(1, 2, 3, 4, 5, 6, 7, 8)
+@settings(max_examples=50)
+@given(st.data())
+def test_predicted_calls_equal_measured_calls(ranks, data):
+    case = data.draw(dist_conv_cases(ranks, dtypes=("float32", "float64"), grouped_channel_split=True))
+    simulated.run(predicted_calls_equal_measured_calls, ranks, args=(case,))
+
+
+@on_ranks(4)
+def test_auto_picks_the_cheapest_and_computes_the_same(comm):
     problem = ConvProblem(N=2, C=8, F=8, H=6, W=6, Kh=3, Kw=3, padding=(1, 1))
     grid = ProcessGrid(comm, channel=4)
     layer = DistConv2d(8, 8, 3, padding=1, grid=grid, algorithm="auto", backend="numpy", dtype=numpy.float64,

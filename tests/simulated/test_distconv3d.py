@@ -1,10 +1,10 @@
 """DistConv3d against the serial 3-D reference (refconv.reference.conv3d_*), forward,
 backward-data and backward-filter, and its communication against its ``records()``.
 
-Drawn volumes and grids ``sample x channel x depth x height x width`` at 1 to 4 ranks
-(every stride, padding, padding mode and dilation, uneven blocks); at 8 ranks every grid
-of 8 ranks, each with Stationary-X, -Y and -W (every ``p_f``), in one launch.  Every rank
-draws the same examples (Hypothesis profile "mpi"); the checks are collective.
+Drawn volumes and grids ``sample x channel x depth x height x width`` at 1 to 8 simulated
+ranks (refconv.simulated; every stride, padding, padding mode and dilation, uneven blocks);
+every grid of 4 and of 8 ranks, each with Stationary-X, -Y and -W (every ``p_f``).  Hypothesis
+draws each example in the test's thread, then every rank runs it; the checks are collective.
 """
 
 import itertools
@@ -14,9 +14,8 @@ import tempfile
 import numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mpi4py import MPI
 
-from refconv import checkpoint
+from refconv import checkpoint, simulated
 from refconv.distribution import Distribution
 from refconv.grid import ProcessGrid, axes_of
 from refconv.layers import DistConv3d
@@ -24,19 +23,19 @@ from refconv.model import Model
 from refconv.sharding import allgather, redistribute
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.check import check_layer, check_records
-from refconv.testing.mpirun import mpi_test
+from refconv.testing.ranks import on_ranks
 from refconv.testing.strategies import Conv3dProblem, dist_conv3d_cases
 
-comm = MPI.COMM_WORLD
+EXAMPLES = 25
 
 
-def build(case):
+def build(comm, case):
     grid = ProcessGrid(comm, **case.grid_kwargs())
     return DistConv3d(case.problem.C, case.problem.F, case.problem.kernel, grid=grid, backend="numpy",
                       **case.layer_kwargs())
 
 
-def check_calls(layer, problem):
+def check_calls(comm, layer, problem):
     """One forward and backward make the calls ``layer.records()`` lists: the halo exchange and
     return (faces, edges and corners: bytes and messages), the channel collectives, the
     segmented allreduce."""
@@ -46,19 +45,23 @@ def check_calls(layer, problem):
     check_records(comm, lambda: (layer.forward(x_loc), layer.backward(dy_loc)), layer.records(), repr(layer))
 
 
-@mpi_test(sizes=(1, 2, 3, 4), timeout=120)
-@settings(max_examples=8)
-@given(st.data())
-def test_drawn_volumes_and_grids(data):
-    case = data.draw(dist_conv3d_cases(comm.size))
-    layer = build(case)
+def check_case(comm, case):
+    """On every rank: the drawn case's layer against the serial reference, and its calls."""
+    layer = build(comm, case)
     check_layer(layer, case.problem)
-    check_calls(layer, case.problem)
+    check_calls(comm, layer, case.problem)
     layer.grid.free()
 
 
-@mpi_test(sizes=(4,), timeout=60)
-def test_a_corner_comes_from_the_diagonal_neighbour():
+@on_ranks(1, 2, 3, 4, 5, 6, 7, 8)
+@settings(max_examples=EXAMPLES)
+@given(st.data())
+def test_drawn_volumes_and_grids(ranks, data):
+    simulated.run(check_case, ranks, args=(data.draw(dist_conv3d_cases(ranks)),))
+
+
+@on_ranks(4)
+def test_a_corner_comes_from_the_diagonal_neighbour(comm):
     """On 2 x 2 x 1 spatial ranks (depth x height x width), the edge of a 3x3x3 window that lies
     diagonally across is owned by the rank there: one plane by one row by every column, its own
     message, besides the two face neighbours'."""
@@ -73,7 +76,7 @@ def test_a_corner_comes_from_the_diagonal_neighbour():
     assert_all_ranks(comm, piece is not None and piece.shape == (1, 1, 3) and len(halo.receives) == 3,
                      f"rank {me}: diagonal piece {piece}, {len(halo.receives)} neighbours")
     check_layer(layer, problem)
-    check_calls(layer, problem)
+    check_calls(comm, layer, problem)
     grid.free()
 
 
@@ -83,12 +86,12 @@ def grids_of(size):
     return [s for s in itertools.product(divisors, repeat=5) if numpy.prod(s) == size]
 
 
-@mpi_test(sizes=(8,), timeout=300)
-def test_every_grid_of_eight_ranks_with_x_y_and_w():
-    """Every grid of 8 ranks (35 of them: 2x2x2 spatial, 2 channels x 2x2 spatial, 8 depth, ...)
-    on a layer that every one of them divides, with uneven blocks wherever an axis is split:
-    Stationary-X, -Y and -W (sample/spatial where P_c = 1); the calls against records() on
-    every grid with X.  One launch: 8 ranks share 2 cores in CI, so the shapes are tiny."""
+@on_ranks(4, 8)
+def test_every_grid_of_four_and_of_eight_ranks_with_x_y_and_w(comm):
+    """Every grid of 8 ranks (35 of them: 2x2x2 spatial, 2 channels x 2x2 spatial, 8 depth, ...),
+    and of 4 ranks (15), on a layer that every one of them divides, with uneven blocks wherever an
+    axis is split: Stationary-X, -Y and -W (sample/spatial where P_c = 1); the calls against
+    records() on every grid with X.  8 ranks share one process, so the shapes are tiny."""
     for shape in grids_of(comm.size):
         P_N, P_c, P_D, P_H, P_W = shape
         # out = in along depth, in - 2 along height (dilation 2), about in / 2 along width (stride 2)
@@ -105,12 +108,12 @@ def test_every_grid_of_eight_ranks_with_x_y_and_w():
                                backend="numpy", dtype=numpy.float64)
             check_layer(layer, problem)
             if algorithm == "stationary-x":
-                check_calls(layer, problem)
+                check_calls(comm, layer, problem)
         grid.free()
 
 
-@mpi_test(sizes=(4,), timeout=60)
-def test_redistribute_between_grids_of_volumes():
+@on_ranks(4)
+def test_redistribute_between_grids_of_volumes(comm):
     """A volume's activations moved between 3-D grids (depth x height, channel x width, sample x
     depth) and back: each rank's block is then its block of the global volume, uneven blocks too."""
     shape = (3, 5, 5, 6, 7)
@@ -125,8 +128,8 @@ def test_redistribute_between_grids_of_volumes():
     grid.free()
 
 
-@mpi_test(sizes=(4,), timeout=60)
-def test_sharded_checkpoint_of_a_volume_layer_loads_on_another_grid():
+@on_ranks(4)
+def test_sharded_checkpoint_of_a_volume_layer_loads_on_another_grid(comm):
     """A DistConv3d saved from a depth x height grid (Stationary-X) and loaded into one on a
     channel x width grid (Stationary-W): every rank then holds its shard of the same global
     weight and bias."""
@@ -144,14 +147,14 @@ def test_sharded_checkpoint_of_a_volume_layer_loads_on_another_grid():
     bias = allgather(loaded.bias.reshape(-1, 1, 1, 1), loaded.bias_distribution, loaded.grid).reshape(-1)
     assert_all_ranks(comm, step == 3 and numpy.array_equal(weight, w) and numpy.array_equal(bias, b),
                      "the loaded shards are not the saved layer's")
-    comm.barrier()
+    comm.Barrier()  # every rank has loaded before rank 0 removes the files
     if comm.rank == 0:
         shutil.rmtree(directory)
     saved.grid.free(), loaded.grid.free()
 
 
-@mpi_test(sizes=(4,), timeout=60)
-def test_grouped_volumes_on_a_channel_split():
+@on_ranks(4)
+def test_grouped_volumes_on_a_channel_split(comm):
     """Grouped 3-D convolutions where channels are split: whole groups per rank ("grouped", with a
     depth split too), and groups spanning ranks (X, Y and W within each group's ranks)."""
     for groups, algorithm, p_f, sizes in [(4, "stationary-x", None, dict(channel=2, depth=2)),
@@ -163,12 +166,12 @@ def test_grouped_volumes_on_a_channel_split():
         layer = DistConv3d(8, 8, problem.kernel, padding=problem.padding, groups=groups, grid=grid, algorithm=algorithm,
                            filter_groups=p_f, backend="numpy", dtype=numpy.float64)
         check_layer(layer, problem)
-        check_calls(layer, problem)
+        check_calls(comm, layer, problem)
         grid.free()
 
 
-@mpi_test(sizes=(4,), timeout=60)
-def test_auto_chooses_among_x_y_and_w_with_the_planner_and_runs_its_choice():
+@on_ranks(4)
+def test_auto_chooses_among_x_y_and_w_with_the_planner_and_runs_its_choice(comm):
     """``algorithm='auto'`` on ``channel=2 x depth=2``: bound, the layer prices X, Y and W on the
     five-axis grid (the chooser's table names each), runs the cheapest, and matches the serial
     reference and its records."""
@@ -182,5 +185,5 @@ def test_auto_chooses_among_x_y_and_w_with_the_planner_and_runs_its_choice():
     assert_all_ranks(comm, priced >= {"stationary-x", "stationary-y"} and layer.algorithm == cheapest[0]
                      and layer.filter_groups == cheapest[1], f"{layer.cost_estimates} -> {layer.algorithm}")
     check_layer(layer, problem)
-    check_calls(layer, problem)
+    check_calls(comm, layer, problem)
     grid.free()

@@ -1,22 +1,24 @@
-"""scatter / gather / allgather / redistribute for drawn grids and distributions.
+"""scatter / gather / allgather / redistribute for drawn grids and distributions, on 1 to 8
+simulated ranks (refconv.simulated).
 
-Hypothesis runs under the derandomized "mpi" profile, so every rank draws the
-same grids, shapes and distributions; checks are collective.
+Hypothesis draws each grid, shape and pair of distributions in the test's thread; then every
+rank runs the example; checks are collective.
 """
 
 import numpy
-from hypothesis import given, strategies as st
-from mpi4py import MPI
+from hypothesis import given, settings, strategies as st
 
 import refconv.sharding as sc
 from refconv.distribution import Distribution, Split
 from refconv.grid import AXES, ProcessGrid
 from refconv.testing.asserts import assert_all_ranks
-from refconv.testing.mpirun import mpi_test
+from refconv import simulated
+from refconv.testing.ranks import on_ranks
 
-from test_grid import factorizations
+from .test_grid import factorizations
 
-SIZES = (1, 2, 3, 4, 8)
+SIZES = (1, 2, 3, 4, 5, 6, 7, 8)
+EXAMPLES = 50
 
 
 @st.composite
@@ -56,22 +58,17 @@ def distribution_pairs(draw, size):
     return (Distribution(grid_shape, shape, src), Distribution(grid_shape, shape, dst))
 
 
-def _grid(dist):
-    return ProcessGrid(MPI.COMM_WORLD, **dict(zip(AXES, dist.grid_shape)))
+def _global(dist, dtype):
+    """0, 1, 2, ... laid out in ``dist``'s global shape: every element tells where it came from."""
+    return numpy.arange(numpy.prod(dist.global_shape), dtype=dtype).reshape(dist.global_shape)
 
 
-def _drawn(data, dtype):
-    """A (source, target) pair of distributions for this world size, the source's grid, and
-    0, 1, 2, ... laid out in the global shape: every element tells where it came from."""
-    src, dst = data.draw(distribution_pairs(MPI.COMM_WORLD.size))
-    return src, dst, _grid(src), numpy.arange(numpy.prod(src.global_shape), dtype=dtype).reshape(src.global_shape)
+def _grid(comm, dist):
+    return ProcessGrid(comm, **dict(zip(AXES, dist.grid_shape)))
 
 
-@mpi_test(sizes=SIZES, timeout=120)
-@given(data=st.data())
-def test_scatter_gather_allgather_roundtrip(data):
-    dist, _, grid, x = _drawn(data, numpy.float64)
-    comm = grid.comm
+def _roundtrip(comm, dist):
+    grid, x = _grid(comm, dist), _global(dist, numpy.float64)
     loc = sc.scatter(x if grid.rank == 0 else None, dist, grid)
     assert_all_ranks(comm, numpy.array_equal(loc, dist.extract(x, grid.rank)),
                      f"scatter wrong under {dist}")
@@ -80,21 +77,35 @@ def test_scatter_gather_allgather_roundtrip(data):
                      f"gather wrong under {dist}")
     every = sc.allgather(loc, dist, grid)
     assert_all_ranks(comm, numpy.array_equal(every, x), f"allgather wrong under {dist}")
+    grid.free()
 
 
-@mpi_test(sizes=SIZES, timeout=120)
+@on_ranks(*SIZES)
+@settings(max_examples=EXAMPLES)
 @given(data=st.data())
-def test_redistribute_matches_extract(data):
-    src, dst, grid, x = _drawn(data, numpy.float32)
+def test_scatter_gather_allgather_roundtrip(ranks, data):
+    dist, _ = data.draw(distribution_pairs(ranks))
+    simulated.run(_roundtrip, ranks, args=(dist,))
+
+
+def _redistribute(comm, src, dst):
+    grid, x = _grid(comm, src), _global(src, numpy.float32)
     out = sc.redistribute(src.extract(x, grid.rank), src, dst, grid)
     assert_all_ranks(grid.comm, numpy.array_equal(out, dst.extract(x, grid.rank)),
                      f"redistribute {src} -> {dst} wrong")
+    grid.free()
 
 
-@mpi_test(sizes=(1, 2, 4, 8))
-def test_stationary_w_weight_layout():
+@on_ranks(*SIZES)
+@settings(max_examples=EXAMPLES)
+@given(data=st.data())
+def test_redistribute_matches_extract(ranks, data):
+    simulated.run(_redistribute, ranks, args=data.draw(distribution_pairs(ranks)))
+
+
+@on_ranks(1, 2, 3, 4, 8)
+def test_stationary_w_weight_layout(comm):
     """P_c = 4 (or the world size), p_f = 2: rank (a, b) holds w[F_a, C_b], C_b non-contiguous."""
-    comm = MPI.COMM_WORLD
     P_c = comm.size if comm.size < 4 else 4
     p_f = 2 if P_c % 2 == 0 else 1
     grid = ProcessGrid(comm, sample=comm.size // P_c, channel=P_c)

@@ -1,0 +1,23 @@
+"""A tests/simulated/ module loaded by a tests/mpi/ file, to run its checks under mpiexec too.
+
+The checks of a simulated test module are functions of a rank's communicator; a real-MPI file
+runs the same functions on ``MPI.COMM_WORLD``, so that one body is the check in both places.
+(Not a test file: refconv.testing.mpirun lists ``test_*.py`` only.)
+"""
+
+import importlib.util
+import pathlib
+import sys
+
+SIMULATED = pathlib.Path(__file__).resolve().parent.parent / "simulated"
+
+
+def load(stem):
+    """The module tests/simulated/<stem>.py, imported once per process under its own name."""
+    name = f"refconv_simulated_{stem}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, SIMULATED / f"{stem}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
