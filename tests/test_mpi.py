@@ -79,11 +79,11 @@ def test_each_launch_is_one_xdist_work_unit(request):
     options = {"dist": "loadgroup", "tx": ["2*popen"]}  # what `-n 2 --dist loadgroup` sets
     config = type("Options", (), {"getvalue": lambda self, name: options[name]})()
     scheduler = hook.function(config=config, log=None)
-    for nodeid in ("tests/test_mpi.py::test_mpi[training::test_training_runs_of_every_remainder_match_one_rank-4]",
-                   "tests/test_mpi.py::test_harness_missing_mpiexec_fails", "tests/test_docs.py::test_docs_have_pages"):
+    launched = "tests/test_mpi.py::test_mpi[training::test_training_runs_of_every_remainder_match_one_rank-4]"
+    for nodeid in (launched, "tests/test_mpi.py::test_harness_missing_mpiexec_fails",
+                   "tests/test_docs.py::test_docs_have_pages"):
         assert scheduler._split_scope(nodeid) == launch_group(nodeid)
-    assert scheduler._split_scope("tests/test_mpi.py::test_mpi[training::test_training_runs_of_every_remainder_match_one_rank-4]") == \
-        "training-4"
+    assert scheduler._split_scope(launched) == "training-4"
 
 
 # -- the harness and failure behaviour themselves -------------------------------------------------

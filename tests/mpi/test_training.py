@@ -38,8 +38,8 @@ def test_training_runs_of_every_remainder_match_one_rank():
         if comm.rank == 0:
             numpy.savez(path, x=x[:n], y=y[:n])
         comm.Barrier()
-        cfg = dict(model="digits-cnn", data=path, batch_size=4, epochs=2, dtype="float64", backend="numpy", progress=False,
-                   seed=3)
+        cfg = dict(model="digits-cnn", data=path, batch_size=4, epochs=2, dtype="float64", backend="numpy",
+                   progress=False, seed=3)
         dist = train(TrainConfig(**cfg, grid={"sample": 4}), log=lambda *a: None)
         one = train(TrainConfig(**cfg), comm=MPI.COMM_SELF, log=lambda *a: None) if comm.rank == 0 else None
         one = comm.bcast(None if one is None else (one["losses"], one["accuracy"]), root=0)

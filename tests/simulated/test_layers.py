@@ -150,7 +150,8 @@ def _redistribute(comm, src_shape, dst_shape, kind, shape):
     y_loc = layer.forward(layout(src, shape, kind).extract(x, src.rank))
     dx_loc = layer.backward(layout(dst, shape, kind).extract(-x, dst.rank))
     collective_assert_close(comm, y_loc, layout(dst, shape, kind).extract(x, dst.rank), rtol=0, atol=0, name="forward")
-    collective_assert_close(comm, dx_loc, layout(src, shape, kind).extract(-x, src.rank), rtol=0, atol=0, name="backward")
+    collective_assert_close(comm, dx_loc, layout(src, shape, kind).extract(-x, src.rank), rtol=0, atol=0,
+                            name="backward")
     src.free()
     dst.free()
 
