@@ -1,11 +1,17 @@
-"""Block-read training is in-memory training, bit for bit (refconv.datastore, issue 22).
+"""Block-read training is in-memory training, bit for bit, on real MPI ranks (refconv.datastore,
+issue 22): 2 processes, each reading its own block of the files, the reader process among them.
+
+tests/simulated/test_datastore.py makes the same runs at 1 to 8 simulated ranks (written twice on
+purpose, once per kind of rank), and checks the image folder and ``refconv bench data``.  Here,
+at one size, what simulated ranks cannot: ``train`` with its default gradient buckets (their
+planner's ``MPI.Comm.Compare`` takes no simulated communicator), and reader processes started
+by real ranks.
 
 The same digits are saved as an .npz (loaded whole on every rank, each rank extracting its block
 of the global batch), as a directory of .npy shards and as an HDF5 file (each rank reading only
-its block).  ``train`` on each must give exactly the same losses and test accuracy, at 1 to 4
-ranks, on sample, spatial and channel splits (Stationary-W too, whose ranks hold several
-pieces of the channels), with the next block read ahead and without, by the reader thread and (on
-one grid of 2 ranks) by the reader process.
+its block).  ``train`` on each must give exactly the same losses and test accuracy, on sample,
+spatial and channel splits, with the next block read ahead and without, by the reader thread and
+(on the first grid) by the reader process.
 """
 
 import os
@@ -14,12 +20,9 @@ import tempfile
 
 import h5py
 import numpy
-from PIL import Image
 from mpi4py import MPI
 
-from refconv import cli, datasets
-from refconv.bench import data
-from refconv.datastore.convert import convert
+from refconv import datasets
 from refconv.model_spec import conv_layer
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.mpirun import mpi_test
@@ -32,12 +35,7 @@ SPEC = {"in_channels": 4, "layers": [conv_layer(4, 3, padding=1), {"type": "relu
 
 # Per world size: the grids (and channel algorithms) trained on.
 GRIDS = {
-    1: [{}],
     2: [{"grid": {"sample": 2}}, {"grid": {"height": 2}}, {"grid": {"channel": 2}, "algorithm": "stationary-x"}],
-    3: [{"grid": {"sample": 3}}, {"grid": {"width": 3}}, {"grid": {"channel": 3}, "algorithm": "stationary-y"}],
-    4: [{"grid": {"sample": 2, "height": 2}}, {"grid": {"height": 2, "width": 2}},
-        {"grid": {"sample": 2, "channel": 2}, "algorithm": "stationary-x"},
-        {"grid": {"channel": 4}, "algorithm": "stationary-w", "filter_groups": 2}],
 }
 
 
@@ -85,57 +83,7 @@ def _check():
             shutil.rmtree(folder)
 
 
-@mpi_test(sizes=(1, 2, 3, 4), timeout=240)
+@mpi_test(sizes=tuple(GRIDS), timeout=240)
 def test_block_read_training_is_in_memory_training_bit_for_bit():
     _check()
 
-
-@mpi_test(sizes=(2,), timeout=240)
-def test_an_image_folder_trains_as_its_conversion_does():
-    """A folder of PNGs (each rank decoding only its samples) and its conversion to HDF5 give
-    the same losses, bit for bit, on a sample and a spatial split."""
-    folder = comm.bcast(tempfile.mkdtemp() if comm.rank == 0 else None, root=0)
-    images = os.path.join(folder, "images")
-    if comm.rank == 0:
-        rng = numpy.random.default_rng(0)
-        for k in range(3):
-            os.makedirs(os.path.join(images, f"class{k}"))
-            for i in range(8):
-                a = rng.integers(0, 100, (10, 10, 3)) + 70 * k
-                Image.fromarray(a.astype(numpy.uint8)).save(os.path.join(images, f"class{k}", f"{i}.png"))
-        convert(images, os.path.join(folder, "images.h5"), image_size=8, report=lambda line: None)
-    comm.Barrier()
-    try:
-        spec = dict(SPEC, in_channels=3)
-        for grid in ({"sample": 2}, {"height": 2}):
-            runs = [train(TrainConfig(model=spec, data=os.path.join(folder, name), image_size=8, batch_size=4,
-                                      epochs=1, dtype="float64", backend="numpy", progress=False, grid=grid),
-                          log=lambda *a: None) for name in ("images", "images.h5")]
-            assert_all_ranks(comm, runs[0]["losses"] == runs[1]["losses"] and len(runs[0]["losses"]) == 4,
-                             f"{grid}: {runs[0]['losses']} != {runs[1]['losses']}")
-    finally:
-        comm.Barrier()
-        if comm.rank == 0:
-            shutil.rmtree(folder)
-
-
-# -- refconv bench data: the target "bytes read per step == the rank's block, exactly" (not timed) --------
-BENCH_GRIDS = {1: ["sample=1"], 2: ["sample=2", "height=2", "width=2"],
-               4: ["sample=4", "height=4", "sample=2,height=2", "height=2,width=2"]}
-
-
-@mpi_test(sizes=(1, 2, 4), timeout=240)
-def test_bench_data_reads_exactly_each_rank_s_block():
-    """At 1, 2 and 4 ranks, on sample and spatial splits of a fixed global batch (12 images of
-    3 x 10 x 10), every rank reads per step exactly its block: 1 / (P_N P_H P_W) of the batch,
-    as the blocks' sizes (uneven splits included) add up to."""
-    for store in ("npy", "hdf5"):
-        for grid in BENCH_GRIDS[comm.size]:
-            args = cli.build_parser().parse_args(["bench", "data", "--grid", grid, "--batch", "12", "--image-size",
-                                                  "10", "--repeat", "2", "--warmup", "0", "--store", store])
-            line = data.run(args, comm, {"ranks": []})[0]
-            ranks = line["extra"]["ranks"]
-            per = [r["bytes_per_step"] for r in ranks]
-            assert_all_ranks(comm, line["extra"]["exact"] and sum(per) == 12 * 3 * 10 * 10 * 4
-                             and all(r["block_bytes"] == numpy.prod(r["local_shape"]) * 4 for r in ranks),
-                             f"{store} {grid}: {ranks}")

@@ -5,23 +5,23 @@ The whole-batch path is how ``--synthetic`` trained before: every rank made the 
 (``x[idx]`` of :func:`refconv.datasets.synthetic_for`'s generator, an array) and extracted its
 block; here it is the training loop of the serial replay (``train.serial_losses``) run on the
 distributed model, with the same options.  ``train`` (each rank making its block, read ahead
-or not) gives exactly its losses and test score at 1 to 4 ranks, for images and volumes, on
+or not) gives exactly its losses and test score at 1 to 8 ranks, for images and volumes, on
 sample, spatial and channel splits (Stationary-W too, whose ranks make several pieces of the
 channels).  And what a rank made in training is its block of each batch and nothing else.
+
+On simulated ranks (refconv.simulated), at 1 to 6 and 8.  Both paths train with
+``bucket_kib=0``: the bucket planner's ``MPI.Comm.Compare`` takes no simulated communicator
+(tests/mpi/test_overlap.py trains with buckets).
 """
 
 import math
 
 import numpy
-from mpi4py import MPI
-
-from refconv import datasets, datastore
+from refconv import datasets, datastore, simulated
 from refconv.model_spec import conv_layer
 from refconv.testing.asserts import assert_all_ranks
-from refconv.testing.mpirun import mpi_test
+from refconv.testing.ranks import on_ranks
 from refconv.train import TrainConfig, build_model, evaluate, load_dataset, load_model_spec, serial_losses, train
-
-comm = MPI.COMM_WORLD
 
 IMAGES = {"in_channels": 4, "layers": [conv_layer(4, 3, padding=1), {"type": "relu"}, {"type": "gap"},
                                        {"type": "linear", "out": 10}]}
@@ -39,16 +39,21 @@ GRIDS = {
     4: [(IMAGES, {"grid": {"sample": 2, "width": 2}}, 1),
         (IMAGES, {"grid": {"channel": 4}, "algorithm": "stationary-w", "filter_groups": 2}, 0),
         (VOLUMES, {"grid": {"sample": 2, "height": 2}}, 1)],
+    5: [(IMAGES, {"grid": {"height": 5}}, 0), (VOLUMES, {"grid": {"depth": 5}}, 1)],
+    6: [(IMAGES, {"grid": {"sample": 2, "height": 3}}, 1),
+        (VOLUMES, {"grid": {"channel": 2, "depth": 3}, "algorithm": "stationary-x"}, 0)],
+    8: [(IMAGES, {"grid": {"sample": 2, "channel": 4}, "algorithm": "stationary-y"}, 1),
+        (VOLUMES, {"grid": {"depth": 2, "height": 2, "width": 2}}, 0)],
 }
 
 
 def _config(model, defaults, prefetch):
     return TrainConfig(model=model, synthetic=True, synthetic_samples=12, image_size=6, batch_size=4, epochs=1,
                        dtype="float64", lr=0.01, backend="numpy", progress=False, seed=2, prefetch=prefetch,
-                       **defaults)
+                       bucket_kib=0, **defaults)
 
 
-def _whole_batch(cfg):
+def _whole_batch(comm, cfg):
     """The losses and test score of the whole-batch path (see the module), on the same model."""
     spec, dtype = load_model_spec(cfg.model), numpy.dtype(cfg.dtype)
     x, y, k = datasets.synthetic_for(spec, cfg.synthetic_samples, cfg.image_size, seed=cfg.seed, dtype=dtype)
@@ -60,19 +65,19 @@ def _whole_batch(cfg):
     return losses, evaluate(model, xt, yt, cfg.batch_size)
 
 
-@mpi_test(sizes=(1, 2, 3, 4), timeout=300)
-def test_train_synthetic_made_per_rank_is_the_whole_batch_path_bit_for_bit():
+@on_ranks(*GRIDS)
+def test_train_synthetic_made_per_rank_is_the_whole_batch_path_bit_for_bit(comm):
     for model, defaults, prefetch in GRIDS[comm.size]:
         cfg = _config(model, defaults, prefetch)
-        result = train(cfg, log=lambda *a: None)
+        result = train(cfg, comm=comm, log=lambda *a: None)
         score = result.get("accuracy", result.get("mse"))
-        old = _whole_batch(cfg)
+        old = _whole_batch(comm, cfg)
         assert_all_ranks(comm, (result["losses"], score) == old and len(old[0]) == 3,
                          f"{defaults}, prefetch {prefetch}: {(result['losses'], score)} != whole batch {old}")
 
 
-@mpi_test(sizes=(2, 4), timeout=120)
-def test_a_rank_makes_only_its_block_of_each_batch():
+@on_ranks(*(size for size in GRIDS if size > 1))
+def test_a_rank_makes_only_its_block_of_each_batch(comm):
     """An epoch (3 batches of 4) on the model's own input layout, which splits the batch at
     every grid here: each rank's generator made its block of each batch (its samples, once per
     box of its pieces; its cells), and that is less than the batch."""

@@ -2,28 +2,28 @@
 
 The layers against the serial reference: BatchNorm3d, MaxPool3d, AvgPool3d, and
 GlobalAvgPool3d into Linear into MeanSquaredError; each one's communication against its
-``records()``.  Drawn grids of 3 and 4 ranks (every factorization over the five axes) and
+``records()``.  Drawn grids of 1 to 8 ranks (every factorization over the five axes) and
 drawn volumes that split over them, unevenly too; at 8 ranks the grids CosmoFlow runs on
 (2x2x2 spatial, 2 samples x 2 channels x 2 depth).
 
-The cosmoflow preset under ``train``: channel x depth at 4 ranks, channel x depth x height
-at 8; its losses agree with the one-rank replay (--check-serial), a run checkpointed
+The cosmoflow preset under ``train``: depth at 2 ranks, channel x depth at 4, channel x depth x
+height at 8; its losses agree with the one-rank replay, a run checkpointed
 mid-way and resumed continues bit for bit, and a step makes the calls the model's
 ``records()`` list (what tests/mpi/test_records.py checks of the 2-D presets).  A model that
 opens with a residual block trains the same ways at 4 ranks, and as ``refconv plan`` plans it.
-Every rank draws the same examples and the checks are collective.
-"""
 
-import shutil
-import tempfile
+On simulated ranks (refconv.simulated): Hypothesis draws in the test's thread, every rank runs
+the example, and the checks are collective.  The one-rank replays are made in the test's
+thread (tests/simulated/serial_replay.py says why), and training runs without gradient
+buckets: the bucket planner's ``MPI.Comm.Compare`` takes no simulated communicator
+(tests/mpi/test_overlap.py trains with buckets).
+"""
 
 import numpy
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mpi4py import MPI
-
-from refconv import datasets
+from refconv import datasets, simulated
 from refconv import reference as ref
 from refconv.grid import ProcessGrid, axes_of
 from refconv.layers import AvgPool3d, BatchNorm3d, GlobalAvgPool3d, Linear, MaxPool3d, MeanSquaredError
@@ -32,16 +32,17 @@ from refconv.pricing import machine, search
 from refconv.sharding import allgather
 from refconv.testing.asserts import assert_all_ranks, collective_assert_close
 from refconv.testing.check import check_batch_norm, check_records
-from refconv.testing.mpirun import mpi_test
+from refconv.testing.ranks import on_ranks
 from refconv.testing.strategies import grid_shapes
 from refconv.train import TrainConfig, step, train
 from refconv.train_config import OptionError
 
-comm = MPI.COMM_WORLD
+from .serial_replay import serial_check
+
 GRIDS_OF_8 = ((1, 1, 2, 2, 2), (2, 2, 2, 1, 1))  # (P_N, P_c, P_D, P_H, P_W); training runs channel x depth x height
 
 
-def _grid(shape):
+def _grid(comm, shape):
     return ProcessGrid(comm, **dict(zip(axes_of(5), shape)))
 
 
@@ -66,7 +67,7 @@ def pool_cases(draw, shape):
     return k, s, p, draw(volumes(shape, need))
 
 
-def check_batchnorm(grid, x_shape):
+def check_batchnorm(comm, grid, x_shape):
     rng = numpy.random.default_rng(list(x_shape))
     x, dy = rng.standard_normal(x_shape) * 3 + 1, rng.standard_normal(x_shape)
     gamma, beta = rng.standard_normal(x_shape[1]), rng.standard_normal(x_shape[1])
@@ -74,7 +75,7 @@ def check_batchnorm(grid, x_shape):
     check_batch_norm(comm, layer, x, dy, gamma, beta)
 
 
-def check_pool(grid, cls, k, s, p, x_shape):
+def check_pool(comm, grid, cls, k, s, p, x_shape):
     rng = numpy.random.default_rng(list(x_shape) + [k, s, p])
     x = rng.standard_normal(x_shape)
     layer = cls(k, s, p, grid=grid, backend="numpy", dtype=numpy.float64).bind(x_shape)
@@ -95,7 +96,7 @@ def check_pool(grid, cls, k, s, p, x_shape):
     check_records(comm, lambda: (layer.forward(x_loc), layer.backward(dy_loc)), layer.records(), repr(layer))
 
 
-def check_regression_head(grid, x_shape, K=4):
+def check_regression_head(comm, grid, x_shape, K=4):
     """GlobalAvgPool3d -> Linear -> MeanSquaredError, forward and backward, against the reference."""
     N, C = x_shape[:2]
     rng = numpy.random.default_rng(list(x_shape) + [K])
@@ -125,49 +126,51 @@ def check_regression_head(grid, x_shape, K=4):
                   ordered=False)
 
 
-@mpi_test(sizes=(3, 4), timeout=120)
-@settings(max_examples=4)
-@given(st.data())
-def test_volume_layers_match_reference(data):
-    shape = data.draw(grid_shapes(comm.size, axes=axes_of(5)))
-    grid = _grid(shape)
-    check_batchnorm(grid, data.draw(volumes(shape)))
-    k, s, p, x_shape = data.draw(pool_cases(shape))
-    check_pool(grid, data.draw(st.sampled_from((MaxPool3d, AvgPool3d))), k, s, p, x_shape)
-    check_regression_head(grid, data.draw(volumes(shape)))
+def _volume_layers(comm, shape, bn_shape, pool, head_shape):
+    grid = _grid(comm, shape)
+    check_batchnorm(comm, grid, bn_shape)
+    check_pool(comm, grid, *pool)
+    check_regression_head(comm, grid, head_shape)
     grid.free()
 
 
-@mpi_test(sizes=(8,), timeout=180)
-def test_volume_layers_on_grids_of_8():
+@on_ranks(1, 2, 3, 4, 5, 6, 7, 8)
+@settings(max_examples=15)
+@given(st.data())
+def test_volume_layers_match_reference(ranks, data):
+    shape = data.draw(grid_shapes(ranks, axes=axes_of(5)))
+    bn_shape = data.draw(volumes(shape))
+    k, s, p, x_shape = data.draw(pool_cases(shape))
+    pool = (data.draw(st.sampled_from((MaxPool3d, AvgPool3d))), k, s, p, x_shape)
+    simulated.run(_volume_layers, ranks, args=(shape, bn_shape, pool, data.draw(volumes(shape))))
+
+
+@on_ranks(8)
+def test_volume_layers_on_grids_of_8(comm):
     for shape in GRIDS_OF_8:
-        grid = _grid(shape)
+        grid = _grid(comm, shape)
         x_shape = (shape[0] + 1, 2 * shape[1] + 1) + tuple(2 * P + 1 for P in shape[2:])  # uneven blocks
-        check_batchnorm(grid, x_shape)
-        check_pool(grid, MaxPool3d, 2, 2, 0, x_shape[:2] + (4, 4, 4))
-        check_pool(grid, AvgPool3d, 3, 1, 1, x_shape)
-        check_regression_head(grid, x_shape)
+        check_batchnorm(comm, grid, x_shape)
+        check_pool(comm, grid, MaxPool3d, 2, 2, 0, x_shape[:2] + (4, 4, 4))
+        check_pool(comm, grid, AvgPool3d, 3, 1, 1, x_shape)
+        check_regression_head(comm, grid, x_shape)
         grid.free()
 
 
 # -- the cosmoflow preset, trained ---------------------------------------------------------------------
-TRAIN_GRIDS = {4: {"channel": 2, "depth": 2}, 8: {"channel": 2, "depth": 2, "height": 2}}
+TRAIN_GRIDS = {2: {"depth": 2}, 4: {"channel": 2, "depth": 2}, 8: {"channel": 2, "depth": 2, "height": 2}}
 
 
 def quiet(*args):
     pass
 
 
-@mpi_test(sizes=tuple(TRAIN_GRIDS), timeout=240)
-def test_cosmoflow_trains_checks_serial_and_resumes_exactly():
-    folder = comm.bcast(tempfile.mkdtemp() if comm.rank == 0 else None, root=0)
-    cfg = dict(model="cosmoflow", synthetic=True, synthetic_samples=8, image_size=8, batch_size=4, epochs=2,
-               lr=0.01, dtype="float64", backend="numpy", progress=False, seed=3, grid=TRAIN_GRIDS[comm.size])
-    whole = train(TrainConfig(**cfg, check_serial=2), log=quiet)  # 2 steps per epoch, 4 in all
-    assert_all_ranks(comm, whole["serial_check"] is not None and whole["serial_check"] <= 1e-6,
-                     f"{cfg['grid']}: check-serial {whole['serial_check']}")
-    first = train(TrainConfig(**cfg, max_steps=3, checkpoint_dir=folder, checkpoint_every=3), log=quiet)
-    rest = train(TrainConfig(**cfg, checkpoint_dir=folder, resume=True), log=quiet)
+def _cosmoflow(comm, cfg, folder):
+    """The whole run, then the same run checkpointed after 3 steps and resumed; returns the whole
+    run's losses, for the one-rank replay."""
+    whole = train(TrainConfig(**cfg), comm=comm, log=quiet)  # 2 steps per epoch, 4 in all
+    first = train(TrainConfig(**cfg, max_steps=3, checkpoint_dir=folder, checkpoint_every=3), comm=comm, log=quiet)
+    rest = train(TrainConfig(**cfg, checkpoint_dir=folder, resume=True), comm=comm, log=quiet)
     assert_all_ranks(comm, first["losses"] == whole["losses"][:3] and rest["losses"] == whole["losses"][3:],
                      f"{cfg['grid']}: resumed {first['losses']} + {rest['losses']} != {whole['losses']}")
     assert_all_ranks(comm, rest["mse"] == whole["mse"], f"test mse {rest['mse']} != {whole['mse']}")
@@ -175,9 +178,17 @@ def test_cosmoflow_trains_checks_serial_and_resumes_exactly():
     x, optimizer = numpy.asarray(x), SGD(whole["model"], 0.01)
     check_records(comm, lambda: step(model, optimizer, x, y), model.records(), f"cosmoflow on {cfg['grid']}",
                   ordered=False)
-    comm.Barrier()
-    if comm.rank == 0:
-        shutil.rmtree(folder)
+    return whole["losses"]
+
+
+@on_ranks(*TRAIN_GRIDS)
+def test_cosmoflow_trains_checks_serial_and_resumes_exactly(ranks, tmp_path):
+    cfg = dict(model="cosmoflow", synthetic=True, synthetic_samples=8, image_size=8, batch_size=4, epochs=2,
+               lr=0.01, dtype="float64", backend="numpy", progress=False, seed=3, grid=TRAIN_GRIDS[ranks],
+               bucket_kib=0)
+    losses = simulated.run(_cosmoflow, ranks, args=(cfg, str(tmp_path)))
+    worst = serial_check(TrainConfig(**cfg), losses[0][:2])
+    assert worst <= 1e-6, f"{cfg['grid']}: the one-rank replay of 2 steps differs by {worst:.2e}"
 
 
 # -- a residual block as the first layer ------------------------------------------------------------------
@@ -195,37 +206,42 @@ def residual_first(shortcut=None):
 PROJECTION = [{"type": "conv", "out": 4, "kernel": 1}, {"type": "batchnorm"}]
 
 
-@mpi_test(sizes=(4,), timeout=240)
-def test_a_residual_block_first_trains_as_the_serial_model_and_resumes_exactly():
-    """Identity shortcut on a spatial split (depth x height), projection shortcut on a channel split
-    (channel x width), and the projection model as planned for a batch of 1 (``refconv plan``'s
-    file, which puts the block's input on the planned grid, one of no sample split): the losses
-    agree with the one-rank replay, and the projection run, checkpointed after 3 steps and
-    resumed, continues bit for bit."""
-    folder = comm.bcast(tempfile.mkdtemp() if comm.rank == 0 else None, root=0)
-    for spec, grid in ((residual_first(), {"depth": 2, "height": 2}),
-                       (residual_first(PROJECTION), {"channel": 2, "width": 2})):
-        cfg = dict(model=spec, synthetic=True, synthetic_samples=8, image_size=6, batch_size=4, epochs=2, lr=0.05,
-                   dtype="float64", backend="numpy", progress=False, seed=1, grid=grid)
-        whole = train(TrainConfig(**cfg, check_serial=4), log=quiet)
-        assert_all_ranks(comm, whole["serial_check"] is not None and whole["serial_check"] <= 1e-6,
-                         f"{grid}: check-serial {whole['serial_check']}")
-    first = train(TrainConfig(**cfg, max_steps=3, checkpoint_dir=folder, checkpoint_every=3), log=quiet)
-    rest = train(TrainConfig(**cfg, checkpoint_dir=folder, resume=True), log=quiet)
-    assert_all_ranks(comm, first["losses"] + rest["losses"] == whole["losses"],
-                     f"{grid}: resumed {first['losses']} + {rest['losses']} != {whole['losses']}")
-    # planned for a batch of 1 (no sample split): the written file puts the input on the planned grid
-    _, plan = search.plan_model(cfg["model"], (1, 2, 6, 6, 6), comm.size, machine.load("dev-cpu"))
-    cfg.update(model=search.to_spec(cfg["model"], plan), batch_size=1, epochs=1, max_steps=2, grid=None)
-    planned = train(TrainConfig(**cfg, check_serial=2), log=quiet)
-    assert_all_ranks(comm, planned["serial_check"] is not None and planned["serial_check"] <= 1e-6,
-                     f"planned {plan.input_grid}: check-serial {planned['serial_check']}")
+def _residual_runs(comm, cfgs, folder):
+    """Each of ``cfgs`` trained (the identity, the projection, the planned model); the projection
+    run again, checkpointed after 3 steps and resumed; and a batch that cannot fill the input's
+    grid refused.  Returns each run's losses, for the one-rank replays."""
+    wholes = [train(TrainConfig(**cfg), comm=comm, log=quiet)["losses"] for cfg in cfgs]
+    cfg = cfgs[1]
+    first = train(TrainConfig(**cfg, max_steps=3, checkpoint_dir=folder, checkpoint_every=3), comm=comm, log=quiet)
+    rest = train(TrainConfig(**cfg, checkpoint_dir=folder, resume=True), comm=comm, log=quiet)
+    assert_all_ranks(comm, first["losses"] + rest["losses"] == wholes[1],
+                     f"{cfg['grid']}: resumed {first['losses']} + {rest['losses']} != {wholes[1]}")
     # the input's grid splits samples, its body's conv does not: the batch must fill the input's grid
     spec = dict(residual_first(), defaults={"grid": {"sample": comm.size}})
     spec["layers"][0]["layers"][0]["grid"] = spec["layers"][-1]["grid"] = {"depth": comm.size}
     with pytest.raises(OptionError, match=f"2 samples cannot be split over the sample={comm.size} ranks of "
                                           f"the grid the input lies on"):
-        train(TrainConfig(**dict(cfg, model=spec, batch_size=2, max_steps=1, image_size=8)), log=quiet)
-    comm.Barrier()
-    if comm.rank == 0:
-        shutil.rmtree(folder)
+        train(TrainConfig(**dict(cfgs[2], model=spec, batch_size=2, max_steps=1, image_size=8)), comm=comm, log=quiet)
+    return wholes
+
+
+@on_ranks(4)
+def test_a_residual_block_first_trains_as_the_serial_model_and_resumes_exactly(ranks, tmp_path):
+    """Identity shortcut on a spatial split (depth x height), projection shortcut on a channel split
+    (channel x width), and the projection model as planned for a batch of 1 (``refconv plan``'s
+    file, which puts the block's input on the planned grid, one of no sample split): the losses
+    agree with the one-rank replay, and the projection run, checkpointed after 3 steps and
+    resumed, continues bit for bit."""
+    cfgs = [dict(model=spec, synthetic=True, synthetic_samples=8, image_size=6, batch_size=4, epochs=2, lr=0.05,
+                 dtype="float64", backend="numpy", progress=False, seed=1, grid=grid, bucket_kib=0)
+            for spec, grid in ((residual_first(), {"depth": 2, "height": 2}),
+                               (residual_first(PROJECTION), {"channel": 2, "width": 2}))]
+    # planned for a batch of 1 (no sample split): the written file puts the input on the planned grid
+    _, plan = search.plan_model(cfgs[1]["model"], (1, 2, 6, 6, 6), ranks, machine.load("dev-cpu"))
+    cfgs.append(dict(cfgs[1], model=search.to_spec(cfgs[1]["model"], plan), batch_size=1, epochs=1, max_steps=2,
+                     grid=None))
+    losses = simulated.run(_residual_runs, ranks, args=(cfgs, str(tmp_path)))[0]
+    for cfg, run, steps in zip(cfgs, losses, (4, 4, 2)):
+        worst = serial_check(TrainConfig(**cfg), run[:steps])
+        assert len(run) == steps and worst <= 1e-6, \
+            f"{cfg['grid'] or plan.input_grid}: {len(run)} steps, the one-rank replay differs by {worst:.2e}"
