@@ -308,3 +308,15 @@ def test_communicators_compare_as_mpi_compares_them():
         return [compare(comm, comm), compare(comm, same), compare(comm, reordered), compare(comm, half)]
     expected = [MPI.IDENT, MPI.CONGRUENT, MPI.SIMILAR, MPI.UNEQUAL]
     assert run(body, 4) == [expected] * 4
+
+
+def test_each_rank_keeps_its_own_deadline_setting():
+    before = collectives.get_timeout()
+
+    def body(comm):
+        with collectives.timeout(30 + comm.rank):
+            inside = collectives.get_timeout()
+            collectives.allreduce(comm, numpy.ones(1))
+        return inside, collectives.get_timeout()
+    assert run(body, 2, stepped=True) == [(30.0, None), (31.0, None)]
+    assert collectives.get_timeout() == before

@@ -33,6 +33,7 @@ class RankState:
         self.fault = UNREAD      # the fault this rank injects (faults.set_fault), read when first needed
         self.simulated = simulated
         self.clock = clock
+        self.timeout = None      # a simulated rank's deadline setting (collectives.set_timeout); unused under MPI
 
     def now(self):
         """Seconds on this rank's clock: the logical clock of a priced run, else ``time.perf_counter()``."""

@@ -142,21 +142,28 @@ guard.set(env_timeout())
 
 def set_timeout(seconds):
     """Deadline of every later MPI call made through refconv.collectives: seconds > 0, or
-    None (also 0) for none.  Set it alike on every rank."""
-    guard.set(_check_timeout(seconds))
+    None (also 0) for none.  Set it alike on every rank.  A simulated rank keeps its own setting
+    (its world reports hangs itself: nothing is armed)."""
+    seconds = _check_timeout(seconds)
+    state = local.current()
+    if state.simulated is not None:
+        state.timeout = seconds
+    else:
+        guard.set(seconds)
 
 
 def get_timeout():
-    """The current deadline in seconds, or None."""
-    return guard.timeout
+    """The current deadline in seconds, or None (a simulated rank's own setting there)."""
+    state = local.current()
+    return state.timeout if state.simulated is not None else guard.timeout
 
 
 @contextlib.contextmanager
 def timeout(seconds):
     """``with collectives.timeout(30): ...`` sets the deadline inside the block only."""
-    before = guard.timeout
+    before = get_timeout()
     set_timeout(seconds)
     try:
         yield
     finally:
-        guard.set(before)
+        set_timeout(before)
