@@ -1,6 +1,6 @@
 """torch.nn.Conv2d's options end to end, serially: padding strings in model files, the planner
 and the cost model, and padding modes in the one-rank halo (the distributed property tests
-draw them too: tests/mpi/test_distconv.py)."""
+draw them too: tests/simulated/test_distconv.py)."""
 
 import numpy
 import pytest

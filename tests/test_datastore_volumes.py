@@ -1,7 +1,7 @@
 """Stores of volumes (N, C, D, H, W) with float targets (N, K), on one rank (issue 23's ``--data``).
 
 The multi-rank checks (block-read training = in-memory training, bit for bit; bad stores
-refused alike on every rank; bench data's bytes) are in tests/mpi/test_datastore_volumes.py.
+refused alike on every rank; bench data's bytes) are in tests/simulated/test_datastore_volumes.py.
 """
 
 import os

@@ -4,7 +4,7 @@ that block: its samples, and of them its channels, planes, rows and columns (cou
 
 The multi-rank check (``train --synthetic`` gives the losses of the whole-batch path, bit for
 bit, at 1 to 4 ranks on sample, spatial and channel splits, 2-D and 3-D) is
-tests/mpi/test_synthetic_blocks.py.
+tests/simulated/test_synthetic_blocks.py.
 """
 
 import itertools

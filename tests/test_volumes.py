@@ -1,6 +1,6 @@
 """Models of volumes on one rank: the spec keys ``dims`` and ``loss``, the cosmoflow preset,
 synthetic volumes, the mean squared error, and the commands' answers for a 3-D model.
-The distributed layers and training are in tests/mpi/test_volumes.py."""
+The distributed layers and training are in tests/simulated/test_volumes.py."""
 
 import numpy
 import pytest
@@ -89,7 +89,7 @@ RESIDUAL = {"type": "residual", "layers": [{"type": "conv", "out": 2, "kernel": 
                                          (3, {"type": "relu"})])
 def test_a_model_opening_with_a_residual_block_or_a_relu_trains_on_one_rank(dims, first):
     """The input goes to the first layer in the body (the backend, dtype and dims the model takes in
-    are its own): a model of images or of volumes trains and evaluates (tests/mpi/test_volumes.py
+    are its own): a model of images or of volumes trains and evaluates (tests/simulated/test_volumes.py
     trains one split, against the one-rank replay)."""
     spec = {"in_channels": 2, "layers": [first, {"type": "conv", "out": 2, "kernel": 1}, {"type": "gap"},
                                          {"type": "linear", "out": datasets.VOLUME_TARGETS if dims == 3 else 10}]}

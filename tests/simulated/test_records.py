@@ -4,10 +4,10 @@ measures, kind, communicator size, bytes and messages (``check_records``).
 
 Every preset runs, the large ones in small versions built by the same functions (16x16
 digits-sized images, 10 classes): digits-cnn as shipped, resnet50 at 16x16, and the tiny
-mobilenet and resnext50-32x4d of tests/mpi/test_grouped_models.py.  The wide ResNets
+mobilenet and resnext50-32x4d of tests/simulated/test_grouped_models.py.  The wide ResNets
 (resnet50-wide2, -wide4) are resnet50's builder with wider bottlenecks, the same layer
 kinds; at 69M and 240M parameters per rank they do not fit this test's memory.  The
-cosmoflow preset's step (volumes) is checked in tests/mpi/test_volumes.py.  On simulated ranks
+cosmoflow preset's step (volumes) is checked in tests/simulated/test_volumes.py.  On simulated ranks
 (refconv.simulated): each rank thread trains its own model, as each process would.
 """
 

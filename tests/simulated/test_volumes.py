@@ -9,7 +9,7 @@ drawn volumes that split over them, unevenly too; at 8 ranks the grids CosmoFlow
 The cosmoflow preset under ``train``: depth at 2 ranks, channel x depth at 4, channel x depth x
 height at 8; its losses agree with the one-rank replay, a run checkpointed
 mid-way and resumed continues bit for bit, and a step makes the calls the model's
-``records()`` list (what tests/mpi/test_records.py checks of the 2-D presets).  A model that
+``records()`` list (what tests/simulated/test_records.py checks of the 2-D presets).  A model that
 opens with a residual block trains the same ways at 4 ranks, and as ``refconv plan`` plans it.
 
 On simulated ranks (refconv.simulated): Hypothesis draws in the test's thread, every rank runs
