@@ -217,6 +217,17 @@ def test_a_failing_rank_releases_the_others_at_once_with_its_traceback():
             in note
 
 
+def test_ranks_whose_calls_completed_raise_their_own_errors():
+    def body(comm):
+        collectives.allreduce(comm, numpy.ones(1))
+        raise ValueError(f"rank {comm.rank}'s own")
+    for stepped in (False, True):
+        with pytest.raises(ValueError, match="rank 0's own") as caught:
+            run(body, 4, stepped=stepped)
+        note = "\n".join(caught.value.__notes__)
+        assert all(f"rank {r}: raised ValueError: rank {r}'s own" in note for r in range(4)), note
+
+
 def test_a_released_rank_carries_the_failing_ranks_traceback():
     seen = {}
 

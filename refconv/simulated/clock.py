@@ -28,7 +28,8 @@ which calls take a link is the same on every run.
 
 The clock's events (:attr:`Clock.events`) are those ``collectives.stats.timeline()`` records,
 in logical seconds: :func:`report` sums what was hidden and exposed per kind, and
-:func:`draw` draws them as ``python -m refconv.bench.overlap step --timeline`` does.
+``python -m refconv.simulated.against_plan --timeline`` draws them as ``python -m
+refconv.bench.overlap step --timeline`` does.
 """
 
 import math

@@ -57,7 +57,7 @@ class Calls:
                 for p in posts:
                     p.request.delivered()
                 self.world.notify()
-        self.world.switch(self.me, request.what)
+        self.world.switch(self.me)
         return request
 
     def send(self, comm, array, dest, tag):
@@ -95,14 +95,14 @@ class Calls:
                 send.request.delivered()
                 recv.request.delivered()
                 self.world.notify()
-        self.world.switch(self.me, mine.request.what)
+        self.world.switch(self.me)
 
     # -- completing ----------------------------------------------------------------------------------------
     def wait(self, requests):
         self._check_owner(requests, "Wait")
         self.world.block(self.me, lambda: all(r.done for r in requests), lambda: _pending(requests))
         self._complete(requests)
-        self.world.switch(self.me, requests[0].what)
+        self.world.switch(self.me)
 
     def test(self, requests):
         self._check_owner(requests, "Test")
@@ -113,7 +113,7 @@ class Calls:
                 done = self.me.clock.arrived(requests)
         if done:
             self._complete(requests)
-        self.world.switch(self.me, requests[0].what)
+        self.world.switch(self.me)
         return done
 
     def _complete(self, requests):

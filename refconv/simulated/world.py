@@ -144,30 +144,31 @@ class World:
             raise PeerFailed(f"rank {me.rank}: released from {doing} because rank {f.rank} failed with "
                              f"{type(f.error).__name__}: {f.error}\n--- rank {f.rank}'s traceback ---\n{tb}")
 
-    def switch(self, me, doing):
-        """The end of a communication call: in stepped mode the next rank that can run takes the turn."""
-        if not self.stepped:
+    def switch(self, me):
+        """The end of a communication call: in stepped mode the next rank that can run takes the turn.
+        Once the world has ended the ranks unwind at once, each at its next call."""
+        if not self.stepped or self.ended():
             return
         with self.lock:
             self._pass_turn(me)
-            self._await_turn(me, doing)
+            self._await_turn(me)
 
     def block(self, me, done, describe):
         """Wait until ``done()`` (under the lock) is true; raise if the world ends first or if every
         live rank is blocked.  ``describe()`` says what ``me`` waits for, for the reports."""
         with self.lock:
             while True:
-                self.check(me, describe())
-                if done():
+                if done():              # a call that completed is not released: its rank goes on
                     me.waiting = None
                     return
+                self.check(me, describe())
                 me.waiting = (done, describe)
                 if self._deadlocked():
                     self._report_deadlock(me)
                     raise Deadlock(self.deadlock)
                 if self.stepped:
                     self._pass_turn(me)
-                    self._await_turn(me, describe())
+                    self._await_turn(me)
                 else:
                     self.lock.wait()
 
@@ -187,11 +188,10 @@ class World:
                 break
         self.lock.notify_all()
 
-    def _await_turn(self, me, doing="the start"):
-        while self.turn != me.rank:
-            self.check(me, doing)
+    def _await_turn(self, me):
+        """Park until it is ``me``'s turn; once the world has ended every rank runs on to its next call."""
+        while self.turn != me.rank and not self.ended():
             self.lock.wait()
-        self.check(me, doing)
 
     # -- deadlock ------------------------------------------------------------------------------------
     def _deadlocked(self):
