@@ -30,7 +30,9 @@ import types
 
 import numpy
 
+from refconv import train
 from refconv.testing.mpirun import find_mpiexec
+from refconv.train_config import TrainConfig
 
 HERE = pathlib.Path(__file__).resolve().parent
 RANKS = 4  # every multi-rank tutorial runs on 4 ranks
@@ -153,6 +155,30 @@ def _literal(value):
         return ast.literal_eval(repr(value)) == value
     except (ValueError, SyntaxError):
         return False
+
+
+# -- tutorials 8 and 10: a few training steps, checked against the serial twin ----------------------
+def train_steps(comm, model, steps=3, **options):
+    """``refconv train --model MODEL --max-steps STEPS`` in float64 on NumPy, as a function of
+    ``comm``: each step's loss, and the communication per step and rank (the mean over ranks),
+    ``{kind: (calls, bytes)}``.  Rank 0 prints the run's setup."""
+    result = train.train(_config(model, steps, options), comm=comm)
+    return {"losses": result["losses"],
+            "per_step": {k: (result["calls_per_step"][k], b) for k, b in result["bytes_per_step"].items()}}
+
+
+def serial_steps(model, steps=3, **options):
+    """The same steps on one rank, in this process, on the serial twin (every layer on a one-rank grid,
+    the same parameters): the losses ``refconv train --check-serial`` compares with."""
+    cfg = _config(model, steps, options)
+    x_train, y_train, _, _, num_classes = train.load_dataset(cfg, numpy.dtype(cfg.dtype))
+    twin = train.build_model(cfg, serial=True, in_channels=x_train.shape[1], num_classes=num_classes)
+    return train.serial_losses(cfg, twin, steps, x_train, y_train)
+
+
+def _config(model, steps, options):
+    return TrainConfig(model=str(model), epochs=1, max_steps=steps, dtype="float64", backend="numpy", progress=False,
+                       **options)
 
 
 # -- what the tutorials record and draw ------------------------------------------------------------
