@@ -39,13 +39,13 @@ RANKS = 4  # every multi-rank tutorial runs on 4 ranks
 
 
 # -- the same function on real MPI ranks ------------------------------------------------------
-def under_mpiexec(fn, ranks=RANKS, *, args=(), timeout=120, show=True):
-    """Run ``fn(comm, *args)`` on ``ranks`` MPI processes; return each rank's result, rank 0's first.
+def under_mpiexec(fn, ranks=RANKS, *, args=(), kwargs=None, timeout=120, show=True):
+    """Run ``fn(comm, *args, **kwargs)`` on ``ranks`` MPI processes; return each rank's result, rank 0's first.
 
     ``fn``'s own source (:func:`inspect.getsource`) goes into a job file, after what it names
     from its module: modules and importable objects as imports, the notebook's own
     functions and classes as their source, numbers and strings as literals (anything else
-    raises TypeError: pass it in ``args``).  The job calls ``fn(MPI.COMM_WORLD, *args)``,
+    raises TypeError: pass it in ``args``).  The job calls ``fn(MPI.COMM_WORLD, *args, **kwargs)``,
     and each rank pickles its result for the notebook.  ``python -m mpi4py`` aborts the job
     when a rank raises, and a job past ``timeout`` seconds is killed: either raises
     RuntimeError with the ranks' output.  ``show`` prints that output.
@@ -56,7 +56,7 @@ def under_mpiexec(fn, ranks=RANKS, *, args=(), timeout=120, show=True):
     folder = pathlib.Path(tempfile.mkdtemp(prefix="refconv-tutorial-"))
     job = folder / "job.py"
     job.write_text(job_source(fn))
-    (folder / "args.pkl").write_bytes(pickle.dumps(tuple(args)))
+    (folder / "args.pkl").write_bytes(pickle.dumps((tuple(args), kwargs or {})))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):   # one BLAS thread per rank
         env.setdefault(name, "1")
@@ -84,8 +84,8 @@ def job_source(fn):
     lines.sort(key=lambda line: not line.startswith(("import ", "from ")))   # imports first, then constants
     return "\n".join([*lines, "", "", *sources,
                       "comm = MPI.COMM_WORLD",
-                      "args = pickle.loads(open(sys.argv[1] + '/args.pkl', 'rb').read())",
-                      f"result = {fn.__name__}(comm, *args)",
+                      "args, kwargs = pickle.loads(open(sys.argv[1] + '/args.pkl', 'rb').read())",
+                      f"result = {fn.__name__}(comm, *args, **kwargs)",
                       "open(f'{sys.argv[1]}/rank{comm.rank}.pkl', 'wb').write(pickle.dumps(result))", ""])
 
 
