@@ -252,3 +252,15 @@ for r in ranks:
     assert [(k, q, m) for k, q, m, _ in r["records"]] == [("allreduce", 4, F * C * K * K), ("allreduce", 4, F)]
 assert [r["samples"] for r in ranks] == [2, 2, 1, 1]
 print("tutorial 3: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - Say, for each gradient, which collective sample parallelism needs, then
+#   write the backward on simulated ranks: [sample parallelism's
+#   backward](exercises/02_sample_backward.md).
+# - Predict the bytes of the allreduces above from the shapes alone, and check
+#   your formula against `records()`: [predict the
+#   bytes](exercises/09_predict_the_bytes.md).

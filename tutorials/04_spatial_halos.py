@@ -301,3 +301,15 @@ assert owned[2].intersect(window[0]) is not None                     # rank 0's 
 assert all(len(exchanges(pieces3, r)[1]) == 7 for r in range(8))    # 3 faces, 3 edges, 1 corner each
 assert kinds[0].tolist() == [3 * 3 + 3 * 3 + 3 * 3, 3 + 3 + 3, 1]   # rank 0's 3x3x3 block, one layer a side
 print("tutorial 4: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - Compute the windows of section 1 yourself for any geometry and uneven
+#   blocks: [output and halo arithmetic](exercises/01_halo_arithmetic.md).
+# - Write the exchange of section 2 on simulated ranks, with uneven shards: [a
+#   1-D halo exchange](exercises/03_halo_1d.md); then with corners in 2-D (and,
+#   as a bonus, edges and corners in 3-D): [a 2-D
+#   halo](exercises/04_halo_2d.md).

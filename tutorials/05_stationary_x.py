@@ -180,3 +180,15 @@ assert [info["w_loc"][1] for info in x_case["ranks"]] == [2, 2, 1, 1]       # C 
 rs = [r for r in x_case["ranks"][0]["records"] if r[0] == "reduce_scatter"][0]
 assert rs[3] == N * F * H * W * 8                                           # the output's size moves
 print("tutorial 5: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - Write Stationary-X's forward and backward yourself, from the table at the
+#   top of this page, and let the checker draw uneven splits for it:
+#   [Stationary-X](exercises/05_stationary_x.md).
+# - Write the closed form of every record of section 3 for any grid, and check
+#   it against `records()`: [predict the
+#   bytes](exercises/09_predict_the_bytes.md).

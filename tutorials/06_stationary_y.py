@@ -142,3 +142,14 @@ assert channel_bytes(cases["shrinks"]["stationary-x"]) < channel_bytes(cases["sh
 assert channel_bytes(grows_y) == 2 * N * 6 * H * W * 8                    # the input's size, twice
 assert predicted["stationary-y"][list(Fs).index(10)] == channel_bytes(grows_y)   # model == measurement
 print("tutorial 6: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - Write Stationary-Y from its table, forward and backward:
+#   [Stationary-Y](exercises/06_stationary_y.md).
+# - Replace the allgather of `x` with broadcasts, one channel block at a time (a
+#   SUMMA-style Y), from an empty file to a passing `check_layer` at 2 to 5
+#   ranks: [your own decomposition](exercises/12_your_own_decomposition.md).

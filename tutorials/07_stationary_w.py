@@ -161,3 +161,13 @@ activation_calls = [r for r in w_ranks[0]["records"] if r[0] != "allreduce"]
 assert [r[1] for r in activation_calls] == [p_f, P_c // p_f, P_c // p_f, p_f]  # two pairs, smaller groups
 assert all(a > b for a, b in zip(ring_per_rank, ring_per_rank[1:]))
 print("tutorial 7: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - Write Stationary-W with its two pairs of collectives:
+#   [Stationary-W](exercises/07_stationary_w.md).
+# - Say which ranks form each group of the segmented allreduce, and what each
+#   sums: [the segmented allreduce](exercises/08_segmented_allreduce.md).

@@ -163,3 +163,14 @@ assert summary["reduce_scatter"][1] > 100 * summary["allreduce"][1]          # a
 kinds_per_rank = [{k for k, q, _, _ in info["records"] if q > 1} for info in hybrid["ranks"]]
 assert all(k == {"halo", "allgather", "reduce_scatter", "allreduce"} for k in kinds_per_rank)
 print("tutorial 8: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - Put a layer on a `sample x channel x height` grid yourself, halo and channel
+#   collectives together: [a hybrid grid](exercises/10_hybrid_grid.md).
+# - On the hybrid grid of section 1 the weight peers are the height ranks; work
+#   out the groups of its segmented allreduce: [the segmented
+#   allreduce](exercises/08_segmented_allreduce.md).

@@ -272,3 +272,15 @@ assert all(passed for _, passed in fixed_run) and len(fixed_run) == 15
 assert caught == ["db", "dw"] and even_slips_through is True
 assert all([[k, q, nb] for k, q, _, nb in info["measured"]] == info["model"] for info in ranks)
 print("tutorial 9: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - Three planted bugs to find and fix with the kit of this tutorial: a halo
+#   offset wrong only under stride 2 on uneven shards, a missing corner in 3-D,
+#   a bias added on every channel rank: [detective](exercises/11_detective.md).
+# - Write a decomposition of your own, a broadcast variant of Stationary-Y,
+#   until `check_layer` and `check_records` pass at 2 to 5 ranks: [your own
+#   decomposition](exercises/12_your_own_decomposition.md).

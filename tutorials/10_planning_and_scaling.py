@@ -192,3 +192,14 @@ assert conv_grids[0].get("channel", 1) == 1                                # one
 assert {p["config"]["ranks"] for p in points} == {1, 4} and len(four) == 1
 assert all(p["bytes"] == predicted(p) for p in four)                       # the model counts what was sent
 print("tutorial 10: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - The planner prices calls from their bytes: write the closed form of each
+#   algorithm's traffic and check it against `records()` and the measured
+#   counts: [predict the bytes](exercises/09_predict_the_bytes.md).
+# - Run one layer on a grid the planner might pick, `sample x channel x height`:
+#   [a hybrid grid](exercises/10_hybrid_grid.md).
