@@ -3,10 +3,13 @@
 A tutorial is a jupytext percent-format notebook and also a plain Python script:
 each runs here in a subprocess, in a temporary folder, with matplotlib's Agg
 backend.  A failing cell (an exception, or one of the asserts each tutorial ends
-with) fails the test.  The multi-rank tutorials launch 4 MPI ranks themselves
-(``tutorials/course.py``).  ``make tutorials`` runs the same.
+with) fails the test.  A multi-rank cell is a function of ``comm`` run on
+simulated ranks (``refconv.simulated.run``), never a script in a string; one
+cell of each such tutorial runs the same function under mpiexec
+(``course.under_mpiexec``).  ``make tutorials`` runs the same.
 """
 
+import ast
 import os
 import pathlib
 import re
@@ -14,6 +17,7 @@ import subprocess
 import sys
 import time
 
+import numpy
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -64,15 +68,121 @@ def test_tutorial_runs_headless(notebook, tmp_path):
     print(f"{notebook.name}: {time.perf_counter() - start:.1f} s")
 
 
-@pytest.mark.mpi
-def test_course_launcher_reports_a_failing_rank(tmp_path, monkeypatch):
-    """course.run_on_ranks: a script that fails on one rank raises, with that rank's error in the message."""
+def triple_quoted_strings(source):
+    """Line numbers of the triple-quoted string literals in ``source``, docstrings left out: the form
+    a script for another process takes (a ``SCRIPT`` string that a helper launched)."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return sorted({node.lineno for node in ast.walk(tree)
+                   if isinstance(node, (ast.Constant, ast.JoinedStr)) and id(node) not in docstrings
+                   and re.match(r"[rbfuRBFU]{0,2}('''|\"\"\")", ast.get_source_segment(source, node) or "")})
+
+
+def test_a_script_in_a_string_is_found():
+    """The check below would see the form the tutorials had before refconv.simulated."""
+    old = 'x = 1\nSCRIPT = f"""\nfrom mpi4py import MPI\ncomm = MPI.COMM_WORLD\n"""\njob = course.run_on_ranks(SCRIPT)\n'
+    assert triple_quoted_strings(old) == [2]
+    assert triple_quoted_strings("S = r'''import refconv'''\n") == [1]
+    docstring = 'def f(comm):\n    """A docstring\n    on two lines."""\n    return ("one"\n            f"line {comm}")\n'
+    assert triple_quoted_strings(docstring) == []
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_multi_rank_code_in_strings(notebook):
+    """Multi-rank code is ordinary cells (functions of comm), which a learner can read, edit and step through."""
+    text = notebook.read_text()
+    assert triple_quoted_strings(text) == [], f"{notebook.name}: a triple-quoted string (a script?) at these lines"
+    assert "run_on_ranks" not in text and "MPI.COMM_WORLD" not in text, notebook.name
+
+
+UNDER_MPIEXEC = {3, 4, 5, 8, 9, 10}  # the tutorials that show a function of theirs under mpiexec too
+
+
+def test_multi_rank_tutorials_run_on_simulated_ranks_and_once_under_mpiexec():
+    """As tutorials/README.md says: which tutorials show a function under mpiexec, one cell each."""
+    calls = {int(nb.name[:2]): nb.read_text() for nb in NOTEBOOKS}
+    simulated = {n for n, text in calls.items() if re.search(r"simulated\.run\(|layer_job\.run\(", text)}
+    assert simulated == {3, 4, 5, 6, 7, 8, 9, 10}
+    assert {n: text.count("course.under_mpiexec(") for n, text in calls.items() if n in UNDER_MPIEXEC or
+            "course.under_mpiexec(" in text} == {n: 1 for n in UNDER_MPIEXEC}
+    readme = " ".join((TUTORIALS / "README.md").read_text().split())
+    listed = ", ".join(map(str, sorted(UNDER_MPIEXEC)[:-1])) + f" and {max(UNDER_MPIEXEC)}"
+    assert readme.count(f"Tutorials {listed} also run") == 1 and f"tutorials {listed} runs the same function" in readme
+
+
+@pytest.fixture
+def course(monkeypatch):
     monkeypatch.syspath_prepend(str(TUTORIALS))
     import course
+    return course
 
-    script = "from mpi4py import MPI\nif MPI.COMM_WORLD.rank == 1:\n    raise ValueError('rank one fails')\n"
+
+def fails_on_rank_one(comm):
+    if comm.rank == 1:
+        raise ValueError("rank one fails")
+    return comm.rank
+
+
+@pytest.mark.mpi
+def test_under_mpiexec_reports_a_failing_rank(course):
     with pytest.raises(RuntimeError, match="rank one fails"):
-        course.run_on_ranks(script, ranks=2, timeout=60, show=False)
-    job = course.run_on_ranks("import json, sys\njson.dump([1, 2], open(sys.argv[1] + '/result.json', 'w'))\n",
-                              ranks=1, timeout=60, show=False)
-    assert job.json() == [1, 2]
+        course.under_mpiexec(fails_on_rank_one, ranks=2, timeout=60, show=False)
+
+
+NOTEBOOK = """
+import numpy
+import course
+from refconv import collectives, simulated
+
+SCALE = 10.0
+
+
+class Doubler:
+    def __init__(self, k):
+        self.k = k
+
+    def apply(self, x):
+        return x * self.k
+
+
+def scaled(comm):
+    return comm.rank * SCALE
+
+
+def sums_with_helpers(comm, base, times=1):
+    mine = numpy.full(2, Doubler(base).apply(scaled(comm)))
+    return {"rank": comm.rank, "total": float(collectives.allreduce(comm, mine)[0]) * times}
+
+
+expected = simulated.run(sums_with_helpers, 3, args=(2.0,), kwargs={"times": 3})
+assert [r["rank"] for r in expected] == [0, 1, 2] and expected[0]["total"] == (0 + 1 + 2) * 10.0 * 2.0 * 3
+real = course.under_mpiexec(sums_with_helpers, ranks=3, args=(2.0,), kwargs={"times": 3}, show=False)
+assert real == expected, (real, expected)
+print("the same results under mpiexec")
+"""
+
+
+@pytest.mark.mpi
+def test_under_mpiexec_returns_what_simulated_ranks_return(tmp_path):
+    """A notebook's function under mpiexec: the job rebuilds the notebook's helper function and class
+    from their source, a module and a constant, and every rank returns what its simulated twin did."""
+    script = tmp_path / "notebook.py"
+    script.write_text(NOTEBOOK)
+    env = dict(_env(), PYTHONPATH=os.pathsep.join(filter(None, [str(TUTORIALS), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert proc.returncode == 0 and "the same results under mpiexec" in proc.stdout, proc.stdout + proc.stderr
+
+
+TABLE = numpy.arange(3.0)
+
+
+def uses_an_array(comm):
+    return TABLE[comm.rank]
+
+
+def test_under_mpiexec_refuses_a_global_it_cannot_rebuild(course):
+    with pytest.raises(TypeError, match="global 'TABLE', a ndarray .* pass it in args"):
+        course.job_source(uses_an_array)

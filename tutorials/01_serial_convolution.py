@@ -128,6 +128,14 @@ fig.tight_layout()
 # | backward-data | `dx[n, c] = sum_f dy[n, f] *T w[f, c]` | `f`, taps | `(N, C, H, W)` |
 # | backward-filter | `dw[f, c] = sum_n x[n, c] * dy[n, f]` | `n`, pixels | `(F, C, Kh, Kw)` |
 #
+# `*T` is the **transposed convolution** (also called a fractionally strided
+# convolution, or "deconvolution" in some frameworks): the adjoint of `*`. Where
+# the forward convolution reads a window of `x` into one output pixel, the
+# transposed one spreads each pixel of `dy` back over the window it came from,
+# weighted by the same taps, and adds up where windows overlap; with stride
+# `s` it gives back the larger input shape `(H, W)`. The adjoint identity
+# `<x, dx> = <x * w, dy>` checked below is exactly what makes it the transpose.
+#
 # In im2col form, backward-data is `Wm.T @ dy` followed by **col2im** (the
 # adjoint of im2col: it adds each column back onto the pixels it was read
 # from), and backward-filter is `dy @ X.T` summed over the samples.
@@ -203,3 +211,16 @@ assert X.shape == (N, C * K * K, Ho * Wo)
 assert numpy.count_nonzero(X[0] == 0) > 0                             # padding shows up as zeros in im2col
 assert_close(conv_loops(x, w, b, stride, padding, dilation), y_gemm, reduction_length=C * K * K)
 print("tutorial 1: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - Before any code runs on ranks: for a given kernel, stride, padding and
+#   dilation, and a rank's block of rows, which input rows does it need from
+#   each neighbour, and which output rows does it own? [Output and halo
+#   arithmetic](exercises/01_halo_arithmetic.md).
+# - The table of section 3 says what each pass sums over. Split the samples over
+#   ranks and decide which of `y`, `dx`, `dw`, `db` needs a collective, and
+#   which: [sample parallelism's backward](exercises/02_sample_backward.md).

@@ -306,3 +306,15 @@ assert launch_2d(F, H * W, MICRO)[1] == (SIDE, SIDE) and SIDE * MICRO == TILE
 if timings is not None:
     assert all(set(expected) <= set(line["passes"]) for line in timings) and len(timings) >= 2   # v1, v2 (+ cuDNN)
 print("tutorial 2: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - Write a tiled convolution kernel yourself, run it under the CUDA simulator,
+#   and get it scored by each thread's global and shared loads against a budget:
+#   [a kernel puzzle](exercises/13_kernel_puzzle.md).
+# - The launch geometry above is output arithmetic; do the same for a rank's
+#   block of a strided, dilated layer: [output and halo
+#   arithmetic](exercises/01_halo_arithmetic.md).

@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 3. Sample parallelism and the global weight-gradient allreduce
 #
-# *4 MPI ranks, launched from the notebook.*
+# *4 ranks, simulated in the notebook; then the same function under mpiexec.*
 #
 # The simplest way to split a layer: give each rank a block of the **samples**
 # and a full copy of the weights. Forward and backward-data are then local,
@@ -25,88 +25,83 @@
 # (tutorials 5-7) makes smaller.
 #
 # How the multi-rank cells work (all tutorials alike, see tutorials/README.md):
-# a cell holds a small script, `course.run_on_ranks` launches it with
-# `mpiexec -n 4 python -m mpi4py`, rank 0 saves its results to a file, and the
-# notebook loads and checks them.
+# what each rank does is an ordinary function of its communicator `comm`, and
+# `refconv.simulated.run(fn, 4)` runs it on 4 **simulated ranks**: threads of
+# this notebook, each with its own communicator that behaves as MPI's does. It
+# returns what each rank returned, rank 0's first. You can read, edit and step
+# through the function like any other cell (docs/debugging-ranks.md shows a
+# debugger on one rank). Near the end, one cell runs the very same function on
+# 4 real MPI processes with `mpiexec`, and compares.
 
 # %%
 import matplotlib.pyplot as plt
 import numpy
 
 import course
+import refconv
+from refconv import collectives, simulated
 from refconv import reference as ref
 from refconv.testing.asserts import assert_close
 
 # %% [markdown]
-# ## The script each rank runs
+# ## What each rank runs
 #
 # Six samples over 4 ranks split 2, 2, 1, 1 (`numpy.array_split` blocks: uneven
 # splits are normal in refconv). `refconv.scatter` sends each rank its block of
 # `x` and `dy` from rank 0. The layer's collectives are recorded with
 # `collectives.stats.recording()`. Before letting the layer finish, each rank
 # also computes its own partial `dw` with the reference, to show what the
-# allreduce adds up.
+# allreduce adds up. Rank 0 gathers `y` and `dx` (the others get `None`).
 
 # %%
-SCRIPT = """
-import json, sys
-import numpy
-from mpi4py import MPI
-import refconv
-import course
-from refconv import collectives, reference as ref
-
-comm = MPI.COMM_WORLD
 N, C, F, H, W, K = 6, 3, 4, 6, 6, 3
-rng = numpy.random.default_rng(0)                  # the same draw on every rank
-x, w, b = rng.standard_normal((N, C, H, W)), rng.standard_normal((F, C, K, K)), rng.standard_normal(F)
-dy = rng.standard_normal((N, F, H, W))
 
-grid = refconv.ProcessGrid(comm, sample=comm.size)
-layer = refconv.DistConv2d(C, F, K, padding=1, grid=grid, input_shape=x.shape, backend="numpy", dtype=numpy.float64)
-layer.set_global_parameters(w, b)                  # every rank holds all of w: sample parallelism replicates it
-x_loc = refconv.scatter(x if comm.rank == 0 else None, layer.input_distribution, grid)   # (n, C, H, W)
-dy_loc = refconv.scatter(dy if comm.rank == 0 else None, layer.output_distribution, grid) # (n, F, H, W)
 
-with collectives.stats.recording() as region:
-    y_loc = layer.forward(x_loc)                   # (n, F, H, W): local, no communication
-    dx_loc = layer.backward(dy_loc)                # (n, C, H, W); dw, db allreduced over all ranks
-dw_mine = ref.conv2d_backward_filter(x_loc, dy_loc, w.shape, padding=1)   # my samples only
-dw, db = layer.global_parameter_grads()
+def sample_parallel(comm):
+    rng = numpy.random.default_rng(0)                  # the same draw on every rank
+    x, w, b = rng.standard_normal((N, C, H, W)), rng.standard_normal((F, C, K, K)), rng.standard_normal(F)
+    dy = rng.standard_normal((N, F, H, W))
 
-per_rank = comm.gather({"samples": x_loc.shape[0], "records": course.records(region),
-                        "dw_mine": dw_mine.tolist(), "dw_layer": dw.tolist()})
-y = refconv.gather(y_loc, layer.output_distribution, grid)
-dx = refconv.gather(dx_loc, layer.input_distribution, grid)
-if comm.rank == 0:
-    numpy.savez(sys.argv[1] + "/result.npz", x=x, w=w, b=b, dy=dy, y=y, dx=dx, db=db)
-    json.dump(per_rank, open(sys.argv[1] + "/ranks.json", "w"))
-    print(f"{comm.size} ranks: samples per rank {[r['samples'] for r in per_rank]}")
-    for r, info in enumerate(per_rank):
-        print(f"  rank {r}: " + ", ".join(f"{k}(q={q}) {nb} bytes" for k, q, _, nb in info["records"]))
-grid.free()
-"""
-job = course.run_on_ranks(SCRIPT)
-arrays, ranks = job.arrays(), job.json("ranks.json")
+    grid = refconv.ProcessGrid(comm, sample=comm.size)
+    layer = refconv.DistConv2d(C, F, K, padding=1, grid=grid, input_shape=x.shape, backend="numpy",
+                               dtype=numpy.float64)
+    layer.set_global_parameters(w, b)                  # every rank holds all of w: sample parallelism replicates it
+    x_loc = refconv.scatter(x if comm.rank == 0 else None, layer.input_distribution, grid)    # (n, C, H, W)
+    dy_loc = refconv.scatter(dy if comm.rank == 0 else None, layer.output_distribution, grid)  # (n, F, H, W)
+
+    with collectives.stats.recording() as region:
+        y_loc = layer.forward(x_loc)                   # (n, F, H, W): local, no communication
+        dx_loc = layer.backward(dy_loc)                # (n, C, H, W); dw, db allreduced over all ranks
+    dw_mine = ref.conv2d_backward_filter(x_loc, dy_loc, w.shape, padding=1)   # my samples only
+    dw, db = layer.global_parameter_grads()
+    y = refconv.gather(y_loc, layer.output_distribution, grid)                # rank 0: (N, F, H, W)
+    dx = refconv.gather(dx_loc, layer.input_distribution, grid)               # rank 0: (N, C, H, W)
+    grid.free()
+    return {"samples": x_loc.shape[0], "records": course.records(region), "dw_mine": dw_mine, "dw_layer": dw,
+            "db": db, "y": y, "dx": dx, "x": x, "w": w, "b": b, "dy": dy}
+
+
+ranks = simulated.run(sample_parallel, course.RANKS)
+print(f"{len(ranks)} ranks: samples per rank {[r['samples'] for r in ranks]}")
+for r, info in enumerate(ranks):
+    print(f"  rank {r}: " + ", ".join(f"{k}(q={q}) {nb} bytes" for k, q, _, nb in info["records"]))
 
 # %% [markdown]
 # ## Checking the results against the reference
 #
-# `y` and `dx` were computed locally and gathered; `dw` is the sum of the four
-# partial `dw`s, and after the allreduce every rank holds that same sum.
+# `y` and `dx` were computed locally and gathered on rank 0; `dw` is the sum of
+# the four partial `dw`s, and after the allreduce every rank holds that same sum.
 
 # %%
-x, w, b, dy = (arrays[k] for k in ("x", "w", "b", "dy"))
-N, C, H, W = x.shape
-F, K = w.shape[0], w.shape[2]
+x, w, b, dy = (ranks[0][k] for k in ("x", "w", "b", "dy"))
 dw_ref = ref.conv2d_backward_filter(x, dy, w.shape, padding=1)
-assert_close(arrays["y"], ref.conv2d_forward(x, w, b, padding=1), reduction_length=C * K * K)
-assert_close(arrays["dx"], ref.conv2d_backward_data(dy, w, x.shape, padding=1), reduction_length=F * K * K)
-assert_close(arrays["db"], ref.conv2d_backward_bias(dy), reduction_length=N * H * W)
-partials = [numpy.array(r["dw_mine"]) for r in ranks]
-assert_close(sum(partials), dw_ref, reduction_length=N * H * W)          # the allreduce's sum
+assert_close(ranks[0]["y"], ref.conv2d_forward(x, w, b, padding=1), reduction_length=C * K * K)
+assert_close(ranks[0]["dx"], ref.conv2d_backward_data(dy, w, x.shape, padding=1), reduction_length=F * K * K)
+assert_close(ranks[0]["db"], ref.conv2d_backward_bias(dy), reduction_length=N * H * W)
+assert all(r["y"] is None for r in ranks[1:])                            # gathered on rank 0 only
+assert_close(sum(r["dw_mine"] for r in ranks), dw_ref, reduction_length=N * H * W)   # the allreduce's sum
 for r in ranks:
-    assert_close(numpy.array(r["dw_layer"]), dw_ref, reduction_length=N * H * W)   # on every rank
+    assert_close(r["dw_layer"], dw_ref, reduction_length=N * H * W)      # on every rank
 print("y, dx, db match; the partial dw's sum to dw, which every rank holds after the allreduce")
 
 # %% [markdown]
@@ -142,54 +137,109 @@ print(f"dw is {F * C * K * K} float64 values = {F * C * K * K * 8} bytes; each r
 # optimizer's step (`Model.set_overlap`, docs/parallel.md "Overlap"). The same
 # MPI calls are made either way, so the sums are the same bits. Here 2 ranks
 # train the digits CNN with the image rows split over them (so the halo
-# overlaps too, and the allreduce of `dw` is over both), and record one step of each under
-# `collectives.stats.timeline()`: when each call started, when the rank began to
-# wait for it, and when it finished. `refconv.bench.overlap.write_timeline`,
-# which the overlap benchmark also uses, records and draws them.
+# overlaps too, and the allreduce of `dw` is over both), one step blocking and
+# one overlapped.
+#
+# On a shared 2-core laptop the wall clock cannot show what overlap hides: a
+# rank waits while the other gets the CPU. So these runs use the simulated
+# world's **logical clock**: `simulated.run(..., machine="v100-edr")` prices every
+# local convolution and every call from the built-in machine file of a V100
+# cluster with EDR InfiniBand (the one `refconv plan` uses in tutorial 10), and
+# a nonblocking call runs behind the compute that follows it until its wait.
+# Each rank's result is then `(value, clock)`; `clock.events` holds every call's
+# start, the moment the rank began to wait for it, and its end, in logical
+# seconds, and `refconv.simulated.clock.report` sums per kind what was hidden
+# and what the rank waited for (exposed).
 
 # %%
-TIMELINE = """
-import json, sys
-import numpy
-from mpi4py import MPI
 from refconv import Model, train
-from refconv.bench.overlap import write_timeline
 from refconv.optim import SGD
+from refconv.simulated.clock import report
 
-comm = MPI.COMM_WORLD
-model = Model.from_spec("digits-cnn", comm=comm, backend="numpy", seed=0,
-                        defaults={"grid": {"height": 2}})
-rng = numpy.random.default_rng(0)
-x, y = rng.standard_normal((8, 1, 16, 16)).astype(numpy.float32), rng.integers(0, 10, 8)
-optimizer = SGD(model.bind(x.shape), 0.1)
-write_timeline(comm, model, lambda: train.step(model, optimizer, x, y), sys.argv[1] + "/timeline.json",
-               "digits CNN, batch 8, height=2")
-"""
-job = course.run_on_ranks(TIMELINE, ranks=2)
-timeline = job.json("timeline.json")
-fig, ax = plt.subplots(figsize=(10, 5))
-ax.imshow(plt.imread(job.folder / "timeline.png"))
-ax.axis("off")
+
+def one_step(comm, overlap):
+    model = Model.from_spec("digits-cnn", comm=comm, backend="numpy", seed=0, defaults={"grid": {"height": 2}})
+    rng = numpy.random.default_rng(0)
+    x, y = rng.standard_normal((8, 1, 16, 16)).astype(numpy.float32), rng.integers(0, 10, 8)
+    optimizer = SGD(model.bind(x.shape), 0.1)
+    model.set_overlap(overlap)
+    return train.step(model, optimizer, x, y)
+
+
+steps = {name: simulated.run(one_step, 2, args=(on,), machine="v100-edr")
+         for name, on in (("blocking", False), ("overlap", True))}
+colours = {"allreduce": "tab:blue", "halo": "tab:green"}
+fig, ax = plt.subplots(figsize=(10, 3))
+row = 0
+for rank in range(2):
+    for name, results in steps.items():
+        _, clock = results[rank]
+        ax.barh(row, clock.t * 1e3, color="0.9", height=0.8)
+        for e in clock.events:
+            if e["kind"] in colours:
+                ax.barh(row, (e["ended"] - e["started"]) * 1e3, left=e["started"] * 1e3, color=colours[e["kind"]],
+                        alpha=0.35, height=0.5)
+                if e["ended"] > e["waited"]:                    # the part the rank waited for
+                    ax.barh(row, (e["ended"] - e["waited"]) * 1e3, left=e["waited"] * 1e3,
+                            color=colours[e["kind"]], height=0.5)
+        ax.text(clock.t * 1e3, row, f" {clock.t * 1e3:.2f} ms", va="center", fontsize=8)
+        row += 1
+ax.set_yticks(range(row), [f"rank {r} {name}" for r in range(2) for name in steps])
+ax.invert_yaxis()
+ax.set_xlabel("logical ms (light: in flight; dark: the rank waits; grey: the step)")
+ax.set_title("digits CNN, batch 8, height=2, one step priced on v100-edr", fontsize=10)
+ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()], labels=list(colours),
+          fontsize=8, loc="lower right")
 fig.tight_layout()
+for name, results in steps.items():
+    calls = report([clock for _, clock in results])[0]["calls"]
+    print(f"{name:9s} rank 0: " + ", ".join(f"{k} {v['calls']} calls, {v['hidden'] * 1e6:.0f} us hidden, "
+                                           f"{v['waited'] * 1e6:.0f} us exposed"
+                                           for k, v in calls.items() if k in colours))
 
 # %% [markdown]
-# Read it per rank: in the blocking rows every call is waited for the moment it
-# starts (dark); in the overlapped rows the gradient allreduces start during
+# Read it per rank: in the blocking rows the rank waits for its calls (dark):
+# the halo entirely, the allreduces almost entirely; in the overlapped rows the gradient allreduces start during
 # backward and run while the rank computes (light), and the halo exchange runs
 # behind the interior of each convolution. Batch normalization's allreduces stay
-# dark in both: the next operation needs their sums. On a shared 2-core laptop
-# much of a step is dark (a rank waits while the other gets the CPU), and the
-# rows' lengths are noise, not a speedup (docs/benchmarks.md, "Overlap").
+# dark in both: the next operation needs their sums. The overlapped step is
+# shorter by what it hid, and both steps compute the same loss, bit for bit.
 
 # %%
-for rank in timeline["ranks"]:
-    blocking, overlapped = rank["blocking"]["calls"], rank["overlap"]["calls"]
+for rank in range(2):
+    (loss_b, blocking_clock), (loss_o, overlap_clock) = steps["blocking"][rank], steps["overlap"][rank]
+    blocking, overlapped = blocking_clock.events, overlap_clock.events
+    assert loss_b == loss_o                                            # the same sums
     assert not any(c["overlap"] for c in blocking)                     # nothing runs behind compute
     behind = [c for c in overlapped if c["overlap"]]
     assert {c["kind"] for c in behind} == {"allreduce", "halo"}        # gradients, and the halo
-    assert all(c["started"] <= c["waited"] <= c["ended"] for c in overlapped)
+    assert all(c["started"] <= min(c["waited"], c["ended"]) for c in overlapped)
     assert sorted(c["kind"] for c in blocking) == sorted(c["kind"] for c in overlapped)  # the same calls
+    assert overlap_clock.t < blocking_clock.t                          # what was hidden is off the step
+    hidden_b, hidden_o = ({k: v["hidden"] for k, v in report([clock])[0]["calls"].items()}
+                          for clock in (blocking_clock, overlap_clock))
+    assert hidden_b["halo"] == 0 < hidden_o["halo"] and hidden_b["allreduce"] < hidden_o["allreduce"]
 print("one step each: the same calls; with overlap on, the gradients' allreduces and the halo run behind compute")
+
+# %% [markdown]
+# ## The same function on real MPI ranks
+#
+# Nothing in `sample_parallel` knows it ran on threads. `course.under_mpiexec`
+# writes the function's own source (with the imports and the constants it
+# names) into a job file, runs it with `mpiexec -n 4 python -m mpi4py`, one
+# process per rank, and reads back what each rank returned. The results agree
+# with the simulated ones: the same calls on every rank, and the same numbers
+# (an allreduce may add in another order under MPI, so within rounding).
+
+# %%
+print(course.job_source(sample_parallel))
+real = course.under_mpiexec(sample_parallel)
+for simulated_rank, real_rank in zip(ranks, real):
+    assert real_rank["records"] == simulated_rank["records"] and real_rank["samples"] == simulated_rank["samples"]
+    assert_close(real_rank["dw_layer"], simulated_rank["dw_layer"], reduction_length=N * H * W)
+assert_close(real[0]["y"], ranks[0]["y"], reduction_length=C * K * K)
+assert_close(real[0]["dx"], ranks[0]["dx"], reduction_length=F * K * K)
+print("under mpiexec: the same calls and the same y, dx and dw on every rank")
 
 # %% [markdown]
 # ## Checks
@@ -202,3 +252,15 @@ for r in ranks:
     assert [(k, q, m) for k, q, m, _ in r["records"]] == [("allreduce", 4, F * C * K * K), ("allreduce", 4, F)]
 assert [r["samples"] for r in ranks] == [2, 2, 1, 1]
 print("tutorial 3: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - Say, for each gradient, which collective sample parallelism needs, then
+#   write the backward on simulated ranks: [sample parallelism's
+#   backward](exercises/02_sample_backward.md).
+# - Predict the bytes of the allreduces above from the shapes alone, and check
+#   your formula against `records()`: [predict the
+#   bytes](exercises/09_predict_the_bytes.md).

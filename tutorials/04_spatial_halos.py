@@ -13,15 +13,16 @@
 # %% [markdown]
 # # 4. Spatial parallelism and halos
 #
-# *One process, then 4 MPI ranks.*
+# *One process, then 4 ranks simulated in the notebook, and the same function under mpiexec.*
 #
 # Spatial parallelism splits the image height (and/or width) over ranks. A
 # rank's output rows read input rows that other ranks own: its **halo**. This
 # tutorial computes, for every rank, which rows it owns and which rows its
 # outputs read, first with plain arithmetic, then simulates the halo exchange
-# and its adjoint in one process, and finally runs it, and a whole layer, on
-# 4 ranks. Last, a volume split over 8 ranks (depth x height x width), simulated
-# in one process: the halo gains edges and corners.
+# and its adjoint by hand in one process, and finally runs it, and a whole
+# layer, on 4 simulated ranks (and once, unchanged, on 4 MPI processes). Last,
+# a volume split over 8 ranks (depth x height x width), by hand in one process:
+# the halo gains edges and corners.
 #
 # Specification: `docs/algorithms.md` section 3. Code: `refconv/halo.py` and the
 # sample/spatial algorithm module. Reference page: `docs/spatial.md`.
@@ -31,6 +32,7 @@ import matplotlib.pyplot as plt
 import numpy
 
 import course
+import refconv
 from refconv import reference as ref
 from refconv.distribution import block_range
 from refconv.halo import halo_geometry, input_window
@@ -160,62 +162,55 @@ print("backward: halo contributions summed at their owners give dx")
 # %% [markdown]
 # ## 3. On four ranks
 #
-# The script below builds the `Halo` of the real height group
+# Now the real thing, on 4 simulated ranks (threads of this notebook, each with
+# its own communicator; tutorial 3 explains them). The function below is what
+# every rank runs. It builds the `Halo` of the real height group
 # (`grid.sub_comm(("height", "width"))` of a `height=4` grid), runs
 # `Halo.extend` on the real blocks, compares each window with the zero-padded
-# global `x`, and checks the halo bytes `CommStats` recorded against the pieces
-# it planned to send. Then it runs `DistConv2d` forward and backward on that
-# grid and compares `y`, `dx`, `dw`, `db` with the reference through
+# global `x`, and returns the halo bytes `CommStats` recorded, to compare with
+# the pieces it planned to send. Then it runs `DistConv2d` forward and backward
+# on that grid and compares `y`, `dx`, `dw`, `db` with the reference through
 # `refconv.testing.check.check_layer`, which raises on every rank on a mismatch.
+# It uses the problem of section 2: `N, C, F, H, W, K`, stride 2, padding 2,
+# dilation 3.
 
 # %%
-SCRIPT = """
-import json, sys
-import numpy
-from mpi4py import MPI
-import refconv
-import course
-from refconv import collectives
+from refconv import collectives, simulated
 from refconv.halo import Halo
 from refconv.testing.asserts import collective_assert_close
 from refconv.testing.check import check_layer
 from refconv.testing.strategies import ConvProblem
 
-comm = MPI.COMM_WORLD
-N, C, F, H, W, K = 2, 3, 4, 11, 7, 3
-Ho, Wo = 5, 3
-rng = numpy.random.default_rng(0)
-x = rng.standard_normal((N, C, H, W))                      # the same global x on every rank
 
-grid = refconv.ProcessGrid(comm, height=4)
-spatial = grid.sub_comm(("height", "width"))               # the halo group, ranked h * P_W + w
-halo = Halo(spatial, (grid.P_H, grid.P_W), (H, W), (Ho, Wo), (K, K), (2, 2), (2, 2), (3, 3))
-me = spatial.Get_rank()
-own, win = halo.owned[me], halo.window[me]
+def halo_on_ranks(comm):
+    x = numpy.random.default_rng(0).standard_normal((N, C, H, W))   # the same global x on every rank
+    grid = refconv.ProcessGrid(comm, height=4)
+    spatial = grid.sub_comm(("height", "width"))               # the halo group, ranked h * P_W + w
+    halo = Halo(spatial, (grid.P_H, grid.P_W), (H, W), (Ho, Wo), (K, K), (2, 2), (2, 2), (3, 3))
+    me = spatial.Get_rank()
+    own, win = halo.owned[me], halo.window[me]
 
-x_loc = x[:, :, own.h0:own.h1, own.w0:own.w1]              # (N, C, h, W)
-with collectives.stats.recording() as region:
-    x_win = halo.extend(x_loc, numpy)                      # (N, C, h_win, w_win)
-x_padded = numpy.pad(x, ((0, 0), (0, 0), (4, 4), (4, 4)))  # zeros outside the image (4 >= any overhang)
-collective_assert_close(comm, x_win, x_padded[:, :, win.h0 + 4:win.h1 + 4, win.w0 + 4:win.w1 + 4],
-                        name=f"rank {me}'s window")
+    x_loc = x[:, :, own.h0:own.h1, own.w0:own.w1]              # (N, C, h, W)
+    with collectives.stats.recording() as region:
+        x_win = halo.extend(x_loc, numpy)                      # (N, C, h_win, w_win)
+    x_padded = numpy.pad(x, ((0, 0), (0, 0), (4, 4), (4, 4)))  # zeros outside the image (4 >= any overhang)
+    collective_assert_close(comm, x_win, x_padded[:, :, win.h0 + 4:win.h1 + 4, win.w0 + 4:win.w1 + 4],
+                            name=f"rank {me}'s window")
 
-problem = ConvProblem(N=N, C=C, F=F, H=H, W=W, Kh=K, Kw=K, stride=(2, 2), padding=(2, 2), dilation=(3, 3))
-layer = refconv.DistConv2d(C, F, K, stride=2, padding=2, dilation=3, grid=grid, backend="numpy",
-                           dtype=numpy.float64, input_shape=(N, C, H, W))
-with collectives.stats.recording() as layer_region:
-    check_layer(layer, problem)                            # y, dx, dw, db against the reference, every rank
+    problem = ConvProblem(N=N, C=C, F=F, H=H, W=W, Kh=K, Kw=K, stride=(2, 2), padding=(2, 2), dilation=(3, 3))
+    layer = refconv.DistConv2d(C, F, K, stride=2, padding=2, dilation=3, grid=grid, backend="numpy",
+                               dtype=numpy.float64, input_shape=(N, C, H, W))
+    with collectives.stats.recording() as layer_region:
+        check_layer(layer, problem)                            # y, dx, dw, db against the reference, every rank
+    grid.free()
+    return {"window": [win.h0, win.h1], "extend": course.records(region),
+            "layer": [r for r in course.records(layer_region) if r[0] == "halo"]}
 
-per_rank = comm.gather({"window": [win.h0, win.h1], "extend": course.records(region),
-                        "layer": [r for r in course.records(layer_region) if r[0] == "halo"]})
-if comm.rank == 0:
-    json.dump(per_rank, open(sys.argv[1] + "/result.json", "w"))
-    for r, info in enumerate(per_rank):
-        print(f"rank {r}: window rows {info['window']}, sent {info['extend'][0][3]} halo bytes")
-    print("OK: every window equals the zero-padded x; DistConv2d on height=4 matches the reference")
-grid.free()
-"""
-ranks = course.run_on_ranks(SCRIPT).json()
+
+ranks = simulated.run(halo_on_ranks, course.RANKS)
+for r, info in enumerate(ranks):
+    print(f"rank {r}: window rows {info['window']}, sent {info['extend'][0][3]} halo bytes")
+print("every window equals the zero-padded x; DistConv2d on height=4 matches the reference")
 
 # %% [markdown]
 # The bytes are what each rank **sends** (CommStats records halo messages as
@@ -284,6 +279,18 @@ ax.legend()
 print("cells received per rank (faces, edges, corner):", kinds.tolist())
 
 # %% [markdown]
+# ## The same function on real MPI ranks
+#
+# `course.under_mpiexec` runs `halo_on_ranks`, unchanged, on 4 MPI processes
+# (`mpiexec -n 4 python -m mpi4py`): the same windows, and the same halo
+# messages, byte for byte.
+
+# %%
+real = course.under_mpiexec(halo_on_ranks)
+assert real == ranks
+print("under mpiexec: every rank returned what its simulated twin returned")
+
+# %% [markdown]
 # ## Checks
 
 # %%
@@ -294,3 +301,15 @@ assert owned[2].intersect(window[0]) is not None                     # rank 0's 
 assert all(len(exchanges(pieces3, r)[1]) == 7 for r in range(8))    # 3 faces, 3 edges, 1 corner each
 assert kinds[0].tolist() == [3 * 3 + 3 * 3 + 3 * 3, 3 + 3 + 3, 1]   # rank 0's 3x3x3 block, one layer a side
 print("tutorial 4: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - Compute the windows of section 1 yourself for any geometry and uneven
+#   blocks: [output and halo arithmetic](exercises/01_halo_arithmetic.md).
+# - Write the exchange of section 2 on simulated ranks, with uneven shards: [a
+#   1-D halo exchange](exercises/03_halo_1d.md); then with corners in 2-D (and,
+#   as a bonus, edges and corners in 3-D): [a 2-D
+#   halo](exercises/04_halo_2d.md).

@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 5. Stationary-X: x stays, the partial y moves
 #
-# *One process, then 4 MPI ranks.*
+# *2, then 4 ranks simulated in the notebook; the same function once under mpiexec.*
 #
 # Channel/filter parallelism splits the channel sum of tutorial 1 over a
 # **channel group** of `P_c` ranks. Rank `i` owns a block `C_i` of the input
@@ -26,12 +26,11 @@
 # Every algorithm module opens with its table of layouts and collectives:
 
 # %%
-import inspect
-
 import matplotlib.pyplot as plt
 import numpy
 
 import course
+import layer_job
 import refconv.algorithms.stationary_x
 from refconv import reference as ref
 from refconv.distribution import block_range
@@ -40,16 +39,14 @@ from refconv.testing.asserts import assert_close
 print(refconv.algorithms.stationary_x.__doc__)
 
 # %% [markdown]
-# ## 1. By hand, two simulated ranks in one process
+# ## 1. By hand, on two simulated ranks
 #
-# Each "rank" is one entry of a Python list and each collective a few lines of
-# NumPy with the semantics of `refconv.collectives` (in `course.py`):
-
-# %%
-print(inspect.getsource(course.reduce_scatter))
-print(inspect.getsource(course.allgather))
-
-# %% [markdown]
+# Stationary-X written out with nothing but the reference convolution and two
+# collectives of `refconv.collectives`, run by `refconv.simulated.run` on 2
+# simulated ranks: threads of this notebook, each with its own communicator
+# (tutorial 3 introduced them). `stationary_x_by_hand` is what each rank runs;
+# `comm.rank` is `i`, and a rank keeps only its own blocks.
+#
 # Forward: the local convolution of `x[:, C_i]` with `w[:, C_i]` sums over
 # `C_i` only, a **partial** `y` over all `F`. A **reduce-scatter** adds the
 # partials and leaves `y[:, F_i]` on rank `i`; the bias is added after it, so it
@@ -57,33 +54,41 @@ print(inspect.getsource(course.allgather))
 # all of `dy`, and then `dw[:, C_i]` and `dx[:, C_i]` are local.
 
 # %%
+from refconv import collectives, simulated
+
 N, C, F, H, W, K = 4, 6, 10, 8, 8, 3
 geometry = dict(padding=1)
 x, w, b, dy = (numpy.random.default_rng(0).standard_normal(s) for s in [(N, C, H, W), (F, C, K, K), (F,), (N, F, H, W)])
+
+
+def stationary_x_by_hand(comm, x, w, b, dy):
+    P_c, i = comm.size, comm.rank
+    F_counts = [numpy.diff(block_range(F, P_c, j))[0] for j in range(P_c)]   # F_j of every rank: [5, 5]
+    cs, fs = slice(*block_range(C, P_c, i)), slice(*block_range(F, P_c, i))
+    x_loc = x[:, cs]                                                       # (N, C_i, H, W)
+    w_loc = w[:, cs]                                                       # (F, C_i, K, K), the X shard
+    dy_loc = dy[:, fs]                                                     # (N, F_i, H, W)
+
+    y_part = ref.conv2d_forward(x_loc, w_loc, **geometry)                  # (N, F, H, W), partial over C
+    y_loc = collectives.reduce_scatter(comm, y_part, F_counts, axis=1)     # (N, F_i, H, W), summed over ranks
+    y_loc = y_loc + b[fs].reshape(1, -1, 1, 1)
+    dy_full = collectives.allgather(comm, dy_loc, F_counts, axis=1)        # (N, F, H, W) on every rank
+    dw_loc = ref.conv2d_backward_filter(x_loc, dy_full, w_loc.shape, **geometry)   # (F, C_i, K, K)
+    dx_loc = ref.conv2d_backward_data(dy_full, w_loc, x_loc.shape, **geometry)     # (N, C_i, H, W)
+    return y_loc, dx_loc, dw_loc
+
+
 P_c = 2
-C_blk = [block_range(C, P_c, i) for i in range(P_c)]        # [(0, 3), (3, 6)]
-F_blk = [block_range(F, P_c, i) for i in range(P_c)]        # [(0, 5), (5, 10)]
-cs = [slice(*blk) for blk in C_blk]
-fs = [slice(*blk) for blk in F_blk]
-
-x_loc = [x[:, cs[i]] for i in range(P_c)]                   # x_loc[i]: (N, C_i, H, W)
-w_loc = [w[:, cs[i]] for i in range(P_c)]                   # w_loc[i]: (F, C_i, K, K), the X shard
-dy_loc = [dy[:, fs[i]] for i in range(P_c)]                 # dy_loc[i]: (N, F_i, H, W)
-
-y_part = [ref.conv2d_forward(x_loc[i], w_loc[i], **geometry) for i in range(P_c)]   # (N, F, H, W), partial over C
-y_loc = course.reduce_scatter(y_part, F_blk)                                         # (N, F_i, H, W)
-y_loc = [y_loc[i] + b[fs[i]].reshape(1, -1, 1, 1) for i in range(P_c)]
-dy_full = course.allgather(dy_loc)                                                   # (N, F, H, W) everywhere
-dw_loc = [ref.conv2d_backward_filter(x_loc[i], dy_full[i], w_loc[i].shape, **geometry) for i in range(P_c)]
-dx_loc = [ref.conv2d_backward_data(dy_full[i], w_loc[i], x_loc[i].shape, **geometry) for i in range(P_c)]
+by_hand = simulated.run(stationary_x_by_hand, P_c, args=(x, w, b, dy))
 
 y, dx = ref.conv2d_forward(x, w, b, **geometry), ref.conv2d_backward_data(dy, w, x.shape, **geometry)
 dw = ref.conv2d_backward_filter(x, dy, w.shape, **geometry)
-for i in range(P_c):
-    assert_close(y_loc[i], y[:, fs[i]], reduction_length=C * K * K)
-    assert_close(dx_loc[i], dx[:, cs[i]], reduction_length=F * K * K)
-    assert_close(dw_loc[i], dw[:, cs[i]], reduction_length=N * H * W)
-print("Stationary-X by hand matches the reference: y[:, F_i], dx[:, C_i], dw[:, C_i]")
+for i, (y_loc, dx_loc, dw_loc) in enumerate(by_hand):
+    cs, fs = slice(*block_range(C, P_c, i)), slice(*block_range(F, P_c, i))
+    assert_close(y_loc, y[:, fs], reduction_length=C * K * K)
+    assert_close(dx_loc, dx[:, cs], reduction_length=F * K * K)
+    assert_close(dw_loc, dw[:, cs], reduction_length=N * H * W)
+print("Stationary-X by hand on 2 simulated ranks matches the reference: y[:, F_i], dx[:, C_i], dw[:, C_i]")
 
 # %% [markdown]
 # The moving tensor has the **output's** size: the reduce-scatter takes a full
@@ -94,18 +99,31 @@ print("Stationary-X by hand matches the reference: y[:, F_i], dx[:, C_i], dw[:, 
 #
 # ## 2. On four ranks
 #
-# `course.run_layer` launches `layer_job.py` (open it: about 50 lines), which
-# runs `refconv.DistConv2d` for each grid we ask for, records every collective
-# with `CommStats`, and checks `y, dx, dw, db` against the reference with
-# `refconv.testing.check.check_layer`. Two grids: all 4 ranks in the channel
-# group, and `sample=2 x channel=2`.
+# `layer_job.run` runs `layer_job.run_cases` (open `layer_job.py`: about 40
+# lines) on 4 simulated ranks. It builds `refconv.DistConv2d` for each grid we
+# ask for, records every collective with `CommStats`, and checks `y, dx, dw,
+# db` against the reference with `refconv.testing.check.check_layer`. Two
+# grids: all 4 ranks in the channel group, and `sample=2 x channel=2`.
+# Tutorials 6 to 8 run it too.
 
 # %%
 PROBLEM = dict(N=N, C=C, F=F, H=H, W=W, K=K, padding=1)
-cases = course.run_layer(PROBLEM, [dict(grid=dict(channel=4), algorithm="stationary-x"),
-                                   dict(grid=dict(sample=2, channel=2), algorithm="stationary-x")])
+CASES = [dict(grid=dict(channel=4), algorithm="stationary-x"),
+         dict(grid=dict(sample=2, channel=2), algorithm="stationary-x")]
+cases = layer_job.run(PROBLEM, CASES)
 for case in cases:
-    course.show_ranks(case)
+    layer_job.show_ranks(case)
+
+# %% [markdown]
+# The same function runs on real MPI ranks: `course.under_mpiexec` writes
+# `run_cases`'s own source into a job file and launches it with
+# `mpiexec -n 4 python -m mpi4py`. Every rank records the same calls, with the
+# same shapes, as its simulated twin.
+
+# %%
+real = layer_job.gathered(CASES, course.under_mpiexec(layer_job.run_cases, args=(PROBLEM, CASES)))
+assert real == cases
+print("under mpiexec: the same shapes and calls on every rank of both grids")
 
 # %% [markdown]
 # ## 3. Reading the numbers against the table
@@ -162,3 +180,15 @@ assert [info["w_loc"][1] for info in x_case["ranks"]] == [2, 2, 1, 1]       # C 
 rs = [r for r in x_case["ranks"][0]["records"] if r[0] == "reduce_scatter"][0]
 assert rs[3] == N * F * H * W * 8                                           # the output's size moves
 print("tutorial 5: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - Write Stationary-X's forward and backward yourself, from the table at the
+#   top of this page, and let the checker draw uneven splits for it:
+#   [Stationary-X](exercises/05_stationary_x.md).
+# - Write the closed form of every record of section 3 for any grid, and check
+#   it against `records()`: [predict the
+#   bytes](exercises/09_predict_the_bytes.md).

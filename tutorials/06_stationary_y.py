@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 6. Stationary-Y: y stays, x moves
 #
-# *One process, then 4 MPI ranks.*
+# *2, then 4 ranks simulated in the notebook.*
 #
 # Stationary-Y is the mirror image of Stationary-X (tutorial 5). Rank `i` holds
 # **every** input channel for its own filters: its weight shard is `w[F_i, :]`.
@@ -27,7 +27,7 @@
 import matplotlib.pyplot as plt
 import numpy
 
-import course
+import layer_job
 import refconv.algorithms.stationary_y
 from refconv import reference as ref
 from refconv.cost_model import layer_records
@@ -37,35 +37,43 @@ from refconv.testing.asserts import assert_close
 print(refconv.algorithms.stationary_y.__doc__)
 
 # %% [markdown]
-# ## 1. By hand, two simulated ranks in one process
+# ## 1. By hand, on two simulated ranks
 #
-# The same layer as tutorial 5 and the same simulated collectives
-# (`course.allgather`, `course.reduce_scatter`).
+# The same layer as tutorial 5, on the same 2 simulated ranks with the same two
+# collectives of `refconv.collectives`, the other way round.
 
 # %%
+from refconv import collectives, simulated
+
 N, C, F, H, W, K = 4, 6, 10, 8, 8, 3
 geometry = dict(padding=1)
 x, w, b, dy = (numpy.random.default_rng(0).standard_normal(s) for s in [(N, C, H, W), (F, C, K, K), (F,), (N, F, H, W)])
+
+
+def stationary_y_by_hand(comm, x, w, b, dy):
+    P_c, i = comm.size, comm.rank
+    C_counts = [numpy.diff(block_range(C, P_c, j))[0] for j in range(P_c)]   # C_j of every rank: [3, 3]
+    cs, fs = slice(*block_range(C, P_c, i)), slice(*block_range(F, P_c, i))
+    x_loc = x[:, cs]                                                       # (N, C_i, H, W)
+    w_loc = w[fs]                                                          # (F_i, C, K, K): the Y shard
+    dy_loc = dy[:, fs]                                                     # (N, F_i, H, W)
+
+    x_full = collectives.allgather(comm, x_loc, C_counts, axis=1)          # (N, C, H, W) on every rank
+    y_loc = ref.conv2d_forward(x_full, w_loc, b[fs], **geometry)           # (N, F_i, H, W)
+    dw_loc = ref.conv2d_backward_filter(x_full, dy_loc, w_loc.shape, **geometry)   # (F_i, C, K, K)
+    dx_part = ref.conv2d_backward_data(dy_loc, w_loc, x.shape, **geometry)         # (N, C, H, W), partial over F
+    dx_loc = collectives.reduce_scatter(comm, dx_part, C_counts, axis=1)   # (N, C_i, H, W), summed over ranks
+    return y_loc, dx_loc, dw_loc
+
+
 P_c = 2
-C_blk = [block_range(C, P_c, i) for i in range(P_c)]
-cs = [slice(*block_range(C, P_c, i)) for i in range(P_c)]
-fs = [slice(*block_range(F, P_c, i)) for i in range(P_c)]
-
-x_loc = [x[:, cs[i]] for i in range(P_c)]                   # (N, C_i, H, W)
-w_loc = [w[fs[i]] for i in range(P_c)]                      # (F_i, C, K, K): the Y shard
-dy_loc = [dy[:, fs[i]] for i in range(P_c)]                 # (N, F_i, H, W)
-
-x_full = course.allgather(x_loc)                                                     # (N, C, H, W) everywhere
-y_loc = [ref.conv2d_forward(x_full[i], w_loc[i], b[fs[i]], **geometry) for i in range(P_c)]  # (N, F_i, H, W)
-dw_loc = [ref.conv2d_backward_filter(x_full[i], dy_loc[i], w_loc[i].shape, **geometry) for i in range(P_c)]
-dx_part = [ref.conv2d_backward_data(dy_loc[i], w_loc[i], x.shape, **geometry) for i in range(P_c)]  # partial over F
-dx_loc = course.reduce_scatter(dx_part, C_blk)                                       # (N, C_i, H, W)
-
-for i in range(P_c):
-    assert_close(y_loc[i], ref.conv2d_forward(x, w, b, **geometry)[:, fs[i]], reduction_length=C * K * K)
-    assert_close(dx_loc[i], ref.conv2d_backward_data(dy, w, x.shape, **geometry)[:, cs[i]], reduction_length=F * K * K)
-    assert_close(dw_loc[i], ref.conv2d_backward_filter(x, dy, w.shape, **geometry)[fs[i]], reduction_length=N * H * W)
-print("Stationary-Y by hand matches the reference: y[:, F_i], dx[:, C_i], dw[F_i, :]")
+by_hand = simulated.run(stationary_y_by_hand, P_c, args=(x, w, b, dy))
+for i, (y_loc, dx_loc, dw_loc) in enumerate(by_hand):
+    cs, fs = slice(*block_range(C, P_c, i)), slice(*block_range(F, P_c, i))
+    assert_close(y_loc, ref.conv2d_forward(x, w, b, **geometry)[:, fs], reduction_length=C * K * K)
+    assert_close(dx_loc, ref.conv2d_backward_data(dy, w, x.shape, **geometry)[:, cs], reduction_length=F * K * K)
+    assert_close(dw_loc, ref.conv2d_backward_filter(x, dy, w.shape, **geometry)[fs], reduction_length=N * H * W)
+print("Stationary-Y by hand on 2 simulated ranks matches the reference: y[:, F_i], dx[:, C_i], dw[F_i, :]")
 
 # %% [markdown]
 # Now the **input's** size moves (`N x C x H x W`), in the allgather forward and
@@ -74,17 +82,18 @@ print("Stationary-Y by hand matches the reference: y[:, F_i], dx[:, C_i], dw[F_i
 #
 # ## 2. X against Y on four ranks, on a growing and a shrinking layer
 #
-# One launch runs four checked layers on `channel=4`: X and Y on the layer
-# above (6 -> 10 channels) and on its mirror (10 -> 6).
+# `layer_job.run` (tutorial 5) runs four checked layers on 4 simulated ranks,
+# `channel=4`: X and Y on the layer above (6 -> 10 channels) and on its mirror
+# (10 -> 6).
 
 # %%
 GROWS = dict(N=N, C=6, F=10, H=H, W=W, K=K, padding=1)
 SHRINKS = dict(N=N, C=10, F=6, H=H, W=W, K=K, padding=1)
 cases = {}
 for label, problem in (("grows", GROWS), ("shrinks", SHRINKS)):
-    ran = course.run_layer(problem, [dict(grid=dict(channel=4), algorithm=a) for a in ("stationary-x", "stationary-y")])
+    ran = layer_job.run(problem, [dict(grid=dict(channel=4), algorithm=a) for a in ("stationary-x", "stationary-y")])
     cases[label] = {case["algorithm_used"]: case for case in ran}
-course.show_ranks(cases["grows"]["stationary-y"])
+layer_job.show_ranks(cases["grows"]["stationary-y"])
 
 
 def channel_bytes(case, rank=0):
@@ -133,3 +142,14 @@ assert channel_bytes(cases["shrinks"]["stationary-x"]) < channel_bytes(cases["sh
 assert channel_bytes(grows_y) == 2 * N * 6 * H * W * 8                    # the input's size, twice
 assert predicted["stationary-y"][list(Fs).index(10)] == channel_bytes(grows_y)   # model == measurement
 print("tutorial 6: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - Write Stationary-Y from its table, forward and backward:
+#   [Stationary-Y](exercises/06_stationary_y.md).
+# - Replace the allgather of `x` with broadcasts, one channel block at a time (a
+#   SUMMA-style Y), from an empty file to a passing `check_layer` at 2 to 5
+#   ranks: [your own decomposition](exercises/12_your_own_decomposition.md).

@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 7. Stationary-W and the segmented allreduce
 #
-# *4 MPI ranks.*
+# *4 ranks, simulated in the notebook.*
 #
 # Stationary-X moves the output's size, Stationary-Y the input's, each over all
 # `P_c` ranks of the channel group. Stationary-W factors the group,
@@ -27,7 +27,7 @@
 import matplotlib.pyplot as plt
 import numpy
 
-import course
+import layer_job
 import refconv.algorithms.stationary_w
 from refconv.cost_model import layer_records
 from refconv.distribution import Split, block_range
@@ -73,7 +73,8 @@ fig.tight_layout()
 # %% [markdown]
 # ## 2. On four ranks, with the weight-gradient allreduce counted
 #
-# Three grids of 4 ranks, each run and checked against the reference:
+# Three grids of 4 simulated ranks, each run by `layer_job.run` (tutorial 5) and
+# checked against the reference:
 #
 # - `sample=4` (`P_c = 1`): every rank holds all of `w`; one allreduce of all
 #   of `dw` over the 4 ranks (tutorial 3);
@@ -82,10 +83,10 @@ fig.tight_layout()
 
 # %%
 PROBLEM = dict(N=N, C=C, F=F, H=H, W=W, K=K, padding=1)
-cases = course.run_layer(PROBLEM, [dict(grid=dict(sample=4), algorithm="stationary-x"),
-                                   dict(grid=dict(sample=2, channel=2), algorithm="stationary-x"),
-                                   dict(grid=dict(channel=4), algorithm="stationary-w", filter_groups=p_f)])
-course.show_ranks(cases[2])
+cases = layer_job.run(PROBLEM, [dict(grid=dict(sample=4), algorithm="stationary-x"),
+                                 dict(grid=dict(sample=2, channel=2), algorithm="stationary-x"),
+                                 dict(grid=dict(channel=4), algorithm="stationary-w", filter_groups=p_f)])
+layer_job.show_ranks(cases[2])
 
 # %% [markdown]
 # Under W each rank made two allgathers and two reduce-scatters over 2 ranks
@@ -160,3 +161,13 @@ activation_calls = [r for r in w_ranks[0]["records"] if r[0] != "allreduce"]
 assert [r[1] for r in activation_calls] == [p_f, P_c // p_f, P_c // p_f, p_f]  # two pairs, smaller groups
 assert all(a > b for a, b in zip(ring_per_rank, ring_per_rank[1:]))
 print("tutorial 7: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - Write Stationary-W with its two pairs of collectives:
+#   [Stationary-W](exercises/07_stationary_w.md).
+# - Say which ranks form each group of the segmented allreduce, and what each
+#   sums: [the segmented allreduce](exercises/08_segmented_allreduce.md).

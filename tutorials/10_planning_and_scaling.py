@@ -13,7 +13,7 @@
 # %% [markdown]
 # # 10. Planning and running a scaling job
 #
-# *One process, then 4 MPI ranks.*
+# *One process, then 4 ranks simulated in the notebook, then 4 MPI processes.*
 #
 # Tutorials 3-9 chose a grid and an algorithm by hand, one layer at a time. A
 # scaling job asks the question for a whole model at many rank counts, and
@@ -39,9 +39,11 @@ import sys
 import tempfile
 
 import matplotlib.pyplot as plt
+import numpy
 import yaml
 
 import course
+from refconv import simulated
 from refconv.cost_model import layer_records
 
 work = tempfile.mkdtemp(prefix="refconv-tutorial-10-")
@@ -109,17 +111,20 @@ fig.tight_layout()
 # %% [markdown]
 # ## 2. Run the plan
 #
-# `plan.yaml` is an ordinary model file (`docs/models.md`), so `refconv train`
-# runs it on 4 ranks. Three steps, replayed on one rank and compared
-# (`--check-serial`).
+# `plan.yaml` is an ordinary model file (`docs/models.md`), so the training
+# loop of `refconv train` runs it. `course.train_steps` (tutorial 8) is that loop
+# as a function of the communicator: three steps on 4 simulated ranks, then the
+# same three steps on the serial twin in this process, compared as
+# `refconv train --check-serial` compares them. Then the same function once on
+# 4 MPI processes (`course.under_mpiexec`).
 
 # %%
-SCRIPT = f"""
-from refconv.cli import main
-main(["train", "--model", {os.path.join(work, "plan.yaml")!r}, "--batch-size", "32", "--epochs", "1",
-      "--max-steps", "3", "--check-serial", "3", "--dtype", "float64", "--backend", "numpy", "--no-progress"])
-"""
-trained = course.run_on_ranks(SCRIPT)
+plan_file = os.path.join(work, "plan.yaml")
+trained = simulated.run(course.train_steps, course.RANKS, args=(plan_file,), kwargs={"batch_size": 32})
+serial_losses = course.serial_steps(plan_file, batch_size=32)
+real = course.under_mpiexec(course.train_steps, args=(plan_file,), kwargs={"batch_size": 32}, timeout=240)
+for k, (a, b, c) in enumerate(zip(trained[0]["losses"], serial_losses, real[0]["losses"])):
+    print(f"step {k + 1}: simulated ranks {a:.12f}  serial {b:.12f}  mpiexec {c:.12f}")
 
 # %% [markdown]
 # ## 3. Measure a scaling series
@@ -177,7 +182,9 @@ for p in four:
 # ## Checks
 
 # %%
-assert "check-serial: OK" in trained.output
+assert numpy.allclose(trained[0]["losses"], serial_losses, rtol=1e-6, atol=0)   # --check-serial's tolerance
+assert numpy.allclose(real[0]["losses"], trained[0]["losses"], rtol=1e-10, atol=0)
+assert real[0]["per_step"] == trained[0]["per_step"]                       # the same calls under mpiexec
 conv_grids = [layer.get("grid", plan.get("defaults", {}).get("grid")) for layer in plan["layers"]
               if layer["type"] == "conv"]
 assert all(g is not None and math.prod(g.values()) == 4 for g in conv_grids)   # every grid uses the 4 ranks
@@ -185,3 +192,14 @@ assert conv_grids[0].get("channel", 1) == 1                                # one
 assert {p["config"]["ranks"] for p in points} == {1, 4} and len(four) == 1
 assert all(p["bytes"] == predicted(p) for p in four)                       # the model counts what was sent
 print("tutorial 10: all checks passed")
+
+# %% [markdown]
+# ## Try this
+#
+# Exercises with a checker (`tutorials/exercises/`):
+#
+# - The planner prices calls from their bytes: write the closed form of each
+#   algorithm's traffic and check it against `records()` and the measured
+#   counts: [predict the bytes](exercises/09_predict_the_bytes.md).
+# - Run one layer on a grid the planner might pick, `sample x channel x height`:
+#   [a hybrid grid](exercises/10_hybrid_grid.md).

@@ -1,128 +1,189 @@
-"""What the tutorials share: running a script on MPI ranks from inside a notebook.
+"""What the tutorials share: multi-rank cells on simulated ranks, and one proof that they run under mpiexec.
 
-A notebook is one process, and MPI ranks are processes, so a multi-rank step is
-written as a small script (a Python string in the notebook), launched with::
+A multi-rank step of a tutorial is an ordinary function of a communicator, run on 4
+simulated ranks, threads of the notebook's own process (:func:`refconv.simulated.run`)::
 
-    mpiexec -n 4 python -m mpi4py job.py OUT
+    def body(comm):                            # runs on every rank, as under mpiexec
+        ...
+        return what_this_rank_found
 
-and its results are read back from files rank 0 wrote into ``OUT`` (``.json``
-or ``.npz``).  ``python -m mpi4py`` makes an exception on one rank abort the
-whole job instead of leaving the others waiting in a collective, and the
-launch has a timeout, so a broken cell fails, it never hangs.  tutorials/README.md
-explains why this and not ipyparallel.
+    ranks = simulated.run(body, course.RANKS)  # one result per rank, rank 0's first
 
-The script sees ``sys.argv[1]``, the folder to write into, and the environment
-of the notebook plus ``OMP_NUM_THREADS=1``, ``OPENBLAS_NUM_THREADS=1`` (one BLAS
-thread per rank) and ``NUMBA_ENABLE_CUDASIM=1`` unless already set; this folder
-is on its ``PYTHONPATH``, so a script may ``import course`` for :func:`records`.
+So it can be read, edited and stepped through in a debugger like any other cell.
+:func:`under_mpiexec` runs the same function on real MPI ranks (``mpiexec -n 4
+python -m mpi4py``) and returns every rank's result the same way, so a tutorial can
+show that nothing in its function knows the difference.
 """
 
-import json
+import ast
+import inspect
+import linecache
 import os
 import pathlib
+import pickle
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import types
 
 import numpy
 
+from refconv import train
 from refconv.testing.mpirun import find_mpiexec
+from refconv.train_config import TrainConfig
 
 HERE = pathlib.Path(__file__).resolve().parent
-RANKS = 4  # every multi-rank tutorial runs on 4 ranks: fine oversubscribed on a 2-core laptop
+RANKS = 4  # every multi-rank tutorial runs on 4 ranks
 
 
-class Job:
-    """A finished launch: ``output`` (stdout and stderr of all ranks) and the files in ``folder``."""
+# -- the same function on real MPI ranks ------------------------------------------------------
+def under_mpiexec(fn, ranks=RANKS, *, args=(), kwargs=None, timeout=120, show=True):
+    """Run ``fn(comm, *args, **kwargs)`` on ``ranks`` MPI processes; return each rank's result, rank 0's first.
 
-    def __init__(self, output, folder):
-        self.output = output
-        self.folder = pathlib.Path(folder)
-
-    def json(self, name="result.json"):
-        return json.loads((self.folder / name).read_text())
-
-    def arrays(self, name="result.npz"):
-        with numpy.load(self.folder / name) as data:
-            return dict(data)
-
-
-def run_on_ranks(script, ranks=RANKS, *, params=None, timeout=120, show=True):
-    """Run ``script`` (Python source) on ``ranks`` MPI ranks; return a :class:`Job`.
-
-    ``params``, when given, is written to ``params.json`` in the job's folder
-    for the script to read.  Raises RuntimeError with the ranks' output when the job exits non-zero or
-    runs past ``timeout`` seconds.  ``show`` prints the output (rank 0's prints, mostly).
+    ``fn``'s own source (:func:`inspect.getsource`) goes into a job file, after what it names
+    from its module: modules and importable objects as imports, the notebook's own
+    functions and classes as their source, numbers and strings as literals (anything else
+    raises TypeError: pass it in ``args``).  The job calls ``fn(MPI.COMM_WORLD, *args, **kwargs)``,
+    and each rank pickles its result for the notebook.  ``python -m mpi4py`` aborts the job
+    when a rank raises, and a job past ``timeout`` seconds is killed: either raises
+    RuntimeError with the ranks' output.  ``show`` prints that output.
     """
     mpiexec = find_mpiexec()
     if mpiexec is None:
         raise RuntimeError("no mpiexec next to this Python or on PATH: pip install mpich (or refconv[docs])")
     folder = pathlib.Path(tempfile.mkdtemp(prefix="refconv-tutorial-"))
-    path = folder / "job.py"
-    path.write_text(textwrap.dedent(script))
-    if params is not None:
-        (folder / "params.json").write_text(json.dumps(params))
-    env = dict(os.environ)
-    for name, value in (("OMP_NUM_THREADS", "1"), ("OPENBLAS_NUM_THREADS", "1"), ("NUMBA_ENABLE_CUDASIM", "1")):
-        env.setdefault(name, value)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
-    cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "mpi4py", str(path), str(folder)]
+    job = folder / "job.py"
+    job.write_text(job_source(fn))
+    (folder / "args.pkl").write_bytes(pickle.dumps((tuple(args), kwargs or {})))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):   # one BLAS thread per rank
+        env.setdefault(name, "1")
+    cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "mpi4py", str(job), str(folder)]
     # a session of its own, so that a timeout kills mpiexec and every rank with it
-    proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        raise RuntimeError(f"{path} on {ranks} ranks did not finish in {timeout} s:\n{output}")
+        raise RuntimeError(f"{fn.__name__} on {ranks} MPI ranks did not finish in {timeout} s ({job}):\n{output}")
     if proc.returncode != 0:
-        raise RuntimeError(f"{path} on {ranks} ranks exited with {proc.returncode}:\n{output}")
+        raise RuntimeError(f"{fn.__name__} on {ranks} MPI ranks exited with {proc.returncode} ({job}):\n{output}")
     if show:
         print(output, end="")
-    return Job(output, folder)
+    return [pickle.loads((folder / f"rank{r}.pkl").read_bytes()) for r in range(ranks)]
 
 
-def run_layer(problem, cases, ranks=RANKS):
-    """Run ``layer_job.py`` (one DistConv2d per case, checked against the reference) on ``ranks`` ranks.
-
-    ``problem``: dict of N, C, F, H, W, K (and stride, padding, dilation); ``cases``: list
-    of dicts with ``grid`` (ProcessGrid keywords), ``algorithm`` and optional
-    ``filter_groups``.  Returns the cases with, per rank, its ``coords``, local shapes
-    ``x_loc``, ``w_loc``, ``y_loc`` and recorded calls ``records``.
-    """
-    job = run_on_ranks((HERE / "layer_job.py").read_text(), ranks, params={"problem": problem, "cases": cases})
-    return job.json()
-
-
-def show_ranks(case):
-    """Print a case of :func:`run_layer`: per rank its shapes and its calls as ``kind(q) bytes``."""
-    print(f"{case['algorithm_used']} on {case['grid']}" + (f", filter_groups={case['filter_groups']}"
-                                                           if case.get("filter_groups") else ""))
-    for r, info in enumerate(case["ranks"]):
-        calls = "  ".join(f"{k}(q={q}) {nb}" for k, q, _, nb in info["records"])
-        print(f"  rank {r} {tuple(info['coords'])}: x_loc {tuple(info['x_loc'])} w {tuple(info['w_loc'])} "
-              f"y_loc {tuple(info['y_loc'])}\n      {calls}")
+def job_source(fn):
+    """A script that runs ``fn`` on ``MPI.COMM_WORLD``: what it names first, then its own source."""
+    lines, sources = ["import pickle, sys", "from mpi4py import MPI"], []
+    _needs(fn, lines, sources, set())
+    lines.sort(key=lambda line: not line.startswith(("import ", "from ")))   # imports first, then constants
+    return "\n".join([*lines, "", "", *sources,
+                      "comm = MPI.COMM_WORLD",
+                      "args, kwargs = pickle.loads(open(sys.argv[1] + '/args.pkl', 'rb').read())",
+                      f"result = {fn.__name__}(comm, *args, **kwargs)",
+                      "open(f'{sys.argv[1]}/rank{comm.rank}.pkl', 'wb').write(pickle.dumps(result))", ""])
 
 
-# -- collectives simulated in one process: one list entry per rank ------------------------------
-def reduce_scatter(parts, blocks, axis=1):
-    """Every rank holds a full-size partial sum; rank i gets block ``blocks[i]`` of the total
-    (the semantics of ``refconv.collectives.reduce_scatter``)."""
-    total = sum(parts)
-    return [numpy.take(total, range(*blocks[i]), axis=axis) for i in range(len(parts))]
+def _needs(obj, lines, sources, seen):
+    """Add to ``lines`` (imports, literals) and ``sources`` (definitions) what ``obj``'s code names."""
+    seen.add(obj.__name__)
+    module = vars(sys.modules[obj.__module__])
+    for name in _global_names(obj, module):
+        value = module[name]
+        if name in seen:
+            continue
+        seen.add(name)
+        if isinstance(value, types.ModuleType):
+            lines.append(f"import {value.__name__}" + (f" as {name}" if name != value.__name__ else ""))
+        elif _importable(value):
+            lines.append(f"from {value.__module__} import {value.__qualname__} as {name}")
+        elif isinstance(value, (types.FunctionType, type)):
+            _needs(value, lines, sources, seen)
+        elif _literal(value):
+            lines.append(f"{name} = {value!r}")
+        else:
+            raise TypeError(f"under_mpiexec: {obj.__name__} uses the global {name!r}, a {type(value).__name__} "
+                            f"that a job file cannot rebuild; pass it in args")
+    sources.append(_source(obj).rstrip() + "\n\n")
 
 
-def allgather(pieces, axis=1):
-    """Every rank holds one block; every rank gets all blocks, concatenated in rank order."""
-    full = numpy.concatenate(pieces, axis=axis)
-    return [full.copy() for _ in pieces]
+def _global_names(obj, module):
+    """The names of ``module`` that ``obj`` (a function, or a class's methods) reads."""
+    codes = [obj.__code__] if isinstance(obj, types.FunctionType) else _methods(obj)
+    read = set()
+    while codes:                              # nested functions, comprehensions
+        code = codes.pop()
+        read |= set(code.co_names)            # globals and attributes; locals are not there
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    loaded = {n.id for n in ast.walk(ast.parse(_source(obj))) if isinstance(n, ast.Name)}   # not attributes
+    return sorted(n for n in read & loaded if n in module)
 
 
+def _methods(cls):
+    return [f.__code__ for f in vars(cls).values() if isinstance(f, types.FunctionType)]
+
+
+def _source(obj):
+    """``obj``'s source: a class is found through its methods' file, which inspect cannot do for a
+    class defined in a notebook cell before Python 3.13."""
+    if isinstance(obj, types.FunctionType):
+        return textwrap.dedent(inspect.getsource(obj))
+    first = _methods(obj)[0]
+    text = "".join(linecache.getlines(first.co_filename))
+    node = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ClassDef) and n.name == obj.__name__
+                and n.lineno <= first.co_firstlineno <= n.end_lineno)
+    return ast.get_source_segment(text, node)
+
+
+def _importable(value):
+    module = getattr(value, "__module__", None)
+    if module in (None, "__main__") or module not in sys.modules:
+        return False
+    found = sys.modules[module]
+    for part in getattr(value, "__qualname__", "<none>").split("."):
+        found = getattr(found, part, None)
+    return found is value
+
+
+def _literal(value):
+    try:
+        return ast.literal_eval(repr(value)) == value
+    except (ValueError, SyntaxError):
+        return False
+
+
+# -- tutorials 8 and 10: a few training steps, checked against the serial twin ----------------------
+def train_steps(comm, model, steps=3, **options):
+    """``refconv train --model MODEL --max-steps STEPS`` in float64 on NumPy, as a function of
+    ``comm``: each step's loss, and the communication per step and rank (the mean over ranks),
+    ``{kind: (calls, bytes)}``.  Rank 0 prints the run's setup."""
+    result = train.train(_config(model, steps, options), comm=comm)
+    return {"losses": result["losses"],
+            "per_step": {k: (result["calls_per_step"][k], b) for k, b in result["bytes_per_step"].items()}}
+
+
+def serial_steps(model, steps=3, **options):
+    """The same steps on one rank, in this process, on the serial twin (every layer on a one-rank grid,
+    the same parameters): the losses ``refconv train --check-serial`` compares with."""
+    cfg = _config(model, steps, options)
+    x_train, y_train, _, _, num_classes = train.load_dataset(cfg, numpy.dtype(cfg.dtype))
+    twin = train.build_model(cfg, serial=True, in_channels=x_train.shape[1], num_classes=num_classes)
+    return train.serial_losses(cfg, twin, steps, x_train, y_train)
+
+
+def _config(model, steps, options):
+    return TrainConfig(model=str(model), epochs=1, max_steps=steps, dtype="float64", backend="numpy", progress=False,
+                       **options)
+
+
+# -- what the tutorials record and draw ------------------------------------------------------------
 def records(region):
-    """The calls of a ``collectives.stats.recording()`` region as JSON-ready
+    """The calls of a ``collectives.stats.recording()`` region as
     ``[kind, comm_size, elements, bytes]`` lists, in call order."""
     return [[r.kind, r.comm_size, r.elements, r.bytes] for r in region.records]
 
