@@ -23,7 +23,6 @@ from refconv.testing.check import check_layer
 from refconv.testing.strategies import dist_conv_cases
 
 
-@algorithms.register
 class BcastY(StationaryY):
     """Stationary-Y with the allgather of x replaced by P_c broadcasts (the correct one)."""
 
@@ -44,10 +43,17 @@ class BcastY(StationaryY):
         return self.add_bias(y_loc, b_loc)
 
 
-@algorithms.register
 class BcastYPlantedBug(BcastY):
     name = "bcast-y-bug"
     bug = True
+
+
+@pytest.fixture(autouse=True)
+def _registered():
+    """Registered while this file's tests run only: pytest imports every test file first, and the
+    planner prices every registered algorithm (tests/conftest.py restores the registry after each)."""
+    algorithms.register(BcastY)
+    algorithms.register(BcastYPlantedBug)
 
 
 def check_case(comm, case):
@@ -57,8 +63,9 @@ def check_case(comm, case):
 
 
 def property_test(algorithm, ranks, examples):
-    """The researcher's property test: drawn problems on a channel split of every rank."""
-    @settings(max_examples=examples, derandomize=True, database=None)
+    """The researcher's property test: drawn problems on a channel split of every rank (the first
+    bug found is shrunk and reported, Hypothesis's report_multiple_bugs=False)."""
+    @settings(max_examples=examples, derandomize=True, database=None, report_multiple_bugs=False)
     @given(st.data())
     def test(data):
         case = data.draw(dist_conv_cases(ranks, algorithms=(algorithm,), grid_shape=(1, ranks, 1, 1),
@@ -76,7 +83,7 @@ def test_the_correct_decomposition_passes(ranks):
 def test_the_planted_bug_ends_at_once_with_the_failing_ranks_and_the_shrunk_example(ranks):
     t0 = time.monotonic()
     with pytest.raises(BaseException) as caught:      # one failure, or Hypothesis's group of distinct ones
-        property_test("bcast-y-bug", ranks, 30)()
+        property_test("bcast-y-bug", ranks, 20)()
     # it ends: no rank is left waiting for a deadline (the issue's 10 s is measured on a quiet
     # machine in docs/benchmarks.md; this bound only catches a hang, on a loaded one)
     assert time.monotonic() - t0 < 60, "the run must end, not wait in a collective"
