@@ -1,7 +1,7 @@
 """Overlapped communication: the nonblocking collectives, and gradient allreduces left in
 flight behind backward, give the same bits as the blocking path and record what they overlap,
 on simulated ranks (refconv.simulated).  tests/mpi/test_overlap.py keeps the nonblocking calls
-under real MPI progress, and the gradient buckets (their planner compares communicators with
+under real MPI progress (the same function), and the gradient buckets (their planner compares communicators with
 ``MPI.Comm.Compare``, which simulated communicators do not take).
 
 The blocking path is the oracle: every comparison here is exact (``array_equal``), since
@@ -36,6 +36,12 @@ def _recorded(run):
 
 @on_ranks(*ALL)
 def test_each_nonblocking_call_gives_its_blocking_result_and_records_its_overlap(comm):
+    nonblocking_calls_give_their_blocking_results(comm)
+
+
+def nonblocking_calls_give_their_blocking_results(comm):
+    """Each nonblocking collective, polled with ``test()`` until done: its blocking call's result
+    and calls, recorded with its overlap.  Collective (tests/mpi/test_overlap.py runs it too)."""
     r, p = comm.rank, comm.size
     rng = numpy.random.default_rng(r)
     x = rng.standard_normal((3, 2 * p + 1, 4))                      # (outer, L, inner)
