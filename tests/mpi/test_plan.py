@@ -11,31 +11,21 @@ and mix grids and algorithms) is trained by ``refconv.train`` with ``check_seria
 replays the first steps on one rank and the losses must agree (float64, relative 1e-6).
 """
 
+import os
+import sys
+
 from mpi4py import MPI
 
-from refconv.plan import calibrate, validate
-from refconv.pricing import machine, search
-from refconv.testing.asserts import assert_all_ranks
-from refconv.testing.mpirun import mpi_test
-from refconv.train import train
-from refconv.train_config import TrainConfig
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the package simulated
+from simulated.test_plan import BATCH, SPEC, STEPS  # noqa: E402
+from refconv.plan import calibrate, validate  # noqa: E402
+from refconv.pricing import machine, search  # noqa: E402
+from refconv.testing.asserts import assert_all_ranks  # noqa: E402
+from refconv.testing.mpirun import mpi_test  # noqa: E402
+from refconv.train import train  # noqa: E402
+from refconv.train_config import TrainConfig  # noqa: E402
 
-comm = MPI.COMM_WORLD
-STEPS, BATCH = 3, 8
-SPEC = {
-    "in_channels": 1,
-    "layers": [
-        {"type": "conv", "out": 4, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
-        {"type": "conv", "out": 8, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
-        {"type": "maxpool", "kernel": 2},
-        {"type": "residual",
-         "layers": [{"type": "conv", "out": 8, "kernel": 3, "padding": 1, "bias": False}, {"type": "batchnorm"}],
-         "shortcut": [{"type": "conv", "out": 8, "kernel": 1, "bias": False}]},
-        {"type": "relu"},
-        {"type": "gap"}, {"type": "linear", "out": 10},
-    ],
-}
-
+comm = MPI.COMM_WORLD  # SPEC: the model tests/simulated/test_plan.py plans too
 
 @mpi_test(sizes=(2,), timeout=240)
 def test_planned_models_train_as_the_serial_model():
