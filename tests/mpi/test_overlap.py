@@ -21,46 +21,18 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the package simulated
 from simulated import test_overlap as checks  # noqa: E402
-from refconv import collectives as coll  # noqa: E402
 from refconv.layers import DistConv2d  # noqa: E402
-from refconv.model import Model  # noqa: E402
-from refconv.optim import SGD  # noqa: E402
 from refconv.testing.asserts import assert_all_ranks  # noqa: E402
 from refconv.testing.mpirun import mpi_test  # noqa: E402
-from refconv.train import TrainConfig, step, train  # noqa: E402
+from refconv.train import TrainConfig, train  # noqa: E402
 
 comm = MPI.COMM_WORLD
 SIZE = 3
 
 
-def _recorded(run):
-    with coll.stats.recording() as region:
-        out = run()
-    return out, region.records
-
-
 @mpi_test(sizes=(SIZE,), timeout=60)
 def test_each_nonblocking_call_gives_its_blocking_result_and_records_its_overlap():
     checks.nonblocking_calls_give_their_blocking_results(comm)
-
-
-STEPS = 3
-
-
-def _train(grid, algorithm, overlap, bucket=None):
-    model = Model.from_spec("digits-cnn", comm=comm, backend="numpy", seed=0,
-                            defaults={"grid": grid, "algorithm": algorithm}).set_overlap(overlap)
-    rng = numpy.random.default_rng(0)
-    x, y = rng.standard_normal((8, 1, 16, 16)).astype(numpy.float32), rng.integers(0, 10, 8)
-    optimizer = SGD(model.bind(x.shape), 0.1, momentum=0.9, weight_decay=1e-4)
-    model.set_buckets(bucket)
-    losses = [step(model, optimizer, x, y) for _ in range(STEPS - 1)]
-    loss, calls = _recorded(lambda: step(model, optimizer, x, y))
-    overlapped = sorted((c.kind, c.comm_size, c.bytes) for c in calls if c.overlap and c.kind == "allreduce")
-    marked = sorted((c.kind, c.comm_size, c.bytes) for c in model.records() if c.grad) if overlap else []
-    counts = [len(model.set_buckets(b).bucket_plan()[0]) for b in (0, bucket)] if bucket is not None else None
-    return losses + [loss], [layer.parameters()[p].copy() for _, layer, p in model.named_parameters()], \
-        (overlapped, marked, counts)
 
 
 BUCKET_GRIDS = {3: ({"sample": 3}, "stationary-x")}
@@ -74,7 +46,7 @@ def test_gradient_buckets_give_the_same_bits_blocking_and_overlapped_and_records
     ``records()`` lists, fewer than its gradients."""
     problems = []
     grid, algorithm = BUCKET_GRIDS[comm.size]
-    (l0, p0, c0), (l1, p1, c1) = (_train(grid, algorithm, on, 2 ** 20) for on in (False, True))
+    (l0, p0, c0), (l1, p1, c1) = (checks.train_steps(comm, grid, algorithm, on, 2 ** 20) for on in (False, True))
     if l0 != l1 or not all(numpy.array_equal(a, b) for a, b in zip(p0, p1)):
         problems.append(f"losses {l0} vs {l1}")
     made, marked, (unbucketed, bucketed) = c1

@@ -140,19 +140,23 @@ GRIDS = {1: [({"sample": 1}, "stationary-x")],
 STEPS = 3
 
 
-def _train(comm, grid, algorithm, overlap):
+def train_steps(comm, grid, algorithm, overlap, bucket=None):
+    """STEPS steps of the digits CNN on ``grid``: (losses, parameters, (allreduces that overlapped,
+    the gradients' calls records() marks, calls unbucketed and in buckets of ``bucket`` bytes or None)).
+    tests/mpi/test_overlap.py trains with buckets through it."""
     model = Model.from_spec("digits-cnn", comm=comm, backend="numpy", seed=0,
                             defaults={"grid": grid, "algorithm": algorithm}).set_overlap(overlap)
     rng = numpy.random.default_rng(0)
     x, y = rng.standard_normal((8, 1, 16, 16)).astype(numpy.float32), rng.integers(0, 10, 8)
     optimizer = SGD(model.bind(x.shape), 0.1, momentum=0.9, weight_decay=1e-4)
-    model.set_buckets(None)
+    model.set_buckets(bucket)
     losses = [step(model, optimizer, x, y) for _ in range(STEPS - 1)]
     loss, calls = _recorded(lambda: step(model, optimizer, x, y))
     overlapped = sorted((c.kind, c.comm_size, c.bytes) for c in calls if c.overlap and c.kind == "allreduce")
     marked = sorted((c.kind, c.comm_size, c.bytes) for c in model.records() if c.grad) if overlap else []
+    counts = [len(model.set_buckets(b).bucket_plan()[0]) for b in (0, bucket)] if bucket is not None else None
     return losses + [loss], [layer.parameters()[p].copy() for _, layer, p in model.named_parameters()], \
-        (overlapped, marked)
+        (overlapped, marked, counts)
 
 
 @on_ranks(*GRIDS)
@@ -162,10 +166,10 @@ def test_training_with_the_gradient_allreduce_overlapped_gives_the_blocking_bits
     (``grad``: the gradients'); batch normalization's and the loss's are waited for at once."""
     problems = []
     for grid, algorithm in GRIDS[comm.size]:
-        (l0, p0, c0), (l1, p1, c1) = _train(comm, grid, algorithm, False), _train(comm, grid, algorithm, True)
+        (l0, p0, c0), (l1, p1, c1) = train_steps(comm, grid, algorithm, False), train_steps(comm, grid, algorithm, True)
         if l0 != l1 or not all(numpy.array_equal(a, b) for a, b in zip(p0, p1)):
             problems.append(f"{grid} {algorithm}: losses {l0} vs {l1}")
-        for what, (made, marked) in (("blocking", c0), ("overlapped", c1)):
+        for what, (made, marked, _) in (("blocking", c0), ("overlapped", c1)):
             if made != marked:  # the model's records() mark (grad) exactly the calls that overlapped
                 problems.append(f"{grid} {algorithm} {what}: overlapped {made}, records() mark {marked}")
     assert_all_ranks(comm, not problems, str(problems))
