@@ -222,7 +222,8 @@ def test_halo_overlap_computes_the_interior_behind_the_exchange_and_gives_the_bl
                 problems.append(str(exc))
             if not all(numpy.array_equal(a0[n], a1[n]) for n in ("y", "dx", "dw", "db")):
                 problems.append(f"{what}: backward differs from the blocking run")
-            behind_next = algorithm in ("stationary-y", "stationary-w")  # backward-filter behind the reduce-scatter of dx
+            # backward-filter behind the reduce-scatter of dx
+            behind_next = algorithm in ("stationary-y", "stationary-w")
             wanted = []
             if halo.size > 1 and behind_next:  # then only the own cells of backward-data behind the return
                 wanted = [BEHIND_EXCHANGE if halo.interior else "", BEHIND_RETURN_OWN if halo.interior else ""]
