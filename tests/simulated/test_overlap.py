@@ -1,8 +1,9 @@
 """Overlapped communication: the nonblocking collectives, and gradient allreduces left in
 flight behind backward, give the same bits as the blocking path and record what they overlap,
-on simulated ranks (refconv.simulated).  tests/mpi/test_overlap.py keeps the nonblocking calls
-under real MPI progress (the same function), and the gradient buckets (their planner compares communicators with
-``MPI.Comm.Compare``, which simulated communicators do not take).
+on simulated ranks (refconv.simulated) of 1 to 8.  tests/mpi/test_overlap.py runs the
+nonblocking calls under real MPI progress (the same function), and the gradient buckets, whose
+planner compares communicators with ``MPI.Comm.Compare``, which simulated communicators do not
+take (``train_steps`` here trains without them).
 
 The blocking path is the oracle: every comparison here is exact (``array_equal``), since
 both paths make the same MPI calls in the same order (refconv/algorithms/base.py,
@@ -12,6 +13,7 @@ both paths make the same MPI calls in the same order (refconv/algorithms/base.py
 import numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from refconv import collectives as coll
 from refconv import simulated
 from refconv.algorithms.base import BEHIND_EXCHANGE, BEHIND_NEXT, BEHIND_RETURN, BEHIND_RETURN_OWN, BEHIND_RETURN_WHOLE
