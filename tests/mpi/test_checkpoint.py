@@ -35,19 +35,23 @@ def _in_shared_folder(check, *args):
 
 @mpi_test(sizes=(2, 3), timeout=60)
 def test_reshard_between_grids_and_algorithms():
+    """Real MPI: each process writes and reads its own shard files."""
     _in_shared_folder(checks.reshard_between_grids)
 
 
 @mpi_test(sizes=(2,), timeout=60)
 def test_reshard_to_a_different_world_size():
+    """Real MPI: the one-rank side is the real MPI.COMM_SELF."""
     _in_shared_folder(checks.reshard_to_one_rank, MPI.COMM_SELF)
 
 
 @mpi_test(sizes=(2, 3), timeout=60)
 def test_corrupt_or_missing_shard_raises_on_every_rank():
+    """Real MPI: a damaged file seen by separate processes raises on each, none left waiting."""
     _in_shared_folder(checks.damaged_shard_raises)
 
 
 @mpi_test(sizes=(2, 3), timeout=60)
 def test_a_nonfinite_tensor_is_never_saved():
+    """Real MPI: one process's NaN stops every process's save before any file is written."""
     _in_shared_folder(checks.nonfinite_never_saved)

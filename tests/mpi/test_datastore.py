@@ -28,6 +28,7 @@ comm = MPI.COMM_WORLD
 
 @mpi_test(sizes=(2,), timeout=240)
 def test_block_read_training_is_in_memory_training_bit_for_bit():
+    """Real MPI: ``train`` with its default gradient buckets, and reader processes started by real ranks."""
     folder = comm.bcast(tempfile.mkdtemp() if comm.rank == 0 else None, root=0)
     if comm.rank == 0:
         checks.write_stores(folder)

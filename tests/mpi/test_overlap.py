@@ -32,6 +32,8 @@ SIZE = 3
 
 @mpi_test(sizes=(SIZE,), timeout=60)
 def test_each_nonblocking_call_gives_its_blocking_result_and_records_its_overlap():
+    """Real MPI: the calls complete by MPICH's progress, polled with MPI_Test, not when the last
+    simulated rank arrives."""
     checks.nonblocking_calls_give_their_blocking_results(comm)
 
 
@@ -43,7 +45,8 @@ def test_gradient_buckets_give_the_same_bits_blocking_and_overlapped_and_records
     """Packed into buckets of 1 MiB (several gradients in one), blocking and overlapped training
     give the same losses and parameters, bit for bit: both make the same bucket calls.  With
     overlap on, the allreduces that ran behind compute are exactly the bucket calls the model's
-    ``records()`` lists, fewer than its gradients."""
+    ``records()`` lists, fewer than its gradients.  Real MPI: the bucket planner calls
+    MPI.Comm.Compare, which simulated communicators do not take."""
     problems = []
     grid, algorithm = BUCKET_GRIDS[comm.size]
     (l0, p0, c0), (l1, p1, c1) = (checks.train_steps(comm, grid, algorithm, on, 2 ** 20) for on in (False, True))
@@ -58,6 +61,8 @@ def test_gradient_buckets_give_the_same_bits_blocking_and_overlapped_and_records
 
 @mpi_test(sizes=(SIZE,), timeout=240)
 def test_refconv_train_overlaps_by_default_and_no_overlap_gives_the_same_run():
+    """Real MPI: ``train`` packs the gradients into buckets (``--bucket-kib 64``), whose planner
+    calls MPI.Comm.Compare, which simulated communicators do not take."""
     runs = {on: train(TrainConfig(grid={"sample": 1, "height": comm.size}, epochs=1, max_steps=3, batch_size=16,
                                   progress=False, bucket_kib=64, **({} if on else {"overlap": False})),
                       log=lambda *a: None)
