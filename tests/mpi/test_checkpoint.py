@@ -1,181 +1,57 @@
-"""Checkpoints across ranks: save on one grid/algorithm, load on another (resharding),
-and a corrupt shard raises on every rank instead of hanging.
+"""Checkpoints across ranks under mpiexec: save on one grid/algorithm, load on another
+(resharding), and a corrupt shard raises on every rank instead of hanging.
 
-Under mpiexec, at 2 and 3 ranks (even and uneven channel blocks): checkpoints written and read
-by real processes, each writing its own shard file and rank 0 committing the manifest once the
-others have written, and a one-rank reshard on the real ``MPI.COMM_SELF``.
-tests/simulated/test_checkpoint.py makes the same checks on simulated ranks of 1 to 4, where
-the ranks are threads of one process sharing its files.
+The checks are tests/simulated/test_checkpoint.py's functions of ``comm`` and a folder, run here
+on real processes at 2 and 3 ranks (even and uneven channel blocks): each process writes its
+own shard file and rank 0 commits the manifest once every shard is on disk, in a folder that
+only the file system shares between them, and the one-rank side of a reshard is the real
+``MPI.COMM_SELF``.
 """
 
 import os
 import shutil
+import sys
 import tempfile
 
-import numpy
 from mpi4py import MPI
 
-from refconv import checkpoint
-from refconv.checkpoint import CheckpointError
-from refconv.grid import ProcessGrid
-from refconv.optim import SGD
-from refconv.sharding import allgather
-from refconv.testing.asserts import assert_all_ranks
-from refconv.testing.models import TwoConvs
-from refconv.testing.mpirun import mpi_test
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the package simulated
+from simulated import test_checkpoint as checks  # noqa: E402
+from refconv.testing.mpirun import mpi_test  # noqa: E402
+
+comm = MPI.COMM_WORLD
 
 
-def trained(grid, **kw):
-    """A model and optimizer after one step with rank-independent gradients."""
-    model = TwoConvs(grid, **kw)
-    opt = SGD(model, lr=0.1, momentum=0.9)
-    for i, (_, layer, pname) in enumerate(model.named_parameters()):
-        setattr(layer, f"{pname}_grad", layer.parameters()[pname] * (i + 1.0) + 0.5)
-    opt.step()
-    return model, opt
-
-
-def global_state(model, opt):
-    """Every parameter and momentum buffer, gathered to its global 4-D array on every rank."""
-    out = {}
-    for q, layer, p in model.named_parameters():
-        dist = layer.parameter_distributions()[p]
-        shape4 = dist.local_shape(layer.grid.rank)
-        out[q] = allgather(layer.parameters()[p].reshape(shape4), dist, layer.grid)
-        if opt is not None:
-            out["momentum/" + q] = allgather(opt.state()[q].reshape(shape4), dist, layer.grid)
-    return out
-
-
-def shared_dir(comm):
-    """One fresh directory, named by rank 0, known to all ranks."""
-    name = tempfile.mkdtemp(prefix="refconv-ck-") if comm.rank == 0 else None
-    return comm.bcast(name, root=0)
-
-
-def remove(comm, *directories):
-    comm.Barrier()                      # everyone has finished reading
-    if comm.rank == 0:
-        for d in directories:
-            shutil.rmtree(d, ignore_errors=True)
-
-
-def grids(comm):
-    """(grid, model kwargs) pairs over ``comm`` that lay the parameters out differently."""
-    P = comm.size
-    out = [(ProcessGrid(comm, channel=P), dict(algorithm="stationary-x")),
-           (ProcessGrid(comm, channel=P), dict(algorithm="stationary-y")),
-           (ProcessGrid(comm, sample=P), dict())]
-    if P % 2 == 0:
-        out.append((ProcessGrid(comm, sample=2, channel=P // 2), dict(algorithm="stationary-y")))
-        out.append((ProcessGrid(comm, channel=P), dict(algorithm="stationary-w", filter_groups=2)))
-    return out
+def _in_shared_folder(check, *args):
+    """``check(comm, folder, *args)`` in one fresh folder, named by rank 0, removed once all are done."""
+    folder = comm.bcast(tempfile.mkdtemp(prefix="refconv-ck-") if comm.rank == 0 else None, root=0)
+    try:
+        check(comm, folder, *args)
+    finally:
+        comm.Barrier()                      # everyone has finished reading
+        if comm.rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @mpi_test(sizes=(2, 3), timeout=60)
 def test_reshard_between_grids_and_algorithms():
-    comm = MPI.COMM_WORLD
-    layouts = grids(comm)
-    for i, (grid_a, kw_a) in enumerate(layouts):
-        directory = shared_dir(comm)
-        model, opt = trained(grid_a, **kw_a)
-        want = global_state(model, opt)
-        checkpoint.save(directory, model, opt, step=11, extra={"from": i})
-        for grid_b, kw_b in layouts:
-            other = TwoConvs(grid_b, seed=7, **kw_b)
-            other_opt = SGD(other, lr=0.1, momentum=0.9)
-            step, extra = checkpoint.load(directory, other, other_opt)
-            got = global_state(other, other_opt)
-            bad = [k for k in want if not numpy.array_equal(want[k], got[k])]
-            assert_all_ranks(comm, (step, extra) == (11, {"from": i}) and not bad,
-                             f"{kw_a} {grid_a.shape} -> {kw_b} {grid_b.shape}: differ {bad}")
-        remove(comm, directory)
+    """Real MPI: each process writes and reads its own shard files."""
+    _in_shared_folder(checks.reshard_between_grids)
 
 
 @mpi_test(sizes=(2,), timeout=60)
 def test_reshard_to_a_different_world_size():
-    """Save on all ranks, load on each single-rank COMM_SELF, and back (saved by rank 0 alone)."""
-    comm = MPI.COMM_WORLD
-    directory = shared_dir(comm)
-    model, opt = trained(ProcessGrid(comm, channel=comm.size))
-    want = global_state(model, opt)
-    checkpoint.save(directory, model, opt, step=3)
-    solo = TwoConvs(ProcessGrid(MPI.COMM_SELF), seed=5)
-    solo_opt = SGD(solo, lr=0.1, momentum=0.9)
-    checkpoint.load(directory, solo, solo_opt)
-    got = global_state(solo, solo_opt)
-    assert_all_ranks(comm, all(numpy.array_equal(want[k], got[k]) for k in want), "P -> 1")
-
-    directory1 = shared_dir(comm)
-    if comm.rank == 0:
-        checkpoint.save(directory1, solo, solo_opt, step=4)
-    comm.Barrier()
-    back = TwoConvs(ProcessGrid(comm, sample=comm.size // 2, channel=2), seed=6)
-    back_opt = SGD(back, lr=0.1, momentum=0.9)
-    step, _ = checkpoint.load(directory1, back, back_opt)
-    got = global_state(back, back_opt)
-    assert_all_ranks(comm, step == 4 and all(numpy.array_equal(want[k], got[k]) for k in want),
-                     "1 -> P")
-    remove(comm, directory, directory1)
+    """Real MPI: the one-rank side is the real MPI.COMM_SELF."""
+    _in_shared_folder(checks.reshard_to_one_rank, MPI.COMM_SELF)
 
 
 @mpi_test(sizes=(2, 3), timeout=60)
 def test_corrupt_or_missing_shard_raises_on_every_rank():
-    comm = MPI.COMM_WORLD
-    grid = ProcessGrid(comm, channel=comm.size)
-    directory = shared_dir(comm)
-    model, opt = trained(grid)
-    checkpoint.save(directory, model, opt, step=1)
-    last = os.path.join(directory, checkpoint.shard_name(comm.size - 1, comm.size, 1, save=1))
-    # a sample-parallel model needs only shard 0, yet the corrupt last shard is still found
-    loaders = [TwoConvs(grid, seed=3), TwoConvs(ProcessGrid(comm, sample=comm.size), seed=3)]
-    for damage, match in (("flip", "corrupt shard"), ("delete", "missing shard")):
-        comm.Barrier()
-        if comm.rank == 0:
-            if damage == "flip":
-                blob = bytearray(open(last, "rb").read())
-                blob[100] ^= 0xFF
-                open(last, "wb").write(bytes(blob))
-            else:
-                os.remove(last)
-        comm.Barrier()
-        for other in loaders:
-            before = global_state(other, None)
-            try:
-                checkpoint.load(directory, other)
-                message = None
-            except CheckpointError as exc:
-                message = str(exc)
-            after = global_state(other, None)
-            messages = comm.allgather(message)
-            assert_all_ranks(comm, message is not None and match in message
-                             and len(set(messages)) == 1
-                             and all(numpy.array_equal(before[k], after[k]) for k in before),
-                             f"{damage}: {message!r}")
-    remove(comm, directory)
+    """Real MPI: a damaged file seen by separate processes raises on each, none left waiting."""
+    _in_shared_folder(checks.damaged_shard_raises)
 
 
 @mpi_test(sizes=(2, 3), timeout=60)
 def test_a_nonfinite_tensor_is_never_saved():
-    """A NaN in one rank's shard: save raises on every rank before writing, naming the
-    tensor, and the committed checkpoint and its files stay as they were."""
-    comm = MPI.COMM_WORLD
-    directory = shared_dir(comm)
-    model, opt = trained(ProcessGrid(comm, channel=comm.size))
-    checkpoint.save(directory, model, opt, step=1)
-    files = sorted(os.listdir(directory))
-    manifest = open(os.path.join(directory, checkpoint.MANIFEST)).read()
-    _, layer, pname = next(iter(model.named_parameters()))
-    if comm.rank == comm.size - 1:
-        layer.parameters()[pname].flat[0] = numpy.nan
-    try:
-        checkpoint.save(directory, model, opt, step=2)
-        message = None
-    except CheckpointError as exc:
-        message = str(exc)
-    messages = comm.allgather(message)
-    comm.Barrier()
-    assert_all_ranks(comm, message is not None and "not finite" in message and f"rank {comm.size - 1}" in message
-                     and len(set(messages)) == 1 and sorted(os.listdir(directory)) == files
-                     and open(os.path.join(directory, checkpoint.MANIFEST)).read() == manifest, repr(messages))
-    remove(comm, directory)
+    """Real MPI: one process's NaN stops every process's save before any file is written."""
+    _in_shared_folder(checks.nonfinite_never_saved)

@@ -3,93 +3,38 @@
 tests/simulated/test_overlap.py checks every overlap on simulated ranks of 1 to 8, where a
 nonblocking call's data moves when the last rank reaches it.  Here, at one size (3 ranks,
 uneven blocks, a rank with two neighbours), each nonblocking call is polled with MPI_Test until
-MPICH's own progress engine completes it, and must give its blocking result (the same body as
-the simulated test's, kept twice on purpose: once per kind of rank).  The gradient buckets stay
-here too: their planner compares communicators with ``MPI.Comm.Compare``, which a simulated
-communicator does not take, and so does ``refconv train``, whose gradients go in buckets.
+MPICH's own progress engine completes it, and must give its blocking result (the simulated
+test's own function, run here on real ranks).  The gradient buckets stay here too: their
+planner compares communicators with ``MPI.Comm.Compare``, which a simulated communicator does
+not take, and so does ``refconv train``, whose gradients go in buckets.
 
 The blocking path is the oracle: every comparison here is exact (``array_equal``), since
 both paths make the same MPI calls in the same order (refconv/algorithms/base.py,
 ``segmented_allreduce``).
 """
 
+import os
+import sys
+
 import numpy
 from mpi4py import MPI
 
-from refconv import collectives as coll
-from refconv.layers import DistConv2d
-from refconv.model import Model
-from refconv.optim import SGD
-from refconv.testing.asserts import assert_all_ranks
-from refconv.testing.mpirun import mpi_test
-from refconv.train import TrainConfig, step, train
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the package simulated
+from simulated import test_overlap as checks  # noqa: E402
+from refconv.layers import DistConv2d  # noqa: E402
+from refconv.testing.asserts import assert_all_ranks  # noqa: E402
+from refconv.testing.mpirun import mpi_test  # noqa: E402
+from refconv.train import TrainConfig, train  # noqa: E402
 
 comm = MPI.COMM_WORLD
 SIZE = 3
 
 
-def _recorded(run):
-    with coll.stats.recording() as region:
-        out = run()
-    return out, region.records
-
-
 @mpi_test(sizes=(SIZE,), timeout=60)
 def test_each_nonblocking_call_gives_its_blocking_result_and_records_its_overlap():
-    r, p = comm.rank, comm.size
-    rng = numpy.random.default_rng(r)
-    x = rng.standard_normal((3, 2 * p + 1, 4))                      # (outer, L, inner)
-    counts = [2 + (q == 0) for q in range(p)]                        # uneven: rank 0 holds one more
-    mine = numpy.ascontiguousarray(x[:, sum(counts[:r]):sum(counts[:r + 1])])
-    peers = [q for q in (r - 1, r, r + 1) if 0 <= q < p]
-    sends = {q: numpy.full((2, q + 1), 10.0 * r + q) for q in peers}
-    problems = []
-    for name, blocking, start in [
-        ("allreduce", lambda: coll.allreduce(comm, x),
-         lambda: coll.iallreduce_(comm, x.copy(), overlap="test")),
-        ("reduce_scatter", lambda: coll.reduce_scatter(comm, x, counts, axis=1),
-         lambda: coll.ireduce_scatter(comm, x, counts, axis=1, overlap="test")),
-        ("allgather", lambda: coll.allgather(comm, mine, counts, axis=1),
-         lambda: coll.iallgather(comm, mine, counts, axis=1, overlap="test")),
-        ("halo", lambda: coll.exchange(comm, sends, {q: (2, r + 1) for q in peers}, numpy.float64),
-         lambda: coll.iexchange(comm, sends, {q: (2, r + 1) for q in peers}, numpy.float64, overlap="test")),
-    ]:
-        expected, blocking_records = _recorded(blocking)
-        request, started = _recorded(start)
-        while not request.test():                                   # MPI_Test polling until it is done
-            coll.progress()
-        got = request.wait()
-        if request.wait() is not got:
-            problems.append(f"{name}: a second wait() gave another result")
-        same = (sorted(got) == sorted(expected) and all(numpy.array_equal(got[q], expected[q]) for q in got)) \
-            if isinstance(got, dict) else numpy.array_equal(got, expected)
-        if not same:
-            problems.append(f"{name}: {got} != {expected}")
-        moved = lambda calls: [(c.kind, c.bytes, c.messages) for c in calls]  # noqa: E731
-        if moved(started) != moved(blocking_records):
-            problems.append(f"{name}: started {started}, blocking {blocking_records}")
-        if [c.overlap for c in started] != ["test"] or [c.overlap for c in blocking_records] != [""]:
-            problems.append(f"{name}: overlap recorded {started} / {blocking_records}")
-    assert_all_ranks(comm, not problems and coll.progress() == 0, str(problems))
-
-
-STEPS = 3
-
-
-def _train(grid, algorithm, overlap, bucket=None):
-    model = Model.from_spec("digits-cnn", comm=comm, backend="numpy", seed=0,
-                            defaults={"grid": grid, "algorithm": algorithm}).set_overlap(overlap)
-    rng = numpy.random.default_rng(0)
-    x, y = rng.standard_normal((8, 1, 16, 16)).astype(numpy.float32), rng.integers(0, 10, 8)
-    optimizer = SGD(model.bind(x.shape), 0.1, momentum=0.9, weight_decay=1e-4)
-    model.set_buckets(bucket)
-    losses = [step(model, optimizer, x, y) for _ in range(STEPS - 1)]
-    loss, calls = _recorded(lambda: step(model, optimizer, x, y))
-    overlapped = sorted((c.kind, c.comm_size, c.bytes) for c in calls if c.overlap and c.kind == "allreduce")
-    marked = sorted((c.kind, c.comm_size, c.bytes) for c in model.records() if c.grad) if overlap else []
-    counts = [len(model.set_buckets(b).bucket_plan()[0]) for b in (0, bucket)] if bucket is not None else None
-    return losses + [loss], [layer.parameters()[p].copy() for _, layer, p in model.named_parameters()], \
-        (overlapped, marked, counts)
+    """Real MPI: the calls complete by MPICH's progress, polled with MPI_Test, not when the last
+    simulated rank arrives."""
+    checks.nonblocking_calls_give_their_blocking_results(comm)
 
 
 BUCKET_GRIDS = {3: ({"sample": 3}, "stationary-x")}
@@ -100,10 +45,11 @@ def test_gradient_buckets_give_the_same_bits_blocking_and_overlapped_and_records
     """Packed into buckets of 1 MiB (several gradients in one), blocking and overlapped training
     give the same losses and parameters, bit for bit: both make the same bucket calls.  With
     overlap on, the allreduces that ran behind compute are exactly the bucket calls the model's
-    ``records()`` lists, fewer than its gradients."""
+    ``records()`` lists, fewer than its gradients.  Real MPI: the bucket planner calls
+    MPI.Comm.Compare, which simulated communicators do not take."""
     problems = []
     grid, algorithm = BUCKET_GRIDS[comm.size]
-    (l0, p0, c0), (l1, p1, c1) = (_train(grid, algorithm, on, 2 ** 20) for on in (False, True))
+    (l0, p0, c0), (l1, p1, c1) = (checks.train_steps(comm, grid, algorithm, on, 2 ** 20) for on in (False, True))
     if l0 != l1 or not all(numpy.array_equal(a, b) for a, b in zip(p0, p1)):
         problems.append(f"losses {l0} vs {l1}")
     made, marked, (unbucketed, bucketed) = c1
@@ -115,6 +61,8 @@ def test_gradient_buckets_give_the_same_bits_blocking_and_overlapped_and_records
 
 @mpi_test(sizes=(SIZE,), timeout=240)
 def test_refconv_train_overlaps_by_default_and_no_overlap_gives_the_same_run():
+    """Real MPI: ``train`` packs the gradients into buckets (``--bucket-kib 64``), whose planner
+    calls MPI.Comm.Compare, which simulated communicators do not take."""
     runs = {on: train(TrainConfig(grid={"sample": 1, "height": comm.size}, epochs=1, max_steps=3, batch_size=16,
                                   progress=False, bucket_kib=64, **({} if on else {"overlap": False})),
                       log=lambda *a: None)

@@ -11,34 +11,26 @@ and mix grids and algorithms) is trained by ``refconv.train`` with ``check_seria
 replays the first steps on one rank and the losses must agree (float64, relative 1e-6).
 """
 
+import os
+import sys
+
 from mpi4py import MPI
 
-from refconv.plan import calibrate, validate
-from refconv.pricing import machine, search
-from refconv.testing.asserts import assert_all_ranks
-from refconv.testing.mpirun import mpi_test
-from refconv.train import train
-from refconv.train_config import TrainConfig
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the package simulated
+from simulated.test_plan import BATCH, SPEC, STEPS  # noqa: E402
+from refconv.plan import calibrate, validate  # noqa: E402
+from refconv.pricing import machine, search  # noqa: E402
+from refconv.testing.asserts import assert_all_ranks  # noqa: E402
+from refconv.testing.mpirun import mpi_test  # noqa: E402
+from refconv.train import train  # noqa: E402
+from refconv.train_config import TrainConfig  # noqa: E402
 
-comm = MPI.COMM_WORLD
-STEPS, BATCH = 3, 8
-SPEC = {
-    "in_channels": 1,
-    "layers": [
-        {"type": "conv", "out": 4, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
-        {"type": "conv", "out": 8, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},
-        {"type": "maxpool", "kernel": 2},
-        {"type": "residual",
-         "layers": [{"type": "conv", "out": 8, "kernel": 3, "padding": 1, "bias": False}, {"type": "batchnorm"}],
-         "shortcut": [{"type": "conv", "out": 8, "kernel": 1, "bias": False}]},
-        {"type": "relu"},
-        {"type": "gap"}, {"type": "linear", "out": 10},
-    ],
-}
-
+comm = MPI.COMM_WORLD  # SPEC: the model tests/simulated/test_plan.py plans too
 
 @mpi_test(sizes=(2,), timeout=240)
 def test_planned_models_train_as_the_serial_model():
+    """Real MPI: ``check_serial`` replays on a twin built on MPI.COMM_SELF, which a simulated rank
+    cannot use (tests/simulated/test_plan.py replays in the test's thread)."""
     grids = set()
     for name in machine.builtin_names():
         _, plan = search.plan_model(SPEC, (BATCH, 1, 16, 16), comm.size, machine.load(name))
@@ -54,7 +46,8 @@ def test_planned_models_train_as_the_serial_model():
 @mpi_test(sizes=(2,), timeout=120)
 def test_quick_calibration_gives_a_loadable_machine_file_with_the_models_table():
     """``refconv calibrate --quick --model SPEC`` (as a function): a machine file that loads, whose
-    conv_table holds exactly the local shapes the planner prices for SPEC here, each measured."""
+    conv_table holds exactly the local shapes the planner prices for SPEC here, each measured.
+    Real MPI: calibrate times kernels on a grid of MPI.COMM_SELF, which a simulated rank cannot use."""
     shapes = calibrate.model_shapes(SPEC, (BATCH, 1, 16, 16), comm.size, machine.load("v100-edr"))
     doc = calibrate.calibrate(comm, "numpy", quick=True, shapes=shapes)
     m = machine.from_dict(doc)  # raises on a malformed file
@@ -70,6 +63,7 @@ def test_quick_calibration_gives_a_loadable_machine_file_with_the_models_table()
 
 @mpi_test(sizes=(2,), timeout=180)
 def test_quick_validation_measures_every_strategy_at_1_and_2_ranks():
+    """Real MPI: ``python -m refconv.plan.validate`` runs on MPI.COMM_WORLD."""
     result = validate.main(["--quick", "--table", "--machine", "v100-edr"])
     labels = {(r.P, r.label) for r in result["rows"]}
     assert_all_ranks(comm, labels == {(1, "serial"), (2, "sample"), (2, "height"), (2, "X"), (2, "Y")}

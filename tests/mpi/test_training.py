@@ -54,5 +54,6 @@ def test_training_runs_of_every_remainder_match_one_rank():
 
 @mpi_test(sizes=(4,), timeout=60)
 def test_import_refconv_installs_the_abort_hook_under_several_ranks():
+    """Real MPI: the hook belongs to each process of a job of several ranks; simulated ranks share one."""
     assert_all_ranks(comm, failure.installed() and sys.excepthook is failure._report_and_abort,
                      f"import refconv under {comm.size} ranks left sys.excepthook alone")

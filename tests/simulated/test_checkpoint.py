@@ -5,7 +5,8 @@ On simulated ranks (refconv.simulated) of 1 to 4 (TwoConvs has 4 input channels,
 4 ways), in pytest's tmp_path.  A simulated rank cannot use ``MPI.COMM_SELF`` (refconv's
 collectives refuse a real communicator there), so the one-rank side of a reshard runs on the
 rank's own one-rank communicator, ``comm.Split(comm.rank)``.  tests/mpi/test_checkpoint.py
-keeps checkpoints written and read by real processes, at 2 and 3 ranks.
+runs the same checks (the functions of ``comm`` and a folder here) on real processes, at 2 and 3
+ranks.
 """
 
 import os
@@ -56,11 +57,11 @@ def grids(comm):
     return out
 
 
-@on_ranks(1, 2, 3, 4)
-def test_reshard_between_grids_and_algorithms(comm, tmp_path):
+def reshard_between_grids(comm, folder):
+    """Saved on each layout of ``grids``, loaded on each: the same global state, step and extra."""
     layouts = grids(comm)
     for i, (grid_a, kw_a) in enumerate(layouts):
-        directory = str(tmp_path / f"from-{i}")
+        directory = os.path.join(folder, f"from-{i}")
         model, opt = trained(grid_a, **kw_a)
         want = global_state(model, opt)
         checkpoint.save(directory, model, opt, step=11, extra={"from": i})
@@ -74,14 +75,13 @@ def test_reshard_between_grids_and_algorithms(comm, tmp_path):
                              f"{kw_a} {grid_a.shape} -> {kw_b} {grid_b.shape}: differ {bad}")
 
 
-@on_ranks(2, 4)
-def test_reshard_to_a_different_world_size(comm, tmp_path):
-    """Save on all ranks, load on each rank's own one-rank communicator, and back (saved by rank 0 alone)."""
-    directory, directory1 = str(tmp_path / "all"), str(tmp_path / "one")
+def reshard_to_one_rank(comm, folder, alone):
+    """Save on all ranks, load on each rank's one-rank communicator ``alone``, and back (saved by
+    rank 0 alone)."""
+    directory, directory1 = os.path.join(folder, "all"), os.path.join(folder, "one")
     model, opt = trained(ProcessGrid(comm, channel=comm.size))
     want = global_state(model, opt)
     checkpoint.save(directory, model, opt, step=3)
-    alone = comm.Split(comm.rank, 0)       # what COMM_SELF is under mpiexec
     solo = TwoConvs(ProcessGrid(alone), seed=5)
     solo_opt = SGD(solo, lr=0.1, momentum=0.9)
     checkpoint.load(directory, solo, solo_opt)
@@ -99,10 +99,9 @@ def test_reshard_to_a_different_world_size(comm, tmp_path):
                      "1 -> P")
 
 
-@on_ranks(2, 3, 4)
-def test_corrupt_or_missing_shard_raises_on_every_rank(comm, tmp_path):
+def damaged_shard_raises(comm, directory):
+    """A corrupt, then a missing shard: load raises the same error on every rank, the model untouched."""
     grid = ProcessGrid(comm, channel=comm.size)
-    directory = str(tmp_path)
     model, opt = trained(grid)
     checkpoint.save(directory, model, opt, step=1)
     last = os.path.join(directory, checkpoint.shard_name(comm.size - 1, comm.size, 1, save=1))
@@ -133,11 +132,9 @@ def test_corrupt_or_missing_shard_raises_on_every_rank(comm, tmp_path):
                              f"{damage}: {message!r}")
 
 
-@on_ranks(1, 2, 3, 4)
-def test_a_nonfinite_tensor_is_never_saved(comm, tmp_path):
+def nonfinite_never_saved(comm, directory):
     """A NaN in one rank's shard: save raises on every rank before writing, naming the
     tensor, and the committed checkpoint and its files stay as they were."""
-    directory = str(tmp_path)
     model, opt = trained(ProcessGrid(comm, channel=comm.size))
     checkpoint.save(directory, model, opt, step=1)
     files = sorted(os.listdir(directory))
@@ -155,3 +152,24 @@ def test_a_nonfinite_tensor_is_never_saved(comm, tmp_path):
     assert_all_ranks(comm, message is not None and "not finite" in message and f"rank {comm.size - 1}" in message
                      and len(set(messages)) == 1 and sorted(os.listdir(directory)) == files
                      and open(os.path.join(directory, checkpoint.MANIFEST)).read() == manifest, repr(messages))
+
+
+# -- on simulated ranks -------------------------------------------------------------------------------------
+@on_ranks(1, 2, 3, 4)
+def test_reshard_between_grids_and_algorithms(comm, tmp_path):
+    reshard_between_grids(comm, str(tmp_path))
+
+
+@on_ranks(2, 4)
+def test_reshard_to_a_different_world_size(comm, tmp_path):
+    reshard_to_one_rank(comm, str(tmp_path), comm.Split(comm.rank, 0))  # what COMM_SELF is under mpiexec
+
+
+@on_ranks(2, 3, 4)
+def test_corrupt_or_missing_shard_raises_on_every_rank(comm, tmp_path):
+    damaged_shard_raises(comm, str(tmp_path))
+
+
+@on_ranks(1, 2, 3, 4)
+def test_a_nonfinite_tensor_is_never_saved(comm, tmp_path):
+    nonfinite_never_saved(comm, str(tmp_path))

@@ -10,7 +10,7 @@ one grid of 2 ranks) by the reader process.
 On simulated ranks (refconv.simulated); the stores are written in the test's thread, in pytest's
 tmp_path.  Training runs without gradient buckets: the bucket planner's ``MPI.Comm.Compare``
 takes no simulated communicator (tests/mpi/test_overlap.py trains with buckets).
-tests/mpi/test_datastore.py keeps block-read training at 2 real ranks, the reader process among it.
+tests/mpi/test_datastore.py runs the block-read training here at 2 real ranks, with buckets.
 """
 
 import os
@@ -43,7 +43,7 @@ GRIDS = {
 }
 
 
-def _write(folder):
+def write_stores(folder):
     """The first 60 digits (8x8) in four channels (as they are, flipped twice, transposed), so that a
     channel split of the first layer has channels to split, as an .npz, a directory of three .npy
     shards and an HDF5 file."""
@@ -60,29 +60,32 @@ def _write(folder):
         f.create_dataset("y", data=y)
 
 
-def _run(comm, data, defaults, prefetch=1, reader="thread"):
+def _run(comm, data, defaults, options, prefetch=1, reader="thread"):
     cfg = TrainConfig(model=SPEC, data=data, batch_size=6, epochs=2, max_steps=9, dtype="float64",
                       backend="numpy", progress=False, seed=4, prefetch=prefetch, prefetch_reader=reader,
-                      bucket_kib=0, **defaults)
+                      **options, **defaults)
     result = train(cfg, comm=comm, log=lambda *a: None)
     return result["losses"], result["accuracy"]
 
 
-def _check(comm, folder):
+def block_reads_match_memory(comm, folder, **options):
+    """Each store of ``write_stores(folder)`` trained on each grid of ``GRIDS``: the .npz's losses and
+    accuracy, bit for bit.  ``options``: more TrainConfig options.  Collective (tests/mpi/test_datastore.py
+    runs it too)."""
     for g, defaults in enumerate(GRIDS[comm.size]):
-        memory = _run(comm, os.path.join(folder, "d.npz"), defaults)
+        memory = _run(comm, os.path.join(folder, "d.npz"), defaults, options)
         runs = [("npy", 1, "thread"), ("d.h5", 1, "thread"), ("npy", 0, "thread")]
         runs += [("npy", 1, "process"), ("d.h5", 2, "process")] if g == 0 and comm.size == 2 else []  # the cost
         for name, prefetch, reader in runs:
-            stored = _run(comm, os.path.join(folder, name), defaults, prefetch, reader)
+            stored = _run(comm, os.path.join(folder, name), defaults, options, prefetch, reader)
             assert_all_ranks(comm, stored == memory and len(memory[0]) == 9,
                              f"{defaults}, {name}, prefetch {prefetch} ({reader}): {stored} != in memory {memory}")
 
 
 @on_ranks(*GRIDS)
 def test_block_read_training_is_in_memory_training_bit_for_bit(ranks, tmp_path):
-    _write(str(tmp_path))
-    simulated.run(_check, ranks, args=(str(tmp_path),))
+    write_stores(str(tmp_path))
+    simulated.run(block_reads_match_memory, ranks, args=(str(tmp_path),), kwargs={"bucket_kib": 0})
 
 def _write_images(folder):
     """24 PNGs of 10 x 10 in three classes, and their conversion to HDF5 (8 x 8)."""

@@ -5,11 +5,12 @@ The same synthetic volumes (N, 4, 6, 6, 6) and their float targets (N, 4) are sa
 (loaded whole on every rank, each rank extracting its block of the global batch), as a
 directory of .npy shards and as an HDF5 file chunked smaller than a sample (each rank reading
 only its samples, channels, planes, rows and columns).  ``train`` on a store gives exactly the
-losses and test error of the .npz at 1 to 4, 6 and 8 ranks, on sample, depth, height, width and channel splits
-(Stationary-W too, whose ranks read several pieces of the channels); the grids of a world size
-take the two formats in turn (one rank: both), the .npy shards read ahead, the HDF5 file not.  Bad stores of volumes are refused with
-the same error on every rank before training, and ``refconv bench data`` reads exactly each
-rank's block of a volume under depth and height splits.
+losses and test error of the .npz at 1 to 4, 6 and 8 ranks, on sample, depth, height, width and
+channel splits (Stationary-W too, whose ranks read several pieces of the channels); the grids of
+a world size take the two formats in turn (one rank: both), the .npy shards read ahead, the HDF5
+file not.  Bad stores of volumes are refused with the same error on every rank before training,
+and ``refconv bench data`` reads exactly each rank's block of a volume under depth, height and
+width splits.
 
 On simulated ranks (refconv.simulated); the stores are written in the test's thread, in pytest's
 tmp_path.  Training runs without gradient buckets: the bucket planner's ``MPI.Comm.Compare``

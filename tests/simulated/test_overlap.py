@@ -1,8 +1,9 @@
 """Overlapped communication: the nonblocking collectives, and gradient allreduces left in
 flight behind backward, give the same bits as the blocking path and record what they overlap,
-on simulated ranks (refconv.simulated).  tests/mpi/test_overlap.py keeps the nonblocking calls
-under real MPI progress, and the gradient buckets (their planner compares communicators with
-``MPI.Comm.Compare``, which simulated communicators do not take).
+on simulated ranks (refconv.simulated) of 1 to 8.  tests/mpi/test_overlap.py runs the
+nonblocking calls under real MPI progress (the same function), and the gradient buckets, whose
+planner compares communicators with ``MPI.Comm.Compare``, which simulated communicators do not
+take (``train_steps`` here trains without them).
 
 The blocking path is the oracle: every comparison here is exact (``array_equal``), since
 both paths make the same MPI calls in the same order (refconv/algorithms/base.py,
@@ -12,6 +13,7 @@ both paths make the same MPI calls in the same order (refconv/algorithms/base.py
 import numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from refconv import collectives as coll
 from refconv import simulated
 from refconv.algorithms.base import BEHIND_EXCHANGE, BEHIND_NEXT, BEHIND_RETURN, BEHIND_RETURN_OWN, BEHIND_RETURN_WHOLE
@@ -36,6 +38,12 @@ def _recorded(run):
 
 @on_ranks(*ALL)
 def test_each_nonblocking_call_gives_its_blocking_result_and_records_its_overlap(comm):
+    nonblocking_calls_give_their_blocking_results(comm)
+
+
+def nonblocking_calls_give_their_blocking_results(comm):
+    """Each nonblocking collective, polled with ``test()`` until done: its blocking call's result
+    and calls, recorded with its overlap.  Collective (tests/mpi/test_overlap.py runs it too)."""
     r, p = comm.rank, comm.size
     rng = numpy.random.default_rng(r)
     x = rng.standard_normal((3, 2 * p + 1, 4))                      # (outer, L, inner)
@@ -111,7 +119,7 @@ def _layer_overlap(comm, case):
 
 
 @on_ranks(*ALL)
-@settings(max_examples=30)
+@settings(max_examples=50)
 @given(st.data())
 def test_a_layer_with_its_gradient_allreduce_in_flight_gives_the_blocking_bits(ranks, data):
     """Every algorithm, drawn grids and problems, with the gradient and halo overlaps on and off:
@@ -134,19 +142,23 @@ GRIDS = {1: [({"sample": 1}, "stationary-x")],
 STEPS = 3
 
 
-def _train(comm, grid, algorithm, overlap):
+def train_steps(comm, grid, algorithm, overlap, bucket=None):
+    """STEPS steps of the digits CNN on ``grid``: (losses, parameters, (allreduces that overlapped,
+    the gradients' calls records() marks, calls unbucketed and in buckets of ``bucket`` bytes or None)).
+    tests/mpi/test_overlap.py trains with buckets through it."""
     model = Model.from_spec("digits-cnn", comm=comm, backend="numpy", seed=0,
                             defaults={"grid": grid, "algorithm": algorithm}).set_overlap(overlap)
     rng = numpy.random.default_rng(0)
     x, y = rng.standard_normal((8, 1, 16, 16)).astype(numpy.float32), rng.integers(0, 10, 8)
     optimizer = SGD(model.bind(x.shape), 0.1, momentum=0.9, weight_decay=1e-4)
-    model.set_buckets(None)
+    model.set_buckets(bucket)
     losses = [step(model, optimizer, x, y) for _ in range(STEPS - 1)]
     loss, calls = _recorded(lambda: step(model, optimizer, x, y))
     overlapped = sorted((c.kind, c.comm_size, c.bytes) for c in calls if c.overlap and c.kind == "allreduce")
     marked = sorted((c.kind, c.comm_size, c.bytes) for c in model.records() if c.grad) if overlap else []
+    counts = [len(model.set_buckets(b).bucket_plan()[0]) for b in (0, bucket)] if bucket is not None else None
     return losses + [loss], [layer.parameters()[p].copy() for _, layer, p in model.named_parameters()], \
-        (overlapped, marked)
+        (overlapped, marked, counts)
 
 
 @on_ranks(*GRIDS)
@@ -156,10 +168,10 @@ def test_training_with_the_gradient_allreduce_overlapped_gives_the_blocking_bits
     (``grad``: the gradients'); batch normalization's and the loss's are waited for at once."""
     problems = []
     for grid, algorithm in GRIDS[comm.size]:
-        (l0, p0, c0), (l1, p1, c1) = _train(comm, grid, algorithm, False), _train(comm, grid, algorithm, True)
+        (l0, p0, c0), (l1, p1, c1) = train_steps(comm, grid, algorithm, False), train_steps(comm, grid, algorithm, True)
         if l0 != l1 or not all(numpy.array_equal(a, b) for a, b in zip(p0, p1)):
             problems.append(f"{grid} {algorithm}: losses {l0} vs {l1}")
-        for what, (made, marked) in (("blocking", c0), ("overlapped", c1)):
+        for what, (made, marked, _) in (("blocking", c0), ("overlapped", c1)):
             if made != marked:  # the model's records() mark (grad) exactly the calls that overlapped
                 problems.append(f"{grid} {algorithm} {what}: overlapped {made}, records() mark {marked}")
     assert_all_ranks(comm, not problems, str(problems))
@@ -212,7 +224,8 @@ def test_halo_overlap_computes_the_interior_behind_the_exchange_and_gives_the_bl
                 problems.append(str(exc))
             if not all(numpy.array_equal(a0[n], a1[n]) for n in ("y", "dx", "dw", "db")):
                 problems.append(f"{what}: backward differs from the blocking run")
-            behind_next = algorithm in ("stationary-y", "stationary-w")  # backward-filter behind the reduce-scatter of dx
+            # backward-filter behind the reduce-scatter of dx
+            behind_next = algorithm in ("stationary-y", "stationary-w")
             wanted = []
             if halo.size > 1 and behind_next:  # then only the own cells of backward-data behind the return
                 wanted = [BEHIND_EXCHANGE if halo.interior else "", BEHIND_RETURN_OWN if halo.interior else ""]

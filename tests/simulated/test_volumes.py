@@ -135,7 +135,7 @@ def _volume_layers(comm, shape, bn_shape, pool, head_shape):
 
 
 @on_ranks(1, 2, 3, 4, 5, 6, 7, 8)
-@settings(max_examples=15)
+@settings(max_examples=25)
 @given(st.data())
 def test_volume_layers_match_reference(ranks, data):
     shape = data.draw(grid_shapes(ranks, axes=axes_of(5)))
