@@ -92,7 +92,9 @@ def _rank_side(path, out, rounds):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m refconv.bench.ranks", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m refconv.bench.ranks", description=(
+        "A Hypothesis example of check_layer on simulated ranks beside the same example under one mpiexec launch "
+        "(launch excluded), one BLAS thread per rank; prints the ratios."))
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--examples", type=int, default=12)
     p.add_argument("--rounds", type=int, default=3)

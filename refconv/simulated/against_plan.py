@@ -21,7 +21,8 @@ import sys
 
 import numpy
 
-from refconv import simulated
+from refconv import simulated, train_config
+from refconv.grid import axes_of
 from refconv.model import Model
 from refconv.optim import SGD
 from refconv.pricing import machine as machine_mod
@@ -30,6 +31,9 @@ from refconv.simulated import clock as clock_mod
 from refconv.train import load_model_spec, step
 
 STEPS = ("blocking", "overlap")
+DESCRIPTION = ("A plan's training step on simulated ranks, timed on the logical clock of a machine file, beside what "
+               "refconv plan predicts for the same grid and machine: the step blocking and overlapped, and what "
+               "overlap hid per kind of call.")
 
 
 def planned(model, ranks, batch, image_size, machine, grid=None):
@@ -82,28 +86,20 @@ def compare(model, ranks, batch, image_size, machine, grid=None):
             "ranks": steps}
 
 
-def _grid(text):
-    sizes = dict(part.split("=") for part in text.split(","))
-    axes = ("sample", "channel", "height", "width")
-    unknown = set(sizes) - set(axes)
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown axes {sorted(unknown)}; axes are {axes}")
-    return tuple(int(sizes.get(a, 1)) for a in axes)
-
-
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m refconv.simulated.against_plan", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="digits-cnn", help="a preset or a model file (default digits-cnn)")
-    p.add_argument("--ranks", type=int, required=True)
-    p.add_argument("--grid", type=_grid, default=None, help="e.g. sample=2,channel=2 (default: the planner's choice)")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--machine", default=machine_mod.DEFAULT_MACHINE)
-    p.add_argument("--timeline", default=None, help="draw both steps' calls per rank into this PNG")
+    p = argparse.ArgumentParser(prog="python -m refconv.simulated.against_plan", description=DESCRIPTION)
+    train_config.add_option(p, "model")
+    p.add_argument("--ranks", type=int, required=True, help="simulated ranks")
+    train_config.add_option(p, "grid", purpose="every layer's grid", unset="the planner's choice of grid per layer")
+    p.add_argument("--batch", type=int, default=32, help="global batch size (default 32)")
+    p.add_argument("--image-size", type=int, default=32, help="height and width (depth too for volumes; default 32)")
+    train_config.add_option(p, "machine", default=machine_mod.DEFAULT_MACHINE, unset=None)
+    p.add_argument("--timeline", default=None, metavar="PNG", help="draw both steps' calls per rank into this PNG")
     args = p.parse_args(argv)
-    out = compare(args.model, args.ranks, args.batch, args.image_size, args.machine, args.grid)
+    grid = None if args.grid is None else _grid_tuple(args.grid, args.model)
+    out = compare(args.model, args.ranks, args.batch, args.image_size, args.machine, grid)
     plan, clock = out["plan"], out["clock"]
-    grid = "as planned" if args.grid is None else "x".join(map(str, args.grid)) + " (sample x channel x height x width)"
+    grid = "as planned" if grid is None else "x".join(map(str, grid)) + f" ({' x '.join(axes_of(len(grid)))})"
     print(f"{args.model} on {args.ranks} simulated ranks, grid {grid}, machine {args.machine}, batch {args.batch}")
     print(f"{'':10s} {'plan ms':>9s} {'clock ms':>9s} {'clock/plan':>10s}")
     for name in ("blocking", "overlap", "hidden"):
@@ -117,6 +113,12 @@ def main(argv=None):
         draw_timeline(out["ranks"], f"{args.model}, {args.ranks} simulated ranks on {args.machine}", args.timeline)
         print(f"wrote {args.timeline}")
     return 0
+
+
+def _grid_tuple(sizes, model):
+    """``--grid``'s {axis: size} as the tuple of the model's grid axes (four, five for volumes)."""
+    axes = axes_of(load_model_spec(model).get("dims", 2) + 2)
+    return tuple(sizes.get(axis, 1) for axis in axes)
 
 
 if __name__ == "__main__":
