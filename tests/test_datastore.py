@@ -3,7 +3,7 @@ extract from the global batch, bit for bit, and its size is exactly its block's;
 refused before training with one line and status 2; the prefetch thread keeps the order.
 
 The multi-rank check (block-read training equals in-memory training, bit for bit, at 1 to 4
-ranks on sample, spatial and channel splits) is tests/mpi/test_datastore.py.
+ranks on sample, spatial and channel splits) is tests/simulated/test_datastore.py.
 """
 
 import importlib.util

@@ -104,7 +104,7 @@ def test_backward_data_of_a_box_is_the_whole_backward_data_cut_to_it(problem, da
     cell of any window box the whole ``conv_data``'s value: the same products, summed in the same
     order, but BLAS may pick another kernel for a smaller product (a matrix-vector one for one
     column), so float32 may differ in the last bit.  Blocking and overlapped runs use the same
-    split, so they agree bit for bit (tests/mpi/test_overlap.py)."""
+    split, so they agree bit for bit (tests/simulated/test_overlap.py)."""
     p = problem
     geom = ConvGeometry.of(p.x_shape, p.w_shape, stride=p.stride, padding=p.padding, dilation=p.dilation,
                            groups=p.groups, bias=False)

@@ -558,7 +558,7 @@ def _conv_layer(spec, shape):
                                   {"out": 4, "kernel": 5, "padding": 4, "dilation": 2}, {"out": 4, "kernel": 1}])
 def test_table_key_is_the_window_the_algorithm_convolves(spec):
     """On one rank, the window a DistConv2d convolves (padding included) and its weight are the
-    ConvShape the planner keys; tests/mpi/test_plan.py checks split grids."""
+    ConvShape the planner keys; tests/simulated/test_plan.py checks split grids."""
     shape = (2, 4, 9, 9)
     layer = DistConv2d(4, spec["out"], spec["kernel"], padding=spec.get("padding", 0), stride=spec.get("stride", 1),
                        dilation=spec.get("dilation", 1), grid=ProcessGrid(MPI.COMM_SELF), backend="numpy",

@@ -1,6 +1,6 @@
 """The planner on a model of volumes (``dims: 3``): grids of five axes, a 3-D conv's compute by
 hand, the brute-force optimum, the conv table's 3-D keys, and the commands.  The calls it prices
-are checked against the 3-D layers' ``records()`` and the measurement in tests/mpi/test_plan.py."""
+are checked against the 3-D layers' ``records()`` and the measurement in tests/simulated/test_plan.py."""
 
 import itertools
 import math

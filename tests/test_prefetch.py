@@ -4,7 +4,7 @@ go; a caller that keeps every block never hangs; an error is raised at its batch
 ends on every route out (the end, an error, close, its own death), without a hang.
 
 The thread reader's tests are in tests/test_datastore.py; both readers train bit for bit as in
-memory at 1 to 4 ranks in tests/mpi/test_datastore.py.
+memory at 1 to 4 ranks in tests/simulated/test_datastore.py.
 """
 
 import os
