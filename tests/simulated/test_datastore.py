@@ -8,9 +8,7 @@ pieces of the channels), with the next block read ahead and without, by the read
 one grid of 2 ranks) by the reader process.
 
 On simulated ranks (refconv.simulated); the stores are written in the test's thread, in pytest's
-tmp_path.  Training runs without gradient buckets: the bucket planner's ``MPI.Comm.Compare``
-takes no simulated communicator (tests/mpi/test_overlap.py trains with buckets).
-tests/mpi/test_datastore.py runs the block-read training here at 2 real ranks, with buckets.
+tmp_path.  tests/mpi/test_datastore.py runs the block-read training here at 2 real ranks, with buckets.
 """
 
 import os
@@ -85,7 +83,7 @@ def block_reads_match_memory(comm, folder, **options):
 @on_ranks(*GRIDS)
 def test_block_read_training_is_in_memory_training_bit_for_bit(ranks, tmp_path):
     write_stores(str(tmp_path))
-    simulated.run(block_reads_match_memory, ranks, args=(str(tmp_path),), kwargs={"bucket_kib": 0})
+    simulated.run(block_reads_match_memory, ranks, args=(str(tmp_path),))
 
 def _write_images(folder):
     """24 PNGs of 10 x 10 in three classes, and their conversion to HDF5 (8 x 8)."""

@@ -13,8 +13,7 @@ and ``refconv bench data`` reads exactly each rank's block of a volume under dep
 width splits.
 
 On simulated ranks (refconv.simulated); the stores are written in the test's thread, in pytest's
-tmp_path.  Training runs without gradient buckets: the bucket planner's ``MPI.Comm.Compare``
-takes no simulated communicator (tests/mpi/test_overlap.py trains with buckets).
+tmp_path.
 """
 
 import os
@@ -58,7 +57,7 @@ def _write(folder):
 
 def _run(comm, path, defaults, prefetch=1):
     cfg = TrainConfig(model=SPEC, data=path, batch_size=4, epochs=1, dtype="float64", lr=0.01,
-                      backend="numpy", progress=False, seed=2, prefetch=prefetch, bucket_kib=0, **defaults)
+                      backend="numpy", progress=False, seed=2, prefetch=prefetch, **defaults)
     result = train(cfg, comm=comm, log=lambda *a: None)
     return result["losses"], result["mse"]
 

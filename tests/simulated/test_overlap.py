@@ -1,9 +1,7 @@
 """Overlapped communication: the nonblocking collectives, and gradient allreduces left in
 flight behind backward, give the same bits as the blocking path and record what they overlap,
 on simulated ranks (refconv.simulated) of 1 to 8.  tests/mpi/test_overlap.py runs the
-nonblocking calls under real MPI progress (the same function), and the gradient buckets, whose
-planner compares communicators with ``MPI.Comm.Compare``, which simulated communicators do not
-take (``train_steps`` here trains without them).
+nonblocking calls under real MPI progress (the same function), and the gradient buckets.
 
 The blocking path is the oracle: every comparison here is exact (``array_equal``), since
 both paths make the same MPI calls in the same order (refconv/algorithms/base.py,

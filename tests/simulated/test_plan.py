@@ -55,10 +55,8 @@ def test_planned_models_train_as_the_serial_model(ranks):
     for name in machine.builtin_names():
         _, plan = search.plan_model(SPEC, (BATCH, 1, 16, 16), ranks, machine.load(name))
         grids |= {r.cost.grid for r in plan.rows}
-        # bucket_kib=0: the bucket planner's MPI.Comm.Compare takes no simulated communicator
-        # (tests/mpi/test_overlap.py trains with buckets)
         cfg = TrainConfig(model=search.to_spec(SPEC, plan), batch_size=BATCH, epochs=1, max_steps=STEPS,
-                          dtype="float64", backend="numpy", progress=False, bucket_kib=0)
+                          dtype="float64", backend="numpy", progress=False)
         losses = simulated.run(_losses, ranks, args=(cfg,))
         assert all(run == losses[0] for run in losses) and len(losses[0]) == STEPS, f"{name}: {losses}"
         worst = serial_check(cfg, losses[0])

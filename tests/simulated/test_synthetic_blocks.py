@@ -9,9 +9,7 @@ or not) gives exactly its losses and test score at 1 to 8 ranks, for images and 
 sample, spatial and channel splits (Stationary-W too, whose ranks make several pieces of the
 channels).  And what a rank made in training is its block of each batch and nothing else.
 
-On simulated ranks (refconv.simulated), at 1 to 6 and 8.  Both paths train with
-``bucket_kib=0``: the bucket planner's ``MPI.Comm.Compare`` takes no simulated communicator
-(tests/mpi/test_overlap.py trains with buckets).
+On simulated ranks (refconv.simulated), at 1 to 6 and 8.
 """
 
 import math
@@ -50,7 +48,7 @@ GRIDS = {
 def _config(model, defaults, prefetch):
     return TrainConfig(model=model, synthetic=True, synthetic_samples=12, image_size=6, batch_size=4, epochs=1,
                        dtype="float64", lr=0.01, backend="numpy", progress=False, seed=2, prefetch=prefetch,
-                       bucket_kib=0, **defaults)
+                       **defaults)
 
 
 def _whole_batch(comm, cfg):

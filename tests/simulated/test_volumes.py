@@ -14,9 +14,7 @@ opens with a residual block trains the same ways at 4 ranks, and as ``refconv pl
 
 On simulated ranks (refconv.simulated): Hypothesis draws in the test's thread, every rank runs
 the example, and the checks are collective.  The one-rank replays are made in the test's
-thread (tests/simulated/serial_replay.py says why), and training runs without gradient
-buckets: the bucket planner's ``MPI.Comm.Compare`` takes no simulated communicator
-(tests/mpi/test_overlap.py trains with buckets).
+thread (tests/simulated/serial_replay.py says why).
 """
 
 import numpy
@@ -184,8 +182,7 @@ def _cosmoflow(comm, cfg, folder):
 @on_ranks(*TRAIN_GRIDS)
 def test_cosmoflow_trains_checks_serial_and_resumes_exactly(ranks, tmp_path):
     cfg = dict(model="cosmoflow", synthetic=True, synthetic_samples=8, image_size=8, batch_size=4, epochs=2,
-               lr=0.01, dtype="float64", backend="numpy", progress=False, seed=3, grid=TRAIN_GRIDS[ranks],
-               bucket_kib=0)
+               lr=0.01, dtype="float64", backend="numpy", progress=False, seed=3, grid=TRAIN_GRIDS[ranks])
     losses = simulated.run(_cosmoflow, ranks, args=(cfg, str(tmp_path)))
     worst = serial_check(TrainConfig(**cfg), losses[0][:2])
     assert worst <= 1e-6, f"{cfg['grid']}: the one-rank replay of 2 steps differs by {worst:.2e}"
@@ -233,7 +230,7 @@ def test_a_residual_block_first_trains_as_the_serial_model_and_resumes_exactly(r
     agree with the one-rank replay, and the projection run, checkpointed after 3 steps and
     resumed, continues bit for bit."""
     cfgs = [dict(model=spec, synthetic=True, synthetic_samples=8, image_size=6, batch_size=4, epochs=2, lr=0.05,
-                 dtype="float64", backend="numpy", progress=False, seed=1, grid=grid, bucket_kib=0)
+                 dtype="float64", backend="numpy", progress=False, seed=1, grid=grid)
             for spec, grid in ((residual_first(), {"depth": 2, "height": 2}),
                                (residual_first(PROJECTION), {"channel": 2, "width": 2}))]
     # planned for a batch of 1 (no sample split): the written file puts the input on the planned grid
