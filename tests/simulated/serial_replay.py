@@ -1,11 +1,10 @@
 """The one-rank replay of a training run on simulated ranks, made in the test's thread.
 
 ``refconv train --check-serial K`` (:func:`refconv.train.check_serial`) replays the first K
-steps on rank 0 on a twin of the model built on ``MPI.COMM_SELF``.  A simulated rank cannot
-run that twin: its grids split COMM_SELF, and refconv.collectives refuses a real communicator
-on a simulated rank.  The test's thread is this process's one MPI rank, where it can; so the
-runs on simulated ranks train with ``check_serial`` off and the test replays here, with the
-functions ``check_serial`` calls, and compares as it does.  tests/mpi/test_plan.py keeps
+steps on rank 0 on a twin of the model built on a one-rank communicator (``collectives.comm_self()``,
+a simulated rank's own one on simulated ranks).  These tests replay in the test's thread instead,
+with the functions ``check_serial`` calls, and compare as it does: the twin then runs outside the
+simulated world altogether, an oracle that shares nothing with it.  tests/mpi/test_plan.py keeps
 ``check_serial`` itself under mpiexec.
 """
 
