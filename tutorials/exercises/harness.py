@@ -1,0 +1,305 @@
+"""What ``check(N)`` does: run your code on simulated ranks, compare it with the serial reference, report.
+
+A checker (``checkers/NN_slug.py``) lists its :class:`Part` s.  For each part, in order:
+
+1. the part runs once on its simplest case; a :class:`NotWritten` there (a ``todo("...")``
+   left in your file) is reported as "not written yet", naming the part, and the next part runs;
+2. Hypothesis draws cases (shapes, uneven splits, world sizes: the part's strategy) and
+   ``hypothesis.find`` looks for one where your result differs from the reference, then
+   shrinks it to the smallest it can;
+3. on a mismatch the report gives that smallest case, the tensor, the first elements that
+   differ (rank, local index, yours, the reference's), and a picture of the differing cells
+   per rank; a crash gives your code's own frames, a deadlock each rank's pending call.
+   Nothing of this package's own traceback is shown.
+
+When every part passes, the checker's score (if it has one) runs your code and the reference
+solution on one stated case and prints both side by side (:mod:`.score`).
+
+Every run on ranks has a time limit (:data:`TIMEOUT_S`); a deadlock is reported at once by
+:mod:`refconv.simulated`, so a check never hangs.
+"""
+
+import dataclasses
+import importlib.util
+import os
+import pathlib
+import sys
+import traceback
+import types
+
+import numpy
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis.errors import NoSuchExample
+
+from refconv import simulated
+from refconv.testing.asserts import default_tolerance
+
+HERE = pathlib.Path(__file__).resolve().parent
+EXERCISES = ("01_halo_arithmetic", "02_sample_backward", "03_halo_1d", "04_halo_2d", "05_stationary_x",
+             "06_stationary_y", "07_stationary_w", "08_segmented_allreduce", "09_predict_the_bytes",
+             "10_hybrid_grid", "11_detective", "12_your_own_decomposition", "13_kernel_puzzle")
+TIMEOUT_S = 60.0  # one run on simulated ranks; a rank computing forever is no deadlock the world can see
+# Hypothesis examples per part: the learner's default, and CI's (REFCONV_EXERCISES_EXAMPLES overrides both)
+EXAMPLES, EXAMPLES_CI = 40, 6
+PICTURE_ROWS, PICTURE_COLS = 12, 24  # the most cells per rank a picture shows
+
+
+class NotWritten(Exception):
+    """A part of an exercise still calls ``todo``."""
+
+    def __init__(self, part):
+        self.part = part
+        super().__init__(f"not written yet: replace todo({part!r}) in your file with your code")
+
+
+def todo(part):
+    """Mark a part you have not written yet; the checker says which one."""
+    raise NotWritten(part)
+
+
+# -- what a checker declares ------------------------------------------------------------------------
+@dataclasses.dataclass
+class Compared:
+    """One tensor, per rank: yours and the reference's.  ``reduction`` is the length of the sum
+    that made it (the tolerance grows with it); ``exact`` compares integers exactly."""
+
+    name: str
+    actual: list
+    expected: list
+    reduction: int = 1
+    exact: bool = False
+
+
+@dataclasses.dataclass
+class Part:
+    """One part of an exercise: ``run(module, case)`` returns a list of :class:`Compared`;
+    ``cases`` is the Hypothesis strategy of its cases; ``describe(case)`` says a case in words."""
+
+    name: str
+    cases: object
+    run: object
+    describe: object = repr
+    bonus: bool = False  # a bonus part left unwritten does not keep the exercise from passing
+
+
+@dataclasses.dataclass
+class Result:
+    """What ``check`` found: ``status`` per part ("passed", "not written", "failed"), and the report."""
+
+    number: int
+    status: dict
+    report: str
+
+    @property
+    def passed(self):
+        return bool(self.status) and all(s in ("passed", "bonus not written") for s in self.status.values())
+
+    def __str__(self):
+        return self.report
+
+
+# -- loading the code to check ----------------------------------------------------------------------
+def slug(number):
+    if not 1 <= number <= len(EXERCISES):
+        raise ValueError(f"exercise: expected a number in [1, {len(EXERCISES)}], got {number!r}")
+    return EXERCISES[number - 1]
+
+
+def path_of(number, solution=False):
+    return HERE / ("solutions" if solution else "") / f"{slug(number)}.py"
+
+
+def load(number, solution=False):
+    """Your file for exercise ``number`` (or the solution), read afresh: edits show at once."""
+    path = path_of(number, solution)
+    return module_from_source(path.read_text(), str(path), f"exercise_{number:02d}{'_solution' if solution else ''}")
+
+
+def module_from_source(source, filename, name):
+    """A module run from ``source``; its frames carry ``filename`` (tests plant bugs this way)."""
+    module = types.ModuleType(name)
+    module.__file__ = filename
+    exec(compile(source, filename, "exec"), module.__dict__)
+    return module
+
+
+def checker(number):
+    spec = importlib.util.spec_from_file_location(f"exercise_checker_{number:02d}",
+                                                  HERE / "checkers" / f"{slug(number)}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- running on ranks -------------------------------------------------------------------------------
+def on_ranks(fn, ranks, *args):
+    """``fn(comm, *args)`` on ``ranks`` simulated ranks: the list of results, rank 0's first."""
+    return simulated.run(fn, ranks, args=args, timeout=TIMEOUT_S)
+
+
+# -- comparing --------------------------------------------------------------------------------------
+def mismatch(c):
+    """None when every rank's ``c.actual`` matches ``c.expected``; else the report's lines."""
+    if len(c.actual) != len(c.expected):
+        return [f"{c.name}: {len(c.actual)} results for {len(c.expected)} ranks"]
+    masks, first, shapes = [], [], []
+    for r, (a, e) in enumerate(zip(c.actual, c.expected)):
+        e = numpy.asarray(e)
+        try:
+            a = numpy.asarray(a, dtype=e.dtype if c.exact else None)
+        except (TypeError, ValueError):
+            shapes.append(f"rank {r}: yours is {a!r}, not an array like the reference's {e.shape}")
+            continue
+        if a.shape != e.shape:
+            shapes.append(f"rank {r}: yours has shape {a.shape}, the reference {e.shape}")
+            continue
+        if c.exact:
+            bad = a != e
+        else:
+            rtol, atol = default_tolerance(e.dtype, c.reduction)
+            bad = ~numpy.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+        masks.append((r, bad))
+        first += [(r, tuple(int(k) for k in i), a[tuple(i)], e[tuple(i)]) for i in numpy.argwhere(bad)[:3]]
+    if shapes:
+        return [f"{c.name}: shapes differ"] + [f"  {s}" for s in shapes]
+    bad_ranks = [r for r, bad in masks if bad.any()]
+    if not bad_ranks:
+        return None
+    total = sum(int(bad.sum()) for _, bad in masks)
+    cells = sum(bad.size for _, bad in masks)
+    lines = [f"{c.name} differs on rank{'s' if len(bad_ranks) > 1 else ''} {', '.join(map(str, bad_ranks))}: "
+             f"{total} of {cells} elements; first:"]
+    lines += [f"  rank {r} {c.name}{list(i)}: yours {_num(a)}, reference {_num(e)}" for r, i, a, e in first[:5]]
+    return lines + picture(c.name, masks)
+
+
+def _num(v):
+    return f"{v:.6g}" if isinstance(v, (float, numpy.floating)) else str(v)
+
+
+def picture(name, masks):
+    """The differing cells of each rank, side by side: ``x`` where some element over the leading
+    axes differs, ``.`` where all agree; the last two axes are the rows and columns."""
+    grids = []
+    for r, bad in masks:
+        grid = bad.reshape(1, 1) if bad.ndim == 0 else bad.reshape(1, -1) if bad.ndim == 1 else \
+            bad.reshape(-1, *bad.shape[-2:]).any(axis=0)
+        rows = ["".join("x" if v else "." for v in row[:PICTURE_COLS]) + (">" if grid.shape[1] > PICTURE_COLS else "")
+                for row in grid[:PICTURE_ROWS]]
+        if grid.shape[0] > PICTURE_ROWS:
+            rows.append("v")
+        grids.append((f"rank {r}", rows))
+    axes = "the elements" if all(b.ndim <= 1 for _, b in masks) else "rows x columns of the last two axes"
+    width = [max(len(t), *(len(s) for s in rows)) + 3 for t, rows in grids]
+    lines = [f"  {name}, {axes} (x: differs):", "    " + "".join(t.ljust(w) for (t, _), w in zip(grids, width))]
+    for k in range(max(len(rows) for _, rows in grids)):
+        lines.append("    " + "".join((rows[k] if k < len(rows) else "").ljust(w) for (_, rows), w in zip(grids, width)))
+    return [line.rstrip() for line in lines]
+
+
+# -- one part ---------------------------------------------------------------------------------------
+class _Crash(Exception):
+    pass
+
+
+def _attempt(part, module, case):
+    """None when the part passes on ``case``; else the failure's lines.  NotWritten propagates."""
+    try:
+        compared = part.run(module, case)
+    except NotWritten:
+        raise
+    except simulated.Deadlock as exc:
+        return ["your code deadlocked: every rank waits for a call no other rank makes", *str(exc).splitlines()]
+    except TimeoutError as exc:
+        return [f"your code ran past {TIMEOUT_S:g} s on this case (a loop that never ends?):", *str(exc).splitlines()]
+    except Exception as exc:  # the learner's crash: their frames, not ours
+        return crash_report(exc, module)
+    for c in compared:
+        lines = mismatch(c)
+        if lines:
+            return lines
+    return None
+
+
+def crash_report(exc, module):
+    """The learner's exception: its type and message, the frames of their file, the ranks' note."""
+    own = getattr(module, "__file__", None)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == own]
+    lines = [f"your code raised {type(exc).__name__}: {exc}".rstrip()]
+    if frames:
+        lines.append("  in your file:")
+        lines += ["    " + s.rstrip().replace("\n", "\n    ") for s in traceback.format_list(frames[-4:])]
+    for note in getattr(exc, "__notes__", []):
+        lines += ["  " + line for line in note.splitlines()]
+    return lines
+
+
+def examples_wanted(examples):
+    if examples is not None:
+        return examples
+    env = os.environ.get("REFCONV_EXERCISES_EXAMPLES")
+    if env:
+        return int(env)
+    return EXAMPLES_CI if os.environ.get("CI") else EXAMPLES
+
+
+def check_part(part, module, examples):
+    """``(status, lines)`` of one part."""
+    quiet = settings(max_examples=examples, database=None, derandomize=True, deadline=None,
+                     suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink))
+    simplest = find(part.cases, lambda case: True, settings=quiet)
+    found = {}
+
+    def fails(case):
+        try:
+            lines = _attempt(part, module, case)
+        except NotWritten as exc:
+            found["not written"] = exc
+            return True
+        if lines:
+            found[case] = lines
+        return bool(lines)
+
+    try:
+        _attempt(part, module, simplest)  # a todo left in the part shows here, before any search
+    except NotWritten as exc:
+        return "not written", [f"{part.name}: {exc}"]
+    try:
+        case = find(part.cases, fails, settings=quiet)
+    except NoSuchExample:
+        return "passed", [f"{part.name}: passed ({examples} drawn cases)"]
+    if "not written" in found:
+        return "not written", [f"{part.name}: {found['not written']}"]
+    lines = found.get(case) or _attempt(part, module, case)
+    return "failed", [f"{part.name}: FAILED on the smallest case found: {part.describe(case)}",
+                      *("  " + line for line in lines)]
+
+
+def check(number, *, solution=False, module=None, examples=None, out=None):
+    """Check exercise ``number``: your file, the reference ``solution``, or ``module`` (any module
+    with the skeleton's functions); print the report (``out``, default print) and return a
+    :class:`Result`."""
+    out = print if out is None else out
+    spec = checker(number)
+    name = "the reference solution" if solution else "a module given" if module is not None else \
+        f"tutorials/exercises/{slug(number)}.py"
+    module = module if module is not None else load(number, solution)
+    examples = examples_wanted(examples)
+    lines = [f"exercise {number}: {spec.TITLE}, checking {name}"]
+    status = {}
+    for part in spec.PARTS:
+        status[part.name], part_lines = check_part(part, module, examples)
+        if part.bonus and status[part.name] == "not written":
+            status[part.name] = "bonus not written"
+        lines += part_lines
+    if status and all(s in ("passed", "bonus not written") for s in status.values()):
+        lines.append("every part passes")
+        if getattr(spec, "score", None):
+            lines += spec.score(module, load(number, solution=True))
+    elif status:
+        todo_parts = [p for p, s in status.items() if s not in ("passed", "bonus not written")]
+        lines.append(f"not yet: {', '.join(todo_parts)}")
+    report = "\n".join(lines)
+    out(report)
+    sys.stdout.flush()
+    return Result(number, status, report)
