@@ -39,8 +39,11 @@ EXERCISES = ("01_halo_arithmetic", "02_sample_backward", "03_halo_1d", "04_halo_
              "06_stationary_y", "07_stationary_w", "08_segmented_allreduce", "09_predict_the_bytes",
              "10_hybrid_grid", "11_detective", "12_your_own_decomposition", "13_kernel_puzzle")
 TIMEOUT_S = 60.0  # one run on simulated ranks; a rank computing forever is no deadlock the world can see
-# Hypothesis examples per part: the learner's default, and CI's (REFCONV_EXERCISES_EXAMPLES overrides both)
-EXAMPLES, EXAMPLES_CI = 40, 6
+# Hypothesis's settings per part: the learner's profile, and CI's (few examples: all 13 checks in well under
+# a minute); REFCONV_EXERCISES_PROFILE names one, else CI's where the CI variable is set
+settings.register_profile("exercises", max_examples=40, database=None, derandomize=True, deadline=None,
+                          suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink))
+settings.register_profile("exercises-ci", settings.get_profile("exercises"), max_examples=6)
 PICTURE_ROWS, PICTURE_COLS = 12, 24  # the most cells per rank a picture shows
 
 
@@ -234,19 +237,15 @@ def crash_report(exc, module):
     return lines
 
 
-def examples_wanted(examples):
-    if examples is not None:
-        return examples
-    env = os.environ.get("REFCONV_EXERCISES_EXAMPLES")
-    if env:
-        return int(env)
-    return EXAMPLES_CI if os.environ.get("CI") else EXAMPLES
+def profile(examples=None):
+    """The Hypothesis settings of a check: the profile (see above), with ``examples`` per part if given."""
+    name = os.environ.get("REFCONV_EXERCISES_PROFILE") or ("exercises-ci" if os.environ.get("CI") else "exercises")
+    chosen = settings.get_profile(name)
+    return chosen if examples is None else settings(chosen, max_examples=examples)
 
 
-def check_part(part, module, examples):
-    """``(status, lines)`` of one part."""
-    quiet = settings(max_examples=examples, database=None, derandomize=True, deadline=None,
-                     suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink))
+def check_part(part, module, quiet):
+    """``(status, lines)`` of one part, its cases drawn with the settings ``quiet``."""
     simplest = find(part.cases, lambda case: True, settings=quiet)
     found = {}
 
@@ -267,7 +266,7 @@ def check_part(part, module, examples):
     try:
         case = find(part.cases, fails, settings=quiet)
     except NoSuchExample:
-        return "passed", [f"{part.name}: passed ({examples} drawn cases)"]
+        return "passed", [f"{part.name}: passed ({quiet.max_examples} drawn cases)"]
     if "not written" in found:
         return "not written", [f"{part.name}: {found['not written']}"]
     lines = found.get(case) or _attempt(part, module, case)
@@ -284,11 +283,11 @@ def check(number, *, solution=False, module=None, examples=None, out=None):
     name = "the reference solution" if solution else "a module given" if module is not None else \
         f"tutorials/exercises/{slug(number)}.py"
     module = module if module is not None else load(number, solution)
-    examples = examples_wanted(examples)
+    quiet = profile(examples)
     lines = [f"exercise {number}: {spec.TITLE}, checking {name}"]
     status = {}
     for part in spec.PARTS:
-        status[part.name], part_lines = check_part(part, module, examples)
+        status[part.name], part_lines = check_part(part, module, quiet)
         if part.bonus and status[part.name] == "not written":
             status[part.name] = "bonus not written"
         lines += part_lines

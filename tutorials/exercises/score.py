@@ -4,75 +4,115 @@ One run of ``body(comm, *args)`` on simulated ranks priced with the machine file
 :data:`MACHINE` (``refconv/pricing/machines/v100-edr.yaml``: four V100s a node, EDR
 InfiniBand between nodes).  Per rank:
 
-- **bytes moved**: the bytes ``refconv.collectives`` records for the rank's calls
-  (``collectives.stats.recording()``; the buffer sizes of docs/algorithms.md's cost table,
-  halo messages as sent);
-- **peak memory**: the largest total of the arrays your function allocated that are alive
-  at one of its calls to ``refconv.collectives`` or at its return.  It is measured with
-  ``tracemalloc`` on the priced run, where one rank runs at a time and the turn passes only
-  at a call: each allocation's traceback says which rank's function made it, so the ranks'
-  totals are separable.  A temporary freed between two calls is not seen, so this is a lower
-  bound of the true peak, the same bound for yours and the reference's.  Inputs the checker
-  hands you are not counted;
+- **bytes moved**: what the rank sends, from the records ``refconv.collectives`` makes of its
+  calls (``collectives.stats.recording()``), as docs/algorithms.md's cost table counts them for
+  ring collectives: ``(q-1)/q m`` for an allgather or reduce-scatter of a full buffer ``m`` over
+  ``q`` ranks, twice that for an allreduce, a halo's messages as sent
+  (:attr:`refconv.algorithms.Call.wire_bytes`);
+- **peak memory**: the largest total of the distinct arrays (counted once per buffer) that the
+  rank holds at one of its calls to ``refconv.collectives`` or at its return: those in the local
+  variables of every frame of the rank's stack, from its function down to the call, and in the
+  lists, tuples, dicts and objects they hold (``layer.saved`` too).  The arrays the checker hands
+  the rank (its inputs) are not counted.  An array made and dropped between two calls is not
+  seen, so this is a lower bound of the true peak, measured alike for yours and the reference's.
+  (``tracemalloc`` cannot separate threads, and tracing deep enough to tell the ranks apart by
+  their stacks made a score take seconds.)
 - **time**: the rank's logical clock at the end (:mod:`refconv.simulated.clock`): each local
   convolution priced by the machine file (when it runs through :mod:`tutorials.exercises.kit`),
   each call by its record; Python's own time is free.
 """
 
-import tracemalloc
+import sys
+import threading
+
+import numpy
 
 from refconv import collectives, simulated
+from refconv.algorithms import Call
 
 MACHINE = "v100-edr"
-FRAMES = 64  # tracemalloc's traceback depth: enough to reach the rank's own frame from numpy's allocator
-NUMPY_DOMAIN = 389047  # the tracemalloc domain NumPy reports its array data in (numpy/core/src/multiarray/alloc.c)
+DEPTH = 3  # how deep into lists, dicts and objects the arrays a frame holds are looked for
+_RANK = threading.local()  # on a measured rank: .frame, the rank's own frame; .inputs, the roots not counted
 
 
-def _rank_frame(rank):
-    """A function whose frame is recognisable in a traceback as rank ``rank``'s."""
-    source = "def on_rank(fn, sample, *args):\n    result = fn(*args)\n    sample()\n    return result\n"
-    scope = {}
-    exec(compile(source, f"<exercise rank {rank}>", "exec"), scope)
-    return scope["on_rank"]
+def _root(a):
+    """The array that owns ``a``'s buffer."""
+    while isinstance(a.base, numpy.ndarray):
+        a = a.base
+    return a
+
+
+def _arrays(value, found, depth=DEPTH):
+    """Every array in ``value`` (and in what it holds, ``depth`` levels down), by root: ``found[id] = root``."""
+    if isinstance(value, numpy.ndarray):
+        root = _root(value)
+        found[id(root)] = root
+    elif depth and isinstance(value, (list, tuple, set)):
+        for v in value:
+            _arrays(v, found, depth - 1)
+    elif depth and isinstance(value, dict):
+        for v in value.values():
+            _arrays(v, found, depth - 1)
+    elif depth and hasattr(value, "__dict__") and not isinstance(value, type) and not callable(value) \
+            and type(value).__module__ not in ("builtins",) and not type(value).__module__.startswith("refconv"):
+        _arrays(vars(value), found, depth - 1)
+
+
+def given(*values):
+    """Inputs a checker hands the rank (not counted in its memory); a no-op outside a measured run."""
+    if getattr(_RANK, "inputs", None) is not None:
+        _arrays(values, _RANK.inputs)
+
+
+def checkpoint():
+    """Sample the rank's memory now (a checker calls it as a function of yours returns, holding its result)."""
+    if getattr(_RANK, "frame", None) is not None:
+        _sample(_RANK.peak, sys._getframe(1))
+
+
+def _sample(peak, frame=None):
+    """The arrays the rank holds now, from the frame that called a collective down to its own frame."""
+    found, frame = {}, frame or sys._getframe(1)
+    while frame is not None:
+        free = frame.f_code.co_freevars  # a closure's variables are the enclosing function's, not this frame's
+        _arrays([v for k, v in frame.f_locals.items() if k not in free], found)
+        if frame is _RANK.frame:
+            break
+        frame = frame.f_back
+    held = sum(a.nbytes for key, a in found.items() if key not in _RANK.inputs)
+    peak[0] = max(peak[0], held)
 
 
 class _Sampled(list):
     """A recording region's list of records that samples the rank's memory at each call."""
 
-    def __init__(self, sample):
+    def __init__(self, peak):
         super().__init__()
-        self.sample = sample
+        self.peak = peak
 
     def append(self, record):
-        self.sample()
+        _sample(self.peak)
         super().append(record)
 
 
 def measure(body, ranks, *args):
     """Per rank ``{"bytes", "memory", "seconds"}`` of ``body(comm, *args)`` (see the module)."""
-    started = not tracemalloc.is_tracing()
-    if started:
-        tracemalloc.start(FRAMES)
-    frames = [_rank_frame(r) for r in range(ranks)]
-
     def rank(comm, *rest):
-        mine = [tracemalloc.Filter(True, f"<exercise rank {comm.rank}>", all_frames=True, domain=NUMPY_DOMAIN)]
         peak = [0]
+        _RANK.frame, _RANK.inputs, _RANK.peak = sys._getframe(), {}, peak
+        _arrays(rest, _RANK.inputs)
+        try:
+            with collectives.stats.recording() as region:
+                region.records = _Sampled(peak)
+                result = body(comm, *rest)
+                _sample(peak)  # what the rank returns, and still holds
+            del result
+        finally:
+            _RANK.frame = _RANK.inputs = _RANK.peak = None
+        sent = sum(Call(r.kind, r.comm_size, r.bytes, r.messages).wire_bytes for r in region.records if r.comm_size > 1)
+        return {"bytes": round(sent), "memory": peak[0]}
 
-        def sample():
-            live = tracemalloc.take_snapshot().filter_traces(mine)
-            peak[0] = max(peak[0], sum(t.size for t in live.traces))
-
-        with collectives.stats.recording() as region:
-            region.records = _Sampled(sample)
-            frames[comm.rank](body, sample, comm, *rest)
-        return {"bytes": sum(s["bytes"] for s in region.summary(moved_only=True).values()), "memory": peak[0]}
-
-    try:
-        results = simulated.run(rank, ranks, args=args, machine=MACHINE, timeout=60)
-    finally:
-        if started:
-            tracemalloc.stop()
+    results = simulated.run(rank, ranks, args=args, machine=MACHINE, timeout=60)
     return [dict(value, seconds=clock.t) for value, clock in results]
 
 

@@ -17,7 +17,9 @@ def cases():
 
 def _local(case, comm, x, dy):
     n0, n1 = blocks(case.problem.N, comm.size)[comm.rank]
-    return x[n0:n1].copy(), dy[n0:n1].copy()  # x_loc (n_i, C, H, W), dy_loc (n_i, F, H', W')
+    x_loc, dy_loc = x[n0:n1].copy(), dy[n0:n1].copy()  # (n_i, C, H, W), (n_i, F, H', W')
+    scoring.given(x, dy, x_loc, dy_loc)  # the rank's inputs: not counted in its memory
+    return x_loc, dy_loc
 
 
 def _geometry(p):
@@ -29,6 +31,7 @@ def data_body(module):
         x_loc, dy_loc = _local(case, comm, x, dy)
         with collectives.stats.recording() as region:
             dx_loc = module.backward_data(comm, dy_loc, w, x_loc.shape, **_geometry(case.problem))
+            scoring.checkpoint()
         return dx_loc, ", ".join(r.kind for r in region.records) or "none"
     return body
 
@@ -36,7 +39,10 @@ def data_body(module):
 def filter_body(module):
     def body(comm, case, x, w, dy):
         x_loc, dy_loc = _local(case, comm, x, dy)
-        return module.backward_filter(comm, x_loc, dy_loc, w.shape, **_geometry(case.problem))
+        scoring.given(w)
+        grads = module.backward_filter(comm, x_loc, dy_loc, w.shape, **_geometry(case.problem))
+        scoring.checkpoint()
+        return grads
     return body
 
 
