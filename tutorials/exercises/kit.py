@@ -52,3 +52,19 @@ class Layer:
     def geometry(self):
         """``dict(stride=..., padding=..., dilation=...)`` for the convolutions above."""
         return dict(stride=self.stride, padding=self.padding, dilation=self.dilation)
+
+
+class HybridLayer(Layer):
+    """A :class:`Layer` on a ``grid = (P_N, P_c, P_H)``: also ``size = (H, W)`` and ``out = (H', W')``
+    (global), ``kernel = (Kh, Kw)``.  ``halo(spatial_comm)`` is refconv's halo exchange for it
+    (:class:`refconv.halo.Halo`: ``extend(x_loc, numpy)`` and its adjoint ``reduce(dx_win, numpy)``),
+    whose window is convolved with ``padding=(0, 0)``: the padding is in the window already."""
+
+    def __init__(self, grid, size, out, kernel, **layer):
+        super().__init__(**layer)
+        self.grid, self.size, self.out, self.kernel = tuple(grid), tuple(size), tuple(out), tuple(kernel)
+
+    def halo(self, spatial_comm):
+        from refconv.halo import Halo
+        return Halo(spatial_comm, (self.grid[2], 1), self.size, self.out, self.kernel, self.stride, self.padding,
+                    self.dilation)
