@@ -11,6 +11,11 @@ in ``solutions/NN_slug.py``, and its checker in ``checkers/NN_slug.py``.  From a
 README.md lists the exercises; :mod:`.harness` says what a check runs and prints.
 """
 
-from tutorials.exercises.harness import EXERCISES, NotWritten, check, todo
+import os
+
+# the kernel puzzle runs Numba's CUDA simulator unless told otherwise: set before numba is imported
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+from tutorials.exercises.harness import EXERCISES, NotWritten, check, todo  # noqa: E402
 
 __all__ = ["EXERCISES", "NotWritten", "check", "todo"]

@@ -22,6 +22,7 @@ Every run on ranks has a time limit (:data:`TIMEOUT_S`); a deadlock is reported 
 import dataclasses
 import importlib.util
 import os
+import re
 import pathlib
 import sys
 import traceback
@@ -60,6 +61,13 @@ def todo(part):
     raise NotWritten(part)
 
 
+def not_written_in(message):
+    """The NotWritten that a message (a ``check_layer`` failure, which reports every rank's exception
+    as text) tells of, or None."""
+    found = re.search(r"NotWritten\(\"not written yet: replace todo\('([^']+)'\)", message)
+    return NotWritten(found.group(1)) if found else None
+
+
 # -- what a checker declares ------------------------------------------------------------------------
 @dataclasses.dataclass
 class Compared:
@@ -71,6 +79,7 @@ class Compared:
     expected: list
     reduction: int = 1
     exact: bool = False
+    label: str = "rank"  # what the entries of ``actual`` are: ranks, or a kernel's blocks
 
 
 @dataclasses.dataclass
@@ -144,17 +153,17 @@ def on_ranks(fn, ranks, *args):
 def mismatch(c):
     """None when every rank's ``c.actual`` matches ``c.expected``; else the report's lines."""
     if len(c.actual) != len(c.expected):
-        return [f"{c.name}: {len(c.actual)} results for {len(c.expected)} ranks"]
+        return [f"{c.name}: {len(c.actual)} results for {len(c.expected)} {c.label}s"]
     masks, first, shapes = [], [], []
     for r, (a, e) in enumerate(zip(c.actual, c.expected)):
         e = numpy.asarray(e)
         try:
             a = numpy.asarray(a, dtype=e.dtype if c.exact else None)
         except (TypeError, ValueError):
-            shapes.append(f"rank {r}: yours is {a!r}, not an array like the reference's {e.shape}")
+            shapes.append(f"{c.label} {r}: yours is {a!r}, not an array like the reference's {e.shape}")
             continue
         if a.shape != e.shape:
-            shapes.append(f"rank {r}: yours has shape {a.shape}, the reference {e.shape}")
+            shapes.append(f"{c.label} {r}: yours has shape {a.shape}, the reference {e.shape}")
             continue
         if c.exact:
             bad = a != e
@@ -170,17 +179,17 @@ def mismatch(c):
         return None
     total = sum(int(bad.sum()) for _, bad in masks)
     cells = sum(bad.size for _, bad in masks)
-    lines = [f"{c.name} differs on rank{'s' if len(bad_ranks) > 1 else ''} {', '.join(map(str, bad_ranks))}: "
+    lines = [f"{c.name} differs on {c.label}{'s' if len(bad_ranks) > 1 else ''} {', '.join(map(str, bad_ranks))}: "
              f"{total} of {cells} elements; first:"]
-    lines += [f"  rank {r} {c.name}{list(i)}: yours {_num(a)}, reference {_num(e)}" for r, i, a, e in first[:5]]
-    return lines + picture(c.name, masks)
+    lines += [f"  {c.label} {r} {c.name}{list(i)}: yours {_num(a)}, reference {_num(e)}" for r, i, a, e in first[:5]]
+    return lines + picture(c.name, masks, c.label)
 
 
 def _num(v):
     return f"{v:.6g}" if isinstance(v, (float, numpy.floating)) else str(v)
 
 
-def picture(name, masks):
+def picture(name, masks, label="rank"):
     """The differing cells of each rank, side by side: ``x`` where some element over the leading
     axes differs, ``.`` where all agree; the last two axes are the rows and columns."""
     grids = []
@@ -191,7 +200,7 @@ def picture(name, masks):
                 for row in grid[:PICTURE_ROWS]]
         if grid.shape[0] > PICTURE_ROWS:
             rows.append("v")
-        grids.append((f"rank {r}", rows))
+        grids.append((f"{label} {r}", rows))
     axes = "the elements" if all(b.ndim <= 1 for _, b in masks) else "rows x columns of the last two axes"
     width = [max(len(t), *(len(s) for s in rows)) + 3 for t, rows in grids]
     lines = [f"  {name}, {axes} (x: differs):", "    " + "".join(t.ljust(w) for (t, _), w in zip(grids, width))]
