@@ -112,3 +112,25 @@ def test_the_command_line_checks_one_exercise():
     skeleton = subprocess.run([sys.executable, "-m", "tutorials.exercises", "check", "1"], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=120)
     assert skeleton.returncode == 1 and "output_length: not written yet" in skeleton.stdout
+
+
+DETECTIVE = 11
+BUGS = harness.checker(DETECTIVE).BUGS
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_each_detective_bug_planted_back_is_caught(bug):
+    part, fixed, buggy = BUGS[bug]
+    skeleton = harness.path_of(DETECTIVE).read_text()
+    assert skeleton.count(buggy) == 1, f"the skeleton no longer has the bug {bug!r} as BUGS lists it"
+    result = _quiet(DETECTIVE, module=planted(DETECTIVE, fixed, buggy))
+    assert result.status[part] == "failed", result.report
+    assert [p for p, s in result.status.items() if s != "passed"] == [part], result.report  # that bug only
+    assert f"{part}: FAILED on the smallest case found:" in result.report
+    assert ("x_win differs" if "halo" in part else "y_loc differs") in result.report
+
+
+def test_the_detective_skeleton_shows_all_three_bugs():
+    result = _quiet(DETECTIVE)
+    assert {part: result.status[part] for part, _, _ in BUGS.values()} == {part: "failed" for part, _, _ in BUGS.values()}
+    assert result.status["suspects"] == "not written"
