@@ -127,10 +127,32 @@ def test_each_detective_bug_planted_back_is_caught(bug):
     assert result.status[part] == "failed", result.report
     assert [p for p, s in result.status.items() if s != "passed"] == [part], result.report  # that bug only
     assert f"{part}: FAILED on the smallest case found:" in result.report
-    assert ("x_win differs" if "halo" in part else "y_loc differs") in result.report
+    assert ("x_win" if "halo" in part else "y_loc differs") in result.report  # the window: its shape or cells
 
 
 def test_the_detective_skeleton_shows_all_three_bugs():
     result = _quiet(DETECTIVE)
     assert {part: result.status[part] for part, _, _ in BUGS.values()} == {part: "failed" for part, _, _ in BUGS.values()}
     assert result.status["suspects"] == "not written"
+
+
+# -- the X / Y / W figure the exercises' pages show (docs/figures/xyw_figure.py) --------------------------
+def _xyw():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("xyw_figure", ROOT / "docs" / "figures" / "xyw_figure.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_xyw_figure_is_drawn_from_the_algorithms(tmp_path):
+    fig = _xyw()
+    png = pathlib.Path(fig.main(str(tmp_path)))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    x, y, w = (fig.owners(n) for n in fig.NAMES)
+    assert (x == x[0]).all() and sorted(set(x[0])) == [0, 1, 2, 3]       # X keeps w[:, C_i]: columns
+    assert (y.T == y[:, 0]).all() and sorted(set(y[:, 0])) == [0, 1, 2, 3]  # Y keeps w[F_i, :]: rows
+    assert w[0, 0] == 0 and w[0, 4] == 0 and w[0, 2] == 1 and w[4, 0] == 2  # W: C_b not contiguous
+    assert [v for v, _ in fig.calls("stationary-x")] == ["reduced", "moves", "reduced", "reduced"]
+    assert [v for v, _ in fig.calls("stationary-y")] == ["moves", "reduced", "reduced", "reduced"]
+    assert fig.title("stationary-w").startswith("Stationary-W: the weights stay")
