@@ -5,6 +5,7 @@ every reference solution passes, and each detective bug planted back into its so
 examples per part), so all of it stays within the issue's 3 minutes on 2 cores.
 """
 
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -138,7 +139,6 @@ def test_the_detective_skeleton_shows_all_three_bugs():
 
 # -- the X / Y / W figure the exercises' pages show (docs/figures/xyw_figure.py) --------------------------
 def _xyw():
-    import importlib.util
     spec = importlib.util.spec_from_file_location("xyw_figure", ROOT / "docs" / "figures" / "xyw_figure.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
