@@ -91,7 +91,8 @@ def halo_exchange_3d(comm, x_loc, layer):
     """``x_loc (n, c, d, h, w)`` -> the window ``(n, c, d_win, h_win, w_win)``, zeros outside the volume."""
     mine, window = _boxes(layer, comm.rank)
     sends, receives = halo_pieces(layer, comm.rank)
-    at = lambda box, origin: (slice(None),) * 2 + tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(box, origin))  # noqa: E731
+    def at(box, origin):  # box as slices of an array whose first cell is origin's corner
+        return (slice(None),) * 2 + tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(box, origin))
     n, c = x_loc.shape[:2]
     got = collectives.exchange(comm, {q: x_loc[at(box, mine)] for q, box in sends.items()},
                                {q: (n, c) + tuple(b - a for a, b in box) for q, box in receives.items()}, x_loc.dtype)

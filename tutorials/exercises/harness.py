@@ -205,7 +205,8 @@ def picture(name, masks, label="rank"):
     width = [max(len(t), *(len(s) for s in rows)) + 3 for t, rows in grids]
     lines = [f"  {name}, {axes} (x: differs):", "    " + "".join(t.ljust(w) for (t, _), w in zip(grids, width))]
     for k in range(max(len(rows) for _, rows in grids)):
-        lines.append("    " + "".join((rows[k] if k < len(rows) else "").ljust(w) for (_, rows), w in zip(grids, width)))
+        cells = ((rows[k] if k < len(rows) else "").ljust(w) for (_, rows), w in zip(grids, width))
+        lines.append("    " + "".join(cells))
     return [line.rstrip() for line in lines]
 
 

@@ -3,11 +3,10 @@
 import dataclasses
 
 import numpy
-from hypothesis import strategies as st
 
 from refconv import collectives
 from tutorials.exercises import score as scoring
-from tutorials.exercises.checkers.common import blocks
+from tutorials.exercises.checkers.common import blocks, grids
 from tutorials.exercises.harness import Compared, Part, on_ranks
 
 TITLE = "the segmented allreduce"
@@ -26,15 +25,8 @@ class GridCase:
         return f"grid (P_N, P_c, P_H, P_W) = {self.grid}, {self.ranks} rank(s)"
 
 
-@st.composite
-def grid_cases(draw):
-    P = draw(st.sampled_from((1, 2, 3, 4, 6, 8)))
-    grid, left = [], P
-    for k in range(4):
-        f = left if k == 3 else draw(st.sampled_from([q for q in range(1, left + 1) if left % q == 0]))
-        grid.append(f)
-        left //= f
-    return GridCase(tuple(grid))
+def grid_cases():
+    return grids((1, 2, 3, 4, 6, 8), 4).map(GridCase)
 
 
 def channel_of(case, rank):

@@ -9,7 +9,7 @@ from refconv import collectives
 from refconv import reference as ref
 from refconv.testing.strategies import ConvProblem, conv_problems
 from tutorials.exercises import score as scoring
-from tutorials.exercises.checkers.common import blocks
+from tutorials.exercises.checkers.common import blocks, grids
 from tutorials.exercises.harness import Compared, Part, on_ranks
 from tutorials.exercises.kit import HybridLayer
 
@@ -36,16 +36,11 @@ class HybridCase:
 
 @st.composite
 def hybrid_cases(draw):
-    P = draw(st.sampled_from((1, 2, 3, 4, 6, 8)))
-    grid, left = [], P
-    for k in range(3):
-        f = left if k == 2 else draw(st.sampled_from([q for q in range(1, left + 1) if left % q == 0]))
-        grid.append(f)
-        left //= f
+    grid = draw(grids((1, 2, 3, 4, 6, 8), 3))
     P_N, P_c, P_H = grid
     problem = draw(conv_problems(max_batch=P_N + 1, min_batch=P_N, max_channels=P_c + 2, min_channels=P_c,
                                  groups=False, min_hw=(P_H, 1), max_extra=3))
-    return HybridCase(problem, tuple(grid))
+    return HybridCase(problem, grid)
 
 
 def peers_of(case, rank, axes):

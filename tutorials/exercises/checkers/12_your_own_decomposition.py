@@ -63,7 +63,8 @@ def run_layer_part(module, case):
 
 
 def _table(calls):
-    return numpy.array([(KINDS.index(c.kind), c.comm_size, c.bytes, c.messages) for c in calls], dtype=int).reshape(-1, 4)
+    rows = [(KINDS.index(c.kind), c.comm_size, c.bytes, c.messages) for c in calls]
+    return numpy.array(rows, dtype=int).reshape(-1, 4)
 
 
 def run_records_part(module, case):

@@ -101,5 +101,6 @@ def score(module, solution):
     for space in ("global", "shared"):
         for what in ("loads", "stores"):
             a, b = ([c.get((space, what), 0) for c in counts.values()] for counts in counted)
-            lines.append(f"  {space} {what:6}  most {max(a)} ({max(b)}), mean {numpy.mean(a):.2f} ({numpy.mean(b):.2f})")
+            lines.append(f"  {space} {what:6}  most {max(a)} ({max(b)}), "
+                         f"mean {numpy.mean(a):.2f} ({numpy.mean(b):.2f})")
     return lines

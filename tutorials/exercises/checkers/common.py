@@ -94,13 +94,19 @@ class HaloCase:
 
 
 @st.composite
-def halo_cases(draw, dims, ranks=WORLD_SIZES, *, max_stride=2):
-    P = draw(st.sampled_from(ranks))
-    grid, left = [], P
-    for k in range(dims):  # a factorization of P, one factor per axis
-        f = left if k == dims - 1 else draw(st.sampled_from([q for q in range(1, left + 1) if left % q == 0]))
+def grids(draw, ranks, axes):
+    """A grid of ``axes`` axes whose product is a size drawn from ``ranks``: one factor per axis."""
+    grid, left = [], draw(st.sampled_from(ranks))
+    for k in range(axes):
+        f = left if k == axes - 1 else draw(st.sampled_from([q for q in range(1, left + 1) if left % q == 0]))
         grid.append(f)
         left //= f
+    return tuple(grid)
+
+
+@st.composite
+def halo_cases(draw, dims, ranks=WORLD_SIZES, *, max_stride=2):
+    grid = draw(grids(ranks, dims))
     axes = [draw(spatial_dim(max_kernel=3, max_stride=max_stride, max_padding=2, max_dilation=2, max_extra=3,
                              min_out=g, min_length=g)) for g in grid]
     size, kernel, stride, padding, dilation = (tuple(col) for col in zip(*axes))
