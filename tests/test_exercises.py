@@ -8,6 +8,7 @@ examples per part), so all of it stays within the issue's 3 minutes on 2 cores.
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -59,7 +60,9 @@ def test_solution_passes(number):
     result = _quiet(number, solution=True)
     assert result.passed, result.report
     assert set(result.status.values()) == {"passed"}, result.report  # bonus parts too
-    assert f"passed ({harness.profile().max_examples} drawn cases)" in result.report
+    drawn = [int(n) for n in re.findall(r": passed \((\d+) drawn cases?\)", result.report)]
+    assert len(drawn) == len(result.status) and all(1 <= n <= harness.profile().max_examples for n in drawn)
+    assert max(drawn) == harness.profile().max_examples, result.report  # the profile's examples were drawn
 
 
 def planted(number, old, new):
