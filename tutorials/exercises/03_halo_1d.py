@@ -11,8 +11,8 @@ def halo_exchange(comm, x_loc, layer):
     """``x_loc (n, c, h_r)``: rank r's block of the rows of ``x (n, c, H)``, ``H = layer.size[0]``
     split over ``comm.size`` ranks as ``numpy.array_split`` splits it; the output rows likewise.
     Return ``x_win (n, c, hi - lo)``: the rows ``[lo, hi)`` that rank r's output rows read, with
-    zeros where they fall outside ``[0, H)``.  ``layer.kernel``, ``.stride``, ``.padding``,
-    ``.dilation`` are 1-tuples."""
+    zeros where they fall outside ``[0, H)``.  ``layer`` (a :class:`tutorials.exercises.kit.HaloLayer`):
+    ``layer.kernel``, ``.stride``, ``.padding``, ``.dilation`` are 1-tuples."""
     todo("halo_exchange")
 
 

@@ -13,7 +13,8 @@ def halo_exchange(comm, x_loc, layer):
     ``(i, j)`` of the ``layer.grid = (P_H, P_W)`` grid, rank ``i * P_W + j`` (row-major); rows and
     columns, in and out, split as ``numpy.array_split`` splits them.  Return ``x_win (n, c,
     h_win, w_win)``: the cells this rank's output block reads, zeros outside the image.
-    ``layer.size = (H, W)``; ``layer.kernel``, ``.stride``, ``.padding``, ``.dilation`` are pairs."""
+    ``layer`` (a :class:`tutorials.exercises.kit.HaloLayer`): ``layer.size = (H, W)``; ``layer.kernel``,
+    ``.stride``, ``.padding``, ``.dilation`` are pairs."""
     todo("halo_exchange")
 
 

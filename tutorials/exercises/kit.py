@@ -68,3 +68,12 @@ class HybridLayer(Layer):
         from refconv.halo import Halo
         return Halo(spatial_comm, (self.grid[2], 1), self.size, self.out, self.kernel, self.stride, self.padding,
                     self.dilation)
+
+
+class HaloLayer:
+    """What a rank knows of a halo exercise's layer: ``grid`` (ranks per spatial axis, numbered row-major),
+    ``size`` (the global extent per axis), ``kernel``, ``stride``, ``padding``, ``dilation`` (per axis)."""
+
+    def __init__(self, grid, size, kernel, stride, padding, dilation):
+        self.grid, self.size, self.kernel = tuple(grid), tuple(size), tuple(kernel)
+        self.stride, self.padding, self.dilation = tuple(stride), tuple(padding), tuple(dilation)

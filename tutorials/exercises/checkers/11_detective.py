@@ -60,7 +60,7 @@ def _exchange(name):
         def body(comm):
             box = case.owned(comm.rank)
             x_loc = numpy.ascontiguousarray(x[(slice(None),) * 2 + tuple(slice(a, b) for a, b in box)])
-            return getattr(module, name)(comm, x_loc, case)
+            return getattr(module, name)(comm, x_loc, case.layer)
         got = on_ranks(body, case.ranks)
         return [Compared("x_win", got, [window_of(x, case.window(r)) for r in range(case.ranks)])]
     return run

@@ -71,6 +71,12 @@ class HaloCase:
         return int(numpy.prod(self.grid))
 
     @property
+    def layer(self):
+        """What the learner's functions get: the geometry alone (not this case's answers)."""
+        from tutorials.exercises.kit import HaloLayer
+        return HaloLayer(self.grid, self.size, self.kernel, self.stride, self.padding, self.dilation)
+
+    @property
     def out(self):
         return tuple((L + 2 * p - d * (k - 1) - 1) // s + 1
                      for L, k, s, p, d in zip(self.size, self.kernel, self.stride, self.padding, self.dilation))
@@ -159,7 +165,7 @@ def halo_parts(exchange_name, return_name):
         def body(comm):
             x_loc = local(x, case.owned(comm.rank))
             given(x_loc)
-            return getattr(module, exchange_name)(comm, x_loc, case)
+            return getattr(module, exchange_name)(comm, x_loc, case.layer)
         got = on_ranks(body, case.ranks)
         return [Compared("x_win", got, [window_of(x, case.window(r)) for r in range(case.ranks)])]
 
@@ -172,7 +178,7 @@ def halo_parts(exchange_name, return_name):
         def body(comm):
             dx_win = wins[comm.rank].copy()
             given(dx_win)
-            return getattr(module, return_name)(comm, dx_win, case)
+            return getattr(module, return_name)(comm, dx_win, case.layer)
         got = on_ranks(body, case.ranks)
         return [Compared("dx_loc", got, [local(dx, case.owned(r)) for r in range(case.ranks)], reduction=case.ranks)]
     return run_exchange, run_return
@@ -193,10 +199,10 @@ def halo_score(exchange_name, return_name, case):
             x_loc = numpy.ascontiguousarray(x[(slice(None), slice(None)) + tuple(slice(a, b) for a, b in box)])
             dx_win = wins[comm.rank].copy()
             given(x_loc, dx_win)
-            x_win = getattr(module, exchange_name)(comm, x_loc, case)
+            x_win = getattr(module, exchange_name)(comm, x_loc, case.layer)
             checkpoint()
             del x_win
-            dx_loc = getattr(module, return_name)(comm, dx_win, case)
+            dx_loc = getattr(module, return_name)(comm, dx_win, case.layer)
             checkpoint()
             return dx_loc
         return body
