@@ -307,6 +307,8 @@ def check(number, *, solution=False, module=None, examples=None, out=None):
         lines.append("every part passes")
         if getattr(spec, "score", None):
             lines += spec.score(module, load(number, solution=True))
+        else:
+            lines.append(f"no score: {spec.NO_SCORE}")
     elif status:
         todo_parts = [p for p, s in status.items() if s not in ("passed", "bonus not written")]
         lines.append(f"not yet: {', '.join(todo_parts)}")

@@ -10,6 +10,7 @@ from tutorials.exercises.checkers.common import blocks
 from tutorials.exercises.harness import Compared, Part, on_ranks
 
 TITLE = "output and halo arithmetic"
+NO_SCORE = "arithmetic only, nothing moves: an answer is right or wrong"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ from tutorials.exercises.harness import Compared, Part, on_ranks
 from tutorials.exercises.kit import Layer
 
 TITLE = "the detective: three planted bugs"
+NO_SCORE = "a fix is right or wrong; the fixed code moves what the reference moves"
 
 BUGS = {
     "stride 2, uneven shards": (
