@@ -160,3 +160,30 @@ def test_the_xyw_figure_is_drawn_from_the_algorithms(tmp_path):
     assert [v for v, _ in fig.calls("stationary-x")] == ["reduced", "moves", "reduced", "reduced"]
     assert [v for v, _ in fig.calls("stationary-y")] == ["moves", "reduced", "reduced", "reduced"]
     assert fig.title("stationary-w").startswith("Stationary-W: the weights stay")
+
+
+# One plausible mistake per exercise, planted into its solution: each checker must see it, so that a
+# passing solution means something.  (exercise, the part that must fail, the solution's text, the mistake)
+MISTAKES = [
+    (1, "output_length", "return (H + 2 * p - d * (K - 1) - 1) // s + 1", "return (H + 2 * p - d * (K - 1) - 1) // s"),
+    (2, "backward_filter", "collectives.allreduce(comm, db_part)", "db_part"),
+    (3, "halo_exchange", "x_win = numpy.zeros((n, c, hi - lo)", "x_win = numpy.ones((n, c, hi - lo)"),
+    (4, "halo_return", "dx_loc[_at(box, mine)] += got[q]", "dx_loc[_at(box, mine)] -= got[q]"),
+    (5, "backward", "dy = collectives.allgather(comm, dy_loc, layer.f_counts, axis=1)", "dy = dy_loc"),
+    (6, "forward", "return y_loc + b_loc.reshape(1, -1, 1, 1)", "return y_loc"),
+    (7, "forward", "return y_loc + b_loc.reshape(1, -1, 1, 1)", "return y_loc"),
+    (8, "weight_peers", "return collectives.split(comm, channel, comm.rank)",
+     "return collectives.split(comm, 0, comm.rank)"),
+    (9, "predict", "ITEM = 8", "ITEM = 4"),
+    (10, "communicators", "peers = collectives.split(comm, int(c), comm.rank)",
+     "peers = collectives.split(comm, 0, comm.rank)"),
+    (12, "check_records", 'Call("bcast", P_c, b.n * c_j * b.cells', 'Call("bcast", P_c, b.n * geom.C * b.cells'),
+    (13, "conv_tile_kernel", "if t < K * K:", "if t < K * K - 1:"),
+]
+
+
+@pytest.mark.parametrize("number, part, right, wrong", MISTAKES, ids=[f"{m[0]:02d} {m[1]}" for m in MISTAKES])
+def test_each_checker_catches_a_planted_mistake(number, part, right, wrong):
+    result = _quiet(number, module=planted(number, right, wrong))
+    assert result.status[part] == "failed", result.report
+    assert f"{part}: FAILED on the smallest case found:" in result.report and "Traceback" not in result.report
