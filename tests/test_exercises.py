@@ -11,6 +11,8 @@ import pathlib
 import re
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -187,3 +189,15 @@ def test_each_checker_catches_a_planted_mistake(number, part, right, wrong):
     result = _quiet(number, module=planted(number, right, wrong))
     assert result.status[part] == "failed", result.report
     assert f"{part}: FAILED on the smallest case found:" in result.report and "Traceback" not in result.report
+
+
+def test_a_rank_that_never_ends_is_stopped_not_waited_for(monkeypatch):
+    monkeypatch.setattr(harness, "TIMEOUT_S", 1.0)
+    looping = planted(5, "    layer.saved[\"x_loc\"] = x_loc",
+                      "    while comm.size > 1:  # forever, on 2 ranks and more\n        pass\n    layer.saved[\"x_loc\"] = x_loc")
+    result = _quiet(5, module=looping)
+    assert result.status == {"forward": "failed", "backward": "failed"}, result.report
+    assert "your code ran past the time limit of 1 s on this case" in result.report
+    assert 'File "planted_05.py", line' in result.report  # where each rank was
+    time.sleep(0.2)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("simulated rank ")]  # none left spinning
