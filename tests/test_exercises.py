@@ -201,3 +201,12 @@ def test_a_rank_that_never_ends_is_stopped_not_waited_for(monkeypatch):
     assert 'File "planted_05.py", line' in result.report  # where each rank was
     time.sleep(0.2)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("simulated rank ")]  # none left spinning
+
+
+def test_every_exercise_is_listed_where_learners_look():
+    index = (ROOT / "tutorials" / "exercises" / "README.md").read_text()
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for slug in harness.EXERCISES:
+        assert f"]({slug}.md)" in index, f"tutorials/exercises/README.md does not link {slug}.md"
+        assert f"tutorials/exercises/{slug}.md" in nav, f"mkdocs.yml's nav does not list {slug}.md"
+        assert f"exercises check {int(slug[:2])}`" in (ROOT / "tutorials" / "exercises" / f"{slug}.md").read_text()
