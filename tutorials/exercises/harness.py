@@ -48,6 +48,7 @@ settings.register_profile("exercises", max_examples=40, database=None, derandomi
                           suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink))
 settings.register_profile("exercises-ci", settings.get_profile("exercises"), max_examples=6)
 PICTURE_ROWS, PICTURE_COLS = 12, 24  # the most cells per rank a picture shows
+SHOWN = 64  # an exact result this small is shown whole when its shape is wrong
 
 
 class NotWritten(Exception):
@@ -82,6 +83,7 @@ class Compared:
     reduction: int = 1
     exact: bool = False
     label: str = "rank"  # what the entries of ``actual`` are: ranks, or a kernel's blocks
+    note: str = ""  # how to read it, said once
 
 
 @dataclasses.dataclass
@@ -184,6 +186,8 @@ def mismatch(c):
             continue
         if a.shape != e.shape:
             shapes.append(f"{c.label} {r}: yours has shape {a.shape}, the reference {e.shape}")
+            if c.exact and max(a.size, e.size) <= SHOWN:  # small: show both
+                shapes += [f"  yours     {a.tolist()}", f"  reference {e.tolist()}"]
             continue
         if c.exact:
             bad = a != e
@@ -192,15 +196,16 @@ def mismatch(c):
             bad = ~numpy.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
         masks.append((r, bad))
         first += [(r, tuple(int(k) for k in i), a[tuple(i)], e[tuple(i)]) for i in numpy.argwhere(bad)[:3]]
+    note = [f"  ({c.note})"] if c.note else []
     if shapes:
-        return [f"{c.name}: shapes differ"] + [f"  {s}" for s in shapes]
+        return [f"{c.name}: shapes differ"] + note + [f"  {s}" for s in shapes]
     bad_ranks = [r for r, bad in masks if bad.any()]
     if not bad_ranks:
         return None
     total = sum(int(bad.sum()) for _, bad in masks)
     cells = sum(bad.size for _, bad in masks)
     lines = [f"{c.name} differs on {c.label}{'s' if len(bad_ranks) > 1 else ''} {', '.join(map(str, bad_ranks))}: "
-             f"{total} of {cells} elements; first:"]
+             f"{total} of {cells} elements; first:"] + note
     lines += [f"  {c.label} {r} {c.name}{list(i)}: yours {_num(a)}, reference {_num(e)}" for r, i, a, e in first[:5]]
     return lines + picture(c.name, masks, c.label)
 

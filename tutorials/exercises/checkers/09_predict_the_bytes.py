@@ -76,9 +76,9 @@ def run_predict(module, case):
                 table((c.kind, c.comm_size, c.bytes) for c in measured))
     got = on_ranks(body, case.ranks)
     yours = [g[0] for g in got]
-    return [Compared("your calls against records() (rows: calls; columns: kind, ranks, bytes)", yours,
-                     [g[1] for g in got], exact=True),
-            Compared("your calls against the measured ones", yours, [g[2] for g in got], exact=True)]
+    note = f"rows: the calls in order; columns: kind (its index in {list(KINDS)}), ranks, bytes"
+    return [Compared("calls, against records()", yours, [g[1] for g in got], exact=True, note=note),
+            Compared("calls, against those measured", yours, [g[2] for g in got], exact=True, note=note)]
 
 
 PARTS = [Part("predict", traffic_cases(), run_predict, str)]

@@ -81,8 +81,9 @@ def run_records_part(module, case):
         measured = measure_records(lambda: (layer.forward(x_loc), layer.backward(dy_loc)))
         return _table(layer.records()), _table(measured)
     got = on_ranks(body, int(numpy.prod(case.grid_shape)))
-    return [Compared("records() against the calls measured (rows: calls; columns: kind, ranks, bytes, messages)",
-                     [g[0] for g in got], [g[1] for g in got], exact=True)]
+    return [Compared("records(), against the calls measured", [g[0] for g in got], [g[1] for g in got], exact=True,
+                     note=f"rows: the calls in order; columns: kind (its index in {list(KINDS)}), ranks, bytes, "
+                          f"messages")]
 
 
 PARTS = [Part("check_layer", summa_cases(), run_layer_part, describe),
