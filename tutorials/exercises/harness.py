@@ -246,9 +246,11 @@ def _attempt(part, module, case):
     except NotWritten:
         raise
     except simulated.Deadlock as exc:
-        return ["your code deadlocked: every rank waits for a call no other rank makes", *str(exc).splitlines()]
+        return ["your code deadlocked: every rank waits for a call no other rank makes",
+                *without_our_frames(str(exc), module)]
     except TimeoutError as exc:
-        return [f"{TIMED_OUT} of {TIMEOUT_S:g} s on this case (a loop that never ends?):", *str(exc).splitlines()]
+        return [f"{TIMED_OUT} of {TIMEOUT_S:g} s on this case (a loop that never ends?):",
+                *without_our_frames(str(exc), module)]
     except Exception as exc:  # the learner's crash: their frames, not ours
         return crash_report(exc, module)
     for c in compared:
@@ -256,6 +258,21 @@ def _attempt(part, module, case):
         if lines:
             return lines
     return None
+
+
+def without_our_frames(report, module):
+    """A report's lines without the frames of this package (the checker's calls into your code): each is
+    a ``File "...", line N`` line and the line of code under it."""
+    own, lines, skip = getattr(module, "__file__", None), [], False
+    for line in report.splitlines():
+        found = re.search(r'File "([^"]+)", line \d+', line)
+        if found:
+            skip = found.group(1) != own and found.group(1).startswith(str(HERE))
+        elif not line.startswith("        "):  # a code line sits under its File line; anything else ends it
+            skip = False
+        if not skip:
+            lines.append(line)
+    return lines
 
 
 def crash_report(exc, module):
