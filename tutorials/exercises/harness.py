@@ -113,6 +113,10 @@ class Result:
     def __str__(self):
         return self.report
 
+    def __repr__(self):  # a notebook shows this under the report check() printed: short
+        parts = ", ".join(f"{p} {s}" for p, s in self.status.items())
+        return f"<exercise {self.number}: {'passed' if self.passed else 'not yet'} ({parts})>"
+
 
 # -- loading the code to check ----------------------------------------------------------------------
 def slug(number):
