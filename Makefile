@@ -40,6 +40,12 @@ test-fast: setup
 test-extended: setup
 	$(PY) -m pytest -q -m extended
 
+# make exercises -- every exercise's checker: each skeleton says what is not written yet, each solution passes,
+#                  each detective bug planted back is caught (tests/test_exercises.py, a few examples a part)
+.PHONY: exercises
+exercises: setup
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_exercises.py
+
 # make tutorials -- run the ten notebooks of tutorials/ headless (each ends with its own checks)
 # make docs      -- build the site into build/site with mkdocs build --strict (tutorials executed)
 .PHONY: tutorials docs

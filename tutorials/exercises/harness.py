@@ -1,0 +1,374 @@
+"""What ``check(N)`` does: run your code on simulated ranks, compare it with the serial reference, report.
+
+A checker (``checkers/NN_slug.py``) lists its :class:`Part` s.  For each part, in order:
+
+1. the part runs once on its simplest case; a :class:`NotWritten` there (a ``todo("...")``
+   left in your file) is reported as "not written yet", naming the part, and the next part runs;
+2. Hypothesis draws cases (shapes, uneven splits, world sizes: the part's strategy) and
+   ``hypothesis.find`` looks for one where your result differs from the reference, then
+   shrinks it to the smallest it can;
+3. on a mismatch the report gives that smallest case, the tensor, the first elements that
+   differ (rank, local index, yours, the reference's), and a picture of the differing cells
+   per rank; a crash gives your code's own frames, a deadlock each rank's pending call.
+   Nothing of this package's own traceback is shown.
+
+When every part passes, the checker's score (if it has one) runs your code and the reference
+solution on one stated case and prints both side by side (:mod:`.score`).
+
+Every run on ranks has a time limit (:data:`TIMEOUT_S`); a deadlock is reported at once by
+:mod:`refconv.simulated`, so a check never hangs.
+"""
+
+import ctypes
+import dataclasses
+import importlib.util
+import os
+import re
+import pathlib
+import sys
+import threading
+import traceback
+import types
+
+import numpy
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis.errors import NoSuchExample
+
+from refconv import simulated
+from refconv.testing.asserts import default_tolerance
+
+HERE = pathlib.Path(__file__).resolve().parent
+EXERCISES = ("01_halo_arithmetic", "02_sample_backward", "03_halo_1d", "04_halo_2d", "05_stationary_x",
+             "06_stationary_y", "07_stationary_w", "08_segmented_allreduce", "09_predict_the_bytes",
+             "10_hybrid_grid", "11_detective", "12_your_own_decomposition", "13_kernel_puzzle")
+TIMEOUT_S = 30.0  # one run on simulated ranks; a rank computing forever is no deadlock the world can see
+# Hypothesis's settings per part: the learner's profile, and CI's (few examples: all 13 checks in well under
+# a minute); REFCONV_EXERCISES_PROFILE names one, else CI's where the CI variable is set
+settings.register_profile("exercises", max_examples=40, database=None, derandomize=True, deadline=None,
+                          suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink))
+settings.register_profile("exercises-ci", settings.get_profile("exercises"), max_examples=6)
+PICTURE_ROWS, PICTURE_COLS = 12, 24  # the most cells per rank a picture shows
+SHOWN = 64  # an exact result this small is shown whole when its shape is wrong
+
+
+class NotWritten(Exception):
+    """A part of an exercise still calls ``todo``."""
+
+    def __init__(self, part):
+        self.part = part
+        super().__init__(f"not written yet: replace todo({part!r}) in your file with your code")
+
+
+def todo(part):
+    """Mark a part you have not written yet; the checker says which one."""
+    raise NotWritten(part)
+
+
+def not_written_in(message):
+    """The NotWritten that a message (a ``check_layer`` failure, which reports every rank's exception
+    as text) tells of, or None."""
+    found = re.search(r"NotWritten\(\"not written yet: replace todo\('([^']+)'\)", message)
+    return NotWritten(found.group(1)) if found else None
+
+
+# -- what a checker declares ------------------------------------------------------------------------
+@dataclasses.dataclass
+class Compared:
+    """One tensor, per rank: yours and the reference's.  ``reduction`` is the length of the sum
+    that made it (the tolerance grows with it); ``exact`` compares integers exactly."""
+
+    name: str
+    actual: list
+    expected: list
+    reduction: int = 1
+    exact: bool = False
+    label: str = "rank"  # what the entries of ``actual`` are: ranks, or a kernel's blocks
+    note: str = ""  # how to read it, said once
+
+
+@dataclasses.dataclass
+class Part:
+    """One part of an exercise: ``run(module, case)`` returns a list of :class:`Compared`;
+    ``cases`` is the Hypothesis strategy of its cases; ``describe(case)`` says a case in words."""
+
+    name: str
+    cases: object
+    run: object
+    describe: object = repr
+    bonus: bool = False  # a bonus part left unwritten does not keep the exercise from passing
+
+
+@dataclasses.dataclass
+class Result:
+    """What ``check`` found: ``status`` per part ("passed", "not written", "failed"), and the report."""
+
+    number: int
+    status: dict
+    report: str
+
+    @property
+    def passed(self):
+        return bool(self.status) and all(s in ("passed", "bonus not written") for s in self.status.values())
+
+    def __str__(self):
+        return self.report
+
+    def __repr__(self):  # a notebook shows this under the report check() printed: short
+        parts = ", ".join(f"{p} {s}" for p, s in self.status.items())
+        return f"<exercise {self.number}: {'passed' if self.passed else 'not yet'} ({parts})>"
+
+
+# -- loading the code to check ----------------------------------------------------------------------
+def slug(number):
+    if not 1 <= number <= len(EXERCISES):
+        raise ValueError(f"exercise: expected a number in [1, {len(EXERCISES)}], got {number!r}")
+    return EXERCISES[number - 1]
+
+
+def path_of(number, solution=False):
+    return HERE / ("solutions" if solution else "") / f"{slug(number)}.py"
+
+
+def load(number, solution=False):
+    """Your file for exercise ``number`` (or the solution), read afresh: edits show at once."""
+    path = path_of(number, solution)
+    return module_from_source(path.read_text(), str(path), f"exercise_{number:02d}{'_solution' if solution else ''}")
+
+
+def module_from_source(source, filename, name):
+    """A module run from ``source``; its frames carry ``filename`` (tests plant bugs this way)."""
+    module = types.ModuleType(name)
+    module.__file__ = filename
+    exec(compile(source, filename, "exec"), module.__dict__)
+    return module
+
+
+def checker(number):
+    spec = importlib.util.spec_from_file_location(f"exercise_checker_{number:02d}",
+                                                  HERE / "checkers" / f"{slug(number)}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- running on ranks -------------------------------------------------------------------------------
+class Stopped(Exception):
+    """Raised into a rank thread that outlived its run's time limit."""
+
+
+def on_ranks(fn, ranks, *args):
+    """``fn(comm, *args)`` on ``ranks`` simulated ranks: the list of results, rank 0's first."""
+    try:
+        return simulated.run(fn, ranks, args=args, timeout=TIMEOUT_S)
+    except TimeoutError:
+        stop_leftover_ranks()
+        raise
+
+
+def stop_leftover_ranks():
+    """After a time-out, refconv.simulated leaves a rank that computes forever (never calling its
+    communicator) running: its thread cannot be killed, and it would slow every later run.  Raise
+    :class:`Stopped` in each such thread (CPython's ``PyThreadState_SetAsyncExc``), which ends it at
+    its next bytecode."""
+    for thread in threading.enumerate():
+        if thread.name.startswith("simulated rank ") and thread.is_alive():
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(Stopped))
+
+
+# -- comparing --------------------------------------------------------------------------------------
+def mismatch(c):
+    """None when every rank's ``c.actual`` matches ``c.expected``; else the report's lines."""
+    if len(c.actual) != len(c.expected):
+        return [f"{c.name}: {len(c.actual)} results for {len(c.expected)} {c.label}s"]
+    masks, first, shapes = [], [], []
+    for r, (a, e) in enumerate(zip(c.actual, c.expected)):
+        e = numpy.asarray(e)
+        try:
+            a = numpy.asarray(a, dtype=e.dtype if c.exact else None)
+        except (TypeError, ValueError):
+            shapes.append(f"{c.label} {r}: yours is {a!r}, not an array like the reference's {e.shape}")
+            continue
+        if a.shape != e.shape:
+            shapes.append(f"{c.label} {r}: yours has shape {a.shape}, the reference {e.shape}")
+            if c.exact and max(a.size, e.size) <= SHOWN:  # small: show both
+                shapes += [f"  yours     {a.tolist()}", f"  reference {e.tolist()}"]
+            continue
+        if c.exact:
+            bad = a != e
+        else:
+            rtol, atol = default_tolerance(e.dtype, c.reduction)
+            bad = ~numpy.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+        masks.append((r, bad))
+        first += [(r, tuple(int(k) for k in i), a[tuple(i)], e[tuple(i)]) for i in numpy.argwhere(bad)[:3]]
+    note = [f"  ({c.note})"] if c.note else []
+    if shapes:
+        return [f"{c.name}: shapes differ"] + note + [f"  {s}" for s in shapes]
+    bad_ranks = [r for r, bad in masks if bad.any()]
+    if not bad_ranks:
+        return None
+    total = sum(int(bad.sum()) for _, bad in masks)
+    cells = sum(bad.size for _, bad in masks)
+    lines = [f"{c.name} differs on {c.label}{'s' if len(bad_ranks) > 1 else ''} {', '.join(map(str, bad_ranks))}: "
+             f"{total} of {cells} elements; first:"] + note
+    lines += [f"  {c.label} {r} {c.name}{list(i)}: yours {_num(a)}, reference {_num(e)}" for r, i, a, e in first[:5]]
+    return lines + picture(c.name, masks, c.label)
+
+
+def _num(v):
+    return f"{v:.6g}" if isinstance(v, (float, numpy.floating)) else str(v)
+
+
+def picture(name, masks, label="rank"):
+    """The differing cells of each rank, side by side: ``x`` where some element over the leading
+    axes differs, ``.`` where all agree; the last two axes are the rows and columns."""
+    grids = []
+    for r, bad in masks:
+        grid = bad.reshape(1, 1) if bad.ndim == 0 else bad.reshape(1, -1) if bad.ndim == 1 else \
+            bad.reshape(-1, *bad.shape[-2:]).any(axis=0)
+        rows = ["".join("x" if v else "." for v in row[:PICTURE_COLS]) + (">" if grid.shape[1] > PICTURE_COLS else "")
+                for row in grid[:PICTURE_ROWS]]
+        if grid.shape[0] > PICTURE_ROWS:
+            rows.append("v")
+        grids.append((f"{label} {r}", rows))
+    axes = "the elements" if all(b.ndim <= 1 for _, b in masks) else "rows x columns of the last two axes"
+    width = [max(len(t), *(len(s) for s in rows)) + 3 for t, rows in grids]
+    lines = [f"  {name}, {axes} (x: differs):", "    " + "".join(t.ljust(w) for (t, _), w in zip(grids, width))]
+    for k in range(max(len(rows) for _, rows in grids)):
+        cells = ((rows[k] if k < len(rows) else "").ljust(w) for (_, rows), w in zip(grids, width))
+        lines.append("    " + "".join(cells))
+    return [line.rstrip() for line in lines]
+
+
+# -- one part ---------------------------------------------------------------------------------------
+TIMED_OUT = "your code ran past the time limit"
+
+
+def _attempt(part, module, case):
+    """None when the part passes on ``case``; else the failure's lines.  NotWritten propagates."""
+    try:
+        compared = part.run(module, case)
+    except NotWritten:
+        raise
+    except simulated.Deadlock as exc:
+        return ["your code deadlocked: every rank waits for a call no other rank makes",
+                *without_our_frames(str(exc), module)]
+    except TimeoutError as exc:
+        return [f"{TIMED_OUT} of {TIMEOUT_S:g} s on this case (a loop that never ends?):",
+                *without_our_frames(str(exc), module)]
+    except Exception as exc:  # the learner's crash: their frames, not ours
+        return crash_report(exc, module)
+    for c in compared:
+        lines = mismatch(c)
+        if lines:
+            return lines
+    return None
+
+
+def without_our_frames(report, module):
+    """A report's lines without the frames of this package (the checker's calls into your code): each is
+    a ``File "...", line N`` line and the line of code under it."""
+    own, lines, skip = getattr(module, "__file__", None), [], False
+    for line in report.splitlines():
+        found = re.search(r'File "([^"]+)", line \d+', line)
+        if found:
+            skip = found.group(1) != own and found.group(1).startswith(str(HERE))
+        elif not line.startswith("        "):  # a code line sits under its File line; anything else ends it
+            skip = False
+        if not skip:
+            lines.append(line)
+    return lines
+
+
+def crash_report(exc, module):
+    """The learner's exception: its type and message, the frames of their file, the ranks' note."""
+    own = getattr(module, "__file__", None)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == own]
+    lines = [f"your code raised {type(exc).__name__}: {exc}".rstrip()]
+    if frames:
+        lines.append("  in your file:")
+        lines += ["    " + s.rstrip().replace("\n", "\n    ") for s in traceback.format_list(frames[-4:])]
+    for note in getattr(exc, "__notes__", []):
+        lines += ["  " + line for line in note.splitlines()]
+    return lines
+
+
+def profile(examples=None):
+    """The Hypothesis settings of a check: the profile (see above), with ``examples`` per part if given."""
+    name = os.environ.get("REFCONV_EXERCISES_PROFILE") or ("exercises-ci" if os.environ.get("CI") else "exercises")
+    chosen = settings.get_profile(name)
+    return chosen if examples is None else settings(chosen, max_examples=examples)
+
+
+def check_part(part, module, quiet):
+    """``(status, lines)`` of one part, its cases drawn with the settings ``quiet``."""
+    simplest = find(part.cases, lambda case: True, settings=quiet)
+    found, tried = {}, []
+
+    def fails(case):
+        if case in found:
+            return True  # Hypothesis replays its final case: the same verdict, not run again
+        if any(lines[0].startswith(TIMED_OUT) for lines in found.values() if isinstance(lines, list)):
+            return False  # no shrinking past a time-out: each try would cost TIMEOUT_S more
+        tried.append(case)
+        try:
+            lines = _attempt(part, module, case)
+        except NotWritten as exc:
+            found["not written"] = exc
+            return True
+        if lines:
+            found[case] = lines
+        return bool(lines)
+
+    try:
+        _attempt(part, module, simplest)  # a todo left in the part shows here, before any search
+    except NotWritten as exc:
+        return "not written", [f"{part.name}: {exc}"]
+    try:
+        case = find(part.cases, fails, settings=quiet)
+    except NoSuchExample:
+        n = len(tried)  # Hypothesis stops early where a strategy has fewer distinct cases than asked for
+        return "passed", [f"{part.name}: passed ({n} drawn case{'s' if n > 1 else ''})"]
+    if "not written" in found:
+        return "not written", [f"{part.name}: {found['not written']}"]
+    lines = found.get(case) or _attempt(part, module, case)
+    return "failed", [f"{part.name}: FAILED on the smallest case found: {part.describe(case)}",
+                      *("  " + line for line in lines)]
+
+
+def check(number, *, solution=False, module=None, examples=None, out=None):
+    """Check exercise ``number``: your file, the reference ``solution``, or ``module`` (any module
+    with the skeleton's functions); print the report (``out``, default print) and return a
+    :class:`Result`."""
+    out = print if out is None else out
+    spec = checker(number)
+    name = "the reference solution" if solution else "a module given" if module is not None else \
+        f"tutorials/exercises/{slug(number)}.py"
+    if module is None:
+        try:
+            module = load(number, solution)
+        except Exception as exc:  # a syntax error, an import that fails: the learner's file, not a check
+            report = "\n".join([f"exercise {number}: {spec.TITLE}, checking {name}",
+                                 f"your file does not load: {type(exc).__name__}: {exc}"])
+            out(report)
+            return Result(number, {"loading": "failed"}, report)
+    quiet = profile(examples)
+    lines = [f"exercise {number}: {spec.TITLE}, checking {name}"]
+    status = {}
+    for part in spec.PARTS:
+        status[part.name], part_lines = check_part(part, module, quiet)
+        if part.bonus and status[part.name] == "not written":
+            status[part.name] = "bonus not written"
+        lines += part_lines
+    if status and all(s in ("passed", "bonus not written") for s in status.values()):
+        lines.append("every part passes")
+        if getattr(spec, "score", None):
+            lines += spec.score(module, load(number, solution=True))
+        else:
+            lines.append(f"no score: {spec.NO_SCORE}")
+    elif status:
+        todo_parts = [p for p, s in status.items() if s not in ("passed", "bonus not written")]
+        lines.append(f"not yet: {', '.join(todo_parts)}")
+    report = "\n".join(lines)
+    out(report)
+    sys.stdout.flush()
+    return Result(number, status, report)
