@@ -280,6 +280,7 @@ def test_a_rank_computing_forever_ends_at_the_timeout_with_each_ranks_stack():
     try:
         with pytest.raises(TimeoutError, match=r"(?s)still running after 0.5 s.*rank 1: running, waits in Barrier"):
             simulated.run(body, 2, timeout=0.5)
+        assert not [t for t in threading.enumerate() if t.name.startswith("simulated rank")], "a rank still runs"
     finally:
         stop.set()
 

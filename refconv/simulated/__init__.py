@@ -28,6 +28,7 @@ logical clock (:mod:`refconv.simulated.clock`).  docs/simulated-ranks.md says wh
 and what is not.
 """
 
+import ctypes
 import sys
 import time
 
@@ -38,10 +39,10 @@ from refconv.simulated.clock import clocks_for
 from refconv.simulated.comm import Comm, Group
 from refconv.simulated.engine import Calls
 from refconv.simulated.world import (MAX_RANKS, BufferReused, CollectiveMismatch, Deadlock, PeerFailed,
-                                     SimulatedError, World, current_rank, user_stack)
+                                     RankStopped, SimulatedError, World, current_rank, user_stack)
 
 __all__ = ["run", "comm_world", "MAX_RANKS", "SimulatedError", "PeerFailed", "Deadlock", "CollectiveMismatch",
-           "BufferReused"]
+           "BufferReused", "RankStopped"]
 
 
 def run(fn, ranks, *, args=(), kwargs=None, stepped=False, machine=None, timeout=None):
@@ -54,7 +55,8 @@ def run(fn, ranks, *, args=(), kwargs=None, stepped=False, machine=None, timeout
     times are the same on every run, and each result is then ``(value, clock)``
     (:class:`refconv.simulated.clock.Clock`).  ``timeout``: seconds after which a run still going
     (a rank computing forever: no deadlock the world can see) raises TimeoutError with each rank's
-    stack.  BLAS runs one thread per rank while the world runs.
+    stack, and stops the ranks still running (:class:`RankStopped`).  BLAS runs one thread per rank
+    while the world runs.
     """
     ranks = _check_ranks(ranks)
     if local.simulated() is not None:
@@ -116,7 +118,19 @@ def _join(world, timeout):
                 world.failure = next((r for r in world.ranks if r.status == "running"), world.ranks[0])
                 world.failure.error = world.failure.error or RuntimeError("the run was stopped from outside")
             world.notify()
+        _stop(world)
         raise
+
+
+def _stop(world):
+    """Raise :class:`RankStopped` into every rank thread still running (CPython's
+    ``PyThreadState_SetAsyncExc``): a rank computing forever ends at its next bytecode instead of
+    taking the CPU from every later run.  A rank inside one long C call ends when it returns."""
+    for r in world.ranks:
+        if r.thread.is_alive():
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(r.thread.ident), ctypes.py_object(RankStopped))
+    for r in world.ranks:
+        r.thread.join(1.0)
 
 
 def _stacks(world, headline):

@@ -52,6 +52,10 @@ class CollectiveMismatch(SimulatedError):
     """The ranks of a communicator called different collectives at the same place in their order."""
 
 
+class RankStopped(SimulatedError):
+    """Raised into a rank thread still running when its run timed out or was interrupted."""
+
+
 class BufferReused(SimulatedError):
     """A buffer handed to a nonblocking call was changed before its request completed."""
 
@@ -114,7 +118,7 @@ class World:
         except BaseException as exc:  # noqa: B036 -- a rank's SystemExit or KeyboardInterrupt ends it, not the world
             with self.lock:
                 me.error, me.status = exc, "failed"
-                if self.failure is None and not isinstance(exc, (PeerFailed, Deadlock)):
+                if self.failure is None and not isinstance(exc, (PeerFailed, Deadlock, RankStopped)):
                     self.failure = me
                 self._rank_left(me)
         else:

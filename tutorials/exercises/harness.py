@@ -19,14 +19,12 @@ Every run on ranks has a time limit (:data:`TIMEOUT_S`); a deadlock is reported 
 :mod:`refconv.simulated`, so a check never hangs.
 """
 
-import ctypes
 import dataclasses
 import importlib.util
 import os
 import re
 import pathlib
 import sys
-import threading
 import traceback
 import types
 
@@ -152,27 +150,10 @@ def checker(number):
 
 
 # -- running on ranks -------------------------------------------------------------------------------
-class Stopped(Exception):
-    """Raised into a rank thread that outlived its run's time limit."""
-
-
 def on_ranks(fn, ranks, *args):
-    """``fn(comm, *args)`` on ``ranks`` simulated ranks: the list of results, rank 0's first."""
-    try:
-        return simulated.run(fn, ranks, args=args, timeout=TIMEOUT_S)
-    except TimeoutError:
-        stop_leftover_ranks()
-        raise
-
-
-def stop_leftover_ranks():
-    """After a time-out, refconv.simulated leaves a rank that computes forever (never calling its
-    communicator) running: its thread cannot be killed, and it would slow every later run.  Raise
-    :class:`Stopped` in each such thread (CPython's ``PyThreadState_SetAsyncExc``), which ends it at
-    its next bytecode."""
-    for thread in threading.enumerate():
-        if thread.name.startswith("simulated rank ") and thread.is_alive():
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(Stopped))
+    """``fn(comm, *args)`` on ``ranks`` simulated ranks: the list of results, rank 0's first (a rank
+    that outlives the time limit is stopped by refconv.simulated)."""
+    return simulated.run(fn, ranks, args=args, timeout=TIMEOUT_S)
 
 
 # -- comparing --------------------------------------------------------------------------------------
