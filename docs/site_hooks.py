@@ -161,6 +161,17 @@ def on_files(files, config):
     return files
 
 
+NOTEBOOK_EXERCISE = re.compile(r'href="exercises/([0-9][0-9]_[a-z0-9_]+)\.md"')
+
+
+def on_page_content(html, page, config, files):
+    """A notebook's links to the exercises (``exercises/NN_slug.md`` beside it in the repository): on the
+    site the notebook is a folder of its own (``tutorials/NN_name/``), the exercise a page beside it."""
+    if re.fullmatch(r"tutorials/[0-9][0-9]_\w+\.py", page.file.src_uri):
+        return NOTEBOOK_EXERCISE.sub(r'href="../exercises/\1/"', html)
+    return html
+
+
 def on_page_markdown(markdown, page, config, files):
     """Links written for the repository (``tutorials/`` beside ``docs/``) made right for the site."""
     if page.file.src_uri.startswith("tutorials/"):
