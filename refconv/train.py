@@ -108,13 +108,14 @@ def load_dataset(cfg, dtype):
 
 def load_synthetic(cfg, spec, dtype):
     """``load_dataset`` of ``--synthetic``: :func:`refconv.datasets.synthetic_for`'s samples for
-    training, and a quarter as many (seed + 1) for testing, each a lazy
+    training, and a quarter as many other samples of the same classes (``part=1``: the class
+    patterns depend on the seed only) for testing, each a lazy
     :class:`refconv.datastore.StoreImages` over its generator.  A batch is then a list of sample
     numbers, and a rank makes only its block of it (its samples, and of them its channels,
     planes, rows and columns), read ahead as a store's block is; the labels, every rank all."""
     x, y, k = datasets.synthetic_for(spec, cfg.synthetic_samples, cfg.image_size, seed=cfg.seed, dtype=dtype)
     xt, yt, _ = datasets.synthetic_for(spec, max(cfg.synthetic_samples // 4, 1), cfg.image_size,
-                                       seed=cfg.seed + 1, dtype=dtype)
+                                       seed=cfg.seed, dtype=dtype, part=1)
     return datastore.StoreImages(x, range(len(x)), dtype), y, datastore.StoreImages(xt, range(len(xt)), dtype), yt, k
 
 
