@@ -34,7 +34,7 @@ import numpy
 import yaml
 from mpi4py import MPI
 
-from refconv import algorithms, checks, spec_tree
+from refconv import algorithms, checks, recipe, spec_tree
 from refconv.grid import ProcessGrid, axes_of
 from refconv.layers import (AvgPool2d, AvgPool3d, BatchNorm2d, BatchNorm3d, DistConv2d, DistConv3d, GlobalAvgPool,
                             GlobalAvgPool3d, Linear, MaxPool2d, MaxPool3d, ReLU)
@@ -175,19 +175,12 @@ PRESETS = {
 }
 
 
-# The presets trained on ImageNet take SGD's 0.1 at a batch of 256 and scale it linearly with
-# the batch (Goyal et al., "Accurate, large minibatch SGD", 2017): the learning rate
-# ``refconv train`` uses when --lr is not given.  At batch 4, ResNet-50 with 0.1 diverged
-# (loss 2.8 -> 70 in one step on --synthetic images); with 0.0016 it does not.
-PRESET_LR_BATCH = {name: 256 for name in PRESETS if name not in ("digits-cnn", "cosmoflow")}
-DEFAULT_LR = 0.1
-
-
 def default_lr(model, batch_size):
-    """The peak learning rate for ``model`` (a preset name, a file or a dict) at ``batch_size``:
-    0.1 x batch_size / 256 for the ImageNet presets (:data:`PRESET_LR_BATCH`), else 0.1."""
-    batch = PRESET_LR_BATCH.get(model) if isinstance(model, str) else None
-    return DEFAULT_LR if batch is None else DEFAULT_LR * batch_size / batch
+    """The peak learning rate of a preset (or of a spec dict with a ``"train"`` recipe) at
+    ``batch_size``, when --lr is not given: its recipe's (:mod:`refconv.recipe`), e.g. 0.1 x
+    batch_size / 256 for the ImageNet presets; 0.1 for a model without one."""
+    name = model if isinstance(model, str) else None
+    return recipe.learning_rate(recipe.of(model if isinstance(model, dict) else {}, name), batch_size)
 
 
 def load_spec(spec, **preset_kwargs):

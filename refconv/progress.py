@@ -71,13 +71,25 @@ def header(model, cfg, ranks, binding, threads, n_train, n_test, per_epoch):
              f"train {n_train} / test {n_test} samples",
              f"{ranks} rank{'s' if ranks > 1 else ''}; backend {binding.backend}{gpu}, {cfg.dtype}; "
              f"{threads_text(threads)}; {timeout_text(cfg.timeout)}",
-             f"batch {cfg.batch_size}, {per_epoch} steps per epoch; lr {cfg.lr:g} ({cfg.lr_schedule}), "
-             f"momentum {cfg.momentum:g}, weight decay {cfg.weight_decay:g}"]
+             f"batch {cfg.batch_size}, {per_epoch} steps per epoch; lr {cfg.lr:g}{_rule(cfg)} ({cfg.lr_schedule}), "
+             f"momentum {cfg.momentum:g}, weight decay {cfg.weight_decay:g}{_source(cfg)}"]
     for first, last, grid, convs in layer_runs(model):
         where = f"layer {first}" if first == last else f"layers {first}..{last}"
         conv = "; convolutions: " + ", ".join(f"{a} x{n}" for a, n in convs.items()) if convs else ""
         lines.append(f"  {where}: grid {grid}{conv}")
     return lines
+
+
+def _rule(cfg):
+    """`` = 0.1 x batch 8 / 256`` when an unset --lr was scaled by the recipe's rule."""
+    rule = getattr(cfg, "lr_rule", None)
+    return f" = {rule}" if rule and rule != f"{cfg.lr:g}" else ""
+
+
+def _source(cfg):
+    """``; unset options from the recipe of plan.yaml`` (:mod:`refconv.recipe`)."""
+    source = getattr(cfg, "recipe_source", None)
+    return f"; unset options from {source}" if source else ""
 
 
 def per_kind(moved, seconds):

@@ -33,6 +33,7 @@ import json
 import math
 import os
 import time
+import warnings
 
 import numpy
 from mpi4py import MPI
@@ -135,6 +136,30 @@ def load_data(cfg, dtype):
         raise OptionError("data", f"{cfg.data!r} has too few samples to hold any out for testing (20% of "
                                   f"each class, rounded); give at least 3 samples of some class")
     return x_train, y_train, x_test, y_test, num_classes
+
+
+def data_text(cfg):
+    """The data a run trains on, in words (its errors and its header)."""
+    if cfg.synthetic:
+        return "--synthetic samples"
+    return f"--data {cfg.data!r}" if cfg.data else "the bundled digits"
+
+
+def check_channels(cfg, x_shape):
+    """A model file (a plan of another preset, say) must take the data's channels: one OptionError
+    naming both, and the input the file was planned for, before a layer refuses the shape."""
+    if isinstance(cfg.model, str) and cfg.model in PRESETS:
+        return                                           # a preset is sized to the data (build_model)
+    spec = load_model_spec(cfg.model)
+    channels = spec.get("in_channels")
+    if channels is None or channels == x_shape[1]:
+        return
+    planned = spec.get("train", {}).get("image_size")
+    planned = f", planned for {channels}-channel inputs of size {planned}" if planned else ""
+    raise OptionError("model", f"{spec.get('name', cfg.model)!r} ({cfg.model if isinstance(cfg.model, str) else 'a dict'}"
+                               f"{planned}) takes {channels} input channels but {data_text(cfg)} have {x_shape[1]} "
+                               f"(samples {tuple(x_shape[1:])}); give data of {channels} channels (--synthetic makes "
+                               f"them), or plan the model for this data")
 
 
 def is_regression(model):
@@ -271,6 +296,25 @@ def check_loss(cfg, loss, global_step, saved):
                        f"saved: {_kept(cfg, saved)}")
 
 
+GROWTH_STEPS, GROWTH_FACTOR = 20, 4.0  # the loss guard: the first 20 steps, 4 x the first step's loss
+
+
+def check_growth(cfg, losses, first_step):
+    """Warn (once; the loss is the same on every rank, so every rank alike) when a loss of the run's
+    first :data:`GROWTH_STEPS` steps exceeds :data:`GROWTH_FACTOR` x its first: a learning rate too
+    large for the batch.  ResNet-50 at lr 0.1 and batch 8 went 7.29, 23.3, 21.3, 51.6 (7 x at the
+    fourth step) where its recipe's 0.003125 stays within 1.02 x (2026-12-04, --synthetic 32x32); a
+    loss that falls has no reason to quadruple, and a noisy one of a small batch stays under it."""
+    k = len(losses)
+    if k > GROWTH_STEPS or k < 2 or losses[-1] <= GROWTH_FACTOR * losses[0] \
+            or any(loss > GROWTH_FACTOR * losses[0] for loss in losses[1:-1]):
+        return
+    warnings.warn(f"the loss grew from {losses[0]:.4g} (step {first_step}) to {losses[-1]:.4g} (step "
+                  f"{first_step + k - 1}), more than {GROWTH_FACTOR:g} x in the first {GROWTH_STEPS} steps: the "
+                  f"learning rate {cfg.lr:g} may be too large for batch {cfg.batch_size} (--lr; unset, the model's "
+                  f"recipe decides, docs/training.md)", stacklevel=2)
+
+
 def check_finite(cfg, comm, model, optimizer, global_step, saved):
     """Collective: raise :class:`Diverged` on every rank if any rank holds a tensor with a
     NaN or an infinity (named in the message) after step ``global_step``."""
@@ -334,6 +378,7 @@ def _prepare(cfg, comm):
     if cfg.grid:
         train_config.check_grid_ranks(cfg.grid, ranks)
     x_train, y_train, x_test, y_test, num_classes = load_dataset(cfg, numpy.dtype(cfg.dtype))
+    check_channels(cfg, x_train.shape)
     model = build_model(cfg, comm=comm, in_channels=x_train.shape[1], num_classes=num_classes)
     model.set_overlap(cfg.overlap)  # gradient allreduces behind backward (--no-overlap: waited at once)
     model.set_buckets(cfg.bucket_kib * 1024)  # the same buckets either way
@@ -384,10 +429,11 @@ def _train(cfg, comm, say, report):
                 seconds = time.perf_counter() - t0
                 global_step += 1
                 check_loss(cfg, loss, global_step, saved)
+                losses.append(loss)
+                check_growth(cfg, losses, global_step - len(losses) + 1)
                 moved = region.summary(moved_only=True)  # calls on one-rank communicators move nothing
                 _add(totals, moved)
                 step_times.append(seconds)
-                losses.append(loss)
                 epoch_losses.append(loss)
                 metrics.write(step=global_step, epoch=epoch + 1, loss=loss, lr=optimizer.lr, step_time_s=seconds,
                               images_per_s=cfg.batch_size / seconds, collectives=progress.per_kind(moved, region.seconds))

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from mpi4py import MPI
 
-from refconv import ProcessGrid, cli, launch
+from refconv import ProcessGrid, cli, launch, recipe
 from refconv.bench.timing import Span
 from refconv.cost_model import Call
 from refconv.distribution import Distribution
@@ -28,6 +28,7 @@ from refconv.plan.validate import Row, picks, relative_to_sample
 from refconv.pricing import choose_for_layer, graph, machine, perf, search
 from refconv.pricing.graph import Block, stages
 from refconv.sharding import send_counts
+from refconv.train import GROWTH_FACTOR
 from refconv.testing.mpirun import find_mpiexec
 
 V100 = machine.load("v100-edr")
@@ -358,8 +359,12 @@ def test_plan_writes_a_model_file(tmp_path):
 def test_the_command_plan_prints_trains_every_preset(tmp_path, preset):
     """The line ``refconv plan --out`` ends with is run as printed, on 2 ranks, for every preset
     (cosmoflow's volumes too: 16^3, on a grid of five axes):
-    it must bring the data the plan was made for (resnet50 on the 1-channel digits failed).
-    Appended only: one step on 8 images, and a small lr (the step's numbers are not checked)."""
+    it must bring the data the plan was made for (resnet50 on the 1-channel digits failed), and
+    train with the preset's recipe (refconv.recipe), which the file carries: the learning rate of
+    its first step is the preset's at batch 4 (0.1 x 4 / 256 for the ImageNet presets, which the
+    file trained at 0.1 before, its loss going 7.29, 23.3, 21.3, 51.6; 0.01 for cosmoflow), and no
+    loss of the three steps exceeds the guard's 4 x the first (refconv.train.check_growth).
+    Appended only: three steps on 8 images, and the metrics file."""
     out = tmp_path / "plan.yaml"
     r = _refconv("plan", "--model", preset, "--ranks", "2", "--batch", "4", "--image-size", "16",
                  "--machine", "v100-edr", "--out", str(out))
@@ -367,13 +372,19 @@ def test_the_command_plan_prints_trains_every_preset(tmp_path, preset):
     printed = shlex.split(r.stdout.splitlines()[-1].partition("run it with")[2])
     assert printed[:4] == ["mpiexec", "-n", "2", "refconv"] and "--model" in printed, r.stdout
     command = [find_mpiexec(), *printed[1:3], sys.executable, "-m", "refconv.cli", *printed[4:]]
-    command += ["--max-steps", "1", "--no-progress", "--lr", "0.001"]
+    command += ["--max-steps", "3", "--no-progress", "--metrics-out", str(tmp_path / "m.jsonl")]
     if "--synthetic" in printed:
         command += ["--synthetic-samples", "8"]
     t = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert t.returncode == 0, t.stderr[-2000:]
     name = yaml.safe_load(out.read_text())["name"]
-    assert f"model {name}:" in t.stdout and "trained 1 steps" in t.stdout, t.stdout
+    assert f"model {name}:" in t.stdout and "trained 3 steps" in t.stdout, t.stdout
+    lr = recipe.learning_rate(recipe.PRESET_RECIPES[preset], 4)
+    steps = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "step" in s]
+    losses = [s["loss"] for s in steps]
+    assert len(steps) == 3 and steps[0]["lr"] == pytest.approx(lr, rel=1e-12), steps[0]
+    assert max(losses) < GROWTH_FACTOR * losses[0] and "the loss grew" not in t.stderr, (losses, t.stderr)
 
 
 @pytest.mark.parametrize("ranks, needle", [

@@ -140,8 +140,9 @@ def add_arguments(parser):
                                    "with the same --synthetic-samples, --image-size and --seed (volumes and their "
                                    "targets for a model of volumes, else images and labels) to a store.")
     p.add_argument("output", help="FILE.h5 (HDF5) or a new directory (.npy shards)")
-    for name in ("model", "synthetic_samples", "image_size", "seed"):
+    for name in ("model", "synthetic_samples", "seed"):
         train_config.add_option(p, name)
+    train_config.add_option(p, "image_size", default=32, unset=None)  # a preset's unset --image-size in train
     _store_options(p)
 
 
