@@ -198,9 +198,11 @@ def load_spec(spec, **preset_kwargs):
         if not os.path.isfile(spec):
             raise ValueError(f"spec: {spec!r} is not a regular file (a FIFO or a folder); give a .json/.yaml file")
         with open(spec) as f:
-            if spec.endswith(".json"):
-                return json.load(f)
-            return yaml.safe_load(f)
+            loaded = json.load(f) if spec.endswith(".json") else yaml.safe_load(f)
+        if not isinstance(loaded, dict):
+            raise ValueError(f"spec: {spec!r} holds {type(loaded).__name__ if loaded is not None else 'nothing'}, "
+                             f"not a model (a mapping with 'layers'); docs/models.md")
+        return loaded
     raise ValueError(f"spec: {spec!r} is neither a preset {sorted(PRESETS)} nor a .json/.yaml file")
 
 
@@ -318,6 +320,8 @@ def build(spec, *, comm=None, backend="auto", dtype=None, seed=0, serial=False, 
     """
     spec = load_spec(spec, **preset_kwargs)
     nodes = spec_tree.parse(spec)
+    if "train" in spec:
+        recipe.check(spec["train"], "spec.train", loss=spec.get("loss", spec_tree.LOSSES[0]))
     merged = dict(spec.get("defaults") or {})
     if not isinstance(merged, dict) or set(merged) - DEFAULT_KEYS:
         raise ValueError(f"spec.defaults: expected a dict with keys among {sorted(DEFAULT_KEYS)}, got {merged!r}")

@@ -38,12 +38,14 @@ import warnings
 import numpy
 from mpi4py import MPI
 
-from refconv import checkpoint, checks, collectives, datasets, datastore, device, failure, progress, threads, train_config
+from refconv import (checkpoint, checks, collectives, datasets, datastore, device, failure, overlap, progress, threads,
+                     train_config)
 from refconv.collectives import KINDS
 from refconv.layers import MeanSquaredError
 from refconv.model import Model
 from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
+from refconv.pricing import machine as machine_mod
 from refconv.train_config import MAX_CLASSES, OptionError, TrainConfig
 
 __all__ = ["TrainConfig", "Diverged", "train", "step", "evaluate", "learning_rate", "format_summary", "add_arguments",
@@ -341,7 +343,8 @@ def _outputs(cfg, comm):
     first rank's error is raised on every rank alike), then hold the checkpoint folder's lock
     (rank 0) for the run, so that a second run writing it is refused at its start."""
     error = None
-    for name, check in (("metrics_out", checks.output_file), ("checkpoint_dir", checks.output_folder)):
+    for name, check in (("metrics_out", checks.output_file), ("checkpoint_dir", checks.output_folder),
+                        ("timeline", overlap.check_timeline_path)):
         try:
             if getattr(cfg, name) is not None:
                 check(getattr(cfg, name), name)
@@ -412,6 +415,7 @@ def _train(cfg, comm, say, report):
                             every=cfg.log_every, stream=report, enabled=cfg.progress and rank == 0)
     metrics = progress.Metrics(cfg.metrics_out if rank == 0 else None)
     losses, epochs, totals, step_times = [], [], {}, []
+    hidden, drawn = {}, {}            # this rank's overlap figures summed over steps; --timeline's steps
     saved = global_step if cfg.resume else None      # the step of the last checkpoint this run vouches for
     stop = False
     try:
@@ -424,9 +428,13 @@ def _train(cfg, comm, say, report):
             for b, (x_b, y_b) in enumerate(batches, start=first):
                 optimizer.lr = learning_rate(cfg, global_step, total_steps)
                 t0 = time.perf_counter()
-                with collectives.stats.recording() as region:
+                with collectives.stats.recording() as region, collectives.stats.timeline() as events:
                     loss = step(model, optimizer, x_b, y_b)
                 seconds = time.perf_counter() - t0
+                hid = overlap.hidden_by_kind([e for e in events if e["kind"] in KINDS])  # not communicator splits
+                overlap.add(hidden, hid)
+                if cfg.timeline and len(losses) < TIMELINE_STEPS:
+                    drawn[f"step {global_step + 1}"] = {"seconds": seconds, "calls": overlap.relative(events, t0)}
                 global_step += 1
                 check_loss(cfg, loss, global_step, saved)
                 losses.append(loss)
@@ -436,7 +444,8 @@ def _train(cfg, comm, say, report):
                 step_times.append(seconds)
                 epoch_losses.append(loss)
                 metrics.write(step=global_step, epoch=epoch + 1, loss=loss, lr=optimizer.lr, step_time_s=seconds,
-                              images_per_s=cfg.batch_size / seconds, collectives=progress.per_kind(moved, region.seconds))
+                              images_per_s=cfg.batch_size / seconds, collectives=progress.per_kind(moved, region.seconds),
+                              overlap=hid)
                 bar.step(epoch, b + 1, per_epoch, global_step, loss)
                 if cfg.checkpoint_dir and cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
                     check_finite(cfg, comm, model, optimizer, global_step, saved)
@@ -456,6 +465,7 @@ def _train(cfg, comm, say, report):
                 saved = global_step
             if stop:
                 break
+        measured = _overlap_report(cfg, comm, model, hidden, drawn, len(losses), metrics)
     finally:
         metrics.close()
 
@@ -468,7 +478,7 @@ def _train(cfg, comm, say, report):
         "steps": steps, "time_per_step": float(numpy.mean(step_times)),
         "bytes_per_step": {k: kinds[i, 0] / steps for i, k in enumerate(KINDS) if kinds[i, 1]},
         "calls_per_step": {k: kinds[i, 1] / steps for i, k in enumerate(KINDS) if kinds[i, 1]},
-        "model": model, "serial_check": None,
+        "model": model, "serial_check": None, **measured,
     }
     if cfg.check_serial:
         result["serial_check"] = check_serial(cfg, losses, comm, x_train, y_train, num_classes, say)
@@ -517,6 +527,46 @@ def check_serial(cfg, losses, comm, x_train, y_train, num_classes, say):
     return float(worst[0])
 
 
+TIMELINE_STEPS = 4  # --timeline draws the run's steps 2 to 4 (the first warms the caches)
+
+
+def _overlap_report(cfg, comm, model, hidden, drawn, steps, metrics):
+    """Collective: every rank's overlap figures (:func:`refconv.overlap.hidden_by_kind` summed over
+    the steps) to every rank, the planner's prediction beside them; --metrics-out's last line, and
+    --timeline's file (rank 0)."""
+    per_rank = collectives.allgather_object(comm, hidden)
+    predicted = predicted_overlap(cfg, model)
+    metrics.write(summary={"steps": steps, "overlap_per_rank": per_rank, "predicted": predicted})
+    if cfg.timeline:
+        rows = collectives.allgather_object(comm, drawn)
+        if comm.Get_rank() == 0:
+            keep = [name for name in rows[0]][1:] or list(rows[0])   # the first step only if it is all
+            title = (f"{model.spec.get('name', 'model') if model.spec else 'model'}, {comm.Get_size()} ranks, "
+                     f"{'overlapped' if cfg.overlap else '--no-overlap'}")
+            overlap.write_timeline(cfg.timeline, [{name: r[name] for name in keep} for r in rows], title)
+    return {"overlap": per_rank, "overlap_predicted": predicted}
+
+
+def predicted_overlap(cfg, model):
+    """What the planner predicted of the overlap, in words: a planned file's record (``plan:``), or
+    with ``--algorithm auto`` the machine's share hidden of each gradient allreduce; else None."""
+    spec = model.spec or {}
+    planned = spec.get("plan")
+    if isinstance(planned, dict) and "allreduce_hidden" in planned:
+        text = (f"refconv plan (machine {planned.get('machine')}, {planned.get('ranks')} ranks): weight-gradient "
+                f"allreduce {planned.get('grad_allreduce_ms', 0):.3f} ms per step, {planned['allreduce_hidden']:.0%} "
+                f"of it hidden")
+        if planned.get("halo_ms"):
+            text += f"; halo {planned['halo_ms']:.3f} ms, {planned.get('halo_hidden_ms', 0):.3f} ms of it hidden"
+        return text
+    if cfg.algorithm == "auto" or (spec.get("defaults") or {}).get("algorithm") == "auto":
+        with warnings.catch_warnings():      # "no machine file given" was said when auto chose the algorithms
+            warnings.simplefilter("ignore")
+            m = machine_mod.load(cfg.machine or (spec.get("defaults") or {}).get("machine"))
+        return f"the planner's machine {m.name}: {m.overlap:.0%} of each weight-gradient allreduce hidden"
+    return None
+
+
 def format_summary(result):
     """The end-of-run report: time per step and bytes per step by kind of collective."""
     lines = [f"trained {result['steps']} steps: {result['time_per_step'] * 1e3:.1f} ms per step, "
@@ -528,6 +578,8 @@ def format_summary(result):
         lines.append(f"  {kind:<16}{result['calls_per_step'][kind]:>8.1f}{b:>14,.0f}")
         total += b
     lines.append(f"  {'total':<16}{'':>8}{total:>14,.0f}")
+    if "overlap" in result:
+        lines += overlap.summary_lines(result["overlap"], result["steps"], result.get("overlap_predicted"))
     return "\n".join(lines)
 
 

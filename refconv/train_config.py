@@ -250,7 +250,11 @@ OPTIONS = (
     Option("log_every", 50, _int(1), OUTPUT, "steps between progress lines when stderr is not a terminal",
            parse=int, metavar="STEPS"),
     Option("metrics_out", None, _PATH, OUTPUT, "append one JSON line per step to this file (rank 0; "
-           "fields in docs/training.md)", parse=str, metavar="JSONL"),
+           "fields in docs/training.md), and one of every rank's overlap figures at the end", parse=str,
+           metavar="JSONL"),
+    Option("timeline", None, _PATH, OUTPUT, "write every rank's collective calls of steps 2 to 4 of the run to "
+           "this .json file and draw them beside it (.png): when each started, was waited for and finished "
+           "(docs/parallel.md, \"Overlap, measured\")", parse=str, metavar="JSON"),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 

@@ -55,7 +55,7 @@ LAZY_IMPORTS = {
     ("refconv/bench/torch_step.py", "torch"): "optional contender",
     ("refconv/bench/step.py", "torch"): "optional contender",
     ("refconv/plan/project.py", "matplotlib"): "optional (the test and docs extras): only for plots",
-    ("refconv/bench/overlap.py", "matplotlib"): "optional (the test and docs extras): only for the timeline figure",
+    ("refconv/overlap.py", "matplotlib"): "optional (the test and docs extras): only for the timeline figure",
     ("refconv/plot.py", "matplotlib"): "optional (the test and docs extras): only for plots",
     ("refconv/datastore/formats.py", "h5py"): "optional (the data extra): only for an HDF5 store",
     ("refconv/datastore/imagefolder.py", "PIL"): "optional (the data extra): only for an image folder",

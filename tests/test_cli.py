@@ -181,13 +181,15 @@ def test_header_progress_lines_and_metrics(tmp_path, monkeypatch):
     assert "\r" not in report.getvalue()                        # not a terminal: plain lines
     assert [line.split()[3] for line in progress_lines] == ["2/8", "4/8"], progress_lines
     assert all("ETA" in line and "images/s" in line for line in progress_lines)
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    *records, last = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     assert [r["loss"] for r in records] == result["losses"]
     for r in records:
-        assert set(r) == {"step", "epoch", "loss", "lr", "step_time_s", "images_per_s", "collectives"}
+        assert set(r) == {"step", "epoch", "loss", "lr", "step_time_s", "images_per_s", "collectives", "overlap"}
         assert r["images_per_s"] == pytest.approx(16 / r["step_time_s"])
         assert r["collectives"] == {}                            # one rank moves nothing
+    assert set(last) == {"summary"} and last["summary"]["steps"] == 5                  # the run's end: every rank's
+    assert len(last["summary"]["overlap_per_rank"]) == 1 and last["summary"]["predicted"] is None  # overlap figures
 
 
 def test_progress_draws_a_bar_only_on_a_terminal():
@@ -344,8 +346,10 @@ def test_resnet50_takes_a_learning_rate_scaled_to_its_batch():
     ResNet-50 on --synthetic images keeps a sane loss where 0.1 blows it up (issue 24)."""
     assert TrainConfig(model="resnet50", batch_size=4).lr == default_lr("resnet50", 4) == 0.1 * 4 / 256
     assert TrainConfig(batch_size=4).lr == 0.1 and TrainConfig(model="resnet50", lr=0.3).lr == 0.3
-    runs = {lr: train(TrainConfig(model="resnet50", synthetic=True, synthetic_samples=16, batch_size=4, epochs=1,
-                                  progress=False, lr=lr), log=lambda *a: None)["losses"] for lr in (None, 0.1)}
+    with pytest.warns(UserWarning, match=r"the loss grew from .* learning rate 0.1 may be too large") as warned:
+        runs = {lr: train(TrainConfig(model="resnet50", synthetic=True, synthetic_samples=16, batch_size=4, epochs=1,
+                                      progress=False, lr=lr), log=lambda *a: None)["losses"] for lr in (None, 0.1)}
+    assert len([w for w in warned if "the loss grew" in str(w.message)]) == 1   # the guard: the 0.1 run only
     assert max(runs[None]) < 2 * runs[None][0], runs[None]            # measured: 3.12 at most 3.46 (4 steps)
     assert max(runs[0.1]) > 10 * runs[0.1][0], runs[0.1]             # measured: 3.12 then 135
 

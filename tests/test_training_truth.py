@@ -2,8 +2,16 @@
 training loss, a planned model trains with its preset's recipe, the measured overlap, and a
 header that names the data.  One rank, in this process, unless a test says otherwise."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import yaml
+
+from refconv import overlap
+from refconv.testing.mpirun import find_mpiexec
 
 from refconv.testing.commands import run_command
 from refconv.train import GROWTH_FACTOR, TrainConfig, check_growth, train
@@ -57,3 +65,56 @@ def test_a_plan_of_other_data_or_an_edited_recipe_is_one_clear_error(capsys, tmp
         (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**spec, "train": {**spec["train"], key: bad}}))
         status, _, err = run_command(capsys, "train", "--model", "bad.yaml", "--backend", "numpy", "--synthetic")
         assert status == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+# -- overlap, measured ----------------------------------------------------------------------------------
+def _launch(*args, cwd):
+    command = [find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", "train", "--grid", "sample=2",
+               "--backend", "numpy", "--max-steps", "4", "--epochs", "1", "--no-progress", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def _overlap_rows(stdout):
+    """The end-of-run overlap table: kind -> (in flight, waited, hidden) ms per step."""
+    table = stdout.split("overlap per step and rank")[1].splitlines()[2:]
+    return {line.split()[0]: tuple(map(float, line.split()[2:5])) for line in table
+            if line.startswith("  ") and not line.startswith("  predicted")}
+
+
+@pytest.mark.mpi
+def test_an_overlapped_run_says_what_it_hid_and_a_blocking_one_hid_nothing(tmp_path):
+    """2 ranks, sample=2, 4 steps of the digits CNN: overlapped, the weight-gradient allreduces
+    (started in backward, waited for at the optimizer's step) hid a positive part of their time,
+    beside the planner's prediction (--algorithm auto); with --no-overlap every call is waited for
+    the moment it starts, so exactly nothing is hidden.  --metrics-out ends with every rank's
+    figures, and --timeline draws steps 2 to 4 with a legend of the kinds that occur; a --timeline
+    into a missing folder is refused before training, on every rank, with one line."""
+    on = _launch("--algorithm", "auto", "--machine", "v100-edr", "--metrics-out", "m.jsonl", "--timeline",
+                 "t.json", cwd=tmp_path)
+    assert on.returncode == 0, on.stderr[-2000:]
+    rows = _overlap_rows(on.stdout)
+    assert rows["allreduce"][2] > 0 and rows["total"][2] > 0, on.stdout
+    assert all(abs(f - w - h) < 0.0015 for f, w, h in rows.values()), rows     # hidden = in flight - waited
+    assert "  predicted: the planner's machine v100-edr: 100% of each weight-gradient allreduce hidden" in on.stdout
+    last = json.loads((tmp_path / "m.jsonl").read_text().splitlines()[-1])["summary"]
+    assert last["steps"] == 4 and len(last["overlap_per_rank"]) == 2
+    assert all(r["allreduce"]["calls"] > 0 and r["total"]["hidden"] > 0 for r in last["overlap_per_rank"]), last
+    drawn = json.loads((tmp_path / "t.json").read_text())
+    assert [list(r) for r in drawn["ranks"]] == [["step 2", "step 3", "step 4"]] * 2
+    assert (tmp_path / "t.png").stat().st_size > 0
+    occurring = {c["kind"] for r in drawn["ranks"] for s in r.values() for c in s["calls"]}
+    assert overlap.draw_timeline(drawn["ranks"], "", str(tmp_path / "u.png")) == sorted(
+        occurring, key=[c["kind"] for r in drawn["ranks"] for s in r.values() for c in s["calls"]].index)
+
+    off = _launch("--no-overlap", cwd=tmp_path)
+    assert off.returncode == 0, off.stderr[-2000:]
+    rows = _overlap_rows(off.stdout)
+    assert rows["allreduce"][0] > 0 and all(h == 0.0 for _, _, h in rows.values()), off.stdout
+    assert "predicted" not in off.stdout.split("overlap per step")[1]
+
+    bad = _launch("--timeline", "missing/t.json", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        f"refconv train: error: --timeline: the folder {str(tmp_path / 'missing')!r} does not exist; create it or "
+        f"give a path in one that does"], bad.stderr
+    assert "trained" not in bad.stdout

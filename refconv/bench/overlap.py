@@ -46,7 +46,6 @@ One BLAS thread per rank (``threads.configure(comm, 1)``), and a pause between c
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -54,13 +53,14 @@ import time
 import numpy
 from mpi4py import MPI
 
-from refconv import collectives, threads
+from refconv import collectives, overlap, threads
 from refconv.algorithms.base import POLL_CHUNKS
 from refconv.bench import timing
 from refconv.bench.common import time_ranks
 from refconv.bench.torch_step import MODELS, refconv_step_of
 from refconv.grid import ProcessGrid
 from refconv.layers import DistConv2d
+from refconv.overlap import draw_timeline  # noqa: F401  (its home was here: the name still imports)
 
 CHUNKS = 16
 BUCKET_SWEEP_KIB = [0, 256, 1024, 4096, 25600]  # 0: each gradient its own call; 25 MiB: DDP's default
@@ -183,47 +183,10 @@ def write_timeline(comm, model, step, path, title):
             start = time.perf_counter()
             step()
             seconds = time.perf_counter() - start
-        steps[name] = {"seconds": seconds, "calls": [{**e, **{k: e[k] - start for k in ("started", "waited", "ended")}}
-                                                     for e in events]}
+        steps[name] = {"seconds": seconds, "calls": overlap.relative(events, start)}
     ranks = collectives.allgather_object(comm, steps)
     if comm.Get_rank() == 0:
-        with open(path, "w") as f:
-            json.dump({"title": title, "ranks": ranks}, f)
-        figure = os.path.splitext(path)[0] + ".png"
-        draw_timeline(ranks, title, figure)
-        print(f"wrote {path} and {figure}")
-
-
-def draw_timeline(ranks, title, path):
-    """Per rank, one row per contender: each call from its start to its end (light), the part the
-    rank waited for it (dark), over the step (grey); a call finished while the rank computed has no dark part."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    colours = {"allreduce": "tab:blue", "halo": "tab:green", "allgather": "tab:orange",
-               "reduce_scatter": "tab:red", "alltoallv": "tab:purple"}
-    names = list(ranks[0])
-    fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * len(ranks) * len(names)))
-    row, labels = 0, []
-    for r, steps in enumerate(ranks):
-        for name in names:
-            ax.barh(row, steps[name]["seconds"] * 1e3, color="0.9", height=0.8)
-            for c in steps[name]["calls"]:
-                colour = colours.get(c["kind"], "0.5")
-                ax.barh(row, (c["ended"] - c["started"]) * 1e3, left=c["started"] * 1e3, color=colour, alpha=0.35,
-                        height=0.5)
-                ax.barh(row, (c["ended"] - c["waited"]) * 1e3, left=c["waited"] * 1e3, color=colour, height=0.5)
-            labels.append(f"rank {r} {name}")
-            row += 1
-    ax.set_yticks(range(row), labels)
-    ax.invert_yaxis()
-    ax.set_xlabel("ms from the step's start (light: in flight; dark: the rank waits; grey: the step)")
-    ax.set_title(title)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    ax.legend(handles, list(colours), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        print(f"wrote {path} and {overlap.write_timeline(path, ranks, title)}")
 
 
 def run_halo(args, comm):

@@ -86,14 +86,25 @@ def _plan(args):
         planned = search.to_spec(spec, plan)
         preset = args.model if args.model in train_config.PRESETS else None
         planned["train"] = recipe.for_plan(spec, preset, args.image_size)  # refconv train's unset options
+        planned["plan"] = prediction(plan, machine, args)     # refconv train's summary shows it beside its own
+        text = json.dumps(planned, indent=1) if args.out.endswith(".json") else \
+            yaml.safe_dump(planned, sort_keys=False, default_flow_style=None)   # whole, before the file is opened
         with open(args.out, "w") as f:
-            if args.out.endswith(".json"):
-                json.dump(planned, f, indent=1)
-            else:
-                yaml.safe_dump(planned, f, sort_keys=False, default_flow_style=None)
+            f.write(text)
         out.append(f"wrote {args.out}: run it with  mpiexec -n {args.ranks} refconv train "
                    f"{shlex.join(train_arguments(args, shape))}")
     return "\n".join(out)
+
+
+def prediction(plan, machine, args):
+    """The planned file's ``plan:`` record: what was predicted of the step and its overlap, for
+    the grid planned, which ``refconv train`` prints beside what it measures."""
+    return {"machine": machine.name, "ranks": args.ranks, "batch": args.batch, "image_size": args.image_size,
+            **{key: round(float(seconds) * 1e3, 6) for key, seconds in (
+                ("step_ms", plan.seconds), ("overlapped_step_ms", plan.overlapped_seconds),
+                ("grad_allreduce_ms", plan.grad_seconds), ("halo_ms", plan.comm("halo")),
+                ("halo_hidden_ms", plan.halo_hidden_seconds))},
+            "allreduce_hidden": float(plan.hidden)}
 
 
 def train_arguments(args, shape):
