@@ -80,15 +80,15 @@ def mean_over_ranks(per_rank):
 
 
 def summary_lines(per_rank, steps, predicted=None):
-    """The end-of-run table: per kind and in total, ms per step (mean over ranks) in flight,
-    waited and hidden, and the share hidden; then the planner's ``predicted`` line, if any."""
-    mean = mean_over_ranks(per_rank)
-    lines = ["overlap per step and rank (mean over ranks; hidden = in flight - waited, measured):",
-             f"  {'collective':<16}{'calls':>8}{'in flight ms':>14}{'waited ms':>11}{'hidden ms':>11}{'hidden':>8}"]
-    for kind, s in mean.items():
-        share = f"{s['hidden'] / s['in_flight']:.0%}" if s["in_flight"] > 0 else "-"
-        lines.append(f"  {kind:<16}{s['calls'] / steps:>8.1f}{s['in_flight'] / steps * 1e3:>14.3f}"
-                     f"{s['waited'] / steps * 1e3:>11.3f}{s['hidden'] / steps * 1e3:>11.3f}{share:>8}")
+    """The end-of-run lines: per kind and in total, ms per step (mean over ranks) in flight,
+    waited and hidden, and the share of the time in flight hidden; then the planner's
+    ``predicted`` line, if any.  One phrase per figure, each with its unit, so that a page of
+    docs/ can show it with the times elided (``scripts/doc_outputs.py``)."""
+    lines = ["overlap per step and rank (mean over ranks), measured: hidden = in flight - waited"]
+    for kind, s in mean_over_ranks(per_rank).items():
+        share = f" ({s['hidden'] / s['in_flight']:.0%} of its time in flight)" if s["in_flight"] > 0 else ""
+        lines.append(f"  {kind}: {s['calls'] / steps:.1f} calls, {s['in_flight'] / steps * 1e3:.3f} ms in flight, "
+                     f"{s['waited'] / steps * 1e3:.3f} ms waited, {s['hidden'] / steps * 1e3:.3f} ms hidden{share}")
     if predicted:
         lines.append(f"  predicted: {predicted}")
     return lines

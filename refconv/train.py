@@ -164,6 +164,33 @@ def check_channels(cfg, x_shape):
                                f"them), or plan the model for this data")
 
 
+def store_kind(cfg):
+    """``--data``'s kind (:data:`refconv.progress.STORE_KINDS`), or None."""
+    if not cfg.data:
+        return None
+    return "images" if datastore.is_image_folder(cfg.data) else datastore.kind_of(cfg.data)
+
+
+def adaptation(cfg, model, x_shape, num_classes):
+    """What of the model was fitted to the data, as phrases for the header: a preset's input
+    channels and classes (``build_model`` sizes them to the data), an image folder's resizing,
+    and a planned file's image size where the data's differs."""
+    out = []
+    if isinstance(cfg.model, str) and cfg.model in PRESETS and not is_regression(model):
+        default = PRESETS[cfg.model]()
+        classes = default["layers"][-1]["out"]
+        if default.get("in_channels", 3) != x_shape[1]:
+            out.append(f"{cfg.model} takes {x_shape[1]} input channels (its own: {default.get('in_channels', 3)})")
+        if classes != num_classes:
+            out.append(f"{num_classes} classes (its own: {classes})")
+    if store_kind(cfg) == "images":
+        out.append(f"the images are resized to {cfg.image_size}x{cfg.image_size} (--image-size)")
+    planned = (model.spec or {}).get("train", {}).get("image_size")
+    if planned and any(n != planned for n in x_shape[2:]):
+        out.append(f"planned for inputs of size {planned}, trained on {tuple(x_shape[2:])}")
+    return out
+
+
 def is_regression(model):
     """True for a model trained with mean squared error: its targets are floats ``(N, K)``, and its
     test metric is the mean squared error (``"mse"``) instead of the accuracy."""
@@ -408,7 +435,9 @@ def _train(cfg, comm, say, report):
                                         f"{{epochs}} to train further")
         start_epoch, start_batch = divmod(global_step, per_epoch)
         say(f"resumed from {cfg.checkpoint_dir} at step {global_step} (epoch {start_epoch + 1})")
-    for line in progress.header(model, cfg, comm.Get_size(), binding, choice, len(y_train), len(y_test), per_epoch):
+    data = progress.data_lines(cfg, x_train, model, store_kind(cfg), adaptation(cfg, model, x_train.shape, num_classes))
+    for line in progress.header(model, cfg, comm.Get_size(), binding, choice, len(y_train), len(y_test), per_epoch,
+                                data):
         say(line)
 
     bar = progress.Progress(total_steps=total_steps, epochs=cfg.epochs, batch_size=cfg.batch_size,

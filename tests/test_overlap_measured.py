@@ -41,7 +41,8 @@ def test_blocking_calls_hide_nothing_and_sums_add_up():
 def test_the_summary_says_what_was_hidden_and_the_prediction_beside_it():
     per_rank = [overlap.hidden_by_kind([_event("allreduce", 0.0, 0.003, 0.004)])] * 2
     lines = overlap.summary_lines(per_rank, steps=2, predicted="refconv plan (...): 12% of it hidden")
-    assert lines[2].split() == ["allreduce", "0.5", "2.000", "0.500", "1.500", "75%"], lines
+    assert lines[1] == "  allreduce: 0.5 calls, 2.000 ms in flight, 0.500 ms waited, 1.500 ms hidden (75% of its " \
+                       "time in flight)", lines
     assert lines[-1] == "  predicted: refconv plan (...): 12% of it hidden"
 
 

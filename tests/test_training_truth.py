@@ -4,13 +4,16 @@ header that names the data.  One rank, in this process, unless a test says other
 
 import json
 import os
+import re
 import subprocess
 import sys
 
+import numpy
 import pytest
 import yaml
 
 from refconv import overlap
+from refconv.datastore.convert import convert
 from refconv.testing.mpirun import find_mpiexec
 
 from refconv.testing.commands import run_command
@@ -77,8 +80,8 @@ def _launch(*args, cwd):
 
 def _overlap_rows(stdout):
     """The end-of-run overlap table: kind -> (in flight, waited, hidden) ms per step."""
-    table = stdout.split("overlap per step and rank")[1].splitlines()[2:]
-    return {line.split()[0]: tuple(map(float, line.split()[2:5])) for line in table
+    table = stdout.split("overlap per step and rank")[1].splitlines()[1:]
+    return {line.split(":")[0].strip(): tuple(float(m) for m in re.findall(r"([\d.]+) ms", line)) for line in table
             if line.startswith("  ") and not line.startswith("  predicted")}
 
 
@@ -118,3 +121,27 @@ def test_an_overlapped_run_says_what_it_hid_and_a_blocking_one_hid_nothing(tmp_p
         f"refconv train: error: --timeline: the folder {str(tmp_path / 'missing')!r} does not exist; create it or "
         f"give a path in one that does"], bad.stderr
     assert "trained" not in bad.stdout
+
+
+# -- the header names the data ---------------------------------------------------------------------------
+def test_a_data_run_names_its_store_block_prefetch_and_the_model_s_adaptation(capsys, tmp_path):
+    """``--data photos.h5 --prefetch 2``: the header says the path and its kind, that each rank
+    reads its block (rank 0's, and its bytes: 8 x 3 x 12 x 12 float32 = 13,824 here, one rank),
+    the prefetch depth and reader, and that digits-cnn took 3 channels and 3 classes."""
+    rng = numpy.random.default_rng(0)
+    numpy.savez(tmp_path / "p.npz", x=rng.standard_normal((40, 3, 12, 12)).astype(numpy.float32),
+                y=numpy.arange(40) % 3)
+    convert(str(tmp_path / "p.npz"), str(tmp_path / "photos.h5"))
+    status, out, err = run_command(capsys, "train", "--data", str(tmp_path / "photos.h5"), "--prefetch", "2",
+                                   "--batch-size", "8", "--max-steps", "1", "--backend", "numpy", "--no-progress")
+    assert status == 0, err
+    assert out.splitlines()[1:4] == [
+        f"data: --data {tmp_path / 'photos.h5'} (an HDF5 file; images (3, 12, 12))",
+        "  each rank reads only its block of each batch: rank 0's block (8, 3, 12, 12) float32, 13,824 bytes; "
+        "read 2 batches ahead by a thread (--prefetch, --prefetch-reader)",
+        "  the model adapted to the data: digits-cnn takes 3 input channels (its own: 1); 3 classes (its own: 10)"]
+    status, out, _ = run_command(capsys, "train", "--data", str(tmp_path / "p.npz"), "--prefetch", "0",
+                                 "--batch-size", "8", "--max-steps", "1", "--backend", "numpy", "--no-progress")
+    assert status == 0 and out.splitlines()[2] == (
+        "  each rank takes its block of each batch from memory: rank 0's block (8, 3, 12, 12) float32, 13,824 bytes; "
+        "nothing to prefetch"), out
