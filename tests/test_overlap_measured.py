@@ -7,6 +7,7 @@ import pytest
 
 from refconv import overlap
 from refconv.bench.overlap import draw_timeline as bench_draw_timeline
+from refconv.testing.commands import only_line, run_command
 
 
 def _event(kind, started, waited, ended, overlap="backward"):
@@ -65,3 +66,16 @@ def test_a_timeline_path_that_cannot_be_written_is_refused(tmp_path, monkeypatch
     with pytest.raises(ValueError, match="^timeline: ") as caught:
         overlap.check_timeline_path(path)
     assert message in str(caught.value)
+
+
+def test_bench_overlap_is_a_subcommand_of_refconv_bench(capsys):
+    """``refconv bench overlap`` (also ``python -m refconv.bench.overlap``): its own flags, and
+    bad ones refused with one line before any MPI call, as every refconv command does."""
+    status, out, _ = run_command(capsys, "bench", "--help")
+    assert status == 0 and "overlap" in out
+    status, out, _ = run_command(capsys, "bench", "overlap", "--help")
+    assert status == 0 and "{progress,step,halo,buckets}" in out and "--timeline" in out
+    for args, line in ((["step", "--rounds", "0"], "--rounds: expected an int >= 1, got 0"),
+                       (["step", "--timeline", "t.png"], "--timeline: expected a .json path")):
+        status, _, err = run_command(capsys, "bench", "overlap", *args)
+        assert status == 2 and only_line(err).startswith(f"refconv bench: error: {line}"), err

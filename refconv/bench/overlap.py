@@ -1,10 +1,13 @@
-"""``python -m refconv.bench.overlap``: overlapped against blocking communication, side by side.
+"""``refconv bench overlap``: overlapped against blocking communication, side by side.
 
-    mpiexec -n 2 python -m refconv.bench.overlap progress [--mb 8] [--rounds 7]
-    MPICH_ASYNC_PROGRESS=1 mpiexec -n 2 python -m refconv.bench.overlap progress
-    mpiexec -n 2 python -m refconv.bench.overlap step [--model wide-cnn] [--batch 32]
-    mpiexec -n 2 python -m refconv.bench.overlap halo [--size 64] [--channels 64] [--batch 2] [--poll-chunks 4]
-    mpiexec -n 2 python -m refconv.bench.overlap buckets [--model wide-cnn] [--bucket-kib 0 256 1024 4096 25600]
+    mpiexec -n 2 refconv bench overlap progress [--mb 8] [--rounds 7]
+    MPICH_ASYNC_PROGRESS=1 mpiexec -n 2 refconv bench overlap progress
+    mpiexec -n 2 refconv bench overlap step [--model wide-cnn] [--batch 32]
+    mpiexec -n 2 refconv bench overlap halo [--size 64] [--channels 64] [--batch 2] [--poll-chunks 4]
+    mpiexec -n 2 refconv bench overlap buckets [--model wide-cnn] [--bucket-kib 0 256 1024 4096 25600]
+
+(``python -m refconv.bench.overlap ...`` runs the same.)  Unlike the other benchmarks it
+prints a side-by-side table and writes no JSON lines: its own flags only.
 
 ``progress``: what makes a nonblocking call move while the caller computes.  An
 allreduce of ``--mb`` MB and a compute of about the same time (float32 matrix
@@ -233,8 +236,8 @@ def run_halo(args, comm):
     _report(comm, spans, waits, "blocking", lines)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m refconv.bench.overlap", description=__doc__.split("\n\n")[0])
+def add_arguments(parser):
+    """The flags of ``python -m refconv.bench.overlap`` and of ``refconv bench overlap``."""
     parser.add_argument("what", choices=("progress", "step", "halo", "buckets"))
     parser.add_argument("--mb", type=float, default=8.0, help="progress: the allreduce's megabytes (default 8)")
     parser.add_argument("--model", default="wide-cnn", choices=sorted(MODELS),
@@ -250,18 +253,33 @@ def main(argv=None):
                         help=f"buckets: the thresholds to time, KiB (default {' '.join(map(str, BUCKET_SWEEP_KIB))}; "
                              f"the first is the baseline)")
     parser.add_argument("--rounds", type=int, default=7, help="alternating timed rounds (default 7)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(args):
+    """Run the chosen comparison on every rank; bad flags raise ValueError on every rank alike
+    (``refconv bench overlap`` prints it as one line and exits 2)."""
     if args.what == "halo":
         args.batch = args.batch or 2
+    for name in ("rounds", "poll_chunks"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: expected an int >= 1, got {getattr(args, name)}")
+    if args.mb <= 0:
+        raise ValueError(f"--mb: expected megabytes > 0, got {args.mb}")
+    if any(kib < 0 for kib in args.bucket_kib):
+        raise ValueError(f"--bucket-kib: expected KiB >= 0, got {args.bucket_kib}")
+    if args.timeline:
+        overlap.check_timeline_path(args.timeline, "--timeline")
     comm = MPI.COMM_WORLD
     threads.configure(comm, 1)  # one BLAS thread per rank
-    if args.mb <= 0 or args.rounds < 1 or args.poll_chunks < 1:
-        raise SystemExit(f"--mb must be > 0, --rounds and --poll-chunks >= 1, got {args.mb}, {args.rounds}, "
-                         f"{args.poll_chunks}")
-    if any(kib < 0 for kib in args.bucket_kib):
-        raise SystemExit(f"--bucket-kib must be >= 0, got {args.bucket_kib}")
     {"progress": run_progress, "step": run_step, "halo": run_halo, "buckets": run_buckets}[args.what](args, comm)
     return 0
+
+
+def main(argv=None):
+    """``python -m refconv.bench.overlap ...``: the same as ``refconv bench overlap ...``."""
+    from refconv import cli   # refconv.cli imports the commands, refconv.bench.cli among them: not at import
+    return cli.main(["bench", "overlap", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
