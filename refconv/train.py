@@ -305,9 +305,34 @@ def _add(totals, summary):
         t["bytes"] += s["bytes"]
 
 
-def _save(cfg, model, optimizer, global_step):
-    """A checkpoint at ``global_step``; the data position follows from it (``divmod(step, per_epoch)``)."""
-    checkpoint.save(cfg.checkpoint_dir, model, optimizer, step=global_step, extra={"seed": cfg.seed})
+RUN_KEYS = ("seed", "epochs", "steps_per_epoch", "batch_size", "lr", "lr_schedule", "momentum", "weight_decay")
+
+
+def run_record(cfg, per_epoch):
+    """What decides the steps after a checkpoint besides its tensors: the data order (seed, batch),
+    the learning rate of each step (its peak, schedule and the run's length) and SGD's settings."""
+    return {"seed": cfg.seed, "epochs": cfg.epochs, "steps_per_epoch": per_epoch, "batch_size": cfg.batch_size,
+            "lr": cfg.lr, "lr_schedule": cfg.lr_schedule, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay}
+
+
+def _save(cfg, model, optimizer, global_step, per_epoch):
+    """A checkpoint at ``global_step`` with :func:`run_record`; the data position follows from it
+    (``divmod(step, per_epoch)``)."""
+    checkpoint.save(cfg.checkpoint_dir, model, optimizer, step=global_step, extra=run_record(cfg, per_epoch))
+
+
+def check_resumed(cfg, extra, per_epoch):
+    """Warn (every rank alike: ``extra`` is rank 0's, sent to all) when the run resumed differs from
+    the one that saved the checkpoint in what decides its steps: it continues on its own schedule
+    (e.g. more --epochs stretch the cosine), so it matches no uninterrupted run of either settings.
+    A checkpoint of a run that kept only its seed is compared on the seed."""
+    saved = extra if isinstance(extra, dict) else {}
+    now = run_record(cfg, per_epoch)
+    changed = [f"{key} {saved[key]!r} -> {now[key]!r}" for key in RUN_KEYS if key in saved and saved[key] != now[key]]
+    if changed:
+        warnings.warn(f"--resume: the checkpoint in {cfg.checkpoint_dir!r} was saved by a run with other settings "
+                      f"({', '.join(changed)}); this run continues on its own, so it will not equal an "
+                      f"uninterrupted run of either", stacklevel=2)
 
 
 def _kept(cfg, saved):
@@ -428,7 +453,8 @@ def _train(cfg, comm, say, report):
     total_steps = per_epoch * cfg.epochs
     start_epoch, start_batch, global_step = 0, 0, 0
     if cfg.resume:
-        global_step, _ = checkpoint.load(cfg.checkpoint_dir, model, optimizer)
+        global_step, extra = checkpoint.load(cfg.checkpoint_dir, model, optimizer)
+        check_resumed(cfg, extra, per_epoch)
         if global_step >= total_steps:
             raise OptionError("resume", f"the checkpoint in {cfg.checkpoint_dir!r} is at step {global_step}, the "
                                         f"end of a {cfg.epochs}-epoch run of {per_epoch} steps per epoch; raise "
@@ -478,7 +504,7 @@ def _train(cfg, comm, say, report):
                 bar.step(epoch, b + 1, per_epoch, global_step, loss)
                 if cfg.checkpoint_dir and cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
                     check_finite(cfg, comm, model, optimizer, global_step, saved)
-                    _save(cfg, model, optimizer, global_step)
+                    _save(cfg, model, optimizer, global_step, per_epoch)
                     saved = global_step
                 if cfg.max_steps is not None and len(losses) >= cfg.max_steps:
                     stop = True
@@ -490,7 +516,7 @@ def _train(cfg, comm, say, report):
             epochs.append({"epoch": epoch + 1, "loss": float(numpy.mean(epoch_losses)), metric: score})
             say(f"epoch {epoch + 1}/{cfg.epochs}: loss {epochs[-1]['loss']:.4f}, test {metric} {score:.4f}")
             if cfg.checkpoint_dir and not (cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0):
-                _save(cfg, model, optimizer, global_step)
+                _save(cfg, model, optimizer, global_step, per_epoch)
                 saved = global_step
             if stop:
                 break

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import numpy
 import pytest
@@ -145,3 +146,24 @@ def test_a_data_run_names_its_store_block_prefetch_and_the_model_s_adaptation(ca
     assert status == 0 and out.splitlines()[2] == (
         "  each rank takes its block of each batch from memory: rank 0's block (8, 3, 12, 12) float32, 13,824 bytes; "
         "nothing to prefetch"), out
+
+
+# -- a resume across epochs ------------------------------------------------------------------------------
+def test_a_resume_across_epoch_boundaries_is_the_uninterrupted_run_and_other_settings_are_named(tmp_path):
+    """3 epochs of 8 steps, stopped after step 5 and resumed: steps 6 to 24 cross two epoch
+    boundaries and equal the uninterrupted run's, bit for bit, with no warning.  A resume with
+    other settings (a fourth epoch stretches the cosine schedule) is warned about, by name: the
+    checkpoint records the run's seed, length, batch and rates (refconv.train.run_record)."""
+    base = dict(synthetic=True, image_size=8, synthetic_samples=128, batch_size=16, epochs=3, dtype="float64",
+                checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=4, **QUIET)
+    quiet = {"log": lambda *a: None}
+    straight = train(TrainConfig(**{**base, "checkpoint_dir": None}), **quiet)["losses"]
+    first = train(TrainConfig(**base, max_steps=5), **quiet)["losses"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                          # no warning on a resume of the same run
+        rest = train(TrainConfig(**base, resume=True), **quiet)["losses"]
+    assert len(straight) == 24 and first + rest == straight
+    train(TrainConfig(**{**base, "checkpoint_dir": str(tmp_path / "ck2")}, max_steps=5), **quiet)
+    with pytest.warns(UserWarning, match=r"other settings \(epochs 3 -> 4\); this run continues on its own"):
+        train(TrainConfig(**{**base, "checkpoint_dir": str(tmp_path / "ck2"), "epochs": 4}, resume=True,
+                          max_steps=1), **quiet)
