@@ -78,4 +78,4 @@ def test_bench_overlap_is_a_subcommand_of_refconv_bench(capsys):
     for args, line in ((["step", "--rounds", "0"], "--rounds: expected an int >= 1, got 0"),
                        (["step", "--timeline", "t.png"], "--timeline: expected a .json path")):
         status, _, err = run_command(capsys, "bench", "overlap", *args)
-        assert status == 2 and only_line(err).startswith(f"refconv bench: error: {line}"), err
+        assert status == 2 and only_line(err).startswith(f"refconv bench overlap: error: {line}"), err
