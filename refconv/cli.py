@@ -28,6 +28,7 @@ import argparse
 import functools
 import importlib
 import os
+import re
 import sys
 import time
 import warnings
@@ -76,12 +77,26 @@ def build_parser():
     return parser
 
 
+ROLE = re.compile(r":\w+:`~?([^`]+)`")   # :func:`refconv.x` (reST roles, in docstrings shown as help)
+
+
+def plain(text):
+    """``text`` as a terminal shows it: reST's double backticks and roles dropped, their contents
+    kept (a command's description is its module's docstring, written for the API docs)."""
+    return text if text is None else ROLE.sub(r"\1", text).replace("``", "")
+
+
 def _mark_parsers(parser):
     """Give every (sub)command's parser itself as the default ``parser_``: the one chosen last
     (``refconv data synth``'s, not ``refconv``'s) is then the one that reports an argument it
-    does not take, with its own usage line and prefix."""
+    does not take, with its own usage line and prefix.  Every description and help text is made
+    :func:`plain` on the way."""
+    parser.description = plain(parser.description)
     for action in parser._actions:
+        action.help = plain(action.help)
         if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                choice.help = plain(choice.help)
             for sub in action.choices.values():
                 sub.set_defaults(parser_=sub)
                 _mark_parsers(sub)
