@@ -56,7 +56,7 @@ import time
 import numpy
 from mpi4py import MPI
 
-from refconv import collectives, overlap, threads
+from refconv import cli, collectives, overlap, threads
 from refconv.algorithms.base import POLL_CHUNKS
 from refconv.bench import timing
 from refconv.bench.common import time_ranks
@@ -278,7 +278,6 @@ def run(args):
 
 def main(argv=None):
     """``python -m refconv.bench.overlap ...``: the same as ``refconv bench overlap ...``."""
-    from refconv import cli   # refconv.cli imports the commands, refconv.bench.cli among them: not at import
     return cli.main(["bench", "overlap", *(sys.argv[1:] if argv is None else argv)])
 
 
