@@ -13,10 +13,12 @@ PY     := $(VENV)/bin/python
 
 setup: $(VENV)/.installed
 
+# setuptools' build backend says "Editable installation." in a box of asterisks (a Python warning,
+# for information only, in the build's subprocess, which inherits PYTHONWARNINGS): filtered by its text.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
 # Distributed training of the digits CNN on 4 ranks (sample=2 x channel=2, Stationary-X),

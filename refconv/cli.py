@@ -28,6 +28,7 @@ import argparse
 import functools
 import importlib
 import os
+import re
 import sys
 import time
 import warnings
@@ -72,29 +73,58 @@ def build_parser():
         sub = subparsers.add_parser(name, help=module.HELP, description=module.DESCRIPTION)
         module.add_arguments(sub)
         sub.set_defaults(run=module.run)
+    _mark_parsers(parser)
     return parser
+
+
+ROLE = re.compile(r":\w+:`~?([^`]+)`")   # :func:`refconv.x` (reST roles, in docstrings shown as help)
+
+
+def plain(text):
+    """``text`` as a terminal shows it: reST's double backticks and roles dropped, their contents
+    kept (a command's description is its module's docstring, written for the API docs)."""
+    return text if text is None else ROLE.sub(r"\1", text).replace("``", "")
+
+
+def _mark_parsers(parser):
+    """Give every (sub)command's parser itself as the default ``parser_``: the one chosen last
+    (``refconv data synth``'s, not ``refconv``'s) is then the one that reports an argument it
+    does not take, with its own usage line and prefix.  Every description and help text is made
+    :func:`plain` on the way."""
+    parser.description = plain(parser.description)
+    for action in parser._actions:
+        action.help = plain(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                choice.help = plain(choice.help)
+            for sub in action.choices.values():
+                sub.set_defaults(parser_=sub)
+                _mark_parsers(sub)
 
 
 def main(argv=None):
     collectives.fault_point("startup")      # where REFCONV_FAULT=rank:startup:... strikes
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:   # argparse would blame the top-level parser: "refconv: error:", and its usage
+        getattr(args, "parser_", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     args.argv = argv  # the command line, for a command that starts mpiexec with it (refconv.launch)
     if args.command is None:
         parser.print_help()
         return 0
     agree = SharedErrors()
+    name = getattr(args, "parser_", parser).prog    # "refconv data convert": the subcommand that was run
     try:
         with warnings.catch_warnings():
             warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
             status = args.run(args)
     except OptionError as exc:
-        return agree.exit(f"refconv {args.command}: error: {exc.render(flag)}")
+        return agree.exit(f"{name}: error: {exc.render(flag)}")
     except ValueError as exc:
-        return agree.exit(f"refconv {args.command}: error: {' '.join(str(exc).split())}")
+        return agree.exit(f"{name}: error: {' '.join(str(exc).split())}")
     except failure.SharedFailure as exc:
-        return agree.exit(f"refconv {args.command}: {' '.join(str(exc).split())}", exc.status)
+        return agree.exit(f"{name}: {' '.join(str(exc).split())}", exc.status)
     agree.close()
     return status
 

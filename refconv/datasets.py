@@ -9,7 +9,9 @@ Sources (all return NCHW float images ``x`` and int64 labels ``y``)::
                      volumes) and y (N ints, or (N, K) float targets), validated with a
                      ValueError that names the problem
     synthetic(...)   large learnable images for scaling runs: a class pattern plus
-                     noise, each sample drawn from its own seed, made on demand
+                     noise, each sample drawn from its own seed, made on demand; the
+                     patterns depend on ``seed`` only, so ``part=1`` (the test set) draws
+                     other samples (labels, noise) of the same classes
     synthetic_volumes(...)  volumes (N, C, D, H, W) and float targets (N, 4): the
                      parameters each volume was drawn with (for regression: CosmoFlow)
 
@@ -245,11 +247,19 @@ def cast_labels(y, dtype):
 
 
 # -- synthetic images for scaling runs ---------------------------------------------------------
+def _part_key(seed, stream, part):
+    """The seed of one random stream of ``part`` (0: training samples, 1: test samples).  Part 0's
+    keys are ``[seed, stream]``, as they were before parts existed; another part's add it, so the two
+    parts draw other labels and noise while the class patterns (``[seed, 2]``, no part) stay shared."""
+    return [seed, stream] if part == 0 else [seed, stream, part]
+
+
 def synthetic(n, channels, height, width, num_classes, *, seed=0, dtype=numpy.float32,
-              noise=1.0):
+              noise=1.0, part=0):
     """``(x, y)``: ``n`` learnable images of ``channels x height x width``.
 
-    ``y`` (int64, length n) is drawn from ``seed``.  ``x`` is a
+    ``y`` (int64, length n) is drawn from ``seed`` and ``part``; the class patterns from ``seed``
+    alone, so ``part=1`` gives other samples of the same classes: a test set.  ``x`` is a
     :class:`SyntheticImages`: a lazy ``(n, C, H, W)`` array whose samples are
     generated only when indexed (``x[idx]``, ``x[a:b]``, ``numpy.asarray(x)``),
     each from its own seed, so any subset is the same whoever asks for it; or
@@ -258,16 +268,18 @@ def synthetic(n, channels, height, width, num_classes, *, seed=0, dtype=numpy.fl
     for name, v in (("n", n), ("channels", channels), ("height", height), ("width", width),
                     ("num_classes", num_classes)):
         checks.positive_int(v, name)
-    y = numpy.random.default_rng([seed, 0]).integers(0, num_classes, size=n).astype(numpy.int64)
-    return SyntheticImages(y, (channels, height, width), num_classes, seed, dtype, noise), y
+    y = numpy.random.default_rng(_part_key(seed, 0, part)).integers(0, num_classes, size=n).astype(numpy.int64)
+    return SyntheticImages(y, (channels, height, width), num_classes, seed, dtype, noise, part), y
 
 
 class SyntheticImages:
-    """Lazy images: sample i = pattern[y_i] + noise * N(0, 1) drawn from seed (seed, 1, i).
+    """Lazy images: sample i = pattern[y_i] + noise * N(0, 1) drawn from seed (seed, 1, i)
+    (of a test set, ``part`` 1: (seed, 1, 1, i)).
 
     The class pattern is separable, ``a[k, c] * cos(2 pi (f_h[k,c] h/H + phi_h))
     * cos(2 pi (f_w[k,c] w/W + phi_w))``, so it costs O(C (H + W)) to describe even
-    for very large images; its frequencies and phases come from ``seed``.
+    for very large images; its frequencies and phases come from ``seed`` alone (not ``part``),
+    so a training set and a test set of one seed share their classes.
 
     Two ways to make samples, the same values bit for bit: ``x[idx]`` makes whole samples
     (an array), and :meth:`read` makes only a box (channels, rows, columns) of each of some
@@ -280,8 +292,8 @@ class SyntheticImages:
 
     kind = "images"
 
-    def __init__(self, labels, chw, num_classes, seed, dtype, noise):
-        self._start(labels, chw, seed, dtype, noise)
+    def __init__(self, labels, chw, num_classes, seed, dtype, noise, part=0):
+        self._start(labels, chw, seed, dtype, noise, part)
         C, H, W = self.shape[1:]
         rng = numpy.random.default_rng([seed, 2])
         f = rng.integers(1, 4, size=(2, num_classes, C))            # low frequencies
@@ -292,13 +304,14 @@ class SyntheticImages:
                                                 + phase[1, :, :, None]))   # (K, C, W)
         self._amp = rng.choice([-2.0, 2.0], size=(num_classes, C))
 
-    def _start(self, labels, sample_shape, seed, dtype, noise):
+    def _start(self, labels, sample_shape, seed, dtype, noise, part):
         self.labels = labels
+        self.part = part
         self.shape = (len(labels),) + tuple(int(s) for s in sample_shape)
         self.dtype = numpy.dtype(dtype)
         self.ndim = len(self.shape)
         self.seed, self.noise = seed, float(noise)
-        self.where = f"synthetic {self.kind} (seed {seed})"           # a store's name, in its errors
+        self.where = f"synthetic {self.kind} (seed {seed}{', test part' if part else ''})"  # a store's name
         self.made = {"samples": 0, "cells": 0, "normals": 0}
         self._lock = threading.Lock()                                 # the prefetch thread makes samples too
 
@@ -326,7 +339,8 @@ class SyntheticImages:
         return (pattern + self.noise * self._noise(i, box)).astype(self.dtype)
 
     def _noise(self, i, box):
-        """Sample ``i``'s N(0, 1) noise on ``box`` (float64), from seed ``(seed, 1, i)``.
+        """Sample ``i``'s N(0, 1) noise on ``box`` (float64), from seed ``(seed, 1, i)`` (part 1:
+        ``(seed, 1, 1, i)``).
 
         The stream gives a sample's values in C order and cannot skip ahead: a normal costs a
         varying number of raw draws.  So the values up to the box's last element are drawn into
@@ -335,7 +349,7 @@ class SyntheticImages:
         shape = self.shape[1:]
         stop = int(numpy.ravel_multi_index(tuple(s.stop - 1 for s in box), shape)) + 1
         flat = numpy.empty(math.prod(shape))                           # one sample's noise, at most
-        numpy.random.default_rng([self.seed, 1, i]).standard_normal(out=flat[:stop])
+        numpy.random.default_rng(_part_key(self.seed, 1, self.part) + [i]).standard_normal(out=flat[:stop])
         with self._lock:
             self.made["samples"] += 1
             self.made["cells"] += math.prod(s.stop - s.start for s in box)
@@ -364,17 +378,18 @@ class SyntheticImages:
 VOLUME_TARGETS = 4  # the parameters of a synthetic volume: noise level, mean, smooth and rough amplitudes
 
 
-def synthetic_volumes(n, channels, size, *, seed=0, dtype=numpy.float32):
+def synthetic_volumes(n, channels, size, *, seed=0, dtype=numpy.float32, part=0):
     """``(x, y)``: ``n`` volumes of ``channels x size x size x size`` and their targets.
 
-    ``y`` (``(n, 4)`` of ``dtype``, uniform in [-1, 1), drawn from ``seed``) are the
+    ``y`` (``(n, 4)`` of ``dtype``, uniform in [-1, 1), drawn from ``seed`` and ``part``) are the
     parameters each volume depends on, so a regression can learn them; ``x`` is a lazy
-    :class:`SyntheticVolumes`, each sample made from ``(seed, i)`` when it is indexed.
+    :class:`SyntheticVolumes`, each sample made from ``(seed, i)`` when it is indexed.  The
+    patterns depend on ``seed`` alone: ``part=1`` draws a test set of the same problem.
     """
     for name, v in (("n", n), ("channels", channels), ("size", size)):
         checks.positive_int(v, name)
-    y = numpy.random.default_rng([seed, 0]).uniform(-1, 1, size=(n, VOLUME_TARGETS)).astype(dtype)
-    return SyntheticVolumes(y, (channels, size, size, size), seed, dtype), y
+    y = numpy.random.default_rng(_part_key(seed, 0, part)).uniform(-1, 1, size=(n, VOLUME_TARGETS)).astype(dtype)
+    return SyntheticVolumes(y, (channels, size, size, size), seed, dtype, part), y
 
 
 class SyntheticVolumes(SyntheticImages):
@@ -391,8 +406,8 @@ class SyntheticVolumes(SyntheticImages):
 
     kind = "volumes"
 
-    def __init__(self, targets, cdhw, seed, dtype):
-        self._start(targets, cdhw, seed, dtype, 1.0)
+    def __init__(self, targets, cdhw, seed, dtype, part=0):
+        self._start(targets, cdhw, seed, dtype, 1.0, part)
         C, D, H, W = self.shape[1:]
         rng = numpy.random.default_rng([seed, 2])
         f, phase = rng.integers(1, 3, size=(3, C)), rng.uniform(0, 1, size=(3, C))
@@ -411,15 +426,16 @@ class SyntheticVolumes(SyntheticImages):
         return ((1 + t[0] / 2) * self._noise(i, box) + t[1] / 2 + t[2] * smooth + t[3] * rough).astype(self.dtype)
 
 
-def synthetic_for(spec, n, size, *, seed=0, dtype=numpy.float32):
+def synthetic_for(spec, n, size, *, seed=0, dtype=numpy.float32, part=0):
     """``(x, y, num_classes)``: what ``refconv train --synthetic`` gives the model ``spec`` (a dict):
     ``n`` volumes of ``size`` cubed and their targets for a model of volumes (``"dims": 3``;
     ``num_classes`` is the number of targets), else ``n`` images of ``size`` squared in 10
-    classes; of the spec's ``in_channels`` (3 by default)."""
+    classes; of the spec's ``in_channels`` (3 by default).  ``part`` 0 is the training set,
+    1 the test set: other samples of the same classes (or the same volume problem)."""
     channels = spec.get("in_channels", 3)
     if spec.get("dims") == 3:
-        return (*synthetic_volumes(n, channels, size, seed=seed, dtype=dtype), VOLUME_TARGETS)
-    return (*synthetic(n, channels, size, size, 10, seed=seed, dtype=dtype), 10)
+        return (*synthetic_volumes(n, channels, size, seed=seed, dtype=dtype, part=part), VOLUME_TARGETS)
+    return (*synthetic(n, channels, size, size, 10, seed=seed, dtype=dtype, part=part), 10)
 
 
 # -- batches ----------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import numpy
 import yaml
 from mpi4py import MPI
 
-from refconv import algorithms, checks, collectives, spec_tree
+from refconv import algorithms, checks, collectives, recipe, spec_tree
 from refconv.grid import ProcessGrid, axes_of
 from refconv.layers import (AvgPool2d, AvgPool3d, BatchNorm2d, BatchNorm3d, DistConv2d, DistConv3d, GlobalAvgPool,
                             GlobalAvgPool3d, Linear, MaxPool2d, MaxPool3d, ReLU)
@@ -175,19 +175,12 @@ PRESETS = {
 }
 
 
-# The presets trained on ImageNet take SGD's 0.1 at a batch of 256 and scale it linearly with
-# the batch (Goyal et al., "Accurate, large minibatch SGD", 2017): the learning rate
-# ``refconv train`` uses when --lr is not given.  At batch 4, ResNet-50 with 0.1 diverged
-# (loss 2.8 -> 70 in one step on --synthetic images); with 0.0016 it does not.
-PRESET_LR_BATCH = {name: 256 for name in PRESETS if name not in ("digits-cnn", "cosmoflow")}
-DEFAULT_LR = 0.1
-
-
 def default_lr(model, batch_size):
-    """The peak learning rate for ``model`` (a preset name, a file or a dict) at ``batch_size``:
-    0.1 x batch_size / 256 for the ImageNet presets (:data:`PRESET_LR_BATCH`), else 0.1."""
-    batch = PRESET_LR_BATCH.get(model) if isinstance(model, str) else None
-    return DEFAULT_LR if batch is None else DEFAULT_LR * batch_size / batch
+    """The peak learning rate of a preset (or of a spec dict with a ``"train"`` recipe) at
+    ``batch_size``, when --lr is not given: its recipe's (:mod:`refconv.recipe`), e.g. 0.1 x
+    batch_size / 256 for the ImageNet presets; 0.1 for a model without one."""
+    name = model if isinstance(model, str) else None
+    return recipe.learning_rate(recipe.of(model if isinstance(model, dict) else {}, name), batch_size)
 
 
 def load_spec(spec, **preset_kwargs):
@@ -205,9 +198,11 @@ def load_spec(spec, **preset_kwargs):
         if not os.path.isfile(spec):
             raise ValueError(f"spec: {spec!r} is not a regular file (a FIFO or a folder); give a .json/.yaml file")
         with open(spec) as f:
-            if spec.endswith(".json"):
-                return json.load(f)
-            return yaml.safe_load(f)
+            loaded = json.load(f) if spec.endswith(".json") else yaml.safe_load(f)
+        if not isinstance(loaded, dict):
+            raise ValueError(f"spec: {spec!r} holds {type(loaded).__name__ if loaded is not None else 'nothing'}, "
+                             f"not a model (a mapping with 'layers'); docs/models.md")
+        return loaded
     raise ValueError(f"spec: {spec!r} is neither a preset {sorted(PRESETS)} nor a .json/.yaml file")
 
 
@@ -326,6 +321,8 @@ def build(spec, *, comm=None, backend="auto", dtype=None, seed=0, serial=False, 
     """
     spec = load_spec(spec, **preset_kwargs)
     nodes = spec_tree.parse(spec)
+    if "train" in spec:
+        recipe.check(spec["train"], "spec.train", loss=spec.get("loss", spec_tree.LOSSES[0]))
     merged = dict(spec.get("defaults") or {})
     if not isinstance(merged, dict) or set(merged) - DEFAULT_KEYS:
         raise ValueError(f"spec.defaults: expected a dict with keys among {sorted(DEFAULT_KEYS)}, got {merged!r}")

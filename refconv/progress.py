@@ -14,10 +14,13 @@
 
 import collections
 import json
+import math
 import os
 import stat
 import sys
 import time
+
+import numpy
 
 
 PROGRESS_ENV = "REFCONV_PROGRESS"   # "bar" or "lines": overrides the terminal test
@@ -61,23 +64,66 @@ def timeout_text(seconds):
     return "no collective timeout" if seconds is None else f"collective timeout {seconds:g} s"
 
 
-def header(model, cfg, ranks, binding, threads, n_train, n_test, per_epoch):
+STORE_KINDS = {"npz": "an .npz, loaded whole on every rank", "npy": "a directory of .npy files",
+               "hdf5": "an HDF5 file", "images": "a folder of images, one subfolder per class"}
+
+
+def data_lines(cfg, x, model, store_kind, adapted=()):
+    """What the run trains on: the source and its kind, how each rank gets its block of a batch
+    (rank 0's block and its bytes), the prefetch depth and reader; then what was adapted of the
+    model to the data (``adapted``: phrases).  Call after the model is bound to the batch."""
+    block = tuple(int(n) for n in model.input_distribution.local_shape(model.in_grid.rank))
+    nbytes = math.prod(block) * numpy.dtype(cfg.dtype).itemsize
+    kind = "volumes" if len(x.shape) == 5 else "images"
+    if cfg.synthetic:
+        source = f"--synthetic {kind} {tuple(x.shape[1:])} (made from seed {cfg.seed}; the test set: other samples)"
+    elif cfg.data:
+        source = f"--data {cfg.data} ({STORE_KINDS[store_kind]}; {kind} {tuple(x.shape[1:])})"
+    else:
+        source = f"the bundled digits {tuple(x.shape[1:])} (in memory on every rank)"
+    how = f"rank 0's block {block} {cfg.dtype}, {nbytes:,} bytes"
+    if not hasattr(x, "block"):                                  # an array in memory: sliced, not read
+        reading = f"each rank takes its block of each batch from memory: {how}; nothing to prefetch"
+    else:
+        verb, doing = ("makes", "made") if cfg.synthetic else ("reads", "read")
+        ahead = (f"{cfg.prefetch} batch{'es' if cfg.prefetch > 1 else ''} ahead by a {cfg.prefetch_reader} "
+                 f"(--prefetch, --prefetch-reader)" if cfg.prefetch else "in the step (--prefetch 0)")
+        reading = f"each rank {verb} only its block of each batch: {how}; {doing} {ahead}"
+    lines = [f"data: {source}", f"  {reading}"]
+    if adapted:
+        lines.append(f"  the model adapted to the data: {'; '.join(adapted)}")
+    return lines
+
+
+def header(model, cfg, ranks, binding, threads, n_train, n_test, per_epoch, data=()):
     """The lines that open a run (call after the model is bound, so ``auto`` has chosen).
     ``binding``: this rank's :class:`refconv.device.Binding`; ``threads``: its
-    :class:`refconv.threads.ThreadChoice`."""
+    :class:`refconv.threads.ThreadChoice`; ``data``: :func:`data_lines`, after the model's line."""
     gpu = f" (rank 0 on GPU {binding.gpu_id})" if binding.gpu is not None else ""
     lines = [f"model {model.spec.get('name', 'custom') if model.spec else 'custom'}: "
              f"{model.num_parameters()} parameters, {len(model.named_layers())} layers; "
-             f"train {n_train} / test {n_test} samples",
+             f"train {n_train} / test {n_test} samples", *data,
              f"{ranks} rank{'s' if ranks > 1 else ''}; backend {binding.backend}{gpu}, {cfg.dtype}; "
              f"{threads_text(threads)}; {timeout_text(cfg.timeout)}",
-             f"batch {cfg.batch_size}, {per_epoch} steps per epoch; lr {cfg.lr:g} ({cfg.lr_schedule}), "
-             f"momentum {cfg.momentum:g}, weight decay {cfg.weight_decay:g}"]
+             f"batch {cfg.batch_size}, {per_epoch} steps per epoch; lr {cfg.lr:g}{_rule(cfg)} ({cfg.lr_schedule}), "
+             f"momentum {cfg.momentum:g}, weight decay {cfg.weight_decay:g}{_source(cfg)}"]
     for first, last, grid, convs in layer_runs(model):
         where = f"layer {first}" if first == last else f"layers {first}..{last}"
         conv = "; convolutions: " + ", ".join(f"{a} x{n}" for a, n in convs.items()) if convs else ""
         lines.append(f"  {where}: grid {grid}{conv}")
     return lines
+
+
+def _rule(cfg):
+    """`` = 0.1 x batch 8 / 256`` when an unset --lr was scaled by the recipe's rule."""
+    rule = getattr(cfg, "lr_rule", None)
+    return f" = {rule}" if rule and rule != f"{cfg.lr:g}" else ""
+
+
+def _source(cfg):
+    """``; unset options from the recipe of plan.yaml`` (:mod:`refconv.recipe`)."""
+    source = getattr(cfg, "recipe_source", None)
+    return f"; unset options from {source}" if source else ""
 
 
 def per_kind(moved, seconds):

@@ -11,7 +11,8 @@ spec one refuses the other refuses too, with the same message::
         {"type": "gap"}, {"type": "linear", "out": 10}]}
 
 What :func:`parse` checks: the top-level keys (``dims``: 2 or 3, ``loss``: one of
-:data:`LOSSES`), that ``layers`` is a non-empty list of dicts with a known ``type``,
+:data:`LOSSES`, ``train``: a training recipe, checked by :func:`refconv.recipe.check` where it is used;
+``plan``: what ``refconv plan`` predicted, a record), that ``layers`` is a non-empty list of dicts with a known ``type``,
 each layer's keys (:data:`LAYER_KEYS`) and required keys (:data:`REQUIRED`), the number
 of layers (:data:`MAX_LAYERS`), and the order of the three kinds of values a model passes
 along (:data:`STATES`): activations, then ``gap``'s features, then ``linear``'s logits, after which nothing may follow.  What it does not
@@ -35,7 +36,7 @@ LAYER_KEYS = {
 }
 REQUIRED = {"conv": ("out", "kernel"), "maxpool": ("kernel",), "avgpool": ("kernel",), "linear": ("out",),
             "residual": ("layers",)}
-TOP_KEYS = {"name", "in_channels", "defaults", "layers", "description", "dims", "loss"}
+TOP_KEYS = {"name", "in_channels", "defaults", "layers", "description", "dims", "loss", "train", "plan"}
 DIMS = (2, 3)  # "dims": the model's spatial dims: images (N, C, H, W), or volumes (N, C, D, H, W)
 LOSSES = ("cross-entropy", "mse")  # "loss": what the head is trained with (refconv.layers.LOSSES)
 DEFAULT_KEYS = {"grid", "algorithm", "filter_groups", "machine"}

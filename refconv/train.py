@@ -33,16 +33,19 @@ import json
 import math
 import os
 import time
+import warnings
 
 import numpy
 from mpi4py import MPI
 
-from refconv import checkpoint, checks, collectives, datasets, datastore, device, failure, progress, threads, train_config
+from refconv import (checkpoint, checks, collectives, datasets, datastore, device, failure, overlap, progress, threads,
+                     train_config)
 from refconv.collectives import KINDS
 from refconv.layers import MeanSquaredError
 from refconv.model import Model
 from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
+from refconv.pricing import machine as machine_mod
 from refconv.train_config import MAX_CLASSES, OptionError, TrainConfig
 
 __all__ = ["TrainConfig", "Diverged", "train", "step", "evaluate", "learning_rate", "format_summary", "add_arguments",
@@ -108,13 +111,14 @@ def load_dataset(cfg, dtype):
 
 def load_synthetic(cfg, spec, dtype):
     """``load_dataset`` of ``--synthetic``: :func:`refconv.datasets.synthetic_for`'s samples for
-    training, and a quarter as many (seed + 1) for testing, each a lazy
+    training, and a quarter as many other samples of the same classes (``part=1``: the class
+    patterns depend on the seed only) for testing, each a lazy
     :class:`refconv.datastore.StoreImages` over its generator.  A batch is then a list of sample
     numbers, and a rank makes only its block of it (its samples, and of them its channels,
     planes, rows and columns), read ahead as a store's block is; the labels, every rank all."""
     x, y, k = datasets.synthetic_for(spec, cfg.synthetic_samples, cfg.image_size, seed=cfg.seed, dtype=dtype)
     xt, yt, _ = datasets.synthetic_for(spec, max(cfg.synthetic_samples // 4, 1), cfg.image_size,
-                                       seed=cfg.seed + 1, dtype=dtype)
+                                       seed=cfg.seed, dtype=dtype, part=1)
     return datastore.StoreImages(x, range(len(x)), dtype), y, datastore.StoreImages(xt, range(len(xt)), dtype), yt, k
 
 
@@ -134,6 +138,57 @@ def load_data(cfg, dtype):
         raise OptionError("data", f"{cfg.data!r} has too few samples to hold any out for testing (20% of "
                                   f"each class, rounded); give at least 3 samples of some class")
     return x_train, y_train, x_test, y_test, num_classes
+
+
+def data_text(cfg):
+    """The data a run trains on, in words (its errors and its header)."""
+    if cfg.synthetic:
+        return "--synthetic samples"
+    return f"--data {cfg.data!r}" if cfg.data else "the bundled digits"
+
+
+def check_channels(cfg, x_shape):
+    """A model file (a plan of another preset, say) must take the data's channels: one OptionError
+    naming both, and the input the file was planned for, before a layer refuses the shape."""
+    if isinstance(cfg.model, str) and cfg.model in PRESETS:
+        return                                           # a preset is sized to the data (build_model)
+    spec = load_model_spec(cfg.model)
+    channels = spec.get("in_channels")
+    if channels is None or channels == x_shape[1]:
+        return
+    planned = spec.get("train", {}).get("image_size")
+    planned = f", planned for {channels}-channel inputs of size {planned}" if planned else ""
+    raise OptionError("model", f"{spec.get('name', cfg.model)!r} ({cfg.model if isinstance(cfg.model, str) else 'a dict'}"
+                               f"{planned}) takes {channels} input channels but {data_text(cfg)} have {x_shape[1]} "
+                               f"(samples {tuple(x_shape[1:])}); give data of {channels} channels (--synthetic makes "
+                               f"them), or plan the model for this data")
+
+
+def store_kind(cfg):
+    """``--data``'s kind (:data:`refconv.progress.STORE_KINDS`), or None."""
+    if not cfg.data:
+        return None
+    return "images" if datastore.is_image_folder(cfg.data) else datastore.kind_of(cfg.data)
+
+
+def adaptation(cfg, model, x_shape, num_classes):
+    """What of the model was fitted to the data, as phrases for the header: a preset's input
+    channels and classes (``build_model`` sizes them to the data), an image folder's resizing,
+    and a planned file's image size where the data's differs."""
+    out = []
+    if isinstance(cfg.model, str) and cfg.model in PRESETS and not is_regression(model):
+        default = PRESETS[cfg.model]()
+        classes = default["layers"][-1]["out"]
+        if default.get("in_channels", 3) != x_shape[1]:
+            out.append(f"{cfg.model} takes {x_shape[1]} input channels (its own: {default.get('in_channels', 3)})")
+        if classes != num_classes:
+            out.append(f"{num_classes} classes (its own: {classes})")
+    if store_kind(cfg) == "images":
+        out.append(f"the images are resized to {cfg.image_size}x{cfg.image_size} (--image-size)")
+    planned = (model.spec or {}).get("train", {}).get("image_size")
+    if planned and any(n != planned for n in x_shape[2:]):
+        out.append(f"planned for inputs of size {planned}, trained on {tuple(x_shape[2:])}")
+    return out
 
 
 def is_regression(model):
@@ -250,9 +305,34 @@ def _add(totals, summary):
         t["bytes"] += s["bytes"]
 
 
-def _save(cfg, model, optimizer, global_step):
-    """A checkpoint at ``global_step``; the data position follows from it (``divmod(step, per_epoch)``)."""
-    checkpoint.save(cfg.checkpoint_dir, model, optimizer, step=global_step, extra={"seed": cfg.seed})
+RUN_KEYS = ("seed", "epochs", "steps_per_epoch", "batch_size", "lr", "lr_schedule", "momentum", "weight_decay")
+
+
+def run_record(cfg, per_epoch):
+    """What decides the steps after a checkpoint besides its tensors: the data order (seed, batch),
+    the learning rate of each step (its peak, schedule and the run's length) and SGD's settings."""
+    return {"seed": cfg.seed, "epochs": cfg.epochs, "steps_per_epoch": per_epoch, "batch_size": cfg.batch_size,
+            "lr": cfg.lr, "lr_schedule": cfg.lr_schedule, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay}
+
+
+def _save(cfg, model, optimizer, global_step, per_epoch):
+    """A checkpoint at ``global_step`` with :func:`run_record`; the data position follows from it
+    (``divmod(step, per_epoch)``)."""
+    checkpoint.save(cfg.checkpoint_dir, model, optimizer, step=global_step, extra=run_record(cfg, per_epoch))
+
+
+def check_resumed(cfg, extra, per_epoch):
+    """Warn (every rank alike: ``extra`` is rank 0's, sent to all) when the run resumed differs from
+    the one that saved the checkpoint in what decides its steps: it continues on its own schedule
+    (e.g. more --epochs stretch the cosine), so it matches no uninterrupted run of either settings.
+    A checkpoint of a run that kept only its seed is compared on the seed."""
+    saved = extra if isinstance(extra, dict) else {}
+    now = run_record(cfg, per_epoch)
+    changed = [f"{key} {saved[key]!r} -> {now[key]!r}" for key in RUN_KEYS if key in saved and saved[key] != now[key]]
+    if changed:
+        warnings.warn(f"--resume: the checkpoint in {cfg.checkpoint_dir!r} was saved by a run with other settings "
+                      f"({', '.join(changed)}); this run continues on its own, so it will not equal an "
+                      f"uninterrupted run of either", stacklevel=2)
 
 
 def _kept(cfg, saved):
@@ -268,6 +348,25 @@ def check_loss(cfg, loss, global_step, saved):
     if not math.isfinite(loss):
         raise Diverged(f"training diverged: the loss of step {global_step} is {loss}; nothing of it is "
                        f"saved: {_kept(cfg, saved)}")
+
+
+GROWTH_STEPS, GROWTH_FACTOR = 20, 4.0  # the loss guard: the first 20 steps, 4 x the first step's loss
+
+
+def check_growth(cfg, losses, first_step):
+    """Warn (once; the loss is the same on every rank, so every rank alike) when a loss of the run's
+    first :data:`GROWTH_STEPS` steps exceeds :data:`GROWTH_FACTOR` x its first: a learning rate too
+    large for the batch.  ResNet-50 at lr 0.1 and batch 8 went 7.29, 23.3, 21.3, 51.6 (7 x at the
+    fourth step) where its recipe's 0.003125 stays within 1.02 x (2026-12-04, --synthetic 32x32); a
+    loss that falls has no reason to quadruple, and a noisy one of a small batch stays under it."""
+    k = len(losses)
+    if k > GROWTH_STEPS or k < 2 or losses[-1] <= GROWTH_FACTOR * losses[0] \
+            or any(loss > GROWTH_FACTOR * losses[0] for loss in losses[1:-1]):
+        return
+    warnings.warn(f"the loss grew from {losses[0]:.4g} (step {first_step}) to {losses[-1]:.4g} (step "
+                  f"{first_step + k - 1}), more than {GROWTH_FACTOR:g} x in the first {GROWTH_STEPS} steps: the "
+                  f"learning rate {cfg.lr:g} may be too large for batch {cfg.batch_size} (--lr; unset, the model's "
+                  f"recipe decides, docs/training.md)", stacklevel=2)
 
 
 def check_finite(cfg, comm, model, optimizer, global_step, saved):
@@ -296,7 +395,8 @@ def _outputs(cfg, comm):
     first rank's error is raised on every rank alike), then hold the checkpoint folder's lock
     (rank 0) for the run, so that a second run writing it is refused at its start."""
     error = None
-    for name, check in (("metrics_out", checks.output_file), ("checkpoint_dir", checks.output_folder)):
+    for name, check in (("metrics_out", checks.output_file), ("checkpoint_dir", checks.output_folder),
+                        ("timeline", overlap.check_timeline_path)):
         try:
             if getattr(cfg, name) is not None:
                 check(getattr(cfg, name), name)
@@ -333,6 +433,7 @@ def _prepare(cfg, comm):
     if cfg.grid:
         train_config.check_grid_ranks(cfg.grid, ranks)
     x_train, y_train, x_test, y_test, num_classes = load_dataset(cfg, numpy.dtype(cfg.dtype))
+    check_channels(cfg, x_train.shape)
     model = build_model(cfg, comm=comm, in_channels=x_train.shape[1], num_classes=num_classes)
     model.set_overlap(cfg.overlap)  # gradient allreduces behind backward (--no-overlap: waited at once)
     model.set_buckets(cfg.bucket_kib * 1024)  # the same buckets either way
@@ -352,20 +453,24 @@ def _train(cfg, comm, say, report):
     total_steps = per_epoch * cfg.epochs
     start_epoch, start_batch, global_step = 0, 0, 0
     if cfg.resume:
-        global_step, _ = checkpoint.load(cfg.checkpoint_dir, model, optimizer)
+        global_step, extra = checkpoint.load(cfg.checkpoint_dir, model, optimizer)
+        check_resumed(cfg, extra, per_epoch)
         if global_step >= total_steps:
             raise OptionError("resume", f"the checkpoint in {cfg.checkpoint_dir!r} is at step {global_step}, the "
                                         f"end of a {cfg.epochs}-epoch run of {per_epoch} steps per epoch; raise "
                                         f"{{epochs}} to train further")
         start_epoch, start_batch = divmod(global_step, per_epoch)
         say(f"resumed from {cfg.checkpoint_dir} at step {global_step} (epoch {start_epoch + 1})")
-    for line in progress.header(model, cfg, comm.Get_size(), binding, choice, len(y_train), len(y_test), per_epoch):
+    data = progress.data_lines(cfg, x_train, model, store_kind(cfg), adaptation(cfg, model, x_train.shape, num_classes))
+    for line in progress.header(model, cfg, comm.Get_size(), binding, choice, len(y_train), len(y_test), per_epoch,
+                                data):
         say(line)
 
     bar = progress.Progress(total_steps=total_steps, epochs=cfg.epochs, batch_size=cfg.batch_size,
                             every=cfg.log_every, stream=report, enabled=cfg.progress and rank == 0)
     metrics = progress.Metrics(cfg.metrics_out if rank == 0 else None)
     losses, epochs, totals, step_times = [], [], {}, []
+    hidden, drawn = {}, {}            # this rank's overlap figures summed over steps; --timeline's steps
     saved = global_step if cfg.resume else None      # the step of the last checkpoint this run vouches for
     stop = False
     try:
@@ -378,22 +483,28 @@ def _train(cfg, comm, say, report):
             for b, (x_b, y_b) in enumerate(batches, start=first):
                 optimizer.lr = learning_rate(cfg, global_step, total_steps)
                 t0 = time.perf_counter()
-                with collectives.stats.recording() as region:
+                with collectives.stats.recording() as region, collectives.stats.timeline() as events:
                     loss = step(model, optimizer, x_b, y_b)
                 seconds = time.perf_counter() - t0
+                hid = overlap.hidden_by_kind([e for e in events if e["kind"] in KINDS])  # not communicator splits
+                overlap.add(hidden, hid)
+                if cfg.timeline and len(losses) < TIMELINE_STEPS:
+                    drawn[f"step {global_step + 1}"] = {"seconds": seconds, "calls": overlap.relative(events, t0)}
                 global_step += 1
                 check_loss(cfg, loss, global_step, saved)
+                losses.append(loss)
+                check_growth(cfg, losses, global_step - len(losses) + 1)
                 moved = region.summary(moved_only=True)  # calls on one-rank communicators move nothing
                 _add(totals, moved)
                 step_times.append(seconds)
-                losses.append(loss)
                 epoch_losses.append(loss)
                 metrics.write(step=global_step, epoch=epoch + 1, loss=loss, lr=optimizer.lr, step_time_s=seconds,
-                              images_per_s=cfg.batch_size / seconds, collectives=progress.per_kind(moved, region.seconds))
+                              images_per_s=cfg.batch_size / seconds, collectives=progress.per_kind(moved, region.seconds),
+                              overlap=hid)
                 bar.step(epoch, b + 1, per_epoch, global_step, loss)
                 if cfg.checkpoint_dir and cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
                     check_finite(cfg, comm, model, optimizer, global_step, saved)
-                    _save(cfg, model, optimizer, global_step)
+                    _save(cfg, model, optimizer, global_step, per_epoch)
                     saved = global_step
                 if cfg.max_steps is not None and len(losses) >= cfg.max_steps:
                     stop = True
@@ -405,10 +516,11 @@ def _train(cfg, comm, say, report):
             epochs.append({"epoch": epoch + 1, "loss": float(numpy.mean(epoch_losses)), metric: score})
             say(f"epoch {epoch + 1}/{cfg.epochs}: loss {epochs[-1]['loss']:.4f}, test {metric} {score:.4f}")
             if cfg.checkpoint_dir and not (cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0):
-                _save(cfg, model, optimizer, global_step)
+                _save(cfg, model, optimizer, global_step, per_epoch)
                 saved = global_step
             if stop:
                 break
+        measured = _overlap_report(cfg, comm, model, hidden, drawn, len(losses), metrics)
     finally:
         metrics.close()
 
@@ -421,7 +533,7 @@ def _train(cfg, comm, say, report):
         "steps": steps, "time_per_step": float(numpy.mean(step_times)),
         "bytes_per_step": {k: kinds[i, 0] / steps for i, k in enumerate(KINDS) if kinds[i, 1]},
         "calls_per_step": {k: kinds[i, 1] / steps for i, k in enumerate(KINDS) if kinds[i, 1]},
-        "model": model, "serial_check": None,
+        "model": model, "serial_check": None, **measured,
     }
     if cfg.check_serial:
         result["serial_check"] = check_serial(cfg, losses, comm, x_train, y_train, num_classes, say)
@@ -470,6 +582,46 @@ def check_serial(cfg, losses, comm, x_train, y_train, num_classes, say):
     return float(worst[0])
 
 
+TIMELINE_STEPS = 4  # --timeline draws the run's steps 2 to 4 (the first warms the caches)
+
+
+def _overlap_report(cfg, comm, model, hidden, drawn, steps, metrics):
+    """Collective: every rank's overlap figures (:func:`refconv.overlap.hidden_by_kind` summed over
+    the steps) to every rank, the planner's prediction beside them; --metrics-out's last line, and
+    --timeline's file (rank 0)."""
+    per_rank = collectives.allgather_object(comm, hidden)
+    predicted = predicted_overlap(cfg, model)
+    metrics.write(summary={"steps": steps, "overlap_per_rank": per_rank, "predicted": predicted})
+    if cfg.timeline:
+        rows = collectives.allgather_object(comm, drawn)
+        if comm.Get_rank() == 0:
+            keep = [name for name in rows[0]][1:] or list(rows[0])   # the first step only if it is all
+            title = (f"{model.spec.get('name', 'model') if model.spec else 'model'}, {comm.Get_size()} ranks, "
+                     f"{'overlapped' if cfg.overlap else '--no-overlap'}")
+            overlap.write_timeline(cfg.timeline, [{name: r[name] for name in keep} for r in rows], title)
+    return {"overlap": per_rank, "overlap_predicted": predicted}
+
+
+def predicted_overlap(cfg, model):
+    """What the planner predicted of the overlap, in words: a planned file's record (``plan:``), or
+    with ``--algorithm auto`` the machine's share hidden of each gradient allreduce; else None."""
+    spec = model.spec or {}
+    planned = spec.get("plan")
+    if isinstance(planned, dict) and "allreduce_hidden" in planned:
+        text = (f"refconv plan (machine {planned.get('machine')}, {planned.get('ranks')} ranks): weight-gradient "
+                f"allreduce {planned.get('grad_allreduce_ms', 0):.3f} ms per step, {planned['allreduce_hidden']:.0%} "
+                f"of it hidden")
+        if planned.get("halo_ms"):
+            text += f"; halo {planned['halo_ms']:.3f} ms, {planned.get('halo_hidden_ms', 0):.3f} ms of it hidden"
+        return text
+    if cfg.algorithm == "auto" or (spec.get("defaults") or {}).get("algorithm") == "auto":
+        with warnings.catch_warnings():      # "no machine file given" was said when auto chose the algorithms
+            warnings.simplefilter("ignore")
+            m = machine_mod.load(cfg.machine or (spec.get("defaults") or {}).get("machine"))
+        return f"the planner's machine {m.name}: {m.overlap:.0%} of each weight-gradient allreduce hidden"
+    return None
+
+
 def format_summary(result):
     """The end-of-run report: time per step and bytes per step by kind of collective."""
     lines = [f"trained {result['steps']} steps: {result['time_per_step'] * 1e3:.1f} ms per step, "
@@ -481,6 +633,8 @@ def format_summary(result):
         lines.append(f"  {kind:<16}{result['calls_per_step'][kind]:>8.1f}{b:>14,.0f}")
         total += b
     lines.append(f"  {'total':<16}{'':>8}{total:>14,.0f}")
+    if "overlap" in result:
+        lines += overlap.summary_lines(result["overlap"], result["steps"], result.get("overlap_predicted"))
     return "\n".join(lines)
 
 

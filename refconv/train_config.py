@@ -19,13 +19,13 @@ import math
 import numbers
 import re
 
-from refconv import algorithms, checks
+from refconv import algorithms, checks, recipe
 from refconv.backend import BACKENDS
 from refconv.collectives import TRAINING_TIMEOUT_S, env_timeout
 from refconv.collectives.buckets import BUCKET_BYTES
 from refconv.datastore.prefetch import READERS
 from refconv.grid import axes_of
-from refconv.model_spec import PRESETS, default_lr
+from refconv.model_spec import PRESETS, load_spec
 from refconv.pricing.machine import DEFAULT_MACHINE, builtin_names
 
 GRID_AXES = axes_of(5)  # the axes --grid takes (refconv.grid's; depth splits the volumes of a 3-D model)
@@ -72,6 +72,16 @@ def _instance(types, what):
             raise ValueError(f"{name}: expected {what}, got {v!r}")
         return v
     return check
+
+
+def _optional(check):
+    """``check``, or None (unset: the model's recipe decides, :func:`_apply_recipe`)."""
+    return lambda v, name: None if v is None else check(v, name)
+
+
+def _recipe_unset(key):
+    """What leaving option ``key`` unset means, in --help."""
+    return f"the model's recipe (docs/training.md), else {recipe.FALLBACK[key]}"
 
 
 def _timeout(v, name):
@@ -189,17 +199,20 @@ OPTIONS = (
            choices=READERS),
     Option("synthetic", False, _BOOL, DATA, "train on generated images instead (scaling runs)"),
     Option("synthetic_samples", 1024, _int(1), DATA, "training images with --synthetic", parse=int),
-    Option("image_size", 32, _int(1), DATA, "height and width of --synthetic images (and depth of --synthetic "
-           "volumes), and of the images of a --data folder (resized)", parse=int),
+    Option("image_size", None, _int(1, optional=True), DATA, "height and width of --synthetic images (and depth of "
+           "--synthetic volumes), and of the images of a --data folder (resized)", parse=int,
+           unset=f"the model's recipe (a planned file's image size), else {recipe.FALLBACK['image_size']}"),
     Option("epochs", 4, _int(1), OPTIM, "passes over the training set", parse=int),
     Option("batch_size", 32, _int(1), OPTIM, "global batch size (split over the sample axis)", parse=int),
-    Option("lr", None, lambda v, name: v if v is None else _real(0)(v, name), OPTIM,
-           "peak SGD learning rate (unset: 0.1, and for the ImageNet presets 0.1 x batch-size / 256, the linear "
-           "scaling rule)", parse=float),
-    Option("lr_schedule", "cosine", _one_of(("cosine", "constant")), OPTIM,
-           "cosine: decay to 0 over the run", parse=str, choices=("cosine", "constant")),
-    Option("momentum", 0.9, _real(0, below=1), OPTIM, "SGD momentum", parse=float),
-    Option("weight_decay", 1e-4, _real(0), OPTIM, "L2 penalty added to each gradient", parse=float),
+    Option("lr", None, _optional(_real(0)), OPTIM, "peak SGD learning rate", parse=float,
+           unset="the model's recipe: for the ImageNet presets (and a file planned from one) 0.1 x batch-size / 256, "
+                 "the linear scaling rule; cosmoflow 0.01; else 0.1"),
+    Option("lr_schedule", None, _optional(_one_of(recipe.SCHEDULES)), OPTIM,
+           "cosine: decay to 0 over the run", parse=str, choices=recipe.SCHEDULES, unset=_recipe_unset("lr_schedule")),
+    Option("momentum", None, _optional(_real(0, below=1)), OPTIM, "SGD momentum", parse=float,
+           unset=_recipe_unset("momentum")),
+    Option("weight_decay", None, _optional(_real(0)), OPTIM, "L2 penalty added to each gradient", parse=float,
+           unset=_recipe_unset("weight_decay")),
     Option("seed", 0, _int(0), OPTIM, "parameters and data order: same seed, same run", parse=int),
     Option("max_steps", None, _int(1, optional=True), OPTIM, "stop after this many steps in all",
            parse=int),
@@ -237,7 +250,11 @@ OPTIONS = (
     Option("log_every", 50, _int(1), OUTPUT, "steps between progress lines when stderr is not a terminal",
            parse=int, metavar="STEPS"),
     Option("metrics_out", None, _PATH, OUTPUT, "append one JSON line per step to this file (rank 0; "
-           "fields in docs/training.md)", parse=str, metavar="JSONL"),
+           "fields in docs/training.md), and one of every rank's overlap figures at the end", parse=str,
+           metavar="JSONL"),
+    Option("timeline", None, _PATH, OUTPUT, "write every rank's collective calls of steps 2 to 4 of the run to "
+           "this .json file and draw them beside it (.png): when each started, was waited for and finished "
+           "(docs/parallel.md, \"Overlap, measured\")", parse=str, metavar="JSON"),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -252,8 +269,48 @@ def _check_together(cfg):
         raise OptionError("resume", "needs {checkpoint_dir}, the directory of the run to continue")
     if cfg.synthetic and cfg.data is not None:
         raise OptionError("synthetic", "give either {data} or {synthetic}, not both")
-    if cfg.lr is None:
-        cfg.lr = default_lr(cfg.model, cfg.batch_size)
+    _apply_recipe(cfg)
+
+
+RECIPE_OPTIONS = ("lr", "lr_schedule", "momentum", "weight_decay", "image_size")  # unset: the recipe's
+
+
+def model_recipe(model):
+    """The recipe (:mod:`refconv.recipe`) of ``model``: a preset's, or a model file's ``"train"``
+    section (checked: an OptionError naming the key).  A file that cannot be read gives none here;
+    loading the model says why, with its own error."""
+    name = model if isinstance(model, str) and model in PRESETS else None
+    spec = {}
+    if name is None:
+        try:
+            spec = load_spec(model)
+        except Exception:  # noqa: BLE001  (refconv.train.load_model_spec reports it, as one line)
+            return {}
+    try:
+        return recipe.of(spec, name)
+    except ValueError as exc:
+        where = model if isinstance(model, str) else "the model dict"
+        raise OptionError("model", f"{where!r}: {exc}") from None
+
+
+def _apply_recipe(cfg):
+    """Every option of :data:`RECIPE_OPTIONS` left unset takes the model's recipe (else the
+    fallback).  For the run's header, ``cfg.lr_rule`` says how an unset learning rate was reached
+    and ``cfg.recipe_source`` whose recipe the unset options took (None: the fallbacks')."""
+    unset = [name for name in RECIPE_OPTIONS if getattr(cfg, name) is None]
+    if not unset:
+        return
+    found = model_recipe(cfg.model)
+    preset = isinstance(cfg.model, str) and cfg.model in PRESETS
+    cfg.recipe_source = None        # a preset's recipe is documented; a file's is named in the header
+    if found and not preset and any(name in found for name in unset):
+        cfg.recipe_source = f"the recipe of {cfg.model if isinstance(cfg.model, str) else 'the model dict'}"
+    for name in unset:
+        if name == "lr":
+            cfg.lr = recipe.learning_rate(found, cfg.batch_size)
+            cfg.lr_rule = recipe.lr_text(found, cfg.batch_size)
+        else:
+            setattr(cfg, name, recipe.value(found, name))
 
 
 def _validate(cfg):

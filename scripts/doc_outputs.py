@@ -30,7 +30,7 @@ in a *generated* block: a fenced block right after a marker line
 OPTIONS (space separated):
 
 - ``timings``: every number followed by a unit of time (``ms``, ``s``,
-  ``seconds``, ``minutes``) is shown as ``…`` (e.g. ``trained 2 steps: … ms per
+  ``seconds``, ``minutes``), and a share of a time (``37% of its time in flight``), is shown as ``…`` (e.g. ``trained 2 steps: … ms per
   step``), in the page and in the comparison, so run-to-run times never make the
   check fail.  Anything else that varies per run (dates, paths, host names) must
   be left out of the block: show a command whose output does not vary.
@@ -67,7 +67,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 MARKER = re.compile(r"^<!-- output(?::(?P<options>[^>]*?))? -->\n```(?P<lang>\w+)\n(?P<body>.*?)^```$", re.S | re.M)
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 OPTIONS = {"python", "timings", "extended", "fails"}
-TIME = re.compile(r"\b\d+(?:\.\d+)?(?= ?(?:ms|s|seconds|minutes)\b)")
+TIME = re.compile(r"\b\d+(?:\.\d+)?(?= ?(?:ms|s|seconds|minutes)\b)|\b\d+(?=% of its time in flight\b)")
 COMMAND_TIMEOUT = 600  # seconds
 
 

@@ -181,13 +181,15 @@ def test_header_progress_lines_and_metrics(tmp_path, monkeypatch):
     assert "\r" not in report.getvalue()                        # not a terminal: plain lines
     assert [line.split()[3] for line in progress_lines] == ["2/8", "4/8"], progress_lines
     assert all("ETA" in line and "images/s" in line for line in progress_lines)
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    *records, last = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     assert [r["loss"] for r in records] == result["losses"]
     for r in records:
-        assert set(r) == {"step", "epoch", "loss", "lr", "step_time_s", "images_per_s", "collectives"}
+        assert set(r) == {"step", "epoch", "loss", "lr", "step_time_s", "images_per_s", "collectives", "overlap"}
         assert r["images_per_s"] == pytest.approx(16 / r["step_time_s"])
         assert r["collectives"] == {}                            # one rank moves nothing
+    assert set(last) == {"summary"} and last["summary"]["steps"] == 5                  # the run's end: every rank's
+    assert len(last["summary"]["overlap_per_rank"]) == 1 and last["summary"]["predicted"] is None  # overlap figures
 
 
 def test_progress_draws_a_bar_only_on_a_terminal():
@@ -307,7 +309,7 @@ def test_forgetting_mpiexec_is_the_same_line_in_train_and_bench(capsys):
         status, _, err = run_command(capsys, *argv)
         assert status == 2
         lines.append(_one_error_line(err))
-    assert lines == [f"refconv train: {expected}", f"refconv bench: {expected}"]
+    assert lines == [f"refconv train: {expected}", f"refconv bench layer: {expected}"]  # each its own prefix
 
 
 @pytest.mark.mpi
@@ -316,7 +318,8 @@ def test_a_shared_error_under_mpiexec_is_one_line_without_mpichs_abort_line(argv
     r = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", *argv], capture_output=True,
                        text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
-    assert r.stderr.startswith(f"refconv {argv[0]}: error: --") and "Abort" not in r.stderr + r.stdout
+    command = " ".join(a for a in argv[:2] if not a.startswith("-"))              # "train", "bench layer"
+    assert r.stderr.startswith(f"refconv {command}: error: --") and "Abort" not in r.stderr + r.stdout
 
 
 # -- the abort hook ------------------------------------------------------------------------------------
@@ -344,8 +347,10 @@ def test_resnet50_takes_a_learning_rate_scaled_to_its_batch():
     ResNet-50 on --synthetic images keeps a sane loss where 0.1 blows it up (issue 24)."""
     assert TrainConfig(model="resnet50", batch_size=4).lr == default_lr("resnet50", 4) == 0.1 * 4 / 256
     assert TrainConfig(batch_size=4).lr == 0.1 and TrainConfig(model="resnet50", lr=0.3).lr == 0.3
-    runs = {lr: train(TrainConfig(model="resnet50", synthetic=True, synthetic_samples=16, batch_size=4, epochs=1,
-                                  progress=False, lr=lr), log=lambda *a: None)["losses"] for lr in (None, 0.1)}
+    with pytest.warns(UserWarning, match=r"the loss grew from .* learning rate 0.1 may be too large") as warned:
+        runs = {lr: train(TrainConfig(model="resnet50", synthetic=True, synthetic_samples=16, batch_size=4, epochs=1,
+                                      progress=False, lr=lr), log=lambda *a: None)["losses"] for lr in (None, 0.1)}
+    assert len([w for w in warned if "the loss grew" in str(w.message)]) == 1   # the guard: the 0.1 run only
     assert max(runs[None]) < 2 * runs[None][0], runs[None]            # measured: 3.12 at most 3.46 (4 steps)
     assert max(runs[0.1]) > 10 * runs[0.1][0], runs[0.1]             # measured: 3.12 then 135
 
@@ -369,3 +374,23 @@ def test_unbounded_inputs_are_refused_with_one_line(capsys, tmp_path):
     os.mkfifo(tmp_path / "fifo.npz")
     status, _, err = run_command(capsys, "train", "--backend", "numpy", "--data", str(tmp_path / "fifo.npz"))
     assert status == 2 and "is not a regular file (a FIFO" in _one_error_line(err)
+
+
+def _parsers(parser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_no_help_text_shows_rest_markup():
+    """Descriptions come from module docstrings written in reST: every --help, of every command
+    and subcommand (refconv data convert, refconv bench overlap, ...), shows them without the
+    double backticks and roles (issue 35: refconv info|bench|sweep|plot|data --help had them)."""
+    seen = 0
+    for parser in _parsers(cli.build_parser()):
+        text = parser.format_help()
+        assert "``" not in text and not re.search(r":(func|mod|class|meth|data):`", text), parser.prog
+        seen += 1
+    assert seen > len(cli.COMMANDS)                           # the nested subcommands were walked too

@@ -158,6 +158,37 @@ def test_synthetic_is_learnable():
     assert (pred == y[100:]).mean() > 0.9
 
 
+def test_a_synthetic_test_part_is_other_samples_of_the_same_classes():
+    """part=1 (what refconv train tests on) shares the class patterns of part 0 and nothing else:
+    each class's mean image correlates near 1 across the parts (it was 0.00 when the test set took
+    seed + 1), while labels and noise differ.  Volumes keep their patterns likewise."""
+    x, y = datasets.synthetic(400, 2, 12, 12, 4, seed=5)
+    xt, yt = datasets.synthetic(400, 2, 12, 12, 4, seed=5, part=1)
+    assert not numpy.array_equal(y, yt) and not numpy.array_equal(numpy.asarray(x[:1]), numpy.asarray(xt[:1]))
+    a, b = (numpy.asarray(v).reshape(len(v), -1) for v in (x, xt))
+    for k in range(4):
+        r = numpy.corrcoef(a[y == k].mean(0), b[yt == k].mean(0))[0, 1]
+        assert r > 0.9, f"class {k}: the parts' mean images correlate at {r:.2f}"
+    v, t = datasets.synthetic_volumes(3, 2, 4, seed=5)
+    vt, tt = datasets.synthetic_volumes(3, 2, 4, seed=5, part=1)
+    assert not numpy.array_equal(t, tt)
+    for attr in ("_axes", "_sign"):
+        assert numpy.array_equal(numpy.asarray(getattr(v, attr)), numpy.asarray(getattr(vt, attr)))
+
+
+def test_synthetic_part_0_is_unchanged_by_parts():
+    """The training samples are what they were before the test part existed (seeds [seed, 0] for
+    the labels, [seed, 1, i] for sample i's noise): checkpoints and recorded runs still replay."""
+    x, y = datasets.synthetic(3, 1, 2, 2, 4, seed=7)
+    assert numpy.array_equal(y, numpy.random.default_rng([7, 0]).integers(0, 4, size=3))
+    noise = numpy.random.default_rng([7, 1, 2]).standard_normal(4).reshape(1, 2, 2)
+    pattern = numpy.asarray(x[2], numpy.float64) - noise
+    same_class = [i for i in range(3) if y[i] == y[2]]
+    assert all(numpy.allclose(numpy.asarray(x[i], numpy.float64)
+                              - numpy.random.default_rng([7, 1, i]).standard_normal(4).reshape(1, 2, 2),
+                              pattern, atol=1e-6) for i in same_class)
+
+
 # -- batches and rank blocks -----------------------------------------------------------------
 @pytest.mark.parametrize("n,b,drop_last", [(10, 3, False), (10, 3, True), (12, 4, False), (5, 8, False)])
 def test_batches_cover_each_sample_once(n, b, drop_last):

@@ -125,3 +125,36 @@ def test_bad_image_folders_and_conversions_are_one_line(tmp_path, capsys):
                                          "overwritten)"), line
     status, line = _main(capsys, "data", "convert", str(tmp_path / "none.npz"), str(tmp_path / "o.h5"))
     assert status == 2 and "none.npz' does not exist" in line, line
+
+
+# -- refconv data: no resize unless asked, one size or a clear error, each subcommand's own errors ------
+def test_convert_keeps_the_images_size_unless_asked_and_lists_mixed_sizes(capsys, tmp_path):
+    """A folder of 40x48 images converts to (N, 3, 48, 40), not squashed to 32x32 (issue 35);
+    --image-size resizes; a folder of several sizes without it is one line listing them."""
+    root = tmp_path / "f"
+    for k, name in enumerate(("a", "b")):
+        os.makedirs(root / name)
+        for i in range(3):
+            Image.fromarray(numpy.full((48, 40, 3), 60 * k + i, numpy.uint8)).save(root / name / f"{i}.png")
+    status, out, err = run_command(capsys, "data", "convert", str(root), str(tmp_path / "kept.h5"))
+    assert status == 0 and "x (6, 3, 48, 40) float32" in out, err
+    status, out, err = run_command(capsys, "data", "convert", str(root), str(tmp_path / "sq.h5"), "--image-size", "16")
+    assert status == 0 and "x (6, 3, 16, 16) float32" in out, err
+    Image.fromarray(numpy.zeros((20, 30, 3), numpy.uint8)).save(root / "b" / "odd.png")
+    status, _, err = run_command(capsys, "data", "convert", str(root), str(tmp_path / "mixed.h5"))
+    assert status == 2 and only_line(err) == (
+        f"refconv data convert: error: data {str(root)!r}: its images have 2 sizes (width x height): 40x48 (6 files, e.g. "
+        f"a/0.png), 30x20 (1 file, e.g. b/odd.png); give --image-size to resize them all to one square size")
+    assert not os.path.exists(tmp_path / "mixed.h5")
+
+
+def test_data_synth_takes_samples_and_each_subcommand_reports_its_own_errors(capsys, tmp_path):
+    status, out, err = run_command(capsys, "data", "synth", str(tmp_path / "s.h5"), "--samples", "6",
+                                   "--image-size", "4")
+    assert status == 0 and "x (6, 1, 4, 4) float32" in out, err       # digits-cnn's one channel
+    status, _, err = run_command(capsys, "data", "synth", str(tmp_path / "t.h5"), "--bogus", "6")
+    lines = err.strip().splitlines()
+    assert status == 2 and lines[0].startswith("usage: refconv data synth ") and \
+        lines[-1] == "refconv data synth: error: unrecognized arguments: --bogus 6", err
+    status, _, err = run_command(capsys, "train", "--bogus")
+    assert status == 2 and err.strip().splitlines()[-1] == "refconv train: error: unrecognized arguments: --bogus"

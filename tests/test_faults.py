@@ -185,7 +185,7 @@ def committed(directory):
 
 def losses(path):
     with open(path) as f:
-        return {m["step"]: m["loss"] for m in map(json.loads, f)}
+        return {m["step"]: m["loss"] for m in map(json.loads, f) if "step" in m}  # not the last, summary line
 
 
 def save_again(case, directory):
@@ -293,11 +293,16 @@ def _running(marker):
     return out
 
 
+# 64 synthetic images in batches of 16: 4 steps per epoch, so a run of 12 steps crosses two epoch boundaries
+EPOCHS_OF_4 = ("--synthetic", "--synthetic-samples", "64", "--image-size", "8", "--batch-size", "16")
+
+
 def kill_the_proxy(root, steps=12):
-    """A 2-rank run saving every step, its hydra_pmi_proxy SIGKILLed after 3 steps; returns
-    (mpiexec's status, seconds from the kill to mpiexec's end, the ranks still running 3 s later,
-    the committed step, whether resuming from it gives the uninterrupted losses)."""
-    args = [*TRAIN, *CHANNEL, "--max-steps", str(steps), "--checkpoint-every", "1"]
+    """A 2-rank run of epochs of 4 steps saving every step, its hydra_pmi_proxy SIGKILLed after 3
+    steps; returns (mpiexec's status, seconds from the kill to mpiexec's end, the ranks still
+    running 3 s later, the committed step, whether resuming from it gives the uninterrupted losses:
+    the resumed steps cross the epochs' boundaries, where the data order changes)."""
+    args = [*TRAIN, *CHANNEL, *EPOCHS_OF_4, "--max-steps", str(steps), "--checkpoint-every", "1"]
     assert launch([*args, "--metrics-out", str(root / "straight.jsonl")]).status == 0
     directory, metrics = root / "killed", root / "killed.jsonl"
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -325,7 +330,8 @@ def kill_the_proxy(root, steps=12):
         for pid in _running(str(directory)):
             os.kill(pid, signal.SIGKILL)
     step, _, _ = committed(directory)
-    resumed = launch([*TRAIN, *CHANNEL, "--max-steps", str(steps - step), "--checkpoint-every", "1", "--resume",
+    resumed = launch([*TRAIN, *CHANNEL, *EPOCHS_OF_4, "--max-steps", str(steps - step), "--checkpoint-every", "1",
+                      "--resume",
                       "--checkpoint-dir", str(directory), "--metrics-out", str(root / "resumed.jsonl")])
     straight = losses(root / "straight.jsonl")
     same = resumed.status == 0 and losses(root / "resumed.jsonl") == {s: straight[s]
@@ -338,7 +344,9 @@ def test_killing_the_launcher_proxy_ends_every_rank_and_resume_is_identical(tmp_
     """SIGKILL of mpiexec's hydra_pmi_proxy mid-run.  Its ranks used to run on, orphaned, after
     mpiexec returned, and kept saving into --checkpoint-dir (so a resume started then read a
     checkpoint that moved under it).  Now they die with the proxy: the directory keeps the last
-    checkpoint committed before the kill, and resuming from it gives the uninterrupted losses."""
+    checkpoint committed before the kill, and resuming from it gives the uninterrupted losses,
+    across epoch boundaries (issue 35: a multi-epoch resume was reported to differ; not
+    reproduced, and this run of three epochs resumes bit for bit)."""
     status, seconds, orphans, step, same = kill_the_proxy(tmp_path)
     assert status != 0 and seconds < END_SLACK_S, (status, seconds)
     assert orphans == [], "ranks outlived their proxy"
@@ -363,7 +371,8 @@ def test_an_output_path_that_cannot_be_written_is_refused_at_the_start(command, 
     if command[0] == "train":
         args = [*TRAIN, *CHANNEL, *args[1:]]
     ended = launch(args)
-    errors = [line for line in ended.output.splitlines() if line.startswith(f"refconv {command[0]}: error:")]
+    name = " ".join(command[:2]) if command[0] == "bench" else command[0]      # "bench collectives": its own prefix
+    errors = [line for line in ended.output.splitlines() if line.startswith(f"refconv {name}: error:")]
     assert ended.status == 2 and len(errors) == 1 and "Traceback" not in ended.output, ended.output
     assert "step 1" not in ended.output and "epoch 1" not in ended.output, ended.output
 

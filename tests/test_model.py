@@ -289,8 +289,8 @@ def test_cli_train_two_ranks_with_serial_check_and_resharded_resume(tmp_path):
     assert "check-serial: OK" in r.stdout and "bytes" in r.stdout and "epoch 1/1" in r.stdout
     assert "2 ranks;" in r.stdout and "grid sample=2" in r.stdout
 
-    lines = [json.loads(line) for line in metrics.read_text().splitlines()]   # rank 0's, one per step
-    assert [m["step"] for m in lines] == list(range(1, 6))
+    *lines, last = [json.loads(line) for line in metrics.read_text().splitlines()]  # rank 0's, one per step
+    assert [m["step"] for m in lines] == list(range(1, 6)) and len(last["summary"]["overlap_per_rank"]) == 2
     allreduce = lines[0]["collectives"]["allreduce"]
     assert allreduce["calls"] > 0 and allreduce["bytes"] > 0 and allreduce["seconds"] > 0
     r = subprocess.run(base + ["--grid", "channel=2", "--algorithm", "stationary-y", "--epochs", "2", "--resume"],

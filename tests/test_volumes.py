@@ -71,13 +71,17 @@ def test_synthetic_volumes_are_a_function_of_seed_and_sample():
 
 
 def test_cosmoflow_learns_on_one_rank():
-    """Two epochs of the preset on 8^3 volumes: the loss falls, and the test error ends below
-    the variance of the targets (1/3, uniform on [-1, 1)): it learned more than their mean."""
-    result = train(TrainConfig(model="cosmoflow", synthetic=True, synthetic_samples=24, image_size=8, batch_size=4,
-                               epochs=2, lr=0.01, backend="numpy", progress=False), comm=MPI.COMM_SELF,
+    """Three epochs of the preset on 48 8^3 volumes: the loss falls, and the test error (12 other
+    volumes of the same patterns) ends below the variance of the targets (1/3, uniform on [-1, 1))
+    and below the error of predicting 0 for these 12: it learned more than their mean.  Measured
+    2026-12-04: 0.227 against 0.335.  (Two epochs of 24, the test before the test set shared the
+    training set's patterns, ended at 0.348 against 0.340 once it did: it had passed by the draw.)"""
+    result = train(TrainConfig(model="cosmoflow", synthetic=True, synthetic_samples=48, image_size=8, batch_size=4,
+                               epochs=3, lr=0.01, backend="numpy", progress=False), comm=MPI.COMM_SELF,
                    log=lambda *a: None)
     epochs = result["epochs"]
-    assert epochs[1]["loss"] < epochs[0]["loss"] and result["mse"] < 1 / 3, epochs
+    _, y_test = datasets.synthetic_volumes(12, 4, 8, seed=0, part=1)
+    assert epochs[-1]["loss"] < epochs[0]["loss"] and result["mse"] < min(1 / 3, float((y_test ** 2).mean())), epochs
     assert cosmoflow()["layers"][-1]["out"] == datasets.VOLUME_TARGETS
 
 

@@ -1,4 +1,5 @@
-"""``refconv bench {kernels,collectives,layer,step,data}``: one command, the same flags, JSON lines out.
+"""``refconv bench {kernels,collectives,layer,step,data}``: one command, the same flags, JSON lines out;
+``refconv bench overlap``: overlapped against blocking communication (its own flags, a table).
 
     refconv bench kernels --quick
     mpiexec -n 2 refconv bench collectives --mb 16
@@ -19,7 +20,7 @@ import sys
 from mpi4py import MPI
 
 from refconv import checks, cli, device, info, threads
-from refconv.bench import collectives, common, data, kernels, layer, step
+from refconv.bench import collectives, common, data, kernels, layer, overlap, step
 
 NAME = "bench"
 SUBCOMMANDS = {
@@ -29,9 +30,13 @@ SUBCOMMANDS = {
     "step": (step, "one training step of a model preset: time and bytes per collective"),
     "data": (data, "each rank's block of a store: bytes read per step, read throughput, peak memory"),
 }
+# Side-by-side comparisons with flags of their own (no --out, no common flags): run(args) does it all.
+STANDALONE = {
+    "overlap": (overlap, "overlapped against blocking communication: progress, step (--timeline), halo, buckets"),
+}
 
 
-HELP = "benchmarks: kernels, collectives, layer, step, data (JSON lines with --out)"
+HELP = "benchmarks: kernels, collectives, layer, step, data (JSON lines with --out); overlap"
 DESCRIPTION = __doc__.split("\n\n")[0]
 
 
@@ -42,11 +47,15 @@ def add_arguments(p):
         common.add_arguments(s)
         if hasattr(module, "add_arguments"):
             module.add_arguments(s)
+    for name, (module, text) in STANDALONE.items():
+        module.add_arguments(sub.add_parser(name, help=text, description=module.__doc__.split("\n\n")[0]))
 
 
 def run(args):
     """Run the chosen benchmark on every rank; rank 0 prints and appends to ``--out``.
     Bad input raises ValueError on every rank alike (``refconv.cli.main`` reports it)."""
+    if args.bench in STANDALONE:
+        return STANDALONE[args.bench][0].run(args)
     comm = MPI.COMM_WORLD
     module, _ = SUBCOMMANDS[args.bench]
     if args.out:

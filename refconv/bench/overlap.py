@@ -1,10 +1,13 @@
-"""``python -m refconv.bench.overlap``: overlapped against blocking communication, side by side.
+"""``refconv bench overlap``: overlapped against blocking communication, side by side.
 
-    mpiexec -n 2 python -m refconv.bench.overlap progress [--mb 8] [--rounds 7]
-    MPICH_ASYNC_PROGRESS=1 mpiexec -n 2 python -m refconv.bench.overlap progress
-    mpiexec -n 2 python -m refconv.bench.overlap step [--model wide-cnn] [--batch 32]
-    mpiexec -n 2 python -m refconv.bench.overlap halo [--size 64] [--channels 64] [--batch 2] [--poll-chunks 4]
-    mpiexec -n 2 python -m refconv.bench.overlap buckets [--model wide-cnn] [--bucket-kib 0 256 1024 4096 25600]
+    mpiexec -n 2 refconv bench overlap progress [--mb 8] [--rounds 7]
+    MPICH_ASYNC_PROGRESS=1 mpiexec -n 2 refconv bench overlap progress
+    mpiexec -n 2 refconv bench overlap step [--model wide-cnn] [--batch 32]
+    mpiexec -n 2 refconv bench overlap halo [--size 64] [--channels 64] [--batch 2] [--poll-chunks 4]
+    mpiexec -n 2 refconv bench overlap buckets [--model wide-cnn] [--bucket-kib 0 256 1024 4096 25600]
+
+(``python -m refconv.bench.overlap ...`` runs the same.)  Unlike the other benchmarks it
+prints a side-by-side table and writes no JSON lines: its own flags only.
 
 ``progress``: what makes a nonblocking call move while the caller computes.  An
 allreduce of ``--mb`` MB and a compute of about the same time (float32 matrix
@@ -46,7 +49,6 @@ One BLAS thread per rank (``threads.configure(comm, 1)``), and a pause between c
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -54,13 +56,14 @@ import time
 import numpy
 from mpi4py import MPI
 
-from refconv import collectives, threads
+from refconv import cli, collectives, overlap, threads
 from refconv.algorithms.base import POLL_CHUNKS
 from refconv.bench import timing
 from refconv.bench.common import time_ranks
 from refconv.bench.torch_step import MODELS, refconv_step_of
 from refconv.grid import ProcessGrid
 from refconv.layers import DistConv2d
+from refconv.overlap import draw_timeline  # noqa: F401  (its home was here: the name still imports)
 
 CHUNKS = 16
 BUCKET_SWEEP_KIB = [0, 256, 1024, 4096, 25600]  # 0: each gradient its own call; 25 MiB: DDP's default
@@ -183,47 +186,10 @@ def write_timeline(comm, model, step, path, title):
             start = time.perf_counter()
             step()
             seconds = time.perf_counter() - start
-        steps[name] = {"seconds": seconds, "calls": [{**e, **{k: e[k] - start for k in ("started", "waited", "ended")}}
-                                                     for e in events]}
+        steps[name] = {"seconds": seconds, "calls": overlap.relative(events, start)}
     ranks = collectives.allgather_object(comm, steps)
     if comm.Get_rank() == 0:
-        with open(path, "w") as f:
-            json.dump({"title": title, "ranks": ranks}, f)
-        figure = os.path.splitext(path)[0] + ".png"
-        draw_timeline(ranks, title, figure)
-        print(f"wrote {path} and {figure}")
-
-
-def draw_timeline(ranks, title, path):
-    """Per rank, one row per contender: each call from its start to its end (light), the part the
-    rank waited for it (dark), over the step (grey); a call finished while the rank computed has no dark part."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    colours = {"allreduce": "tab:blue", "halo": "tab:green", "allgather": "tab:orange",
-               "reduce_scatter": "tab:red", "alltoallv": "tab:purple"}
-    names = list(ranks[0])
-    fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * len(ranks) * len(names)))
-    row, labels = 0, []
-    for r, steps in enumerate(ranks):
-        for name in names:
-            ax.barh(row, steps[name]["seconds"] * 1e3, color="0.9", height=0.8)
-            for c in steps[name]["calls"]:
-                colour = colours.get(c["kind"], "0.5")
-                ax.barh(row, (c["ended"] - c["started"]) * 1e3, left=c["started"] * 1e3, color=colour, alpha=0.35,
-                        height=0.5)
-                ax.barh(row, (c["ended"] - c["waited"]) * 1e3, left=c["waited"] * 1e3, color=colour, height=0.5)
-            labels.append(f"rank {r} {name}")
-            row += 1
-    ax.set_yticks(range(row), labels)
-    ax.invert_yaxis()
-    ax.set_xlabel("ms from the step's start (light: in flight; dark: the rank waits; grey: the step)")
-    ax.set_title(title)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    ax.legend(handles, list(colours), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        print(f"wrote {path} and {overlap.write_timeline(path, ranks, title)}")
 
 
 def run_halo(args, comm):
@@ -270,8 +236,8 @@ def run_halo(args, comm):
     _report(comm, spans, waits, "blocking", lines)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m refconv.bench.overlap", description=__doc__.split("\n\n")[0])
+def add_arguments(parser):
+    """The flags of ``python -m refconv.bench.overlap`` and of ``refconv bench overlap``."""
     parser.add_argument("what", choices=("progress", "step", "halo", "buckets"))
     parser.add_argument("--mb", type=float, default=8.0, help="progress: the allreduce's megabytes (default 8)")
     parser.add_argument("--model", default="wide-cnn", choices=sorted(MODELS),
@@ -287,18 +253,32 @@ def main(argv=None):
                         help=f"buckets: the thresholds to time, KiB (default {' '.join(map(str, BUCKET_SWEEP_KIB))}; "
                              f"the first is the baseline)")
     parser.add_argument("--rounds", type=int, default=7, help="alternating timed rounds (default 7)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(args):
+    """Run the chosen comparison on every rank; bad flags raise ValueError on every rank alike
+    (``refconv bench overlap`` prints it as one line and exits 2)."""
     if args.what == "halo":
         args.batch = args.batch or 2
+    for name in ("rounds", "poll_chunks"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: expected an int >= 1, got {getattr(args, name)}")
+    if args.mb <= 0:
+        raise ValueError(f"--mb: expected megabytes > 0, got {args.mb}")
+    if any(kib < 0 for kib in args.bucket_kib):
+        raise ValueError(f"--bucket-kib: expected KiB >= 0, got {args.bucket_kib}")
+    if args.timeline:
+        overlap.check_timeline_path(args.timeline, "--timeline")
     comm = MPI.COMM_WORLD
     threads.configure(comm, 1)  # one BLAS thread per rank
-    if args.mb <= 0 or args.rounds < 1 or args.poll_chunks < 1:
-        raise SystemExit(f"--mb must be > 0, --rounds and --poll-chunks >= 1, got {args.mb}, {args.rounds}, "
-                         f"{args.poll_chunks}")
-    if any(kib < 0 for kib in args.bucket_kib):
-        raise SystemExit(f"--bucket-kib must be >= 0, got {args.bucket_kib}")
     {"progress": run_progress, "step": run_step, "halo": run_halo, "buckets": run_buckets}[args.what](args, comm)
     return 0
+
+
+def main(argv=None):
+    """``python -m refconv.bench.overlap ...``: the same as ``refconv bench overlap ...``."""
+    return cli.main(["bench", "overlap", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

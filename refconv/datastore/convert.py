@@ -2,9 +2,10 @@
 ``refconv data synth OUTPUT``: the samples ``refconv train --synthetic`` makes, into a store.
 
     refconv data convert my_data.npz my_data.h5                  # HDF5: x chunked, y
-    refconv data convert photos/ photos.h5 --image-size 64       # class-per-subfolder images, decoded once
+    refconv data convert photos/ photos.h5                       # class-per-subfolder images, decoded once
+    refconv data convert photos/ photos.h5 --image-size 64       # ... and resized to 64 x 64
     refconv data convert my_data.npz my_data --shard-samples 4096   # a directory: x-00000.npy, ..., y.npy
-    refconv data synth volumes.h5 --model cosmoflow --synthetic-samples 64 --image-size 16
+    refconv data synth volumes.h5 --model cosmoflow --samples 64 --image-size 16
 
 The output is what ``refconv train --data OUTPUT`` reads block by block (docs/data.md).  x may
 hold images (N, C, H, W) or volumes (N, C, D, H, W), y class labels (N,) or float targets
@@ -33,12 +34,15 @@ HELP = "data stores: convert an .npz or a folder of images to HDF5 or .npy shard
 DESCRIPTION = __doc__.split("\n\n")[0]
 
 
-def convert(source, output, *, image_size=32, chunk=64, shard_samples=4096, group=256, report=None):
+def convert(source, output, *, image_size=None, chunk=64, shard_samples=4096, group=256, report=None):
     """Write ``source`` to ``output`` (HDF5 if it ends in .h5/.hdf5, else a new directory of .npy
-    shards); returns ``(shape, dtype)`` of the x written.  ``report(line)`` gets the progress."""
-    for name, v in (("image_size", image_size), ("chunk", chunk), ("shard_samples", shard_samples),
-                    ("group", group)):
+    shards); returns ``(shape, dtype)`` of the x written.  A folder's images are resized to
+    ``image_size`` square when it is given, else kept at their one size (several: a ValueError
+    listing them).  ``report(line)`` gets the progress."""
+    for name, v in (("chunk", chunk), ("shard_samples", shard_samples), ("group", group)):
         checks.positive_int(v, name)
+    if image_size is not None:
+        checks.positive_int(image_size, "image_size")
     _check_output(output)
     if kind_of(source) == "npz":
         x, y = datasets.load_npz(source, dtype=None)
@@ -133,15 +137,20 @@ def add_arguments(parser):
                                    "shards.")
     p.add_argument("source", help="an .npz, a folder of images (one subfolder per class), or a store")
     p.add_argument("output", help="FILE.h5 (HDF5) or a new directory (.npy shards)")
-    p.add_argument("--image-size", type=int, default=32, help="height and width images are resized to (default 32)")
+    p.add_argument("--image-size", type=int, default=None, help="resize every image to this height and width; "
+                   "unset: images are kept at their size, which must then be the same for all")
     _store_options(p)
     p = sub.add_parser("synth", help="the samples of refconv train --synthetic into HDF5 or .npy shards",
                        description="Write the training samples that refconv train --model MODEL --synthetic makes "
                                    "with the same --synthetic-samples, --image-size and --seed (volumes and their "
                                    "targets for a model of volumes, else images and labels) to a store.")
     p.add_argument("output", help="FILE.h5 (HDF5) or a new directory (.npy shards)")
-    for name in ("model", "synthetic_samples", "image_size", "seed"):
-        train_config.add_option(p, name)
+    train_config.add_option(p, "model")
+    p.add_argument("--samples", "--synthetic-samples", dest="synthetic_samples", type=int,
+                   default=train_config.BY_NAME["synthetic_samples"].default, metavar="N",
+                   help="samples to write: refconv train's --synthetic-samples (default %(default)s)")
+    train_config.add_option(p, "seed")
+    train_config.add_option(p, "image_size", default=32, unset=None)  # a preset's unset --image-size in train
     _store_options(p)
 
 

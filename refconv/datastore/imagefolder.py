@@ -5,7 +5,8 @@
     FOLDER/dog/a.png             class 1
 
 Sample i is the i-th file in (class, file name) order.  Each is decoded by Pillow only when a
-rank reads it, as RGB, resized to ``size x size`` (bilinear) when it is not that already, and
+rank reads it, as RGB, resized to ``size x size`` (bilinear) when it is not that already (with
+``size`` None, kept at their size, which all must share: else a ValueError listing the sizes), and
 normalised per channel: ``(pixel / 255 - MEAN[c]) / STD[c]`` (ImageNet's statistics, as
 torchvision's models expect).  A rank decodes only the samples of its sample block; under a
 spatial or channel split it still decodes each of its samples whole (PNG and JPEG cannot be
@@ -35,7 +36,8 @@ def is_image_folder(path):
 
 
 class ImageFolder(Store):
-    """The images of ``path`` as a store of ``(N, 3, size, size)`` float32 (see the module)."""
+    """The images of ``path`` as a store of ``(N, 3, size, size)`` float32 (see the module); with
+    ``size`` None, of the images' own ``(N, 3, height, width)``, which must be one for all."""
 
     def __init__(self, path, size):
         where = f"data {os.fspath(path)!r}"
@@ -51,31 +53,37 @@ class ImageFolder(Store):
         if not self.files:
             raise ValueError(f"{where}: its class subfolders {self.classes} hold no images (files ending in "
                              f"{', '.join(EXTENSIONS)})")
+        sizes = {}                                           # (width, height) -> the files of that size
         for f in self.files:                                 # headers only: a non-image is refused now
             try:
                 with Image.open(f) as image:
-                    image.size
+                    sizes.setdefault(image.size, []).append(os.path.relpath(f, path))
             except (OSError, ValueError, Image.DecompressionBombError) as exc:
                 raise ValueError(f"{where}: {os.path.relpath(f, path)} is not a readable image ({exc})") from None
-        self.size = int(size)
-        super().__init__(path, (len(self.files), 3, self.size, self.size), numpy.float32,
-                         numpy.array(labels, numpy.int64))
+        if size is None and len(sizes) > 1:
+            found = ", ".join(f"{w}x{h} ({len(names)} file{'s' if len(names) > 1 else ''}, e.g. {names[0]})"
+                              for (w, h), names in sorted(sizes.items(), key=lambda item: -len(item[1])))
+            raise ValueError(f"{where}: its images have {len(sizes)} sizes (width x height): {found}; give "
+                             f"--image-size to resize them all to one square size")
+        (width, height), = sizes if size is None else [(int(size), int(size))]
+        self.hw = (height, width)                            # every sample's, resized to it where it differs
+        super().__init__(path, (len(self.files), 3, height, width), numpy.float32, numpy.array(labels, numpy.int64))
 
     def pixels(self, i):
-        """Sample ``i`` decoded: ``(size, size, 3)`` uint8, RGB."""
+        """Sample ``i`` decoded: ``(height, width, 3)`` uint8, RGB."""
         Image = import_pillow()
         try:
             with Image.open(self.files[i]) as image:
                 image = image.convert("RGB")
-                if image.size != (self.size, self.size):
-                    image = image.resize((self.size, self.size), Image.BILINEAR)
-                return numpy.asarray(image)                                 # (size, size, 3)
+                if image.size != self.hw[::-1]:
+                    image = image.resize(self.hw[::-1], Image.BILINEAR)
+                return numpy.asarray(image)                                 # (height, width, 3)
         except (OSError, ValueError) as exc:
             raise ValueError(f"{self.where}: {os.path.relpath(self.files[i], self.path)} cannot be decoded "
                              f"({exc})") from None
 
     def decode(self, i):
-        """Sample ``i``: ``(3, size, size)`` float32, normalised."""
+        """Sample ``i``: ``(3, height, width)`` float32, normalised."""
         return normalise(self.pixels(i), 0, 3)
 
     def read(self, samples, box, out):

@@ -7,7 +7,9 @@ Usage::
 
 Prints the per-stage table and the totals against pure sample parallelism and
 the best single strategy; ``--out`` writes a model file that ``refconv train
---model plan.yaml`` runs on ``P`` ranks.  A model of volumes (``dims: 3``, e.g. ``--model
+--model plan.yaml`` runs on ``P`` ranks, with the model's training recipe (its learning-rate rule,
+schedule, momentum, weight decay and loss) and the image size planned for under ``train``
+(:mod:`refconv.recipe`): the options the command leaves unset take them, as for the preset.  A model of volumes (``dims: 3``, e.g. ``--model
 cosmoflow``) is planned on grids of five axes, ``--image-size`` its depth, height and
 width (docs/planning.md, "Models of volumes").  Bad input (a missing or malformed
 machine file, no feasible plan, a model it cannot bind) raises ValueError alike
@@ -24,7 +26,7 @@ import warnings
 import yaml
 from mpi4py import MPI
 
-from refconv import checks, datasets, train_config
+from refconv import checks, datasets, recipe, train_config
 from refconv.train import load_model_spec
 from refconv.plan import report
 from refconv.pricing import graph, machine as machine_mod, search
@@ -82,14 +84,27 @@ def _plan(args):
     out.append(report.summary(plan, ("sample", sample) if sample else None, planner.best_uniform()))
     if args.out:
         planned = search.to_spec(spec, plan)
+        preset = args.model if args.model in train_config.PRESETS else None
+        planned["train"] = recipe.for_plan(spec, preset, args.image_size)  # refconv train's unset options
+        planned["plan"] = prediction(plan, machine, args)     # refconv train's summary shows it beside its own
+        text = json.dumps(planned, indent=1) if args.out.endswith(".json") else \
+            yaml.safe_dump(planned, sort_keys=False, default_flow_style=None)   # whole, before the file is opened
         with open(args.out, "w") as f:
-            if args.out.endswith(".json"):
-                json.dump(planned, f, indent=1)
-            else:
-                yaml.safe_dump(planned, f, sort_keys=False, default_flow_style=None)
+            f.write(text)
         out.append(f"wrote {args.out}: run it with  mpiexec -n {args.ranks} refconv train "
                    f"{shlex.join(train_arguments(args, shape))}")
     return "\n".join(out)
+
+
+def prediction(plan, machine, args):
+    """The planned file's ``plan:`` record: what was predicted of the step and its overlap, for
+    the grid planned, which ``refconv train`` prints beside what it measures."""
+    return {"machine": machine.name, "ranks": args.ranks, "batch": args.batch, "image_size": args.image_size,
+            **{key: round(float(seconds) * 1e3, 6) for key, seconds in (
+                ("step_ms", plan.seconds), ("overlapped_step_ms", plan.overlapped_seconds),
+                ("grad_allreduce_ms", plan.grad_seconds), ("halo_ms", plan.comm("halo")),
+                ("halo_hidden_ms", plan.halo_hidden_seconds))},
+            "allreduce_hidden": float(plan.hidden)}
 
 
 def train_arguments(args, shape):

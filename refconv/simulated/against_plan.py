@@ -24,6 +24,7 @@ import numpy
 from refconv import simulated, train_config
 from refconv.grid import axes_of
 from refconv.model import Model
+from refconv.overlap import draw_timeline, hidden_by_kind
 from refconv.optim import SGD
 from refconv.pricing import machine as machine_mod
 from refconv.pricing.search import Planner, plan_model, to_spec
@@ -79,7 +80,7 @@ def compare(model, ranks, batch, image_size, machine, grid=None):
     spec, plan, shape = planned(model, ranks, batch, image_size, machine, grid)
     steps = clocked_steps(spec, ranks, shape, machine)
     busiest = {name: max(r[name]["seconds"] for r in steps) for name in STEPS}
-    calls = clock_mod.summarize([c for r in steps for c in r["overlap"]["calls"]])
+    calls = hidden_by_kind([c for r in steps for c in r["overlap"]["calls"]])
     return {"plan": {"blocking": plan.seconds, "overlap": plan.overlapped_seconds,
                      "hidden": plan.seconds - plan.overlapped_seconds},
             "clock": {**busiest, "hidden": busiest["blocking"] - busiest["overlap"], "calls": calls},
@@ -106,10 +107,9 @@ def main(argv=None):
         ratio = clock[name] / plan[name] if plan[name] else float("nan")
         print(f"{name:10s} {plan[name] * 1e3:9.3f} {clock[name] * 1e3:9.3f} {ratio:10.2f}")
     print("overlapped step, every rank's calls summed: kind, calls, in flight, exposed (waited), hidden (ms)")
-    for kind, k in sorted(clock["calls"].items()):
+    for kind, k in clock["calls"].items():
         print(f"  {kind:15s} {k['calls']:5d} {k['in_flight'] * 1e3:9.3f} {k['waited'] * 1e3:9.3f} {k['hidden'] * 1e3:9.3f}")
     if args.timeline:
-        from refconv.bench.overlap import draw_timeline
         draw_timeline(out["ranks"], f"{args.model}, {args.ranks} simulated ranks on {args.machine}", args.timeline)
         print(f"wrote {args.timeline}")
     return 0

@@ -27,15 +27,16 @@ later: the rest was hidden.  A priced run is stepped (one rank at a time), so th
 which calls take a link is the same on every run.
 
 The clock's events (:attr:`Clock.events`) are those ``collectives.stats.timeline()`` records,
-in logical seconds: :func:`report` sums what was hidden and exposed per kind, and
-``python -m refconv.simulated.against_plan --timeline`` draws them as ``python -m
-refconv.bench.overlap step --timeline`` does.
+in logical seconds: :func:`report` sums what was hidden and exposed per kind with training's own
+:func:`refconv.overlap.hidden_by_kind`, and ``python -m refconv.simulated.against_plan --timeline``
+draws them with :func:`refconv.overlap.draw_timeline`, as ``refconv train --timeline`` does.
 """
 
 import math
 
 from refconv import pricing
 from refconv.collectives import local
+from refconv.overlap import hidden_by_kind
 from refconv.layers import (AvgPool2d, AvgPool3d, BatchNorm2d, BatchNorm3d, GlobalAvgPool, GlobalAvgPool3d, Linear,
                             MaxPool2d, MaxPool3d, Redistribute, ReLU, Residual, Sequential)
 from refconv.pricing.machine import ConvShape, Machine
@@ -151,22 +152,9 @@ def _tuple(v, kernel):
 
 
 # -- what a run's clocks say --------------------------------------------------------------------------
-def summarize(events):
-    """Per call kind of ``events`` (``stats.timeline()``'s dicts): calls, and seconds in flight, waited
-    (exposed: the rank waited for the call) and hidden (in flight, not waited)."""
-    kinds = {}
-    for e in events:
-        k = kinds.setdefault(e["kind"], {"calls": 0, "in_flight": 0.0, "waited": 0.0, "hidden": 0.0})
-        in_flight, waited = e["ended"] - e["started"], max(0.0, e["ended"] - e["waited"])
-        k["calls"] += 1
-        k["in_flight"] += in_flight
-        k["waited"] += waited
-        k["hidden"] += in_flight - waited
-    return kinds
-
-
 def report(clocks):
-    """Per rank: the time, the compute, and :func:`summarize` of its calls:
-    ``[{"rank", "seconds", "compute", "calls": {kind: {...}}}]``."""
-    return [{"rank": c.rank, "seconds": c.t, "compute": sum(c.compute.values()), "calls": summarize(c.events)}
+    """Per rank: the time, the compute, and per kind of call (and in total) the seconds in flight,
+    waited (exposed) and hidden, as training measures them (:func:`refconv.overlap.hidden_by_kind`):
+    ``[{"rank", "seconds", "compute", "calls": {kind: {"calls", "in_flight", "waited", "hidden"}}}]``."""
+    return [{"rank": c.rank, "seconds": c.t, "compute": sum(c.compute.values()), "calls": hidden_by_kind(c.events)}
             for c in clocks]

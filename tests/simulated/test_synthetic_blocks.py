@@ -55,7 +55,7 @@ def _whole_batch(comm, cfg):
     """The losses and test score of the whole-batch path (see the module), on the same model."""
     spec, dtype = load_model_spec(cfg.model), numpy.dtype(cfg.dtype)
     x, y, k = datasets.synthetic_for(spec, cfg.synthetic_samples, cfg.image_size, seed=cfg.seed, dtype=dtype)
-    xt, yt, _ = datasets.synthetic_for(spec, cfg.synthetic_samples // 4, cfg.image_size, seed=cfg.seed + 1, dtype=dtype)
+    xt, yt, _ = datasets.synthetic_for(spec, cfg.synthetic_samples // 4, cfg.image_size, seed=cfg.seed, dtype=dtype, part=1)
     model = build_model(cfg, comm=comm, in_channels=x.shape[1], num_classes=k)
     model.set_overlap(cfg.overlap)
     model.set_buckets(cfg.bucket_kib * 1024)
