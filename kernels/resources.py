@@ -43,7 +43,7 @@ import types as pytypes
 
 import numpy
 
-from refconv.bench.torch_step import SHAPES as RESNET50_SHAPES
+from refconv.reference.shapes import SHAPES as RESNET50_SHAPES
 
 from ._launch import THREADS, TILE_M, TILE_N
 
@@ -267,7 +267,7 @@ H200_BYTES_PER_S = 4.8e12  # HBM3e
 
 
 def six_shapes():
-    """The six ResNet-50 shapes of ``refconv bench`` (``torch_step.SHAPES``): name -> (C, F, H, K, stride, padding)."""
+    """The six ResNet-50 shapes of ``refconv bench`` (``refconv.reference.shapes.SHAPES``): name -> (C, F, H, K, stride, padding)."""
     return RESNET50_SHAPES
 
 
