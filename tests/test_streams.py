@@ -67,10 +67,33 @@ class FakeComm:
         recv[...] = 2 * send
 
 
+class FakeDevice:
+    """The device module of :func:`as_if_on_a_gpu`: NumPy, with CuPy's pinned allocator and copy to the host
+    recorded (each pinned block is a bytearray, kept in ``blocks``)."""
+
+    def __init__(self, log):
+        self.log, self.blocks = log, []
+        self.cuda = type("cuda", (), {"alloc_pinned_memory": self.alloc_pinned_memory})()
+
+    def alloc_pinned_memory(self, nbytes):
+        self.log.append("pinned")
+        self.blocks.append(bytearray(nbytes))
+        return self.blocks[-1]
+
+    def asnumpy(self, x, out):
+        out[...] = x
+        return out
+
+    def __getattr__(self, name):
+        return getattr(numpy, name)
+
+
 @pytest.fixture
 def as_if_on_a_gpu(monkeypatch):
-    """NumPy arrays treated as device arrays, with the stream calls recorded."""
+    """NumPy arrays treated as device arrays, with the stream calls and pinned allocations recorded."""
     log = Log()
+    log.device = FakeDevice(log)
+    monkeypatch.setattr(arrays, "device_module", lambda: log.device)
     monkeypatch.setattr(arrays, "kernel_stream", log.event("launch", 0))
     monkeypatch.setattr(arrays, "synchronize", log.event("sync"))
     monkeypatch.setattr(arrays, "is_device_array", lambda x: isinstance(x, numpy.ndarray))
@@ -104,6 +127,25 @@ def test_kernel_then_stream_wait_then_mpi(as_if_on_a_gpu, cuda_aware, aware):
     # MPI reads y only after the stream the kernel ran on has been waited for
     assert log.index("sync") < log.index("mpi"), log
     assert log[0] == "launch" and log.count("mpi") == 1
+    # staged (not CUDA-aware): the send and receive buffers are page-locked, from CuPy's pinned pool
+    assert log.count("pinned") == (0 if aware else 2), log
+
+
+def test_staging_buffers_are_pinned(as_if_on_a_gpu, cuda_aware):
+    """G9: a staged buffer lives in the pinned block it was given (CuPy's pool reuses the block once the array
+    is freed); a host array, or a device one under a CUDA-aware MPI, is not staged at all."""
+    cuda_aware(False)
+    device = as_if_on_a_gpu.device
+    x = numpy.arange(6.0).reshape(2, 3)
+    sent = staging.to_mpi(x)
+    numpy.testing.assert_array_equal(sent, x)
+    assert sent is not x and sent.base is not None and bytes(device.blocks[-1]) == x.tobytes()
+    received = staging.empty((4,), numpy.float32, like=x)
+    received[...] = 7
+    assert bytes(device.blocks[-1]) == numpy.full(4, 7, numpy.float32).tobytes()
+    assert len(device.blocks) == 2 and staging.empty((0,), numpy.float32, like=x).shape == (0,)
+    cuda_aware(True)
+    assert staging.to_mpi(x) is x and len(device.blocks) == 2
 
 
 def test_a_fresh_device_receive_buffer_waits_for_the_stream(as_if_on_a_gpu, cuda_aware):
