@@ -79,9 +79,26 @@ def grid_1d(n):
     return max(1, ceil_div(n, BLOCK_1D)), BLOCK_1D
 
 
+# CUDA's limits on a grid's y and z sizes (x allows 2**31 - 1, past any M here).
+MAX_GRID_YZ = 65535
+
+
 def gemm_grid(M, N, depth=1):
-    """``(blocks, threads)`` covering a ``M x N`` GEMM with ``depth`` independent slices (groups, K-splits)."""
-    return (max(1, ceil_div(M, TILE_M)), max(1, ceil_div(N, TILE_N)), depth), (THREADS, THREADS)
+    """``(blocks, threads)`` covering a ``M x N`` GEMM with ``depth`` independent slices (groups, K-splits).
+
+    The callers check ``depth`` against :data:`MAX_GRID_YZ` where they choose it, naming their own argument
+    (``groups``, ``splits``); here, the check that no launch passes it."""
+    blocks = (max(1, ceil_div(M, TILE_M)), max(1, ceil_div(N, TILE_N)), depth)
+    if blocks[1] > MAX_GRID_YZ or depth > MAX_GRID_YZ:
+        raise ValueError(f"a {M} x {N} GEMM in {depth} slices needs grid {blocks}; CUDA allows at most "
+                         f"{MAX_GRID_YZ} blocks along y and z")
+    return blocks, (THREADS, THREADS)
+
+
+def check_groups(groups):
+    """``groups`` is grid z of the tiled kernels: at most :data:`MAX_GRID_YZ`."""
+    if groups > MAX_GRID_YZ:
+        raise ValueError(f"groups: at most {MAX_GRID_YZ} on the cuda backend (one grid-z slice each), got {groups}")
 
 
 def xp():

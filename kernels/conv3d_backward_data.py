@@ -24,7 +24,7 @@ from ._launch import (
     kernel_jit,
     multiply_stage, stream, tiled_jit, zero_fill,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    contiguous, gemm_grid, grid_1d, output_pixel, split4, split5, xp,
+    check_groups, contiguous, gemm_grid, grid_1d, output_pixel, split4, split5, xp,
 )
 from .conv_forward import check_version
 from refconv import checks
@@ -161,6 +161,7 @@ def conv3d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
         blocks, threads = grid_1d(dx.size)
         backward_data3d_direct[blocks, threads, stream()](dy, w, dx, sd, sh, sw, pd, ph, pw, dd, dh, dw, groups)
     else:
+        check_groups(groups)
         blocks, threads = gemm_grid(N * D * H * W, C // groups, groups)
         backward_data3d_tiled(dy.dtype.type)[blocks, threads, stream()](dy, w, dx, sd, sh, sw, pd, ph, pw,
                                                                         dd, dh, dw, groups)

@@ -23,9 +23,9 @@ from ._launch import (
     kernel_jit,
     multiply_stage, stream, tiled_jit, store_flat_tile, zero_fill,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split4, split5, xp,
+    contiguous, gemm_grid, grid_1d, input_pixel, split4, split5, xp,
 )
-from .conv_backward_filter import choose_splits, sum_splits
+from .conv_backward_filter import split_k, sum_splits
 from .conv_forward import check_version
 from refconv import checks
 
@@ -161,11 +161,7 @@ def conv3d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
         return dw
     K = N * out[0] * out[1] * out[2]
     (bx, by, _), threads = gemm_grid(F // groups, Cg * Kd * Kh * Kw)
-    if splits is None:
-        splits, k_split = choose_splits(bx * by * groups, K)
-    else:
-        k_split = ceil_div(ceil_div(K, splits), TILE_K) * TILE_K
-        splits = ceil_div(K, k_split)
+    splits, k_split = split_k(bx * by, K, groups, splits)
     partial = xp().empty((splits, F, Cg * Kd * Kh * Kw), dtype=x.dtype)  # every element is written once
     backward_filter3d_tiled(x.dtype.type)[(bx, by, groups * splits), threads, stream()](
         x, dy, partial, Kd, Kh, Kw, *geometry, k_split)

@@ -22,7 +22,7 @@ from ._launch import (
     kernel_jit,
     multiply_stage, stream, tiled_jit, load_weight_stage, zero_fill,
     A_STAGE, B_STAGE, LOADS_A, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    contiguous, gemm_grid, grid_1d, input_pixel, split4, split5, xp,
+    check_groups, contiguous, gemm_grid, grid_1d, input_pixel, split4, split5, xp,
 )
 from .conv_forward import check_version
 from .elementwise import bias_add
@@ -147,6 +147,7 @@ def conv3d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, v
         blocks, threads = grid_1d(y.size)
         forward3d_direct[blocks, threads, stream()](x, w, y, sd, sh, sw, pd, ph, pw, dd, dh, dw, groups)
     else:
+        check_groups(groups)
         blocks, threads = gemm_grid(N * out[0] * out[1] * out[2], F // groups, groups)
         w2 = w.reshape(F, Cg * Kd * Kh * Kw)
         forward3d_tiled(x.dtype.type)[blocks, threads, stream()](x, w2, y, Kd, Kh, Kw, sd, sh, sw, pd, ph, pw,

@@ -24,7 +24,7 @@ from ._launch import (
     kernel_jit,
     multiply_stage, stream, tiled_jit, zero_fill,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    advance3, contiguous, gemm_grid, grid_1d, output_pixel, split3, split4, xp,
+    advance3, check_groups, contiguous, gemm_grid, grid_1d, output_pixel, split3, split4, xp,
 )
 from .conv_forward import check_version
 from refconv import checks
@@ -163,6 +163,7 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
         blocks, threads = grid_1d(dx.size)
         backward_data_direct[blocks, threads, stream()](dy, w, dx, sh, sw, ph, pw, dh, dw, groups)
     else:
+        check_groups(groups)
         blocks, threads = gemm_grid(N * H * W, C // groups, groups)
         backward_data_tiled(dy.dtype.type)[blocks, threads, stream()](dy, w, dx, sh, sw, ph, pw, dh, dw, groups)
     return dx

@@ -24,8 +24,8 @@ from numba import cuda
 from ._launch import (
     kernel_jit,
     multiply_stage, stream, tiled_jit, store_flat_tile, zero_fill,
-    A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, TARGET_BLOCKS, THREADS, TILE_K, TILE_M, TILE_N,
-    advance3, ceil_div, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
+    A_STAGE, B_STAGE, LOADS_A, LOADS_B, MAX_GRID_YZ, MICRO, TARGET_BLOCKS, THREADS, TILE_K, TILE_M, TILE_N,
+    advance3, ceil_div, check_groups, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
 from .conv_forward import check_version
 from refconv import checks
@@ -167,6 +167,25 @@ def choose_splits(blocks, K):
     return ceil_div(K, k_split), k_split
 
 
+def split_k(blocks, K, groups, splits=None):
+    """``(splits, k_split)`` for a launch of ``blocks`` tiles per group: the caller's ``splits``, or
+    :func:`choose_splits`'s, each slice a whole number of stages.  Grid z holds ``groups * splits``
+    slices, at most ``MAX_GRID_YZ``: a caller's ``splits`` past that is refused, naming the largest that fits."""
+    check_groups(groups)
+    if splits is None:
+        splits, k_split = choose_splits(blocks * groups, K)
+        splits = min(splits, MAX_GRID_YZ // groups)
+        k_split = ceil_div(ceil_div(K, splits), TILE_K) * TILE_K
+        return ceil_div(K, k_split), k_split
+    if not isinstance(splits, int) or splits < 1:
+        raise ValueError(f"splits: expected a positive int (or None, to choose), got {splits!r}")
+    if groups * splits > MAX_GRID_YZ:
+        raise ValueError(f"splits: {groups} groups x {splits} splits = {groups * splits} blocks along grid z, "
+                         f"above CUDA's {MAX_GRID_YZ}; pass splits <= {MAX_GRID_YZ // groups}")
+    k_split = ceil_div(ceil_div(K, splits), TILE_K) * TILE_K
+    return ceil_div(K, k_split), k_split
+
+
 def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, version=2, splits=None):
     """``dw (F, C/g, Kh, Kw) = w_shape`` from ``x (N, C, H, W)`` and ``dy (N, F, Ho, Wo)``, on device arrays.
 
@@ -199,11 +218,7 @@ def _partials(x, dy, w_shape, geometry, K, splits):
     sh, sw, ph, pw, dil_h, dil_w, groups = geometry
     F, Cg, Kh, Kw = w_shape
     (bx, by, _), threads = gemm_grid(F // groups, Cg * Kh * Kw)
-    if splits is None:
-        splits, k_split = choose_splits(bx * by * groups, K)
-    else:
-        k_split = ceil_div(ceil_div(K, splits), TILE_K) * TILE_K
-        splits = ceil_div(K, k_split)
+    splits, k_split = split_k(bx * by, K, groups, splits)
     partial = xp().empty((splits, F, Cg * Kh * Kw), dtype=x.dtype)  # every element is written once
     backward_filter_tiled(x.dtype.type)[(bx, by, groups * splits), threads, stream()](
         x, dy, partial, Kh, Kw, sh, sw, ph, pw, dil_h, dil_w, groups, k_split)

@@ -21,7 +21,7 @@ from ._launch import (
     kernel_jit,
     multiply_stage, stream, tiled_jit, load_weight_stage, zero_fill,
     A_STAGE, B_STAGE, LOADS_A, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    advance3, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
+    advance3, check_groups, contiguous, gemm_grid, grid_1d, input_pixel, split3, split4, xp,
 )
 from .elementwise import bias_add
 from refconv import checks
@@ -151,6 +151,7 @@ def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, v
         blocks, threads = grid_1d(y.size)
         forward_direct[blocks, threads, stream()](x, w, y, sh, sw, ph, pw, dh, dw, groups)
     else:
+        check_groups(groups)
         blocks, threads = gemm_grid(N * Ho * Wo, F // groups, groups)
         w2 = w.reshape(F, Cg * Kh * Kw)
         forward_tiled(x.dtype.type)[blocks, threads, stream()](x, w2, y, Kh, Kw, sh, sw, ph, pw, dh, dw, groups)
