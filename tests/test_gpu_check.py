@@ -17,7 +17,7 @@ import sys
 import numpy
 import pytest
 
-from refconv import kernels
+from refconv import arrays, kernels
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
@@ -150,8 +150,6 @@ def test_one_failing_kernel_row_does_not_stop_the_others(monkeypatch):
         raise RuntimeError("launch failed")
 
     monkeypatch.setattr(kernels, "conv2d_forward", broken)
-    from refconv import arrays
-
     table = kernel_rows.KernelRows(arrays, batch=1, rounds=1, timed=False)
     rows = list(table.rows("tiny", (1, 1, 3, 1, 1, 0)))  # C, F, H, K, stride, padding: a few threads each
     assert [r["pass"] for r in rows] == ["forward", "backward-data", "backward-filter"]
