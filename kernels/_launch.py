@@ -1,7 +1,8 @@
 """Launch geometry and index helpers shared by every kernel in ``refconv.kernels``.
 
 Host side: tile constants and small functions that turn a problem size into
-``(blocks, threads)`` with ceil-division.  Device side: the index arithmetic
+``(blocks, threads)`` with ceil-division; the volume view of an image and the tap table that
+let one kernel per pass serve both.  Device side: the index arithmetic
 (splitting a flat index into coordinates, the stride/padding/dilation map
 between input and output pixels), written once and called from every kernel.
 
@@ -134,30 +135,22 @@ def split2(index, inner):
 
 
 @cuda.jit(device=True)
+def advance2(outer, inner, step, size):
+    """``split2(index + step, size)`` from ``(outer, inner) = split2(index, size)``, without dividing:
+    ``step // size + 1`` compare-and-subtracts, a handful for the tiled kernels' steps (1, 4, 16)."""
+    inner += step
+    while inner >= size:
+        inner -= size
+        outer += 1
+    return outer, inner
+
+
+@cuda.jit(device=True)
 def split3(index, middle, inner):
     """``index`` -> ``(a, b, c)`` with ``index = (a * middle + b) * inner + c``."""
     rest = index // inner
     a = rest // middle
     return a, rest - a * middle, index - rest * inner
-
-
-@cuda.jit(device=True)
-def advance3(a, b, c, step, middle, inner):
-    """``split3(index + step, middle, inner)`` from ``(a, b, c) = split3(index, middle, inner)``, without dividing.
-
-    Adds ``step`` to ``c`` and carries into ``b`` and ``a``, one compare-and-subtract
-    per carry: about ``step // inner + step // (inner * middle) + 2`` of them.  For the
-    steps of the tiled kernels (1, 4, 16) and sizes of 3 or more that is a handful,
-    cheaper than the two 64-bit divides of a ``split3``; at size 1 it is ``step``.
-    """
-    c += step
-    while c >= inner:
-        c -= inner
-        b += 1
-    while b >= middle:
-        b -= middle
-        a += 1
-    return a, b, c
 
 
 @cuda.jit(device=True)
@@ -199,6 +192,49 @@ def output_pixel(inp, tap, stride, padding, dilation, size_out):
     if shifted - out * stride != 0:
         return -1
     return out if out < size_out else -1
+
+
+# --------------------------------------------------------------- one kernel for images and volumes
+# Every convolution kernel works on volumes, (N, C, D, H, W); an image is a volume of depth 1
+# (as_volume: a view, no copy).  Its spatial index is flat where only the position matters
+# (s = (d, h, w) of D*H*W), and the taps of the filter are one flat index too, tap = (a, i, j)
+# of Kd*Kh*Kw, whose offsets come from a small table (tap_table) instead of a divide per load.
+
+
+def as_volume(a, dims):
+    """``a`` with a depth axis of 1 inserted before its last two when ``dims == 2`` (a view), else ``a``."""
+    return a.reshape(a.shape[:2] + (1,) + a.shape[2:]) if dims == 2 else a
+
+
+def geometry3(values, dims, fill):
+    """A per-axis tuple for 3 axes: ``values`` (one per spatial dim) with ``fill`` for the depth of an image."""
+    return ((fill,) + tuple(values)) if dims == 2 else tuple(values)
+
+
+_TAPS = {}
+
+
+def tap_table(kernel, dilation, stride):
+    """``(Kd*Kh*Kw, 6)`` int32 device array: per tap ``(a, i, j)`` (flat ``(a*Kh + i)*Kw + j``), the quotient
+    and remainder of its offsets ``a*dd, i*dh, j*dw`` by ``stride``: ``(qa, ra, qi, ri, qj, rj)``.
+
+    With ``stride = (1, 1, 1)`` the quotients are the offsets themselves (the forward and backward-filter
+    loaders add them to the window's corner).  Backward-data asks whether output ``od`` reads input ``d``
+    through tap ``a``, ``d + pd - a*dd = od*sd``: with ``d + pd = qd*sd + rd`` (split once per thread), it
+    does when ``rd == ra``, and then ``od = qd - qa``: no divide per load.  Built once per geometry and
+    array module, with the array module (a NumPy index table on a GPU would be copied at every launch)."""
+    key = (xp().__name__, tuple(kernel), tuple(dilation), tuple(stride))
+    if key not in _TAPS:
+        rows = []
+        for a in range(kernel[0]):
+            for i in range(kernel[1]):
+                for j in range(kernel[2]):
+                    row = []
+                    for tap, d, s in zip((a, i, j), dilation, stride):
+                        row += divmod(tap * d, s)
+                    rows.append(row)
+        _TAPS[key] = xp().asarray(rows, dtype="int32").reshape(len(rows), 6)
+    return _TAPS[key]
 
 
 # ---------------------------------------------- the pieces every tiled (version 2) kernel shares

@@ -49,8 +49,12 @@ from ._launch import THREADS, TILE_M, TILE_N
 
 CCS = ((8, 0), (9, 0))
 DTYPES = (numpy.float32, numpy.float64)
-MODULES = ("conv_forward", "conv_backward_data", "conv_backward_filter", "elementwise", "batch_norm", "pooling",
-           "conv3d_forward", "conv3d_backward_data", "conv3d_backward_filter")
+MODULES = ("conv_forward", "conv_backward_data", "conv_backward_filter", "elementwise", "batch_norm", "pooling")
+CONV_MODULES = MODULES[:3]  # one kernel per version and pass, for images and volumes alike
+# The ceilings every convolution kernel keeps (issue 34): integer divides in its PTX (a 64-bit divide is a
+# long sequence; a loader that divided per load had 58 to 68) and registers (128 leave room for 2 blocks of 256).
+MAX_DIVIDES = 16
+MAX_REGISTERS = 128
 
 
 # ------------------------------------------------------------------ the inventory
@@ -79,23 +83,25 @@ class Kernel:
     def signature(self, dtype):
         """Numba types for ``args``: ``1``-``4`` a C-contiguous array of that rank in
         ``dtype``, ``s`` a scalar in ``dtype``, ``L`` an int64 array of rank 5 (pooling's argmax), ``D`` a
-        float64 array of rank 2, ``i`` an int64, ``f`` a float64, ``b`` a bool."""
+        float64 array of rank 2, ``T`` an int32 array of rank 2 (``_launch.tap_table``), ``i`` an int64, ``f`` a
+        float64, ``b`` a bool."""
         from numba import types
 
         element = types.float32 if dtype == numpy.float32 else types.float64
         kinds = {"i": types.int64, "f": types.float64, "b": types.boolean, "s": element,
-                 "L": types.Array(types.int64, 5, "C"), "D": types.Array(types.float64, 2, "C")}
+                 "L": types.Array(types.int64, 5, "C"), "D": types.Array(types.float64, 2, "C"),
+                 "T": types.Array(types.int32, 2, "C")}
         return tuple(types.Array(element, int(a), "C") if a.isdigit() else kinds[a] for a in self.args)
 
 
 TILE_THREADS = 256  # _launch.THREADS ** 2, checked in missing_kernels
 KERNELS = (
-    Kernel("conv_forward", "forward_direct", 1, "444iiiiiii", 256),
-    Kernel("conv_forward", "forward_tiled", 2, "424iiiiiiiii", TILE_THREADS),
-    Kernel("conv_backward_data", "backward_data_direct", 1, "444iiiiiii", 256),
-    Kernel("conv_backward_data", "backward_data_tiled", 2, "444iiiiiii", TILE_THREADS),
-    Kernel("conv_backward_filter", "backward_filter_direct", 1, "444iiiiiii", 256),
-    Kernel("conv_backward_filter", "backward_filter_tiled", 2, "443iiiiiiiiii", TILE_THREADS),
+    Kernel("conv_forward", "forward_direct", 1, "555" + "i" * 10, 256),
+    Kernel("conv_forward", "forward_tiled", 2, "52T3" + "i" * 10, TILE_THREADS),
+    Kernel("conv_backward_data", "backward_data_direct", 1, "555" + "i" * 10, 256),
+    Kernel("conv_backward_data", "backward_data_tiled", 2, "53T3" + "i" * 9, TILE_THREADS),
+    Kernel("conv_backward_filter", "backward_filter_direct", 1, "555" + "i" * 10, 256),
+    Kernel("conv_backward_filter", "backward_filter_tiled", 2, "53T3" + "i" * 11, TILE_THREADS),
     Kernel("conv_backward_filter", "sum_splits_kernel", 0, "21", 256),
     Kernel("elementwise", "bias_add_kernel", 0, "41", 256),
     Kernel("elementwise", "relu_forward_kernel", 0, "11", 256),
@@ -108,12 +114,6 @@ KERNELS = (
     Kernel("pooling", "max_pool_backward_kernel", 0, "5L5" + "i" * 9, 256),
     Kernel("pooling", "avg_pool_forward_kernel", 0, "55" + "i" * 9, 256),
     Kernel("pooling", "avg_pool_backward_kernel", 0, "55" + "i" * 9, 256),
-    Kernel("conv3d_forward", "forward3d_direct", 1, "555" + "i" * 10, 256),
-    Kernel("conv3d_forward", "forward3d_tiled", 2, "525" + "i" * 13, TILE_THREADS),
-    Kernel("conv3d_backward_data", "backward_data3d_direct", 1, "555" + "i" * 10, 256),
-    Kernel("conv3d_backward_data", "backward_data3d_tiled", 2, "555" + "i" * 10, TILE_THREADS),
-    Kernel("conv3d_backward_filter", "backward_filter3d_direct", 1, "555" + "i" * 10, 256),
-    Kernel("conv3d_backward_filter", "backward_filter3d_tiled", 2, "553" + "i" * 14, TILE_THREADS),
 )
 
 
@@ -380,6 +380,13 @@ def failures(result):
         if row.get("atomics"):
             problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: {row['atomics']} atomic instruction(s) "
                             "(the result would depend on the order the blocks run in)")
+        conv = row["kernel"].split(".")[0] in CONV_MODULES
+        if conv and row.get("divides", 0) > MAX_DIVIDES:
+            problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: {row['divides']} integer divides in its PTX, "
+                            f"above {MAX_DIVIDES} (carry indices from load to load instead of splitting them)")
+        if conv and row.get("registers", 0) > MAX_REGISTERS:
+            problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: {row['registers']} registers, above "
+                            f"{MAX_REGISTERS}")
         if row["tiled"] and row.get("stack_bytes"):
             problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: a {row['stack_bytes']}-byte stack frame "
                             "(local memory; the micro-tile should live in registers)")

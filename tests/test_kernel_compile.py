@@ -36,9 +36,12 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_and_the_docs_tab
     assert len(from_inventory) >= 16  # every kernel of the package (missing_kernels() keeps the list complete)
     assert compiled == {(k, d, c) for k in from_inventory for d in ("float32", "float64") for c in ("sm_80", "sm_90")}
     tiled = [r for r in rows if r["tiled"]]
-    assert {r["kernel"].split(".")[1] for r in tiled} == {"forward_tiled", "backward_data_tiled", "backward_filter_tiled",
-                                                          "forward3d_tiled", "backward_data3d_tiled",
-                                                          "backward_filter3d_tiled"}
+    # one tiled kernel per pass, for images and volumes alike (the 3-D copies are gone)
+    assert {r["kernel"] for r in tiled} == {"conv_forward.forward_tiled", "conv_backward_data.backward_data_tiled",
+                                            "conv_backward_filter.backward_filter_tiled"}
+    conv = [r for r in rows if r["kernel"].split(".")[0] in ("conv_forward", "conv_backward_data", "conv_backward_filter")]
+    assert len(conv) == 7 * 4 and all(r["divides"] <= 16 and r["registers"] <= 128 for r in conv), \
+        [(r["kernel"], r["dtype"], r["cc"], r["divides"], r["registers"]) for r in conv]
     assert all(r["spill_bytes"] == 0 and r["stack_bytes"] == 0 and r["shared_bytes"] > 0 and 0 < r["occupancy"] <= 1
                for r in tiled), tiled  # no spill, and the micro-tile stays in registers
     assert all(r["atomics"] == 0 for r in rows), [r for r in rows if r["atomics"]]
@@ -66,7 +69,7 @@ def test_split_k_backward_filter_compiles_without_atomics():
     assert lines["atomic"] == "{'atomics': 2, 'divides': 0}"  # the counter finds atomics where they are
 
 
-def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_stack_frame_or_an_atomic():
+def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_stack_frame_an_atomic_or_a_ceiling():
     """The defect this proof exists for: a shared array whose shape is a run-time sum."""
     code = textwrap.dedent("""
         import numpy
@@ -97,6 +100,8 @@ def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_
         print("stack:", resources.failures({"kernels": [row]}))
         row = dict(row, stack_bytes=0, atomics=8)
         print("atomics:", resources.failures({"kernels": [row]}))
+        row = dict(row, atomics=0, divides=17, registers=130)
+        print("ceilings:", resources.failures({"kernels": [row]}))
         print("blocks:", resources.occupancy(128, 8320, 256, resources.SMS[(9, 0)]))
     """)
     done = run_compiler(code=code)
@@ -107,6 +112,7 @@ def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_
     assert "spills 8 bytes" in lines["spill"]
     assert "a 64-byte stack frame" in lines["stack"]
     assert "8 atomic instruction(s)" in lines["atomics"]
+    assert "17 integer divides in its PTX, above 16" in lines["ceilings"] and "130 registers, above 128" in lines["ceilings"]
     # 128 registers x 32 lanes = 4096 per warp; 65536 / 4096 = 16 warps = 2 blocks of 8 warps: 25%, by registers
     assert lines["blocks"] == "(2, 0.25, 'registers')"
 
