@@ -270,23 +270,46 @@ def load_weight_stage(b_tile, w2, row0, rows, col0, k0, K, t):
             b_tile[kk, ff] = 0
 
 
-@cuda.jit(device=True)
-def multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty):
-    """``acc += a_tile[:, rows] x b_tile[:, cols]`` for this thread's ``MICRO x MICRO`` micro-tile.
+def _multiply_stage_source(depth):
+    """The source of :data:`multiply_stage`: this loop, with ``kk`` written out ``0, 1, ..., depth - 1``::
 
-    Shared by the three tiled (version 2) convolution kernels: after a stage of
-    ``TILE_K`` is in shared memory, thread ``(tx, ty)`` owns rows ``tx + THREADS*ii``
-    and columns ``ty + THREADS*jj``; each ``kk`` loads ``MICRO`` values of A and of B
-    into registers and does ``MICRO*MICRO`` multiply-adds (an outer product).
-    """
-    for kk in range(TILE_K):
-        for ii in range(MICRO):
-            a_reg[ii] = a_tile[kk, tx + ii * THREADS]
-        for jj in range(MICRO):
-            b_reg[jj] = b_tile[kk, ty + jj * THREADS]
-        for ii in range(MICRO):
+        for kk in range(TILE_K):
+            for ii in range(MICRO):
+                a_reg[ii] = a_tile[kk, tx + ii * THREADS]
             for jj in range(MICRO):
-                acc[ii, jj] += a_reg[ii] * b_reg[jj]
+                b_reg[jj] = b_tile[kk, ty + jj * THREADS]
+            for ii in range(MICRO):
+                for jj in range(MICRO):
+                    acc[ii, jj] += a_reg[ii] * b_reg[jj]
+
+    Numba compiles ``range(16)`` to a counted loop that LLVM does not unroll: its body was 39
+    instructions for 16 FFMAs, the loop counter's 64-bit arithmetic among them.  Written out, the
+    shared-memory addresses become constants and the counter goes (docs/kernels.md, "The static
+    performance table").  The ``ii``/``jj`` loops have constant trip counts and unroll anyway.
+    """
+    lines = ["def multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty):"]
+    for kk in range(depth):
+        lines += ["    for ii in range(MICRO):", f"        a_reg[ii] = a_tile[{kk}, tx + ii * THREADS]",
+                  "    for jj in range(MICRO):", f"        b_reg[jj] = b_tile[{kk}, ty + jj * THREADS]",
+                  "    for ii in range(MICRO):", "        for jj in range(MICRO):",
+                  "            acc[ii, jj] += a_reg[ii] * b_reg[jj]"]
+    return "\n".join(lines)
+
+
+def _compile_multiply_stage():
+    namespace = {"MICRO": MICRO, "THREADS": THREADS}
+    exec(_multiply_stage_source(TILE_K), namespace)  # noqa: S102 (the text above, generated here)
+    function = namespace["multiply_stage"]
+    function.__doc__ = """``acc += a_tile[:, rows] x b_tile[:, cols]`` for this thread's ``MICRO x MICRO`` micro-tile.
+
+    Shared by the three tiled (version 2) convolution kernels: after a stage of ``TILE_K`` is in
+    shared memory, thread ``(tx, ty)`` owns rows ``tx + THREADS*ii`` and columns ``ty + THREADS*jj``;
+    each ``kk`` loads ``MICRO`` values of A and of B into registers and does ``MICRO*MICRO``
+    multiply-adds (an outer product).  Generated: :func:`_multiply_stage_source`."""
+    return cuda.jit(device=True)(function)
+
+
+multiply_stage = _compile_multiply_stage()
 
 
 @cuda.jit(device=True)

@@ -50,6 +50,7 @@ LAZY_IMPORTS = {
     ("refconv/arrays.py", "numba"): "numba.cuda's streams need a context: only on a real GPU, after the device is chosen",
     ("kernels/resources.py", "numba"): "numba-cuda's compiler modules: absent under the simulator, which the proof refuses",
     ("kernels/resources.py", "nvidia"): "ptxas from the optional gpu-compile extra",
+    ("kernels/sass.py", "nvidia"): "nvdisasm from the optional gpu-compile extra",
     ("refconv/backend.py", "refconv"): "refconv.kernels imports numba.cuda, which must see NUMBA_ENABLE_CUDASIM first",
     ("refconv/device.py", "numba"): "numba.cuda initialises the driver: only after the GPU is chosen",
     ("refconv/bench/kernels.py", "torch"): "optional contender",

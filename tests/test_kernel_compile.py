@@ -45,6 +45,13 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_and_the_docs_tab
     assert all(r["spill_bytes"] == 0 and r["stack_bytes"] == 0 and r["shared_bytes"] > 0 and 0 < r["occupancy"] <= 1
                for r in tiled), tiled  # no spill, and the micro-tile stays in registers
     assert all(r["atomics"] == 0 for r in rows), [r for r in rows if r["atomics"]]
+    # the static performance table: SASS of each tiled kernel, float32, both targets, within the floors
+    # (--check above fails below them); the kk loop is written out, so one pass of the inner loop is a stage
+    assert result["nvdisasm"], "nvdisasm from the gpu-compile extra must be found, so the SASS is read"
+    profiled = {(r["kernel"], r["cc"]): r["sass"] for r in rows if "sass" in r}
+    assert set(profiled) == {(r["kernel"], c) for r in tiled for c in ("sm_80", "sm_90")}
+    assert all(s["inner_trips_per_stage"] == 1 and s["inner_fma"] == 256 for s in profiled.values()), profiled
+    assert all(s["inner_share"] >= 0.2 and s["per_fma"] <= 5 for s in profiled.values()), profiled
 
 
 def test_split_k_backward_filter_compiles_without_atomics():
@@ -138,3 +145,33 @@ def test_float32_batch_norm_apply_stays_float32():
                            for d in ("float32", "float64")}
     assert all(v == 0 for k, v in counts.items() if k.endswith("float32")), counts
     assert all(v > 0 for k, v in counts.items() if k.endswith("float64")), counts
+
+
+LISTING = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   LDS R2, [R3] ;
+        /*0020*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+.L_x_2:
+        /*0030*/                   LDS R4, [R5] ;
+        /*0040*/                   FFMA R6, R4, R4, R6 ;
+        /*0050*/                   FFMA R7, R4, R4, R7 ;
+        /*0060*/                   FFMA R8, R4, R4, R8 ;
+        /*0070*/                   FFMA R9, R4, R4, R9 ;
+        /*0080*/               @P0 BRA `(.L_x_2) ;
+        /*0090*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*00a0*/               @P1 BRA `(.L_x_1) ;
+        /*00b0*/                   EXIT ;
+"""
+
+
+def test_the_sass_profile_finds_the_inner_loop_and_counts_per_stage():
+    """kernels/sass.py on a hand-written listing: a stage loop (with its barriers) around a kk loop of 4 FFMAs
+    in 6 instructions, which a stage runs 64 times (256 FFMAs per thread)."""
+    code = "from refconv.kernels import sass\np = sass.profile(" + repr(LISTING) + ")\n" \
+           "print(p['inner_loop'], p['inner_fma'], p['inner_trips_per_stage'], p['stage_instructions'], p['loops'])"
+    done = run_compiler(code=code)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the stage loop: 10 instructions, of which the inner 6 run 64 times: 4 + 6 * 64 = 388
+    assert done.stdout.split(" ", 4)[:4] == ["6", "4", "64", "388"], done.stdout
+    assert "[(10, 0.4), (6, 0.6666666666666666)]" in done.stdout
