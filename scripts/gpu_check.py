@@ -17,7 +17,7 @@ says so in one line, and the others still run:
            and the multi-rank CUDA tests (tests/mpi/test_{distconv_cuda,layers_cuda,device}.py)
            through their launcher, tests/test_mpi.py; the node ids it collected are in the summary
   kernels  every convolution kernel, both versions, the three passes, on the six ResNet-50
-           shapes, one row at a time: checked against refconv.reference, timed with CUDA events
+           shapes (batch 32) and three CosmoFlow shapes (batch 4), one row at a time: checked against refconv.reference, timed with CUDA events
            against cuDNN (torch, TF32 off) and cuBLAS SGEMM (CuPy) on the pass's own GEMM
   ranks    2 ranks on one GPU: allreduce, allgather and reduce-scatter of device buffers,
            CUDA-aware or staged through the host, bytes and time per call
@@ -238,12 +238,13 @@ def markdown(summary):
         lines.append(f"| {name} | not yet run | - | - |")
     kernels = next((s for s in summary["steps"] if s["step"] == "kernels"), None)
     if kernels and kernels.get("figures", {}).get("rows"):
-        lines += ["", f"Kernels ({kernels['figures']['timer']}, batch {kernels['figures']['batch']}, float32), ms:", "",
-                  "| shape | pass | v1 | v2 | cuDNN | SGEMM | v2 / SGEMM speed | error |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += ["", f"Kernels ({kernels['figures']['timer']}, float32), ms:", "",
+                  "| shape | batch | pass | v1 | v2 | cuDNN | SGEMM | v2 / SGEMM speed | error |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in kernels["figures"]["rows"]:
             cell = lambda key, fmt="{:.3f}": fmt.format(r[key]) if key in r else "-"  # noqa: E731
-            lines.append(f"| {r['shape']} | {r['pass']} | {cell('v1_ms')} | {cell('v2_ms')} | {cell('cudnn_ms')} | "
+            lines.append(f"| {r['shape']} | {r.get('batch', '-')} | {r['pass']} | {cell('v1_ms')} | {cell('v2_ms')} | "
+                         f"{cell('cudnn_ms')} | "
                          f"{cell('sgemm_ms')} | {cell('v2_of_sgemm', '{:.0%}')} | {r.get('error', '-')[:120]} |")
     return "\n".join(lines) + "\n"
 

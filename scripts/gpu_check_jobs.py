@@ -146,16 +146,21 @@ def job_kernels(args):
     import numpy
 
     from refconv import arrays
-    from refconv.reference.shapes import QUICK_SHAPES, SHAPES
+    from refconv.reference.shapes import QUICK_SHAPES, SHAPES, SHAPES3D
     from kernel_rows import KernelRows
 
-    # a dry run: one tiny shape, and the checked call is the timed one (the simulator is slow)
-    shapes, batch, rounds = ({"quick3x3": QUICK_SHAPES["quick3x3"]}, 2, 1) if args.dry_run else (SHAPES, 32, 10)
+    # (name, shape, dims, batch): the six ResNet-50 shapes at batch 32 and three CosmoFlow shapes at batch 4;
+    # a dry run: one tiny image and one tiny volume, and the checked call is the timed one (the simulator is slow)
+    if args.dry_run:
+        shapes, batch, rounds = [("quick3x3", QUICK_SHAPES["quick3x3"], 2, 2), ("tiny3d", TINY3D, 3, 1)], 2, 1
+    else:
+        shapes = [(n, s, 2, 32) for n, s in SHAPES.items()] + [(n, SHAPES3D[n], 3, 4) for n in COSMOFLOW_MEASURED]
+        batch, rounds = 32, 10
     table = KernelRows(arrays, batch, rounds, timed=not args.dry_run)
     result = {"status": "running", "detail": "", "rows": [], "batch": batch, "notes": table.notes,
               "timer": "CUDA events" if table.on_gpu else "wall clock (dry run)"}
-    for name, shape in shapes.items():
-        for row in table.rows(name, shape):
+    for name, shape, dims, n in shapes:
+        for row in table.rows(name, shape, dims, n):
             result["rows"].append(row)
             write(args, "kernels", result)  # what is done so far survives a cut
     failed = [f"{r['shape']} {r['pass']}: {r['error']}" for r in result["rows"] if "error" in r]
@@ -169,6 +174,10 @@ def job_kernels(args):
     result.update(status="failed" if failed or not result["rows"] else "ok",
                   detail="; ".join([detail] + failed[:3] + table.notes))
     return result
+
+
+COSMOFLOW_MEASURED = ("cosmo1", "cosmo2", "cosmo3")  # the three with the most work per layer
+TINY3D = (2, 2, 4, 3, 1, 1)  # C, F, D=H=W, K, stride, padding: one tile of 64 rows under the simulator
 
 
 def job_ranks(args):
