@@ -201,9 +201,10 @@ def output_pixel(inp, tap, stride, padding, dilation, size_out):
 # of Kd*Kh*Kw, whose offsets come from a small table (tap_table) instead of a divide per load.
 
 
-def as_volume(a, dims):
-    """``a`` with a depth axis of 1 inserted before its last two when ``dims == 2`` (a view), else ``a``."""
-    return a.reshape(a.shape[:2] + (1,) + a.shape[2:]) if dims == 2 else a
+def as_volume(a):
+    """``a`` as the kernels take it: a volume (5 dims) as it is, an image ``(N, C, H, W)`` (or 2-D weights
+    ``(F, Cg, Kh, Kw)``) as ``(N, C, 1, H, W)``: a view, no copy."""
+    return a if a.ndim == 5 else a.reshape(a.shape[:2] + (1,) + a.shape[2:])
 
 
 def geometry3(values, dims, fill):

@@ -194,12 +194,12 @@ def _backward_data(dy, w, x_shape, geometry, dims, version):
     N, C = x_shape[:2]
     D, H, W = geometry3(x_shape[2:], dims, 1)
     F = w.shape[0]
-    dy5, w5 = as_volume(contiguous(dy), dims), as_volume(contiguous(w), dims)
+    dy5, w5 = as_volume(contiguous(dy)), as_volume(contiguous(w))
     dx = xp().empty(x_shape, dtype=dy.dtype)
     check_groups(groups)
     if version == 1:
         blocks, threads = grid_1d(dx.size)
-        backward_data_direct[blocks, threads, stream()](dy5, w5, as_volume(dx, dims), sd, sh, sw, pd, ph, pw,
+        backward_data_direct[blocks, threads, stream()](dy5, w5, as_volume(dx), sd, sh, sw, pd, ph, pw,
                                                         dd, dh, dw, F // groups)
     else:
         Cg, Kd, Kh, Kw = w5.shape[1:]

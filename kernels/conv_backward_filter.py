@@ -235,7 +235,7 @@ def _direct(x5, dy5, w_shape, geometry, dims, K):
     sd, sh, sw, pd, ph, pw, dil_d, dil_h, dil_w, groups = geometry
     dw = xp().empty(w_shape, dtype=x5.dtype)
     blocks, threads = grid_1d(dw.size)
-    backward_filter_direct[blocks, threads, stream()](x5, dy5, as_volume(dw, dims), sd, sh, sw, pd, ph, pw,
+    backward_filter_direct[blocks, threads, stream()](x5, dy5, as_volume(dw), sd, sh, sw, pd, ph, pw,
                                                       dil_d, dil_h, dil_w, w_shape[0] // groups)
     return dw
 
@@ -277,4 +277,4 @@ def _checked(x, dy, w_shape, stride, padding, dilation, groups, dims):
     checks.dy_shape(dy, x.shape, w_shape, out)
     geometry = (*geometry3(stride, dims, 1), *geometry3(padding, dims, 0), *geometry3(dilation, dims, 1), groups)
     K = x.shape[0] * math.prod(out)
-    return as_volume(contiguous(x), dims), as_volume(contiguous(dy), dims), w_shape, geometry, dims, K
+    return as_volume(contiguous(x)), as_volume(contiguous(dy)), w_shape, geometry, dims, K

@@ -174,13 +174,13 @@ def _forward(x, w, b, geometry, dims, version):
     (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = (geometry3(v, dims, f) for v, f in ((stride, 1), (padding, 0),
                                                                                     (dilation, 1)))
     N, F = x.shape[0], w.shape[0]
-    x5, w5 = as_volume(contiguous(x), dims), as_volume(contiguous(w), dims)
+    x5, w5 = as_volume(contiguous(x)), as_volume(contiguous(w))
     Do, Ho, Wo = geometry3(out, dims, 1)
     y = xp().empty((N, F, *out), dtype=x.dtype)
     check_groups(groups)
     if version == 1:
         blocks, threads = grid_1d(y.size)
-        forward_direct[blocks, threads, stream()](x5, w5, as_volume(y, dims), sd, sh, sw, pd, ph, pw, dd, dh, dw,
+        forward_direct[blocks, threads, stream()](x5, w5, as_volume(y), sd, sh, sw, pd, ph, pw, dd, dh, dw,
                                                   F // groups)
     else:
         Cg, Kd, Kh, Kw = w5.shape[1:]
