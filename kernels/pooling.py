@@ -26,11 +26,18 @@ from refconv.reference import pool_geometry, pool3d_geometry
 
 @cuda.jit(device=True)
 def covering_outputs(inp, kernel, stride, padding, size_out):
-    """The range ``[first, last)`` of outputs whose window (kernel ``kernel``) covers input ``inp``."""
-    # output o covers inp when o*stride - padding <= inp < o*stride - padding + kernel
-    first = max(0, (inp + padding - kernel + stride) // stride)
-    last = min(size_out, (inp + padding) // stride + 1)
-    return first, last
+    """The range ``[first, last)`` of outputs whose window (kernel ``kernel``) covers input ``inp``.
+
+    Output ``o`` covers ``inp`` when ``o*stride <= inp + padding < o*stride + kernel``.  One divide finds
+    the last window that starts at or before ``inp``; the first is found by stepping back while the window
+    before still reaches ``inp`` (at most ``kernel / stride`` steps), where a second divide, of a
+    numerator that may be negative, cost two more divide instructions per axis."""
+    shifted = inp + padding  # >= 0
+    last = shifted // stride
+    first = last + 1
+    while first > 0 and (first - 1) * stride + kernel > shifted:
+        first -= 1
+    return first, min(size_out, last + 1)
 
 
 @kernel_jit

@@ -39,9 +39,10 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_and_the_docs_tab
     # one tiled kernel per pass, for images and volumes alike (the 3-D copies are gone)
     assert {r["kernel"] for r in tiled} == {"conv_forward.forward_tiled", "conv_backward_data.backward_data_tiled",
                                             "conv_backward_filter.backward_filter_tiled"}
-    conv = [r for r in rows if r["kernel"].split(".")[0] in ("conv_forward", "conv_backward_data", "conv_backward_filter")]
-    assert len(conv) == 7 * 4 and all(r["divides"] <= 16 and r["registers"] <= 128 for r in conv), \
-        [(r["kernel"], r["dtype"], r["cc"], r["divides"], r["registers"]) for r in conv]
+    # every kernel: at most 16 integer divides in its PTX and 128 registers (backward-data and pooling included)
+    assert all(r["divides"] <= 16 and r["registers"] <= 128 for r in rows), \
+        [(r["kernel"], r["dtype"], r["cc"], r["divides"], r["registers"]) for r in rows if r["divides"] > 16
+         or r["registers"] > 128]
     assert all(r["spill_bytes"] == 0 and r["stack_bytes"] == 0 and r["shared_bytes"] > 0 and 0 < r["occupancy"] <= 1
                for r in tiled), tiled  # no spill, and the micro-tile stays in registers
     assert all(r["atomics"] == 0 for r in rows), [r for r in rows if r["atomics"]]
