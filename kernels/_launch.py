@@ -112,8 +112,21 @@ def stream():
 
     CuPy's current stream on a real GPU (``refconv.arrays.kernel_stream``), so
     kernels, CuPy's own work and the wait before each MPI call share one stream.
+    CuPy's null stream is CUDA's legacy default stream, which Numba names by handle 0;
+    numba-cuda 0.30 hands CuPy arrays to a launch through DLPack, whose ``__dlpack__(stream=0)``
+    is forbidden for CUDA, so that stream is passed by its other name, the legacy default
+    stream's handle (``cuda.legacy_default_stream()``): the same stream.  The device check's
+    first launch (scripts/gpu_check_jobs.py) checks both on a GPU.
     """
-    return arrays.kernel_stream()
+    return legacy_if_null(arrays.kernel_stream())
+
+
+def legacy_if_null(launch_stream, legacy=None):
+    """``launch_stream``, or the legacy default stream where it is Numba's handle-0 stream; ``0`` (the
+    simulator's, or a test's stand-in) as it is.  ``legacy``: the legacy stream's factory (tests pass one)."""
+    if isinstance(launch_stream, int) or int(launch_stream.handle) != 0:
+        return launch_stream
+    return (legacy or cuda.legacy_default_stream)()
 
 
 def contiguous(a):

@@ -95,9 +95,10 @@ def first_launch():
     """One tiny kernel (ReLU of 7 numbers) on CuPy's null stream, one on a side stream, each checked against the host.
 
     numba-cuda 0.30 takes CuPy arrays through DLPack, whose ``__dlpack__(stream=0)`` is forbidden for CUDA:
-    CuPy's null stream has handle 0.  If that launch is refused, it is retried on the legacy default stream's
-    handle (the same stream by another name), and the row says so: ``refconv.arrays.kernel_stream`` must then
-    hand out that handle for the null stream.  Under the simulator the streams are ignored: both rows run.
+    CuPy's null stream has handle 0, so ``kernels/_launch.stream`` passes it by the legacy default stream's
+    handle (the same stream by another name).  If the library's launch is refused all the same, it is retried
+    directly on the legacy default stream's handle, and the row says so, with the refusal.  Under the
+    simulator the streams are ignored: both rows run.
     """
     import numpy
     from numba import cuda
@@ -127,7 +128,8 @@ def first_launch():
         arrays.synchronize()
         return y
 
-    rows["null stream"] = checked(lambda: kernels.relu_forward(xp.asarray(host)), "handle 0 (CuPy's null stream)")
+    rows["null stream"] = checked(lambda: kernels.relu_forward(xp.asarray(host)),
+                                  "CuPy's null stream, launched as refconv does (kernels/_launch.stream)")
     if not rows["null stream"]["ok"] and arrays.gpu_available():
         refused = rows["null stream"]["error"]
         rows["null stream"] = checked(legacy, "refused on handle 0; ran on the legacy default stream's handle")

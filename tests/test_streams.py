@@ -18,6 +18,7 @@ import refconv
 from refconv import arrays, collectives, kernels
 from refconv.collectives import staging
 from refconv.halo import Halo
+from refconv.kernels import _launch
 
 KERNELS = pathlib.Path(kernels.__file__).parent
 
@@ -156,6 +157,20 @@ def test_a_fresh_device_receive_buffer_waits_for_the_stream(as_if_on_a_gpu, cuda
     staging.empty((4,), numpy.float64, like=numpy.zeros(1))
     staging.new((4,), numpy.float64, on_device=True)
     assert log == ["sync", "sync"]
+
+
+def test_the_null_stream_is_passed_by_the_legacy_default_stream_handle():
+    """G4: Numba names CuPy's null stream by handle 0, which DLPack forbids; launches take the legacy default
+    stream's handle instead (the same stream), and any other stream, or the simulator's 0, as it is."""
+    class Stream:
+        def __init__(self, handle):
+            self.handle = handle
+
+    legacy = Stream(1)
+    assert _launch.legacy_if_null(Stream(0), lambda: legacy) is legacy
+    side = Stream(0x7F00)
+    assert _launch.legacy_if_null(side, lambda: legacy) is side
+    assert _launch.legacy_if_null(0, lambda: legacy) == 0
 
 
 def test_kernel_stream_is_zero_without_a_gpu():
