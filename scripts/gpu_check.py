@@ -54,10 +54,17 @@ MPI_CUDA_FILES = ("distconv_cuda", "layers_cuda", "device")
 # A dry run collects every test above but runs only these (the simulator takes minutes over the rest):
 DRY_RUN_TESTS = re.compile(r"(test_streams\.py|test_kernels\.py::.*stream|\[distconv_cuda::test_cuda_spatial"
                            r"|\[device::.*-2\])")
-# The modules whose absence the preflight turns into wheels to carry: the top-level name -> the wheel.
+# The modules whose absence the preflight turns into wheels to carry: the module (or its top-level name)
+# -> the wheel.
 WHEELS = {"yaml": "pyyaml", "threadpoolctl": "threadpoolctl", "numpy": "numpy", "numba": "numba-cuda",
           "mpi4py": "mpi4py", "pytest": "pytest", "hypothesis": "hypothesis", "xdist": "pytest-xdist",
-          "cupy": "cupy-cuda12x", "nvidia": "nvidia-cuda-nvcc-cu12", "mpich": "mpich", "refconv": "refconv"}
+          "cupy": "cupy-cuda12x", "nvidia.cuda_nvcc": "nvidia-cuda-nvcc-cu12", "nvidia.cu13": "nvidia-cuda-nvdisasm",
+          "mpich": "mpich", "refconv": "refconv"}
+
+
+def wheel(missing):
+    """The wheel that brings the ``missing`` module: by its full name, else by its top-level name."""
+    return WHEELS.get(missing) or WHEELS.get(missing.split(".")[0], missing.split(".")[0])
 
 
 def python_env(simulator):
@@ -110,7 +117,7 @@ def job_result(job, args, status, log):
 # ------------------------------------------------------------------------- preflight
 def carry_lines(missing, python_version):
     """How to bring the missing wheels: download them where there is a network, install them here."""
-    wheels = sorted({WHEELS.get(top, top) for rows in missing.values() for _, top, _ in rows})
+    wheels = sorted({wheel(name) for rows in missing.values() for _, name, _ in rows})
     required = requirements()
     specs = [required.get(w, w) for w in wheels]
     platform = sysconfig.get_platform().replace("linux", "manylinux2014").replace("-", "_")

@@ -22,7 +22,7 @@ import time
 # starts.  ``cupy`` is needed on a GPU only (under the simulator the device arrays are NumPy's).
 NEEDS = {
     "env": ("numpy", "numba", "refconv", "refconv.info", "refconv.collectives", "mpi4py.MPI"),
-    "compile": ("numba", "refconv.kernels.resources", "nvidia.cuda_nvcc"),
+    "compile": ("numba", "refconv.kernels.resources", "nvidia.cuda_nvcc", "nvidia.cu13"),  # ptxas, nvdisasm
     "tests": ("pytest", "hypothesis", "xdist", "refconv.kernels", "refconv.testing.mpirun",
               "refconv.testing.strategies", "refconv.backend", "refconv.layers", "mpi4py.MPI"),
     "kernels": ("refconv.kernels", "refconv.reference", "refconv.reference.shapes", "refconv.testing.asserts"),
@@ -33,7 +33,7 @@ ON_A_GPU = ("cupy",)
 
 
 def missing_modules(steps, on_gpu):
-    """``{step: [(module, the top-level module that is missing, error), ...]}`` for every step that cannot import
+    """``{step: [(module, the module that is missing (it, or one it imports), error), ...]}`` for every step that cannot import
     what it needs.  An import that fails for another reason (a broken install) is reported with its error."""
     found = {}
     for step in steps:
@@ -41,10 +41,10 @@ def missing_modules(steps, on_gpu):
             try:
                 importlib.import_module(module)
             except ModuleNotFoundError as error:  # names the missing module
-                found.setdefault(step, []).append((module, (error.name or module).split(".")[0], str(error)))
+                found.setdefault(step, []).append((module, error.name or module, str(error)))
             except Exception as error:  # noqa: BLE001 (mpi4py without its MPI library, or a broken install)
-                top = "mpich" if module == "mpi4py.MPI" else module.split(".")[0]
-                found.setdefault(step, []).append((module, top, f"{type(error).__name__}: {error}"))
+                name = "mpich" if module == "mpi4py.MPI" else module
+                found.setdefault(step, []).append((module, name, f"{type(error).__name__}: {error}"))
     return found
 
 
