@@ -7,25 +7,19 @@ and raises the same ``ValueError``.  The convolutions come in two versions,
 ``version=1`` (direct, for reading) and ``version=2`` (tiled implicit GEMM, for
 speed); see docs/kernels.md.
 
-    conv_forward.py           conv2d_forward
-    conv_backward_data.py     conv2d_backward_data
-    conv_backward_filter.py   conv2d_backward_filter
+    conv_forward.py           conv2d_forward, conv3d_forward (one kernel per version: an image is a volume of depth 1)
+    conv_backward_data.py     conv2d_backward_data, conv3d_backward_data
+    conv_backward_filter.py   conv2d_backward_filter, conv3d_backward_filter
     elementwise.py            bias_add, bias_grad, relu_forward, relu_backward
     batch_norm.py             batch_norm_sums, batch_norm_apply, batch_norm_grad_sums, batch_norm_backward_apply
     pooling.py                max_pool2d_forward/backward, avg_pool2d_forward/backward, and the 3d ones
-    conv3d_forward.py         conv3d_forward
-    conv3d_backward_data.py   conv3d_backward_data
-    conv3d_backward_filter.py conv3d_backward_filter
     _launch.py                tile constants, launch geometry, shared index device functions
 """
 
 from .batch_norm import batch_norm_apply, batch_norm_backward_apply, batch_norm_grad_sums, batch_norm_sums
-from .conv_backward_data import conv2d_backward_data
-from .conv_backward_filter import conv2d_backward_filter
-from .conv_forward import conv2d_forward
-from .conv3d_backward_data import conv3d_backward_data
-from .conv3d_backward_filter import conv3d_backward_filter
-from .conv3d_forward import conv3d_forward
+from .conv_backward_data import conv2d_backward_data, conv3d_backward_data
+from .conv_backward_filter import conv2d_backward_filter, conv3d_backward_filter
+from .conv_forward import conv2d_forward, conv3d_forward
 from .elementwise import bias_add, bias_grad, relu_backward, relu_forward
 from .pooling import (
     avg_pool2d_backward, avg_pool2d_forward, avg_pool3d_backward, avg_pool3d_forward,

@@ -1,7 +1,8 @@
 """Launch geometry and index helpers shared by every kernel in ``refconv.kernels``.
 
 Host side: tile constants and small functions that turn a problem size into
-``(blocks, threads)`` with ceil-division.  Device side: the index arithmetic
+``(blocks, threads)`` with ceil-division; the volume view of an image and the tap table that
+let one kernel per pass serve both.  Device side: the index arithmetic
 (splitting a flat index into coordinates, the stride/padding/dilation map
 between input and output pixels), written once and called from every kernel.
 
@@ -79,9 +80,26 @@ def grid_1d(n):
     return max(1, ceil_div(n, BLOCK_1D)), BLOCK_1D
 
 
+# CUDA's limits on a grid's y and z sizes (x allows 2**31 - 1, past any M here).
+MAX_GRID_YZ = 65535
+
+
 def gemm_grid(M, N, depth=1):
-    """``(blocks, threads)`` covering a ``M x N`` GEMM with ``depth`` independent slices (groups, K-splits)."""
-    return (max(1, ceil_div(M, TILE_M)), max(1, ceil_div(N, TILE_N)), depth), (THREADS, THREADS)
+    """``(blocks, threads)`` covering a ``M x N`` GEMM with ``depth`` independent slices (groups, K-splits).
+
+    The callers check ``depth`` against :data:`MAX_GRID_YZ` where they choose it, naming their own argument
+    (``groups``, ``splits``); here, the check that no launch passes it."""
+    blocks = (max(1, ceil_div(M, TILE_M)), max(1, ceil_div(N, TILE_N)), depth)
+    if blocks[1] > MAX_GRID_YZ or depth > MAX_GRID_YZ:
+        raise ValueError(f"a {M} x {N} GEMM in {depth} slices needs grid {blocks}; CUDA allows at most "
+                         f"{MAX_GRID_YZ} blocks along y and z")
+    return blocks, (THREADS, THREADS)
+
+
+def check_groups(groups):
+    """``groups`` is grid z of the tiled kernels: at most :data:`MAX_GRID_YZ`."""
+    if groups > MAX_GRID_YZ:
+        raise ValueError(f"groups: at most {MAX_GRID_YZ} on the cuda backend (one grid-z slice each), got {groups}")
 
 
 def xp():
@@ -94,8 +112,21 @@ def stream():
 
     CuPy's current stream on a real GPU (``refconv.arrays.kernel_stream``), so
     kernels, CuPy's own work and the wait before each MPI call share one stream.
+    CuPy's null stream is CUDA's legacy default stream, which Numba names by handle 0;
+    numba-cuda 0.30 hands CuPy arrays to a launch through DLPack, whose ``__dlpack__(stream=0)``
+    is forbidden for CUDA, so that stream is passed by its other name, the legacy default
+    stream's handle (``cuda.legacy_default_stream()``): the same stream.  The device check's
+    first launch (scripts/gpu_check_jobs.py) checks both on a GPU.
     """
-    return arrays.kernel_stream()
+    return legacy_if_null(arrays.kernel_stream())
+
+
+def legacy_if_null(launch_stream, legacy=None):
+    """``launch_stream``, or the legacy default stream where it is Numba's handle-0 stream; ``0`` (the
+    simulator's, or a test's stand-in) as it is.  ``legacy``: the legacy stream's factory (tests pass one)."""
+    if isinstance(launch_stream, int) or int(launch_stream.handle) != 0:
+        return launch_stream
+    return (legacy or cuda.legacy_default_stream)()
 
 
 def contiguous(a):
@@ -117,30 +148,22 @@ def split2(index, inner):
 
 
 @cuda.jit(device=True)
+def advance2(outer, inner, step, size):
+    """``split2(index + step, size)`` from ``(outer, inner) = split2(index, size)``, without dividing:
+    ``step // size + 1`` compare-and-subtracts, a handful for the tiled kernels' steps (1, 4, 16)."""
+    inner += step
+    while inner >= size:
+        inner -= size
+        outer += 1
+    return outer, inner
+
+
+@cuda.jit(device=True)
 def split3(index, middle, inner):
     """``index`` -> ``(a, b, c)`` with ``index = (a * middle + b) * inner + c``."""
     rest = index // inner
     a = rest // middle
     return a, rest - a * middle, index - rest * inner
-
-
-@cuda.jit(device=True)
-def advance3(a, b, c, step, middle, inner):
-    """``split3(index + step, middle, inner)`` from ``(a, b, c) = split3(index, middle, inner)``, without dividing.
-
-    Adds ``step`` to ``c`` and carries into ``b`` and ``a``, one compare-and-subtract
-    per carry: about ``step // inner + step // (inner * middle) + 2`` of them.  For the
-    steps of the tiled kernels (1, 4, 16) and sizes of 3 or more that is a handful,
-    cheaper than the two 64-bit divides of a ``split3``; at size 1 it is ``step``.
-    """
-    c += step
-    while c >= inner:
-        c -= inner
-        b += 1
-    while b >= middle:
-        b -= middle
-        a += 1
-    return a, b, c
 
 
 @cuda.jit(device=True)
@@ -184,6 +207,50 @@ def output_pixel(inp, tap, stride, padding, dilation, size_out):
     return out if out < size_out else -1
 
 
+# --------------------------------------------------------------- one kernel for images and volumes
+# Every convolution kernel works on volumes, (N, C, D, H, W); an image is a volume of depth 1
+# (as_volume: a view, no copy).  Its spatial index is flat where only the position matters
+# (s = (d, h, w) of D*H*W), and the taps of the filter are one flat index too, tap = (a, i, j)
+# of Kd*Kh*Kw, whose offsets come from a small table (tap_table) instead of a divide per load.
+
+
+def as_volume(a):
+    """``a`` as the kernels take it: a volume (5 dims) as it is, an image ``(N, C, H, W)`` (or 2-D weights
+    ``(F, Cg, Kh, Kw)``) as ``(N, C, 1, H, W)``: a view, no copy."""
+    return a if a.ndim == 5 else a.reshape(a.shape[:2] + (1,) + a.shape[2:])
+
+
+def geometry3(values, dims, fill):
+    """A per-axis tuple for 3 axes: ``values`` (one per spatial dim) with ``fill`` for the depth of an image."""
+    return ((fill,) + tuple(values)) if dims == 2 else tuple(values)
+
+
+_TAPS = {}
+
+
+def tap_table(kernel, dilation, stride):
+    """``(Kd*Kh*Kw, 6)`` int32 device array: per tap ``(a, i, j)`` (flat ``(a*Kh + i)*Kw + j``), the quotient
+    and remainder of its offsets ``a*dd, i*dh, j*dw`` by ``stride``: ``(qa, ra, qi, ri, qj, rj)``.
+
+    With ``stride = (1, 1, 1)`` the quotients are the offsets themselves (the forward and backward-filter
+    loaders add them to the window's corner).  Backward-data asks whether output ``od`` reads input ``d``
+    through tap ``a``, ``d + pd - a*dd = od*sd``: with ``d + pd = qd*sd + rd`` (split once per thread), it
+    does when ``rd == ra``, and then ``od = qd - qa``: no divide per load.  Built once per geometry and
+    array module, with the array module (a NumPy index table on a GPU would be copied at every launch)."""
+    key = (xp().__name__, tuple(kernel), tuple(dilation), tuple(stride))
+    if key not in _TAPS:
+        rows = []
+        for a in range(kernel[0]):
+            for i in range(kernel[1]):
+                for j in range(kernel[2]):
+                    row = []
+                    for tap, d, s in zip((a, i, j), dilation, stride):
+                        row += divmod(tap * d, s)
+                    rows.append(row)
+        _TAPS[key] = xp().asarray(rows, dtype="int32").reshape(len(rows), 6)
+    return _TAPS[key]
+
+
 # ---------------------------------------------- the pieces every tiled (version 2) kernel shares
 # The 2-D and 3-D tiled kernels differ in how they gather their input tile (the index
 # arithmetic of two or three spatial dims); what does not depend on the dims is here.
@@ -217,23 +284,46 @@ def load_weight_stage(b_tile, w2, row0, rows, col0, k0, K, t):
             b_tile[kk, ff] = 0
 
 
-@cuda.jit(device=True)
-def multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty):
-    """``acc += a_tile[:, rows] x b_tile[:, cols]`` for this thread's ``MICRO x MICRO`` micro-tile.
+def _multiply_stage_source(depth):
+    """The source of :data:`multiply_stage`: this loop, with ``kk`` written out ``0, 1, ..., depth - 1``::
 
-    Shared by the three tiled (version 2) convolution kernels: after a stage of
-    ``TILE_K`` is in shared memory, thread ``(tx, ty)`` owns rows ``tx + THREADS*ii``
-    and columns ``ty + THREADS*jj``; each ``kk`` loads ``MICRO`` values of A and of B
-    into registers and does ``MICRO*MICRO`` multiply-adds (an outer product).
-    """
-    for kk in range(TILE_K):
-        for ii in range(MICRO):
-            a_reg[ii] = a_tile[kk, tx + ii * THREADS]
-        for jj in range(MICRO):
-            b_reg[jj] = b_tile[kk, ty + jj * THREADS]
-        for ii in range(MICRO):
+        for kk in range(TILE_K):
+            for ii in range(MICRO):
+                a_reg[ii] = a_tile[kk, tx + ii * THREADS]
             for jj in range(MICRO):
-                acc[ii, jj] += a_reg[ii] * b_reg[jj]
+                b_reg[jj] = b_tile[kk, ty + jj * THREADS]
+            for ii in range(MICRO):
+                for jj in range(MICRO):
+                    acc[ii, jj] += a_reg[ii] * b_reg[jj]
+
+    Numba compiles ``range(16)`` to a counted loop that LLVM does not unroll: its body was 39
+    instructions for 16 FFMAs, the loop counter's 64-bit arithmetic among them.  Written out, the
+    shared-memory addresses become constants and the counter goes (docs/kernels.md, "The static
+    performance table").  The ``ii``/``jj`` loops have constant trip counts and unroll anyway.
+    """
+    lines = ["def multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty):"]
+    for kk in range(depth):
+        lines += ["    for ii in range(MICRO):", f"        a_reg[ii] = a_tile[{kk}, tx + ii * THREADS]",
+                  "    for jj in range(MICRO):", f"        b_reg[jj] = b_tile[{kk}, ty + jj * THREADS]",
+                  "    for ii in range(MICRO):", "        for jj in range(MICRO):",
+                  "            acc[ii, jj] += a_reg[ii] * b_reg[jj]"]
+    return "\n".join(lines)
+
+
+def _compile_multiply_stage():
+    namespace = {"MICRO": MICRO, "THREADS": THREADS}
+    exec(_multiply_stage_source(TILE_K), namespace)  # noqa: S102 (the text above, generated here)
+    function = namespace["multiply_stage"]
+    function.__doc__ = """``acc += a_tile[:, rows] x b_tile[:, cols]`` for this thread's ``MICRO x MICRO`` micro-tile.
+
+    Shared by the three tiled (version 2) convolution kernels: after a stage of ``TILE_K`` is in
+    shared memory, thread ``(tx, ty)`` owns rows ``tx + THREADS*ii`` and columns ``ty + THREADS*jj``;
+    each ``kk`` loads ``MICRO`` values of A and of B into registers and does ``MICRO*MICRO``
+    multiply-adds (an outer product).  Generated: :func:`_multiply_stage_source`."""
+    return cuda.jit(device=True)(function)
+
+
+multiply_stage = _compile_multiply_stage()
 
 
 @cuda.jit(device=True)

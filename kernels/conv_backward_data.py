@@ -1,19 +1,22 @@
-"""Convolution backward-data: ``dx (N, C, H, W)`` from ``dy (N, F, Ho, Wo)`` and ``w (F, C/groups, Kh, Kw)``.
+"""Convolution backward-data, images and volumes: ``dx (N, C, [D,] H, W)`` from ``dy (N, F, [Do,] Ho, Wo)``
+and ``w (F, C/groups, [Kd,] Kh, Kw)``.  One kernel per version serves both (an image is a volume of depth 1).
 
 Versions (same arguments; select with ``version=``; they agree to rounding: version 1
 accumulates in float64, version 2 in the input dtype, as cuDNN does):
 
-1. direct: one thread per ``dx`` element, gathering every ``(f, i, j)`` whose
-   output pixel reads it (no atomics: each ``dx`` has exactly one writer).
+1. direct: one thread per ``dx`` element, gathering every ``(f, a, i, j)`` whose
+   output position reads it (no atomics: each ``dx`` has exactly one writer).
 2. tiled implicit GEMM with the weights transposed:
-   ``dX[m, c] = sum_k dY[m, k] W[k, c]`` with ``m = (n, h, w)``, ``k = (f, i, j)``,
-   the same 64 x 64 tiles, 16-deep shared-memory stages and 4 x 4 register
-   micro-tiles as the forward kernel.
+   ``dX[m, c] = sum_k dY[m, k] W[k, c]`` with ``m = (n, s)``, ``s`` the flat input position
+   ``(d, h, w)``, and ``k = (f, tap)``; the same 64 x 64 tiles, 16-deep shared-memory stages
+   and 4 x 4 register micro-tiles as the forward kernel.
 
-The gather is stride- and dilation-aware: tap ``(i, j)`` contributes to input
-pixel ``h`` only when ``h + padding - i*dilation`` is a multiple of the stride;
-other taps read zero.  Checked against ``refconv.reference.conv2d_backward_data``
-by ``tests/test_kernels.py``.  Benchmark: ``python -m refconv.bench kernels``.
+The gather is stride- and dilation-aware: tap ``i`` contributes to input row ``h`` only when
+``h + padding - i*dilation`` is a multiple of the stride; other taps read zero.  Version 2 asks
+that without dividing per load: ``h + padding = qh*stride + rh`` once per thread, and
+``i*dilation = qi*stride + ri`` from ``tap_table``; the tap reads output row ``qh - qi`` when
+``rh == ri``.  Checked against ``refconv.reference.conv2d_backward_data`` and
+``conv3d_backward_data`` by ``tests/test_kernels.py`` and ``tests/test_kernels3d.py``.
 """
 
 import functools
@@ -24,59 +27,67 @@ from ._launch import (
     kernel_jit,
     multiply_stage, stream, tiled_jit, zero_fill,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    advance3, contiguous, gemm_grid, grid_1d, output_pixel, split3, split4, xp,
+    advance2, as_volume, check_groups, contiguous, gemm_grid, geometry3, grid_1d, output_pixel, split2, split3,
+    split5, tap_table, xp,
 )
-from .conv_forward import check_version
+from .conv_forward import A_STEP, check_version
 from refconv import checks
+
+B_STEP = THREADS * THREADS // TILE_K  # the columns of one thread's weight loads are this many apart
 
 
 @kernel_jit
-def backward_data_direct(dy, w, dx, sh, sw, ph, pw, dh, dw, groups):
-    """Version 1.  Thread ``t`` computes ``dx.flat[t]``; no shared memory; float64 accumulator."""
+def backward_data_direct(dy, w, dx, sd, sh, sw, pd, ph, pw, dd, dh, dw, Fg):
+    """Version 1.  Thread ``t`` computes ``dx.flat[t]``; no shared memory; a float64 accumulator.
+
+    ``dy (N, F, Do, Ho, Wo)``, ``w (F, Cg, Kd, Kh, Kw)``, ``dx (N, C, D, H, W)``; ``Fg = F / groups``."""
     index = cuda.grid(1)
     if index >= dx.size:
         return
-    _, C, H, W = dx.shape
-    Ho, Wo = dy.shape[2], dy.shape[3]
-    F, Cg, Kh, Kw = w.shape
-    Fg = F // groups
-    n, c, h, x_w = split4(index, C, H, W)
-    g, c_in_group = c // Cg, c % Cg
+    _, C, D, H, W = dx.shape
+    Do, Ho, Wo = dy.shape[2], dy.shape[3], dy.shape[4]
+    F, Cg, Kd, Kh, Kw = w.shape
+    n, c, d, h, x_w = split5(index, C, D, H, W)
+    g, c_in_group = split2(c, Cg)
     acc = 0.0
-    for i in range(Kh):
-        oh = output_pixel(h, i, sh, ph, dh, Ho)
-        if oh < 0:
-            continue  # no output row reads input row h through tap i
-        for j in range(Kw):
-            ow = output_pixel(x_w, j, sw, pw, dw, Wo)
-            if ow < 0:
+    for a in range(Kd):
+        od = output_pixel(d, a, sd, pd, dd, Do)
+        if od < 0:
+            continue  # no output plane reads input plane d through tap a
+        for i in range(Kh):
+            oh = output_pixel(h, i, sh, ph, dh, Ho)
+            if oh < 0:
                 continue
-            for f in range(g * Fg, (g + 1) * Fg):
-                acc += dy[n, f, oh, ow] * w[f, c_in_group, i, j]
-    dx[n, c, h, x_w] = acc
+            for j in range(Kw):
+                ow = output_pixel(x_w, j, sw, pw, dw, Wo)
+                if ow < 0:
+                    continue
+                for f in range(g * Fg, (g + 1) * Fg):
+                    acc += dy[n, f, od, oh, ow] * w[f, c_in_group, a, i, j]
+    dx[n, c, d, h, x_w] = acc
 
 
 @functools.cache
 def backward_data_tiled(dtype):
     """Version 2, compiled for ``dtype``.
 
-    GEMM per group ``g = blockIdx.z``: ``M = N*H*W`` rows ``m = (n, h, w)``,
-    ``N_gemm = C/groups`` columns ``c``, depth ``K = F/groups*Kh*Kw`` with
-    ``k = (f, i, j)``.  Shared memory per stage: ``a_tile[kk, mm] = dy[n, f, oh, ow]``
-    where ``(oh, ow)`` is the output pixel that reads ``(h, w)`` through tap
-    ``(i, j)`` (zero if none does), and ``b_tile[kk, cc] = w[f, c, i, j]``.
-    Thread ``(tx, ty)`` accumulates rows ``tx + 16 ii`` and columns ``ty + 16 jj``.
+    GEMM per group ``g = blockIdx.z``: ``M = N*D*H*W`` rows ``m = (n, s)``, ``N_gemm = C/groups``
+    columns ``c``, depth ``K = F/groups*Kd*Kh*Kw`` with ``k = (f, tap)``.  Shared memory per stage:
+    ``a_tile[kk, mm] = dy[n, f, od, oh, ow]`` where ``(od, oh, ow)`` is the output position that reads
+    ``s`` through ``tap`` (zero if none does), and ``b_tile[kk, cc] = w[f, c, tap]``.  Thread
+    ``(tx, ty)`` accumulates rows ``tx + 16 ii`` and columns ``ty + 16 jj``.
     """
 
     @tiled_jit
-    def kernel(dy, w, dx, sh, sw, ph, pw, dh, dw, groups):
-        # dy: (N, F, Ho, Wo); w: (F, Cg, Kh, Kw); dx: (N, C, H, W)
-        N, C, H, W = dx.shape
-        Ho, Wo = dy.shape[2], dy.shape[3]
-        F, Cg, Kh, Kw = w.shape
-        Fg = F // groups
-        M = N * H * W
-        K = Fg * Kh * Kw
+    def kernel(dy, w3, taps, dx, H, W, sd, sh, sw, pd, ph, pw, Fg):
+        # dy: (N, F, Do, Ho, Wo); w3: (F, Cg, T); taps: (T, 6), each tap's offsets divided by the stride
+        # (tap_table); dx: (N, C, S), S = D*H*W flat
+        N, _, Do, Ho, Wo = dy.shape
+        Cg = w3.shape[1]
+        S = dx.shape[2]
+        T = taps.shape[0]
+        M = N * S
+        K = Fg * T
         g = cuda.blockIdx.z
         m0 = cuda.blockIdx.x * TILE_M
         c0 = cuda.blockIdx.y * TILE_N
@@ -92,54 +103,57 @@ def backward_data_tiled(dtype):
         b_reg = cuda.local.array(MICRO, dtype)
         zero_fill(acc)
 
-        # This thread's A row (an input pixel) is fixed; decompose it once.
+        # This thread's A row (an input position) is fixed: its coordinates plus padding, divided by
+        # the stride, once.
         a_m = t % TILE_M
         a_k = t // TILE_M
         m = m0 + a_m
-        n, h, x_w = split3(m, H, W)
-        # The B element: neighbouring threads take neighbouring k (coalesced reads of w); its k
-        # is the same for the four loads of a stage and advances by TILE_K per stage.
+        n, s = split2(m, S)
+        d, h, x_w = split3(s, H, W)
+        qd, rd = split2(d + pd, sd)
+        qh, rh = split2(h + ph, sh)
+        qw, rw = split2(x_w + pw, sw)
+        f, tap = advance2(0, 0, a_k, T)  # k = f*T + tap, carried from load to load
+        # The B element: neighbouring threads take neighbouring k (coalesced reads of w); its k is
+        # the same for the four loads of a stage and advances by TILE_K per stage.
         b_k = t % TILE_K
         b_c = t // TILE_K
-        fb, ib, jb = split3(b_k, Kh, Kw)
+        fb, tapb = advance2(0, 0, b_k, T)
 
         for tile in range((K + TILE_K - 1) // TILE_K):
             k0 = tile * TILE_K
             for load in range(LOADS_A):
-                kk = a_k + load * (THREADS * THREADS // TILE_M)
-                k = k0 + kk
+                kk = a_k + load * A_STEP
                 value = zero
-                if m < M and k < K:
-                    # Split per load: a running (f, i, j), as the forward loader keeps, cost this
-                    # kernel 12 more registers (142 in float64: one block per SM instead of two).
-                    f, i, j = split3(k, Kh, Kw)
-                    oh = output_pixel(h, i, sh, ph, dh, Ho)
-                    ow = output_pixel(x_w, j, sw, pw, dw, Wo)
-                    if oh >= 0 and ow >= 0:
-                        value = dy[n, g * Fg + f, oh, ow]
+                if m < M and k0 + kk < K and rd == taps[tap, 1] and rh == taps[tap, 3] and rw == taps[tap, 5]:
+                    od = qd - taps[tap, 0]  # the output position that reads s through this tap
+                    oh = qh - taps[tap, 2]
+                    ow = qw - taps[tap, 4]
+                    if 0 <= od < Do and 0 <= oh < Ho and 0 <= ow < Wo:
+                        value = dy[n, g * Fg + f, od, oh, ow]
                 a_tile[kk, a_m] = value
+                f, tap = advance2(f, tap, A_STEP, T)
             for load in range(LOADS_B):
-                cc = b_c + load * (THREADS * THREADS // TILE_K)
+                cc = b_c + load * B_STEP
                 c = c0 + cc
-                k = k0 + b_k
                 value = zero
-                if c < Cg and k < K:
-                    value = w[g * Fg + fb, c, ib, jb]
+                if c < Cg and k0 + b_k < K:
+                    value = w3[g * Fg + fb, c, tapb]
                 b_tile[b_k, cc] = value
-            fb, ib, jb = advance3(fb, ib, jb, TILE_K, Kh, Kw)
+            fb, tapb = advance2(fb, tapb, TILE_K, T)
             cuda.syncthreads()
 
             multiply_stage(a_tile, b_tile, acc, a_reg, b_reg, tx, ty)
             cuda.syncthreads()
 
-        n, h, x_w = split3(m0 + tx, H, W)  # this thread's rows m0 + tx + 16 ii, advanced by 16
+        n, s = split2(m0 + tx, S)  # this thread's rows m0 + tx + 16 ii, advanced by 16
         for ii in range(MICRO):
             if m0 + tx + ii * THREADS < M:
                 for jj in range(MICRO):
                     c = c0 + ty + jj * THREADS
                     if c < Cg:
-                        dx[n, g * Cg + c, h, x_w] = acc[ii, jj]
-            n, h, x_w = advance3(n, h, x_w, THREADS, H, W)
+                        dx[n, g * Cg + c, s] = acc[ii, jj]
+            n, s = advance2(n, s, THREADS, S)
 
     return kernel
 
@@ -153,16 +167,45 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     checks.array(w, "w", 4)
     checks.same_dtype(dy=dy, w=w)
     x_shape = checks.shape4(x_shape, "x_shape")
-    (sh, sw), (ph, pw), (dh, dw), groups, out_hw = checks.conv_geometry(x_shape, w.shape, stride, padding, dilation, groups)
-    checks.dy_shape(dy, x_shape, w.shape, out_hw)
+    geometry = checks.conv_geometry(x_shape, w.shape, stride, padding, dilation, groups)
+    checks.dy_shape(dy, x_shape, w.shape, geometry[-1])
     check_version(version)
-    N, C, H, W = x_shape
-    dy, w = contiguous(dy), contiguous(w)
+    return _backward_data(dy, w, x_shape, geometry, 2, version)
+
+
+def conv3d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, version=2):
+    """``dx (N, C, D, H, W) = x_shape`` from ``dy (N, F, Do, Ho, Wo)`` and ``w (F, C/g, Kd, Kh, Kw)``, on
+    device arrays.  Same arguments, semantics and errors as ``refconv.reference.conv3d_backward_data``."""
+    checks.array(dy, "dy", 5)
+    checks.array(w, "w", 5)
+    checks.same_dtype(dy=dy, w=w)
+    x_shape = checks.shape5(x_shape, "x_shape")
+    geometry = checks.conv_geometry(x_shape, w.shape, stride, padding, dilation, groups, dims=3)
+    checks.dy_shape(dy, x_shape, w.shape, geometry[-1])
+    check_version(version)
+    return _backward_data(dy, w, x_shape, geometry, 3, version)
+
+
+def _backward_data(dy, w, x_shape, geometry, dims, version):
+    """Both versions on the volume views of ``dy``, ``w`` and ``dx``; returns ``dx`` of ``x_shape``."""
+    stride, padding, dilation, groups, _ = geometry
+    (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = (geometry3(v, dims, f) for v, f in ((stride, 1), (padding, 0),
+                                                                                    (dilation, 1)))
+    N, C = x_shape[:2]
+    D, H, W = geometry3(x_shape[2:], dims, 1)
+    F = w.shape[0]
+    dy5, w5 = as_volume(contiguous(dy)), as_volume(contiguous(w))
     dx = xp().empty(x_shape, dtype=dy.dtype)
+    check_groups(groups)
     if version == 1:
         blocks, threads = grid_1d(dx.size)
-        backward_data_direct[blocks, threads, stream()](dy, w, dx, sh, sw, ph, pw, dh, dw, groups)
+        backward_data_direct[blocks, threads, stream()](dy5, w5, as_volume(dx), sd, sh, sw, pd, ph, pw,
+                                                        dd, dh, dw, F // groups)
     else:
-        blocks, threads = gemm_grid(N * H * W, C // groups, groups)
-        backward_data_tiled(dy.dtype.type)[blocks, threads, stream()](dy, w, dx, sh, sw, ph, pw, dh, dw, groups)
+        Cg, Kd, Kh, Kw = w5.shape[1:]
+        blocks, threads = gemm_grid(N * D * H * W, C // groups, groups)
+        taps = tap_table((Kd, Kh, Kw), (dd, dh, dw), (sd, sh, sw))
+        backward_data_tiled(dy.dtype.type)[blocks, threads, stream()](
+            dy5, w5.reshape(F, Cg, Kd * Kh * Kw), taps, dx.reshape(N, C, D * H * W), H, W, sd, sh, sw, pd, ph, pw,
+            F // groups)
     return dx

@@ -19,18 +19,25 @@ import math
 import numpy
 from numba import cuda
 
-from ._launch import contiguous, grid_1d, input_pixel, split5, xp, stream, kernel_jit
+from ._launch import as_volume, contiguous, grid_1d, input_pixel, split5, xp, stream, kernel_jit
 from refconv import checks
 from refconv.reference import pool_geometry, pool3d_geometry
 
 
 @cuda.jit(device=True)
 def covering_outputs(inp, kernel, stride, padding, size_out):
-    """The range ``[first, last)`` of outputs whose window (kernel ``kernel``) covers input ``inp``."""
-    # output o covers inp when o*stride - padding <= inp < o*stride - padding + kernel
-    first = max(0, (inp + padding - kernel + stride) // stride)
-    last = min(size_out, (inp + padding) // stride + 1)
-    return first, last
+    """The range ``[first, last)`` of outputs whose window (kernel ``kernel``) covers input ``inp``.
+
+    Output ``o`` covers ``inp`` when ``o*stride <= inp + padding < o*stride + kernel``.  One divide finds
+    the last window that starts at or before ``inp``; the first is found by stepping back while the window
+    before still reaches ``inp`` (at most ``kernel / stride`` steps), where a second divide, of a
+    numerator that may be negative, cost two more divide instructions per axis."""
+    shifted = inp + padding  # >= 0
+    last = shifted // stride
+    first = last + 1
+    while first > 0 and (first - 1) * stride + kernel > shifted:
+        first -= 1
+    return first, min(size_out, last + 1)
 
 
 @kernel_jit
@@ -133,11 +140,6 @@ def _geometry(x_shape, kernel_size, stride, padding):
     return (*kernel, *stride, *padding), out
 
 
-def _volume(a):
-    """``a`` as the kernels take it: a volume as it is, an image ``(N, C, H, W)`` as ``(N, C, 1, H, W)`` (a view)."""
-    return a if a.ndim == 5 else a.reshape(a.shape[:2] + (1,) + a.shape[2:])
-
-
 def _check_dy(dy, x_shape, out):
     expected = (x_shape[0], x_shape[1], *out)
     if tuple(dy.shape) != expected:
@@ -150,7 +152,8 @@ def _max_pool_forward(x, kernel_size, stride, padding):
     y = xp().empty(x.shape[:2] + out, dtype=x.dtype)
     argmax = xp().empty(y.shape, dtype=numpy.int64)
     blocks, threads = grid_1d(y.size)
-    max_pool_forward_kernel[blocks, threads, stream()](_volume(contiguous(x)), _volume(y), _volume(argmax), *params)
+    max_pool_forward_kernel[blocks, threads, stream()](as_volume(contiguous(x)), as_volume(y), as_volume(argmax),
+                                                       *params)
     return y, argmax
 
 
@@ -161,8 +164,8 @@ def _max_pool_backward(dy, argmax, x_shape, kernel_size, stride, padding):
         raise ValueError(f"argmax: expected the shape of dy {tuple(dy.shape)}, got {tuple(argmax.shape)}")
     dx = xp().empty(x_shape, dtype=dy.dtype)
     blocks, threads = grid_1d(dx.size)
-    max_pool_backward_kernel[blocks, threads, stream()](_volume(contiguous(dy)), _volume(contiguous(argmax)),
-                                                        _volume(dx), *params)
+    max_pool_backward_kernel[blocks, threads, stream()](as_volume(contiguous(dy)), as_volume(contiguous(argmax)),
+                                                        as_volume(dx), *params)
     return dx
 
 
@@ -170,7 +173,7 @@ def _avg_pool_forward(x, kernel_size, stride, padding):
     params, out = _geometry(x.shape, kernel_size, stride, padding)
     y = xp().empty(x.shape[:2] + out, dtype=x.dtype)
     blocks, threads = grid_1d(y.size)
-    avg_pool_forward_kernel[blocks, threads, stream()](_volume(contiguous(x)), _volume(y), *params)
+    avg_pool_forward_kernel[blocks, threads, stream()](as_volume(contiguous(x)), as_volume(y), *params)
     return y
 
 
@@ -179,7 +182,7 @@ def _avg_pool_backward(dy, x_shape, kernel_size, stride, padding):
     _check_dy(dy, x_shape, out)
     dx = xp().empty(x_shape, dtype=dy.dtype)
     blocks, threads = grid_1d(dx.size)
-    avg_pool_backward_kernel[blocks, threads, stream()](_volume(contiguous(dy)), _volume(dx), *params)
+    avg_pool_backward_kernel[blocks, threads, stream()](as_volume(contiguous(dy)), as_volume(dx), *params)
     return dx
 
 

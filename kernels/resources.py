@@ -43,14 +43,27 @@ import types as pytypes
 
 import numpy
 
-from refconv.bench.torch_step import SHAPES as RESNET50_SHAPES
+from refconv.reference.shapes import SHAPES as RESNET50_SHAPES
 
-from ._launch import THREADS, TILE_M, TILE_N
+from . import sass
+from ._launch import MICRO, THREADS, TILE_K, TILE_M, TILE_N
 
 CCS = ((8, 0), (9, 0))
 DTYPES = (numpy.float32, numpy.float64)
-MODULES = ("conv_forward", "conv_backward_data", "conv_backward_filter", "elementwise", "batch_norm", "pooling",
-           "conv3d_forward", "conv3d_backward_data", "conv3d_backward_filter")
+MODULES = ("conv_forward", "conv_backward_data", "conv_backward_filter", "elementwise", "batch_norm", "pooling")
+# The ceilings every kernel keeps (issue 34): integer divides in its PTX (a 64-bit divide is a long
+# sequence; the 3-D loaders that divided per load had 58 to 68) and registers (128 leave room for 2 blocks of 256).
+MAX_DIVIDES = 16
+MAX_REGISTERS = 128
+# The floors of the static performance table (kernels/sass.py), float32, sm_80 and sm_90: the share of
+# FFMAs in each tiled kernel's inner loop, and the most instructions issued per FFMA in a stage.  They
+# are what the kernels reach now, so a change that makes the machine code worse fails the proof;
+# issue 34 asks for 75% (forward) and 60% (every kernel), which these kernels do not reach yet
+# (docs/kernels.md, "The static performance table").
+FFMA_SHARE_FLOORS = {"conv_forward.forward_tiled": 0.25, "conv_backward_data.backward_data_tiled": 0.22,
+                     "conv_backward_filter.backward_filter_tiled": 0.20}
+MAX_INSTRUCTIONS_PER_FFMA = {"conv_forward.forward_tiled": 4.0, "conv_backward_data.backward_data_tiled": 4.5,
+                             "conv_backward_filter.backward_filter_tiled": 5.0}
 
 
 # ------------------------------------------------------------------ the inventory
@@ -79,23 +92,25 @@ class Kernel:
     def signature(self, dtype):
         """Numba types for ``args``: ``1``-``4`` a C-contiguous array of that rank in
         ``dtype``, ``s`` a scalar in ``dtype``, ``L`` an int64 array of rank 5 (pooling's argmax), ``D`` a
-        float64 array of rank 2, ``i`` an int64, ``f`` a float64, ``b`` a bool."""
+        float64 array of rank 2, ``T`` an int32 array of rank 2 (``_launch.tap_table``), ``i`` an int64, ``f`` a
+        float64, ``b`` a bool."""
         from numba import types
 
         element = types.float32 if dtype == numpy.float32 else types.float64
         kinds = {"i": types.int64, "f": types.float64, "b": types.boolean, "s": element,
-                 "L": types.Array(types.int64, 5, "C"), "D": types.Array(types.float64, 2, "C")}
+                 "L": types.Array(types.int64, 5, "C"), "D": types.Array(types.float64, 2, "C"),
+                 "T": types.Array(types.int32, 2, "C")}
         return tuple(types.Array(element, int(a), "C") if a.isdigit() else kinds[a] for a in self.args)
 
 
 TILE_THREADS = 256  # _launch.THREADS ** 2, checked in missing_kernels
 KERNELS = (
-    Kernel("conv_forward", "forward_direct", 1, "444iiiiiii", 256),
-    Kernel("conv_forward", "forward_tiled", 2, "424iiiiiiiii", TILE_THREADS),
-    Kernel("conv_backward_data", "backward_data_direct", 1, "444iiiiiii", 256),
-    Kernel("conv_backward_data", "backward_data_tiled", 2, "444iiiiiii", TILE_THREADS),
-    Kernel("conv_backward_filter", "backward_filter_direct", 1, "444iiiiiii", 256),
-    Kernel("conv_backward_filter", "backward_filter_tiled", 2, "443iiiiiiiiii", TILE_THREADS),
+    Kernel("conv_forward", "forward_direct", 1, "555" + "i" * 10, 256),
+    Kernel("conv_forward", "forward_tiled", 2, "52T3" + "i" * 10, TILE_THREADS),
+    Kernel("conv_backward_data", "backward_data_direct", 1, "555" + "i" * 10, 256),
+    Kernel("conv_backward_data", "backward_data_tiled", 2, "53T3" + "i" * 9, TILE_THREADS),
+    Kernel("conv_backward_filter", "backward_filter_direct", 1, "555" + "i" * 10, 256),
+    Kernel("conv_backward_filter", "backward_filter_tiled", 2, "53T3" + "i" * 11, TILE_THREADS),
     Kernel("conv_backward_filter", "sum_splits_kernel", 0, "21", 256),
     Kernel("elementwise", "bias_add_kernel", 0, "41", 256),
     Kernel("elementwise", "relu_forward_kernel", 0, "11", 256),
@@ -108,12 +123,6 @@ KERNELS = (
     Kernel("pooling", "max_pool_backward_kernel", 0, "5L5" + "i" * 9, 256),
     Kernel("pooling", "avg_pool_forward_kernel", 0, "55" + "i" * 9, 256),
     Kernel("pooling", "avg_pool_backward_kernel", 0, "55" + "i" * 9, 256),
-    Kernel("conv3d_forward", "forward3d_direct", 1, "555" + "i" * 10, 256),
-    Kernel("conv3d_forward", "forward3d_tiled", 2, "525" + "i" * 13, TILE_THREADS),
-    Kernel("conv3d_backward_data", "backward_data3d_direct", 1, "555" + "i" * 10, 256),
-    Kernel("conv3d_backward_data", "backward_data3d_tiled", 2, "555" + "i" * 10, TILE_THREADS),
-    Kernel("conv3d_backward_filter", "backward_filter3d_direct", 1, "555" + "i" * 10, 256),
-    Kernel("conv3d_backward_filter", "backward_filter3d_tiled", 2, "553" + "i" * 14, TILE_THREADS),
 )
 
 
@@ -267,16 +276,17 @@ H200_BYTES_PER_S = 4.8e12  # HBM3e
 
 
 def six_shapes():
-    """The six ResNet-50 shapes of ``refconv bench`` (``torch_step.SHAPES``): name -> (C, F, H, K, stride, padding)."""
+    """The six ResNet-50 shapes of ``refconv bench`` (``refconv.reference.shapes.SHAPES``): name -> (C, F, H, K, stride, padding)."""
     return RESNET50_SHAPES
 
 
-def gemm_dims(pass_, N, C, F, H, K, stride, padding):
-    """The implicit GEMM ``(M, N_gemm, depth)`` that the tiled kernel of ``pass_`` runs."""
+def gemm_dims(pass_, N, C, F, H, K, stride, padding, dims=2):
+    """The implicit GEMM ``(M, N_gemm, depth)`` that the tiled kernel of ``pass_`` runs, on square images
+    (``dims=2``) or cubic volumes (``dims=3``) of side ``H`` and kernels of side ``K``."""
     Ho = (H + 2 * padding - K) // stride + 1
-    return {"forward": (N * Ho * Ho, F, C * K * K),
-            "backward-data": (N * H * H, C, F * K * K),
-            "backward-filter": (F, C * K * K, N * Ho * Ho)}[pass_]
+    return {"forward": (N * Ho ** dims, F, C * K ** dims),
+            "backward-data": (N * H ** dims, C, F * K ** dims),
+            "backward-filter": (F, C * K ** dims, N * Ho ** dims)}[pass_]
 
 
 def intensity(version, M, Ng, depth, itemsize=4):
@@ -321,8 +331,9 @@ def measure(ccs=CCS, dtypes=DTYPES, progress=None, jobs=1, only=None):
     """
     _require_compiler()
     ptxas = ptxas_path()
+    nvdisasm = sass.nvdisasm_path()
     chosen = [k for k, kernel in enumerate(KERNELS) if only is None or kernel.label in only]
-    tasks = [(k, numpy.dtype(dtype).name, cc, ptxas) for k in chosen for dtype in dtypes for cc in ccs]
+    tasks = [(k, numpy.dtype(dtype).name, cc, ptxas, nvdisasm) for k in chosen for dtype in dtypes for cc in ccs]
     rows = []
     if jobs > 1:
         context = multiprocessing.get_context("fork")  # the workers inherit the compiler set up here
@@ -336,10 +347,10 @@ def measure(ccs=CCS, dtypes=DTYPES, progress=None, jobs=1, only=None):
             rows.append(_compile_row(*task))
             if progress:
                 progress(rows[-1])
-    return {"ptxas": ptxas_version(ptxas) if ptxas else None, "kernels": rows}
+    return {"ptxas": ptxas_version(ptxas) if ptxas else None, "nvdisasm": nvdisasm is not None, "kernels": rows}
 
 
-def _compile_row(index, dtype, cc, ptxas):
+def _compile_row(index, dtype, cc, ptxas, nvdisasm=None):
     """One kernel of :data:`KERNELS` for one dtype and target: its row of :func:`measure`."""
     kernel = KERNELS[index]
     row = {"kernel": kernel.label, "version": kernel.version, "tiled": kernel.tiled, "dtype": dtype,
@@ -355,6 +366,9 @@ def _compile_row(index, dtype, cc, ptxas):
         row.update(assemble(ptx, cc, ptxas))
         blocks, fraction, limit = occupancy(row["registers"], row["shared_bytes"], kernel.threads, SMS[cc])
         row.update(threads=kernel.threads, blocks_per_sm=blocks, occupancy=fraction, limited_by=limit)
+    if ptx and ptxas and nvdisasm and kernel.tiled and dtype == "float32":
+        found = sass.profile(sass.disassemble(ptx, cc, ptxas, nvdisasm))
+        row.update(sass={k: v for k, v in found.items() if k != "loops"})
     return row
 
 
@@ -366,7 +380,9 @@ def uncached_kernels():
 
 def failures(result):
     """What the proof refuses: kernels missing from the inventory, an atomic instruction in any kernel
-    (docs/kernels.md promises results that do not depend on the order blocks run in), and in a tiled
+    (docs/kernels.md promises results that do not depend on the order blocks run in), more than
+    ``MAX_DIVIDES`` divides or ``MAX_REGISTERS`` registers in any kernel, a tiled kernel below its
+    static performance floors (``FFMA_SHARE_FLOORS``, ``MAX_INSTRUCTIONS_PER_FFMA``), and in a tiled
     kernel a spill or a stack frame (its register micro-tile pushed out to local memory); a kernel
     without the on-disk cache (every rank would compile it at every start)."""
     problems = [f"{name}: a kernel that KERNELS does not list (add it, with its signature)" for name in missing_kernels()]
@@ -380,6 +396,20 @@ def failures(result):
         if row.get("atomics"):
             problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: {row['atomics']} atomic instruction(s) "
                             "(the result would depend on the order the blocks run in)")
+        if row.get("divides", 0) > MAX_DIVIDES:
+            problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: {row['divides']} integer divides in its PTX, "
+                            f"above {MAX_DIVIDES} (carry indices from load to load instead of splitting them)")
+        if row.get("registers", 0) > MAX_REGISTERS:
+            problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: {row['registers']} registers, above "
+                            f"{MAX_REGISTERS}")
+        if "sass" in row:
+            share, per_fma = row["sass"]["inner_share"], row["sass"]["per_fma"]
+            if share < FFMA_SHARE_FLOORS[row["kernel"]]:
+                problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: FFMAs are {share:.0%} of its inner loop, "
+                                f"below the floor {FFMA_SHARE_FLOORS[row['kernel']]:.0%}")
+            if per_fma > MAX_INSTRUCTIONS_PER_FFMA[row["kernel"]]:
+                problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: {per_fma:.2f} instructions per FFMA in a "
+                                f"stage, above {MAX_INSTRUCTIONS_PER_FFMA[row['kernel']]}")
         if row["tiled"] and row.get("stack_bytes"):
             problems.append(f"{row['kernel']} {row['dtype']} {row['cc']}: a {row['stack_bytes']}-byte stack frame "
                             "(local memory; the micro-tile should live in registers)")
@@ -405,6 +435,18 @@ def markdown(result):
         lines.append(f"| `{row['kernel']}` | {row['version'] or '-'} | {row['dtype']} | {row['registers']} | "
                      f"{row['stack_bytes']} | {row['spill_bytes']} | {row['shared_bytes']} | {row['divides']} | {row['blocks_per_sm']} | "
                      f"{row['occupancy']:.0%} | {row['limited_by']} |")
+    lines += ["", "The static performance table (`kernels/sass.py`): the tiled kernels' SASS for float32, from ptxas "
+              "and nvdisasm. Inner loop: the innermost loop holding the FFMAs (the `kk` loop is written out, so it "
+              "is the stage loop, with the loaders); per FFMA: instructions issued in one stage over the "
+              f"{TILE_K * MICRO * MICRO} FFMAs a thread does in it. CI fails below the floors (FFMA share) or above the "
+              "ceilings (instructions per FFMA) of `refconv.kernels.resources`.", "",
+              "| kernel | target | inner loop (instructions) | FFMA share | instructions per FFMA in a stage | "
+              "divides | registers | occupancy |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in result["kernels"]:
+        if "sass" in row:
+            s = row["sass"]
+            lines.append(f"| `{row['kernel']}` | {row['cc']} | {s['inner_loop']} | {s['inner_share']:.0%} | "
+                         f"{s['per_fma']:.2f} | {row['divides']} | {row['registers']} | {row['occupancy']:.0%} |")
     lines += ["", "Roofline on H200 figures (67 TFLOP/s FP32 without tensor cores, 4.8 TB/s HBM3e; ridge "
               f"{H200_FP32_FLOPS / H200_BYTES_PER_S:.1f} FLOP/B), float32, batch 32. Intensity counts the loads "
               "as each kernel writes them, with no reuse through L1/L2 (a lower bound); the best fraction of peak "
@@ -464,8 +506,8 @@ def main(argv=None):
             pass  # the tables need every kernel compiled
         elif (ccs, dtypes) != (CCS, DTYPES) or args.kernels:
             problems.append("--check/--write need every kernel, target and dtype (no --kernels, --cc or --dtype)")
-        elif result["ptxas"] is None:
-            problems.append("--check/--write need ptxas (the gpu-compile extra)")
+        elif result["ptxas"] is None or not result["nvdisasm"]:
+            problems.append("--check/--write need ptxas and nvdisasm (the gpu-compile extra)")
         else:
             page = pathlib.Path(args.check or args.write)
             text = page.read_text()

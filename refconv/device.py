@@ -15,7 +15,8 @@ verdicts below are the same on every rank and no rank is left waiting:
   GPUs, or a launcher that hands every rank the same one) raise ``BindError``
   unless the user opts in with ``oversubscribe=True``
   (``--oversubscribe-gpus``, or ``REFCONV_OVERSUBSCRIBE_GPUS=1``).  A GPU is
-  known by its PCI bus id, which no launcher renumbers: with Slurm's
+  known by its UUID, which no launcher renumbers and which MIG slices of one GPU, sharing its
+  PCI bus id, do not share (the PCI bus id where CuPy reports no UUID): with Slurm's
   one-GPU-per-task binding, or a launcher that hides the other devices by cgroups
   without setting ``CUDA_VISIBLE_DEVICES``, every rank sees a single device 0,
   and that is not a conflict when the devices differ.  (Tests, which inject a
@@ -70,13 +71,24 @@ def visible_gpu_ids(count, env=None):
 
 
 def physical_gpu_ids(count, env=None):
-    """The PCI bus id of each of the ``count`` visible devices (the same device has the
-    same id in every process of the node, whatever number the launcher gave it).  Without
-    a real GPU (a count faked in a test) there is none to ask: the CUDA_VISIBLE_DEVICES entries."""
+    """The UUID of each of the ``count`` visible devices (the same device has the same id in every
+    process of the node, whatever number the launcher gave it; each MIG slice has its own, where the
+    PCI bus id is the whole GPU's).  Without a real GPU (a count faked in a test) there is none to ask:
+    the CUDA_VISIBLE_DEVICES entries."""
     if not arrays.gpu_available():
         return visible_gpu_ids(count, env)
     cp = arrays.device_module()
-    return [cp.cuda.Device(i).pci_bus_id for i in range(count)]
+    return [device_uuid(cp.cuda.runtime.getDeviceProperties(i)) or cp.cuda.Device(i).pci_bus_id for i in range(count)]
+
+
+def device_uuid(properties):
+    """``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` from ``cudaDeviceProp.uuid`` (16 bytes), as nvidia-smi
+    prints it; None where the properties carry none (then the PCI bus id names the device)."""
+    raw = properties.get("uuid")
+    if raw is None or len(raw) != 16:
+        return None
+    h = bytes(raw).hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def choose_gpu(local_rank, count):
@@ -166,7 +178,7 @@ def bind(comm, backend="auto", *, oversubscribe=None, count=None, env=None, core
     local_rank, local_size = node.Get_rank(), node.Get_size()
     node.Free()
     cores = cores or threads.node_layout(comm)[0]
-    measured = count is None  # a real device count: name GPUs by PCI bus id; injected: by CUDA_VISIBLE_DEVICES
+    measured = count is None  # a real device count: name GPUs by UUID; injected: by CUDA_VISIBLE_DEVICES
     count = (gpu_count() if backend == "cuda" else 0) if measured else count
     if backend != "cuda" or not count:
         ids = []

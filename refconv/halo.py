@@ -264,9 +264,24 @@ class Halo:
         self.mine_whole = self.mine is not None and self.mine.is_whole(own.shape)
         self.send_index = {r: piece.owned_index() for r, piece in self.sends.items()}      # my cells rank r reads
         self.recv_index = {s: piece.window_index() for s, piece in self.receives.items()}  # rank s's cells in my window
+        self._indices = {}  # the index tuples above in each array module's memory (see indices)
         self.kernel, self.stride, self.dilation = tuple(kernel), tuple(stride), tuple(dilation)
         self.out_shape = tuple(halo_geometry_out(win, kernel, stride, dilation))  # (h', w'), or (d', h', w')
         self.interior, self.no_overlap = self._interior(self.out_shape, kernel, stride, dilation)
+
+    def indices(self, xp):
+        """``(mine_index, send_index, recv_index)`` with their index arrays built with ``xp``, once per module.
+
+        Reflect, replicate and circular padding read rows out of order, so their pieces are indexed by
+        arrays; indexing a CuPy array with NumPy arrays copies them to the device, synchronously, at
+        every call.  Built here once, in the array module's memory, they cost nothing per step."""
+        key = xp.__name__
+        if key not in self._indices:
+            on = lambda index: tuple(xp.asarray(i) if isinstance(i, numpy.ndarray) else i for i in index)  # noqa: E731
+            mine = None if self.mine_index is None else tuple(map(on, self.mine_index))
+            self._indices[key] = (mine, {r: on(i) for r, i in self.send_index.items()},
+                                  {s: on(i) for s, i in self.recv_index.items()})
+        return self._indices[key]
 
     @property
     def window_shape(self):
@@ -290,19 +305,20 @@ class Halo:
             return Started(None, lambda _: x_loc, x_loc)
         n, c = x_loc.shape[:2]
         x_win = xp.empty((n, c) + self.window_shape, dtype=x_loc.dtype)  # (n, c, h_win, w_win)
+        mine_index, send_index, recv_index = self.indices(xp)
         for index in self.fill_index:
             x_win[index] = fill
-        if self.mine_index is not None:
-            window_index, owned_index = self.mine_index
+        if mine_index is not None:
+            window_index, owned_index = mine_index
             x_win[window_index] = x_loc[owned_index]
         if self.size == 1:
             return Started(None, lambda _: x_win, x_win)
-        sends = {r: x_loc[index] for r, index in self.send_index.items()}
+        sends = {r: x_loc[index] for r, index in send_index.items()}
         recv_shapes = {s: (n, c) + piece.shape for s, piece in self.receives.items()}
         request = collectives.iexchange(self.comm, sends, recv_shapes, x_loc.dtype, like=x_loc, overlap=overlap)
 
         def finish(received):
-            for s, index in self.recv_index.items():
+            for s, index in recv_index.items():
                 x_win[index] = received[s]
             return x_win
         return Started(request, finish, x_win)
@@ -322,9 +338,10 @@ class Halo:
         if self.is_block:
             return Started(None, lambda _: dx_win)
         n, c = dx_win.shape[:2]
+        mine_index, send_index, recv_index = self.indices(xp)
         request = None
         if self.size > 1:
-            sends = {s: dx_win[index] for s, index in self.recv_index.items()}  # back to the owners
+            sends = {s: dx_win[index] for s, index in recv_index.items()}  # back to the owners
             recv_shapes = {r: (n, c) + piece.shape for r, piece in self.sends.items()}
             request = collectives.iexchange(self.comm, sends, recv_shapes, dx_win.dtype, like=dx_win,
                                             overlap=overlap)
@@ -332,15 +349,15 @@ class Halo:
         def finish(received):
             own = self.owned[self.me]
             if self.mine_whole:
-                window_index, _ = self.mine_index
+                window_index, _ = mine_index
                 dx_loc = xp.empty((n, c) + own.shape, dtype=dx_win.dtype)  # (n, c, h, w), each cell held once
                 dx_loc[...] = dx_win[window_index]
             else:  # rows read by no output of mine (stride, a neighbour's window only), or read twice
                 dx_loc = xp.zeros((n, c) + own.shape, dtype=dx_win.dtype)
-                if self.mine_index is not None:
-                    window_index, owned_index = self.mine_index
+                if mine_index is not None:
+                    window_index, owned_index = mine_index
                     _add_into(dx_loc, owned_index, dx_win[window_index], xp)
-            for r, index in self.send_index.items():  # then the pieces received, in a fixed order
+            for r, index in send_index.items():  # then the pieces received, in a fixed order
                 _add_into(dx_loc, index, received[r], xp)
             return dx_loc
         return Started(request, finish)

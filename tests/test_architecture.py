@@ -6,8 +6,11 @@
   or an expensive initialisation (each one listed here, with why);
 - model_spec does not import model (no cycle), and kernels/ use only public
   validators;
-- the pricing model (refconv/pricing/) imports no tool, and layers and training
-  import no planning tool (refconv.plan);
+- three layering rules: kernels/ import nothing of refconv above refconv.reference (the
+  array module, the validators and the reference, which themselves import nothing above);
+  the pricing model (refconv/pricing/) imports no layer, so layers, which ask it for
+  ``algorithm="auto"``, and pricing do not import each other; and the pricing model imports
+  no tool, and layers and training import no planning tool (refconv.plan);
 - the worked example of docs/testing.md is the class that
   tests/simulated/test_fifth_algorithm.py registers, and the test it runs on simulated ranks,
   letter for letter.
@@ -50,6 +53,7 @@ LAZY_IMPORTS = {
     ("refconv/arrays.py", "numba"): "numba.cuda's streams need a context: only on a real GPU, after the device is chosen",
     ("kernels/resources.py", "numba"): "numba-cuda's compiler modules: absent under the simulator, which the proof refuses",
     ("kernels/resources.py", "nvidia"): "ptxas from the optional gpu-compile extra",
+    ("kernels/sass.py", "nvidia"): "nvdisasm from the optional gpu-compile extra",
     ("refconv/backend.py", "refconv"): "refconv.kernels imports numba.cuda, which must see NUMBA_ENABLE_CUDASIM first",
     ("refconv/device.py", "numba"): "numba.cuda initialises the driver: only after the GPU is chosen",
     ("refconv/bench/kernels.py", "torch"): "optional contender",
@@ -209,3 +213,42 @@ def test_the_import_scan_sees_from_imports(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("from refconv import plan\nfrom refconv.bench import common\n")
     assert [n for n in _imported(bad) if _is_tool(n)] == ["refconv.plan", "refconv.bench", "refconv.bench.common"]
+
+
+# kernels/ sit at the bottom: what they import of refconv, and what those import of refconv in turn
+BELOW_KERNELS = ("refconv.arrays", "refconv.checks", "refconv.reference")
+
+
+def _refconv_imports(path):
+    """The refconv modules ``path`` imports, ``refconv`` itself (from ``from refconv import x``) left out."""
+    return sorted({n for n in _imported(path) if n.startswith("refconv.")})
+
+
+def _below(name):
+    return any(name == m or name.startswith(m + ".") for m in BELOW_KERNELS)
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("kernels/*.py")) + sorted(ROOT.glob("refconv/reference/*.py"))
+                         + [ROOT / "refconv/arrays.py", ROOT / "refconv/checks.py"], ids=_rel)
+def test_kernels_import_nothing_above_the_reference(path):
+    """Layering rule 1: refconv.kernels, and the modules it imports, import only refconv.arrays,
+    refconv.checks and refconv.reference (a from-import names a module or a name in one)."""
+    above = [n for n in _refconv_imports(path) if not _below(n)]
+    assert not above, f"{_rel(path)} imports {above}: kernels/ may use only {BELOW_KERNELS}"
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if _rel(p).startswith("refconv/pricing/")], ids=_rel)
+def test_the_pricing_model_imports_no_layer(path):
+    """Layering rule 2: layers ask the pricing model (``algorithm="auto"``), so pricing must not import
+    a layer module; the calls of the layers it prices stand in refconv/pricing/records.py."""
+    layers = [n for n in _imported(path) if n == "refconv.layers" or n.startswith("refconv.layers.")]
+    assert not layers, f"{_rel(path)} imports {layers}: a cycle with refconv.layers"
+
+
+def test_the_layering_scans_see_a_bad_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from refconv.bench.torch_step import SHAPES\nfrom refconv import checks\n"
+                   "from refconv.layers.pool import gap_records\n")
+    assert [n for n in _refconv_imports(bad) if not _below(n)] == [
+        "refconv.bench.torch_step", "refconv.bench.torch_step.SHAPES", "refconv.layers.pool",
+        "refconv.layers.pool.gap_records"]

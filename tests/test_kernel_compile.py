@@ -36,12 +36,23 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_and_the_docs_tab
     assert len(from_inventory) >= 16  # every kernel of the package (missing_kernels() keeps the list complete)
     assert compiled == {(k, d, c) for k in from_inventory for d in ("float32", "float64") for c in ("sm_80", "sm_90")}
     tiled = [r for r in rows if r["tiled"]]
-    assert {r["kernel"].split(".")[1] for r in tiled} == {"forward_tiled", "backward_data_tiled", "backward_filter_tiled",
-                                                          "forward3d_tiled", "backward_data3d_tiled",
-                                                          "backward_filter3d_tiled"}
+    # one tiled kernel per pass, for images and volumes alike (the 3-D copies are gone)
+    assert {r["kernel"] for r in tiled} == {"conv_forward.forward_tiled", "conv_backward_data.backward_data_tiled",
+                                            "conv_backward_filter.backward_filter_tiled"}
+    # every kernel: at most 16 integer divides in its PTX and 128 registers (backward-data and pooling included)
+    assert all(r["divides"] <= 16 and r["registers"] <= 128 for r in rows), \
+        [(r["kernel"], r["dtype"], r["cc"], r["divides"], r["registers"]) for r in rows if r["divides"] > 16
+         or r["registers"] > 128]
     assert all(r["spill_bytes"] == 0 and r["stack_bytes"] == 0 and r["shared_bytes"] > 0 and 0 < r["occupancy"] <= 1
                for r in tiled), tiled  # no spill, and the micro-tile stays in registers
     assert all(r["atomics"] == 0 for r in rows), [r for r in rows if r["atomics"]]
+    # the static performance table: SASS of each tiled kernel, float32, both targets, within the floors
+    # (--check above fails below them); the kk loop is written out, so one pass of the inner loop is a stage
+    assert result["nvdisasm"], "nvdisasm from the gpu-compile extra must be found, so the SASS is read"
+    profiled = {(r["kernel"], r["cc"]): r["sass"] for r in rows if "sass" in r}
+    assert set(profiled) == {(r["kernel"], c) for r in tiled for c in ("sm_80", "sm_90")}
+    assert all(s["inner_trips_per_stage"] == 1 and s["inner_fma"] == 256 for s in profiled.values()), profiled
+    assert all(s["inner_share"] >= 0.2 and s["per_fma"] <= 5 for s in profiled.values()), profiled
 
 
 def test_split_k_backward_filter_compiles_without_atomics():
@@ -66,7 +77,7 @@ def test_split_k_backward_filter_compiles_without_atomics():
     assert lines["atomic"] == "{'atomics': 2, 'divides': 0}"  # the counter finds atomics where they are
 
 
-def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_stack_frame_or_an_atomic():
+def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_stack_frame_an_atomic_or_a_ceiling():
     """The defect this proof exists for: a shared array whose shape is a run-time sum."""
     code = textwrap.dedent("""
         import numpy
@@ -97,6 +108,8 @@ def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_
         print("stack:", resources.failures({"kernels": [row]}))
         row = dict(row, stack_bytes=0, atomics=8)
         print("atomics:", resources.failures({"kernels": [row]}))
+        row = dict(row, atomics=0, divides=17, registers=130)
+        print("ceilings:", resources.failures({"kernels": [row]}))
         print("blocks:", resources.occupancy(128, 8320, 256, resources.SMS[(9, 0)]))
     """)
     done = run_compiler(code=code)
@@ -107,6 +120,7 @@ def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_
     assert "spills 8 bytes" in lines["spill"]
     assert "a 64-byte stack frame" in lines["stack"]
     assert "8 atomic instruction(s)" in lines["atomics"]
+    assert "17 integer divides in its PTX, above 16" in lines["ceilings"] and "130 registers, above 128" in lines["ceilings"]
     # 128 registers x 32 lanes = 4096 per warp; 65536 / 4096 = 16 warps = 2 blocks of 8 warps: 25%, by registers
     assert lines["blocks"] == "(2, 0.25, 'registers')"
 
@@ -132,3 +146,33 @@ def test_float32_batch_norm_apply_stays_float32():
                            for d in ("float32", "float64")}
     assert all(v == 0 for k, v in counts.items() if k.endswith("float32")), counts
     assert all(v > 0 for k, v in counts.items() if k.endswith("float64")), counts
+
+
+LISTING = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   LDS R2, [R3] ;
+        /*0020*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+.L_x_2:
+        /*0030*/                   LDS R4, [R5] ;
+        /*0040*/                   FFMA R6, R4, R4, R6 ;
+        /*0050*/                   FFMA R7, R4, R4, R7 ;
+        /*0060*/                   FFMA R8, R4, R4, R8 ;
+        /*0070*/                   FFMA R9, R4, R4, R9 ;
+        /*0080*/               @P0 BRA `(.L_x_2) ;
+        /*0090*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*00a0*/               @P1 BRA `(.L_x_1) ;
+        /*00b0*/                   EXIT ;
+"""
+
+
+def test_the_sass_profile_finds_the_inner_loop_and_counts_per_stage():
+    """kernels/sass.py on a hand-written listing: a stage loop (with its barriers) around a kk loop of 4 FFMAs
+    in 6 instructions, which a stage runs 64 times (256 FFMAs per thread)."""
+    code = "from refconv.kernels import sass\np = sass.profile(" + repr(LISTING) + ")\n" \
+           "print(p['inner_loop'], p['inner_fma'], p['inner_trips_per_stage'], p['stage_instructions'], p['loops'])"
+    done = run_compiler(code=code)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the stage loop: 10 instructions, of which the inner 6 run 64 times: 4 + 6 * 64 = 388
+    assert done.stdout.split(" ", 4)[:4] == ["6", "4", "64", "388"], done.stdout
+    assert "[(10, 0.4), (6, 0.6666666666666666)]" in done.stdout

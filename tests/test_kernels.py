@@ -240,6 +240,21 @@ def test_conv_dy_shape_and_bias_errors_match_reference():
         kernels.conv2d_forward(x_d, w_d, dev(b))
 
 
+def test_grid_z_limit_is_checked_before_the_launch():
+    """Grid z holds groups x splits slices; CUDA allows 65,535: a caller's ``splits`` past that is refused with
+    the largest that fits, and the chosen split never passes it."""
+    x, dy = dev(numpy.zeros((1, 4, 3, 3)), numpy.zeros((1, 4, 3, 3)))
+    with pytest.raises(ValueError, match=re.escape("splits: 2 groups x 40000 splits = 80000 blocks along grid z, "
+                                                   "above CUDA's 65535; pass splits <= 32767")):
+        kernels.conv2d_backward_filter(x, dy, (4, 2, 1, 1), groups=2, splits=40000)
+    with pytest.raises(ValueError, match="splits: expected a positive int"):
+        kernels.conv2d_backward_filter(x, dy, (4, 2, 1, 1), groups=2, splits=0)
+    assert conv_backward_filter.split_k(1, 10**9, 60000) == (1, 10**9)  # 65535 // 60000 = 1 split per group
+    assert conv_backward_filter.split_k(1, 76800, 1) == conv_backward_filter.choose_splits(1, 76800)  # inside it
+    with pytest.raises(ValueError, match="groups: at most 65535 on the cuda backend"):
+        conv_backward_filter.split_k(1, 100, 70000)
+
+
 def test_unknown_version():
     x, w = dev(numpy.zeros((1, 1, 3, 3)), numpy.zeros((1, 1, 1, 1)))
     with pytest.raises(ValueError, match="version: expected 1 .* or 2"):

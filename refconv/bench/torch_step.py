@@ -69,25 +69,12 @@ from refconv.bench import timing
 from refconv.optim import SGD
 from refconv.reference import conv as ref_conv
 from refconv.reference import conv_taps
+from refconv.reference.shapes import QUICK_SHAPES, QUICK_SHAPES3D, SHAPES, SHAPES3D  # noqa: F401 (re-exported)
 
-# name: (C, F, H=W, K, stride, padding): the ResNet-50 3x3 layers and the stem, and a 1x1 layer
-SHAPES = {
-    "conv2": (64, 64, 56, 3, 1, 1),
-    "conv3": (128, 128, 28, 3, 1, 1),
-    "conv4": (256, 256, 14, 3, 1, 1),
-    "conv5": (512, 512, 7, 3, 1, 1),
-    "conv1": (3, 64, 224, 7, 2, 3),
-    "conv4-1x1": (1024, 256, 14, 1, 1, 0),
-}
 EXTRA_SHAPES = {"foundation": (64, 64, 32, 3, 1, 1),  # the foundation issue's layer (use --batch 32)
                 "digits2": (32, 32, 16, 3, 1, 1), "digits3": (32, 64, 8, 3, 1, 1),  # the digits CNN's (--batch 64)
                 # the wide CNN's three wide convolutions (--batch 16: a rank's half of its batch on 2 ranks)
                 "wide2": (128, 128, 32, 3, 1, 1), "wide3": (128, 256, 16, 3, 1, 1), "wide4": (256, 256, 16, 3, 1, 1)}
-QUICK_SHAPES = {"quick3x3": (8, 8, 8, 3, 1, 1), "quick1x1": (8, 4, 6, 1, 1, 0)}
-# name: (C, F, D=H=W, K, stride, padding): CosmoFlow's conv layers (MLPerf HPC) on a 32^3 input
-SHAPES3D = {"cosmo1": (4, 32, 32, 3, 1, 1), "cosmo2": (32, 64, 16, 3, 1, 1), "cosmo3": (64, 128, 8, 3, 1, 1),
-            "cosmo4": (128, 256, 4, 3, 1, 1), "cosmo5": (256, 256, 2, 3, 1, 1)}
-QUICK_SHAPES3D = {"quick3d": (4, 8, 6, 3, 1, 1), "quick1x1x1": (8, 4, 4, 1, 1, 0)}
 PASSES = ("forward", "backward-data", "backward-filter")
 
 # The wide 4-conv CNN of issue 10 (CIFAR-sized input).

@@ -58,23 +58,26 @@ def _loaded_libmpi():
 
 
 def to_mpi(x):
-    """A contiguous buffer MPI may read: x itself, or a host copy when staging."""
+    """A contiguous buffer MPI may read: x itself, or a host copy when staging (in pinned memory: :func:`pinned`)."""
     xp = arrays.array_module(x)
     x = xp.ascontiguousarray(x)
     if arrays.is_device_array(x):
         arrays.synchronize()
         if not cuda_aware():
-            return arrays.to_host(x)
+            host = pinned(x.shape, x.dtype)
+            return arrays.device_module().asnumpy(x, out=host)  # the copy into it, waited for
     return x
 
 
 def empty(shape, dtype, like):
-    """A receive buffer: on the host when staging, else with ``like``'s module.
+    """A receive buffer: on the host when staging (pinned, for a device ``like``), else with ``like``'s module.
 
     A fresh device buffer may be a block of CuPy's pool that a kernel still queued
     on the stream reads (its last owner freed it, the stream has not run yet): MPI
     writes without the stream's order, so the stream is waited for first."""
-    if arrays.is_device_array(like) and cuda_aware():
+    if arrays.is_device_array(like):
+        if not cuda_aware():
+            return pinned(shape, dtype)  # staged: copied to the device by from_mpi
         buf = arrays.array_module(like).empty(shape, dtype)
         arrays.synchronize()
         return buf
@@ -98,6 +101,22 @@ def from_mpi(buf, like):
             return buf
         return arrays.array_module(like).asarray(buf)
     return buf
+
+
+def pinned(shape, dtype):
+    """An empty host array in page-locked memory, from CuPy's pinned-memory pool.
+
+    Copies between the device and pinned memory run at the bus's full rate, where pageable memory goes
+    through a driver bounce buffer; and the pool reuses blocks, so a staging buffer of a size seen
+    before costs no new page-locking.  A block goes back to the pool only when the last array on it
+    is freed, and a nonblocking MPI call's request (mpi4py's, and refconv's around it) holds its
+    buffers until it completes: a block is never handed out while MPI may still use it.
+    """
+    dtype = numpy.dtype(dtype)
+    count = math.prod(shape)
+    if count == 0:
+        return numpy.empty(shape, dtype)
+    return numpy.ndarray(shape, dtype, buffer=arrays.device_module().cuda.alloc_pinned_memory(count * dtype.itemsize))
 
 
 def spec(buf, counts=None, displs=None):

@@ -5,19 +5,9 @@ import math
 import numpy
 
 from refconv import checks, collectives
-from refconv.algorithms.base import Call
-from refconv.distribution import Distribution, block_range, block_size, block_sizes
+from refconv.distribution import Distribution, block_range, block_sizes
 from refconv.layers.base import GradientsInFlight, Layer
-
-
-def linear_records(shape, out_features, bias, grid_shape, coords, itemsize):
-    """The calls of one forward and backward of the head at ``coords`` for features ``shape``
-    ``(N, C, 1, 1)``: forward, the allgather of ``(n, C)`` over the channel group; backward,
-    the allreduce of ``dW (K, C)`` and of ``db (K,)`` over the sample axis."""
-    n, C, K = block_size(shape[0], grid_shape[0], coords[0]), shape[1], out_features
-    return [Call("allgather", grid_shape[1], n * C * itemsize, axes=("channel",)),
-            Call("allreduce", grid_shape[0], K * C * itemsize, axes=("sample",), grad=True)] \
-        + ([Call("allreduce", grid_shape[0], K * itemsize, axes=("sample",), grad=True)] if bias else [])
+from refconv.pricing.records import linear_records
 
 
 class Linear(GradientsInFlight, Layer):

@@ -3,14 +3,8 @@ squared error (regression, as CosmoFlow's).  ``LOSSES`` names them as a model sp
 ``"loss"`` does."""
 
 from refconv import collectives
-from refconv.algorithms.base import Call
 from refconv.backend import get_backend
-
-
-def loss_records(grid_shape, itemsize):
-    """The call of one loss forward and backward: the allreduce of the local loss sum (one
-    element, of the logits' dtype) over the sample axis; backward is local."""
-    return [Call("allreduce", grid_shape[0], itemsize, axes=("sample",))]
+from refconv.pricing.records import loss_records
 
 
 class SoftmaxCrossEntropy:

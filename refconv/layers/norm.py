@@ -16,23 +16,9 @@ import math
 import numpy
 
 from refconv import checks, collectives
-from refconv.algorithms.base import Call
-from refconv.distribution import Distribution, block_size
-from refconv.grid import axes_of
+from refconv.distribution import Distribution
 from refconv.layers.base import Layer
-
-
-def batch_norm_records(shape, grid_shape, coords, itemsize):
-    """The calls of one training forward and backward at ``coords``, over the weight peers
-    (the ranks that share this rank's channels, every axis of ``grid_shape`` but the channel
-    axis): forward, allreduce of the channel sums and then of the centred squares; backward,
-    allreduce of (sum dy, sum dy xhat)."""
-    P_c = grid_shape[1]
-    peers = math.prod(grid_shape) // P_c  # P_N P_H P_W, or P_N P_D P_H P_W
-    C_i, axes = block_size(shape[1], P_c, coords[1]), tuple(a for a in axes_of(len(grid_shape)) if a != "channel")
-    return [Call("allreduce", peers, C_i * itemsize, axes=axes),
-            Call("allreduce", peers, C_i * itemsize, axes=axes),
-            Call("allreduce", peers, 2 * C_i * itemsize, axes=axes)]
+from refconv.pricing.records import batch_norm_records
 
 
 class BatchNorm2d(Layer):

@@ -20,38 +20,10 @@ import math
 import numpy
 
 from refconv import collectives
-from refconv.algorithms.base import Call, ConvGeometry, halo_records
-from refconv.distribution import block_size
 from refconv.grid import SPATIAL, axes_of
 from refconv.halo import Halo
 from refconv.layers.base import Layer
-from refconv.reference.layers import pool_geometry
-from refconv.reference.layers3d import pool3d_geometry
-
-GEOMETRY = {2: pool_geometry, 3: pool3d_geometry}  # spatial dims -> the serial pooling's geometry
-
-
-def pool_records(shape, kernel_size, stride, padding, grid_shape, coords, itemsize):
-    """The calls of one forward and backward of a max or average pooling at ``coords``: the
-    halo exchange of its window (forward) and its return (backward), on this rank's channels.
-    ``shape`` ``(N, C, H, W)`` on a ``(P_N, P_c, P_H, P_W)`` grid, or ``(N, C, D, H, W)`` on a
-    ``(P_N, P_c, P_D, P_H, P_W)`` one."""
-    kernel, stride, padding, out = GEOMETRY[len(shape) - 2](shape, kernel_size, stride, padding)
-    C_i = block_size(shape[1], grid_shape[1], coords[1])
-    geom = ConvGeometry(tuple(shape), (C_i, C_i) + kernel, tuple(shape[:2]) + out, stride, padding,
-                        (1,) * len(kernel), bias=False, itemsize=itemsize)
-    exchange, back = halo_records(geom, grid_shape, coords, C_i)
-    return exchange + back
-
-
-def gap_records(shape, grid_shape, coords, itemsize):
-    """The call of one forward and backward of global average pooling at ``coords``: forward,
-    the allreduce of the local sums ``(n, C_i)`` over the spatial peers (``P_H P_W``, or
-    ``P_D P_H P_W`` on a grid of volumes); backward, none."""
-    (P_N, P_c), spatial = grid_shape[:2], grid_shape[SPATIAL:]
-    n, C_i = block_size(shape[0], P_N, coords[0]), block_size(shape[1], P_c, coords[1])
-    return [Call("allreduce", math.prod(spatial), n * C_i * itemsize, axes=axes_of(len(grid_shape))[SPATIAL:])]
-
+from refconv.pricing.records import POOL_GEOMETRY as GEOMETRY, gap_records, pool_records
 
 def spatial_view(grid, dims):
     """``(grid_shape, coords, spatial axes)`` of ``grid`` as a layer of ``dims`` spatial dims sees

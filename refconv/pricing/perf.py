@@ -40,12 +40,9 @@ from refconv.algorithms import REGISTRY, ConvGeometry, SampleSpatial, candidates
 from refconv.distribution import Distribution
 from refconv.grid import AXES, SPATIAL, axes_of
 from refconv.halo import Halo
-from refconv.layers.linear import linear_records
-from refconv.layers.loss import loss_records
-from refconv.layers.norm import batch_norm_records
-from refconv.layers.pool import gap_records, pool_records
 from refconv.pricing.graph import spatial_tuple
 from refconv.pricing.machine import CONV_OPS, ConvShape
+from refconv.pricing.records import batch_norm_records, gap_records, linear_records, loss_records, pool_records
 
 ITEMSIZE = 4  # float32
 
