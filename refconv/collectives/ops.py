@@ -9,7 +9,8 @@ call is recorded in ``stats`` before MPI is called, and runs under the deadline
 function               MPI call                     ``stats`` bytes recorded (per rank)
 =====================  ===========================  =========================================
 ``allreduce``          Allreduce                    the full buffer
-``reduce_scatter``     Alltoallw, then a local sum  the full input buffer (all ranks' blocks)
+``reduce_scatter``     Alltoallw, then a local sum  the full input buffer (all ranks' blocks); the sum runs
+                                                    where x lives (on the device for a device x)
 ``allgather``          Allgather or Alltoallw       the full output buffer
 ``exchange``           Isend/Irecv                  bytes sent to other ranks      [kind "halo"]
 ``iallreduce_``        Iallreduce (in place)        the full buffer
@@ -182,10 +183,15 @@ def ireduce_scatter(comm, x, counts, axis=0, *, overlap=""):
                                         [block * (q - (q > me)) for q in range(size)]), [MPI.BYTE] * size])
 
     def finish():
-        summed = own + theirs[0]                            # (outer, L_me, inner), a new array
-        for part in theirs[1:]:
+        # the sum where x lives: staged parts go back to x's device first (from_mpi), and this rank's
+        # part is taken from x itself, so a device x is summed on the device, in the same order
+        parts = from_mpi(theirs, x)                         # (size - 1, outer, L_me, inner)
+        mine = own if parts is theirs else \
+            arrays.array_module(x).ascontiguousarray(x).reshape(outer, length, inner)[:, start:start + counts[me]]
+        summed = mine + parts[0]                            # (outer, L_me, inner), a new array
+        for part in parts[1:]:
             summed += part
-        return from_mpi(summed.reshape(x.shape[:axis] + (counts[me],) + x.shape[axis + 1:]), x)
+        return summed.reshape(x.shape[:axis] + (counts[me],) + x.shape[axis + 1:])
     return Request("reduce_scatter", comm, [request], finish, {"x": x, "axis": axis, "counts": counts}, overlap)
 
 
