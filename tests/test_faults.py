@@ -302,7 +302,9 @@ def kill_the_proxy(root, steps=12):
     steps; returns (mpiexec's status, seconds from the kill to mpiexec's end, the ranks still
     running 3 s later, the committed step, whether resuming from it gives the uninterrupted losses:
     the resumed steps cross the epochs' boundaries, where the data order changes)."""
-    args = [*TRAIN, *CHANNEL, *EPOCHS_OF_4, "--max-steps", str(steps), "--checkpoint-every", "1"]
+    # --timeout 60 (TRAIN's is 2 s): a rank saving every step on a loaded machine can wait past 2 s in a
+    # collective, and the watchdog would end the run before the kill this test is about
+    args = [*TRAIN, *CHANNEL, *EPOCHS_OF_4, "--max-steps", str(steps), "--checkpoint-every", "1", "--timeout", "60"]
     assert launch([*args, "--metrics-out", str(root / "straight.jsonl")]).status == 0
     directory, metrics = root / "killed", root / "killed.jsonl"
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
