@@ -206,7 +206,7 @@ def _check_split(comm, dtype, axis, counts, shape):
 
 
 @on_ranks(*ALL)
-@settings(max_examples=50)
+@settings(max_examples=30)
 @given(st.data())
 def test_split_axis_drawn(ranks, data):
     """reduce_scatter and allgather on drawn arrays, axes and block lengths (an empty block, or

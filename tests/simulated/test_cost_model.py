@@ -32,7 +32,7 @@ def predicted_calls_equal_measured_calls(comm, case):
 
 
 @on_ranks(1, 2, 3, 4, 5, 6, 7, 8)
-@settings(max_examples=50)
+@settings(max_examples=30)
 @given(st.data())
 def test_predicted_calls_equal_measured_calls(ranks, data):
     case = data.draw(dist_conv_cases(ranks, dtypes=("float32", "float64"), grouped_channel_split=True))

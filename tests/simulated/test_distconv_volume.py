@@ -97,7 +97,7 @@ def volume_matches_the_formulas(comm, case):
 
 
 @on_ranks(*SIZES)
-@settings(max_examples=80)
+@settings(max_examples=40)
 @given(st.data())
 def test_volume_matches_the_formulas(ranks, data):
     case = data.draw(dist_conv_cases(ranks, axes=("sample", "channel"), dtypes=("float64", "float32"),

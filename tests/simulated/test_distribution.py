@@ -18,7 +18,7 @@ from refconv.testing.ranks import on_ranks
 from .test_grid import factorizations
 
 SIZES = (1, 2, 3, 4, 5, 6, 7, 8)
-EXAMPLES = 50
+EXAMPLES = 25
 
 
 @st.composite

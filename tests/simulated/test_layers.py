@@ -54,7 +54,7 @@ def _batchnorm(comm, shape, x_shape):
 
 
 @on_ranks(*SIZES)
-@settings(max_examples=35)
+@settings(max_examples=20)
 @given(st.data())
 def test_batchnorm_matches_reference(ranks, data):
     shape = data.draw(grid_shapes(ranks))
@@ -88,7 +88,7 @@ def _pool(comm, cls, fwd, bwd, shape, k, s, p, x_shape):
 
 
 def _pool_test(cls, fwd, bwd):
-    @settings(max_examples=35)
+    @settings(max_examples=20)
     @given(st.data())
     def test(ranks, data):
         shape = data.draw(grid_shapes(ranks))
@@ -135,7 +135,7 @@ def _gap_linear_loss(comm, shape, x_shape, K):
 
 
 @on_ranks(*SIZES)
-@settings(max_examples=30)
+@settings(max_examples=15)
 @given(st.data())
 def test_gap_linear_loss_match_reference(ranks, data):
     shape = data.draw(grid_shapes(ranks))
@@ -157,7 +157,7 @@ def _redistribute(comm, src_shape, dst_shape, kind, shape):
 
 
 @on_ranks(*SIZES)
-@settings(max_examples=40)
+@settings(max_examples=25)
 @given(st.data())
 def test_redistribute_between_drawn_grids(ranks, data):
     src_shape = data.draw(grid_shapes(ranks), label="src grid")

@@ -117,7 +117,7 @@ def _layer_overlap(comm, case):
 
 
 @on_ranks(*ALL)
-@settings(max_examples=50)
+@settings(max_examples=30)
 @given(st.data())
 def test_a_layer_with_its_gradient_allreduce_in_flight_gives_the_blocking_bits(ranks, data):
     """Every algorithm, drawn grids and problems, with the gradient and halo overlaps on and off:
