@@ -20,6 +20,7 @@ tensor and the first mismatching indices (so all ranks stay in step).
 :mod:`refconv.collectives` are the ``expected`` records, call for call.
 """
 
+import functools
 import math
 import traceback
 
@@ -67,10 +68,23 @@ def expected_results(problem, x, w, b, dy):
     }
 
 
+@functools.lru_cache(maxsize=8)
+def problem_and_reference(problem, seed):
+    """``((x, w, b, dy), expected)``: the global arrays drawn from ``seed`` and the serial reference's
+    results, made once per process and read-only: the ranks of a simulated world share them, as they
+    would each have computed the same bits (a write to them raises)."""
+    arrays = problem.arrays(seed)
+    expected = expected_results(problem, *arrays)
+    for a in (*arrays, *expected.values()):
+        if a is not None:
+            a.flags.writeable = False
+    return arrays, expected
+
+
 def run_layer(layer, problem, seed=0):
     """Run ``layer`` on the global arrays drawn from ``seed``; returns ``(actual, expected)`` dicts."""
     grid = layer.grid
-    x, w, b, dy = problem.arrays(seed)
+    (x, w, b, dy), expected = problem_and_reference(problem, seed)
     layer.set_global_parameters(w, b)
     layer.bind(x.shape)
     to_device = layer.backend.asarray
@@ -85,7 +99,7 @@ def run_layer(layer, problem, seed=0):
         "dw": dw,
         "db": db,
     }
-    return actual, expected_results(problem, x, w, b, dy)
+    return actual, expected
 
 
 def check_layer(layer, problem, *, seed=0, rtol=None, atol=None):
