@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refconv import DistConv2d, ProcessGrid, algorithms, collectives, simulated
+from refconv import algorithms, collectives, simulated
 from refconv.algorithms.stationary_y import StationaryY
 from refconv.distribution import block_range
-from refconv.testing.check import check_layer
+from refconv.testing.check import check_case
 from refconv.testing.strategies import dist_conv_cases
 
 
@@ -54,12 +54,6 @@ def _registered():
     planner prices every registered algorithm (tests/conftest.py restores the registry after each)."""
     algorithms.register(BcastY)
     algorithms.register(BcastYPlantedBug)
-
-
-def check_case(comm, case):
-    layer = DistConv2d(case.problem.C, case.problem.F, (case.problem.Kh, case.problem.Kw),
-                       grid=ProcessGrid(comm, **case.grid_kwargs()), backend="numpy", **case.layer_kwargs())
-    check_layer(layer, case.problem)
 
 
 def property_test(algorithm, ranks, examples):

@@ -11,25 +11,12 @@ from refconv.distribution import Distribution
 from refconv.grid import AXES, ProcessGrid
 from refconv.layers import DistConv2d
 from refconv.testing.asserts import assert_all_ranks, collective_assert_close
-from refconv.testing.check import check_layer, run_layer
+from refconv.testing.check import case_layer, check_case, check_layer, run_layer
 from refconv.testing.ranks import on_ranks
 from refconv.testing.strategies import ConvProblem, dist_conv_cases
 
 SIZES = (1, 2, 3, 4)
 EXAMPLES = 25
-
-
-def build(comm, case, **extra):
-    grid = ProcessGrid(comm, **case.grid_kwargs())
-    return DistConv2d(case.problem.C, case.problem.F, (case.problem.Kh, case.problem.Kw), grid=grid,
-                      backend="numpy", **case.layer_kwargs(), **extra)
-
-
-def check_case(comm, case):
-    """check_layer of the drawn case's layer, on every rank."""
-    layer = build(comm, case)
-    check_layer(layer, case.problem)
-    layer.grid.free()
 
 
 def _drawn_test(algorithm):
@@ -126,7 +113,7 @@ def _equivalent(comm, case_a, case_b):
     """Same results and the same communication, kind by kind."""
     results, records = [], []
     for case in (case_a, case_b):
-        layer = build(comm, case)
+        layer = case_layer(comm, case)
         collectives.stats.reset()
         actual, _ = run_layer(layer, case.problem)
         results.append(actual)

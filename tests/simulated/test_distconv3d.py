@@ -22,17 +22,11 @@ from refconv.layers import DistConv3d
 from refconv.model import Model
 from refconv.sharding import allgather, redistribute
 from refconv.testing.asserts import assert_all_ranks
-from refconv.testing.check import check_layer, check_records
+from refconv.testing.check import case_layer, check_layer, check_records
 from refconv.testing.ranks import on_ranks
 from refconv.testing.strategies import Conv3dProblem, dist_conv3d_cases
 
 EXAMPLES = 25
-
-
-def build(comm, case):
-    grid = ProcessGrid(comm, **case.grid_kwargs())
-    return DistConv3d(case.problem.C, case.problem.F, case.problem.kernel, grid=grid, backend="numpy",
-                      **case.layer_kwargs())
 
 
 def check_calls(comm, layer, problem):
@@ -47,7 +41,7 @@ def check_calls(comm, layer, problem):
 
 def check_case(comm, case):
     """On every rank: the drawn case's layer against the serial reference, and its calls."""
-    layer = build(comm, case)
+    layer = case_layer(comm, case)
     check_layer(layer, case.problem)
     check_calls(comm, layer, case.problem)
     layer.grid.free()
