@@ -24,7 +24,6 @@ from mpi4py import MPI
 
 from refconv.collectives import local
 from refconv.collectives.faults import fault_point
-from refconv.collectives.local import stats
 from refconv.failure import LINE_GRACE_S
 
 TRAINING_TIMEOUT_S = 300.0      # refconv train's default --timeout
@@ -79,10 +78,10 @@ class Watchdog:
         simulated rank (refconv.simulated) there is no deadline: its world reports a hang itself."""
         if started is None:
             fault_point(kind, "collective")
-        simulated = local.simulated() is not None
-        if self.timeout is not None and not simulated:
+        state = local.current()         # looked up once: this is on the path of every MPI call
+        if self.timeout is not None and state.simulated is None:
             self.current = (kind, comm, buffers, time.monotonic(), self.timeout)
-        return _Call(self, kind, started, overlap, simulated)
+        return _Call(self, state, kind, started, overlap)
 
     def _watch(self):
         while True:
@@ -94,22 +93,26 @@ class Watchdog:
 
 
 class _Call:
-    """One guarded MPI call: its times go to the calling rank's ``stats`` when it ends."""
+    """One guarded MPI call of the rank whose ``state`` (``local.RankState``) it is: its times go to
+    that rank's ``stats`` when it ends."""
 
-    def __init__(self, watchdog, kind, started, overlap, simulated):
-        self.watchdog, self.kind, self.overlap, self.simulated = watchdog, kind, overlap, simulated
-        self.waited = local.now()
+    __slots__ = ("watchdog", "state", "kind", "overlap", "waited", "started")
+
+    def __init__(self, watchdog, state, kind, started, overlap):
+        self.watchdog, self.state, self.kind, self.overlap = watchdog, state, kind, overlap
+        self.waited = state.now()
         self.started = started if started is not None else self.waited
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        if not self.simulated:
+        state = self.state
+        if state.simulated is None:
             self.watchdog.current = None
-        ended = local.current().arrived()
-        stats.add_seconds(self.kind, max(0.0, ended - self.waited))  # time per kind, for refconv bench
-        stats.add_event(self.kind, self.overlap, self.started, self.waited, ended)  # for a timeline
+        ended = state.arrived()
+        state.stats.add_seconds(self.kind, max(0.0, ended - self.waited))  # time per kind, for refconv bench
+        state.stats.add_event(self.kind, self.overlap, self.started, self.waited, ended)  # for a timeline
 
 
 def _abort_timed_out(kind, comm, buffers, started, timeout):
