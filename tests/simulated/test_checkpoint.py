@@ -4,7 +4,7 @@ and a corrupt shard raises on every rank instead of hanging.
 On simulated ranks (refconv.simulated) of 1 to 4 (TwoConvs has 4 input channels, split up to
 4 ways), in pytest's tmp_path.  A simulated rank cannot use ``MPI.COMM_SELF`` (refconv's
 collectives refuse a real communicator there), so the one-rank side of a reshard runs on the
-rank's own one-rank communicator, ``comm.Split(comm.rank)``.  tests/mpi/test_checkpoint.py
+rank's own one-rank communicator, ``collectives.comm_self()``.  tests/mpi/test_checkpoint.py
 runs the same checks (the functions of ``comm`` and a folder here) on real processes, at 2 and 3
 ranks.
 """
@@ -13,7 +13,7 @@ import os
 
 import numpy
 
-from refconv import checkpoint
+from refconv import checkpoint, collectives
 from refconv.checkpoint import CheckpointError
 from refconv.grid import ProcessGrid
 from refconv.optim import SGD
@@ -162,7 +162,7 @@ def test_reshard_between_grids_and_algorithms(comm, tmp_path):
 
 @on_ranks(2, 4)
 def test_reshard_to_a_different_world_size(comm, tmp_path):
-    reshard_to_one_rank(comm, str(tmp_path), comm.Split(comm.rank, 0))  # what COMM_SELF is under mpiexec
+    reshard_to_one_rank(comm, str(tmp_path), collectives.comm_self())  # what MPI.COMM_SELF is under mpiexec
 
 
 @on_ranks(2, 3, 4)
