@@ -9,7 +9,7 @@ VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast test-extended clean
+.PHONY: setup demo test test-fast test-extended explore clean
 
 setup: $(VENV)/.installed
 
@@ -38,6 +38,10 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow and not extended"
+
+# make explore -- the suite with random Hypothesis draws (the default profile, ci, is derandomized)
+explore: setup
+	HYPOTHESIS_PROFILE=explore $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-extended: setup
 	$(PY) -m pytest -q -m extended

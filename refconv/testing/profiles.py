@@ -1,16 +1,20 @@
 """Hypothesis profiles shared by refconv's tests and users' tests.
 
-- ``ci``: no deadline (the CUDA simulator and MPI start-up make timing meaningless).
-- ``mpi``: also derandomized and without an example database, so that every rank
-  of a multi-rank test draws the same examples in the same order.
+- ``ci`` (the default in tests/conftest.py): no deadline (the CUDA simulator and MPI start-up make
+  timing meaningless), and derandomized, so a run of the suite draws the examples the last one
+  drew: a change that lands or fails, fails on its own merits and not on the day's draw.
+- ``mpi``: also without an example database, so that every rank of a multi-rank test draws the
+  same examples in the same order.
+- ``explore``: ``ci`` with random draws, for looking for new failures (``make explore``, a run
+  differs from the last); what it finds is printed with a ``@reproduce_failure`` blob.
 """
 
 from hypothesis import HealthCheck, settings
 
 
 def register_profiles():
-    """Register the ``ci`` and ``mpi`` profiles (idempotent)."""
-    settings.register_profile("ci", deadline=None, print_blob=True)
+    """Register the ``ci``, ``mpi`` and ``explore`` profiles (idempotent)."""
+    settings.register_profile("ci", deadline=None, print_blob=True, derandomize=True, database=None)
     settings.register_profile(
         "mpi",
         deadline=None,
@@ -19,3 +23,4 @@ def register_profiles():
         max_examples=10,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
+    settings.register_profile("explore", deadline=None, print_blob=True, derandomize=False)
