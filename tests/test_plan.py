@@ -421,26 +421,93 @@ def test_calibrate_names_every_rate_it_could_not_measure():
     assert calibrate.unmeasured(machine_doc()) == []
 
 
-def test_calibrate_measures_again_where_the_time_did_not_grow_and_never_prices_it_free(recwarn):
-    """fit_rate: a flat first sweep is measured again at 4x the bytes (here it then grows: the rate
-    is fitted there); a time that never grows in 3 tries is charged per byte, t0 0 and the median
-    of y / x (an upper bound), with one warning naming the item and how to measure it."""
+def test_until_grown_measures_again_only_what_did_not_grow_and_returns_what_never_did():
+    """A flat item is measured again at grow(sizes), up to RETRIES times; one that grows is kept
+    from the try where it grew; one that never grows comes back apart, with its last try."""
     asked = []
 
-    def growing_later(sizes):
-        asked.append(sizes)
-        xs = [4 * n for n in sizes]
-        return xs, ([1e-3] * len(xs) if len(asked) == 1 else [1e-4 + x * 1e-9 for x in xs])
+    def measure(pending):
+        asked.append(dict(pending))
+        flat = len(asked) < 2  # "later" grows from the second try on; "never" never does
+        return {item: ([4 * n for n in sizes], [1e-3] * len(sizes) if item == "never" or flat
+                       else [1e-4 + 4e-9 * n for n in sizes]) for item, sizes in pending.items()}
 
-    a, b, (xs, _), note = calibrate.fit_rate(growing_later, [1, 2], lambda s: [4 * n for n in s], "layer")
-    assert asked == [[1, 2], [4, 8]] and b == pytest.approx(1e-9) and "measured again 1 time" in note
-    assert not recwarn.list
-    a, b, (xs, ys), note = calibrate.fit_rate(lambda s: ([10 * n for n in s], [2e-3, 1e-3]), [1, 2],
-                                              lambda s: [4 * n for n in s], "layer")
-    assert (a, b) == (0.0, float(numpy.median(numpy.array(ys) / numpy.array(xs)))) and b > calibrate.SLOPE_FLOOR
-    assert xs == [160, 320] and note.startswith("layer: its time did not grow with the size in 3 tries up to 320 "
-                                                "bytes") and "not free" in note
-    assert [str(w.message) for w in recwarn.list] == [note]
+    done, failed = calibrate.until_grown(measure, {"now": [1, 2], "later": [1, 2], "never": [1, 2]},
+                                         lambda item, sizes: [4 * n for n in sizes],
+                                         lambda item, xy: calibrate._grown_line(*xy) if item != "now" else (0.0, 1.0))
+    assert asked == [{"now": [1, 2], "later": [1, 2], "never": [1, 2]}, {"later": [4, 8], "never": [4, 8]},
+                     {"never": [16, 32]}]
+    assert done["now"][2] == 0 and done["later"][2] == 1 and done["later"][0][1] == pytest.approx(1e-9)
+    assert failed == {"never": ([64, 128], [1e-3, 1e-3])}
+
+
+def _flat_timer(comm, contenders, repeats, *args, **kwargs):
+    """A stand-in for calibrate.time_ranks: every contender takes 1 ms, whatever its size."""
+    return {name: [1e-3] * repeats for name in contenders}
+
+
+def test_calibrate_with_a_timer_that_does_not_grow_names_each_item_and_writes_no_rate(monkeypatch):
+    """The time of nothing grows with its size: no rate can be measured, so calibrate raises the
+    clear error (status 4 through the command line) naming every item and how to measure it, and
+    returns no machine file that would price them free (issue 35)."""
+    monkeypatch.setattr(calibrate, "time_ranks", _flat_timer)
+    with pytest.raises(calibrate.Unmeasured) as caught:
+        calibrate.calibrate(MPI.COMM_SELF, "numpy", quick=True)
+    message = str(caught.value)
+    assert caught.value.status == 4
+    items = [f"{op} {cls}" for op in machine.CONV_OPS for cls in ("1x1", "kxk", "kxkxk")]
+    items += ["batchnorm", "pool", "elementwise", "pack", "layer"]
+    assert all(f"{item} (" in message for item in items), message
+    assert "no machine file was written" in message and "without --quick" in message
+    assert "refconv plan --machine NAME, one of dev-cpu" in message
+    assert "1e+15" not in message and "free" not in message
+
+
+def test_calibrate_measures_again_at_larger_sizes_and_the_file_prices_nothing_free(monkeypatch):
+    """Fake measurements whose time is flat on each item's first sweep and grows with its work
+    after: every item is measured again, the file's every rate comes from the larger sweep (none
+    at 1e15), and its notes say so."""
+    tries = {}
+
+    def timed(what, works):
+        tries[what] = tries.get(what, 0) + 1
+        return [1e-3 if tries[what] == 1 else 1e-4 + 1e-10 * w for w in works]
+
+    def conv_table(comm, backend, windows, repeats, say=None):
+        works = [s.n * s.C * s.F * math.prod(s.window) * math.prod(s.kernel) for s in windows]
+        return [{"shape": s.as_list(), **{op: t for op in machine.CONV_OPS}} for s, t in zip(windows, timed("conv", works))]
+
+    def bandwidth(comm, backend, rng, op, sizes, repeats):
+        xs = [N * C * H * H * 4 for N, C, H in sizes]
+        return xs, timed(op, xs)
+
+    def layer(comm, backend, shapes, repeats):
+        xs = [(N * C + N * F) * H * H * 4 for N, C, F, H, K in shapes]
+        return xs, timed("layer", xs)
+
+    monkeypatch.setattr(calibrate, "measure_conv_table", conv_table)
+    monkeypatch.setattr(calibrate, "measure_bandwidth", bandwidth)
+    monkeypatch.setattr(calibrate, "measure_layer_overhead", layer)
+    doc = calibrate.calibrate(MPI.COMM_SELF, "numpy", quick=True)
+    machine.from_dict(doc)
+    assert calibrate.unmeasured(doc) == []
+    rates = [fit["rate"] for op in machine.CONV_OPS for fit in doc["compute"][op].values()]
+    rates += [doc["compute"][op]["rate"] for op in ("batchnorm", "pool", "elementwise", "pack", "layer")]
+    assert all(0 < r < 1 / calibrate.SLOPE_FLOOR for r in rates), doc["compute"]
+    assert list(doc["compute"]) == list(machine.COMPUTE) and list(doc["compute"]["conv_fwd"]) == ["1x1", "kxk", "kxkxk"]
+    again = [n for n in doc["notes"] if "measured again 1 time" in n]
+    assert len(again) == 9 + 5 and tries == {op: 2 for op in ("conv", "batchnorm", "pool", "elementwise", "pack",
+                                                               "layer")}, doc["notes"]
+
+
+def test_larger_sweeps_grow_the_work():
+    """Each retry's sizes: 16x a convolution's FLOPs (4x the channels in and out), 16x layer's bytes
+    (4x the rows and columns), 4x a bandwidth-bound operation's bytes (twice the rows and columns)."""
+    flops = lambda shapes: sum(2 * N * F * C * (H * K) ** 2 for N, C, F, H, K in shapes)  # noqa: E731
+    shapes = calibrate.conv_shapes(True)
+    assert flops(calibrate._larger_convs(("conv_fwd", "kxk"), shapes)) == 16 * flops(shapes)
+    assert [s[-2] for s in calibrate._larger_images(calibrate.layer_shapes(True))] == [64, 192]
+    assert calibrate._wider([(2, 8, 16)]) == [(2, 8, 32)]
     assert [s[-1] for s in calibrate.layer_shapes(False)] == [1] * 4   # 1x1: the bytes grow, the FLOPs little
 
 
@@ -653,12 +720,7 @@ def test_calibrate_writes_a_machine_file_with_and_without_mpiexec(tmp_path, laun
     r = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr
     assert f"wrote {out}" in r.stdout and "Abort" not in r.stderr
-    # --quick's few sizes may leave a rate unmeasured: then a warning line says which (rank 0 only): a kernel
-    # or collective (at most one line for all), or an operation priced at its measured seconds per byte
-    lines = r.stderr.splitlines()
-    assert all(line.startswith("refconv: warning: the time of ") or re.match(
-        r"refconv: warning: \w+: its time did not grow with the size in 3 tries", line) for line in lines), r.stderr
-    assert len([line for line in lines if "warning: the time of" in line]) <= 1
+    assert not r.stderr.strip(), r.stderr  # no warning: every rate measured (retried at larger sizes if need be)
     m = machine.load(str(out))
     assert isinstance(m.measured, str) and m.ranks_per_node == 2
     doc = yaml.safe_load(out.read_text())

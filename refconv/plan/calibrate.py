@@ -28,6 +28,11 @@ the datasheet machine files can only give rates; the paper's per-shape table is 
 request for one model (``--model``, below).
 The fit's relative error per class is written in the file's ``notes``.
 
+No measured item is priced free: where an item's fitted time did not grow with its size, it alone
+is measured again at larger sizes (:func:`until_grown`, up to :data:`RETRIES` times); if it never
+grows, :class:`Unmeasured` ends the command (status 4, no file) naming each such item, the sizes
+tried and how to measure it.
+
 With ``--model PRESET|FILE --batch B [--image-size S]`` it also times, after the
 above, every local convolution that ``refconv plan`` prices for that model on
 the ranks it runs on (each conv layer on every grid and algorithm the planner
@@ -49,14 +54,13 @@ import datetime
 import os
 import statistics
 import time
-import warnings
 
 import numpy
 
 import yaml
 from mpi4py import MPI
 
-from refconv import ProcessGrid, checks, collectives, device, launch, threads, train_config
+from refconv import ProcessGrid, checks, collectives, device, failure, launch, threads, train_config
 from refconv.backend import get_backend
 from refconv.bench.common import time_ranks
 from refconv.layers import DistConv2d
@@ -209,7 +213,9 @@ def measure_overlap(comm, quick):
 
 
 def measure_collectives(comm, quick):
-    """``({kind: {q: [alpha, beta]}}, notes)``.
+    """``({kind: {q: [alpha, beta]}}, notes, failed)``; ``failed`` lists ``(item, what was tried)``
+    for each (kind, q) whose time did not grow with the buffer in :data:`RETRIES` + 1 sweeps
+    (:func:`until_grown`, each 4x the bytes of the last).
 
     Every (kind, q, size) is a contender of one :func:`time_ranks` call: each takes its
     turn in every round, so a change of load during the run (the machine may be shared)
@@ -220,27 +226,28 @@ def measure_collectives(comm, quick):
     sizes_q = [2**k for k in range(1, P.bit_length()) if P % 2**k == 0]  # 2, 4, ... dividing P
     sizes_q += [P] if P > 1 and P not in sizes_q else []  # and P itself (3 ranks: q = 3)
     if not sizes_q:
-        return {k: {} for k in KINDS}, ["one rank: no collective measured"]
+        return {k: {} for k in KINDS}, ["one rank: no collective measured"], []
     grids = {q: ProcessGrid(comm, sample=P // q, channel=q) for q in sizes_q}
-    calls, counted = {}, {}
-    for q, grid in grids.items():
-        for kind in KINDS:
-            for m in sizes:
-                fn, _, counted[kind, q, m] = collective_calls(kind, grid.channel_comm, m)
-                fn()  # warm-up
-                calls[kind, q, m] = fn
-    rounds = time_ranks(comm, calls, repeats, 0, 0.0, window=COLLECTIVE_WINDOW_S)
+
+    def measure(pending):
+        calls, counted = {}, {}
+        for (kind, q), ms in pending.items():
+            for m in ms:
+                calls[kind, q, m], _, counted[kind, q, m] = collective_calls(kind, grids[q].channel_comm, m)
+        rounds = time_ranks(comm, calls, repeats, 0, 0.0, window=COLLECTIVE_WINDOW_S)  # first call: warm-up
+        return {(kind, q): ([counted[kind, q, m] for m in ms], [statistics.median(rounds[kind, q, m]) for m in ms])
+                for (kind, q), ms in pending.items()}
+
+    done, failed = until_grown(measure, {(kind, q): sizes for q in sizes_q for kind in KINDS},
+                               lambda item, ms: [4 * m for m in ms], lambda item, xy: _grown_line(*xy))
     out, notes = {k: {} for k in KINDS}, []
-    for q in sizes_q:
-        for kind in KINDS:
-            xs = [counted[kind, q, m] for m in sizes]
-            ys = [statistics.median(rounds[kind, q, m]) for m in sizes]
-            a, b = fit_line(xs, ys)
-            notes.append(f"{kind} q={q}: fit median relative error {_fit_error(xs, ys, a, b):.0%}")
-            out[kind][q] = [a / (q - 1) if kind == "alltoallv" else a, b]  # alltoallv: alpha per message
+    for (kind, q), ((a, b), (xs, ys), tries) in done.items():
+        notes.append(f"{kind} q={q}: fit median relative error {_fit_error(xs, ys, a, b):.0%}{_again(tries, xs)}")
+        out[kind][q] = [a / (q - 1) if kind == "alltoallv" else a, b]  # alltoallv: alpha per message
     for grid in grids.values():
         grid.free()
-    return out, notes
+    return out, notes, [(f"{kind} q={q}", f"buffers of {_bytes(min(xs))} to {_bytes(max(xs))}")
+                        for (kind, q), (xs, _) in failed.items()]
 
 
 def conv_shapes(quick):
@@ -268,45 +275,111 @@ def volume_shapes(quick):
 
 
 def measure_compute(comm, backend, quick):
+    """``(compute, notes, failed)``: the ``compute`` section of the file (every rate measured),
+    a note per entry, and ``(item, what was tried)`` for each whose time did not grow with its
+    work in :data:`RETRIES` + 1 sweeps (:func:`until_grown`)."""
     rng = numpy.random.default_rng(comm.Get_rank())
     repeats = 2 if quick else 5
-    rows = {op: {c: ([], [], []) for c in ("1x1", "kxk", machine_mod.VOLUME_CLASS)}  # (FLOPs, columns bytes, s)
-            for op in CONV_OPS}
     # The sweep's shapes as the algorithms convolve them (a window of the padded input, padding 0),
     # timed as the conv table is: every (shape, pass) a contender of each round.  Images and
     # volumes: a 3x3x3 kernel's passes are fitted apart (docs/planning.md, "Models of volumes").
-    sweep = [(s, 2) for s in conv_shapes(quick)] + [(s, 3) for s in volume_shapes(quick)]
-    windows = [machine_mod.ConvShape(N, C, F, (H + 2 * (K // 2),) * dims, (K,) * dims)
-               for (N, C, F, H, K), dims in sweep]
-    for ((N, C, F, H, K), dims), entry in zip(sweep, measure_conv_table(comm, backend, windows, repeats)):
-        cls = "1x1" if K == 1 else "kxk" if dims == 2 else machine_mod.VOLUME_CLASS
-        for op in CONV_OPS:
-            rows[op][cls][0].append(2 * N * F * C * (H * K) ** dims)  # FLOPs
-            rows[op][cls][1].append(N * C * (H * K) ** dims * 4)  # bytes of im2col columns
-            rows[op][cls][2].append(entry[op])
+    sweep = {"1x1": [], "kxk": [], machine_mod.VOLUME_CLASS: []}
+    for s in conv_shapes(quick):
+        sweep["1x1" if s[-1] == 1 else "kxk"].append(s)
+    sweep[machine_mod.VOLUME_CLASS] = volume_shapes(quick)
+
+    def measure_convs(pending):
+        """{(op, cls): (FLOPs, bytes of im2col columns, seconds)} of each pending class's shapes,
+        every (shape, pass) of them a contender of the same rounds."""
+        classes = {cls: shapes for (op, cls), shapes in pending.items()}
+        timed = [(cls, s) for cls, shapes in classes.items() for s in shapes]
+        dims = lambda cls: 3 if cls == machine_mod.VOLUME_CLASS else 2  # noqa: E731
+        windows = [machine_mod.ConvShape(N, C, F, (H + 2 * (K // 2),) * dims(cls), (K,) * dims(cls))
+                   for cls, (N, C, F, H, K) in timed]
+        entries = measure_conv_table(comm, backend, windows, repeats)
+        out = {}
+        for op, cls in pending:
+            rows = [(2 * N * F * C * (H * K) ** dims(cls), N * C * (H * K) ** dims(cls) * 4, entry[op])
+                    for (c, (N, C, F, H, K)), entry in zip(timed, entries) if c == cls]
+            out[op, cls] = tuple(list(v) for v in zip(*rows))
+        return out
+
+    def fit_conv(item, data):
+        a, b, c = fit_plane(*data)
+        return (a, b, c) if b > SLOPE_FLOOR else None
+
+    done, failed = until_grown(measure_convs, {(op, cls): shapes for op in CONV_OPS for cls, shapes in sweep.items()},
+                               _larger_convs, fit_conv)
+    compute, notes, unmeasured_ = {op: {} for op in CONV_OPS}, [], []
+    for (op, cls), ((a, b, c), (flops, columns, ys), tries) in done.items():
+        compute[op][cls] = {"t0": a, "rate": 1 / b, **({"bw": 1 / c} if c > 0 else {})}
+        pred = a + b * numpy.asarray(flops, float) + c * numpy.asarray(columns, float)
+        err = float(numpy.median(numpy.abs(pred - ys) / numpy.asarray(ys)))
+        notes.append(f"{op} {cls}: fit median relative error {err:.0%}{_again(tries, flops, 'FLOPs')}")
+    unmeasured_ += [(f"{op} {cls}", f"{min(flops):.3g} to {max(flops):.3g} FLOPs")
+                    for (op, cls), (flops, _, _) in failed.items()]
+
     sizes = [(2, 8, 16), (4, 16, 16)] if quick else [(2, 16, 16), (4, 32, 16), (8, 32, 32), (8, 64, 32)]
-    compute, notes = {}, []
-    kernel_fits = {op: {cls: fit_plane(*xyz) for cls, xyz in classes.items()} for op, classes in rows.items()}
-    for op, classes in rows.items():
-        compute[op] = {}
-        for cls, (flops, columns, ys) in classes.items():
-            a, b, c = kernel_fits[op][cls]
-            compute[op][cls] = {"t0": a, "rate": 1 / b, **({"bw": 1 / c} if c > 0 else {})}
-            pred = a + b * numpy.asarray(flops, float) + c * numpy.asarray(columns, float)
-            err = float(numpy.median(numpy.abs(pred - ys) / numpy.asarray(ys)))
-            notes.append(f"{op} {cls}: fit median relative error {err:.0%}")
     measures = {op: (lambda sz, op=op: measure_bandwidth(comm, backend, rng, op, sz, repeats), sizes, _wider)
                 for op in ("batchnorm", "pool", "elementwise", "pack")}
     measures["layer"] = (lambda sz: measure_layer_overhead(comm, backend, sz, repeats),
                          layer_shapes(quick), _larger_images)
-    for op, (measure, first, grow) in measures.items():
-        a, b, (xs, ys), note = fit_rate(measure, first, grow, op)
+    done, failed = until_grown(lambda pending: {op: measures[op][0](sz) for op, sz in pending.items()},
+                               {op: first for op, (_, first, _) in measures.items()},
+                               lambda op, sz: measures[op][2](sz), lambda item, xy: _grown_line(*xy))
+    for op, ((a, b), (xs, ys), tries) in done.items():
         compute[op] = {"t0": a, "rate": 1 / b}
-        notes.append(note or f"{op}: fit median relative error {_fit_error(xs, ys, a, b):.0%}")
-    return compute, notes
+        notes.append(f"{op}: fit median relative error {_fit_error(xs, ys, a, b):.0%}{_again(tries, xs)}")
+    unmeasured_ += [(op, f"{_bytes(min(xs))} to {_bytes(max(xs))}") for op, (xs, _) in failed.items()]
+    order = list(CONV_OPS) + list(measures)  # the file's order, whatever order the retries finished in
+    compute = {op: ({cls: compute[op][cls] for cls in sweep if cls in compute[op]} if op in CONV_OPS else compute[op])
+               for op in order if op in compute}
+    return compute, notes, unmeasured_
 
 
-RETRIES = 2  # a rate whose time did not grow with the size is measured again, at 4x the bytes each time
+RETRIES = 2  # an item whose time did not grow with its size is measured again, larger each time
+
+
+def until_grown(measure, sizes, grow, fit):
+    """Measure each item until its fitted time grows with its size.
+
+    ``measure({item: sizes})`` -> ``{item: data}`` times every pending item at once;
+    ``fit(item, data)`` -> its fitted figures, or None where the time did not grow; an item
+    that did not is measured again at ``grow(item, sizes)``, up to :data:`RETRIES` times.
+    Returns ``({item: (figures, data, retries)}, {item: data of its last try})``: the second
+    holds what never grew.  The times are the slowest rank's (:func:`time_ranks`), so every
+    rank decides alike."""
+    done, pending = {}, dict(sizes)
+    for attempt in range(RETRIES + 1):
+        data = measure(pending)
+        for item in list(pending):
+            figures = fit(item, data[item])
+            if figures is not None:
+                done[item] = (figures, data[item], attempt)
+                del pending[item]
+            elif attempt < RETRIES:
+                pending[item] = grow(item, pending[item])
+        if not pending:
+            break
+    return done, {item: data[item] for item in pending}
+
+
+def _grown_line(xs, ys):
+    """``(t0, seconds per unit)`` of :func:`fit_line`, or None where the time did not grow."""
+    a, b = fit_line(xs, ys)
+    return (a, b) if b > SLOPE_FLOOR else None
+
+
+def _again(tries, xs, unit="bytes"):
+    """A note's tail saying an item was measured again (nothing if it was not)."""
+    if not tries:
+        return ""
+    return (f" (measured again {tries} time{'s' if tries > 1 else ''}: its time grew only at larger sizes, "
+            f"{min(xs):.3g} to {max(xs):.3g} {unit})")
+
+
+def _bytes(n):
+    return f"{n / 2**20:.3g} MiB" if n >= 2**20 else f"{n / 2**10:.3g} KiB" if n >= 2**10 else f"{n:.0f} bytes"
 
 
 def _wider(sizes):
@@ -315,32 +388,26 @@ def _wider(sizes):
 
 
 def _larger_images(shapes):
-    """(N, C, F, H, K) conv shapes with twice the rows and columns: 4x the bytes."""
-    return [(N, C, F, 2 * H, K) for N, C, F, H, K in shapes]
+    """(N, C, F, H, K) conv shapes with 4x the rows and columns: 16x the bytes.  ``layer`` is a
+    difference of two times of about its size (the layer's less its kernels'), so its per-byte part
+    shows only where it outgrows their noise: at 4x the bytes a try, a busy machine (load 4.5 on
+    2 cores) left it unmeasured up to 2.25 MiB in one quick run of five."""
+    return [(N, C, F, 4 * H, K) for N, C, F, H, K in shapes]
 
 
-def fit_rate(measure, sizes, grow, what):
-    """``(t0, seconds per unit, (xs, ys), note)`` of ``measure(sizes)`` (-> ``(xs, ys)``), fitted by
-    :func:`fit_line`.  Where the time did not grow with the size, it is measured again at
-    ``grow(sizes)``, up to :data:`RETRIES` times.  If it never grows, every second measured is
-    charged per unit (``t0`` 0, the median of ``y / x``: an upper bound, never free), and ``note``
-    says which item and how to measure it.  Collective: the times are the slowest rank's, so
-    every rank decides alike."""
-    for attempt in range(RETRIES + 1):
-        xs, ys = measure(sizes)
-        a, b = fit_line(xs, ys)
-        if b > SLOPE_FLOOR:
-            note = (f"{what}: fit median relative error {_fit_error(xs, ys, a, b):.0%} (measured again "
-                    f"{attempt} time{'s' if attempt > 1 else ''}: the time grew only at larger sizes)") if attempt else None
-            return a, b, (xs, ys), note
-        sizes = grow(sizes)
-    b = float(numpy.median(numpy.asarray(ys, float) / numpy.asarray(xs, float)))
-    note = (f"{what}: its time did not grow with the size in {RETRIES + 1} tries up to {max(xs):,} bytes, so it is "
-            f"priced at its measured seconds per byte with no fixed cost ({1 / b:.3g} bytes/s, an upper bound of "
-            f"its time, not free); to measure its rate, run refconv calibrate again on a quieter machine, "
-            f"without --quick")
-    warnings.warn(note, stacklevel=2)
-    return 0.0, b, (xs, ys), note
+def _larger_convs(item, shapes):
+    """A conv class's (N, C, F, H, K) sweep with 4x the channels in and out: 16x the FLOPs, 4x the
+    im2col columns.  The GEMM then outweighs the column copies and the call's fixed cost, which at
+    --quick's small shapes on a busy machine hid the FLOPs' share (twice the rows and columns
+    instead grew both terms alike, and 4x the FLOPs twice left 1x1 unmeasured at 1 MFLOP)."""
+    return [(N, 4 * C, 4 * F, H, K) for N, C, F, H, K in shapes]
+
+
+class Unmeasured(failure.SharedFailure):
+    """An item whose time did not grow with its size in every try: no rate was measured, so no file
+    is written (status 4)."""
+
+    status = 4
 
 
 def measure_bandwidth(comm, backend, rng, op, sizes, repeats):
@@ -383,26 +450,26 @@ def layer_shapes(quick):
 
 
 def measure_layer_overhead(comm, backend, shapes, repeats):
-    """(bytes, seconds): a one-rank DistConv2d's forward + backward less its three kernels, each
-    kernel timed on the same shape (:func:`measure_conv_table`: subtracting the sweep's fit left
-    less than nothing at these shapes), against the bytes of its input and output."""
+    """(bytes, seconds): a one-rank DistConv2d's forward + backward less its three kernels on the
+    same shape, against the bytes of its input and output.  The layers and their kernels are
+    contenders of the same rounds, and the difference is taken round by round (median over the
+    rounds): timed in two runs apart, a change of load between them (the machine may be shared)
+    outweighed the difference, which then did not grow with the bytes."""
     grid = ProcessGrid(collectives.comm_self())
-    rng = numpy.random.default_rng(0)
+    rng = numpy.random.default_rng(comm.Get_rank())
     windows = [machine_mod.ConvShape(N, C, F, (H + 2 * (K // 2),) * 2, (K,) * 2) for N, C, F, H, K in shapes]
-    kernels = [sum(entry[op] for op in CONV_OPS) for entry in measure_conv_table(comm, backend, windows, repeats)]
-    xs, ys = [], []
-    for (N, C, F, H, K), kernel_s in zip(shapes, kernels):
+    contenders = _conv_passes(backend, windows, rng)
+    for i, (N, C, F, H, K) in enumerate(shapes):
         layer = DistConv2d(C, F, K, padding=K // 2, grid=grid, backend="numpy", input_shape=(N, C, H, H))
         x = rng.standard_normal((N, C, H, H)).astype(numpy.float32)
         dy = rng.standard_normal((N, F, H, H)).astype(numpy.float32)
-
-        def fn():
-            layer.forward(x)
-            layer.backward(dy)
-
-        t = _median_time(comm, fn, repeats, COMPUTE_WINDOW_S)  # its untimed first call warms up
+        contenders[i, "layer"] = lambda layer=layer, x=x, dy=dy: (layer.forward(x), layer.backward(dy))
+    rounds = time_ranks(comm, contenders, repeats, 0, 0.0, window=COMPUTE_WINDOW_S)  # first call: warm-up
+    xs, ys = [], []
+    for i, (N, C, F, H, K) in enumerate(shapes):
+        beyond = [t - sum(k) for t, *k in zip(rounds[i, "layer"], *(rounds[i, op] for op in CONV_OPS))]
         xs.append((N * C + N * F) * H * H * 4)
-        ys.append(max(t - kernel_s, 1e-6))
+        ys.append(max(statistics.median(beyond), 1e-6))
     return xs, ys
 
 
@@ -444,7 +511,17 @@ def measure_conv_table(comm, backend, shapes, repeats, say=lambda *a: None):
     the window as the algorithms run them, with every rank running the same pass at once.  Every (shape, pass) is a contender of each round, as the collectives
     are: a change of load during the run (the machine may be shared) hits every shape alike
     instead of whichever was being timed then.  All shapes' arrays are held at once."""
-    rng = numpy.random.default_rng(comm.Get_rank())
+    passes = _conv_passes(backend, shapes, numpy.random.default_rng(comm.Get_rank()))
+    started = time.perf_counter()
+    rounds = time_ranks(comm, passes, repeats, 0, 0.0, window=COMPUTE_WINDOW_S,
+                        progress=lambda done: say(f"conv table: round {done}/{repeats} of {len(shapes)} local "
+                                                  f"shapes x 3 passes ({time.perf_counter() - started:.0f} s)"))
+    return [{"shape": s.as_list(), **{op: float(f"{statistics.median(rounds[i, op]):.4g}") for op in CONV_OPS}}
+            for i, s in enumerate(shapes)]
+
+
+def _conv_passes(backend, shapes, rng):
+    """``{(i, op): fn}``: the three passes of each local shape (ConvShape), ``padding=0`` on its window."""
     passes = {}
     for i, s in enumerate(shapes):
         local = dict(stride=s.stride, dilation=s.dilation, groups=s.groups)
@@ -456,12 +533,7 @@ def measure_conv_table(comm, backend, shapes, repeats, say=lambda *a: None):
         passes[i, "conv_fwd"] = lambda x=x, w=w, local=local, fwd=fwd: fwd(x, w, **local)
         passes[i, "conv_bwd_data"] = lambda dy=dy, w=w, x=x, local=local, data=data: data(dy, w, x.shape, **local)
         passes[i, "conv_bwd_filter"] = lambda x=x, dy=dy, w=w, local=local, filt=filt: filt(x, dy, w.shape, **local)
-    started = time.perf_counter()
-    rounds = time_ranks(comm, passes, repeats, 0, 0.0, window=COMPUTE_WINDOW_S,
-                        progress=lambda done: say(f"conv table: round {done}/{repeats} of {len(shapes)} local "
-                                                  f"shapes x 3 passes ({time.perf_counter() - started:.0f} s)"))
-    return [{"shape": s.as_list(), **{op: float(f"{statistics.median(rounds[i, op]):.4g}") for op in CONV_OPS}}
-            for i, s in enumerate(shapes)]
+    return passes
 
 
 def calibrate(comm, backend_name="auto", quick=False, name="this-machine", shapes=(), say=lambda *a: None):
@@ -470,9 +542,11 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine", shape
     backend = get_backend(backend_name)
     started = time.perf_counter()
     load = os.getloadavg()[0]  # a shared machine measures slow when busy: the file says how busy
-    tables, cnotes = measure_collectives(comm, quick)
+    tables, cnotes, cfailed = measure_collectives(comm, quick)
     overlap, onote = measure_overlap(comm, quick) if comm.Get_size() > 1 else (1.0, "overlap: one rank, nothing to hide")
-    compute, knotes = measure_compute(comm, backend, quick)
+    compute, knotes, kfailed = measure_compute(comm, backend, quick)
+    if cfailed or kfailed:  # before the conv table: a rerun is needed anyway
+        raise Unmeasured(_unmeasured_message(cfailed + kfailed, load, quick))
     P = comm.Get_size()
     if P >= 2:
         links = {k: {"table": {q: [float(f"{a:.4g}"), float(f"{b:.4g}")] for q, (a, b) in tables[k].items()}}
@@ -500,19 +574,26 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine", shape
         "notes": ["one node: 'inter' is a copy of 'intra' (nothing across nodes was measured)", onote]
                  + cnotes + knotes,
     }
-    free = unmeasured(doc)
+    free = unmeasured(doc)  # the rounding to 4 digits cannot make a measured rate free; checked all the same
     if free:
-        message = (f"the time of {', '.join(free)} did not grow with the size, so no rate was measured: the file "
-                   f"prices it as free (rate {1 / SLOPE_FLOOR:.0e}); measure again on a quieter machine"
-                   f"{' and without --quick' if quick else ''}")
-        doc["notes"].append(message)
-        warnings.warn(message, stacklevel=2)
+        raise Unmeasured(_unmeasured_message([(item, "the sweep") for item in free], load, quick))
     return doc
 
 
+def _unmeasured_message(failed, load, quick):
+    """Which items were not measured, what was tried, and how to measure them."""
+    return (f"no rate measured for {'; '.join(f'{item} ({tried})' for item, tried in failed)}: "
+            f"{'its' if len(failed) == 1 else 'their'} time did not grow with the size in {RETRIES + 1} sweeps, "
+            f"each larger than the last, so no machine file was written (a rate not measured here "
+            f"would misprice every plan made with the file); run refconv calibrate again on a quieter "
+            f"machine (load average {load:.1f} at the start){' without --quick (its sweeps are small)' if quick else ''}"
+            f", or plan with a shipped machine file (refconv plan --machine NAME, one of "
+            f"{', '.join(machine_mod.builtin_names())})")
+
+
 def unmeasured(doc):
-    """The entries of a machine file (a dict) whose fitted slope hit ``SLOPE_FLOOR``: a collective
-    kind's beta (per q), or a kernel's seconds per unit of work (its ``rate`` 1 / SLOPE_FLOOR)."""
+    """The entries of a machine file (a dict) that price a measured item as free: a collective
+    kind's beta (per q) at ``SLOPE_FLOOR`` or below, or a kernel's ``rate`` at 1 / SLOPE_FLOOR or above."""
     out = []
     for kind, link in doc["collectives"]["intra"].items():
         out += [f"{kind} q={q}" for q, (_, beta) in link.get("table", {}).items() if beta <= SLOPE_FLOOR]
