@@ -297,15 +297,23 @@ def _running(marker):
 EPOCHS_OF_4 = ("--synthetic", "--synthetic-samples", "64", "--image-size", "8", "--batch-size", "16")
 
 
-def kill_the_proxy(root, steps=12):
-    """A 2-rank run of epochs of 4 steps saving every step, its hydra_pmi_proxy SIGKILLed after 3
-    steps; returns (mpiexec's status, seconds from the kill to mpiexec's end, the ranks still
-    running 3 s later, the committed step, whether resuming from it gives the uninterrupted losses:
+# 160 synthetic images in batches of 16: 2 epochs of 10 steps, as issue 35's run of 2 epochs (of 44)
+TWO_EPOCHS_OF_10 = ("--synthetic", "--synthetic-samples", "160", "--image-size", "8", "--batch-size", "16",
+                    "--epochs", "2")
+
+
+def kill_the_proxy(root, steps=12, *, data=EPOCHS_OF_4, every=1, kill_after=3, extra=()):
+    """A 2-rank run of ``steps`` steps of ``data`` saving every ``every`` steps, its hydra_pmi_proxy
+    SIGKILLed after ``kill_after`` steps; returns (mpiexec's status, seconds from the kill to
+    mpiexec's end, the ranks still running 3 s later, the committed step, whether resuming from it
+    gives the uninterrupted losses and, at the end, the uninterrupted run's tensors bit for bit:
     the resumed steps cross the epochs' boundaries, where the data order changes)."""
     # --timeout 60 (TRAIN's is 2 s): a rank saving every step on a loaded machine can wait past 2 s in a
     # collective, and the watchdog would end the run before the kill this test is about
-    args = [*TRAIN, *CHANNEL, *EPOCHS_OF_4, "--max-steps", str(steps), "--checkpoint-every", "1", "--timeout", "60"]
-    assert launch([*args, "--metrics-out", str(root / "straight.jsonl")]).status == 0
+    args = [*TRAIN, *CHANNEL, *data, *extra, "--max-steps", str(steps), "--checkpoint-every", str(every),
+            "--timeout", "60"]
+    assert launch([*args, "--metrics-out", str(root / "straight.jsonl"),
+                   "--checkpoint-dir", str(root / "straight")]).status == 0
     directory, metrics = root / "killed", root / "killed.jsonl"
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     env.pop("REFCONV_FAULT", None)
@@ -314,7 +322,7 @@ def kill_the_proxy(root, steps=12):
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + HANG_S
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= kill_after):
             assert proc.poll() is None and time.monotonic() < deadline, "the run ended before the kill"
             time.sleep(0.01)
         proxies = _children(proc.pid)
@@ -324,7 +332,7 @@ def kill_the_proxy(root, steps=12):
         killed = time.monotonic()
         status = proc.wait(timeout=HANG_S)
         seconds = time.monotonic() - killed
-        time.sleep(3.0)                                  # an orphan would finish its 12 steps in this time
+        time.sleep(3.0)                                  # an orphan would finish its steps in this time
         orphans = _running(str(directory))
     finally:
         if proc.poll() is None:
@@ -332,13 +340,26 @@ def kill_the_proxy(root, steps=12):
         for pid in _running(str(directory)):
             os.kill(pid, signal.SIGKILL)
     step, _, _ = committed(directory)
-    resumed = launch([*TRAIN, *CHANNEL, *EPOCHS_OF_4, "--max-steps", str(steps - step), "--checkpoint-every", "1",
-                      "--resume",
+    resumed = launch([*TRAIN, *CHANNEL, *data, *extra, "--max-steps", str(steps - step), "--checkpoint-every",
+                      str(every), "--resume",
                       "--checkpoint-dir", str(directory), "--metrics-out", str(root / "resumed.jsonl")])
     straight = losses(root / "straight.jsonl")
-    same = resumed.status == 0 and losses(root / "resumed.jsonl") == {s: straight[s]
-                                                                      for s in range(step + 1, steps + 1)}
+    same = (resumed.status == 0 and losses(root / "resumed.jsonl") == {s: straight[s]
+                                                                       for s in range(step + 1, steps + 1)}
+            and tensors(root / "straight") == tensors(directory))
     return status, seconds, orphans, step, same
+
+
+def tensors(directory):
+    """``(step, {shard's rank: {name: bytes}})`` of the checkpoint in ``directory`` (its parameters and
+    momentum), for a comparison bit for bit."""
+    step, _, files = committed(directory)
+    out = {}
+    for name in files:
+        if name.endswith(".npz"):
+            with numpy.load(os.path.join(directory, name)) as z:
+                out[name.split("-step-")[0]] = {k: z[k].tobytes() for k in z.files}
+    return step, out
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
@@ -353,6 +374,20 @@ def test_killing_the_launcher_proxy_ends_every_rank_and_resume_is_identical(tmp_
     assert status != 0 and seconds < END_SLACK_S, (status, seconds)
     assert orphans == [], "ranks outlived their proxy"
     assert step < 12, f"the checkpoint moved on to step {step} after the kill"
+    assert same, f"the resume from step {step} differs from the uninterrupted run"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
+def test_killing_the_proxy_of_a_two_epoch_run_resumes_bit_for_bit(tmp_path):
+    """Issue 35's case: the proxy of a 2-epoch run with the default (cosine) schedule, reading ahead
+    (--prefetch 2) and saving every 4 steps, SIGKILLed after step 5; the resume from the committed
+    checkpoint (step 4, in epoch 1) crosses into epoch 2 and ends on the uninterrupted run's losses
+    and tensors (parameters and momentum), bit for bit."""
+    status, seconds, orphans, step, same = kill_the_proxy(
+        tmp_path, 20, data=TWO_EPOCHS_OF_10, every=4, kill_after=5, extra=("--lr-schedule", "cosine", "--prefetch",
+                                                                          "2"))
+    assert status != 0 and orphans == [], (status, orphans)
+    assert step in (4, 8), f"committed step {step}: a save every 4 steps, killed after step 5"
     assert same, f"the resume from step {step} differs from the uninterrupted run"
 
 

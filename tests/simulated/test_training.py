@@ -154,3 +154,32 @@ def test_training_runs_of_every_remainder_match_one_rank(ranks, tmp_path):
             rel = numpy.abs(numpy.subtract(losses, one["losses"])) / numpy.abs(one["losses"])
             assert len(losses) == len(one["losses"]) and rel.max() < 1e-6 and accuracy == one["accuracy"], \
                 f"{n} samples: {losses} vs {one['losses']}, accuracy {accuracy} vs {one['accuracy']}"
+
+
+@on_ranks(1, 2, timeout=300)
+def test_a_resume_at_the_epoch_boundary_or_in_epoch_2_is_the_uninterrupted_run_bit_for_bit(comm, tmp_path):
+    """Issue 35 (a resume of a 2-epoch run differed): 3 epochs of 8 steps, float32, the default
+    cosine schedule and momentum, reading 2 batches ahead, stopped at the boundary of epochs 1
+    and 2 (step 8) or inside epoch 2 (step 11) and resumed from that checkpoint: the resumed
+    losses are the uninterrupted run's and so are the final parameters and momentum, bit for bit."""
+    import glob
+
+    grid = {"channel": comm.size} if comm.size > 1 else None
+    base = dict(synthetic=True, image_size=8, synthetic_samples=128, batch_size=16, epochs=3, checkpoint_every=4,
+                prefetch=2, grid=grid, backend="numpy", progress=False)
+    quiet = {"comm": comm, "log": lambda *a, **k: None}
+
+    def final(directory):  # this rank's shard of the checkpoint at the last step: {tensor: bytes}
+        (path,) = glob.glob(os.path.join(directory, f"shard-{comm.rank:05d}-of-*-step-00000024-*.npz"))
+        with numpy.load(path) as z:
+            return {k: z[k].tobytes() for k in z.files}
+
+    straight = train(TrainConfig(**base, checkpoint_dir=str(tmp_path / "straight")), **quiet)["losses"]
+    for stop in (8, 11):
+        directory = str(tmp_path / f"stopped-{stop}")
+        first = train(TrainConfig(**base, checkpoint_dir=directory, max_steps=stop), **quiet)["losses"]
+        rest = train(TrainConfig(**base, checkpoint_dir=directory, resume=True), **quiet)["losses"]
+        assert_all_ranks(comm, len(straight) == 24 and len(first) == stop and first + rest == straight,
+                         f"stopped at {stop}: {first + rest} against {straight}")
+        assert_all_ranks(comm, final(directory) == final(str(tmp_path / "straight")),
+                         f"stopped at {stop}: the final tensors differ")
