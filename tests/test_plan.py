@@ -6,7 +6,6 @@ import itertools
 import json
 import math
 import os
-import re
 import shlex
 import subprocess
 import sys

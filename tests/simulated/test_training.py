@@ -9,6 +9,7 @@ mpiexec (the last batches of every remainder, against a one-rank run) and the ab
 """
 
 import functools
+import glob
 import os
 
 import numpy
@@ -162,8 +163,6 @@ def test_a_resume_at_the_epoch_boundary_or_in_epoch_2_is_the_uninterrupted_run_b
     cosine schedule and momentum, reading 2 batches ahead, stopped at the boundary of epochs 1
     and 2 (step 8) or inside epoch 2 (step 11) and resumed from that checkpoint: the resumed
     losses are the uninterrupted run's and so are the final parameters and momentum, bit for bit."""
-    import glob
-
     grid = {"channel": comm.size} if comm.size > 1 else None
     base = dict(synthetic=True, image_size=8, synthetic_samples=128, batch_size=16, epochs=3, checkpoint_every=4,
                 prefetch=2, grid=grid, backend="numpy", progress=False)
