@@ -22,7 +22,7 @@ Compute: the backend's kernels (the ones training uses) are timed on every rank
 at once on a sweep of local shapes, and ``time = t0 + work / rate`` is fitted per
 shape class (1x1 and KxK convolutions, and apart KxKxK ones of volumes; batch norm,
 pooling, ReLU and packing per byte; and ``layer``: a one-rank ``DistConv2d`` forward +
-backward less its fitted kernels, per byte of its input and output).  The fit is always there because the planner
+backward less its kernels timed on the same shape in the same rounds, per byte of its input and output).  The fit is always there because the planner
 prices local shapes nobody measured (ResNet-50 split 1024 ways has hundreds), and because
 the datasheet machine files can only give rates; the paper's per-shape table is added on
 request for one model (``--model``, below).
