@@ -5,7 +5,8 @@ are the layers' own; the validation's layer and model parts measure every strate
 The planner's output for a world size (for every shipped machine file, so the plans differ
 and mix grids and algorithms) is trained by ``refconv.train`` on simulated ranks, and its
 first steps replayed on one rank in the test's thread (tests/simulated/serial_replay.py says
-why there): the losses must agree (float64, relative 1e-6).  tests/mpi/test_plan.py keeps what
+why there): the losses must agree (float64, relative 1e-6).  Calibration's retries of a collective
+whose time did not grow run here with a stand-in timer.  tests/mpi/test_plan.py keeps what
 needs MPI.COMM_WORLD or COMM_SELF: ``--check-serial`` itself, ``refconv calibrate`` and the
 validation's command line.
 """
@@ -14,12 +15,13 @@ import math
 import warnings
 
 import numpy
+import pytest
 
 from refconv import Model, ProcessGrid, simulated
 from refconv.grid import axes_of
 from refconv.layers import BatchNorm3d, DistConv2d, DistConv3d, GlobalAvgPool3d, MaxPool3d
 from refconv.model_spec import load_spec
-from refconv.plan import validate
+from refconv.plan import calibrate, validate
 from refconv.pricing import choose_for_layer, graph, machine, perf, search
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.check import check_records
@@ -200,3 +202,34 @@ def test_validation_times_the_plan_of_a_model_of_volumes(comm):
     assert_all_ranks(comm, all(len(r.cost.grid) == 5 for r in plan.rows) and sample is not None
                      and plan.seconds <= sample.seconds and "sample" in measured
                      and all(span.min > 0 for span in measured.values()), f"{predicted} {measured}")
+
+
+QUICK_SIZES = (2**10, 2**14, 2**18)  # refconv calibrate --quick's first sweep of buffer sizes
+
+
+@pytest.mark.parametrize("grows", [False, True], ids=["never grows", "grows when measured again"])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_calibrate_measures_a_collective_again_and_never_prices_it_free(ranks, grows, monkeypatch):
+    """calibrate.measure_collectives on simulated ranks with a stand-in timer: a time that never
+    grows with the buffer leaves every (kind, q) unmeasured and named, with the sizes tried
+    (refconv calibrate then writes no file); one that grows from the second sweep on (4x the
+    buffers) is fitted there, no beta at the floor of a free rate."""
+
+    def time_ranks(comm, contenders, repeats, *args, **kwargs):
+        larger = any(m not in QUICK_SIZES for _, _, m in contenders)
+        return {(kind, q, m): [1e-4 + 1e-9 * m if grows and larger else 1e-3] * repeats
+                for kind, q, m in contenders}
+
+    monkeypatch.setattr(calibrate, "time_ranks", time_ranks)
+    results = simulated.run(lambda comm: calibrate.measure_collectives(comm, True), ranks)
+    assert all(r == results[0] for r in results), "the ranks decided apart"
+    tables, notes, failed = results[0]
+    qs = [2, 4][:ranks // 2]
+    if not grows:
+        assert tables == {kind: {} for kind in machine.KINDS} and notes == []
+        assert failed == [(f"{kind} q={q}", "buffers of 16 KiB to 4 MiB") for q in qs for kind in machine.KINDS]
+        return
+    assert failed == [] and all(list(tables[kind]) == qs and all(beta > calibrate.SLOPE_FLOOR
+                                                                  for _, beta in tables[kind].values())
+                                for kind in machine.KINDS), tables
+    assert len(notes) == len(qs) * len(machine.KINDS) and all("measured again 1 time" in n for n in notes), notes
