@@ -310,13 +310,13 @@ def measure_compute(comm, backend, quick):
 
     done, failed = until_grown(measure_convs, {(op, cls): shapes for op in CONV_OPS for cls, shapes in sweep.items()},
                                _larger_convs, fit_conv)
-    compute, notes, unmeasured_ = {op: {} for op in CONV_OPS}, [], []
+    compute, notes, failed_items = {op: {} for op in CONV_OPS}, [], []
     for (op, cls), ((a, b, c), (flops, columns, ys), tries) in done.items():
         compute[op][cls] = {"t0": a, "rate": 1 / b, **({"bw": 1 / c} if c > 0 else {})}
         pred = a + b * numpy.asarray(flops, float) + c * numpy.asarray(columns, float)
         err = float(numpy.median(numpy.abs(pred - ys) / numpy.asarray(ys)))
         notes.append(f"{op} {cls}: fit median relative error {err:.0%}{_again(tries, flops, 'FLOPs')}")
-    unmeasured_ += [(f"{op} {cls}", f"{min(flops):.3g} to {max(flops):.3g} FLOPs")
+    failed_items += [(f"{op} {cls}", f"{min(flops):.3g} to {max(flops):.3g} FLOPs")
                     for (op, cls), (flops, _, _) in failed.items()]
 
     sizes = [(2, 8, 16), (4, 16, 16)] if quick else [(2, 16, 16), (4, 32, 16), (8, 32, 32), (8, 64, 32)]
@@ -330,11 +330,11 @@ def measure_compute(comm, backend, quick):
     for op, ((a, b), (xs, ys), tries) in done.items():
         compute[op] = {"t0": a, "rate": 1 / b}
         notes.append(f"{op}: fit median relative error {_fit_error(xs, ys, a, b):.0%}{_again(tries, xs)}")
-    unmeasured_ += [(op, f"{_bytes(min(xs))} to {_bytes(max(xs))}") for op, (xs, _) in failed.items()]
+    failed_items += [(op, f"{_bytes(min(xs))} to {_bytes(max(xs))}") for op, (xs, _) in failed.items()]
     order = list(CONV_OPS) + list(measures)  # the file's order, whatever order the retries finished in
     compute = {op: ({cls: compute[op][cls] for cls in sweep if cls in compute[op]} if op in CONV_OPS else compute[op])
                for op in order if op in compute}
-    return compute, notes, unmeasured_
+    return compute, notes, failed_items
 
 
 RETRIES = 2  # an item whose time did not grow with its size is measured again, larger each time
@@ -546,7 +546,7 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine", shape
     overlap, onote = measure_overlap(comm, quick) if comm.Get_size() > 1 else (1.0, "overlap: one rank, nothing to hide")
     compute, knotes, kfailed = measure_compute(comm, backend, quick)
     if cfailed or kfailed:  # before the conv table: a rerun is needed anyway
-        raise Unmeasured(_unmeasured_message(cfailed + kfailed, load, quick))
+        raise Unmeasured(_failed_itemsmessage(cfailed + kfailed, load, quick))
     P = comm.Get_size()
     if P >= 2:
         links = {k: {"table": {q: [float(f"{a:.4g}"), float(f"{b:.4g}")] for q, (a, b) in tables[k].items()}}
@@ -576,11 +576,11 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine", shape
     }
     free = unmeasured(doc)  # the rounding to 4 digits cannot make a measured rate free; checked all the same
     if free:
-        raise Unmeasured(_unmeasured_message([(item, "the sweep") for item in free], load, quick))
+        raise Unmeasured(_failed_itemsmessage([(item, "the sweep") for item in free], load, quick))
     return doc
 
 
-def _unmeasured_message(failed, load, quick):
+def _failed_itemsmessage(failed, load, quick):
     """Which items were not measured, what was tried, and how to measure them."""
     return (f"no rate measured for {'; '.join(f'{item} ({tried})' for item, tried in failed)}: "
             f"{'its' if len(failed) == 1 else 'their'} time did not grow with the size in {RETRIES + 1} sweeps, "
