@@ -186,18 +186,19 @@ ALLOWED_HOST_READS = {
     ("layers/loss.py", "forward"): "the loss, once per step, as torch users' loss.item(): the step returns it as "
                                    "a float, for the log and the non-finite guard",
     ("layers/conv.py", "set_global_parameters"): "reads its argument, which may be a device array, once, before training",
-    ("train.py", "load_data"): "before training: the number of classes in the labels, host data read from disk",
-    ("train.py", "_eval_batches"): "evaluation, once per epoch: the outputs are scored on the host",
-    ("train.py", "evaluate"): "evaluation, once per epoch: the count of correct outputs (host arrays by then)",
-    ("train.py", "evaluate_mse"): "evaluation, once per epoch: the sum of squares (host arrays by then)",
-    ("train.py", "check_serial"): "after training: the largest difference, a host array from MPI",
+    ("train_inputs.py", "load_data"): "before training: the number of classes in the labels, host data read from disk",
+    ("train_step.py", "_eval_batches"): "evaluation, once per epoch: the outputs are scored on the host",
+    ("train_step.py", "evaluate"): "evaluation, once per epoch: the count of correct outputs (host arrays by then)",
+    ("train_step.py", "evaluate_mse"): "evaluation, once per epoch: the sum of squares (host arrays by then)",
+    ("train_serial_check.py", "check_serial"): "after training: the largest difference, a host array from MPI",
     ("backend.py", "asarray"): "the backend's own conversion: host data in, never called on device data per step",
     ("backend.py", "to_host"): "the backend's own read, the one the reads listed here call",
     ("halo.py", "__getattr__"): "a letter of an attribute's name (a str), not an array",
     ("halo.py", "_as_slice"): "plan time: the halo plan's index arrays are NumPy's (built once, in Halo.__init__)",
     ("halo.py", "_bounding_box"): "plan time: the halo plan's index arrays are NumPy's",
 }
-STEP_MODULES = ("layers", "algorithms", "halo.py", "optim.py", "train.py", "backend.py")
+STEP_MODULES = ("layers", "algorithms", "halo.py", "optim.py", "train.py", "train_inputs.py", "train_step.py",
+                "train_guards.py", "train_checkpoints.py", "train_report.py", "train_serial_check.py", "backend.py")
 HOST_READS = {"to_host", "asnumpy", "item", "tolist", "get"}
 CONVERSIONS = {"int", "float", "bool"}  # int(x) of a device scalar waits for the stream and copies it
 
