@@ -19,7 +19,7 @@ what every command shares, on every rank alike:
   traceback and, when every rank reports it within seconds, no ``MPI_Abort``
   (:func:`refconv.failure.exit_on_shared_error`); a
   :class:`refconv.failure.SharedFailure` ends it the same way with its own status
-  (3 for a diverged run);
+  (3 for a diverged run, 4 for a calibration that could not measure a rate);
 - any other exception ends every rank through the abort hook that ``import refconv``
   installs under more than one rank (:mod:`refconv.failure`).
 """

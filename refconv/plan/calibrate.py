@@ -78,7 +78,9 @@ RANKS = 4  # started from one process: the ranks of the docs' command (mpiexec -
 HELP = "measure this machine's collectives and kernels into a machine file"
 DESCRIPTION = ("Time collectives (a sweep of buffer sizes per communicator size, least-squares alpha-beta fit) "
                "and the local kernels (throughput fit per shape class) on every rank of MPI.COMM_WORLD; rank 0 "
-               "writes the machine file. See docs/planning.md.")
+               "writes the machine file. An item whose time does not grow with its size is measured again at "
+               "larger sizes; if it never grows, no file is written and the command exits with status 4, naming "
+               "it. See docs/planning.md.")
 
 
 def add_arguments(p):
