@@ -129,8 +129,8 @@ def test_dy_shape_and_version_errors():
         kernels.conv3d_backward_data(dy_d, w_d, x.shape)
     with pytest.raises(ValueError, match=re.escape("dy: expected shape (1, 3, 1, 3, 3) (N, F, Do, Ho, Wo)")):
         kernels.conv3d_backward_filter(x_d, dy_d, w.shape)
-    with pytest.raises(ValueError, match="version: expected 1 .* or 2"):
-        kernels.conv3d_forward(x_d, w_d, version=3)
+    with pytest.raises(ValueError, match="version: expected 1 .* or 3"):
+        kernels.conv3d_forward(x_d, w_d, version=4)
 
 
 def test_both_backends_expose_the_3d_passes():
