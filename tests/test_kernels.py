@@ -9,6 +9,7 @@ along each GEMM dimension, and every combination of stride, padding,
 dilation and groups.
 """
 
+import dataclasses
 import re
 
 import numpy
@@ -129,10 +130,32 @@ def test_conv_examples(name, version):
     check_conv(EXAMPLES[name], version)
 
 
+@pytest.mark.parametrize("version", [2, 3])
 @pytest.mark.parametrize("splits", [2, 3, 5])
-def test_backward_filter_split_k(splits):
-    # K = N*Ho*Wo = 2*7*5 = 70: 5 stages of 16; the last split may be short or empty of whole stages.
-    check_conv(P(2, 3, 4, 7, 5, 3, 3, padding=1, dtype="float32"), 2, ["backward_filter"], splits=splits)
+def test_backward_filter_split_k(splits, version):
+    # K = N*Ho*Wo = 2*7*5 = 70: 5 stages of 16 (version 3: 9 of 8, rounded to 10); the last split may be short
+    # or empty of whole stages.
+    check_conv(P(2, 3, 4, 7, 5, 3, 3, padding=1, dtype="float32"), version, ["backward_filter"], splits=splits)
+
+
+# Version 3 runs float32 only (float64 runs version 2), in 128 x 128 tiles: the named examples again in
+# float32, and problems with two blocks along each of its GEMM dimensions.
+VERSION3_EXAMPLES = {
+    **{name: dataclasses.replace(problem, dtype="float32") for name, problem in EXAMPLES.items()},
+    # M = 144 > 128: two row blocks in the forward and backward-data GEMMs
+    "two-row-blocks-128": P(1, 1, 2, 12, 12, 1, 1, dtype="float32"),
+    # F = 130 > 128: two column blocks in the forward and backward-filter GEMMs
+    "two-column-blocks-128": P(1, 1, 130, 2, 1, 1, 1, dtype="float32"),
+    # C/g*Kh*Kw = 135 > 128: two row blocks in backward-filter, and 18 stages of 8 (9 passes) in the forward
+    "two-filter-row-blocks-128": P(1, 15, 2, 3, 3, 3, 3, padding=1, dtype="float32"),
+    # stride 3 with dilation 2 and padding: backward-data's remainders (folded into its depth test)
+    "stride3-dilation2": P(1, 2, 3, 11, 10, 3, 2, stride=3, padding=(2, 1), dilation=2, dtype="float32"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VERSION3_EXAMPLES))
+def test_conv_examples_version3_float32(name):
+    check_conv(VERSION3_EXAMPLES[name], 3)
 
 
 @pytest.mark.parametrize("splits", [1, 3, 5])
