@@ -470,7 +470,8 @@ def gather_loads3(x, table, windows, a_next, k, kk_a, a_col, D, H, W, zero):
     offset, dd, dh, dw = table[row, 0], table[row, 1], table[row, 2], table[row, 3]
     for l in range(LOADS3):
         mm = a_col + l * A_STEP3
-        inside = (uint32(windows[mm, 1] + dd) < D) & (uint32(windows[mm, 2] + dh) < H) & (uint32(windows[mm, 3] + dw) < W)
+        inside = ((uint32(windows[mm, 1] + dd) < D) & (uint32(windows[mm, 2] + dh) < H)
+                  & (uint32(windows[mm, 3] + dw) < W))
         a_next[l] = x[uint32(windows[mm, 0] + offset)] if inside else zero  # one test, no branch
 
 
