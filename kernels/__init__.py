@@ -4,8 +4,9 @@ Device arrays in, device arrays out: CuPy arrays on a real GPU, NumPy arrays
 under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` before numba is first
 imported).  Every function checks its arguments as ``refconv.reference`` does
 and raises the same ``ValueError``.  The convolutions come in two versions,
-``version=1`` (direct, for reading) and ``version=2`` (tiled implicit GEMM, for
-speed); see docs/kernels.md.
+``version=1`` (direct, for reading), ``version=2`` (tiled implicit GEMM, the
+first step to speed) and ``version=3`` (register-tiled and double-buffered, for
+speed; float32, float64 runs version 2); see docs/kernels.md.
 
     conv_forward.py           conv2d_forward, conv3d_forward (one kernel per version: an image is a volume of depth 1)
     conv_backward_data.py     conv2d_backward_data, conv3d_backward_data
@@ -13,7 +14,7 @@ speed); see docs/kernels.md.
     elementwise.py            bias_add, bias_grad, relu_forward, relu_backward
     batch_norm.py             batch_norm_sums, batch_norm_apply, batch_norm_grad_sums, batch_norm_backward_apply
     pooling.py                max_pool2d_forward/backward, avg_pool2d_forward/backward, and the 3d ones
-    _launch.py                tile constants, launch geometry, shared index device functions
+    _launch.py                tile constants, launch geometry, shared index device functions, version 3's main loop
 """
 
 from .batch_norm import batch_norm_apply, batch_norm_backward_apply, batch_norm_grad_sums, batch_norm_sums
@@ -26,7 +27,7 @@ from .pooling import (
     max_pool2d_backward, max_pool2d_forward, max_pool3d_backward, max_pool3d_forward,
 )
 
-VERSIONS = (1, 2)
+VERSIONS = (1, 2, 3)
 
 __all__ = [
     "VERSIONS",

@@ -10,6 +10,9 @@ accumulates in float64, version 2 in the input dtype, as cuDNN does):
    ``dX[m, c] = sum_k dY[m, k] W[k, c]`` with ``m = (n, s)``, ``s`` the flat input position
    ``(d, h, w)``, and ``k = (f, tap)``; the same 64 x 64 tiles, 16-deep shared-memory stages
    and 4 x 4 register micro-tiles as the forward kernel.
+3. register-tiled (float32; float64 runs version 2): the forward's version 3 loop
+   (``_launch.gemm_loop3``) on the same GEMM, with the stride's remainders folded into the
+   gather's depth test (``_launch.backward_data_table``).
 
 The gather is stride- and dilation-aware: tap ``i`` contributes to input row ``h`` only when
 ``h + padding - i*dilation`` is a multiple of the stride; other taps read zero.  Version 2 asks
@@ -21,9 +24,12 @@ that without dividing per load: ``h + padding = qh*stride + rh`` once per thread
 
 import functools
 
-from numba import cuda
+from numba import cuda, int32, int64, uint32
 
 from ._launch import (
+    ALIGN3, BLOCK3, FAR, LOADS3, MICRO3, REMAINDER, RUN3, HALF3, TILE_K3, TILES3, WINDOWS3,
+    backward_data_table, check_int32, check_remainders, gemm_grid3, gemm_loop3, padded_operand, store_rows3,
+    tiled_jit3, zero_fill3,
     kernel_jit,
     multiply_stage, stream, tiled_jit, zero_fill,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
@@ -158,6 +164,65 @@ def backward_data_tiled(dtype):
     return kernel
 
 
+@functools.cache
+def backward_data_register_tiled(dtype):
+    """Version 3, compiled for ``dtype``: version 2's GEMM (``dX[m, c] = sum_k dY[m, k] W[k, c]``) in the
+    forward's version 3 tiles (``_launch.gemm_loop3``: 128 x 128 blocks, 8 x 8 register micro-tiles,
+    double-buffered 8-deep stages, 32-bit indices).
+
+    A row ``m = (n, s)`` is an input position ``(d, h, w)``; its window in ``dy`` is ``(qd, qh, qw)`` with
+    ``d + pd = qd*sd + rd`` (and so on), divided once per row by threads ``t < 128``, and its remainders
+    ``(rd, rh, rw)`` are folded into the depth coordinate (:func:`_launch.backward_data_table`): a tap that
+    does not land on an output position fails the bounds test, so the gather has no other test.  B is the
+    weights transposed to ``(C/groups, F/groups * taps)`` per group and zero-padded (one copy per call)."""
+
+    @tiled_jit3
+    def kernel(dy, w, table, dx, N, F, Do, Ho, Wo, S, H, W, sd, sh, sw, pd, ph, pw, Cg, Fg, C, Cp, Kp):
+        # dy: (N*F*Do*Ho*Wo,) flat; w: (groups*Cp*Kp,), per group the weights as (c, k = (f, tap)), padded with
+        # zeros to Cp columns (whole tiles) and Kp depths (whole pairs of stages plus a spare one); table: (Kp, 4)
+        # int32 (backward_data_table); dx: (N*C*S,) flat, S = D*H*W
+        M = int32(N * S)
+        g = cuda.blockIdx.z
+        m0 = cuda.blockIdx.x * BLOCK3
+        c0 = cuda.blockIdx.y * BLOCK3
+        tx = uint32(cuda.threadIdx.x)
+        ty = uint32(cuda.threadIdx.y)
+        t = uint32(ty * THREADS + tx)
+        zero = dtype(0)
+
+        a_tile = cuda.shared.array(TILES3, dtype, alignment=ALIGN3)  # two stages of (kk, m), flat (2, 8, 132)
+        b_tile = cuda.shared.array(TILES3, dtype, alignment=ALIGN3)  # two stages of (kk, c), flat (2, 8, 132)
+        windows = cuda.shared.array(WINDOWS3, int32, alignment=ALIGN3)  # (128, 4): per A row, its window in dy
+        acc = cuda.local.array((MICRO3, MICRO3), dtype)
+        a_reg = cuda.local.array(MICRO3, dtype)
+        b_reg = cuda.local.array(MICRO3, dtype)
+        a_next = cuda.local.array(LOADS3, dtype)  # the next stage's loads, held in registers
+        b_next = cuda.local.array(LOADS3, dtype)
+        zero_fill3(acc)
+
+        if t < BLOCK3:  # row t's window: its corner in dy, flat and (qd + REMAINDER * remainders, qh, qw)
+            m = m0 + int64(t)
+            n, s = split2(min(m, M - 1), S)
+            d, h, x_w = split3(s, H, W)
+            qd, rd = split2(d + pd, sd)
+            qh, rh = split2(h + ph, sh)
+            qw, rw = split2(x_w + pw, sw)
+            windows[t, 1] = int32(qd + REMAINDER * ((rd * sh + rh) * sw + rw)) if m < M else int32(-FAR)
+            windows[t, 2] = int32(qh)
+            windows[t, 3] = int32(qw)
+            windows[t, 0] = int32((((n * F + g * Fg) * Do + qd) * Ho + qh) * Wo + qw)
+        cuda.syncthreads()  # windows
+        gemm_loop3(dy, w, table, windows, a_tile, b_tile, acc, a_reg, b_reg, a_next, b_next, 0, Kp - TILE_K3,
+                   uint32(Do), uint32(Ho), uint32(Wo), uint32((g * Cp + c0) * Kp), Kp, zero)
+
+        ra = tx * RUN3
+        rb = ty * RUN3
+        store_rows3(dx, acc, 0, m0 + ra, M, S, C, g * Cg, c0 + rb, Cg)
+        store_rows3(dx, acc, RUN3, m0 + ra + HALF3, M, S, C, g * Cg, c0 + rb, Cg)
+
+    return kernel
+
+
 def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, version=2):
     """``dx (N, C, H, W) = x_shape`` from ``dy (N, F, Ho, Wo)`` and ``w (F, C/g, Kh, Kw)``, on device arrays.
 
@@ -197,11 +262,26 @@ def _backward_data(dy, w, x_shape, geometry, dims, version):
     dy5, w5 = as_volume(contiguous(dy)), as_volume(contiguous(w))
     dx = xp().empty(x_shape, dtype=dy.dtype)
     check_groups(groups)
-    if version == 1:
+    if version == 3 and dy.dtype == "float32":
+        Cg, Kd, Kh, Kw = w5.shape[1:]
+        Do, Ho, Wo = dy5.shape[2:]
+        check_int32(dy=dy5, dx=dx)
+        check_remainders((sd, sh, sw), (Do, Ho, Wo))
+        Fg, T = F // groups, Kd * Kh * Kw
+        blocks, threads = gemm_grid3(N * D * H * W, Cg, groups)
+        table = backward_data_table(Fg, (Do, Ho, Wo), (Kd, Kh, Kw), (dd, dh, dw), (sd, sh, sw))
+        Cp, Kp = blocks[1] * BLOCK3, table.shape[0]
+        w_t = w5.reshape(groups, Fg, Cg, T).transpose(0, 2, 1, 3)  # per group (c, f, tap)
+        w_padded = padded_operand(w_t, groups, Cg, Fg * T, Cp, Kp)
+        check_int32(w=w_padded)
+        backward_data_register_tiled(dy.dtype.type)[blocks, threads, stream()](
+            dy5.reshape(-1), w_padded.reshape(-1), table, dx.reshape(-1), N, F, Do, Ho, Wo, D * H * W, H, W,
+            sd, sh, sw, pd, ph, pw, Cg, Fg, C, Cp, Kp)
+    elif version == 1:
         blocks, threads = grid_1d(dx.size)
         backward_data_direct[blocks, threads, stream()](dy5, w5, as_volume(dx), sd, sh, sw, pd, ph, pw,
                                                         dd, dh, dw, F // groups)
-    else:
+    else:  # version 2 (and 3 in float64: see register_tiled_dtype)
         Cg, Kd, Kh, Kw = w5.shape[1:]
         blocks, threads = gemm_grid(N * D * H * W, C // groups, groups)
         taps = tap_table((Kd, Kh, Kw), (dd, dh, dw), (sd, sh, sw))

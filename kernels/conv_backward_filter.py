@@ -14,6 +14,9 @@ accumulates in float64, version 2 in the input dtype, as cuDNN does):
    workspace ``(splits, F, C/groups*Kd*Kh*Kw)``; :func:`sum_splits_kernel` then adds the
    slices in the fixed order ``0, 1, ..., splits-1``.  No atomics: the result is
    bit-identical from run to run for the same launch geometry.
+3. register-tiled (float32; float64 runs version 2): the transposed GEMM
+   ``dW^T[q, f] = sum_p X[p, q] dY^T[p, f]`` in the forward's version 3 loop
+   (``_launch.gemm_loop3``), with the same split-K and ordered sum.
 
 Checked against ``refconv.reference.conv2d_backward_filter`` and ``conv3d_backward_filter`` by
 ``tests/test_kernels.py`` and ``tests/test_kernels3d.py``.  Benchmark: ``python -m refconv.bench kernels``.
@@ -22,9 +25,11 @@ Checked against ``refconv.reference.conv2d_backward_filter`` and ``conv3d_backwa
 import functools
 import math
 
-from numba import cuda
+from numba import cuda, int32, int64, uint32
 
 from ._launch import (
+    ALIGN3, BLOCK3, FAR, LOADS3, MICRO3, RUN3, HALF3, TILE_K3, TILES3, WINDOWS3,
+    check_int32, gemm_grid3, gemm_loop3, micro_row, padded_operand, position_table, tiled_jit3, zero_fill3,
     kernel_jit,
     multiply_stage, stream, tiled_jit, store_flat_tile, zero_fill,
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MAX_GRID_YZ, MICRO, TARGET_BLOCKS, THREADS, TILE_K, TILE_M, TILE_N,
@@ -153,6 +158,75 @@ def backward_filter_tiled(dtype):
     return kernel
 
 
+@functools.cache
+def backward_filter_register_tiled(dtype):
+    """Version 3, compiled for ``dtype``: the transposed GEMM ``dW^T[q, f] = sum_p X[p, q] dY^T[p, f]`` in the
+    forward's version 3 tiles (``_launch.gemm_loop3``: 128 x 128 blocks, 8 x 8 register micro-tiles,
+    double-buffered 8-deep stages, 32-bit indices), split-K over ``p`` as in version 2.
+
+    A row ``q = (c, tap)`` (``Q = C/groups * taps``) is gathered from ``x``: its window (threads ``t < 128``,
+    once) holds the tap's offsets, and the depth ``p = (n, od, oh, ow)`` comes from
+    :func:`_launch.position_table` (the output position's window corner), so the gather is the forward's.
+    B is ``dy`` transposed to ``(F/groups, N*Do*Ho*Wo)`` per group and zero-padded (one copy of ``dy`` per
+    call).  ``blockIdx.z = g * splits + sl``: slice ``sl`` covers ``p`` in ``[sl * k_split, (sl + 1) *
+    k_split)`` and writes ``partial[sl, g*Fg + f, q]``: one writer per element, summed in order afterwards."""
+
+    @tiled_jit3
+    def kernel(x, dy, table, taps, partial, C, D, H, W, Cg, Fg, F, Fp, Kp, k_split, splits):
+        # x: (N*C*D*H*W,) flat; dy: (groups*Fp*Kp,), per group dy as (f, p), padded with zeros to Fp columns (whole
+        # tiles) and Kp depths (whole pairs of stages plus a spare one); table: (Kp, 4) int32 (position_table);
+        # taps: (T, 6) int32 (tap_table, stride 1: offsets in columns 0, 2, 4); partial: (splits*F*Q,) flat
+        T = taps.shape[0]
+        Q = int32(Cg * T)
+        g, sl = split2(cuda.blockIdx.z, splits)
+        k_begin = sl * k_split
+        k_end = min(Kp - TILE_K3, k_begin + k_split)
+        q0 = cuda.blockIdx.x * BLOCK3
+        f0 = cuda.blockIdx.y * BLOCK3
+        tx = uint32(cuda.threadIdx.x)
+        ty = uint32(cuda.threadIdx.y)
+        t = uint32(ty * THREADS + tx)
+        zero = dtype(0)
+
+        a_tile = cuda.shared.array(TILES3, dtype, alignment=ALIGN3)  # two stages of (kk, q), flat (2, 8, 132)
+        b_tile = cuda.shared.array(TILES3, dtype, alignment=ALIGN3)  # two stages of (kk, f), flat (2, 8, 132)
+        windows = cuda.shared.array(WINDOWS3, int32, alignment=ALIGN3)  # (128, 4): per A row, its tap's offsets
+        acc = cuda.local.array((MICRO3, MICRO3), dtype)
+        a_reg = cuda.local.array(MICRO3, dtype)
+        b_reg = cuda.local.array(MICRO3, dtype)
+        a_next = cuda.local.array(LOADS3, dtype)  # the next stage's loads, held in registers
+        b_next = cuda.local.array(LOADS3, dtype)
+        zero_fill3(acc)
+
+        if t < BLOCK3:  # row t: channel c's tap, its offset from a window's corner, flat and per axis
+            q = q0 + int64(t)
+            c, tap = split2(min(q, Q - 1), T)
+            windows[t, 1] = taps[tap, 0] if q < Q else int32(-FAR)  # a row past the end reads zeros
+            windows[t, 2] = taps[tap, 2]
+            windows[t, 3] = taps[tap, 4]
+            windows[t, 0] = int32(((g * Cg + c) * D + taps[tap, 0]) * H * W + taps[tap, 2] * W + taps[tap, 4])
+        cuda.syncthreads()  # windows
+        gemm_loop3(x, dy, table, windows, a_tile, b_tile, acc, a_reg, b_reg, a_next, b_next, k_begin, k_end,
+                   uint32(D), uint32(H), uint32(W), uint32((g * Fp + f0) * Kp), Kp, zero)
+
+        base = uint32((sl * F + g * Fg) * Q)  # partial[sl, g*Fg, 0]
+        store_columns3(partial, acc, 0, q0 + tx * RUN3, Q, f0 + ty * RUN3, Fg, base)
+        store_columns3(partial, acc, RUN3, q0 + tx * RUN3 + HALF3, Q, f0 + ty * RUN3, Fg, base)
+
+    return kernel
+
+
+@cuda.jit(device=True)
+def store_columns3(out, acc, first, q, Q, f, Fg, base):
+    """``out[base + (f + micro_row(jj)) * Q + q + r] = acc[first + r, jj]`` for rows ``q + r < Q`` (``r < 4``) and
+    columns ``f + micro_row(jj) < Fg``: one run of a thread's transposed micro-tile, into ``partial[sl, g*Fg:]``."""
+    for jj in range(MICRO3):
+        if f + micro_row(jj) < Fg:
+            for r in range(RUN3):
+                if q + r < Q:
+                    out[uint32(base + (f + micro_row(jj)) * Q + q + r)] = acc[first + r, jj]
+
+
 @kernel_jit
 def sum_splits_kernel(partial, dw):
     """Thread ``t`` writes ``dw[t] = partial[0, t] + partial[1, t] + ... + partial[splits-1, t]``, in that order.
@@ -203,8 +277,8 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     """
     checked = _checked(x, dy, w_shape, stride, padding, dilation, groups, 2)
     check_version(version)
-    if version == 2:
-        return sum_splits(_partials(*checked, splits)).reshape(checked[2])
+    if version >= 2:
+        return sum_splits(_partials(*checked, splits, version)).reshape(checked[2])
     return _direct(*checked)
 
 
@@ -214,8 +288,8 @@ def conv3d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     ``splits`` (version 2 only) fixes the split-K factor, as in :func:`conv2d_backward_filter`."""
     checked = _checked(x, dy, w_shape, stride, padding, dilation, groups, 3)
     check_version(version)
-    if version == 2:
-        return sum_splits(_partials(*checked, splits)).reshape(checked[2])
+    if version >= 2:
+        return sum_splits(_partials(*checked, splits, version)).reshape(checked[2])
     return _direct(*checked)
 
 
@@ -240,17 +314,42 @@ def _direct(x5, dy5, w_shape, geometry, dims, K):
     return dw
 
 
-def _partials(x5, dy5, w_shape, geometry, dims, K, splits):
+def _partials(x5, dy5, w_shape, geometry, dims, K, splits, version=2):
     sd, sh, sw, pd, ph, pw, dil_d, dil_h, dil_w, groups = geometry
     F, Cg = w_shape[:2]
     Kd, Kh, Kw = geometry3(w_shape[2:], dims, 1)
     N, _, Do, Ho, Wo = dy5.shape
+    if version == 3 and x5.dtype == "float32":  # float64: version 2 (64 accumulators would fill 128 registers)
+        return _partials3(x5, dy5, F, Cg, (Kd, Kh, Kw), geometry, K, splits)
     (bx, by, _), threads = gemm_grid(F // groups, Cg * Kd * Kh * Kw)
     splits, k_split = split_k(bx * by, K, groups, splits)
     partial = xp().empty((splits, F, Cg * Kd * Kh * Kw), dtype=x5.dtype)  # every element is written once
     taps = tap_table((Kd, Kh, Kw), (dil_d, dil_h, dil_w), (1, 1, 1))
     backward_filter_tiled(x5.dtype.type)[(bx, by, groups * splits), threads, stream()](
         x5, dy5.reshape(N, F, Do * Ho * Wo), taps, partial, Ho, Wo, sd, sh, sw, pd, ph, pw, Cg, F // groups, k_split)
+    return partial
+
+
+def _partials3(x5, dy5, F, Cg, kernel, geometry, K, splits):
+    """Version 3's split-K partials ``(splits, F, Cg*Kd*Kh*Kw)``: :func:`backward_filter_register_tiled`."""
+    sd, sh, sw, pd, ph, pw, dil_d, dil_h, dil_w, groups = geometry
+    N, C, D, H, W = x5.shape
+    Fg, T = F // groups, math.prod(kernel)
+    check_int32(x=x5, dy=dy5)
+    (bx, by, _), threads = gemm_grid3(Cg * T, Fg)
+    splits, k_split = split_k(bx * by, K, groups, splits)
+    k_split = ceil_div(k_split, 2 * TILE_K3) * 2 * TILE_K3  # whole pairs of stages (gemm_loop3)
+    splits = ceil_div(K, k_split)
+    table = position_table(N, C, (D, H, W), dy5.shape[2:], (sd, sh, sw), (pd, ph, pw))
+    Fp, Kp = by * BLOCK3, table.shape[0]
+    dy_t = dy5.reshape(N, groups, Fg, -1).transpose(1, 2, 0, 3)  # per group (f, n, s): p = (n, s)
+    dy_padded = padded_operand(dy_t, groups, Fg, K, Fp, Kp)
+    partial = xp().empty((splits, F, Cg * T), dtype=x5.dtype)  # every element is written once
+    check_int32(dy=dy_padded, partial=partial)
+    taps = tap_table(kernel, (dil_d, dil_h, dil_w), (1, 1, 1))
+    backward_filter_register_tiled(x5.dtype.type)[(bx, by, groups * splits), threads, stream()](
+        x5.reshape(-1), dy_padded.reshape(-1), table, taps, partial.reshape(-1), C, D, H, W, Cg, Fg, F, Fp, Kp,
+        k_split, splits)
     return partial
 
 

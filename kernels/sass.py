@@ -9,7 +9,8 @@ From them, per tiled kernel:
   DFMAs (float64), and the share of its instructions that are those;
 - **instructions per FMA in a stage**: one pass of the stage loop (the loop around the inner loop,
   with the shared-memory loads of the next stage and the barriers), with the inner loop counted
-  as often as a stage runs it, over the ``TILE_K * MICRO**2`` multiply-adds a thread does per stage.
+  as often as a stage runs it, over the multiply-adds a thread does in that pass (``TILE_K * MICRO**2``
+  per stage in version 2; version 3's loop holds two stages of ``TILE_K3 * MICRO3**2``).
 
 A loop is a backward branch: ``BRA`` to a label at a lower address.  These counts are of the code
 as written, not of the time it takes (no latencies, no occupancy): a floor checked in CI
@@ -76,9 +77,12 @@ def loops(found, labels):
     return sorted(set(spans))
 
 
-def profile(sass, fma="FFMA"):
-    """The static figures of one tiled kernel: ``{inner_loop, inner_fma, inner_share, stage_instructions,
-    per_fma, loops}`` (``loops``: every loop's ``(instructions, fma share)``)."""
+def profile(sass, fma="FFMA", per_stage=TILE_K * MICRO * MICRO):
+    """The static figures of one tiled kernel: ``{inner_loop, inner_fma, inner_share, inner_trips_per_stage,
+    stage_instructions, stages_per_pass, per_fma, loops}`` (``loops``: every loop's ``(instructions, fma
+    share)``).  ``per_stage``: the multiply-adds one thread does per stage.  A stage loop may hold more than
+    one stage (version 3 writes out two, one per shared buffer): ``stage_instructions`` and ``per_fma`` are
+    then of one pass of it, ``stages_per_pass`` stages."""
     found, labels = instructions(sass)
     spans = loops(found, labels)
 
@@ -94,11 +98,12 @@ def profile(sass, fma="FFMA"):
     inner = min(with_fma, key=lambda s: s[1] - s[0])  # the innermost loop with multiply-adds
     outer = [s for s in spans if s[0] <= inner[0] and inner[1] <= s[1] and s != inner]
     stage = min(outer, key=lambda s: s[1] - s[0]) if outer and not _has_barrier(body(inner)) else inner
-    per_stage = TILE_K * MICRO * MICRO
     trips = per_stage // fmas(inner) if stage != inner else 1
     stage_count = len(body(stage)) + (len(body(inner)) * (trips - 1) if stage != inner else 0)
+    pass_fmas = fmas(stage) + (fmas(inner) * (trips - 1) if stage != inner else 0)
     return {"inner_loop": len(body(inner)), "inner_fma": fmas(inner), "inner_share": fmas(inner) / len(body(inner)),
-            "inner_trips_per_stage": trips, "stage_instructions": stage_count, "per_fma": stage_count / per_stage,
+            "inner_trips_per_stage": trips, "stage_instructions": stage_count,
+            "stages_per_pass": pass_fmas / per_stage, "per_fma": stage_count / pass_fmas,
             "loops": [(len(body(s)), fmas(s) / len(body(s))) for s in spans]}
 
 

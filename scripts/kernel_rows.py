@@ -1,7 +1,7 @@
-"""The device check's kernel rows: one (shape, pass) at a time, both versions, checked then timed.
+"""The device check's kernel rows: one (shape, pass) at a time, every version, checked then timed.
 
-A row is ``{"shape", "pass", "gflop", "v1_ms", "v2_ms"[, "cudnn_ms", "sgemm_ms", "v2_of_cudnn",
-"v2_of_sgemm"], "worst_error"}``, or the same with ``"error"`` when a version fails its check or
+A row is ``{"shape", "pass", "gflop", "v1_ms", "v2_ms", "v3_ms"[, "cudnn_ms", "sgemm_ms", "v2_of_cudnn",
+"v2_of_sgemm", "v3_of_cudnn", "v3_of_sgemm"], "worst_error"}``, or the same with ``"error"`` when a version fails its check or
 raises: the next row runs regardless (``scripts/gpu_check_jobs.py`` writes each row as it comes).
 """
 
@@ -83,7 +83,7 @@ class KernelRows:
                             "backward-data": lambda: conv["backward_data"](dy, w, x.shape, **g),
                             "backward-filter": lambda: conv["backward_filter"](x, dy, w.shape, **g)}[pass_]()
                 worst = 0.0
-                for version in (1, 2):
+                for version in kernels.VERSIONS:
                     call = {"forward": lambda: mine["forward"](xd, wd, version=version, **g),
                             "backward-data": lambda: mine["backward_data"](dyd, wd, x.shape, version=version, **g),
                             "backward-filter": lambda: mine["backward_filter"](xd, dyd, w.shape, version=version,
@@ -120,11 +120,13 @@ class KernelRows:
                     "backward-filter": lambda: weight(xt, wt.shape, dyt, **g)}[pass_]
             events = lambda: (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))  # noqa: E731
             row["cudnn_ms"] = self.median_seconds(base, events) * 1e3
-            row["v2_of_cudnn"] = row["cudnn_ms"] / row["v2_ms"]
+            for version in (2, 3):
+                row[f"v{version}_of_cudnn"] = row["cudnn_ms"] / row[f"v{version}_ms"]
         if self.on_gpu:
             (N, C, H), (F, K) = x.shape[:3], (w.shape[0], w.shape[2])
             M, Ng, depth = gemm_dims(pass_, N, C, F, H, K, g["stride"], g["padding"], dims)
             a = self.xp.asarray(rng.standard_normal((M, depth), dtype=numpy.float32))
             b = self.xp.asarray(rng.standard_normal((depth, Ng), dtype=numpy.float32))
             row["sgemm_ms"] = self.median_seconds(lambda: self.xp.matmul(a, b), self.cupy_events()) * 1e3
-            row["v2_of_sgemm"] = row["sgemm_ms"] / row["v2_ms"]
+            for version in (2, 3):
+                row[f"v{version}_of_sgemm"] = row["sgemm_ms"] / row[f"v{version}_ms"]

@@ -33,12 +33,15 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_and_the_docs_tab
     rows = result["kernels"]
     compiled = {(r["kernel"], r["dtype"], r["cc"]) for r in rows if "error" not in r}
     from_inventory = {r["kernel"] for r in rows}
-    assert len(from_inventory) >= 16  # every kernel of the package (missing_kernels() keeps the list complete)
-    assert compiled == {(k, d, c) for k in from_inventory for d in ("float32", "float64") for c in ("sm_80", "sm_90")}
+    assert len(from_inventory) >= 19  # every kernel of the package (missing_kernels() keeps the list complete)
+    fast = {"conv_forward.forward_register_tiled", "conv_backward_data.backward_data_register_tiled",
+            "conv_backward_filter.backward_filter_register_tiled"}  # version 3: float32 only
+    assert compiled == {(k, d, c) for k in from_inventory for d in ("float32", "float64") for c in ("sm_80", "sm_90")
+                        if d == "float32" or k not in fast}
     tiled = [r for r in rows if r["tiled"]]
-    # one tiled kernel per pass, for images and volumes alike (the 3-D copies are gone)
+    # per pass one tiled kernel of each version (2 and 3), for images and volumes alike (the 3-D copies are gone)
     assert {r["kernel"] for r in tiled} == {"conv_forward.forward_tiled", "conv_backward_data.backward_data_tiled",
-                                            "conv_backward_filter.backward_filter_tiled"}
+                                            "conv_backward_filter.backward_filter_tiled"} | fast
     # every kernel: at most 16 integer divides in its PTX and 128 registers (backward-data and pooling included)
     assert all(r["divides"] <= 16 and r["registers"] <= 128 for r in rows), \
         [(r["kernel"], r["dtype"], r["cc"], r["divides"], r["registers"]) for r in rows if r["divides"] > 16
@@ -51,8 +54,17 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_and_the_docs_tab
     assert result["nvdisasm"], "nvdisasm from the gpu-compile extra must be found, so the SASS is read"
     profiled = {(r["kernel"], r["cc"]): r["sass"] for r in rows if "sass" in r}
     assert set(profiled) == {(r["kernel"], c) for r in tiled for c in ("sm_80", "sm_90")}
-    assert all(s["inner_trips_per_stage"] == 1 and s["inner_fma"] == 256 for s in profiled.values()), profiled
+    # version 2: one 16-deep stage of 4 x 4 micro-tiles per pass, 256 FFMAs; version 3: two 8-deep stages of
+    # 8 x 8, 1024 FFMAs, the whole loop written out
+    assert all(s["inner_trips_per_stage"] == 1 and s["inner_fma"] == (1024 if k in fast else 256)
+               for (k, _), s in profiled.items()), profiled
     assert all(s["inner_share"] >= 0.2 and s["per_fma"] <= 5 for s in profiled.values()), profiled
+    # version 3 at what it reaches (78.5% to 79.4%), above issue 34's floors: the forward inner loop >= 75% FFMA,
+    # every pass >= 60%; 128 registers, no spill (above), 2 blocks per SM
+    v3 = {key: s for key, s in profiled.items() if key[0] in fast}
+    assert len(v3) == 6 and all(s["inner_share"] >= 0.78 and s["per_fma"] <= 1.28 for s in v3.values()), v3
+    assert all(s["inner_share"] >= 0.75 for (k, _), s in v3.items() if k.startswith("conv_forward")), v3
+    assert all(r["registers"] <= 128 and r["blocks_per_sm"] == 2 for r in tiled if r["kernel"] in fast), tiled
 
 
 def test_split_k_backward_filter_compiles_without_atomics():
@@ -64,6 +76,8 @@ def test_split_k_backward_filter_compiles_without_atomics():
         for kernel in resources.KERNELS:
             if kernel.module == "conv_backward_filter":
                 for dtype in (numpy.float32, numpy.float64):
+                    if numpy.dtype(dtype).name not in kernel.dtypes:
+                        continue  # version 3: float32 only
                     ptx = resources.compile_ptx(kernel, dtype, (9, 0))
                     print(f"{kernel.name} {numpy.dtype(dtype).name}: {resources.ptx_counts(ptx)['atomics']}")
         print("atomic:", resources.ptx_counts("\\tatom.global.add.f32 %f1, [%rd1], %f2;\\n\\t@%p1 red.global.add.f64 [%rd2], %fd1;"))
@@ -72,8 +86,9 @@ def test_split_k_backward_filter_compiles_without_atomics():
     assert done.returncode == 0, done.stdout + done.stderr
     lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
     assert {k: v for k, v in lines.items() if k != "atomic"} == {
-        f"{name} {dtype}": "0" for name in ("backward_filter_direct", "backward_filter_tiled", "sum_splits_kernel")
-        for dtype in ("float32", "float64")}
+        f"{name} {dtype}": "0" for name in ("backward_filter_direct", "backward_filter_tiled", "sum_splits_kernel",
+                                            "backward_filter_register_tiled")
+        for dtype in ("float32", "float64") if dtype == "float32" or "register" not in name}
     assert lines["atomic"] == "{'atomics': 2, 'divides': 0}"  # the counter finds atomics where they are
 
 
@@ -110,6 +125,10 @@ def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_
         print("atomics:", resources.failures({"kernels": [row]}))
         row = dict(row, atomics=0, divides=17, registers=130)
         print("ceilings:", resources.failures({"kernels": [row]}))
+        fast = dict(kernel="conv_forward.forward_register_tiled", version=3, tiled=True, dtype="float32", cc="sm_90",
+                    sass=dict(inner_share=0.70, per_fma=1.2))
+        slow = dict(fast, kernel="conv_backward_data.backward_data_register_tiled", sass=dict(inner_share=0.5, per_fma=1.2))
+        print("floors:", resources.failures({"kernels": [fast, slow]}))
         print("blocks:", resources.occupancy(128, 8320, 256, resources.SMS[(9, 0)]))
     """)
     done = run_compiler(code=code)
@@ -121,6 +140,13 @@ def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_
     assert "a 64-byte stack frame" in lines["stack"]
     assert "8 atomic instruction(s)" in lines["atomics"]
     assert "17 integer divides in its PTX, above 16" in lines["ceilings"] and "130 registers, above 128" in lines["ceilings"]
+    # a version 3 kernel below its own floor, and below issue 34's floor for its pass
+    assert "conv_forward.forward_register_tiled float32 sm_90: FFMAs are 70% of its inner loop, below the floor 78%" \
+        in lines["floors"]
+    assert "conv_forward.forward_register_tiled float32 sm_90: FFMAs are 70% of its inner loop, below issue 34's floor " \
+        "for the conv_forward pass, 75%" in lines["floors"]
+    assert "conv_backward_data.backward_data_register_tiled float32 sm_90: FFMAs are 50% of its inner loop, below " \
+        "issue 34's floor for the conv_backward_data pass, 60%" in lines["floors"]
     # 128 registers x 32 lanes = 4096 per warp; 65536 / 4096 = 16 warps = 2 blocks of 8 warps: 25%, by registers
     assert lines["blocks"] == "(2, 0.25, 'registers')"
 

@@ -9,6 +9,7 @@ along each GEMM dimension, and every combination of stride, padding,
 dilation and groups.
 """
 
+import dataclasses
 import re
 
 import numpy
@@ -18,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 from refconv import kernels, reference as ref
 from refconv.arrays import to_host
 from refconv.backend import NumpyBackend, get_backend
-from refconv.kernels import batch_norm, conv_backward_filter
+from refconv.kernels import _launch, batch_norm, conv_backward_data, conv_backward_filter, conv_forward
 from refconv.kernels._launch import TARGET_BLOCKS
 from refconv.testing.asserts import assert_close, default_tolerance
 from refconv.testing.strategies import ConvProblem, conv_problems
@@ -129,10 +130,32 @@ def test_conv_examples(name, version):
     check_conv(EXAMPLES[name], version)
 
 
+@pytest.mark.parametrize("version", [2, 3])
 @pytest.mark.parametrize("splits", [2, 3, 5])
-def test_backward_filter_split_k(splits):
-    # K = N*Ho*Wo = 2*7*5 = 70: 5 stages of 16; the last split may be short or empty of whole stages.
-    check_conv(P(2, 3, 4, 7, 5, 3, 3, padding=1, dtype="float32"), 2, ["backward_filter"], splits=splits)
+def test_backward_filter_split_k(splits, version):
+    # K = N*Ho*Wo = 2*7*5 = 70: 5 stages of 16 (version 3: 9 of 8, rounded to 10); the last split may be short
+    # or empty of whole stages.
+    check_conv(P(2, 3, 4, 7, 5, 3, 3, padding=1, dtype="float32"), version, ["backward_filter"], splits=splits)
+
+
+# Version 3 runs float32 only (float64 runs version 2), in 128 x 128 tiles: the named examples again in
+# float32, and problems with two blocks along each of its GEMM dimensions.
+VERSION3_EXAMPLES = {
+    **{name: dataclasses.replace(problem, dtype="float32") for name, problem in EXAMPLES.items()},
+    # M = 144 > 128: two row blocks in the forward and backward-data GEMMs
+    "two-row-blocks-128": P(1, 1, 2, 12, 12, 1, 1, dtype="float32"),
+    # F = 130 > 128: two column blocks in the forward and backward-filter GEMMs
+    "two-column-blocks-128": P(1, 1, 130, 2, 1, 1, 1, dtype="float32"),
+    # C/g*Kh*Kw = 135 > 128: two row blocks in backward-filter, and 18 stages of 8 (9 passes) in the forward
+    "two-filter-row-blocks-128": P(1, 15, 2, 3, 3, 3, 3, padding=1, dtype="float32"),
+    # stride 3 with dilation 2 and padding: backward-data's remainders (folded into its depth test)
+    "stride3-dilation2": P(1, 2, 3, 11, 10, 3, 2, stride=3, padding=(2, 1), dilation=2, dtype="float32"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VERSION3_EXAMPLES))
+def test_conv_examples_version3_float32(name):
+    check_conv(VERSION3_EXAMPLES[name], 3)
 
 
 @pytest.mark.parametrize("splits", [1, 3, 5])
@@ -257,8 +280,35 @@ def test_grid_z_limit_is_checked_before_the_launch():
 
 def test_unknown_version():
     x, w = dev(numpy.zeros((1, 1, 3, 3)), numpy.zeros((1, 1, 1, 1)))
-    with pytest.raises(ValueError, match="version: expected 1 .* or 2"):
-        kernels.conv2d_forward(x, w, version=3)
+    with pytest.raises(ValueError, match="version: expected 1 .* or 3"):
+        kernels.conv2d_forward(x, w, version=4)
+
+
+def test_version3_refuses_sizes_past_its_32_bit_indices_naming_the_argument():
+    """Version 3 indexes with int32: an operand of 2**31 elements or more is refused, by name, with the way out."""
+    _launch.check_int32(x=numpy.zeros(3), w=2 ** 31 - 1)  # fits: no error
+    with pytest.raises(ValueError, match=r"dy: 2147483648 elements, more than version 3's 32-bit indices .* "
+                                         r"use version=2"):
+        _launch.check_int32(x=numpy.zeros(3), dy=2 ** 31)
+    _launch.check_remainders((2, 2, 2), (1, 7, 7))
+    with pytest.raises(ValueError, match=r"stride: \(1, 64, 32\) has more than 1024 remainders.*use version=2"):
+        _launch.check_remainders((1, 64, 32), (1, 7, 7))
+    with pytest.raises(ValueError, match=r"dy: spatial size \(1, 524288, 1\) .*use version=2"):
+        _launch.check_remainders((1, 1, 1), (1, 2 ** 19, 1))
+
+
+def test_version3_float32_runs_the_register_tiled_kernels(monkeypatch):
+    """``version=3`` in float32 launches the three register-tiled kernels (and no version 2 kernel); the results
+    are checked against the reference by every test above, which run each version."""
+    launched = []
+    for module, name in ((conv_forward, "forward_register_tiled"), (conv_backward_data, "backward_data_register_tiled"),
+                         (conv_backward_filter, "backward_filter_register_tiled"),
+                         (conv_forward, "forward_tiled"), (conv_backward_data, "backward_data_tiled"),
+                         (conv_backward_filter, "backward_filter_tiled")):
+        factory = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda dtype, f=factory, n=name: launched.append(n) or f(dtype))
+    check_conv(EXAMPLES["1x1"], 3)  # float32
+    assert launched == ["forward_register_tiled", "backward_data_register_tiled", "backward_filter_register_tiled"]
 
 
 # -------------------------------------------------------------- bias and ReLU

@@ -8,6 +8,7 @@ threads, and a few blocks per launch.  The named examples still leave partial ti
 two blocks along M, several 16-deep stages along K, groups, and uneven split-K slices.
 """
 
+import dataclasses
 import inspect
 import math
 import re
@@ -84,12 +85,19 @@ EXAMPLES = {
 
 @pytest.mark.parametrize("name, version", [(name, v) for name in sorted(EXAMPLES) for v in VERSIONS])
 def test_examples(name, version):
-    """Every named example through both kernel versions and all three passes."""
+    """Every named example through every kernel version and all three passes."""
     check_conv3d(EXAMPLES[name], version)
 
 
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_examples_version3_float32(name):
+    """Version 3 runs float32 only (float64 runs version 2): every named example again in float32."""
+    check_conv3d(dataclasses.replace(EXAMPLES[name], dtype="float32"), 3)
+
+
+@pytest.mark.parametrize("version", [2, 3])
 @pytest.mark.parametrize("splits", [1, 2, 3])
-def test_backward_filter_split_k(splits):
+def test_backward_filter_split_k(splits, version):
     """Each split count agrees with the reference, and two runs agree bit for bit (the splits' partials
     are added in a fixed order, as in 2-D).  K = N*Do*Ho*Wo = 2*4*3*3 = 72: 5 stages of 16; the last
     split may be short or empty of whole stages."""
@@ -97,7 +105,7 @@ def test_backward_filter_split_k(splits):
     x, w, _, dy = problem.arrays(seed=7)
     x_d, dy_d = dev(x, dy)
     g = problem.geometry
-    runs = [kernels.conv3d_backward_filter(x_d, dy_d, w.shape, version=2, splits=splits, **g) for _ in range(2)]
+    runs = [kernels.conv3d_backward_filter(x_d, dy_d, w.shape, version=version, splits=splits, **g) for _ in range(2)]
     check(runs[0], ref.conv3d_backward_filter(x, dy, w.shape, **g), 2 * 4 * 3 * 3, f"backward-filter, {splits} splits")
     assert numpy.array_equal(to_host(runs[0]), to_host(runs[1]))
 
@@ -129,8 +137,8 @@ def test_dy_shape_and_version_errors():
         kernels.conv3d_backward_data(dy_d, w_d, x.shape)
     with pytest.raises(ValueError, match=re.escape("dy: expected shape (1, 3, 1, 3, 3) (N, F, Do, Ho, Wo)")):
         kernels.conv3d_backward_filter(x_d, dy_d, w.shape)
-    with pytest.raises(ValueError, match="version: expected 1 .* or 2"):
-        kernels.conv3d_forward(x_d, w_d, version=3)
+    with pytest.raises(ValueError, match="version: expected 1 .* or 3"):
+        kernels.conv3d_forward(x_d, w_d, version=4)
 
 
 def test_both_backends_expose_the_3d_passes():
