@@ -83,9 +83,10 @@ EXAMPLES = {
 }
 
 
-@pytest.mark.parametrize("name, version", [(name, v) for name in sorted(EXAMPLES) for v in VERSIONS])
+@pytest.mark.parametrize("name, version", [(name, v) for name in sorted(EXAMPLES) for v in (1, 2)])
 def test_examples(name, version):
-    """Every named example through every kernel version and all three passes."""
+    """Every named example through versions 1 and 2 and all three passes (version 3: the next test, in float32;
+    in float64 it would run version 2 again)."""
     check_conv3d(EXAMPLES[name], version)
 
 
