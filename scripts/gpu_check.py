@@ -16,7 +16,7 @@ says so in one line, and the others still run:
   tests    the GPU tests on the device, without the simulator: the kernels, the stream order,
            and the multi-rank CUDA tests (tests/mpi/test_{distconv_cuda,layers_cuda,device}.py)
            through their launcher, tests/test_mpi.py; the node ids it collected are in the summary
-  kernels  every convolution kernel, both versions, the three passes, on the six ResNet-50
+  kernels  every convolution kernel, versions 1-3, the three passes, on the six ResNet-50
            shapes (batch 32) and three CosmoFlow shapes (batch 4), one row at a time: checked against refconv.reference, timed with CUDA events
            against cuDNN (torch, TF32 off) and cuBLAS SGEMM (CuPy) on the pass's own GEMM
   ranks    2 ranks on one GPU: allreduce, allgather and reduce-scatter of device buffers,
@@ -157,12 +157,14 @@ def step_env(args):
 
 
 DRY_RUN_KERNELS = ("conv_forward.forward_tiled", "conv_backward_data.backward_data_tiled",
-                   "conv_backward_filter.backward_filter_tiled")
+                   "conv_backward_filter.backward_filter_tiled", "conv_forward.forward_register_tiled",
+                   "conv_backward_data.backward_data_register_tiled",
+                   "conv_backward_filter.backward_filter_register_tiled")
 
 
 def step_compile(args):
     log = args.out / "compile.log"
-    # NVVM needs no device, so a dry run compiles for real too, but the three 2-D tiled kernels for
+    # NVVM needs no device, so a dry run compiles for real too, but the tiled kernels (versions 2 and 3) for
     # sm_90 float32 only (the whole proof runs in CI on its own: tests/test_kernel_compile.py).
     subset = ["--cc", "90", "--dtype", "float32", "--kernels", *DRY_RUN_KERNELS] if args.dry_run else []
     status, seconds = run([sys.executable, "-m", "refconv.kernels.resources", "--quiet", "--jobs", str(args.jobs),
@@ -246,13 +248,15 @@ def markdown(summary):
     kernels = next((s for s in summary["steps"] if s["step"] == "kernels"), None)
     if kernels and kernels.get("figures", {}).get("rows"):
         lines += ["", f"Kernels ({kernels['figures']['timer']}, float32), ms:", "",
-                  "| shape | batch | pass | v1 | v2 | cuDNN | SGEMM | v2 / SGEMM speed | error |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| shape | batch | pass | v1 | v2 | v3 | cuDNN | SGEMM | v2 / SGEMM speed | v3 / SGEMM speed "
+                  "| v3 / cuDNN speed | error |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in kernels["figures"]["rows"]:
             cell = lambda key, fmt="{:.3f}": fmt.format(r[key]) if key in r else "-"  # noqa: E731
             lines.append(f"| {r['shape']} | {r.get('batch', '-')} | {r['pass']} | {cell('v1_ms')} | {cell('v2_ms')} | "
-                         f"{cell('cudnn_ms')} | "
-                         f"{cell('sgemm_ms')} | {cell('v2_of_sgemm', '{:.0%}')} | {r.get('error', '-')[:120]} |")
+                         f"{cell('v3_ms')} | {cell('cudnn_ms')} | {cell('sgemm_ms')} | "
+                         f"{cell('v2_of_sgemm', '{:.0%}')} | {cell('v3_of_sgemm', '{:.0%}')} | "
+                         f"{cell('v3_of_cudnn', '{:.0%}')} | {r.get('error', '-')[:120]} |")
     return "\n".join(lines) + "\n"
 
 

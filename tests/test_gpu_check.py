@@ -56,10 +56,12 @@ def test_the_device_check_runs_end_to_end_as_a_dry_run(tmp_path):
     assert {k: v["ok"] for k, v in steps["env"]["figures"]["first_launch"].items()} == {"null stream": True,
                                                                                         "side stream": True}
     # what each step proved, in figures
-    compiled = steps["compile"]["figures"]["kernels"]  # a dry run: the 2-D tiled kernels, sm_90 float32
+    compiled = steps["compile"]["figures"]["kernels"]  # a dry run: the tiled kernels (versions 2, 3), sm_90 float32
     assert {(r["kernel"], r["cc"], r["dtype"]) for r in compiled if "error" not in r} == {
-        (k, "sm_90", "float32") for k in ("conv_forward.forward_tiled", "conv_backward_data.backward_data_tiled",
-                                          "conv_backward_filter.backward_filter_tiled")}
+        (f"{module}.{name}", "sm_90", "float32") for module, pass_ in (("conv_forward", "forward"),
+                                                                     ("conv_backward_data", "backward_data"),
+                                                                     ("conv_backward_filter", "backward_filter"))
+        for name in (f"{pass_}_tiled", f"{pass_}_register_tiled")}
     # G1: the multi-rank CUDA tests are collected through their launcher, by node id, and some of them ran
     tests = steps["tests"]["figures"]
     for node in ("tests/test_mpi.py::test_mpi[distconv_cuda::test_cuda_stationary_x_and_y-2]",
@@ -72,7 +74,7 @@ def test_the_device_check_runs_end_to_end_as_a_dry_run(tmp_path):
     rows = steps["kernels"]["figures"]["rows"]
     assert {(r["shape"], r["dims"], r["pass"]) for r in rows} == {
         (s, d, p) for s, d in (("quick3x3", 2), ("tiny3d", 3)) for p in ("forward", "backward-data", "backward-filter")}
-    assert all(r["v1_ms"] > 0 and r["v2_ms"] > 0 and "error" not in r for r in rows)
+    assert all(r["v1_ms"] > 0 and r["v2_ms"] > 0 and r["v3_ms"] > 0 and "error" not in r for r in rows)
     calls = steps["ranks"]["figures"]["rows"]
     assert {c["op"] for c in calls} == {"allreduce", "allgather", "reduce_scatter"}
     assert all(c["calls"] == 1 and c["recorded_bytes"] > 0 for c in calls)
