@@ -3,10 +3,10 @@
 Device arrays in, device arrays out: CuPy arrays on a real GPU, NumPy arrays
 under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` before numba is first
 imported).  Every function checks its arguments as ``refconv.reference`` does
-and raises the same ``ValueError``.  The convolutions come in two versions,
+and raises the same ``ValueError``.  The convolutions come in three versions,
 ``version=1`` (direct, for reading), ``version=2`` (tiled implicit GEMM, the
 first step to speed) and ``version=3`` (register-tiled and double-buffered, for
-speed; float32, float64 runs version 2); see docs/kernels.md.
+speed; the default; float32, float64 runs version 2); see docs/kernels.md.
 
     conv_forward.py           conv2d_forward, conv3d_forward (one kernel per version: an image is a volume of depth 1)
     conv_backward_data.py     conv2d_backward_data, conv3d_backward_data

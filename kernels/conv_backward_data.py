@@ -223,7 +223,7 @@ def backward_data_register_tiled(dtype):
     return kernel
 
 
-def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, version=2):
+def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, version=3):
     """``dx (N, C, H, W) = x_shape`` from ``dy (N, F, Ho, Wo)`` and ``w (F, C/g, Kh, Kw)``, on device arrays.
 
     Same arguments, semantics and errors as ``refconv.reference.conv2d_backward_data``.
@@ -238,7 +238,7 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     return _backward_data(dy, w, x_shape, geometry, 2, version)
 
 
-def conv3d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, version=2):
+def conv3d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1, version=3):
     """``dx (N, C, D, H, W) = x_shape`` from ``dy (N, F, Do, Ho, Wo)`` and ``w (F, C/g, Kd, Kh, Kw)``, on
     device arrays.  Same arguments, semantics and errors as ``refconv.reference.conv3d_backward_data``."""
     checks.array(dy, "dy", 5)

@@ -268,7 +268,7 @@ def split_k(blocks, K, groups, splits=None):
     return ceil_div(K, k_split), k_split
 
 
-def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, version=2, splits=None):
+def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, version=3, splits=None):
     """``dw (F, C/g, Kh, Kw) = w_shape`` from ``x (N, C, H, W)`` and ``dy (N, F, Ho, Wo)``, on device arrays.
 
     Same arguments, semantics and errors as ``refconv.reference.conv2d_backward_filter``.
@@ -282,7 +282,7 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     return _direct(*checked)
 
 
-def conv3d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, version=2, splits=None):
+def conv3d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1, version=3, splits=None):
     """``dw (F, C/g, Kd, Kh, Kw) = w_shape`` from ``x (N, C, D, H, W)`` and ``dy (N, F, Do, Ho, Wo)``, on
     device arrays.  Same arguments, semantics and errors as ``refconv.reference.conv3d_backward_filter``;
     ``splits`` (version 2 only) fixes the split-K factor, as in :func:`conv2d_backward_filter`."""

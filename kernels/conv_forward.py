@@ -209,7 +209,7 @@ def forward_register_tiled(dtype):
     return kernel
 
 
-def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, version=2):
+def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, version=3):
     """``y = conv2d(x, w) + b`` on device arrays: ``(N, C, H, W), (F, C/g, Kh, Kw), (F,)`` -> ``(N, F, Ho, Wo)``.
 
     Same arguments, semantics and errors as ``refconv.reference.conv2d_forward``.
@@ -220,7 +220,7 @@ def conv2d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, v
     return _forward(x, w, b, geometry, 2, version)
 
 
-def conv3d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, version=2):
+def conv3d_forward(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, version=3):
     """``y = conv3d(x, w) + b`` on device arrays: ``(N, C, D, H, W), (F, C/g, Kd, Kh, Kw), (F,)``
     -> ``(N, F, Do, Ho, Wo)``.  Same arguments, semantics and errors as
     ``refconv.reference.conv3d_forward`` (``padding_mode`` zeros only)."""

@@ -154,12 +154,14 @@ class NumpyBackend:
 class CudaBackend(NumpyBackend):
     """The hand-written Numba CUDA kernels (``refconv.kernels``) on device arrays.
 
-    ``version`` selects the convolution kernels: 1 (direct) or 2 (tiled).
+    ``version`` selects the convolution kernels: 1 (direct), 2 (tiled) or 3 (register-tiled, the default;
+    in float64 it runs version 2).  No version has run on a GPU yet (docs/benchmarks.md); all three are checked
+    against the reference under the simulator and compiled through NVVM and ptxas.
     """
 
     name = "cuda"
 
-    def __init__(self, version=2):
+    def __init__(self, version=3):
         from refconv import kernels  # imported lazily: it pulls in numba.cuda
 
         self.k = kernels
@@ -265,7 +267,7 @@ def cuda_usable():
 
 
 @functools.lru_cache(maxsize=None)
-def get_backend(name="auto", version=2):
+def get_backend(name="auto", version=3):
     """The backend called ``name``: ``"numpy"``, ``"cuda"`` or ``"auto"``."""
     if isinstance(name, NumpyBackend):
         return name

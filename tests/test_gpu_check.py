@@ -73,7 +73,7 @@ def test_the_device_check_runs_end_to_end_as_a_dry_run(tmp_path):
     assert tests["counts"]["passed"] == len(tests["ran"]) and "failed" not in tests["counts"]
     rows = steps["kernels"]["figures"]["rows"]
     assert {(r["shape"], r["dims"], r["pass"]) for r in rows} == {
-        (s, d, p) for s, d in (("quick3x3", 2), ("tiny3d", 3)) for p in ("forward", "backward-data", "backward-filter")}
+        (s, d, p) for s, d in (("tiny2d", 2), ("tiny3d", 3)) for p in ("forward", "backward-data", "backward-filter")}
     assert all(r["v1_ms"] > 0 and r["v2_ms"] > 0 and r["v3_ms"] > 0 and "error" not in r for r in rows)
     calls = steps["ranks"]["figures"]["rows"]
     assert {c["op"] for c in calls} == {"allreduce", "allgather", "reduce_scatter"}

@@ -1,8 +1,8 @@
 """``refconv bench kernels``: the convolution passes (forward, backward-data,
 backward-filter) of one process, on named layer shapes (ResNet-50-like by default).
 
-- On a GPU: both versions of ``refconv.kernels`` (batch 32 by default), timed
-  with the device synchronized after a warm-up launch (which also compiles), against cuDNN
+- On a GPU: every version of ``refconv.kernels`` (1 direct, 2 tiled, 3 register-tiled; batch 32
+  by default), timed with the device synchronized after a warm-up launch (which also compiles), against cuDNN
   on the same shapes: through PyTorch when it is importable (TF32 off), else
   through CuPy's cuDNN bindings when they load.
 - On the CPU: the numpy backend (``refconv.reference``'s vectorised
@@ -214,4 +214,5 @@ def print_table(rows):
 def add_arguments(p):
     """Flags of bench kernels only (the shared ones come from refconv.bench.common)."""
     p.add_argument("--quick", action="store_true", help="tiny shapes, one repetition (a smoke test)")
-    p.add_argument("--versions", type=int, nargs="+", default=[1, 2], choices=[1, 2], help="kernel versions (GPU)")
+    p.add_argument("--versions", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3],
+                   help="kernel versions (GPU): 1 direct, 2 tiled, 3 register-tiled (float32; float64 runs 2)")
