@@ -15,6 +15,8 @@ import subprocess
 import sys
 import textwrap
 
+from refconv.kernels import resources
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -75,8 +77,6 @@ def test_the_atomic_counter_finds_atomics_where_they_are():
     """The split-K partials and their fixed-order sum have no atom./red. in their PTX (asserted for every
     compiled kernel above, the split-K ones named), so no order of blocks matters; here, the counter that
     assertion rests on finds both kinds."""
-    from refconv.kernels import resources
-
     ptx = "\tatom.global.add.f32 %f1, [%rd1], %f2;\n\t@%p1 red.global.add.f64 [%rd2], %fd1;\n\tadd.f32 %f3, %f1, %f2;"
     assert resources.ptx_counts(ptx) == {"atomics": 2, "divides": 0}
 
