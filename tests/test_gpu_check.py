@@ -119,6 +119,18 @@ def test_the_summary_is_written_after_every_step(tmp_path, monkeypatch):
     assert "| compile | not yet run |" in (tmp_path / "summary.md").read_text()
 
 
+def test_the_kernel_table_shows_version_3_against_sgemm_and_cudnn():
+    """A device run's kernels step, rendered: each row's v3 time and its fractions of SGEMM's and cuDNN's speed."""
+    row = {"shape": "conv3", "batch": 32, "pass": "forward", "v1_ms": 9.0, "v2_ms": 4.0, "v3_ms": 1.5,
+           "cudnn_ms": 1.0, "sgemm_ms": 1.2, "v2_of_sgemm": 0.3, "v3_of_sgemm": 0.8, "v3_of_cudnn": 1.0 / 1.5}
+    summary = {"date": "today", "dry_run": False, "seconds": 1.0, "still_to_run": [],
+               "steps": [{"step": "kernels", "status": "ok", "seconds": 1.0, "detail": "",
+                          "figures": {"timer": "CUDA events", "rows": [row]}}]}
+    page = gpu_check.markdown(summary)
+    assert "| v1 | v2 | v3 | cuDNN | SGEMM | v2 / SGEMM speed | v3 / SGEMM speed | v3 / cuDNN speed |" in page
+    assert "| conv3 | 32 | forward | 9.000 | 4.000 | 1.500 | 1.000 | 1.200 | 30% | 80% | 67% | - |" in page
+
+
 def test_the_preflight_names_the_wheel_to_carry_for_a_missing_module(tmp_path):
     """On an image without pyyaml (``import refconv`` needs it), every step says it could not run, the
     exit status says the check failed, and the carry lines name the wheel with pyproject.toml's pin."""

@@ -548,7 +548,7 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine", shape
     overlap, onote = measure_overlap(comm, quick) if comm.Get_size() > 1 else (1.0, "overlap: one rank, nothing to hide")
     compute, knotes, kfailed = measure_compute(comm, backend, quick)
     if cfailed or kfailed:  # before the conv table: a rerun is needed anyway
-        raise Unmeasured(_failed_itemsmessage(cfailed + kfailed, load, quick))
+        raise Unmeasured(_unmeasured_message(cfailed + kfailed, load, quick))
     P = comm.Get_size()
     if P >= 2:
         links = {k: {"table": {q: [float(f"{a:.4g}"), float(f"{b:.4g}")] for q, (a, b) in tables[k].items()}}
@@ -578,11 +578,11 @@ def calibrate(comm, backend_name="auto", quick=False, name="this-machine", shape
     }
     free = unmeasured(doc)  # the rounding to 4 digits cannot make a measured rate free; checked all the same
     if free:
-        raise Unmeasured(_failed_itemsmessage([(item, "the sweep") for item in free], load, quick))
+        raise Unmeasured(_unmeasured_message([(item, "the sweep") for item in free], load, quick))
     return doc
 
 
-def _failed_itemsmessage(failed, load, quick):
+def _unmeasured_message(failed, load, quick):
     """Which items were not measured, what was tried, and how to measure them."""
     return (f"no rate measured for {'; '.join(f'{item} ({tried})' for item, tried in failed)}: "
             f"{'its' if len(failed) == 1 else 'their'} time did not grow with the size in {RETRIES + 1} sweeps, "
