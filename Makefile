@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 
 # Distributed training of the digits CNN on 4 ranks (sample=2 x channel=2, Stationary-X),
 # checked step by step against a one-rank replay of its first 5 steps.  `refconv demo`
-# (refconv/demo.py) launches mpiexec -n 4 itself; DEMO_ARGS adds refconv train options.
+# (refconv/commands/demo.py) launches mpiexec -n 4 itself; DEMO_ARGS adds refconv train options.
 DEMO_ARGS ?=
 
 demo: setup

@@ -40,15 +40,15 @@ from refconv.train_config import OptionError, flag
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 COMMANDS = (
-    ("train", "refconv.train"),
-    ("demo", "refconv.demo"),
+    ("train", "refconv.commands.train"),
+    ("demo", "refconv.commands.demo"),
     ("plan", "refconv.plan.cli"),
     ("calibrate", "refconv.plan.calibrate"),
-    ("info", "refconv.info"),
+    ("info", "refconv.commands.info"),
     ("bench", "refconv.bench.cli"),
-    ("sweep", "refconv.sweep"),
-    ("plot", "refconv.plot"),
-    ("data", "refconv.datastore.convert"),
+    ("sweep", "refconv.commands.sweep"),
+    ("plot", "refconv.commands.plot"),
+    ("data", "refconv.commands.data"),
 )
 
 

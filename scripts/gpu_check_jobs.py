@@ -21,7 +21,7 @@ import time
 # the tests it runs): the preflight imports all of them, so a missing wheel is named before any step
 # starts.  ``cupy`` is needed on a GPU only (under the simulator the device arrays are NumPy's).
 NEEDS = {
-    "env": ("numpy", "numba", "refconv", "refconv.info", "refconv.collectives", "mpi4py.MPI"),
+    "env": ("numpy", "numba", "refconv", "refconv.commands.info", "refconv.collectives", "mpi4py.MPI"),
     "compile": ("numba", "refconv.kernels.resources", "nvidia.cuda_nvcc", "nvidia.cu13"),  # ptxas, nvdisasm
     "tests": ("pytest", "hypothesis", "xdist", "refconv.kernels", "refconv.testing.mpirun",
               "refconv.testing.strategies", "refconv.backend", "refconv.layers", "mpi4py.MPI"),
@@ -71,7 +71,8 @@ def job_env(args):
 
     from mpi4py import MPI
 
-    from refconv import arrays, collectives, info
+    from refconv import arrays, collectives
+    from refconv.commands import info
 
     versions = info.versions()
     versions["python"] = platform.python_version()

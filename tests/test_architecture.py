@@ -63,7 +63,7 @@ LAZY_IMPORTS = {
     ("refconv/bench/step.py", "torch"): "optional contender",
     ("refconv/plan/project.py", "matplotlib"): "optional (the test and docs extras): only for plots",
     ("refconv/overlap.py", "matplotlib"): "optional (the test and docs extras): only for the timeline figure",
-    ("refconv/plot.py", "matplotlib"): "optional (the test and docs extras): only for plots",
+    ("refconv/commands/plot.py", "matplotlib"): "optional (the test and docs extras): only for plots",
     ("refconv/datastore/formats.py", "h5py"): "optional (the data extra): only for an HDF5 store",
     ("refconv/datastore/imagefolder.py", "PIL"): "optional (the data extra): only for an image folder",
     ("refconv/torch.py", "torch"): "optional: refconv.torch is the only module that needs PyTorch",
@@ -177,8 +177,7 @@ def test_the_worked_example_is_the_tested_class():
 
 
 # the modules that run things: commands, benchmarks, the planning tools
-TOOLS = ("refconv.plan", "refconv.train", "refconv.bench", "refconv.sweep", "refconv.cli", "refconv.demo",
-         "refconv.info", "refconv.plot")
+TOOLS = ("refconv.plan", "refconv.train", "refconv.bench", "refconv.commands", "refconv.cli")
 
 
 def _imported(path):

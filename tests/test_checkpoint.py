@@ -14,6 +14,8 @@ from refconv.checkpoint import CheckpointError
 from refconv.grid import ProcessGrid
 from refconv.optim import SGD
 from refconv.testing.models import TwoConvs
+from refconv.train import guards
+from refconv.train_config import TrainConfig
 
 
 class TinyModel(TwoConvs):
@@ -257,7 +259,7 @@ def test_interrupted_save_loses_nothing(saved, grid, point, same_step):
 @pytest.mark.parametrize("kind", ["param", "momentum"])
 def test_a_nonfinite_tensor_is_refused_and_training_names_it(saved, kind):
     """A NaN or inf in a parameter or its momentum: save refuses before writing anything,
-    and refconv train's guard (train.check_finite) names the step and the tensor."""
+    and refconv train's guard (refconv.train.guards.check_finite) names the step and the tensor."""
     directory, model, opt = saved
     before = {name: (directory / name).read_bytes() for name in os.listdir(directory)}
     q, layer, p = list(model.named_parameters())[1]
@@ -267,12 +269,12 @@ def test_a_nonfinite_tensor_is_refused_and_training_names_it(saved, kind):
     with pytest.raises(CheckpointError, match=f"{kind}/{q} .* are not finite"):
         checkpoint.save(directory, model, opt, step=2)
     assert {name: (directory / name).read_bytes() for name in os.listdir(directory)} == before
-    cfg = train.TrainConfig(checkpoint_dir=str(directory))
+    cfg = TrainConfig(checkpoint_dir=str(directory))
     with pytest.raises(train.Diverged, match=rf"after step 7, {kind}/{q} \(1 of .*the checkpoint of step 1 in "):
-        train.check_finite(cfg, MPI.COMM_SELF, model, opt, 7, 1)
+        guards.check_finite(cfg, MPI.COMM_SELF, model, opt, 7, 1)
     with pytest.raises(train.Diverged, match="the loss of step 8 is nan"):
-        train.check_loss(cfg, float("nan"), 8, 1)
-    train.check_loss(cfg, 2.5, 8, 1)
+        guards.check_loss(cfg, float("nan"), 8, 1)
+    guards.check_loss(cfg, 2.5, 8, 1)
 
 
 def test_a_failed_write_leaves_no_temporary_file(saved, monkeypatch):

@@ -20,12 +20,13 @@ import time
 import numpy
 import pytest
 
-from refconv import cli, datasets, demo, failure, progress, train_config
+from refconv import cli, datasets, failure, train_config
+from refconv.commands import demo
 from refconv.model_spec import PRESETS, default_lr
 from refconv.testing.commands import run_command
 from refconv.testing.mpirun import find_mpiexec
-from refconv.train import TrainConfig, train
-from refconv.train_config import OPTIONS, OptionError
+from refconv.train import progress, train
+from refconv.train_config import OPTIONS, OptionError, TrainConfig
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

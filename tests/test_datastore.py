@@ -21,7 +21,8 @@ from refconv.datastore import prefetch
 from refconv.distribution import Distribution, Split
 from refconv.testing.commands import only_line, run_command
 from refconv.testing.mpirun import find_mpiexec
-from refconv.train import TrainConfig, train
+from refconv.train import train
+from refconv.train_config import TrainConfig
 
 X = numpy.random.default_rng(0).standard_normal((23, 6, 9, 10)).astype(numpy.float32)   # (N, C, H, W)
 Y = numpy.arange(23) % 4

@@ -13,7 +13,8 @@ from refconv import cli, datasets, datastore
 from refconv.datastore import convert, imagefolder
 from refconv.distribution import Distribution
 from refconv.testing.commands import only_line, run_command
-from refconv.train import TrainConfig, train
+from refconv.train import train
+from refconv.train_config import TrainConfig
 
 CLASSES = ("bright", "dark", "stripes")
 

@@ -15,7 +15,8 @@ from refconv import datasets, datastore
 from refconv.datastore.convert import convert
 from refconv.model_spec import conv_layer
 from refconv.testing.commands import only_line, run_command
-from refconv.train import TrainConfig, load_dataset, train
+from refconv.train import load_dataset, train
+from refconv.train_config import TrainConfig
 
 
 def _volumes(n=10, shape=(3, 5, 4, 6), seed=0):

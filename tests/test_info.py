@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from refconv import info
+from refconv.commands import info
 from refconv.bench.schema import ENV, validate
 from refconv.testing.mpirun import find_mpiexec
 

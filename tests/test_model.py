@@ -21,7 +21,8 @@ from refconv.model_spec import PRESETS, load_spec
 from refconv.optim import SGD
 from refconv.pricing import graph
 from refconv.testing.mpirun import find_mpiexec
-from refconv.train import TrainConfig, step, train
+from refconv.train import step, train
+from refconv.train_config import TrainConfig
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

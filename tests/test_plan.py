@@ -28,7 +28,7 @@ from refconv.plan.validate import Row, picks, relative_to_sample
 from refconv.pricing import choose_for_layer, graph, machine, perf, search
 from refconv.pricing.graph import Block, stages
 from refconv.sharding import send_counts
-from refconv.train import GROWTH_FACTOR
+from refconv.train.guards import GROWTH_FACTOR
 from refconv.testing.mpirun import find_mpiexec
 
 V100 = machine.load("v100-edr")
@@ -363,7 +363,7 @@ def test_the_command_plan_prints_trains_every_preset(tmp_path, preset):
     train with the preset's recipe (refconv.recipe), which the file carries: the learning rate of
     its first step is the preset's at batch 4 (0.1 x 4 / 256 for the ImageNet presets, which the
     file trained at 0.1 before, its loss going 7.29, 23.3, 21.3, 51.6; 0.01 for cosmoflow), and no
-    loss of the three steps exceeds the guard's 4 x the first (refconv.train.check_growth).
+    loss of the three steps exceeds the guard's 4 x the first (refconv.train.guards.check_growth).
     Appended only: three steps on 8 images, and the metrics file."""
     out = tmp_path / "plan.yaml"
     r = _refconv("plan", "--model", preset, "--ranks", "2", "--batch", "4", "--image-size", "16",

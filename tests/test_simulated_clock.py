@@ -6,7 +6,8 @@ import pytest
 
 from refconv import collectives, simulated
 from refconv.pricing import machine as machine_mod
-from refconv.simulated import against_plan, clock as clock_mod
+from refconv.commands import against_plan
+from refconv.simulated import clock as clock_mod
 
 MACHINE = machine_mod.load("v100-edr")
 

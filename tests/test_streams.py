@@ -186,19 +186,19 @@ ALLOWED_HOST_READS = {
     ("layers/loss.py", "forward"): "the loss, once per step, as torch users' loss.item(): the step returns it as "
                                    "a float, for the log and the non-finite guard",
     ("layers/conv.py", "set_global_parameters"): "reads its argument, which may be a device array, once, before training",
-    ("train_inputs.py", "load_data"): "before training: the number of classes in the labels, host data read from disk",
-    ("train_step.py", "_eval_batches"): "evaluation, once per epoch: the outputs are scored on the host",
-    ("train_step.py", "evaluate"): "evaluation, once per epoch: the count of correct outputs (host arrays by then)",
-    ("train_step.py", "evaluate_mse"): "evaluation, once per epoch: the sum of squares (host arrays by then)",
-    ("train_serial_check.py", "check_serial"): "after training: the largest difference, a host array from MPI",
+    ("train/inputs.py", "load_data"): "before training: the number of classes in the labels, host data read from disk",
+    ("train/stepping.py", "_eval_batches"): "evaluation, once per epoch: the outputs are scored on the host",
+    ("train/stepping.py", "evaluate"): "evaluation, once per epoch: the count of correct outputs (host arrays by then)",
+    ("train/stepping.py", "evaluate_mse"): "evaluation, once per epoch: the sum of squares (host arrays by then)",
+    ("train/serial_check.py", "check_serial"): "after training: the largest difference, a host array from MPI",
     ("backend.py", "asarray"): "the backend's own conversion: host data in, never called on device data per step",
     ("backend.py", "to_host"): "the backend's own read, the one the reads listed here call",
     ("halo.py", "__getattr__"): "a letter of an attribute's name (a str), not an array",
     ("halo.py", "_as_slice"): "plan time: the halo plan's index arrays are NumPy's (built once, in Halo.__init__)",
     ("halo.py", "_bounding_box"): "plan time: the halo plan's index arrays are NumPy's",
 }
-STEP_MODULES = ("layers", "algorithms", "halo.py", "optim.py", "train.py", "train_inputs.py", "train_step.py",
-                "train_guards.py", "train_checkpoints.py", "train_report.py", "train_serial_check.py", "backend.py")
+STEP_MODULES = ("layers", "algorithms", "halo.py", "optim.py", "train/loop.py", "train/inputs.py", "train/stepping.py",
+                "train/guards.py", "train/checkpoints.py", "train/report.py", "train/serial_check.py", "backend.py")
 HOST_READS = {"to_host", "asnumpy", "item", "tolist", "get"}
 CONVERSIONS = {"int", "float", "bool"}  # int(x) of a device scalar waits for the stream and copies it
 
@@ -239,7 +239,7 @@ def test_no_host_round_trip_comes_back_into_the_training_step():
     root = pathlib.Path(refconv.__file__).parent
     paths = [p for name in STEP_MODULES for p in ((root / name).rglob("*.py") if (root / name).is_dir()
                                                    else [root / name]) if p.exists()]
-    assert {p.name for p in paths} >= {"train.py", "backend.py", "halo.py", "optim.py", "loss.py", "conv.py"}
+    assert {p.name for p in paths} >= {"loop.py", "backend.py", "halo.py", "optim.py", "loss.py", "conv.py"}
     found = [read for path in paths for read in host_reads(path, root)]
     unexpected = [f"{module}:{line} in {function}" for module, function, line in found
                   if (module, function) not in ALLOWED_HOST_READS]

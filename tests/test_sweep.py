@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from refconv import plot, sweep
+from refconv.commands import plot, sweep
 from refconv.bench.common import parse_shape
 
 TIMEOUT = 120

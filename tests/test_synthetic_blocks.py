@@ -16,7 +16,8 @@ import pytest
 from refconv import datasets, datastore
 from refconv.datastore import prefetch
 from refconv.distribution import Distribution, Split
-from refconv.train import TrainConfig, load_dataset
+from refconv.train import load_dataset
+from refconv.train_config import TrainConfig
 
 IMAGES = (12, 4, 9, 10)          # (N, C, H, W)
 VOLUMES = (12, 4, 6, 5, 7)       # (N, C, D, H, W)

@@ -18,7 +18,9 @@ from refconv.datastore.convert import convert
 from refconv.testing.mpirun import find_mpiexec
 
 from refconv.testing.commands import run_command
-from refconv.train import GROWTH_FACTOR, TrainConfig, check_growth, train
+from refconv.train import train
+from refconv.train.guards import GROWTH_FACTOR, check_growth
+from refconv.train_config import TrainConfig
 
 QUIET = {"backend": "numpy", "progress": False}
 
@@ -153,7 +155,7 @@ def test_a_resume_across_epoch_boundaries_is_the_uninterrupted_run_and_other_set
     """3 epochs of 8 steps, stopped after step 5 and resumed: steps 6 to 24 cross two epoch
     boundaries and equal the uninterrupted run's, bit for bit, with no warning.  A resume with
     other settings (a fourth epoch stretches the cosine schedule) is warned about, by name: the
-    checkpoint records the run's seed, length, batch and rates (refconv.train.run_record)."""
+    checkpoint records the run's seed, length, batch and rates (refconv.train.checkpoints.run_record)."""
     base = dict(synthetic=True, image_size=8, synthetic_samples=128, batch_size=16, epochs=3, dtype="float64",
                 checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=4, **QUIET)
     quiet = {"log": lambda *a: None}

@@ -14,7 +14,8 @@ from refconv.model import Model
 from refconv.model_spec import cosmoflow
 from refconv.pricing import graph
 from refconv.testing.commands import run_command
-from refconv.train import TrainConfig, train
+from refconv.train import train
+from refconv.train_config import TrainConfig
 
 TINY = {"dims": 3, "loss": "mse", "in_channels": 2,
         "layers": [{"type": "conv", "out": 4, "kernel": 3, "padding": 1}, {"type": "batchnorm"}, {"type": "relu"},

@@ -32,6 +32,7 @@ import numpy
 
 from refconv import train
 from refconv.testing.mpirun import find_mpiexec
+from refconv.train import serial_check
 from refconv.train_config import TrainConfig
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -173,7 +174,7 @@ def serial_steps(model, steps=3, **options):
     cfg = _config(model, steps, options)
     x_train, y_train, _, _, num_classes = train.load_dataset(cfg, numpy.dtype(cfg.dtype))
     twin = train.build_model(cfg, serial=True, in_channels=x_train.shape[1], num_classes=num_classes)
-    return train.serial_losses(cfg, twin, steps, x_train, y_train)
+    return serial_check.serial_losses(cfg, twin, steps, x_train, y_train)
 
 
 def _config(model, steps, options):

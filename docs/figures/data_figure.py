@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from refconv import plot  # noqa: E402
+from refconv.commands import plot  # noqa: E402
 from refconv.distribution import Distribution  # noqa: E402
 
 BATCH, C, H, W = 4, 1, 8, 8

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from refconv import plot  # noqa: E402
+from refconv.commands import plot  # noqa: E402
 
 
 def rank_of(n, c, h, P_c=2, P_H=2):

@@ -19,8 +19,9 @@ import sys
 
 from mpi4py import MPI
 
-from refconv import checks, cli, device, info, threads
+from refconv import checks, cli, device, threads
 from refconv.bench import collectives, common, data, kernels, layer, overlap, step
+from refconv.commands import info
 
 NAME = "bench"
 SUBCOMMANDS = {

@@ -49,6 +49,7 @@ from refconv.bench import timing
 from refconv.bench.common import BenchError, grid_text, option, record, time_ranks
 from refconv.model_spec import conv_layer
 from refconv.optim import SGD
+from refconv.train import inputs
 
 EPOCH_BATCHES = 16    # --mode prefetch's store: an epoch is 16 batches (a reader process is forked at each)
 DATA_MODEL = {"name": "data-stem", "in_channels": 3,
@@ -114,11 +115,11 @@ def node_memory():
 
 # -- the model and the batches --------------------------------------------------------------------
 def _model(args, comm, env, grid, x, y, batch):
-    cfg = train.TrainConfig(model=args.model or DATA_MODEL, grid=grid, batch_size=batch, dtype=args.dtype,
+    cfg = train_config.TrainConfig(model=args.model or DATA_MODEL, grid=grid, batch_size=batch, dtype=args.dtype,
                             backend=env["ranks"][comm.Get_rank()]["backend"], progress=False)
     model = train.build_model(cfg, comm=comm, in_channels=x.shape[1], num_classes=int(y.max()) + 1)
     model.set_overlap(cfg.overlap)
-    train.check_model_fits(model, cfg, (batch,) + tuple(x.shape[1:]), int(y.max()) + 1)
+    inputs.check_model_fits(model, cfg, (batch,) + tuple(x.shape[1:]), int(y.max()) + 1)
     return model, SGD(model, cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 

@@ -15,7 +15,7 @@ import importlib.util
 
 import numpy
 
-from refconv import threads, train
+from refconv import threads, train, train_config
 from refconv.bench import timing, torch_step
 from refconv.bench.common import full_grid, grid_text, option, pause_for, record, reject, time_ranks, traffic
 from refconv.optim import SGD
@@ -33,7 +33,7 @@ def run(args, comm, env):
     P = comm.Get_size()
     grid = full_grid(args.grid or {"sample": P}, P)
     size = option(args, "image_size", IMAGE_SIZE.get(model_name, 32))
-    cfg = train.TrainConfig(model=model_name, grid=grid, algorithm=args.algorithm, filter_groups=args.filter_groups,
+    cfg = train_config.TrainConfig(model=model_name, grid=grid, algorithm=args.algorithm, filter_groups=args.filter_groups,
                             synthetic=True, synthetic_samples=batch, image_size=size, batch_size=batch,
                             backend=env["ranks"][comm.Get_rank()]["backend"], dtype=args.dtype, progress=False)
     x, y, _, _, classes = train.load_dataset(cfg, numpy.dtype(args.dtype))

@@ -24,7 +24,8 @@ from simulated import test_overlap as checks  # noqa: E402
 from refconv.layers import DistConv2d  # noqa: E402
 from refconv.testing.asserts import assert_all_ranks  # noqa: E402
 from refconv.testing.mpirun import mpi_test  # noqa: E402
-from refconv.train import TrainConfig, train  # noqa: E402
+from refconv.train import train  # noqa: E402
+from refconv.train_config import TrainConfig  # noqa: E402
 
 comm = MPI.COMM_WORLD
 SIZE = 3

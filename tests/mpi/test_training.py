@@ -20,7 +20,8 @@ from mpi4py import MPI
 from refconv import datasets, failure
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.mpirun import mpi_test
-from refconv.train import TrainConfig, train
+from refconv.train import train
+from refconv.train_config import TrainConfig
 
 comm = MPI.COMM_WORLD
 

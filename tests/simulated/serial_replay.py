@@ -1,6 +1,6 @@
 """The one-rank replay of a training run on simulated ranks, made in the test's thread.
 
-``refconv train --check-serial K`` (:func:`refconv.train.check_serial`) replays the first K
+``refconv train --check-serial K`` (:func:`refconv.train.serial_check.check_serial`) replays the first K
 steps on rank 0 on a twin of the model built on a one-rank communicator (``collectives.comm_self()``,
 a simulated rank's own one on simulated ranks).  These tests replay in the test's thread instead,
 with the functions ``check_serial`` calls, and compare as it does: the twin then runs outside the
@@ -10,7 +10,8 @@ simulated world altogether, an oracle that shares nothing with it.  tests/mpi/te
 
 import numpy
 
-from refconv.train import build_model, load_dataset, serial_losses
+from refconv.train import build_model, load_dataset
+from refconv.train.serial_check import serial_losses
 
 
 def serial_check(cfg, losses):

@@ -22,7 +22,8 @@ from refconv.datastore.convert import convert
 from refconv.model_spec import conv_layer
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.ranks import on_ranks
-from refconv.train import TrainConfig, train
+from refconv.train import train
+from refconv.train_config import TrainConfig
 
 SPEC = {"in_channels": 4, "layers": [conv_layer(4, 3, padding=1), {"type": "relu"}, conv_layer(4, 3, padding=1),
                                       {"type": "relu"}, {"type": "gap"}, {"type": "linear", "out": 10}]}

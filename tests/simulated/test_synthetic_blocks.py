@@ -19,7 +19,9 @@ from refconv import datasets, datastore, simulated
 from refconv.model_spec import conv_layer
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.ranks import on_ranks
-from refconv.train import TrainConfig, build_model, evaluate, load_dataset, load_model_spec, serial_losses, train
+from refconv.train import build_model, evaluate, load_dataset, load_model_spec, train
+from refconv.train.serial_check import serial_losses
+from refconv.train_config import TrainConfig
 
 IMAGES = {"in_channels": 4, "layers": [conv_layer(4, 3, padding=1), {"type": "relu"}, {"type": "gap"},
                                        {"type": "linear", "out": 10}]}

@@ -20,7 +20,8 @@ from refconv.model import Model
 from refconv.optim import SGD
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.ranks import on_ranks
-from refconv.train import TrainConfig, evaluate, step, train
+from refconv.train import evaluate, step, train
+from refconv.train_config import TrainConfig
 
 STEPS, BATCH = 20, 8
 

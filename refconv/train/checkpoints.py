@@ -1,7 +1,6 @@
 """Checkpoint and resume glue of ``refconv train``: what a checkpoint records besides its tensors
 (:func:`run_record`), saving one, and resuming from one (the step to continue from, with a
-warning when the run resumed has other settings).  The tensors themselves: :mod:`refconv.checkpoint`.
-:mod:`refconv.train` re-exports ``run_record``."""
+warning when the run resumed has other settings).  The tensors themselves: :mod:`refconv.checkpoint`."""
 
 import warnings
 

@@ -19,7 +19,7 @@ statistics; ``resume`` reloads them onto the current grids (any strategy).
 A run that diverges stops: a loss that is not finite (the same on every rank: it is
 an allreduced mean), or a parameter, buffer or momentum shard with a NaN or an
 infinity on any rank before a checkpoint is saved or the run ends, raises
-:class:`Diverged` on every rank alike, naming the step and the tensor; ``refconv
+:class:`refconv.train.Diverged` on every rank alike, naming the step and the tensor; ``refconv
 train`` ends with that one line and exit status 3.  Nothing after the last good
 step is saved: the last checkpoint stays as it was.
 
@@ -27,15 +27,16 @@ Every check of the options, the data and the model runs before the first step an
 depends only on them, so every rank raises the same ``ValueError``.  The options
 themselves are defined once, in :mod:`refconv.train_config`.
 
-This module is the loop (:func:`train`) and the ``refconv train`` command; the rest of a run
-lives beside it, and its names are re-exported here (``from refconv.train import step`` works):
+This module is the loop (:func:`train`); the ``refconv train`` command that runs it is
+:mod:`refconv.commands.train`, and the rest of a run lives beside it in :mod:`refconv.train`:
 
-- :mod:`refconv.train_inputs`: the data and the model, checked (``load_dataset``, ``build_model``, ...);
-- :mod:`refconv.train_step`: one step, the learning rate of each step, and the test metric;
-- :mod:`refconv.train_guards`: :class:`Diverged` and the loss guards;
-- :mod:`refconv.train_checkpoints`: what a checkpoint records besides its tensors, saving and resuming;
-- :mod:`refconv.train_report`: the end-of-run summary, the overlap measured and --timeline;
-- :mod:`refconv.train_serial_check`: ``--check-serial``'s one-rank replay.
+- :mod:`refconv.train.inputs`: the data and the model, checked (``load_dataset``, ``build_model``, ...);
+- :mod:`refconv.train.stepping`: one step, the learning rate of each step, and the test metric;
+- :mod:`refconv.train.guards`: :class:`~refconv.train.guards.Diverged` and the loss guards;
+- :mod:`refconv.train.checkpoints`: what a checkpoint records besides its tensors, saving and resuming;
+- :mod:`refconv.train.report`: the end-of-run summary, the overlap measured and --timeline;
+- :mod:`refconv.train.serial_check`: ``--check-serial``'s one-rank replay;
+- :mod:`refconv.train.progress`: the header lines, the progress bar and --metrics-out.
 """
 
 import contextlib
@@ -45,27 +46,23 @@ import time
 import numpy
 from mpi4py import MPI
 
-from refconv import (checkpoint, checks, collectives, datasets, datastore, device, failure, overlap, progress, threads,
-                     train_checkpoints, train_config)
+from refconv import checkpoint, checks, collectives, datasets, datastore, device, failure, overlap, threads, train_config
 from refconv.collectives import KINDS
 from refconv.optim import SGD
-from refconv.train_checkpoints import RUN_KEYS, check_resumed, run_record  # noqa: F401 (refconv.train's names)
-from refconv.train_config import OptionError, TrainConfig
-from refconv.train_guards import (GROWTH_FACTOR, GROWTH_STEPS, Diverged, check_finite, check_growth,  # noqa: F401
-                                  check_loss)
-from refconv.train_inputs import (adaptation, build_model, check_channels, check_model_fits, data_text,  # noqa: F401
-                                  is_regression, load_data, load_dataset, load_model_spec, load_synthetic,
-                                  smallest_batch, store_kind)
-from refconv.train_report import TIMELINE_STEPS, format_summary, overlap_report, predicted_overlap  # noqa: F401
-from refconv.train_serial_check import check_serial, serial_losses  # noqa: F401
-from refconv.train_step import evaluate, evaluate_mse, learning_rate, step  # noqa: F401
+from refconv.train import checkpoints, progress
+from refconv.train.guards import check_finite, check_growth, check_loss
+from refconv.train.inputs import (adaptation, build_model, check_channels, check_model_fits, is_regression, load_dataset,
+                                  store_kind)
+from refconv.train.report import TIMELINE_STEPS, overlap_report
+from refconv.train.serial_check import check_serial
+from refconv.train.stepping import evaluate, learning_rate, step
+from refconv.train_config import OptionError
 
-__all__ = ["TrainConfig", "Diverged", "train", "step", "evaluate", "learning_rate", "format_summary", "add_arguments",
-           "run"]
+__all__ = ["train"]
 
 
 def train(cfg, *, comm=None, log=print, report=None):
-    """Run ``cfg`` (a :class:`TrainConfig`); returns a dict of results (``losses`` per step,
+    """Run ``cfg`` (a :class:`refconv.train_config.TrainConfig`); returns a dict of results (``losses`` per step,
     ``epochs``, ``accuracy``, ``time_per_step``, ``bytes_per_step`` and ``calls_per_step`` per
     kind averaged over ranks, ``serial_check``).  ``log`` prints rank 0's lines; ``report``
     (default: stderr) receives progress.  Every collective runs under ``cfg.timeout``."""
@@ -139,7 +136,7 @@ def _train(cfg, comm, say, report):
     total_steps = per_epoch * cfg.epochs
     start_epoch, start_batch, global_step = 0, 0, 0
     if cfg.resume:
-        global_step = train_checkpoints.resume(cfg, model, optimizer, per_epoch, total_steps)
+        global_step = checkpoints.resume(cfg, model, optimizer, per_epoch, total_steps)
         start_epoch, start_batch = divmod(global_step, per_epoch)
         say(f"resumed from {cfg.checkpoint_dir} at step {global_step} (epoch {start_epoch + 1})")
     data = progress.data_lines(cfg, x_train, model, store_kind(cfg), adaptation(cfg, model, x_train.shape, num_classes))
@@ -185,7 +182,7 @@ def _train(cfg, comm, say, report):
                 bar.step(epoch, b + 1, per_epoch, global_step, loss)
                 if cfg.checkpoint_dir and cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0:
                     check_finite(cfg, comm, model, optimizer, global_step, saved)
-                    train_checkpoints.save(cfg, model, optimizer, global_step, per_epoch)
+                    checkpoints.save(cfg, model, optimizer, global_step, per_epoch)
                     saved = global_step
                 if cfg.max_steps is not None and len(losses) >= cfg.max_steps:
                     stop = True
@@ -197,7 +194,7 @@ def _train(cfg, comm, say, report):
             epochs.append({"epoch": epoch + 1, "loss": float(numpy.mean(epoch_losses)), metric: score})
             say(f"epoch {epoch + 1}/{cfg.epochs}: loss {epochs[-1]['loss']:.4f}, test {metric} {score:.4f}")
             if cfg.checkpoint_dir and not (cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0):
-                train_checkpoints.save(cfg, model, optimizer, global_step, per_epoch)
+                checkpoints.save(cfg, model, optimizer, global_step, per_epoch)
                 saved = global_step
             if stop:
                 break
@@ -226,22 +223,3 @@ def _add(totals, summary):
         t = totals.setdefault(kind, {"calls": 0, "bytes": 0})
         t["calls"] += s["calls"]
         t["bytes"] += s["bytes"]
-
-
-# -- ``refconv train`` (the command protocol of refconv.cli) ------------------------------------------
-HELP = "train a CNN with sample, channel/filter and spatial parallelism"
-DESCRIPTION = ("Train a CNN on the process grid of every rank of MPI.COMM_WORLD. Rank 0 prints the setup, the "
-               "loss and test accuracy per epoch, and a summary of the time and bytes communicated per step by "
-               "kind of collective; progress goes to stderr.")
-
-
-def add_arguments(parser):
-    train_config.add_arguments(parser)
-
-
-def run(args):
-    failure.expect_training()      # every rank of this job trains: one that leaves before it tells the others
-    result = train(train_config.from_arguments(args))
-    if MPI.COMM_WORLD.Get_rank() == 0:
-        print(format_summary(result), flush=True)
-    return 0

@@ -1,6 +1,6 @@
 """What a run of ``refconv train`` reports at its end: the summary of time, bytes and overlap per
 step (:func:`format_summary`), the overlap measured on every rank beside the planner's prediction
-(--metrics-out's last line), and --timeline's drawing.  :mod:`refconv.train` re-exports
+(--metrics-out's last line), and --timeline's drawing.  :mod:`refconv.train` exports
 ``format_summary``."""
 
 import warnings

@@ -1,6 +1,7 @@
 """What a run of ``refconv train`` trains: its data (``--synthetic``, ``--data`` or the digits) and its
 model (a preset sized to the data, or a model file), each checked before the first step, every
-rank alike (the same ``OptionError`` on every rank).  :mod:`refconv.train` re-exports these names."""
+rank alike (the same ``OptionError`` on every rank).  :mod:`refconv.train` exports
+``load_dataset``, ``build_model`` and ``load_model_spec``."""
 
 import json
 
@@ -116,7 +117,7 @@ def check_channels(cfg, x_shape):
 
 
 def store_kind(cfg):
-    """``--data``'s kind (:data:`refconv.progress.STORE_KINDS`), or None."""
+    """``--data``'s kind (:data:`refconv.train.progress.STORE_KINDS`), or None."""
     if not cfg.data:
         return None
     return "images" if datastore.is_image_folder(cfg.data) else datastore.kind_of(cfg.data)

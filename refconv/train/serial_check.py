@@ -1,12 +1,12 @@
 """``--check-serial K``: rank 0 replays the run's first K steps on the model's one-rank twin and
-compares the losses.  :mod:`refconv.train` re-exports these names."""
+compares the losses."""
 
 import numpy
 
 from refconv import collectives, datasets
 from refconv.optim import SGD
-from refconv.train_inputs import build_model
-from refconv.train_step import learning_rate, step
+from refconv.train.inputs import build_model
+from refconv.train.stepping import learning_rate, step
 
 
 def serial_losses(cfg, model, k, x_train, y_train):

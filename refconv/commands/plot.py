@@ -25,8 +25,9 @@ the command says so.
 import os
 import sys
 
-from refconv import checks, cli, sweep, train_config
+from refconv import checks, cli, train_config
 from refconv.bench import schema
+from refconv.commands import sweep
 from refconv.model_spec import load_spec
 from refconv.pricing import machine as machines, search
 
@@ -203,7 +204,7 @@ def run(args):
 
 
 def main(argv=None):
-    """``python -m refconv.plot``: the same as ``refconv plot``."""
+    """``python -m refconv.commands.plot``: the same as ``refconv plot``."""
     return cli.main([NAME, *(sys.argv[1:] if argv is None else argv)])
 
 

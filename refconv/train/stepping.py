@@ -1,12 +1,13 @@
 """One training step on a global batch, the learning rate of each step, and the test metric
-(accuracy, or the mean squared error of a regression).  :mod:`refconv.train` re-exports these names."""
+(accuracy, or the mean squared error of a regression).  :mod:`refconv.train` exports ``step``,
+``evaluate`` and ``learning_rate``."""
 
 import math
 
 import numpy
 
 from refconv import collectives, datastore
-from refconv.train_inputs import is_regression, smallest_batch
+from refconv.train.inputs import is_regression, smallest_batch
 
 
 def learning_rate(cfg, step, total_steps):

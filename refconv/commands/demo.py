@@ -13,7 +13,8 @@ train`` option, with the demo's defaults (``refconv demo --epochs 1``).
 
 from mpi4py import MPI
 
-from refconv import launch, train, train_config
+from refconv import launch, train_config
+from refconv.commands import train
 
 RANKS = 4
 DEFAULTS = {"grid": {"sample": 2, "channel": 2}, "algorithm": "stationary-x", "epochs": 5, "check_serial": 5}

@@ -184,7 +184,7 @@ def format_series(table):
 
 
 def main(argv=None):
-    """``python -m refconv.sweep``: the same as ``refconv sweep``."""
+    """``python -m refconv.commands.sweep``: the same as ``refconv sweep``."""
     return cli.main([NAME, *(sys.argv[1:] if argv is None else argv)])
 
 

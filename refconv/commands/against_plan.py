@@ -1,9 +1,9 @@
-"""``python -m refconv.simulated.against_plan``: a plan's training step on simulated ranks, on the
+"""``python -m refconv.commands.against_plan``: a plan's training step on simulated ranks, on the
 logical clock, beside what ``refconv plan`` predicts for the same grid and machine file.
 
 ::
 
-    python -m refconv.simulated.against_plan --model digits-cnn --ranks 4 --grid sample=2,channel=2 \\
+    python -m refconv.commands.against_plan --model digits-cnn --ranks 4 --grid sample=2,channel=2 \\
         --batch 32 --image-size 32 --machine v100-edr [--timeline overlap.png]
 
 It plans the model on ``--grid`` for every layer (``Planner.uniform``; without ``--grid`` the
@@ -88,7 +88,7 @@ def compare(model, ranks, batch, image_size, machine, grid=None):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m refconv.simulated.against_plan", description=DESCRIPTION)
+    p = argparse.ArgumentParser(prog="python -m refconv.commands.against_plan", description=DESCRIPTION)
     train_config.add_option(p, "model")
     p.add_argument("--ranks", type=int, required=True, help="simulated ranks")
     train_config.add_option(p, "grid", purpose="every layer's grid", unset="the planner's choice of grid per layer")

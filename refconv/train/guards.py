@@ -1,7 +1,6 @@
 """What stops or warns a run that goes wrong: a loss or a tensor that is no longer finite
 (:class:`Diverged` on every rank alike, exit status 3, nothing after the last good step saved),
-and a loss that grows by a large factor in the first steps (a warning).
-:mod:`refconv.train` re-exports these names."""
+and a loss that grows by a large factor in the first steps (a warning).  :mod:`refconv.train` exports ``Diverged``."""
 
 import math
 import warnings

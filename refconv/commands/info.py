@@ -103,7 +103,7 @@ def run(args):
 
 
 def main(argv=None):
-    """``python -m refconv.info``: the same as ``refconv info``."""
+    """``python -m refconv.commands.info``: the same as ``refconv info``."""
     return cli.main([NAME, *(sys.argv[1:] if argv is None else argv)])
 
 

@@ -1,0 +1,15 @@
+"""The commands: modules with a command-line entry point (``refconv NAME``, or ``python -m``), kept out of
+the library packages so that no library module imports one.
+
+- :mod:`refconv.commands.train`: ``refconv train`` (the loop: :mod:`refconv.train`);
+- :mod:`refconv.commands.demo`: ``refconv demo``, the digits CNN on 4 ranks;
+- :mod:`refconv.commands.info`: ``refconv info``, what a job runs on;
+- :mod:`refconv.commands.sweep` and :mod:`refconv.commands.plot`: ``refconv sweep`` and ``refconv plot``;
+- :mod:`refconv.commands.data`: ``refconv data convert`` and ``refconv data synth`` (the writers:
+  :mod:`refconv.datastore.convert`);
+- :mod:`refconv.commands.against_plan`: ``python -m refconv.commands.against_plan``, a plan's step on
+  simulated ranks priced on the logical clock, beside the plan.
+
+``refconv plan``, ``calibrate`` and ``bench`` live with their tools (:mod:`refconv.plan`,
+:mod:`refconv.bench`).  The command line itself, and its table of commands, is :mod:`refconv.cli`.
+"""
