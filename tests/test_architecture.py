@@ -19,6 +19,7 @@
 import ast
 import pathlib
 import re
+import sys
 
 import pytest
 
@@ -55,6 +56,9 @@ LAZY_IMPORTS = {
     ("kernels/resources.py", "nvidia"): "ptxas from the optional gpu-compile extra",
     ("kernels/sass.py", "nvidia"): "nvdisasm from the optional gpu-compile extra",
     ("refconv/backend.py", "refconv"): "refconv.kernels imports numba.cuda, which must see NUMBA_ENABLE_CUDASIM first",
+    ("refconv/simulated/__init__.py", "refconv.simulated.clock"): "the logical clock prices with the layers and the "
+                                                                 "pricing model: only for a run given machine=, so "
+                                                                 "the simulator's core sits below them",
     ("refconv/device.py", "numba"): "numba.cuda initialises the driver: only after the GPU is chosen",
     ("refconv/bench/kernels.py", "torch"): "optional contender",
     ("refconv/bench/kernels.py", "cupy"): "optional contender (cuDNN through CuPy)",
@@ -251,3 +255,154 @@ def test_the_layering_scans_see_a_bad_import(tmp_path):
     assert [n for n in _refconv_imports(bad) if not _below(n)] == [
         "refconv.bench.torch_step", "refconv.bench.torch_step.SHAPES", "refconv.layers.pool",
         "refconv.layers.pool.gap_records"]
+
+
+# -- the layer order (README.md, "Layout") ------------------------------------------------------------
+# Low to high: a module imports, at module level, only modules of its own layer or of a lower one.  A
+# module belongs to the longest prefix listed (refconv.simulated.clock is not refconv.simulated's core).
+# An import inside a function (LAZY_IMPORTS) is not an arrow: refconv.backend loads refconv.kernels only
+# when asked, refconv.simulated the clock only for machine=.
+LAYERS = (
+    ("reference", ("refconv.arrays", "refconv.checks", "refconv.failure", "refconv.reference", "refconv.kernels",
+                   "refconv.backend", "refconv.spec_tree", "refconv.recipe", "refconv.overlap", "refconv.datasets",
+                   "refconv.testing", "refconv.testing.mpirun", "refconv.testing.profiles")),
+    ("collectives", ("refconv.collectives",)),
+    ("simulated core", ("refconv.simulated",)),   # world, comm, engine, buffers and run(): the clock is lazy
+    ("grid and distribution", ("refconv.grid", "refconv.distribution", "refconv.halo", "refconv.sharding",
+                               "refconv.threads", "refconv.device", "refconv.testing.asserts",
+                               "refconv.testing.strategies", "refconv.testing.ranks")),
+    ("algorithms", ("refconv.algorithms",)),
+    ("pricing", ("refconv.pricing",)),
+    ("layers", ("refconv.layers", "refconv.testing.check", "refconv.testing.mutants", "refconv.testing.models")),
+    ("model", ("refconv", "refconv.model", "refconv.model_spec", "refconv.optim", "refconv.checkpoint",
+               "refconv.torch", "refconv.simulated.clock")),
+    ("data and options", ("refconv.datastore", "refconv.train_config")),
+    ("train", ("refconv.train",)),
+    ("tools and commands", ("refconv.cli", "refconv.commands", "refconv.bench", "refconv.plan", "refconv.cost_model",
+                            "refconv.launch", "refconv.testing.commands")),
+)
+
+
+def _module_name(path):
+    parts = list(pathlib.Path(_rel(path)).with_suffix("").parts)
+    parts = ["refconv", *parts] if parts[0] == "kernels" else parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(name):
+    """The index in LAYERS of module ``name`` (or of a name in it), or None."""
+    found = [(len(m), k) for k, (_, modules) in enumerate(LAYERS) for m in modules
+             if name == m or name.startswith(m + ".")]
+    return max(found)[1] if found else None
+
+
+def _module_level_imports(path):
+    """The refconv modules ``path`` imports outside any function (``from refconv import x``: refconv.x)."""
+    names = []
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.Import):
+                names.extend(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module:
+                names.extend(f"{child.module}.{a.name}" for a in child.names)
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return sorted({n for n in names if n.startswith("refconv.")})
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_rel)
+def test_every_module_has_a_layer(path):
+    assert _layer(_module_name(path)) is not None, \
+        f"{_rel(path)} ({_module_name(path)}) is in no layer: add it to LAYERS and to README.md's layer order"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_rel)
+def test_no_module_imports_a_higher_layer(path):
+    mine = _layer(_module_name(path))
+    higher = [f"{n} ({LAYERS[_layer(n)][0]})" for n in _module_level_imports(path)
+              if _layer(n) is not None and mine is not None and _layer(n) > mine]
+    assert not higher, f"{_rel(path)} ({LAYERS[mine][0]}) imports a higher layer: {higher}"
+
+
+def test_the_layer_scan_sees_an_upward_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from refconv import train\nfrom refconv.layers.pool import gap_records\n\n"
+                   "def lazy():\n    from refconv.simulated import clock\n")
+    assert _module_level_imports(bad) == ["refconv.layers.pool.gap_records", "refconv.train"]
+    assert [_layer(n) for n in _module_level_imports(bad)] == [6, 9]
+
+
+def test_the_readme_states_the_layer_order():
+    readme = (ROOT / "README.md").read_text()
+    order = " < ".join(name for name, _ in LAYERS)
+    assert order in readme, f"README.md should state the layer order of LAYERS: {order}"
+
+
+SIMULATOR_CORE = ("world", "comm", "engine", "buffers")
+CORE_THIRD_PARTY = ("numpy", "mpi4py")   # mpi4py for MPI's constants and datatypes, which the simulated comm keeps
+
+
+@pytest.mark.parametrize("name", SIMULATOR_CORE)
+def test_the_simulator_core_imports_only_collectives(name):
+    """The simulator's core sits low: world, comm, engine and buffers import, at module level, only
+    refconv.collectives, each other, NumPy, mpi4py and the standard library."""
+    path = ROOT / f"refconv/simulated/{name}.py"
+    tree = ast.parse(path.read_text())
+    modules = [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
+    modules += [n.module for n in tree.body if isinstance(n, ast.ImportFrom)]
+    core = tuple(f"refconv.simulated.{m}" for m in SIMULATOR_CORE) + ("refconv.simulated", "refconv.collectives")
+    bad = [m for m in modules if m.split(".")[0] not in {*sys.stdlib_module_names, *CORE_THIRD_PARTY}
+           and not any(m == c or m.startswith(c + ".") for c in core)]
+    assert not bad, f"refconv/simulated/{name}.py imports {bad}: the core may use only refconv.collectives"
+
+
+def test_the_simulated_package_loads_the_clock_only_for_a_machine():
+    modules = _module_level_imports(ROOT / "refconv/simulated/__init__.py")
+    assert not [m for m in modules if m.startswith("refconv.simulated.clock") or _layer(m) > _layer("refconv.simulated")]
+
+
+MAX_TOP_LEVEL_MODULES = 24
+
+
+def test_the_package_top_level_stays_small():
+    """New modules go into a package (refconv/commands/, refconv/train/, ...), not beside refconv/cli.py."""
+    top = sorted(p.name for p in ROOT.glob("refconv/*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, \
+        f"refconv/ holds {len(top)} modules, more than {MAX_TOP_LEVEL_MODULES}: move some into a package: {top}"
+
+
+def test_library_packages_import_no_command():
+    """A command (a module with a command-line entry point) lives in refconv/commands/ or with its tool
+    (refconv/plan/, refconv/bench/): nothing below the tools imports one."""
+    top = len(LAYERS) - 1
+    for path in SOURCES:
+        if _layer(_module_name(path)) != top:
+            commands = [n for n in _module_level_imports(path) if n.startswith(("refconv.commands", "refconv.cli"))]
+            assert not commands, f"{_rel(path)} imports the command {commands}"
+
+
+TRAIN_API = ("train", "step", "evaluate", "learning_rate", "Diverged", "format_summary", "build_model", "load_dataset",
+             "load_model_spec")
+
+
+def test_the_training_api_has_one_spelling():
+    """What refconv.train exports is spelled refconv.train.NAME outside the package (docs and tutorials too),
+    never with the submodule that holds it."""
+    exported = [n for n in ast.parse((ROOT / "refconv/train/__init__.py").read_text()).body
+                if isinstance(n, ast.Assign) and n.targets[0].id == "__all__"][0]
+    assert sorted(ast.literal_eval(exported.value)) == sorted(TRAIN_API)
+    pattern = re.compile(r"from refconv\.train\.(\w+) import ([^\n]*)|refconv\.train\.(\w+)\.(\w+)")
+    files = [*SOURCES, *TESTS, *ROOT.glob("docs/**/*.md"), *ROOT.glob("tutorials/**/*.py"), ROOT / "README.md",
+             *ROOT.glob("scripts/*.py"), *ROOT.glob("examples/**/*.py")]
+    found = []
+    for path in files:
+        if _rel(path).startswith("refconv/train/"):
+            continue
+        for m in pattern.finditer(path.read_text()):
+            names = re.findall(r"\w+", m.group(2)) if m.group(1) else [m.group(4)]
+            found += [f"{_rel(path)}: {m.group(0)}" for n in names if n in TRAIN_API]
+    assert not found, "spell these refconv.train.NAME:\n" + "\n".join(found)

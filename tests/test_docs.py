@@ -16,6 +16,7 @@ import importlib.util
 import pathlib
 import pydoc
 import re
+import subprocess
 import sys
 
 import pytest
@@ -151,3 +152,40 @@ def test_a_failing_command_is_an_error_unless_marked():
 def test_malformed_markers_are_rejected(text, message):
     with pytest.raises(ValueError, match=message):
         doc_outputs.parse(text)
+
+
+# -- README.md's Layout table names every folder -------------------------------------------------------
+SKIPPED_FOLDERS = {"__pycache__"}
+
+
+def _layout_paths():
+    """The backticked paths of README.md's Layout section (``refconv/train/``, ``tests/mpi/``, ...)."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Layout\n")
+    section = text[start:text.index("\n## ", start + 1)]
+    return set(re.findall(r"`([^`\s]+)`", section))
+
+
+def _folders(under):
+    """The folders directly in ``under`` (a folder of the repository), read from the filesystem now."""
+    return sorted(f"{p.relative_to(ROOT)}/" for p in (ROOT / under).iterdir()
+                  if p.is_dir() and p.name not in SKIPPED_FOLDERS and not p.name.startswith(".")
+                  and not p.name.endswith(".egg-info"))
+
+
+def _tracked_top_folders():
+    """The top-level folders git tracks a file in (.ci/ included; .venv/ and build outputs are not tracked)."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip(f"no git checkout to list the tracked folders of: {listed.stderr.strip()}")
+    return sorted({f"{line.split('/')[0]}/" for line in listed.stdout.splitlines() if "/" in line})
+
+
+@pytest.mark.parametrize("kind", ["top level", "refconv", "tests"])
+def test_the_layout_table_names_every_folder(kind):
+    folders = {"top level": _tracked_top_folders, "refconv": lambda: _folders("refconv"),
+               "tests": lambda: _folders("tests")}[kind]()
+    named = _layout_paths()
+    missing = [f for f in folders if f not in named]
+    assert folders and not missing, \
+        f"README.md's Layout table names no row for these folders ({kind}): {', '.join(missing)}: add them, in backticks"

@@ -24,7 +24,8 @@ at once (:class:`PeerFailed`) and ``run`` raises the lowest failing rank's own e
 a note that lists every rank's outcome.  A deadlock raises :class:`Deadlock` with each rank's
 pending call and stack.  ``stepped=True`` runs one rank at a time, switching at communication
 calls only (a debugger stops one rank with the others parked); ``machine=`` prices the run on a
-logical clock (:mod:`refconv.simulated.clock`).  docs/simulated-ranks.md says what is simulated
+logical clock (:mod:`refconv.simulated.clock`, imported only then: the simulator's core,
+world, comm, engine and buffers, imports only :mod:`refconv.collectives`).  docs/simulated-ranks.md says what is simulated
 and what is not.
 """
 
@@ -35,7 +36,6 @@ import time
 from threadpoolctl import threadpool_limits
 
 from refconv.collectives import local
-from refconv.simulated.clock import clocks_for
 from refconv.simulated.comm import Comm, Group
 from refconv.simulated.engine import Calls
 from refconv.simulated.world import (MAX_RANKS, BufferReused, CollectiveMismatch, Deadlock, PeerFailed,
@@ -100,7 +100,11 @@ def _check_ranks(ranks):
 
 
 def _clocks(machine, world):
-    return [None] * world.size if machine is None else clocks_for(machine, world)
+    if machine is None:
+        return [None] * world.size
+    from refconv.simulated.clock import clocks_for   # the pricing model and the layers: only for machine=
+
+    return clocks_for(machine, world)
 
 
 def _join(world, timeout):
