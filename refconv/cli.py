@@ -7,12 +7,17 @@ A command module exposes::
     DESCRIPTION = "..."             # the paragraph atop ``refconv NAME --help``
     def add_arguments(parser): ...  # its options, on the subparser main made for it
     def run(args) -> int: ...       # does the work; returns the exit status (0: success)
+    def check(args): ...            # optional: raises OptionError for options refused on their own
 
 Adding a command is one new module and one line in ``COMMANDS``.  ``main`` owns
 what every command shares, on every rank alike:
 
 - usage errors and ``--help`` are printed by rank 0 only; every rank exits with
   status 2 (or 0 for ``--help``);
+- a command's optional ``check(args)`` judges the options alone, before any collective: its
+  ``OptionError`` (or ``ValueError``) prints one line from rank 0 and every rank exits with status 2
+  at once, as for a usage error (no agreement between the ranks to wait for, so a loaded machine
+  whose ranks start seconds apart still ends with status 2);
 - a ``ValueError`` out of ``run`` is a bad input that every rank rejects alike
   (options, data, model files: see :mod:`refconv.train_config`): rank 0 prints
   ``refconv NAME: error: ...`` on one line and the job ends with status 2, no
@@ -72,7 +77,7 @@ def build_parser():
         module = importlib.import_module(module_name)
         sub = subparsers.add_parser(name, help=module.HELP, description=module.DESCRIPTION)
         module.add_arguments(sub)
-        sub.set_defaults(run=module.run)
+        sub.set_defaults(run=module.run, check=getattr(module, "check", None))
     _mark_parsers(parser)
     return parser
 
@@ -113,8 +118,15 @@ def main(argv=None):
     if args.command is None:
         parser.print_help()
         return 0
-    agree = SharedErrors()
     name = getattr(args, "parser_", parser).prog    # "refconv data convert": the subcommand that was run
+    if args.check is not None:   # the options alone, before any collective: a usage error, as argparse's
+        try:
+            args.check(args)
+        except OptionError as exc:
+            return _refuse(f"{name}: error: {exc.render(flag)}")
+        except ValueError as exc:
+            return _refuse(f"{name}: error: {' '.join(str(exc).split())}")
+    agree = SharedErrors()
     try:
         with warnings.catch_warnings():
             warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
@@ -127,6 +139,14 @@ def main(argv=None):
         return agree.exit(f"{name}: {' '.join(str(exc).split())}", exc.status)
     agree.close()
     return status
+
+
+def _refuse(message):
+    """Options that every rank refuses alike, before any collective: rank 0 prints the one line and
+    every rank returns status 2 at once, with no agreement to wait for (as argparse's usage errors)."""
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        failure.write_line(message)
+    return 2
 
 
 def _show_warning(previous, message, category, filename, lineno, file=None, line=None):

@@ -111,6 +111,28 @@ def test_bad_option_is_one_line_and_status_2(capsys, argv, message):
 
 
 @pytest.mark.parametrize("argv, message", [
+    (["--filter-groups", "-1"], "--filter-groups: expected a positive int, got -1"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every: expected a non-negative int, got -1"),
+    (["--synthetic", "--synthetic-samples", "0"], "--synthetic-samples: expected a positive int, got 0"),
+    (["--check-serial", "-1"], "--check-serial: expected a non-negative int, got -1"),
+    (["--dtype", "float16"], "--dtype: expected one of ('float32', 'float64'), got 'float16'"),
+    (["--threads", "0"], "--threads: expected a positive int, got 0"),
+])
+@pytest.mark.parametrize("command", ["train", "demo"])
+def test_options_refused_alone_end_before_any_collective(capsys, monkeypatch, command, argv, message):
+    """Options refused on their own (the command's check) end with one line and status 2 before the
+    ranks' agreement is even made: under mpiexec on a loaded machine, ranks that start seconds apart
+    cannot miss it and end with MPI's status 9 instead (README: "Bad input")."""
+    def no_agreement():
+        raise AssertionError("the options alone were refused after cli.SharedErrors: a collective")
+
+    monkeypatch.setattr(cli, "SharedErrors", no_agreement)
+    status, _, err = run_command(capsys, command, *argv)
+    line = _one_error_line(err)
+    assert status == 2 and line == f"refconv {command}: error: {message}", line
+
+
+@pytest.mark.parametrize("argv, message", [
     (["--grid", "sample=1,sample=4"], "argument --grid: axis 'sample' is given twice"),
     (["--grid", "samples=2"], "argument --grid: expected axis=size pairs"),
     (["--epochs", "two"], "argument --epochs: invalid int value: 'two'"),

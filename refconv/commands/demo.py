@@ -35,6 +35,11 @@ def add_arguments(parser):
     train_config.add_arguments(parser, DEFAULTS)
 
 
+def check(args):
+    """The options alone, as ``refconv train`` checks them, before the demo launches anything."""
+    train.check(args)
+
+
 def run(args):
     size = MPI.COMM_WORLD.Get_size()
     if size == 1:

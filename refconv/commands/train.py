@@ -17,6 +17,11 @@ def add_arguments(parser):
     train_config.add_arguments(parser)
 
 
+def check(args):
+    """The options alone (:class:`refconv.train_config.TrainConfig` validates them), before any collective."""
+    train_config.from_arguments(args)
+
+
 def run(args):
     failure.expect_training()      # every rank of this job trains: one that leaves before it tells the others
     result = train(train_config.from_arguments(args))
