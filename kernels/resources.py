@@ -46,7 +46,9 @@ import numpy
 from refconv.reference.shapes import SHAPES as RESNET50_SHAPES
 
 from . import sass
-from ._launch import BLOCK3, MICRO, MICRO3, THREADS, TILE_K, TILE_K3, TILE_M, TILE_N
+from . import tiles_v3 as v3
+from .geometry import THREADS
+from .tiles_v2 import MICRO, TILE_K, TILE_M, TILE_N
 
 CCS = ((8, 0), (9, 0))
 DTYPES = (numpy.float32, numpy.float64)
@@ -98,8 +100,8 @@ class Kernel:
     @property
     def fmas_per_stage(self):
         """Multiply-adds one thread does per shared-memory stage: ``TILE_K * MICRO**2`` (version 2) or
-        ``TILE_K3 * MICRO3**2`` (version 3)."""
-        return TILE_K3 * MICRO3 ** 2 if self.version == 3 else TILE_K * MICRO ** 2
+        ``v3.TILE_K * v3.MICRO**2`` (version 3)."""
+        return v3.TILE_K * v3.MICRO ** 2 if self.version == 3 else TILE_K * MICRO ** 2
 
     def dispatcher(self, dtype):
         obj = getattr(importlib.import_module(f"refconv.kernels.{self.module}"), self.name)
@@ -108,7 +110,7 @@ class Kernel:
     def signature(self, dtype):
         """Numba types for ``args``: ``1``-``4`` a C-contiguous array of that rank in
         ``dtype``, ``s`` a scalar in ``dtype``, ``L`` an int64 array of rank 5 (pooling's argmax), ``D`` a
-        float64 array of rank 2, ``T`` an int32 array of rank 2 (``_launch.tap_table``), ``i`` an int64, ``f`` a
+        float64 array of rank 2, ``T`` an int32 array of rank 2 (``geometry.tap_table``), ``i`` an int64, ``f`` a
         float64, ``b`` a bool."""
         from numba import types
 
@@ -119,7 +121,7 @@ class Kernel:
         return tuple(types.Array(element, int(a), "C") if a.isdigit() else kinds[a] for a in self.args)
 
 
-TILE_THREADS = 256  # _launch.THREADS ** 2, checked in missing_kernels
+TILE_THREADS = 256  # geometry.THREADS ** 2, checked in missing_kernels
 KERNELS = (
     Kernel("conv_forward", "forward_direct", 1, "555" + "i" * 10, 256),
     Kernel("conv_forward", "forward_tiled", 2, "52T3" + "i" * 10, TILE_THREADS),
@@ -149,7 +151,7 @@ def missing_kernels():
     """Kernels of the package that ``KERNELS`` does not list (should be empty)."""
     from numba.cuda.dispatcher import CUDADispatcher
 
-    assert THREADS ** 2 == TILE_THREADS, "TILE_THREADS must be _launch.THREADS ** 2"
+    assert THREADS ** 2 == TILE_THREADS, "TILE_THREADS must be geometry.THREADS ** 2"
     listed = {k.label for k in KERNELS}
     found = set()
     for name in MODULES:
@@ -313,13 +315,13 @@ def intensity(version, M, Ng, depth, itemsize=4):
 
     Version 1 (direct) loads one input and one weight per multiply-add.  Version 2
     (tiled) loads a ``TILE_M x depth`` and a ``depth x TILE_N`` panel per output
-    tile, and writes each output once; version 3 the same with ``BLOCK3 x BLOCK3`` tiles (its padded
+    tile, and writes each output once; version 3 the same with ``v3.BLOCK x v3.BLOCK`` tiles (its padded
     copy of the B operand is not counted).
     """
     flops = 2.0 * M * Ng * depth
     if version == 1:
         return flops / (2 * itemsize * M * Ng * depth + itemsize * M * Ng)
-    tile_m, tile_n = (BLOCK3, BLOCK3) if version == 3 else (TILE_M, TILE_N)
+    tile_m, tile_n = (v3.BLOCK, v3.BLOCK) if version == 3 else (TILE_M, TILE_N)
     tiles = math.ceil(M / tile_m) * math.ceil(Ng / tile_n)
     return flops / (itemsize * (tiles * depth * (tile_m + tile_n) + M * Ng))
 
@@ -465,7 +467,7 @@ def markdown(result):
               "and nvdisasm. Inner loop: the innermost loop holding the FFMAs (the `kk` loop is written out, so it "
               "is the stage loop, with the loaders); per FFMA: instructions issued in one pass of the stage loop "
               f"over the FFMAs a thread does in it ({TILE_K * MICRO * MICRO} in version 2's one stage, "
-              f"{2 * TILE_K3 * MICRO3 * MICRO3} in version 3's two). CI fails below the floors (FFMA share) or above "
+              f"{2 * v3.TILE_K * v3.MICRO * v3.MICRO} in version 3's two). CI fails below the floors (FFMA share) or above "
               "the ceilings (instructions per FFMA) of `refconv.kernels.resources`, and if a pass's version 3 kernel "
               "is below issue 34's floors (75% forward, 60% every pass).", "",
               "| kernel | version | target | inner loop (instructions) | FFMA share | instructions per FFMA | "

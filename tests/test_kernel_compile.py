@@ -88,7 +88,7 @@ def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_
         from numba import cuda, types
         from numba.core.errors import TypingError
         from refconv.kernels import resources
-        from refconv.kernels._launch import PAD, TILE_K, TILE_M
+        from refconv.kernels.tiles_v2 import PAD, TILE_K, TILE_M
 
         def bad(x):  # as the tiled kernels were written before the proof
             tile = cuda.shared.array((TILE_K, TILE_M + PAD), numpy.float32)
