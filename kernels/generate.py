@@ -96,7 +96,7 @@ def multiply_v2_text():
 def multiply_v3_text():
     """The text of ``multiply_v3.py``."""
     return _module(
-        "Version 3's ``multiply_half``, half a stage with ``kk`` written out (:func:`generate.multiply_half_source`).\n",
+        "Version 3's ``multiply_half``, half a stage with ``kk`` written out\n(:func:`generate.multiply_half_source`).\n",
         "from .tiles_v3 import MICRO, ROW, RUN, STAGE",
         '"""``acc += a_tile[buf, kk0:kk0+4, rows] x b_tile[buf, kk0:kk0+4, cols]``: half a stage of this\n'
         "thread's 8 x 8 micro-tile, rows ``ra + {0..3}, ra + 64 + {0..3}``, columns ``rb + {0..3}, rb + 64 + "
