@@ -11,8 +11,8 @@ accumulates in float64, version 2 in the input dtype, as cuDNN does):
    ``(d, h, w)``, and ``k = (f, tap)``; the same 64 x 64 tiles, 16-deep shared-memory stages
    and 4 x 4 register micro-tiles as the forward kernel.
 3. register-tiled (float32; float64 runs version 2): the forward's version 3 loop
-   (``_launch.gemm_loop3``) on the same GEMM, with the stride's remainders folded into the
-   gather's depth test (``_launch.backward_data_table``).
+   (``loop_v3.gemm_loop``) on the same GEMM, with the stride's remainders folded into the
+   gather's depth test (``tiles_v3.backward_data_table``).
 
 The gather is stride- and dilation-aware: tap ``i`` contributes to input row ``h`` only when
 ``h + padding - i*dilation`` is a multiple of the stride; other taps read zero.  Version 2 asks
@@ -26,16 +26,17 @@ import functools
 
 from numba import cuda, int32, int64, uint32
 
-from ._launch import (
-    ALIGN3, BLOCK3, FAR, LOADS3, MICRO3, REMAINDER, RUN3, HALF3, TILE_K3, TILES3, WINDOWS3,
-    backward_data_table, check_int32, check_remainders, gemm_grid3, gemm_loop3, padded_operand, store_rows3,
-    tiled_jit3, zero_fill3,
-    kernel_jit,
-    multiply_stage, stream, tiled_jit, zero_fill,
-    A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    advance2, as_volume, check_groups, contiguous, gemm_grid, geometry3, grid_1d, output_pixel, split2, split3,
-    split5, tap_table, xp,
+from . import tiles_v3 as v3
+from .geometry import (
+    THREADS, advance2, as_volume, check_groups, contiguous, geometry3, grid_1d, kernel_jit, output_pixel, split2,
+    split3, split5, stream, tap_table, xp,
 )
+from .loop_v3 import gemm_loop
+from .multiply_v2 import multiply_stage
+from .tiles_v2 import A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, TILE_K, TILE_M, TILE_N, gemm_grid, tiled_jit, zero_fill
+# Version 3's array shapes, by name: Numba takes a shape only from a plain global (it reads v3.TILES
+# as a run-time int), and version 2's MICRO is 4
+from .tiles_v3 import ALIGN, LOADS, TILES, WINDOWS, MICRO as MICRO3
 from .conv_forward import A_STEP, check_version
 from refconv import checks
 
@@ -167,58 +168,58 @@ def backward_data_tiled(dtype):
 @functools.cache
 def backward_data_register_tiled(dtype):
     """Version 3, compiled for ``dtype``: version 2's GEMM (``dX[m, c] = sum_k dY[m, k] W[k, c]``) in the
-    forward's version 3 tiles (``_launch.gemm_loop3``: 128 x 128 blocks, 8 x 8 register micro-tiles,
+    forward's version 3 tiles (``loop_v3.gemm_loop``: 128 x 128 blocks, 8 x 8 register micro-tiles,
     double-buffered 8-deep stages, 32-bit indices).
 
     A row ``m = (n, s)`` is an input position ``(d, h, w)``; its window in ``dy`` is ``(qd, qh, qw)`` with
     ``d + pd = qd*sd + rd`` (and so on), divided once per row by threads ``t < 128``, and its remainders
-    ``(rd, rh, rw)`` are folded into the depth coordinate (:func:`_launch.backward_data_table`): a tap that
+    ``(rd, rh, rw)`` are folded into the depth coordinate (:func:`tiles_v3.backward_data_table`): a tap that
     does not land on an output position fails the bounds test, so the gather has no other test.  B is the
     weights transposed to ``(C/groups, F/groups * taps)`` per group and zero-padded (one copy per call)."""
 
-    @tiled_jit3
+    @v3.tiled_jit
     def kernel(dy, w, table, dx, N, F, Do, Ho, Wo, S, H, W, sd, sh, sw, pd, ph, pw, Cg, Fg, C, Cp, Kp):
         # dy: (N*F*Do*Ho*Wo,) flat; w: (groups*Cp*Kp,), per group the weights as (c, k = (f, tap)), padded with
         # zeros to Cp columns (whole tiles) and Kp depths (whole pairs of stages plus a spare one); table: (Kp, 4)
-        # int32 (backward_data_table); dx: (N*C*S,) flat, S = D*H*W
+        # int32 (v3.backward_data_table); dx: (N*C*S,) flat, S = D*H*W
         M = int32(N * S)
         g = cuda.blockIdx.z
-        m0 = cuda.blockIdx.x * BLOCK3
-        c0 = cuda.blockIdx.y * BLOCK3
+        m0 = cuda.blockIdx.x * v3.BLOCK
+        c0 = cuda.blockIdx.y * v3.BLOCK
         tx = uint32(cuda.threadIdx.x)
         ty = uint32(cuda.threadIdx.y)
         t = uint32(ty * THREADS + tx)
         zero = dtype(0)
 
-        a_tile = cuda.shared.array(TILES3, dtype, alignment=ALIGN3)  # two stages of (kk, m), flat (2, 8, 132)
-        b_tile = cuda.shared.array(TILES3, dtype, alignment=ALIGN3)  # two stages of (kk, c), flat (2, 8, 132)
-        windows = cuda.shared.array(WINDOWS3, int32, alignment=ALIGN3)  # (128, 4): per A row, its window in dy
+        a_tile = cuda.shared.array(TILES, dtype, alignment=ALIGN)  # two stages of (kk, m), flat (2, 8, 132)
+        b_tile = cuda.shared.array(TILES, dtype, alignment=ALIGN)  # two stages of (kk, c), flat (2, 8, 132)
+        windows = cuda.shared.array(WINDOWS, int32, alignment=ALIGN)  # (128, 4): per A row, its window in dy
         acc = cuda.local.array((MICRO3, MICRO3), dtype)
         a_reg = cuda.local.array(MICRO3, dtype)
         b_reg = cuda.local.array(MICRO3, dtype)
-        a_next = cuda.local.array(LOADS3, dtype)  # the next stage's loads, held in registers
-        b_next = cuda.local.array(LOADS3, dtype)
-        zero_fill3(acc)
+        a_next = cuda.local.array(LOADS, dtype)  # the next stage's loads, held in registers
+        b_next = cuda.local.array(LOADS, dtype)
+        v3.zero_fill(acc)
 
-        if t < BLOCK3:  # row t's window: its corner in dy, flat and (qd + REMAINDER * remainders, qh, qw)
+        if t < v3.BLOCK:  # row t's window: its corner in dy, flat and (qd + v3.REMAINDER * remainders, qh, qw)
             m = m0 + int64(t)
             n, s = split2(min(m, M - 1), S)
             d, h, x_w = split3(s, H, W)
             qd, rd = split2(d + pd, sd)
             qh, rh = split2(h + ph, sh)
             qw, rw = split2(x_w + pw, sw)
-            windows[t, 1] = int32(qd + REMAINDER * ((rd * sh + rh) * sw + rw)) if m < M else int32(-FAR)
+            windows[t, 1] = int32(qd + v3.REMAINDER * ((rd * sh + rh) * sw + rw)) if m < M else int32(-v3.FAR)
             windows[t, 2] = int32(qh)
             windows[t, 3] = int32(qw)
             windows[t, 0] = int32((((n * F + g * Fg) * Do + qd) * Ho + qh) * Wo + qw)
         cuda.syncthreads()  # windows
-        gemm_loop3(dy, w, table, windows, a_tile, b_tile, acc, a_reg, b_reg, a_next, b_next, 0, Kp - TILE_K3,
-                   uint32(Do), uint32(Ho), uint32(Wo), uint32((g * Cp + c0) * Kp), Kp, zero)
+        gemm_loop(dy, w, table, windows, a_tile, b_tile, acc, a_reg, b_reg, a_next, b_next, 0, Kp - v3.TILE_K,
+                  uint32(Do), uint32(Ho), uint32(Wo), uint32((g * Cp + c0) * Kp), Kp, zero)
 
-        ra = tx * RUN3
-        rb = ty * RUN3
-        store_rows3(dx, acc, 0, m0 + ra, M, S, C, g * Cg, c0 + rb, Cg)
-        store_rows3(dx, acc, RUN3, m0 + ra + HALF3, M, S, C, g * Cg, c0 + rb, Cg)
+        ra = tx * v3.RUN
+        rb = ty * v3.RUN
+        v3.store_rows(dx, acc, 0, m0 + ra, M, S, C, g * Cg, c0 + rb, Cg)
+        v3.store_rows(dx, acc, v3.RUN, m0 + ra + v3.HALF, M, S, C, g * Cg, c0 + rb, Cg)
 
     return kernel
 
@@ -265,15 +266,15 @@ def _backward_data(dy, w, x_shape, geometry, dims, version):
     if version == 3 and dy.dtype == "float32":
         Cg, Kd, Kh, Kw = w5.shape[1:]
         Do, Ho, Wo = dy5.shape[2:]
-        check_int32(dy=dy5, dx=dx)
-        check_remainders((sd, sh, sw), (Do, Ho, Wo))
+        v3.check_int32(dy=dy5, dx=dx)
+        v3.check_remainders((sd, sh, sw), (Do, Ho, Wo))
         Fg, T = F // groups, Kd * Kh * Kw
-        blocks, threads = gemm_grid3(N * D * H * W, Cg, groups)
-        table = backward_data_table(Fg, (Do, Ho, Wo), (Kd, Kh, Kw), (dd, dh, dw), (sd, sh, sw))
-        Cp, Kp = blocks[1] * BLOCK3, table.shape[0]
+        blocks, threads = v3.gemm_grid(N * D * H * W, Cg, groups)
+        table = v3.backward_data_table(Fg, (Do, Ho, Wo), (Kd, Kh, Kw), (dd, dh, dw), (sd, sh, sw))
+        Cp, Kp = blocks[1] * v3.BLOCK, table.shape[0]
         w_t = w5.reshape(groups, Fg, Cg, T).transpose(0, 2, 1, 3)  # per group (c, f, tap)
-        w_padded = padded_operand(w_t, groups, Cg, Fg * T, Cp, Kp)
-        check_int32(w=w_padded)
+        w_padded = v3.padded_operand(w_t, groups, Cg, Fg * T, Cp, Kp)
+        v3.check_int32(w=w_padded)
         backward_data_register_tiled(dy.dtype.type)[blocks, threads, stream()](
             dy5.reshape(-1), w_padded.reshape(-1), table, dx.reshape(-1), N, F, Do, Ho, Wo, D * H * W, H, W,
             sd, sh, sw, pd, ph, pw, Cg, Fg, C, Cp, Kp)

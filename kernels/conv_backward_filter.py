@@ -16,7 +16,7 @@ accumulates in float64, version 2 in the input dtype, as cuDNN does):
    bit-identical from run to run for the same launch geometry.
 3. register-tiled (float32; float64 runs version 2): the transposed GEMM
    ``dW^T[q, f] = sum_p X[p, q] dY^T[p, f]`` in the forward's version 3 loop
-   (``_launch.gemm_loop3``), with the same split-K and ordered sum.
+   (``loop_v3.gemm_loop``), with the same split-K and ordered sum.
 
 Checked against ``refconv.reference.conv2d_backward_filter`` and ``conv3d_backward_filter`` by
 ``tests/test_kernels.py`` and ``tests/test_kernels3d.py``.  Benchmark: ``python -m refconv.bench kernels``.
@@ -27,19 +27,24 @@ import math
 
 from numba import cuda, int32, int64, uint32
 
-from ._launch import (
-    ALIGN3, BLOCK3, FAR, LOADS3, MICRO3, RUN3, HALF3, TILE_K3, TILES3, WINDOWS3,
-    check_int32, gemm_grid3, gemm_loop3, micro_row, padded_operand, position_table, tiled_jit3, zero_fill3,
-    kernel_jit,
-    multiply_stage, stream, tiled_jit, store_flat_tile, zero_fill,
-    A_STAGE, B_STAGE, LOADS_A, LOADS_B, MAX_GRID_YZ, MICRO, TARGET_BLOCKS, THREADS, TILE_K, TILE_M, TILE_N,
-    advance2, as_volume, ceil_div, check_groups, contiguous, gemm_grid, geometry3, grid_1d, input_pixel, split2,
-    split3, split5, tap_table, xp,
+from . import tiles_v3 as v3
+from .geometry import (
+    MAX_GRID_YZ, TARGET_BLOCKS, THREADS, advance2, as_volume, ceil_div, check_groups, contiguous, geometry3,
+    grid_1d, input_pixel, kernel_jit, split2, split3, split5, stream, tap_table, xp,
 )
+from .loop_v3 import gemm_loop
+from .multiply_v2 import multiply_stage
+from .tiles_v2 import (
+    A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, TILE_K, TILE_M, TILE_N, gemm_grid, store_flat_tile, tiled_jit,
+    zero_fill,
+)
+# Version 3's array shapes, by name: Numba takes a shape only from a plain global (it reads v3.TILES
+# as a run-time int), and version 2's MICRO is 4
+from .tiles_v3 import ALIGN, LOADS, TILES, WINDOWS, MICRO as MICRO3
 from .conv_forward import check_version
 from refconv import checks
 
-# Split-K: aim for about TARGET_BLOCKS blocks in flight (_launch.py), but give every
+# Split-K: aim for about TARGET_BLOCKS blocks in flight (geometry.py), but give every
 # split at least MIN_TILES_PER_SPLIT stages of work.
 MIN_TILES_PER_SPLIT = 8
 
@@ -161,70 +166,70 @@ def backward_filter_tiled(dtype):
 @functools.cache
 def backward_filter_register_tiled(dtype):
     """Version 3, compiled for ``dtype``: the transposed GEMM ``dW^T[q, f] = sum_p X[p, q] dY^T[p, f]`` in the
-    forward's version 3 tiles (``_launch.gemm_loop3``: 128 x 128 blocks, 8 x 8 register micro-tiles,
+    forward's version 3 tiles (``loop_v3.gemm_loop``: 128 x 128 blocks, 8 x 8 register micro-tiles,
     double-buffered 8-deep stages, 32-bit indices), split-K over ``p`` as in version 2.
 
     A row ``q = (c, tap)`` (``Q = C/groups * taps``) is gathered from ``x``: its window (threads ``t < 128``,
     once) holds the tap's offsets, and the depth ``p = (n, od, oh, ow)`` comes from
-    :func:`_launch.position_table` (the output position's window corner), so the gather is the forward's.
+    :func:`tiles_v3.position_table` (the output position's window corner), so the gather is the forward's.
     B is ``dy`` transposed to ``(F/groups, N*Do*Ho*Wo)`` per group and zero-padded (one copy of ``dy`` per
     call).  ``blockIdx.z = g * splits + sl``: slice ``sl`` covers ``p`` in ``[sl * k_split, (sl + 1) *
     k_split)`` and writes ``partial[sl, g*Fg + f, q]``: one writer per element, summed in order afterwards."""
 
-    @tiled_jit3
+    @v3.tiled_jit
     def kernel(x, dy, table, taps, partial, C, D, H, W, Cg, Fg, F, Fp, Kp, k_split, splits):
         # x: (N*C*D*H*W,) flat; dy: (groups*Fp*Kp,), per group dy as (f, p), padded with zeros to Fp columns (whole
-        # tiles) and Kp depths (whole pairs of stages plus a spare one); table: (Kp, 4) int32 (position_table);
+        # tiles) and Kp depths (whole pairs of stages plus a spare one); table: (Kp, 4) int32 (v3.position_table);
         # taps: (T, 6) int32 (tap_table, stride 1: offsets in columns 0, 2, 4); partial: (splits*F*Q,) flat
         T = taps.shape[0]
         Q = int32(Cg * T)
         g, sl = split2(cuda.blockIdx.z, splits)
         k_begin = sl * k_split
-        k_end = min(Kp - TILE_K3, k_begin + k_split)
-        q0 = cuda.blockIdx.x * BLOCK3
-        f0 = cuda.blockIdx.y * BLOCK3
+        k_end = min(Kp - v3.TILE_K, k_begin + k_split)
+        q0 = cuda.blockIdx.x * v3.BLOCK
+        f0 = cuda.blockIdx.y * v3.BLOCK
         tx = uint32(cuda.threadIdx.x)
         ty = uint32(cuda.threadIdx.y)
         t = uint32(ty * THREADS + tx)
         zero = dtype(0)
 
-        a_tile = cuda.shared.array(TILES3, dtype, alignment=ALIGN3)  # two stages of (kk, q), flat (2, 8, 132)
-        b_tile = cuda.shared.array(TILES3, dtype, alignment=ALIGN3)  # two stages of (kk, f), flat (2, 8, 132)
-        windows = cuda.shared.array(WINDOWS3, int32, alignment=ALIGN3)  # (128, 4): per A row, its tap's offsets
+        a_tile = cuda.shared.array(TILES, dtype, alignment=ALIGN)  # two stages of (kk, q), flat (2, 8, 132)
+        b_tile = cuda.shared.array(TILES, dtype, alignment=ALIGN)  # two stages of (kk, f), flat (2, 8, 132)
+        windows = cuda.shared.array(WINDOWS, int32, alignment=ALIGN)  # (128, 4): per A row, its tap's offsets
         acc = cuda.local.array((MICRO3, MICRO3), dtype)
         a_reg = cuda.local.array(MICRO3, dtype)
         b_reg = cuda.local.array(MICRO3, dtype)
-        a_next = cuda.local.array(LOADS3, dtype)  # the next stage's loads, held in registers
-        b_next = cuda.local.array(LOADS3, dtype)
-        zero_fill3(acc)
+        a_next = cuda.local.array(LOADS, dtype)  # the next stage's loads, held in registers
+        b_next = cuda.local.array(LOADS, dtype)
+        v3.zero_fill(acc)
 
-        if t < BLOCK3:  # row t: channel c's tap, its offset from a window's corner, flat and per axis
+        if t < v3.BLOCK:  # row t: channel c's tap, its offset from a window's corner, flat and per axis
             q = q0 + int64(t)
             c, tap = split2(min(q, Q - 1), T)
-            windows[t, 1] = taps[tap, 0] if q < Q else int32(-FAR)  # a row past the end reads zeros
+            windows[t, 1] = taps[tap, 0] if q < Q else int32(-v3.FAR)  # a row past the end reads zeros
             windows[t, 2] = taps[tap, 2]
             windows[t, 3] = taps[tap, 4]
             windows[t, 0] = int32(((g * Cg + c) * D + taps[tap, 0]) * H * W + taps[tap, 2] * W + taps[tap, 4])
         cuda.syncthreads()  # windows
-        gemm_loop3(x, dy, table, windows, a_tile, b_tile, acc, a_reg, b_reg, a_next, b_next, k_begin, k_end,
-                   uint32(D), uint32(H), uint32(W), uint32((g * Fp + f0) * Kp), Kp, zero)
+        gemm_loop(x, dy, table, windows, a_tile, b_tile, acc, a_reg, b_reg, a_next, b_next, k_begin, k_end,
+                  uint32(D), uint32(H), uint32(W), uint32((g * Fp + f0) * Kp), Kp, zero)
 
         base = uint32((sl * F + g * Fg) * Q)  # partial[sl, g*Fg, 0]
-        store_columns3(partial, acc, 0, q0 + tx * RUN3, Q, f0 + ty * RUN3, Fg, base)
-        store_columns3(partial, acc, RUN3, q0 + tx * RUN3 + HALF3, Q, f0 + ty * RUN3, Fg, base)
+        store_columns3(partial, acc, 0, q0 + tx * v3.RUN, Q, f0 + ty * v3.RUN, Fg, base)
+        store_columns3(partial, acc, v3.RUN, q0 + tx * v3.RUN + v3.HALF, Q, f0 + ty * v3.RUN, Fg, base)
 
     return kernel
 
 
 @cuda.jit(device=True)
 def store_columns3(out, acc, first, q, Q, f, Fg, base):
-    """``out[base + (f + micro_row(jj)) * Q + q + r] = acc[first + r, jj]`` for rows ``q + r < Q`` (``r < 4``) and
-    columns ``f + micro_row(jj) < Fg``: one run of a thread's transposed micro-tile, into ``partial[sl, g*Fg:]``."""
+    """``out[base + (f + v3.micro_row(jj)) * Q + q + r] = acc[first + r, jj]`` for rows ``q + r < Q`` (``r < 4``) and
+    columns ``f + v3.micro_row(jj) < Fg``: one run of a thread's transposed micro-tile, into ``partial[sl, g*Fg:]``."""
     for jj in range(MICRO3):
-        if f + micro_row(jj) < Fg:
-            for r in range(RUN3):
+        if f + v3.micro_row(jj) < Fg:
+            for r in range(v3.RUN):
                 if q + r < Q:
-                    out[uint32(base + (f + micro_row(jj)) * Q + q + r)] = acc[first + r, jj]
+                    out[uint32(base + (f + v3.micro_row(jj)) * Q + q + r)] = acc[first + r, jj]
 
 
 @kernel_jit
@@ -335,17 +340,17 @@ def _partials3(x5, dy5, F, Cg, kernel, geometry, K, splits):
     sd, sh, sw, pd, ph, pw, dil_d, dil_h, dil_w, groups = geometry
     N, C, D, H, W = x5.shape
     Fg, T = F // groups, math.prod(kernel)
-    check_int32(x=x5, dy=dy5)
-    (bx, by, _), threads = gemm_grid3(Cg * T, Fg)
+    v3.check_int32(x=x5, dy=dy5)
+    (bx, by, _), threads = v3.gemm_grid(Cg * T, Fg)
     splits, k_split = split_k(bx * by, K, groups, splits)
-    k_split = ceil_div(k_split, 2 * TILE_K3) * 2 * TILE_K3  # whole pairs of stages (gemm_loop3)
+    k_split = ceil_div(k_split, 2 * v3.TILE_K) * 2 * v3.TILE_K  # whole pairs of stages (gemm_loop)
     splits = ceil_div(K, k_split)
-    table = position_table(N, C, (D, H, W), dy5.shape[2:], (sd, sh, sw), (pd, ph, pw))
-    Fp, Kp = by * BLOCK3, table.shape[0]
+    table = v3.position_table(N, C, (D, H, W), dy5.shape[2:], (sd, sh, sw), (pd, ph, pw))
+    Fp, Kp = by * v3.BLOCK, table.shape[0]
     dy_t = dy5.reshape(N, groups, Fg, -1).transpose(1, 2, 0, 3)  # per group (f, n, s): p = (n, s)
-    dy_padded = padded_operand(dy_t, groups, Fg, K, Fp, Kp)
+    dy_padded = v3.padded_operand(dy_t, groups, Fg, K, Fp, Kp)
     partial = xp().empty((splits, F, Cg * T), dtype=x5.dtype)  # every element is written once
-    check_int32(dy=dy_padded, partial=partial)
+    v3.check_int32(dy=dy_padded, partial=partial)
     taps = tap_table(kernel, (dil_d, dil_h, dil_w), (1, 1, 1))
     backward_filter_register_tiled(x5.dtype.type)[(bx, by, groups * splits), threads, stream()](
         x5.reshape(-1), dy_padded.reshape(-1), table, taps, partial.reshape(-1), C, D, H, W, Cg, Fg, F, Fp, Kp,

@@ -1,6 +1,6 @@
 """Convolution forward, images and volumes: ``y (N, F, [Do,] Ho, Wo) = conv(x (N, C, [D,] H, W), w (F, C/groups, [Kd,] Kh, Kw))``.
 
-One kernel per version serves both: an image is a volume of depth 1 (``_launch.as_volume``).
+One kernel per version serves both: an image is a volume of depth 1 (``geometry.as_volume``).
 
 Versions (same arguments; select with ``version=``; they agree to rounding: version 1
 accumulates in float64, version 2 in the input dtype, as cuDNN does):
@@ -15,7 +15,7 @@ accumulates in float64, version 2 in the input dtype, as cuDNN does):
 3. register-tiled (float32; float64 runs version 2): the same GEMM in 128 x 128 tiles with 8 x 8
    register micro-tiles, two 8-deep shared stages (the next one's global loads in registers while
    this one is multiplied), a gather through per-row windows and a per-depth table, and 32-bit
-   indices (``_launch.gemm_loop3``).
+   indices (``loop_v3.gemm_loop``).
 
 All three are checked against ``refconv.reference.conv2d_forward`` and ``conv3d_forward`` by
 ``tests/test_kernels.py`` and ``tests/test_kernels3d.py``.  Benchmark: ``python -m refconv.bench kernels``.
@@ -25,15 +25,19 @@ import functools
 
 from numba import cuda, int32, int64, uint32
 
-from ._launch import (
-    kernel_jit, tiled_jit, tiled_jit3,
-    load_weight_stage, multiply_stage, stream, zero_fill,
-    gemm_loop3, store_rows3, zero_fill3,
-    A_STAGE, B_STAGE, LOADS_A, MICRO, THREADS, TILE_K, TILE_M, TILE_N,
-    ALIGN3, BLOCK3, FAR, HALF3, LOADS3, MICRO3, RUN3, TILE_K3, TILES3, WINDOWS3,
-    advance2, as_volume, check_groups, check_int32, contiguous, gemm_grid, gemm_grid3, geometry3, grid_1d,
-    input_pixel, offset_table, padded_operand, split2, split3, split5, tap_table, xp,
+from . import tiles_v3 as v3
+from .geometry import (
+    THREADS, advance2, as_volume, check_groups, contiguous, geometry3, grid_1d, input_pixel, kernel_jit, split2,
+    split3, split5, stream, tap_table, xp,
 )
+from .loop_v3 import gemm_loop
+from .multiply_v2 import multiply_stage
+from .tiles_v2 import (
+    A_STAGE, B_STAGE, LOADS_A, MICRO, TILE_K, TILE_M, TILE_N, gemm_grid, load_weight_stage, tiled_jit, zero_fill,
+)
+# Version 3's array shapes, by name: Numba takes a shape only from a plain global (it reads v3.TILES
+# as a run-time int), and version 2's MICRO is 4
+from .tiles_v3 import ALIGN, LOADS, TILES, WINDOWS, MICRO as MICRO3
 from .elementwise import bias_add
 from refconv import checks
 
@@ -156,55 +160,55 @@ def forward_tiled(dtype):
 @functools.cache
 def forward_register_tiled(dtype):
     """Version 3, compiled for ``dtype`` (float32): version 2's GEMM in 128 x 128 block tiles with 8 x 8 register
-    micro-tiles, 8-deep double-buffered stages and 32-bit indices (``_launch.gemm_loop3``, docs/kernels.md).
+    micro-tiles, 8-deep double-buffered stages and 32-bit indices (``loop_v3.gemm_loop``, docs/kernels.md).
 
     Per group ``g = blockIdx.z``, rows ``m = (n, s)``, columns ``f``, depth ``k = (c, tap)``, as version 2.
     Threads ``t < 128`` first write the window corner of row ``m0 + t`` (flat, and ``(od*sd - pd, oh*sh - ph,
-    ow*sw - pw)``) into shared memory, once; the gather adds a depth's offset from :func:`offset_table`.  B is
-    the weights, zero-padded per group to whole tiles and stages (``padded_operand``).
+    ow*sw - pw)``) into shared memory, once; the gather adds a depth's offset from :func:`tiles_v3.offset_table`.  B is
+    the weights, zero-padded per group to whole tiles and stages (``v3.padded_operand``).
     """
 
-    @tiled_jit3
+    @v3.tiled_jit
     def kernel(x, w, table, y, N, C, D, H, W, S, Ho, Wo, sd, sh, sw, pd, ph, pw, Cg, Fg, F, Fp, Kp):
         # x: (N*C*D*H*W,) flat; w: (groups*Fp*Kp,), the weights per group padded with zeros to Fp filters (whole
-        # tiles) of Kp (whole stages, an even number, plus a spare one); table: (Kp, 4) int32 (offset_table);
+        # tiles) of Kp (whole stages, an even number, plus a spare one); table: (Kp, 4) int32 (v3.offset_table);
         # y: (N*F*S,) flat, S = Do*Ho*Wo
         M = int32(N * S)
         g = cuda.blockIdx.z
-        m0 = cuda.blockIdx.x * BLOCK3
-        f0 = cuda.blockIdx.y * BLOCK3
+        m0 = cuda.blockIdx.x * v3.BLOCK
+        f0 = cuda.blockIdx.y * v3.BLOCK
         tx = uint32(cuda.threadIdx.x)
         ty = uint32(cuda.threadIdx.y)
         t = uint32(ty * THREADS + tx)
         zero = dtype(0)
 
-        a_tile = cuda.shared.array(TILES3, dtype, alignment=ALIGN3)  # two stages of (kk, m), flat (2, 8, 132)
-        b_tile = cuda.shared.array(TILES3, dtype, alignment=ALIGN3)  # two stages of (kk, f), flat (2, 8, 132)
+        a_tile = cuda.shared.array(TILES, dtype, alignment=ALIGN)  # two stages of (kk, m), flat (2, 8, 132)
+        b_tile = cuda.shared.array(TILES, dtype, alignment=ALIGN)  # two stages of (kk, f), flat (2, 8, 132)
         acc = cuda.local.array((MICRO3, MICRO3), dtype)
         a_reg = cuda.local.array(MICRO3, dtype)
         b_reg = cuda.local.array(MICRO3, dtype)
-        a_next = cuda.local.array(LOADS3, dtype)  # the next stage's loads, held in registers
-        b_next = cuda.local.array(LOADS3, dtype)
-        windows = cuda.shared.array(WINDOWS3, int32, alignment=ALIGN3)  # (128, 4): per A row, its window's corner
-        zero_fill3(acc)
+        a_next = cuda.local.array(LOADS, dtype)  # the next stage's loads, held in registers
+        b_next = cuda.local.array(LOADS, dtype)
+        windows = cuda.shared.array(WINDOWS, int32, alignment=ALIGN)  # (128, 4): per A row, its window's corner
+        v3.zero_fill(acc)
 
         # A: the corner of each row's window, flat and per axis, once for the whole kernel (thread t < 128: row t)
-        if t < BLOCK3:
+        if t < v3.BLOCK:
             m = m0 + int64(t)  # signed 64-bit here: a padded corner is negative
             n, s = split2(min(m, M - 1), S)
             od, oh, ow = split3(s, Ho, Wo)
-            windows[t, 1] = int32(od * sd - pd) if m < M else int32(-FAR)  # a row past the end reads zeros
+            windows[t, 1] = int32(od * sd - pd) if m < M else int32(-v3.FAR)  # a row past the end reads zeros
             windows[t, 2] = int32(oh * sh - ph)
             windows[t, 3] = int32(ow * sw - pw)
             windows[t, 0] = int32((((n * C + g * Cg) * D + od * sd - pd) * H + oh * sh - ph) * W + ow * sw - pw)
         cuda.syncthreads()  # windows
-        gemm_loop3(x, w, table, windows, a_tile, b_tile, acc, a_reg, b_reg, a_next, b_next, 0, Kp - TILE_K3,
-                   uint32(D), uint32(H), uint32(W), uint32((g * Fp + f0) * Kp), Kp, zero)
+        gemm_loop(x, w, table, windows, a_tile, b_tile, acc, a_reg, b_reg, a_next, b_next, 0, Kp - v3.TILE_K,
+                  uint32(D), uint32(H), uint32(W), uint32((g * Fp + f0) * Kp), Kp, zero)
 
-        ra = tx * RUN3
-        rb = ty * RUN3
-        store_rows3(y, acc, 0, m0 + ra, M, S, F, g * Fg, f0 + rb, Fg)
-        store_rows3(y, acc, RUN3, m0 + ra + HALF3, M, S, F, g * Fg, f0 + rb, Fg)
+        ra = tx * v3.RUN
+        rb = ty * v3.RUN
+        v3.store_rows(y, acc, 0, m0 + ra, M, S, F, g * Fg, f0 + rb, Fg)
+        v3.store_rows(y, acc, v3.RUN, m0 + ra + v3.HALF, M, S, F, g * Fg, f0 + rb, Fg)
 
     return kernel
 
@@ -242,13 +246,13 @@ def _forward(x, w, b, geometry, dims, version):
     check_groups(groups)
     if version == 3 and x.dtype == "float32":  # float64: version 2 (64 accumulators would fill 128 registers)
         Cg, Kd, Kh, Kw = w5.shape[1:]
-        check_int32(x=x5, w=w5, y=y)
-        blocks, threads = gemm_grid3(N * Do * Ho * Wo, F // groups, groups)
-        table = offset_table(Cg, x5.shape[2:], (Kd, Kh, Kw), (dd, dh, dw))
+        v3.check_int32(x=x5, w=w5, y=y)
+        blocks, threads = v3.gemm_grid(N * Do * Ho * Wo, F // groups, groups)
+        table = v3.offset_table(Cg, x5.shape[2:], (Kd, Kh, Kw), (dd, dh, dw))
         Fg, K, Kp = F // groups, Cg * Kd * Kh * Kw, table.shape[0]
-        Fp = blocks[1] * BLOCK3
-        w_padded = padded_operand(w5, groups, Fg, K, Fp, Kp)  # whole tiles: the B loads need no test
-        check_int32(w=w_padded)
+        Fp = blocks[1] * v3.BLOCK
+        w_padded = v3.padded_operand(w5, groups, Fg, K, Fp, Kp)  # whole tiles: the B loads need no test
+        v3.check_int32(w=w_padded)
         forward_register_tiled(x.dtype.type)[blocks, threads, stream()](
             x5.reshape(-1), w_padded.reshape(-1), table, y.reshape(-1), N, x5.shape[1], *x5.shape[2:],
             Do * Ho * Wo, Ho, Wo, sd, sh, sw, pd, ph, pw, Cg, Fg, F, Fp, Kp)

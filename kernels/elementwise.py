@@ -9,7 +9,7 @@ normalization (see ``batch_norm.channel_sums``).  Checked against
 
 from numba import cuda
 
-from ._launch import contiguous, grid_1d, split4, xp, stream, kernel_jit
+from .geometry import contiguous, grid_1d, kernel_jit, split4, stream, xp
 from .batch_norm import channel_sums
 from refconv import checks
 

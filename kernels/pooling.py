@@ -19,7 +19,7 @@ import math
 import numpy
 from numba import cuda
 
-from ._launch import as_volume, contiguous, grid_1d, input_pixel, split5, xp, stream, kernel_jit
+from .geometry import as_volume, contiguous, grid_1d, input_pixel, kernel_jit, split5, stream, xp
 from refconv import checks
 from refconv.reference import pool_geometry, pool3d_geometry
 

@@ -10,7 +10,7 @@ From them, per tiled kernel:
 - **instructions per FMA in a stage**: one pass of the stage loop (the loop around the inner loop,
   with the shared-memory loads of the next stage and the barriers), with the inner loop counted
   as often as a stage runs it, over the multiply-adds a thread does in that pass (``TILE_K * MICRO**2``
-  per stage in version 2; version 3's loop holds two stages of ``TILE_K3 * MICRO3**2``).
+  per stage in version 2; version 3's loop holds two stages of ``tiles_v3.TILE_K * tiles_v3.MICRO**2``).
 
 A loop is a backward branch: ``BRA`` to a label at a lower address.  These counts are of the code
 as written, not of the time it takes (no latencies, no occupancy): a floor checked in CI
@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import tempfile
 
-from ._launch import MICRO, TILE_K
+from .tiles_v2 import MICRO, TILE_K
 
 _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)(.*?);", re.M)
 _LABEL = re.compile(r"^(\.L_x_\d+):", re.M)

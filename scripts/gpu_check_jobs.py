@@ -96,7 +96,7 @@ def first_launch():
     """One tiny kernel (ReLU of 7 numbers) on CuPy's null stream, one on a side stream, each checked against the host.
 
     numba-cuda 0.30 takes CuPy arrays through DLPack, whose ``__dlpack__(stream=0)`` is forbidden for CUDA:
-    CuPy's null stream has handle 0, so ``kernels/_launch.stream`` passes it by the legacy default stream's
+    CuPy's null stream has handle 0, so ``kernels/geometry.stream`` passes it by the legacy default stream's
     handle (the same stream by another name).  If the library's launch is refused all the same, it is retried
     directly on the legacy default stream's handle, and the row says so, with the refusal.  Under the
     simulator the streams are ignored: both rows run.
@@ -106,7 +106,7 @@ def first_launch():
 
     from refconv import arrays, kernels
     from refconv.kernels import elementwise
-    from refconv.kernels._launch import grid_1d
+    from refconv.kernels.geometry import grid_1d
 
     xp = arrays.device_module()
     host = numpy.linspace(-3.0, 3.0, 7, dtype=numpy.float32)
@@ -130,7 +130,7 @@ def first_launch():
         return y
 
     rows["null stream"] = checked(lambda: kernels.relu_forward(xp.asarray(host)),
-                                  "CuPy's null stream, launched as refconv does (kernels/_launch.stream)")
+                                  "CuPy's null stream, launched as refconv does (kernels/geometry.stream)")
     if not rows["null stream"]["ok"] and arrays.gpu_available():
         refused = rows["null stream"]["error"]
         rows["null stream"] = checked(legacy, "refused on handle 0; ran on the legacy default stream's handle")

@@ -10,7 +10,7 @@ import time
 import numpy
 
 from refconv import kernels, reference
-from refconv.kernels.resources import gemm_dims
+from refconv.kernels.resource_tables import gemm_dims
 from refconv.testing.asserts import assert_close
 
 PASSES = ("forward", "backward-data", "backward-filter")

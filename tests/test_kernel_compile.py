@@ -87,8 +87,8 @@ def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_
         import numpy
         from numba import cuda, types
         from numba.core.errors import TypingError
-        from refconv.kernels import resources
-        from refconv.kernels._launch import PAD, TILE_K, TILE_M
+        from refconv.kernels import resource_tables, resources
+        from refconv.kernels.tiles_v2 import PAD, TILE_K, TILE_M
 
         def bad(x):  # as the tiled kernels were written before the proof
             tile = cuda.shared.array((TILE_K, TILE_M + PAD), numpy.float32)
@@ -118,7 +118,7 @@ def test_the_proof_fails_on_the_typing_error_the_simulator_hid_and_on_a_spill_a_
                     sass=dict(inner_share=0.70, per_fma=1.2))
         slow = dict(fast, kernel="conv_backward_data.backward_data_register_tiled", sass=dict(inner_share=0.5, per_fma=1.2))
         print("floors:", resources.failures({"kernels": [fast, slow]}))
-        print("blocks:", resources.occupancy(128, 8320, 256, resources.SMS[(9, 0)]))
+        print("blocks:", resource_tables.occupancy(128, 8320, 256, resource_tables.SMS[(9, 0)]))
     """)
     done = run_compiler(code=code)
     assert done.returncode == 0, done.stdout + done.stderr

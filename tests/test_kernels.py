@@ -19,8 +19,8 @@ from hypothesis import given, settings, strategies as st
 from refconv import kernels, reference as ref
 from refconv.arrays import to_host
 from refconv.backend import NumpyBackend, get_backend
-from refconv.kernels import _launch, batch_norm, conv_backward_data, conv_backward_filter, conv_forward
-from refconv.kernels._launch import TARGET_BLOCKS
+from refconv.kernels import batch_norm, conv_backward_data, conv_backward_filter, conv_forward, tiles_v3
+from refconv.kernels.geometry import TARGET_BLOCKS
 from refconv.testing.asserts import assert_close, default_tolerance
 from refconv.testing.strategies import ConvProblem, conv_problems
 
@@ -294,15 +294,15 @@ def test_unknown_version():
 
 def test_version3_refuses_sizes_past_its_32_bit_indices_naming_the_argument():
     """Version 3 indexes with int32: an operand of 2**31 elements or more is refused, by name, with the way out."""
-    _launch.check_int32(x=numpy.zeros(3), w=2 ** 31 - 1)  # fits: no error
+    tiles_v3.check_int32(x=numpy.zeros(3), w=2 ** 31 - 1)  # fits: no error
     with pytest.raises(ValueError, match=r"dy: 2147483648 elements, more than version 3's 32-bit indices .* "
                                          r"use version=2"):
-        _launch.check_int32(x=numpy.zeros(3), dy=2 ** 31)
-    _launch.check_remainders((2, 2, 2), (1, 7, 7))
+        tiles_v3.check_int32(x=numpy.zeros(3), dy=2 ** 31)
+    tiles_v3.check_remainders((2, 2, 2), (1, 7, 7))
     with pytest.raises(ValueError, match=r"stride: \(1, 64, 32\) has more than 1024 remainders.*use version=2"):
-        _launch.check_remainders((1, 64, 32), (1, 7, 7))
+        tiles_v3.check_remainders((1, 64, 32), (1, 7, 7))
     with pytest.raises(ValueError, match=r"dy: spatial size \(1, 524288, 1\) .*use version=2"):
-        _launch.check_remainders((1, 1, 1), (1, 2 ** 19, 1))
+        tiles_v3.check_remainders((1, 1, 1), (1, 2 ** 19, 1))
 
 
 def test_version3_float32_runs_the_register_tiled_kernels(monkeypatch):

@@ -22,8 +22,8 @@ from refconv.cost_model import Call
 from refconv.distribution import Distribution
 from refconv.layers import DistConv2d
 from refconv.model_spec import PRESETS, load_spec
-from refconv.plan import calibrate, report
-from refconv.plan.calibrate import fit_line, fit_plane
+from refconv.plan import calibrate, fits, measure, report
+from refconv.plan.fits import fit_line, fit_plane
 from refconv.plan.validate import Row, picks, relative_to_sample
 from refconv.pricing import choose_for_layer, graph, machine, perf, search
 from refconv.pricing.graph import Block, stages
@@ -411,11 +411,11 @@ def test_the_planner_reports_its_progress():
 
 
 def test_calibrate_names_every_rate_it_could_not_measure():
-    assert calibrate.fit_line([1, 2, 4], [3.0, 2.0, 1.0]) == (2.0, calibrate.SLOPE_FLOOR)  # time fell as size grew
+    assert fits.fit_line([1, 2, 4], [3.0, 2.0, 1.0]) == (2.0, fits.SLOPE_FLOOR)  # time fell as size grew
     doc = machine_doc()
-    doc["collectives"]["intra"]["halo"] = {"table": {2: [1e-5, calibrate.SLOPE_FLOOR], 4: [1e-5, 1e-9]}}
-    doc["compute"]["conv_fwd"]["1x1"]["rate"] = 1 / calibrate.SLOPE_FLOOR
-    doc["compute"]["pool"]["rate"] = float(f"{1 / calibrate.SLOPE_FLOOR:.4g}")  # as the file rounds it
+    doc["collectives"]["intra"]["halo"] = {"table": {2: [1e-5, fits.SLOPE_FLOOR], 4: [1e-5, 1e-9]}}
+    doc["compute"]["conv_fwd"]["1x1"]["rate"] = 1 / fits.SLOPE_FLOOR
+    doc["compute"]["pool"]["rate"] = float(f"{1 / fits.SLOPE_FLOOR:.4g}")  # as the file rounds it
     assert calibrate.unmeasured(doc) == ["halo q=2", "conv_fwd 1x1", "pool"]
     assert calibrate.unmeasured(machine_doc()) == []
 
@@ -431,9 +431,9 @@ def test_until_grown_measures_again_only_what_did_not_grow_and_returns_what_neve
         return {item: ([4 * n for n in sizes], [1e-3] * len(sizes) if item == "never" or flat
                        else [1e-4 + 4e-9 * n for n in sizes]) for item, sizes in pending.items()}
 
-    done, failed = calibrate.until_grown(measure, {"now": [1, 2], "later": [1, 2], "never": [1, 2]},
+    done, failed = fits.until_grown(measure, {"now": [1, 2], "later": [1, 2], "never": [1, 2]},
                                          lambda item, sizes: [4 * n for n in sizes],
-                                         lambda item, xy: calibrate._grown_line(*xy) if item != "now" else (0.0, 1.0))
+                                         lambda item, xy: fits.grown_line(*xy) if item != "now" else (0.0, 1.0))
     assert asked == [{"now": [1, 2], "later": [1, 2], "never": [1, 2]}, {"later": [4, 8], "never": [4, 8]},
                      {"never": [16, 32]}]
     assert done["now"][2] == 0 and done["later"][2] == 1 and done["later"][0][1] == pytest.approx(1e-9)
@@ -441,7 +441,7 @@ def test_until_grown_measures_again_only_what_did_not_grow_and_returns_what_neve
 
 
 def _flat_timer(comm, contenders, repeats, *args, **kwargs):
-    """A stand-in for calibrate.time_ranks: every contender takes 1 ms, whatever its size."""
+    """A stand-in for measure.time_ranks: every contender takes 1 ms, whatever its size."""
     return {name: [1e-3] * repeats for name in contenders}
 
 
@@ -449,7 +449,7 @@ def test_calibrate_with_a_timer_that_does_not_grow_names_each_item_and_writes_no
     """The time of nothing grows with its size: no rate can be measured, so calibrate raises the
     clear error (status 4 through the command line) naming every item and how to measure it, and
     returns no machine file that would price them free (issue 35)."""
-    monkeypatch.setattr(calibrate, "time_ranks", _flat_timer)
+    monkeypatch.setattr(measure, "time_ranks", _flat_timer)
     with pytest.raises(calibrate.Unmeasured) as caught:
         calibrate.calibrate(MPI.COMM_SELF, "numpy", quick=True)
     message = str(caught.value)
@@ -484,15 +484,15 @@ def test_calibrate_measures_again_at_larger_sizes_and_the_file_prices_nothing_fr
         xs = [(N * C + N * F) * H * H * 4 for N, C, F, H, K in shapes]
         return xs, timed("layer", xs)
 
-    monkeypatch.setattr(calibrate, "measure_conv_table", conv_table)
-    monkeypatch.setattr(calibrate, "measure_bandwidth", bandwidth)
-    monkeypatch.setattr(calibrate, "measure_layer_overhead", layer)
+    monkeypatch.setattr(measure, "measure_conv_table", conv_table)
+    monkeypatch.setattr(measure, "measure_bandwidth", bandwidth)
+    monkeypatch.setattr(measure, "measure_layer_overhead", layer)
     doc = calibrate.calibrate(MPI.COMM_SELF, "numpy", quick=True)
     machine.from_dict(doc)
     assert calibrate.unmeasured(doc) == []
     rates = [fit["rate"] for op in machine.CONV_OPS for fit in doc["compute"][op].values()]
     rates += [doc["compute"][op]["rate"] for op in ("batchnorm", "pool", "elementwise", "pack", "layer")]
-    assert all(0 < r < 1 / calibrate.SLOPE_FLOOR for r in rates), doc["compute"]
+    assert all(0 < r < 1 / fits.SLOPE_FLOOR for r in rates), doc["compute"]
     assert list(doc["compute"]) == list(machine.COMPUTE) and list(doc["compute"]["conv_fwd"]) == ["1x1", "kxk", "kxkxk"]
     again = [n for n in doc["notes"] if "measured again 1 time" in n]
     assert len(again) == 9 + 5 and tries == {op: 2 for op in ("conv", "batchnorm", "pool", "elementwise", "pack",
@@ -503,11 +503,11 @@ def test_larger_sweeps_grow_the_work():
     """Each retry's sizes: 16x a convolution's FLOPs (4x the channels in and out), 16x layer's bytes
     (4x the rows and columns), 4x a bandwidth-bound operation's bytes (twice the rows and columns)."""
     flops = lambda shapes: sum(2 * N * F * C * (H * K) ** 2 for N, C, F, H, K in shapes)  # noqa: E731
-    shapes = calibrate.conv_shapes(True)
-    assert flops(calibrate._larger_convs(("conv_fwd", "kxk"), shapes)) == 16 * flops(shapes)
-    assert [s[-2] for s in calibrate._larger_images(calibrate.layer_shapes(True))] == [64, 192]
-    assert calibrate._wider([(2, 8, 16)]) == [(2, 8, 32)]
-    assert [s[-1] for s in calibrate.layer_shapes(False)] == [1] * 4   # 1x1: the bytes grow, the FLOPs little
+    shapes = measure.conv_shapes(True)
+    assert flops(measure._larger_convs(("conv_fwd", "kxk"), shapes)) == 16 * flops(shapes)
+    assert [s[-2] for s in measure._larger_images(measure.layer_shapes(True))] == [64, 192]
+    assert measure._wider([(2, 8, 16)]) == [(2, 8, 32)]
+    assert [s[-1] for s in measure.layer_shapes(False)] == [1] * 4   # 1x1: the bytes grow, the FLOPs little
 
 
 def test_overlapped_step_by_hand():

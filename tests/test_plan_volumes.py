@@ -14,7 +14,7 @@ from refconv import ProcessGrid, cost_model
 from refconv.backend import get_backend
 from refconv.layers import DistConv3d
 from refconv.model_spec import load_spec
-from refconv.plan import calibrate
+from refconv.plan import calibrate, measure
 from refconv.pricing import choose_for_layer, graph, machine, perf, search
 from refconv.testing.commands import run_command
 
@@ -133,7 +133,7 @@ def test_calibrate_times_the_3d_shapes_of_a_model_of_volumes_and_the_planner_pri
     tabled shape from the table."""
     shapes = calibrate.model_shapes(VOLUMES, (2, 2, 4, 4, 4), 2, machine.load("v100-edr"))
     assert shapes and all(s.dims == 3 for s in shapes)
-    entries = calibrate.measure_conv_table(MPI.COMM_SELF, get_backend("numpy"), shapes[:2], 1)
+    entries = measure.measure_conv_table(MPI.COMM_SELF, get_backend("numpy"), shapes[:2], 1)
     assert [len(e["shape"]) for e in entries] == [16, 16]
     doc = machine_doc()
     doc["compute"]["conv_table"] = [{"shape": e["shape"], "conv_fwd": 7.0, "conv_bwd_data": 1.0,

@@ -18,7 +18,7 @@ import refconv
 from refconv import arrays, collectives, kernels
 from refconv.collectives import staging
 from refconv.halo import Halo
-from refconv.kernels import _launch
+from refconv.kernels import geometry
 
 KERNELS = pathlib.Path(kernels.__file__).parent
 
@@ -167,10 +167,10 @@ def test_the_null_stream_is_passed_by_the_legacy_default_stream_handle():
             self.handle = handle
 
     legacy = Stream(1)
-    assert _launch.legacy_if_null(Stream(0), lambda: legacy) is legacy
+    assert geometry.legacy_if_null(Stream(0), lambda: legacy) is legacy
     side = Stream(0x7F00)
-    assert _launch.legacy_if_null(side, lambda: legacy) is side
-    assert _launch.legacy_if_null(0, lambda: legacy) == 0
+    assert geometry.legacy_if_null(side, lambda: legacy) is side
+    assert geometry.legacy_if_null(0, lambda: legacy) == 0
 
 
 def test_kernel_stream_is_zero_without_a_gpu():

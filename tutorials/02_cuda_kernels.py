@@ -187,7 +187,8 @@ print("tiled:", launch_2d(F, H * W), "matches the reference")
 # does `MICRO^2` multiply-adds: an outer product. Loads per multiply-add drop by
 # a factor `MICRO`. The thread's rows are `tx + side * ii`, strided by the
 # number of threads per side, so neighbouring threads touch neighbouring shared
-# memory words: the layout `refconv.kernels` uses (`_launch.multiply_stage`).
+# memory words: the layout `refconv.kernels` uses (`multiply_stage` in `kernels/multiply_v2.py`,
+# generated with its `kk` loop written out and checked in).
 # With fewer threads than tile elements, each thread copies `MICRO^2` elements
 # of each tile per stage.
 

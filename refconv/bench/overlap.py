@@ -25,7 +25,7 @@ seconds spent in ``wait()`` (what ``stats`` counts for the kind).  MPICH moves a
 nonblocking call only inside MPI calls unless ``MPICH_ASYNC_PROGRESS=1`` starts its
 progress thread (read when MPI starts: set it on the mpiexec line).
 
-``step``: one sample-parallel training step (``refconv.bench.torch_step``'s models),
+``step``: one sample-parallel training step (``refconv.bench.model_pair``'s models),
 ``Model.set_overlap(False)`` against ``set_overlap(True)``, on the same model.  With
 ``--timeline out.json`` it then records one step of each (``stats.timeline()``: when
 each call started, when the rank began to wait for it, when it finished), writes them
@@ -60,7 +60,7 @@ from refconv import cli, collectives, overlap, threads
 from refconv.algorithms.base import POLL_CHUNKS
 from refconv.bench import timing
 from refconv.bench.common import time_ranks
-from refconv.bench.torch_step import MODELS, refconv_step_of
+from refconv.bench.model_pair import MODELS, refconv_step_of
 from refconv.grid import ProcessGrid
 from refconv.layers import DistConv2d
 from refconv.overlap import draw_timeline  # noqa: F401  (its home was here: the name still imports)
@@ -241,7 +241,7 @@ def add_arguments(parser):
     parser.add_argument("what", choices=("progress", "step", "halo", "buckets"))
     parser.add_argument("--mb", type=float, default=8.0, help="progress: the allreduce's megabytes (default 8)")
     parser.add_argument("--model", default="wide-cnn", choices=sorted(MODELS),
-                        help="step: a model of refconv.bench.torch_step's table (default wide-cnn)")
+                        help="step: a model of refconv.bench.model_pair's table (default wide-cnn)")
     parser.add_argument("--batch", type=int, help="step: the global batch (default: the model's); halo: default 2")
     parser.add_argument("--timeline", help="step: write one blocking and one overlapped step's calls here (JSON) "
                                            "and draw them beside it (.png)")

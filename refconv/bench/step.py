@@ -16,7 +16,7 @@ import importlib.util
 import numpy
 
 from refconv import threads, train, train_config
-from refconv.bench import timing, torch_step
+from refconv.bench import model_pair, timing
 from refconv.bench.common import full_grid, grid_text, option, pause_for, record, reject, time_ranks, traffic
 from refconv.optim import SGD
 
@@ -69,17 +69,17 @@ def run(args, comm, env):
 
 def torch_comparison(model_name, batch, comm, repeat, warmup, pause):
     """The same step in PyTorch, timed in alternating rounds with refconv's after both first
-    losses agree (``refconv.bench.torch_step.step_contenders``): ``{"torch_step_s": span,
+    losses agree (``refconv.bench.model_pair.step_contenders``): ``{"torch_step_s": span,
     "vs_torch": span of torch's time / refconv's}``.  None without torch, for a model
     torch_step does not build, or on more than one rank (``python -m refconv.bench.torch_step
     ddp`` compares sample parallelism against DistributedDataParallel)."""
-    if comm.Get_size() > 1 or model_name not in torch_step.MODELS or importlib.util.find_spec("torch") is None:
+    if comm.Get_size() > 1 or model_name not in model_pair.MODELS or importlib.util.find_spec("torch") is None:
         return None
     import torch  # optional: only to compare against
 
     threads.match(torch)  # the same threads as refconv's contender
 
-    contenders, _ = torch_step.step_contenders(model_name, batch, comm, torch)  # checks the first losses agree
+    contenders, _ = model_pair.step_contenders(model_name, batch, comm, torch)  # checks the first losses agree
     spans = timing.compare(contenders, rounds=repeat, warmup=warmup, pause=pause)
     return {"torch_step_s": spans["torch"].as_dict(), "vs_torch": timing.ratio(spans, "torch", "refconv").as_dict()}
 

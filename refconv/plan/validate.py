@@ -51,7 +51,7 @@ from refconv.bench.timing import Span, ratio
 from refconv.layers import DistConv2d, DistConv3d
 from refconv.model import Model
 from refconv.optim import SGD
-from refconv.plan import calibrate
+from refconv.plan import calibrate, measure
 from refconv.pricing import graph, machine as machine_mod, perf, search
 from refconv.train import load_model_spec, step
 
@@ -239,7 +239,7 @@ def with_table(world, machine, repeats, layers, say, spec=MODEL, dims=2):
     here on all ranks at once (refconv calibrate's own timing)."""
     shapes = list(dict.fromkeys(priced_everywhere(machine, world.Get_size(), layers, spec, dims)))
     say(f"conv table: timing {len(shapes)} local shapes on all {world.Get_size()} ranks at once")
-    entries = calibrate.measure_conv_table(world, get_backend("numpy"), shapes, repeats, say)
+    entries = measure.measure_conv_table(world, get_backend("numpy"), shapes, repeats, say)
     table = {(op, machine_mod.ConvShape.of_list(e["shape"])): e[op] for e in entries for op in machine_mod.CONV_OPS}
     return dataclasses.replace(machine, conv_table=table)
 

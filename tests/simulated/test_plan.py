@@ -21,7 +21,7 @@ from refconv import Model, ProcessGrid, simulated
 from refconv.grid import axes_of
 from refconv.layers import BatchNorm3d, DistConv2d, DistConv3d, GlobalAvgPool3d, MaxPool3d
 from refconv.model_spec import load_spec
-from refconv.plan import calibrate, validate
+from refconv.plan import fits, measure, validate
 from refconv.pricing import choose_for_layer, graph, machine, perf, search
 from refconv.testing.asserts import assert_all_ranks
 from refconv.testing.check import check_records
@@ -210,7 +210,7 @@ QUICK_SIZES = (2**10, 2**14, 2**18)  # refconv calibrate --quick's first sweep o
 @pytest.mark.parametrize("grows", [False, True], ids=["never grows", "grows when measured again"])
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_calibrate_measures_a_collective_again_and_never_prices_it_free(ranks, grows, monkeypatch):
-    """calibrate.measure_collectives on simulated ranks with a stand-in timer: a time that never
+    """measure.measure_collectives on simulated ranks with a stand-in timer: a time that never
     grows with the buffer leaves every (kind, q) unmeasured and named, with the sizes tried
     (refconv calibrate then writes no file); one that grows from the second sweep on (4x the
     buffers) is fitted there, no beta at the floor of a free rate."""
@@ -220,8 +220,8 @@ def test_calibrate_measures_a_collective_again_and_never_prices_it_free(ranks, g
         return {(kind, q, m): [1e-4 + 1e-9 * m if grows and larger else 1e-3] * repeats
                 for kind, q, m in contenders}
 
-    monkeypatch.setattr(calibrate, "time_ranks", time_ranks)
-    results = simulated.run(lambda comm: calibrate.measure_collectives(comm, True), ranks)
+    monkeypatch.setattr(measure, "time_ranks", time_ranks)
+    results = simulated.run(lambda comm: measure.measure_collectives(comm, True), ranks)
     assert all(r == results[0] for r in results), "the ranks decided apart"
     tables, notes, failed = results[0]
     qs = [2, 4][:ranks // 2]
@@ -229,7 +229,7 @@ def test_calibrate_measures_a_collective_again_and_never_prices_it_free(ranks, g
         assert tables == {kind: {} for kind in machine.KINDS} and notes == []
         assert failed == [(f"{kind} q={q}", "buffers of 16 KiB to 4 MiB") for q in qs for kind in machine.KINDS]
         return
-    assert failed == [] and all(list(tables[kind]) == qs and all(beta > calibrate.SLOPE_FLOOR
+    assert failed == [] and all(list(tables[kind]) == qs and all(beta > fits.SLOPE_FLOOR
                                                                   for _, beta in tables[kind].values())
                                 for kind in machine.KINDS), tables
     assert len(notes) == len(qs) * len(machine.KINDS) and all("measured again 1 time" in n for n in notes), notes
