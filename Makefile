@@ -29,8 +29,8 @@ DEMO_ARGS ?=
 demo: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/refconv demo $(DEMO_ARGS)
 
-# tests/conftest.py keeps a file's tests on one worker, and each mpiexec launch of tests/test_mpi.py
-# (one tests/mpi file at one world size) on one worker.
+# tests/conftest.py keeps a file's tests on one worker, and each mpiexec launch of tests/mpiexec/test_mpi.py
+# (one tests/mpiexec/launched file at one world size) on one worker.
 TEST_WORKERS ?= 2
 
 test: setup
@@ -47,16 +47,16 @@ test-extended: setup
 	$(PY) -m pytest -q -m extended
 
 # make exercises -- every exercise's checker: each skeleton says what is not written yet, each solution passes,
-#                  each detective bug planted back is caught (tests/test_exercises.py, a few examples a part)
+#                  each detective bug planted back is caught (tests/docs_and_tutorials/test_exercises.py, a few examples a part)
 .PHONY: exercises
 exercises: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_exercises.py
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/docs_and_tutorials/test_exercises.py
 
 # make tutorials -- run the ten notebooks of tutorials/ headless (each ends with its own checks)
 # make docs      -- build the site into build/site with mkdocs build --strict (tutorials executed)
 .PHONY: tutorials docs
 tutorials: setup
-	$(PY) -m pytest -q tests/test_tutorials.py
+	$(PY) -m pytest -q tests/docs_and_tutorials/test_tutorials.py
 
 docs: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/mkdocs build --strict

@@ -1,6 +1,11 @@
 """Test-session setup: run CUDA kernels under Numba's simulator unless a real GPU is present.
 
 This must happen before numba is first imported, hence at the very top.
+
+The tests sit in folders by subject (reference/, cuda_kernels/, simulator/, on_ranks/, mpiexec/, ...).
+pytest's default import mode puts this conftest's folder, tests/, on sys.path, so a test in any
+folder imports the helpers beside this file (conv_checks, finite_differences) by name; on_ranks/ is
+a package because the files that tests/mpiexec/launched/ runs under mpiexec import its checks.
 """
 
 import os
@@ -42,13 +47,13 @@ def _restore_algorithm_registry():
     algorithms.REGISTRY.update(saved)
 
 
-LAUNCH_ITEM = re.compile(r"tests/test_mpi\.py::test_mpi\[(\w+)::\w+-(\d+)\]")
+LAUNCH_ITEM = re.compile(r"tests/mpiexec/test_mpi\.py::test_mpi\[(\w+)::\w+-(\d+)\]")
 
 
 def launch_group(nodeid):
     """The pytest-xdist work unit of a test under ``make test`` (``--dist loadgroup``, two workers):
-    a test file's tests stay on one worker, as in a serial run, but for tests/test_mpi.py, whose items
-    are grouped by the mpiexec launch they share (one tests/mpi file at one world size), so the
+    a test file's tests stay on one worker, as in a serial run, but for tests/mpiexec/test_mpi.py, whose items
+    are grouped by the mpiexec launch they share (one tests/mpiexec/launched file at one world size), so the
     launches spread over the workers, and each runs once: the items of a launch on two workers
     would each launch the whole batch."""
     launch = LAUNCH_ITEM.match(nodeid)
