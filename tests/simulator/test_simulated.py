@@ -16,10 +16,20 @@ from mpi4py import MPI
 
 from refconv import ProcessGrid, collectives, simulated
 from refconv.simulated import BufferReused, CollectiveMismatch, Deadlock, PeerFailed
+from refconv.simulated.world import current_rank
 
 
 def run(fn, ranks, **kw):
     return simulated.run(fn, ranks, timeout=60, **kw)
+
+
+def until(condition, what, deadline_s=30.0):
+    """Poll ``condition()`` until it holds, failing with ``what`` after ``deadline_s``: a loaded
+    machine makes the wait longer, never the test wrong (as a fixed sleep would)."""
+    end = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < end, f"not within {deadline_s} s: {what}"
+        time.sleep(0.001)
 
 
 # -- bad input --------------------------------------------------------------------------------------
@@ -203,7 +213,8 @@ def test_a_receive_smaller_than_its_message_is_an_error():
 def test_a_failing_rank_releases_the_others_at_once_with_its_traceback():
     def body(comm):
         if comm.rank == 2:
-            time.sleep(0.2)                 # the others are blocked in the allreduce by then
+            others = [r for r in current_rank("the failing rank").world.ranks if r.rank != 2]
+            until(lambda: all(r.waiting for r in others), "ranks 0, 1 and 3 block in the allreduce")
             raise ValueError("rank 2 fails here")
         collectives.allreduce(comm, numpy.ones(3))
     t0 = time.monotonic()
