@@ -73,3 +73,25 @@ def pytest_xdist_make_scheduler(config, log):
     marks: xdist 3.8 appends a mark's group to ``item._nodeid``, which pytest 9.2 no longer reads
     (its ``nodeid`` comes from ``item._id``), so every item became a unit of its own."""
     return LaunchGroups(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
+def pytest_addoption(parser):
+    parser.addoption("--max-ranks", type=int, default=None, metavar="N",
+                     help="deselect the items of tests on simulated ranks (refconv.testing.ranks.on_ranks) that run "
+                          "on more than N ranks, e.g. test_x[8 ranks]; `make test-fast` runs the small sizes only")
+
+
+def pytest_collection_modifyitems(config, items):
+    """``--max-ranks N``: the items of ``@on_ranks`` tests (marked ``simulated``) whose size exceeds N
+    are deselected, and counted so."""
+    limit = config.getoption("max_ranks")
+    if limit is None:
+        return
+    if limit < 1:
+        raise pytest.UsageError(f"--max-ranks must be a number of ranks >= 1, got {limit}")
+    large = [item for item in items
+             if item.get_closest_marker("simulated") and item.callspec.params["ranks"] > limit]
+    if large:
+        config.hook.pytest_deselected(items=large)
+        dropped = set(large)
+        items[:] = [item for item in items if item not in dropped]
