@@ -6,11 +6,20 @@ plain Python and so cannot see what NVVM rejects.  These tests run
 off before numba is first imported, and this process has it on).  The toolchain
 comes from the ``gpu-compile`` extra, which the ``test`` extra includes: without
 it these tests fail, they do not skip.
+
+The whole proof (a minute of NVVM, ptxas and nvdisasm) is a function of the sources the kernels can
+import, the page it checks and the toolchain, so a passing run is kept in ~/.cache/refconv (or
+$REFCONV_CACHE_DIR) under the hash of all three (:func:`proof_key`), and a run with the same key
+reads it back instead of compiling again.  Any change to refconv/, kernels/, docs/kernels.md or an
+installed package makes a new key; delete the folder to compile anyway.
 """
 
+import hashlib
+import importlib.metadata
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -26,10 +35,68 @@ def run_compiler(*args, code=None, timeout=600):
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
+CACHE = pathlib.Path(os.environ.get("REFCONV_CACHE_DIR") or pathlib.Path.home() / ".cache" / "refconv") / "compile-proof"
+
+
+def proof_key(root, args):
+    """sha256 of what ``python -m refconv.kernels.resources *args`` depends on: every file of refconv/ and
+    kernels/ (the kernels import refconv.checks, .arrays, .reference, ...), docs/kernels.md (the page
+    --check compares), every installed distribution and its version (numba, numba-cuda, llvmlite and the
+    NVVM, ptxas and nvdisasm wheels among them), a ptxas on PATH, the Python, and the NUMBA_ and CUDA
+    environment variables."""
+    digest = hashlib.sha256(json.dumps(args).encode())
+    files = [*root.glob("refconv/**/*"), *root.glob("kernels/**/*"), root / "docs" / "kernels.md"]
+    for path in sorted(f for f in files if f.is_file() and "__pycache__" not in f.parts):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    ptxas = shutil.which("ptxas")
+    toolchain = {
+        "distributions": sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()),
+        "ptxas on PATH": [ptxas, os.stat(ptxas).st_size, os.stat(ptxas).st_mtime_ns] if ptxas else None,
+        "python": sys.version, "platform": sys.platform,
+        "environment": sorted((k, v) for k, v in os.environ.items() if k.startswith(("NUMBA_", "CUDA"))),
+    }
+    digest.update(json.dumps(toolchain).encode())
+    return digest.hexdigest()
+
+
+def run_proof(out):
+    """The proof's (returncode, output), writing its JSON to ``out``: from the cache when a passing run had
+    the same :func:`proof_key`, else compiled (and kept when it passes)."""
+    args = ["--quiet", "--json", "{out}", "--check", "docs/kernels.md"]
+    kept = CACHE / f"{proof_key(ROOT, args)}.json"
+    if kept.is_file():
+        record = json.loads(kept.read_text())
+        out.write_text(record["result"])
+        return 0, f"(the passing run kept in {kept})\n" + record["output"]
+    done = run_compiler(*[a.format(out=out) for a in args])
+    if done.returncode == 0:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        partial = kept.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps({"output": done.stdout + done.stderr, "result": out.read_text()}))
+        os.replace(partial, kept)  # whole or absent, for a concurrent run
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_the_proof_key_changes_with_a_kernel_an_imported_module_or_the_page(tmp_path):
+    for name, text in [("kernels/conv.py", "a"), ("refconv/checks.py", "b"), ("docs/kernels.md", "c")]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    first = proof_key(tmp_path, ["--check"])
+    assert proof_key(tmp_path, ["--check"]) == first
+    assert proof_key(tmp_path, ["--write"]) != first
+    for name in ("kernels/conv.py", "refconv/checks.py", "docs/kernels.md"):
+        before = (tmp_path / name).read_text()
+        (tmp_path / name).write_text(before + " ")
+        assert proof_key(tmp_path, ["--check"]) != first, name
+        (tmp_path / name).write_text(before)
+    (tmp_path / "kernels" / "v3.py").write_text("")  # a new file, even empty
+    assert proof_key(tmp_path, ["--check"]) != first
+
+
 def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_and_the_docs_table_is_current(tmp_path):
     out = tmp_path / "resources.json"
-    done = run_compiler("--quiet", "--json", str(out), "--check", "docs/kernels.md")
-    assert done.returncode == 0, done.stdout + done.stderr
+    returncode, output = run_proof(out)
+    assert returncode == 0, output
     result = json.loads(out.read_text())
     assert result["ptxas"], "ptxas from the gpu-compile extra must be found, so registers and spills are read"
     rows = result["kernels"]
