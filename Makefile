@@ -2,7 +2,9 @@
 # make test  -- set up a virtual environment and run the whole test suite (what CI runs;
 #               the extended set is left out, by pyproject.toml's addopts), on TEST_WORKERS
 #               pytest-xdist workers (default 2, the cores CI has; 0 runs it in this process)
-# make test-fast -- the quick set only (skips tests marked slow, and extended)
+# make test-fast -- the editing loop, under 2 minutes on 2 cores: the reference, the algorithms and
+#                  layers on 1 to 4 simulated ranks, the simulated world, the exercises, the docs
+#                  and the architecture rules, with at most 10 Hypothesis examples a test
 # make test-extended -- the long set the default run leaves out (fault injection, executed site, ...)
 
 VENV   ?= .venv
@@ -29,15 +31,24 @@ DEMO_ARGS ?=
 demo: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/refconv demo $(DEMO_ARGS)
 
-# tests/conftest.py keeps a file's tests on one worker, and each mpiexec launch of tests/test_mpi.py
-# (one tests/mpi file at one world size) on one worker.
+# tests/conftest.py keeps a file's tests on one worker, and each mpiexec launch of tests/mpiexec/test_mpi.py
+# (one tests/mpiexec/launched file at one world size) on one worker.
 TEST_WORKERS ?= 2
 
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
+# The fast tier's files: `--max-ranks 4` (tests/conftest.py) leaves out their items on 5 to 8 simulated
+# ranks, and the `fast` Hypothesis profile (refconv/testing/profiles.py) draws fewer examples where a
+# test does not set its own number.  `make test` runs all of them, and the rest.
+FAST_TESTS := tests/reference tests/architecture tests/simulator/test_simulated.py \
+	tests/docs_and_tutorials/test_docs.py tests/docs_and_tutorials/test_exercises.py \
+	$(foreach t,collectives distribution grid distconv distconv3d distconv_volume layers fifth_algorithm mutants,\
+	          tests/on_ranks/test_$(t).py)
+
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not extended"
+	HYPOTHESIS_PROFILE=fast OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --max-ranks 4 \
+		$(FAST_TESTS)
 
 # make explore -- the suite with random Hypothesis draws (the default profile, ci, is derandomized)
 explore: setup
@@ -47,16 +58,16 @@ test-extended: setup
 	$(PY) -m pytest -q -m extended
 
 # make exercises -- every exercise's checker: each skeleton says what is not written yet, each solution passes,
-#                  each detective bug planted back is caught (tests/test_exercises.py, a few examples a part)
+#                  each detective bug planted back is caught (tests/docs_and_tutorials/test_exercises.py, a few examples a part)
 .PHONY: exercises
 exercises: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_exercises.py
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/docs_and_tutorials/test_exercises.py
 
 # make tutorials -- run the ten notebooks of tutorials/ headless (each ends with its own checks)
 # make docs      -- build the site into build/site with mkdocs build --strict (tutorials executed)
 .PHONY: tutorials docs
 tutorials: setup
-	$(PY) -m pytest -q tests/test_tutorials.py
+	$(PY) -m pytest -q tests/docs_and_tutorials/test_tutorials.py
 
 docs: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/mkdocs build --strict

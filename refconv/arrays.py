@@ -2,7 +2,7 @@
 
 Every place in refconv that must know whether an array lives on the host or on
 a device asks this module; nothing else in the library imports cupy (the kernel
-benchmark's cuDNN contender aside; tests/test_architecture.py checks both).
+benchmark's cuDNN contender aside; tests/architecture/test_architecture.py checks both).
 """
 
 import functools

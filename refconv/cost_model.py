@@ -3,7 +3,7 @@
 The calls are not written down here: each algorithm module lists its own in
 ``records()`` (:mod:`refconv.algorithms`), in the order its code makes them and
 with the bytes :data:`refconv.collectives.stats` records
-(``tests/simulated/test_cost_model.py`` checks them against the measurement).  The
+(``tests/on_ranks/test_cost_model.py`` checks them against the measurement).  The
 alpha-beta model of :class:`refconv.algorithms.Call` prices one call:
 
     ring allgather / reduce-scatter   (q-1) * alpha + (q-1)/q * m * beta

@@ -25,7 +25,7 @@ in a *generated* block: a fenced block right after a marker line
 2. **What the ```python block above printed.**  ``<!-- output: python -->``
    before a ```text block: the stdout of the nearest ```python block before the
    marker, the page's blocks run in order in one namespace (as
-   ``tests/test_docs.py`` runs them, and checks these).
+   ``tests/docs_and_tutorials/test_docs.py`` runs them, and checks these).
 
 OPTIONS (space separated):
 
@@ -48,7 +48,7 @@ Usage, from the repository root, with the venv's python::
 To add a generated block to a page: write the marker and the block with the
 command and no output, run ``--write`` on the page, read the output it wrote,
 and commit both.  ``tests/test_doc_outputs.py`` (commands) and
-``tests/test_docs.py`` (python blocks) then fail whenever the output changes.
+``tests/docs_and_tutorials/test_docs.py`` (python blocks) then fail whenever the output changes.
 """
 
 import argparse

@@ -14,8 +14,8 @@ says so in one line, and the others still run:
            each checked against the host (scripts/gpu_check_jobs.py: first_launch)
   compile  the compile proof: every kernel through NVVM (refconv.kernels.resources)
   tests    the GPU tests on the device, without the simulator: the kernels, the stream order,
-           and the multi-rank CUDA tests (tests/mpi/test_{distconv_cuda,layers_cuda,device}.py)
-           through their launcher, tests/test_mpi.py; the node ids it collected are in the summary
+           and the multi-rank CUDA tests (tests/mpiexec/launched/test_{distconv_cuda,layers_cuda,device}.py)
+           through their launcher, tests/mpiexec/test_mpi.py; the node ids it collected are in the summary
   kernels  every convolution kernel, versions 1-3, the three passes, on the six ResNet-50
            shapes (batch 32) and three CosmoFlow shapes (batch 4), one row at a time: checked against refconv.reference, timed with CUDA events
            against cuDNN (torch, TF32 off) and cuBLAS SGEMM (CuPy) on the pass's own GEMM
@@ -28,7 +28,7 @@ Writes DIR/summary.json (every figure) and DIR/summary.md after every step, so a
 short still says what it found.  ``--dry-run`` rehearses every step on a CPU: the CUDA
 simulator, tiny shapes, wall-clock timers, no cuDNN or cuBLAS (each said in its line), and
 in the tests step every test collected but only a few run; CI runs it
-(tests/test_gpu_check.py).  Exit status: 0 when every step ran and passed.
+(tests/cuda_kernels/test_gpu_check.py).  Exit status: 0 when every step ran and passed.
 """
 
 import argparse
@@ -47,9 +47,9 @@ ROOT = HERE.parent
 JOBS_SCRIPT = HERE / "gpu_check_jobs.py"
 STEPS = ("env", "compile", "tests", "kernels", "ranks", "train")
 LIMITS_S = {"env": 40, "compile": 60, "tests": 200, "kernels": 120, "ranks": 30, "train": 50}  # 500 s in all
-GPU_TEST_FILES = ["tests/test_kernels.py", "tests/test_kernels3d.py", "tests/test_streams.py"]
-# The multi-rank CUDA tests: tests/mpi/test_<name>.py, which only tests/test_mpi.py's launcher runs
-# (tests/mpi/conftest.py ignores them for pytest itself).  Their node ids are test_mpi[<name>::<test>-<ranks>].
+GPU_TEST_FILES = ["tests/cuda_kernels/test_kernels.py", "tests/cuda_kernels/test_kernels3d.py", "tests/cuda_kernels/test_streams.py"]
+# The multi-rank CUDA tests: tests/mpiexec/launched/test_<name>.py, which only tests/mpiexec/test_mpi.py's launcher runs
+# (tests/mpiexec/launched/conftest.py ignores them for pytest itself).  Their node ids are test_mpi[<name>::<test>-<ranks>].
 MPI_CUDA_FILES = ("distconv_cuda", "layers_cuda", "device")
 # A dry run collects every test above but runs only these (the simulator takes minutes over the rest):
 DRY_RUN_TESTS = re.compile(r"(test_streams\.py|test_kernels\.py::.*stream|\[distconv_cuda::test_cuda_spatial"
@@ -162,7 +162,7 @@ DRY_RUN_KERNELS = ("conv_forward.forward_tiled", "conv_forward.forward_register_
 def step_compile(args):
     log = args.out / "compile.log"
     # NVVM needs no device, so a dry run compiles for real too, but the forward tiled kernels (versions 2 and 3)
-    # for sm_90 float32 only (the whole proof runs in CI on its own: tests/test_kernel_compile.py).
+    # for sm_90 float32 only (the whole proof runs in CI on its own: tests/cuda_kernels/test_kernel_compile.py).
     subset = ["--cc", "90", "--dtype", "float32", "--kernels", *DRY_RUN_KERNELS] if args.dry_run else []
     status, seconds = run([sys.executable, "-m", "refconv.kernels.resources", "--quiet", "--jobs", str(args.jobs),
                            *subset, "--json", str(args.out / "resources.json")], args, LIMITS_S["compile"], log,
@@ -175,9 +175,9 @@ def step_compile(args):
 
 def selected_tests(collected, dry_run):
     """``(to run, the multi-rank CUDA node ids, what is missing)`` from the collected node ids."""
-    mpi = [n for n in collected if n.startswith("tests/test_mpi.py::")]
+    mpi = [n for n in collected if n.startswith("tests/mpiexec/test_mpi.py::")]
     cuda = [n for n in mpi if any(f"[{name}::" in n for name in MPI_CUDA_FILES)]
-    absent = [f"tests/mpi/test_{name}.py" for name in MPI_CUDA_FILES if not any(f"[{name}::" in n for n in cuda)]
+    absent = [f"tests/mpiexec/launched/test_{name}.py" for name in MPI_CUDA_FILES if not any(f"[{name}::" in n for n in cuda)]
     chosen = [n for n in collected if n not in mpi] + cuda
     if dry_run:
         chosen = [n for n in chosen if DRY_RUN_TESTS.search(n)]
@@ -188,7 +188,7 @@ def step_tests(args):
     log = args.out / "tests.log"
     marks = ["-m", "not slow and not extended"] if args.dry_run else ["-m", "slow or not extended"]
     pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
-    status, seconds = run(pytest + ["--collect-only", "-q", *marks, *GPU_TEST_FILES, "tests/test_mpi.py"], args,
+    status, seconds = run(pytest + ["--collect-only", "-q", *marks, *GPU_TEST_FILES, "tests/mpiexec/test_mpi.py"], args,
                           LIMITS_S["tests"] // 4, log)
     collected = [line.strip() for line in pathlib.Path(log).read_text().splitlines() if "::" in line]
     if status != 0:

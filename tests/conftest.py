@@ -1,6 +1,11 @@
 """Test-session setup: run CUDA kernels under Numba's simulator unless a real GPU is present.
 
 This must happen before numba is first imported, hence at the very top.
+
+The tests sit in folders by subject (reference/, cuda_kernels/, simulator/, on_ranks/, mpiexec/, ...).
+pytest's default import mode puts this conftest's folder, tests/, on sys.path, so a test in any
+folder imports the helpers beside this file (conv_checks, finite_differences) by name; on_ranks/ is
+a package because the files that tests/mpiexec/launched/ runs under mpiexec import its checks.
 """
 
 import os
@@ -42,13 +47,13 @@ def _restore_algorithm_registry():
     algorithms.REGISTRY.update(saved)
 
 
-LAUNCH_ITEM = re.compile(r"tests/test_mpi\.py::test_mpi\[(\w+)::\w+-(\d+)\]")
+LAUNCH_ITEM = re.compile(r"tests/mpiexec/test_mpi\.py::test_mpi\[(\w+)::\w+-(\d+)\]")
 
 
 def launch_group(nodeid):
     """The pytest-xdist work unit of a test under ``make test`` (``--dist loadgroup``, two workers):
-    a test file's tests stay on one worker, as in a serial run, but for tests/test_mpi.py, whose items
-    are grouped by the mpiexec launch they share (one tests/mpi file at one world size), so the
+    a test file's tests stay on one worker, as in a serial run, but for tests/mpiexec/test_mpi.py, whose items
+    are grouped by the mpiexec launch they share (one tests/mpiexec/launched file at one world size), so the
     launches spread over the workers, and each runs once: the items of a launch on two workers
     would each launch the whole batch."""
     launch = LAUNCH_ITEM.match(nodeid)
@@ -68,3 +73,25 @@ def pytest_xdist_make_scheduler(config, log):
     marks: xdist 3.8 appends a mark's group to ``item._nodeid``, which pytest 9.2 no longer reads
     (its ``nodeid`` comes from ``item._id``), so every item became a unit of its own."""
     return LaunchGroups(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
+def pytest_addoption(parser):
+    parser.addoption("--max-ranks", type=int, default=None, metavar="N",
+                     help="deselect the items of tests on simulated ranks (refconv.testing.ranks.on_ranks) that run "
+                          "on more than N ranks, e.g. test_x[8 ranks]; `make test-fast` runs the small sizes only")
+
+
+def pytest_collection_modifyitems(config, items):
+    """``--max-ranks N``: the items of ``@on_ranks`` tests (marked ``simulated``) whose size exceeds N
+    are deselected, and counted so."""
+    limit = config.getoption("max_ranks")
+    if limit is None:
+        return
+    if limit < 1:
+        raise pytest.UsageError(f"--max-ranks must be a number of ranks >= 1, got {limit}")
+    large = [item for item in items
+             if item.get_closest_marker("simulated") and item.callspec.params["ranks"] > limit]
+    if large:
+        config.hook.pytest_deselected(items=large)
+        dropped = set(large)
+        items[:] = [item for item in items if item not in dropped]

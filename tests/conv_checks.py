@@ -1,5 +1,5 @@
 """The checks the 2-D and 3-D reference convolutions share, written once for both
-(tests/test_reference_conv.py and tests/test_reference_conv3d.py): ``dims`` picks
+(tests/reference/test_reference_conv.py and tests/reference/test_reference_conv3d.py): ``dims`` picks
 ``refconv.reference``'s ``conv2d_*`` or ``conv3d_*`` functions."""
 
 import numpy

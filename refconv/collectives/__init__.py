@@ -18,7 +18,7 @@ module         what it holds
 ``buckets``    gradients packed into one allreduce up to a size threshold (DDP's buckets)
 =============  ==========================================================================
 
-Only this package calls MPI to move data (tests/test_architecture.py checks it).
+Only this package calls MPI to move data (tests/architecture/test_architecture.py checks it).
 """
 
 from refconv.collectives.control import allgather_object, barrier, bcast_object, library_version, node_comm, split

@@ -1,7 +1,7 @@
 """The pricing model: what one training step costs on a machine, and the best strategy for it.
 
 Pure computation on shapes and machine files: it runs no layer and imports no tool
-(tests/test_architecture.py checks it), so layers and training can ask it.
+(tests/architecture/test_architecture.py checks it), so layers and training can ask it.
 
 - :mod:`refconv.pricing.machine`: the machine file (collective and compute costs);
 - :mod:`refconv.pricing.graph`: a model spec as a chain of stages and residual blocks;

@@ -2,7 +2,7 @@
 
 Each layer's ``records()`` returns these (refconv.layers), and the planner prices them
 (refconv.pricing.perf): one description of the calls, read by both.  They stand here, below
-the layers, so that the pricing model imports no layer (tests/test_architecture.py); the
+the layers, so that the pricing model imports no layer (tests/architecture/test_architecture.py); the
 calls themselves are made in each layer's module.  The convolutions' calls are their
 algorithms' (refconv.algorithms).
 """

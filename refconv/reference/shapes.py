@@ -1,7 +1,7 @@
 """The layer shapes every benchmark and the device check measure: data, importing nothing.
 
 Here, below the benchmarks, so that ``refconv.kernels`` (whose compile proof prices these shapes)
-needs nothing above ``refconv.reference`` (tests/test_architecture.py).  ``refconv.bench`` re-exports them.
+needs nothing above ``refconv.reference`` (tests/architecture/test_architecture.py).  ``refconv.bench`` re-exports them.
 """
 
 # name: (C, F, H=W, K, stride, padding): the ResNet-50 3x3 layers and the stem, and a 1x1 layer

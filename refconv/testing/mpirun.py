@@ -2,7 +2,7 @@
 
 Writing a test
 --------------
-Put it in ``tests/mpi/test_<topic>.py``: a plain function, no arguments, using
+Put it in ``tests/mpiexec/launched/test_<topic>.py``: a plain function, no arguments, using
 ``MPI.COMM_WORLD``; every rank runs the same body::
 
     from mpi4py import MPI
@@ -27,11 +27,11 @@ same example and stay in step; do not call MPI at import time.
 
 Running
 -------
-``pytest tests/test_mpi.py`` makes one item per (test, size), e.g.
-``tests/test_mpi.py::test_mpi[collectives::test_allgather-4]`` (select with
+``pytest tests/mpiexec/test_mpi.py`` makes one item per (test, size), e.g.
+``tests/mpiexec/test_mpi.py::test_mpi[collectives::test_allgather-4]`` (select with
 ``-k``).  All selected items of one (file, size) run in ONE launch::
 
-    mpiexec -n K python -m mpi4py -m refconv.testing.mpirun tests/mpi/test_x.py --size K [--only a,b]
+    mpiexec -n K python -m mpi4py -m refconv.testing.mpirun tests/mpiexec/launched/test_x.py --size K [--only a,b]
 
 which you may also type by hand.  On each rank the runner imports the file,
 loads the Hypothesis profile "mpi", and runs the tests registered for size K in

@@ -5,6 +5,8 @@
   drew: a change that lands or fails, fails on its own merits and not on the day's draw.
 - ``mpi``: also without an example database, so that every rank of a multi-rank test draws the
   same examples in the same order.
+- ``fast``: ``ci`` with at most 10 examples where a test does not set its own (``make test-fast``,
+  the editing loop; ``make test`` draws the full ``ci`` set).
 - ``explore``: ``ci`` with random draws, for looking for new failures (``make explore``, a run
   differs from the last); what it finds is printed with a ``@reproduce_failure`` blob.
 """
@@ -13,7 +15,7 @@ from hypothesis import HealthCheck, settings
 
 
 def register_profiles():
-    """Register the ``ci``, ``mpi`` and ``explore`` profiles (idempotent)."""
+    """Register the ``ci``, ``fast``, ``mpi`` and ``explore`` profiles (idempotent)."""
     settings.register_profile("ci", deadline=None, print_blob=True, derandomize=True, database=None)
     settings.register_profile(
         "mpi",
@@ -23,4 +25,5 @@ def register_profiles():
         max_examples=10,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
+    settings.register_profile("fast", settings.get_profile("ci"), max_examples=10)
     settings.register_profile("explore", deadline=None, print_blob=True, derandomize=False)

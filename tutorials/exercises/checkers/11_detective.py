@@ -1,7 +1,7 @@
 """Exercise 11's checker: the detective's three functions against the definitions, and your suspects.
 
 ``BUGS`` is the one list of the planted bugs: for each, the part that catches it, the line as the
-reference solution has it (fixed) and as the skeleton has it (planted).  tests/test_exercises.py
+reference solution has it (fixed) and as the skeleton has it (planted).  tests/docs_and_tutorials/test_exercises.py
 plants each back into the solution and checks that its part fails.
 """
 

@@ -1,7 +1,7 @@
 """Exercise 11, a reference solution: the detective's code with its three bugs fixed.
 
 tutorials/exercises/checkers/11_detective.py lists each bug (``BUGS``): the line fixed here and the
-line the skeleton had; tests/test_exercises.py plants each back and checks that it is caught.
+line the skeleton had; tests/docs_and_tutorials/test_exercises.py plants each back and checks that it is caught.
 """
 
 import itertools

@@ -1,3 +1,0 @@
-# Deliberately failing harness fixtures: run only by tests/test_mpi.py::test_harness_*.
-# never in the pytest process itself.
-collect_ignore_glob = ["*.py"]
