@@ -11,7 +11,7 @@ float64, a shared-memory tree halves the block's 256 partial sums
 channel's partials in the fixed order ``0, 1, ...`` (no atomics: the sums are
 the same on every run of the same launch).  The apply steps are one thread per
 element, in the data's dtype.  Semantics are ``refconv.backend.NumpyBackend``'s;
-``tests/test_kernels.py`` checks them against it.  Benchmark: ``python -m refconv.bench kernels``.
+``tests/cuda_kernels/test_kernels.py`` checks them against it.  Benchmark: ``python -m refconv.bench kernels``.
 """
 
 import numpy

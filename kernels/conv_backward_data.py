@@ -19,7 +19,7 @@ The gather is stride- and dilation-aware: tap ``i`` contributes to input row ``h
 that without dividing per load: ``h + padding = qh*stride + rh`` once per thread, and
 ``i*dilation = qi*stride + ri`` from ``tap_table``; the tap reads output row ``qh - qi`` when
 ``rh == ri``.  Checked against ``refconv.reference.conv2d_backward_data`` and
-``conv3d_backward_data`` by ``tests/test_kernels.py`` and ``tests/test_kernels3d.py``.
+``conv3d_backward_data`` by ``tests/cuda_kernels/test_kernels.py`` and ``tests/cuda_kernels/test_kernels3d.py``.
 """
 
 import functools

@@ -19,7 +19,7 @@ accumulates in float64, version 2 in the input dtype, as cuDNN does):
    (``loop_v3.gemm_loop``), with the same split-K and ordered sum.
 
 Checked against ``refconv.reference.conv2d_backward_filter`` and ``conv3d_backward_filter`` by
-``tests/test_kernels.py`` and ``tests/test_kernels3d.py``.  Benchmark: ``python -m refconv.bench kernels``.
+``tests/cuda_kernels/test_kernels.py`` and ``tests/cuda_kernels/test_kernels3d.py``.  Benchmark: ``python -m refconv.bench kernels``.
 """
 
 import functools

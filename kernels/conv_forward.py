@@ -18,7 +18,7 @@ accumulates in float64, version 2 in the input dtype, as cuDNN does):
    indices (``loop_v3.gemm_loop``).
 
 All three are checked against ``refconv.reference.conv2d_forward`` and ``conv3d_forward`` by
-``tests/test_kernels.py`` and ``tests/test_kernels3d.py``.  Benchmark: ``python -m refconv.bench kernels``.
+``tests/cuda_kernels/test_kernels.py`` and ``tests/cuda_kernels/test_kernels3d.py``.  Benchmark: ``python -m refconv.bench kernels``.
 """
 
 import functools

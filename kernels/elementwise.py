@@ -3,7 +3,7 @@
 Versions: one each; one thread per element (``cuda.grid(1)`` with a bounds
 guard), except :func:`bias_grad`, a per-channel reduction shared with batch
 normalization (see ``batch_norm.channel_sums``).  Checked against
-``refconv.reference`` by ``tests/test_kernels.py``.  Benchmark:
+``refconv.reference`` by ``tests/cuda_kernels/test_kernels.py``.  Benchmark:
 ``python -m refconv.bench kernels``.
 """
 

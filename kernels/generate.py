@@ -7,7 +7,7 @@ table").  The text is generated here and checked in, so the code that runs is on
 
     .venv/bin/python -m refconv.kernels.generate
 
-``tests/test_kernel_sources.py`` regenerates both and fails if a checked-in file differs.
+``tests/cuda_kernels/test_kernel_sources.py`` regenerates both and fails if a checked-in file differs.
 """
 
 import pathlib

@@ -15,7 +15,7 @@ reach on the six ResNet-50 shapes (a roofline on H200 figures).
     NUMBA_ENABLE_CUDASIM=0 python -m refconv.kernels.resources --write docs/kernels.md
 
 It needs the ``gpu-compile`` extra (``pip install -e '.[gpu-compile]'``, which the
-``test`` extra includes).  ``tests/test_kernel_compile.py`` runs it on every CI
+``test`` extra includes).  ``tests/cuda_kernels/test_kernel_compile.py`` runs it on every CI
 run and fails on a typing error, an NVVM error, an atomic instruction in any
 kernel, or a spill or stack frame in a tiled kernel.
 

@@ -14,7 +14,7 @@ From them, per tiled kernel:
 
 A loop is a backward branch: ``BRA`` to a label at a lower address.  These counts are of the code
 as written, not of the time it takes (no latencies, no occupancy): a floor checked in CI
-(tests/test_kernel_compile.py), and the evidence until a device run measures the speed.
+(tests/cuda_kernels/test_kernel_compile.py), and the evidence until a device run measures the speed.
 """
 
 import pathlib
