@@ -2,6 +2,7 @@
 its timeline figure.  The figures of a real run: tests/training/test_training_truth.py."""
 
 import json
+import pathlib
 
 import pytest
 
@@ -79,3 +80,19 @@ def test_bench_overlap_is_a_subcommand_of_refconv_bench(capsys):
                        (["step", "--timeline", "t.png"], "--timeline: expected a .json path")):
         status, _, err = run_command(capsys, "bench", "overlap", *args)
         assert status == 2 and only_line(err).startswith(f"refconv bench overlap: error: {line}"), err
+
+
+def test_a_chrome_trace_has_one_track_per_entry_in_microseconds_and_is_whole_or_absent(tmp_path):
+    tracks = {"rank 0": [{"name": "allreduce", "start": 0.001, "end": 0.0035, "args": {"bytes": 8}}],
+              "rank 5": [{"name": "halo", "start": 0.002, "end": 0.002}]}
+    path = overlap.write_chrome_trace(str(tmp_path / "t.json"), tracks, title="two ranks")
+    events = json.loads(pathlib.Path(path).read_text())["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert names == {0: "rank 0", 1: "rank 5"}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert [(e["tid"], e["name"], e["ts"], e["dur"], e["args"]) for e in spans] == \
+        [(0, "allreduce", pytest.approx(1000.0), pytest.approx(2500.0), {"bytes": 8}), (1, "halo", 2000.0, 0.0, {})]
+    bad = {"rank 0": [{"name": "x", "start": 0.0, "end": 1.0, "args": {"not json": object()}}]}
+    with pytest.raises(TypeError):
+        overlap.write_chrome_trace(str(tmp_path / "bad.json"), bad)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json"]      # no half-written file, no temporary
