@@ -58,7 +58,19 @@ import threading
 import time
 import traceback
 
-from mpi4py import MPI
+try:
+    from mpi4py import MPI
+except ModuleNotFoundError as exc:   # the system python3, not the venv's: one line, not a traceback
+    if exc.name != "mpi4py":
+        raise
+    _venv = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv")
+    if not os.path.isdir(_venv):
+        _use = "install it with pip install -e '.[test]' from the repository root"
+    elif os.path.realpath(sys.prefix) == os.path.realpath(_venv):
+        _use = f"run make setup, which installs it into {_venv}/bin/python"
+    else:
+        _use = f"use {_venv}/bin/python (make setup makes it)"
+    raise SystemExit(f"refconv needs mpi4py, which {sys.executable} lacks: {_use}") from None
 
 GRACE_S = 1.0          # a raising rank waits this long before aborting, so its peers can print
 SHARED_GRACE_S = 2.0   # a rank with a shared error waits this long for rank 0's abort: rank 0 meets the
