@@ -61,13 +61,18 @@ def assert_close(actual, expected, *, rtol=None, atol=None, reduction_length=1, 
         raise AssertionError(msg)
 
 
-def close_message(actual, expected, *, rtol=None, atol=None, reduction_length=1, name=""):
-    """None when close, else the mismatch description assert_close would raise."""
+def tolerance(actual, expected, *, rtol=None, atol=None, reduction_length=1):
+    """``(rtol, atol)`` that :func:`close_message` compares ``actual`` with ``expected`` at: the given
+    ones, else :func:`default_tolerance` of their common dtype."""
     dtype = numpy.result_type(getattr(actual, "dtype", numpy.float64),
                               getattr(expected, "dtype", numpy.float64))
     drtol, datol = default_tolerance(dtype, reduction_length)
-    rtol = drtol if rtol is None else rtol
-    atol = datol if atol is None else atol
+    return (drtol if rtol is None else rtol), (datol if atol is None else atol)
+
+
+def close_message(actual, expected, *, rtol=None, atol=None, reduction_length=1, name=""):
+    """None when close, else the mismatch description assert_close would raise."""
+    rtol, atol = tolerance(actual, expected, rtol=rtol, atol=atol, reduction_length=reduction_length)
     return _message(actual, expected, rtol, atol, reduction_length, name)
 
 
@@ -81,13 +86,53 @@ def caught(exc):
     del CAUGHT[:-8]
 
 
+class CollectiveAssertionError(AssertionError):
+    """What :func:`assert_all_ranks` raises on every rank.  ``reporter`` is the lowest failed rank:
+    under mpiexec it alone prints the report (refconv.testing.mpirun), the others one line."""
+
+    def __init__(self, text, reporter):
+        super().__init__(text)
+        self.reporter = reporter
+
+
+TRACEBACK = "Traceback (most recent call last)"
+
+
+def rank_list(ranks, size=None):
+    """``rank 2``, ``ranks 0, 2``, or ``every rank`` (all ``size`` of them)."""
+    ranks = list(ranks)
+    if size is not None and len(ranks) == size and size > 1:
+        return "every rank"
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _shown(text, ranks, me, reporter):
+    """A group's report as rank ``me`` shows it: in full, but a traceback only where it is ``me``'s own
+    (or the reporter's), so that each rank's traceback is printed once, not once per rank."""
+    if me in ranks or reporter in ranks or TRACEBACK not in text:
+        return text
+    head = text[:text.index(TRACEBACK)].rstrip()
+    return f"{head} (its traceback is in {rank_list(ranks)}'s report)"
+
+
 def assert_all_ranks(comm, ok, message=""):
-    """Collective: AssertionError on every rank of ``comm`` if ``ok`` is False on any."""
+    """Collective: :class:`CollectiveAssertionError` (an AssertionError) on every rank of ``comm`` if
+    ``ok`` is False on any.  Ranks with the same report are named together and the report is given
+    once: ``failed on every rank of 3 (the same report):``, or per group, ``ranks 0, 2: ...``."""
     verdicts = collectives.allgather_object(comm, (bool(ok), "" if ok else str(message)))
     failed = [r for r, (good, _) in enumerate(verdicts) if not good]
-    if failed:
-        text = "\n".join(f"rank {r}: {verdicts[r][1]}" for r in failed)
-        raise AssertionError(f"failed on rank(s) {failed} of {comm.Get_size()}:\n{text}")
+    if not failed:
+        return
+    size, me, reporter = comm.Get_size(), comm.Get_rank(), failed[0]
+    groups = {}                                   # report -> the ranks that made it, in rank order
+    for r in failed:
+        groups.setdefault(verdicts[r][1], []).append(r)
+    who = rank_list(failed, size)
+    if len(groups) == 1:
+        same = " (the same report)" if len(failed) > 1 else ""
+        raise CollectiveAssertionError(f"failed on {who} of {size}{same}:\n{verdicts[reporter][1]}", reporter)
+    text = "\n".join(f"{rank_list(ranks)}: {_shown(t, ranks, me, reporter)}" for t, ranks in groups.items())
+    raise CollectiveAssertionError(f"failed on {who} of {size}:\n{text}", reporter)
 
 
 def collective_assert_close(comm, actual, expected, **kwargs):

@@ -13,8 +13,11 @@ registered algorithm, or :class:`refconv.DistConv3d` with a
 Every rank draws the same global ``x, w, b, dy`` from ``seed``, takes its blocks,
 runs the layer, allgathers ``y`` and ``dx``, and compares ``y, dx, dw, db`` with
 :mod:`refconv.reference`.  The tolerance grows with each result's reduction
-length; a mismatch raises AssertionError on every rank, naming the ranks, the
-tensor and the first mismatching indices (so all ranks stay in step).
+length; a mismatch raises AssertionError on every rank (so all ranks stay in step),
+with one report: the tensor, the first mismatching indices, and, through the
+tensor's distribution, the rank whose block holds the wrong elements
+(:func:`blame`): a bug on rank 2 alone is reported as rank 2's, though the gathered
+result differs on every rank.
 
 ``check_records(comm, run, expected)`` asserts that the calls ``run()`` makes through
 :mod:`refconv.collectives` are the ``expected`` records, call for call.
@@ -32,7 +35,8 @@ from refconv.layers import DistConv2d, DistConv3d
 from refconv.algorithms.base import Call
 from refconv.arrays import to_host
 from refconv.sharding import allgather
-from refconv.testing.asserts import assert_all_ranks, caught, close_message, collective_assert_close, default_tolerance
+from refconv.testing.asserts import (assert_all_ranks, caught, close_message, collective_assert_close, default_tolerance,
+                                     rank_list, tolerance)
 
 # float32 results are compared with the reference run in float32 too: both round.
 FLOAT32 = dict(factor=1e-4 / 4 / float(numpy.finfo(numpy.float32).eps), floor=1e-4)
@@ -102,6 +106,53 @@ def run_layer(layer, problem, seed=0):
     return actual, expected
 
 
+def _span(pieces, length):
+    """``:`` for a whole dim, ``4:6`` for one piece, ``[0:2, 6:8]`` for several."""
+    if pieces == [(0, length)]:
+        return ":"
+    text = ", ".join(f"{s}:{e}" for s, e in pieces)
+    return text if len(pieces) == 1 else f"[{text}]"
+
+
+def blame(name, actual, expected, dist, *, rtol, atol):
+    """Where the wrong elements of a gathered tensor lie: ``the wrong elements of y lie in rank 2's
+    block (global [:, 4:6, :, :]); first local index (0, 1, 3, 2): yours 1.5, reference 0.5``.
+
+    ``actual``/``expected``: the global tensor (``name``), gathered and the reference's; ``dist``: the
+    layout it was gathered through (its shape, or ``(F,)`` viewed as ``(F, 1, 1, 1)``).
+    Ranks that hold the same block (a replicated grid axis) are named together.  None when nothing
+    differs, or when the wrong elements lie in every block (no one rank to blame)."""
+    a, e = to_host(actual), to_host(expected)
+    if a.shape != e.shape or a.size != math.prod(dist.global_shape):
+        return None
+    a, e = a.reshape(dist.global_shape), e.reshape(dist.global_shape)
+    bad = ~numpy.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+    blocks = {}                                   # the block's pieces per dim -> the ranks holding it
+    for q in range(math.prod(dist.grid_shape)):
+        key = tuple(tuple(dist.pieces(q, d)) for d in range(bad.ndim))
+        blocks.setdefault(key, []).append(q)
+    owners = [(key, ranks) for key, ranks in blocks.items() if bad[dist.index(ranks[0])].any()]
+    if not owners or len(owners) == len(blocks):
+        return None
+    (key, ranks), where = owners[0], dist.index(owners[0][1][0])
+    local = tuple(int(i) for i in numpy.argwhere(bad[where])[0])
+    span = ", ".join(_span(list(p), n) for p, n in zip(key, dist.global_shape))
+    block = f"{rank_list(ranks)}'s block" if len(ranks) == 1 else f"the block of {rank_list(ranks)}"
+    first = (f"{block} (global [{span}]): {int(bad[where].sum())} of its {bad[where].size}; "
+             f"first local index {local}: yours {a[where][local]}, reference {e[where][local]}")
+    if len(owners) == 1:
+        return f"the wrong elements of {name} lie in {first}"
+    others = "; ".join(rank_list(r) for _, r in owners)
+    return f"the wrong elements of {name} lie in the blocks of {others}; in {first}"
+
+
+def _layouts(layer):
+    """The distribution each gathered result of ``check_layer`` went through, where the layer says."""
+    params = layer.parameter_distributions() if hasattr(layer, "parameter_distributions") else {}
+    return {"y": layer.output_distribution, "dx": layer.input_distribution,
+            "dw": params.get("weight"), "db": params.get("bias")}
+
+
 def check_layer(layer, problem, *, seed=0, rtol=None, atol=None):
     """Assert, on every rank, that ``layer`` computes what the serial reference does.
 
@@ -124,9 +175,14 @@ def check_layer(layer, problem, *, seed=0, rtol=None, atol=None):
                 kw["atol"] = atol
             if problem.dtype == "float32" and rtol is None:
                 kw["rtol"] = kw["atol"] = default_tolerance("float32", lengths[name], **FLOAT32)[0]
-            msg = close_message(to_host(actual[name]), expected[name], **kw)
+            ours = to_host(actual[name])
+            msg = close_message(ours, expected[name], **kw)
             if msg:
-                problems.append(msg)
+                tol = dict(zip(("rtol", "atol"), tolerance(ours, expected[name], rtol=kw.get("rtol"),
+                                                           atol=kw.get("atol"), reduction_length=lengths[name])))
+                dist = _layouts(layer)[name]
+                owner = dist and blame(name, ours, expected[name], dist, **tol)
+                problems.append(msg + (f"\n  {owner}" if owner else ""))
         message = "\n".join(problems)
     except Exception as exc:  # report a crash on one rank on every rank instead of hanging
         caught(exc)

@@ -38,7 +38,10 @@ loads the Hypothesis profile "mpi", and runs the tests registered for size K in
 definition order.  Rank 0 prints ``@@refconv-mpi START <name>`` before a test
 and ``@@refconv-mpi PASS <name>`` once every rank finished it (barrier).  An
 exception prints ``@@refconv-mpi FAIL <name> rank <r>`` and the traceback, then
-``MPI.COMM_WORLD.Abort(1)`` ends the job in seconds.  After ``timeout`` seconds a watchdog
+``MPI.COMM_WORLD.Abort(1)`` ends the job in seconds.  A collective assert
+(:class:`refconv.testing.asserts.CollectiveAssertionError`) raises the same report on every
+rank: its ``reporter`` (the lowest failed rank) prints it, and the other ranks print one line,
+``... FAIL <name> rank <r> (the same report as rank <R>)``, so each report appears once.  After ``timeout`` seconds a watchdog
 prints ``rank r: TIMEOUT in test <name>``, the rank's Python stacks (``faulthandler``'s,
 dumped by its own thread, which needs no GIL) and the exceptions the collective checks
 caught on it (``refconv.testing.asserts.CAUGHT``: a rank that raised inside ``check_layer``
@@ -181,10 +184,15 @@ def run_rank(path, size, only=None):
                          daemon=True).start()
         try:
             fn()
-        except BaseException:
-            _report(rank, f"{MARK} FAIL {name} rank {rank}\n"
-                    + "".join(f"[rank {rank}] {line}\n"
-                              for line in traceback.format_exc().rstrip().splitlines()))
+        except BaseException as exc:
+            reporter = getattr(exc, "reporter", rank)   # a collective assert: every rank has the same report
+            if reporter != rank:
+                _report(rank, f"{MARK} FAIL {name} rank {rank} (the same report as rank {reporter})")
+                time.sleep(REPORT_GRACE_S)              # the reporter prints it and aborts the job
+            else:
+                _report(rank, f"{MARK} FAIL {name} rank {rank}\n"
+                        + "".join(f"[rank {rank}] {line}\n"
+                                  for line in traceback.format_exc().rstrip().splitlines()))
             sys.stderr.flush()
             comm.Abort(1)
         comm.Barrier()

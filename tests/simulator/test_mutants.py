@@ -44,5 +44,5 @@ def test_tensors_must_be_results_of_a_layer():
 
 
 def test_mismatched_tensors_reads_the_names_at_line_starts():
-    message = "failed on rank(s) [0] of 1:\nrank 0: L on P:\ndb: 2 of 2 elements differ\n  (0,): actual 1\ny: 1 of 9"
+    message = "failed on rank 0 of 1:\nL on P:\ndb: 2 of 2 elements differ\n  (0,): actual 1\ny: 1 of 9"
     assert mismatched_tensors(message) == {"db", "y"}
