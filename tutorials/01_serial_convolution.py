@@ -30,6 +30,7 @@
 import matplotlib.pyplot as plt
 import numpy
 
+import course
 from refconv import reference as ref
 from refconv.testing.asserts import assert_close
 
@@ -111,6 +112,7 @@ for c in range(1, C):                                       # one band of K*K ro
     axes[1].axhline(c * K * K - 0.5, color="k", lw=0.8)
 fig.suptitle("forward = (F x CKK) @ (CKK x H'W'): the zeros in im2col(x) are padding")
 fig.tight_layout()
+course.show(fig, "im2col-matrix-product")
 
 # %% [markdown]
 # The black lines split the column matrix into one band per input channel.

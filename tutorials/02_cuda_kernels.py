@@ -51,6 +51,7 @@ import matplotlib.pyplot as plt
 import numpy
 from numba import cuda
 
+import course
 import refconv.kernels
 from refconv import reference as ref
 from refconv.arrays import to_host
@@ -128,6 +129,7 @@ for f in range(F):
     for p in range(0, H * W, 5):
         ax.text(p, f, str(owner[f, p]), ha="center", va="center", fontsize=7)
 fig.tight_layout()
+course.show(fig, "threads-per-output")
 
 # %% [markdown]
 # ## 2. Shared-memory tiles on the im2col product
@@ -301,6 +303,7 @@ if ON_GPU:
     ax.set_ylabel("median ms")
     ax.set_title(f"{timings[0]['config']['device']}: conv3 (128 -> 128 channels, 28x28), batch 8", fontsize=10)
     ax.legend(fontsize=8)
+    course.show(fig, "kernels-against-cudnn")
 else:
     print("No GPU here: the timing against cuDNN is skipped (the simulator's times would mean nothing).")
 

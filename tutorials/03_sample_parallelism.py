@@ -124,6 +124,7 @@ left.set_xticks([])
 left.set_title("x split by samples: 6 over 4 ranks (2, 2, 1, 1)", fontsize=10)
 course.plot_bytes(right, [r["records"] for r in ranks], "per rank: the allreduce of all of dw and db")
 fig.tight_layout()
+course.show(fig, "sample-split-and-bytes")
 
 ring = [2 * (q - 1) / q * nb for k, q, _, nb in ranks[0]["records"]]
 print(f"dw is {F * C * K * K} float64 values = {F * C * K * K * 8} bytes; each rank sends about "
@@ -191,6 +192,7 @@ ax.set_title("digits CNN, batch 8, height=2, one step priced on v100-edr", fonts
 ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()], labels=list(colours),
           fontsize=8, loc="lower right")
 fig.tight_layout()
+course.show(fig, "overlap-timeline")
 for name, results in steps.items():
     calls = report([clock for _, clock in results])[0]["calls"]
     print(f"{name:9s} rank 0: " + ", ".join(f"{k} {v['calls']} calls, {v['hidden'] * 1e6:.0f} us hidden, "
@@ -232,7 +234,7 @@ print("one step each: the same calls; with overlap on, the gradients' allreduces
 # (an allreduce may add in another order under MPI, so within rounding).
 
 # %%
-print(course.job_source(sample_parallel))
+course.print_job(sample_parallel)
 real = course.under_mpiexec(sample_parallel)
 for simulated_rank, real_rank in zip(ranks, real):
     assert real_rank["records"] == simulated_rank["records"] and real_rank["samples"] == simulated_rank["samples"]

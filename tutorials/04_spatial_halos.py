@@ -110,6 +110,7 @@ ax.set_title("each rank's window (dashed); solid: its own rows, faded: its halo,
 ax.invert_yaxis()
 ax.legend(fontsize=8, loc="lower right")
 fig.tight_layout()
+course.show(fig, "halo-windows")
 
 # %% [markdown]
 # ## 2. The exchange, simulated in one process
@@ -276,6 +277,7 @@ ax.set_xlabel("rank (d*4 + h*2 + w)")
 ax.set_ylabel("halo cells received")
 ax.set_title("a 5x6x5 volume on 2x2x2 ranks, 3x3x3 kernel: every rank is a corner block")
 ax.legend()
+course.show(fig, "volume-halo-cells")
 print("cells received per rank (faces, edges, corner):", kinds.tolist())
 
 # %% [markdown]

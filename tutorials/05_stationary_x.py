@@ -165,6 +165,7 @@ left.set_title("w[:, C_i] on channel=4: rank = colour", fontsize=10)
 course.plot_bytes(mid, [info["records"] for info in cases[0]["ranks"]], "channel=4 (allreduce over q=1 left out)")
 course.plot_bytes(right, [info["records"] for info in cases[1]["ranks"]], "sample=2 x channel=2")
 fig.tight_layout()
+course.show(fig, "weight-owners-and-bytes")
 
 # %% [markdown]
 # On `sample=2 x channel=2` each collective carries half a batch over half as

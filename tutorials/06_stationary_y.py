@@ -27,6 +27,7 @@
 import matplotlib.pyplot as plt
 import numpy
 
+import course
 import layer_job
 import refconv.algorithms.stationary_y
 from refconv import reference as ref
@@ -130,6 +131,7 @@ ax.set_xlabel("filters F (C = 6 input channels, channel=4)")
 ax.set_ylabel("bytes per rank, allgather + reduce-scatter")
 ax.legend(fontsize=8)
 fig.tight_layout()
+course.show(fig, "x-against-y-bytes")
 
 # %% [markdown]
 # ## Checks

@@ -27,6 +27,7 @@
 import matplotlib.pyplot as plt
 import numpy
 
+import course
 import layer_job
 import refconv.algorithms.stationary_w
 from refconv.cost_model import layer_records
@@ -69,6 +70,7 @@ for ax, (title, shard) in zip(axes, [("Stationary-X: w[:, C_i]", lambda f, c: c 
     ax.set_ylabel("filter f")
 fig.suptitle("which rank of channel=4 holds each weight (F = C = 8)")
 fig.tight_layout()
+course.show(fig, "weight-blocks")
 
 # %% [markdown]
 # ## 2. On four ranks, with the weight-gradient allreduce counted
@@ -144,6 +146,7 @@ right.set_xlabel(f"P_c on P = {P} ranks (cost model)")
 right.set_ylabel("MB sent per rank, dw + db allreduce")
 right.set_title("256 -> 256 channels, 3x3: the segmented allreduce", fontsize=10)
 fig.tight_layout()
+course.show(fig, "segmented-allreduce")
 
 # %% [markdown]
 # ## Checks

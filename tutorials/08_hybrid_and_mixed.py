@@ -59,6 +59,7 @@ layer_job.show_ranks(hybrid)
 fig, ax = plt.subplots(figsize=(6, 3.2))
 course.plot_bytes(ax, [info["records"] for info in hybrid["ranks"]], "Stationary-Y on channel=2 x height=2")
 fig.tight_layout()
+course.show(fig, "hybrid-bytes")
 
 # %% [markdown]
 # ## 2. A model with a strategy per layer
@@ -135,6 +136,7 @@ for k_i, k in enumerate(kinds):
 ax.set_ylabel("kB per step and rank")
 ax.set_title("mixed_strategies.yaml on 4 ranks: where the bytes go", fontsize=10)
 fig.tight_layout()
+course.show(fig, "mixed-strategies-bytes")
 
 # %% [markdown]
 # Every line traces to layers of the model:

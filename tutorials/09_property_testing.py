@@ -189,6 +189,7 @@ ax.set_xlabel("example, in the order Hypothesis ran it")
 ax.set_ylabel("problem size N C F H W Kh Kw")
 ax.set_title("the buggy SampleSplit on 4 ranks: passes (green) and failures (red)", fontsize=10)
 fig.tight_layout()
+course.show(fig, "passes-and-failures")
 
 print("the smallest failing problem:", {k: getattr(shrunk, k) for k in ("N", "C", "F", "H", "W", "Kh", "Kw", "groups")})
 

@@ -107,6 +107,7 @@ ax.set_ylabel("predicted ms per step")
 ax.set_title("refconv plan: digits CNN, batch 32, 4 ranks (v100-edr figures)", fontsize=10)
 ax.legend(fontsize=8)
 fig.tight_layout()
+course.show(fig, "plan-bytes")
 
 # %% [markdown]
 # ## 2. Run the plan
@@ -153,6 +154,7 @@ for name in ("scaling.png", "breakdown.png"):
     ax = fig.add_axes((0, 0, 1, 1))
     ax.imshow(image)
     ax.set_axis_off()
+    course.show(fig, name.removesuffix(".png"))
 
 # %% [markdown]
 # What the cost model predicts for the 4-rank point (Stationary-X on

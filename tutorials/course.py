@@ -13,6 +13,9 @@ So it can be read, edited and stepped through in a debugger like any other cell.
 :func:`under_mpiexec` runs the same function on real MPI ranks (``mpiexec -n 4
 python -m mpi4py``) and returns every rank's result the same way, so a tutorial can
 show that nothing in its function knows the difference.
+
+Each figure of a tutorial ends its cell with :func:`show`: inline in Jupyter as ever, and saved
+to a file (whose name it prints) when the tutorial runs as a script.
 """
 
 import ast
@@ -21,6 +24,7 @@ import linecache
 import os
 import pathlib
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -76,6 +80,16 @@ def under_mpiexec(fn, ranks=RANKS, *, args=(), kwargs=None, timeout=120, show=Tr
     if show:
         print(output, end="")
     return [pickle.loads((folder / f"rank{r}.pkl").read_bytes()) for r in range(ranks)]
+
+
+def print_job(fn):
+    """Print :func:`job_source` of ``fn`` under a heading and an end line, so that it reads as the
+    file it is, apart from the cell's other output."""
+    source = job_source(fn)
+    print(f"--- job.py, the file course.under_mpiexec writes for {fn.__name__} "
+          f"({len(source.splitlines())} lines) ---")
+    print(source, end="")
+    print("--- end of job.py ---")
 
 
 def job_source(fn):
@@ -206,3 +220,35 @@ def plot_bytes(ax, per_rank, title, *, moved_only=True):
     ax.set_ylabel("bytes (buffer sizes, CommStats)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
+
+
+# -- figures ------------------------------------------------------------------------------------------
+FIGURES_ENV = "REFCONV_FIGURES"   # the folder figures are saved to (default: figures/ under the current one)
+
+
+def _in_jupyter():
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and ipython.get_ipython() is not None
+
+
+def _tutorial_stem():
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] else "tutorial")
+    return pathlib.Path(path).stem
+
+
+def show(fig, name):
+    """End a figure's cell: in Jupyter, nothing (the figure shows inline); run as a script, save it as
+    ``figures/<tutorial>-<name>.png`` (``$REFCONV_FIGURES`` names another folder) and print
+    ``figure saved: figures/03_sample_parallelism-compute-and-bytes.png``.  Returns the path, or None."""
+    if _in_jupyter():
+        return None
+    folder = pathlib.Path(os.environ.get(FIGURES_ENV) or "figures")
+    folder.mkdir(parents=True, exist_ok=True)
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    if not slug:
+        raise ValueError(f"show: name must have a letter or digit (it names the file), got {name!r}")
+    path = folder / f"{_tutorial_stem()}-{slug}.png"
+    fig.savefig(path, dpi=100)
+    print(f"figure saved: {path}")
+    return path

@@ -65,6 +65,15 @@ def test_tutorial_runs_headless(notebook, tmp_path):
     assert proc.returncode == 0, f"{notebook.name} exited with {proc.returncode}:\n{output}"
     number = int(notebook.name[:2])
     assert f"tutorial {number}: all checks passed" in proc.stdout, output
+    # run as a script, a tutorial saves its figures (course.show) and says where, under the folder it ran in
+    saved = re.findall(r"^figure saved: (.+\.png)$", proc.stdout, flags=re.M)
+    assert saved, f"{notebook.name} saved no figure:\n{output}"
+    for path in saved:
+        assert (tmp_path / path).is_file() and (tmp_path / path).stat().st_size > 0, f"{notebook.name}: no {path}"
+        assert pathlib.Path(path).name.startswith(notebook.stem + "-"), path
+    if number == 3:   # the job file under its heading, apart from the other output
+        heading = proc.stdout.index("--- job.py, the file course.under_mpiexec writes for sample_parallel")
+        assert heading < proc.stdout.index("def sample_parallel") < proc.stdout.index("--- end of job.py ---")
     print(f"{notebook.name}: {time.perf_counter() - start:.1f} s")
 
 
@@ -186,3 +195,28 @@ def uses_an_array(comm):
 def test_under_mpiexec_refuses_a_global_it_cannot_rebuild(course):
     with pytest.raises(TypeError, match="global 'TABLE', a ndarray .* pass it in args"):
         course.job_source(uses_an_array)
+
+
+def test_show_saves_a_script_figure_where_refconv_figures_says(course, tmp_path, monkeypatch, capsys):
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    monkeypatch.setenv("REFCONV_FIGURES", str(tmp_path / "out"))
+    monkeypatch.setattr(sys, "argv", ["05_stationary_x.py"])
+    monkeypatch.delitem(sys.modules, "__main__")          # a script's name comes from argv then
+    fig = Figure()
+    fig.add_subplot().plot([0, 1], [1, 0])
+    path = course.show(fig, "Bytes per rank")
+    assert path == tmp_path / "out" / "05_stationary_x-bytes-per-rank.png" and path.is_file()
+    assert capsys.readouterr().out == f"figure saved: {path}\n"
+    with pytest.raises(ValueError, match="show: name must have a letter or digit"):
+        course.show(fig, "--")
+
+
+def test_show_leaves_a_jupyter_figure_inline(course, tmp_path, monkeypatch, capsys):
+    import types
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: object()))
+    assert course.show(object(), "anything") is None      # no savefig called on it
+    assert capsys.readouterr().out == "" and not (tmp_path / "figures").exists()
