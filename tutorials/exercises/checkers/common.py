@@ -15,6 +15,7 @@ from refconv.testing.strategies import conv_problems, spatial_dim
 from tutorials.exercises.score import checkpoint, given
 
 WORLD_SIZES = (1, 2, 3, 4)
+PARTIAL = "one rank's partial sum: a reduction over the channel group is missing"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +168,8 @@ def halo_parts(exchange_name, return_name):
             given(x_loc)
             return getattr(module, exchange_name)(comm, x_loc, case.layer)
         got = on_ranks(body, case.ranks)
-        return [Compared("x_win", got, [window_of(x, case.window(r)) for r in range(case.ranks)])]
+        return [Compared("x_win", got, [window_of(x, case.window(r)) for r in range(case.ranks)],
+                         edges=halo_widths(case))]
 
     def run_return(module, case):
         x, wins = arrays(case)
@@ -180,8 +182,14 @@ def halo_parts(exchange_name, return_name):
             given(dx_win)
             return getattr(module, return_name)(comm, dx_win, case.layer)
         got = on_ranks(body, case.ranks)
-        return [Compared("dx_loc", got, [local(dx, case.owned(r)) for r in range(case.ranks)], reduction=case.ranks)]
+        return [Compared("dx_loc", got, [local(dx, case.owned(r)) for r in range(case.ranks)], reduction=case.ranks,
+                         edges=halo_widths(case))]
     return run_exchange, run_return
+
+
+def halo_widths(case):
+    """Per spatial axis, how far from a block's edge the halo reaches: the padding, or the kernel's reach."""
+    return tuple(max(p, d * (k - 1)) for k, p, d in zip(case.kernel, case.padding, case.dilation))
 
 
 def halo_score(exchange_name, return_name, case):
@@ -283,12 +291,27 @@ def channel_parts(algorithm):
             return grads
         return body
 
+    def partials(case, x, w, b, dy, want):
+        """``{tensor: [(what, per-rank arrays)]}``: the wrong answers a missing or doubled reduction gives."""
+        p, P = case.problem, case.ranks
+        g = dict(stride=p.stride, padding=p.padding, dilation=p.dilation)
+        held = [weight_blocks(algorithm, case, r) for r in range(P)]
+        f_r, c_r = ([indices(L, P, [r]) for r in range(P)] for L in (p.F, p.C))
+        y_part = [ref.conv2d_forward(x[:, c], w[:, c], **g)[:, f_r[r]] for r, (_, c) in enumerate(held)]
+        dx_part = [ref.conv2d_backward_data(dy[:, f], w[f], x.shape, **g)[:, c_r[r]] for r, (f, _) in enumerate(held)]
+        times = f"the reference times {P}, the number of ranks: something is summed on every rank, e.g. added " \
+                f"before the sum"
+        return {"y": [(PARTIAL, y_part),
+                      (PARTIAL, [y + b[f_r[r]].reshape(1, -1, 1, 1) for r, y in enumerate(y_part)]),
+                      (times, [P * want["y"][:, f] for f in f_r])],
+                "dx": [(PARTIAL, dx_part), (times, [P * want["dx"][:, c] for c in c_r])]}
+
     def run_forward(module, case):
         (x, w, b, dy), want = setup(case)
         got = on_ranks(body_of(module, False), case.ranks, case, x, w, b, dy)
         p = case.problem
         return [Compared("y_loc", got, [want["y"][:, indices(p.F, case.ranks, [r])] for r in range(case.ranks)],
-                         reduction=p.C * p.Kh * p.Kw)]
+                         reduction=p.C * p.Kh * p.Kw, lookalikes=lambda: partials(case, x, w, b, dy, want)["y"])]
 
     def run_backward(module, case):
         (x, w, b, dy), want = setup(case)
@@ -297,7 +320,7 @@ def channel_parts(algorithm):
         cells = p.N * p.y_shape[2] * p.y_shape[3]
         mine = [weight_blocks(algorithm, case, r) for r in range(P)]
         return [Compared("dx_loc", [g[0] for g in got], [want["dx"][:, indices(p.C, P, [r])] for r in range(P)],
-                         reduction=p.F * p.Kh * p.Kw),
+                         reduction=p.F * p.Kh * p.Kw, lookalikes=lambda: partials(case, x, w, b, dy, want)["dx"]),
                 Compared("dw_loc", [g[1] for g in got], [want["dw"][f][:, c] for f, c in mine], reduction=cells),
                 Compared("db_loc", [g[2] for g in got], [want["db"][indices(p.F, P, [r])] for r in range(P)],
                          reduction=cells)]
