@@ -18,29 +18,15 @@ import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # tutorials/ is a folder of the checkout, not an installed package
-    sys.path.insert(0, str(ROOT))
-
-from tutorials.exercises import harness  # noqa: E402
+from exercise_checks import CI, ROOT, planted, quiet as _quiet
+from tutorials.exercises import harness
 
 NUMBERS = range(1, len(harness.EXERCISES) + 1)
-CI = "exercises-ci"
 
 
 @pytest.fixture(autouse=True)
 def _ci_profile(monkeypatch):
     monkeypatch.setenv("REFCONV_EXERCISES_PROFILE", CI)
-
-
-def _quiet(number, **kwargs):
-    """Exercise ``number`` checked with its report's lines collected (never the learner's own file: a test
-    gives ``module``, ``solution`` or ``skeleton``)."""
-    assert {"module", "solution", "skeleton"} & set(kwargs), "a test never checks the checkout's own file"
-    lines = []
-    result = harness.check(number, out=lines.append, progress=False, **kwargs)
-    assert "\n".join(lines) == result.report
-    return result
 
 
 def test_every_exercise_has_its_four_files():
@@ -92,13 +78,6 @@ def test_solution_passes(number):
     drawing = [part for part in harness.checker(number).PARTS if not part.after]  # an after part draws none
     assert len(drawn) == len(drawing) and all(1 <= n <= harness.profile().max_examples for n in drawn)
     assert max(drawn) == harness.profile().max_examples, result.report  # the profile's examples were drawn
-
-
-def planted(number, old, new):
-    """Exercise ``number``'s solution with ``old`` replaced by ``new`` (which must occur once)."""
-    source = harness.path_of(number, solution=True).read_text()
-    assert source.count(old) == 1, f"{old!r} is not in solution {number} once"
-    return harness.module_from_source(source.replace(old, new), f"planted_{number:02d}.py", "planted")
 
 
 def test_a_wrong_answer_shows_the_smallest_case_the_tensor_and_a_picture():

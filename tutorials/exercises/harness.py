@@ -230,9 +230,9 @@ def mismatch(c):
     cells = sum(bad.size for _, bad in masks)
     lines = [f"{c.name} differs on {c.label}{'s' if len(bad_ranks) > 1 else ''} {', '.join(map(str, bad_ranks))}: "
              f"{total} of {cells} elements; first:"] + note
+    lines += [f"  {c.label} {r} {c.name}{list(i)}: yours {_num(a)}, reference {_num(e)}" for r, i, a, e in first[:5]]
     if c.hints:
         lines += causes.explain(c, masks)
-    lines += [f"  {c.label} {r} {c.name}{list(i)}: yours {_num(a)}, reference {_num(e)}" for r, i, a, e in first[:5]]
     return lines + picture(c.name, masks, c.label)
 
 
