@@ -99,3 +99,9 @@ def test_an_exercise_that_does_not_exist_is_one_line(course, capsys, argv):
     assert rc == 2 and out.splitlines() == [
         f"no exercise {argv[1]}: the exercises are 1-13 (python -m tutorials.exercises list)"]
     assert not list(course.glob("[0-9][0-9]_*.py"))  # nothing made
+
+
+def test_the_kernel_puzzles_score_ends_with_a_verdict():
+    lines = []
+    assert harness.check(13, solution=True, out=lines.append, progress=False).passed
+    assert lines[-1] == "  as good as the reference on all four"

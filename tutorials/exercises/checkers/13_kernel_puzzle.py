@@ -9,6 +9,7 @@ from numba import cuda
 
 from refconv import reference as ref
 from tutorials.exercises import counting
+from tutorials.exercises import score as scoring
 from tutorials.exercises.harness import Compared, Part
 
 TITLE = "a kernel puzzle: a tiled convolution, scored by loads per thread"
@@ -109,9 +110,11 @@ def score(module, solution):
     blocks, threads = _launch(SCORE_CASE)
     counted = [counting.run(m.conv_tile_kernel, blocks, threads, x, w, numpy.zeros(SCORE_CASE.out, numpy.float32))
                for m in (module, solution)]
+    pairs = []
     for space in ("global", "shared"):
         for what in ("loads", "stores"):
             a, b = ([c.get((space, what), 0) for c in counts.values()] for counts in counted)
             lines.append(f"  {space} {what:6}  most {max(a)} ({max(b)}), "
                          f"mean {numpy.mean(a):.2f} ({numpy.mean(b):.2f})")
-    return lines
+            pairs.append((what, max(a), max(b), f" ({space} {what}, the busiest thread)"))
+    return lines + ["  " + scoring.verdict(pairs)]
