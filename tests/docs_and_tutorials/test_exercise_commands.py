@@ -105,3 +105,16 @@ def test_the_kernel_puzzles_score_ends_with_a_verdict():
     lines = []
     assert harness.check(13, solution=True, out=lines.append, progress=False).passed
     assert lines[-1] == "  as good as the reference on all four"
+
+
+def test_exercise_5_asks_for_the_counts_as_given():
+    # tutorial 5's by-hand Stationary-X works its blocks out with block_range: exercise 5 draws other splits
+    from exercise_checks import planted, quiet
+    by_hand = planted(5, "    y_loc = collectives.reduce_scatter(comm, y_part, layer.f_counts, axis=1)",
+                      "    from refconv.distribution import block_range\n"
+                      "    f_counts = [numpy.diff(block_range(layer.F, comm.size, j))[0] for j in range(comm.size)]\n"
+                      "    y_loc = collectives.reduce_scatter(comm, y_part, f_counts, axis=1)")
+    by_hand.numpy = __import__("numpy")
+    result = quiet(5, module=by_hand)
+    assert result.status["forward"] == "failed", result.report
+    assert "c_counts [" in result.report and "f_counts [" in result.report  # the smallest case says its split
