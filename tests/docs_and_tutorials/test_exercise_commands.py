@@ -45,7 +45,8 @@ def test_reset_keeps_the_learners_file_and_says_where(course, capsys):
     rc, out = run(capsys, "reset", "5")
     kept = list((course / ".backup").iterdir())
     assert rc == 0 and len(kept) == 1 and kept[0].read_text().endswith("# my work\n")
-    assert out.strip() == f"exercise 5 is its skeleton again; your file is kept as tutorials/exercises/.backup/{kept[0].name}"
+    assert out.strip() == ("exercise 5 is its skeleton again; your file is kept as "
+                           f"tutorials/exercises/.backup/{kept[0].name}")
     assert "# my work" not in yours.read_text()
     rc, out = run(capsys, "reset", "5")  # already the skeleton: no second backup
     assert "is its skeleton already" in out and len(list((course / ".backup").iterdir())) == 1

@@ -17,7 +17,7 @@ PARTIAL = "a reduction over the channel group is missing"
 
 
 def test_exercise_6_without_its_reduction_is_a_partial_sum():
-    wrong = planted(6, "    dx_loc = collectives.reduce_scatter(comm, dx_part, layer.c_counts, axis=1)  # (n, C_i, H, W)",
+    wrong = planted(6, "    dx_loc = collectives.reduce_scatter(comm, dx_part, layer.c_counts, axis=1)",
                     "    c0 = sum(layer.c_counts[:comm.rank])\n"
                     "    dx_loc = dx_part[:, c0:c0 + layer.c_counts[comm.rank]]")
     result = quiet(6, module=wrong)
@@ -26,7 +26,7 @@ def test_exercise_6_without_its_reduction_is_a_partial_sum():
 
 
 def test_exercise_5_without_its_reduce_scatter_is_a_partial_sum():
-    wrong = planted(5, "    y_loc = collectives.reduce_scatter(comm, y_part, layer.f_counts, axis=1)  # (n, F_i, H', W'), summed",
+    wrong = planted(5, "    y_loc = collectives.reduce_scatter(comm, y_part, layer.f_counts, axis=1)",
                     "    f0 = sum(layer.f_counts[:comm.rank])\n"
                     "    y_loc = y_part[:, f0:f0 + layer.f_counts[comm.rank]]")
     result = quiet(5, module=wrong)

@@ -8,9 +8,17 @@ A checker (``checkers/NN_slug.py``) lists its :class:`Part` s.  For each part, i
    ``hypothesis.find`` looks for one where your result differs from the reference, then
    shrinks it to the smallest it can;
 3. on a mismatch the report gives that smallest case, the tensor, the first elements that
-   differ (rank, local index, yours, the reference's), and a picture of the differing cells
-   per rank; a crash gives your code's own frames, a deadlock each rank's pending call.
-   Nothing of this package's own traceback is shown.
+   differ (rank, local index, yours, the reference's), the likely cause where the difference has
+   a known shape (:mod:`.causes`: a partial sum, the halo, a race, a missing dict entry), and a
+   picture of the differing cells per rank; a crash gives your code's own frames, a deadlock each
+   rank's pending call, a time-out the fewest ranks that also run past it.  Nothing of this
+   package's own traceback is shown.
+
+A part with ``after=True`` (the detective's suspects) runs once, after the others, with their
+statuses; it raises :class:`Wrong` with its own lines rather than comparing tensors.  The header is
+printed at once and each report line as it is made; each stage (loading, each world size drawn,
+shrinking, scoring) is said on stderr as it starts.  Your own file, ``NN_slug.py``, is copied
+from ``skeletons/`` on first use; a check of it is recorded in ``.progress.json`` (:mod:`.state`).
 
 When every part passes, the checker's score (if it has one) runs your code and the reference
 solution on one stated case and prints both side by side (:mod:`.score`).
@@ -154,9 +162,10 @@ def your_file(number, say=print):
     return path
 
 
-def load(number, solution=False, skeleton=False):
-    """Your file for exercise ``number`` (or the solution, or the skeleton), read afresh: edits show at once."""
-    path = path_of(number, solution, skeleton) if solution or skeleton else your_file(number)
+def load(number, solution=False, skeleton=False, say=print):
+    """Your file for exercise ``number`` (or the solution, or the skeleton), read afresh: edits show at once;
+    ``say`` tells that your file was made from its skeleton."""
+    path = path_of(number, solution, skeleton) if solution or skeleton else your_file(number, say)
     tag = "_solution" if solution else "_skeleton" if skeleton else ""
     return module_from_source(path.read_text(), str(path), f"exercise_{number:02d}{tag}")
 
@@ -411,9 +420,9 @@ def check_part(part, module, quiet, progress=_silent, earlier=None):
 
 def check(number, *, solution=False, skeleton=False, module=None, examples=None, out=None, progress=None):
     """Check exercise ``number``: your file, the reference ``solution``, its pristine ``skeleton`` or
-    ``module`` (any module with the skeleton's functions); print the report (``out``, default print, a line as soon as it is
-    made) and return a :class:`Result`.  ``progress`` hears each stage as it starts (default: to
-    stderr; False: silent).  Only a check of your own file is recorded in your progress (:mod:`.state`)."""
+    ``module`` (any module with the skeleton's functions); print the report (``out``, default print, a line
+    as soon as it is made) and return a :class:`Result`.  ``progress`` hears each stage as it starts
+    (default: to stderr; False: silent).  Only a check of your own file is recorded in your progress (:mod:`.state`)."""
     from tutorials.exercises import state
 
     out = print if out is None else out
@@ -434,7 +443,7 @@ def check(number, *, solution=False, skeleton=False, module=None, examples=None,
     if module is None:
         progress("loading your file" if yours else f"loading {name}")
         try:
-            module = load_yours(number, progress) if yours else load(number, solution, skeleton)
+            module = load(number, solution, skeleton, say=progress)
         except Exception as exc:  # a syntax error, an import that fails: the learner's file, not a check
             say(f"your file does not load: {type(exc).__name__}: {exc}")
             if yours:
@@ -466,7 +475,3 @@ def check(number, *, solution=False, skeleton=False, module=None, examples=None,
     result.report = "\n".join(lines)
     return result
 
-
-def load_yours(number, progress):
-    """Your file, made from its skeleton first if it is not there yet (``progress`` says so)."""
-    return load(number) if path_of(number).exists() else (your_file(number, progress), load(number))[1]
