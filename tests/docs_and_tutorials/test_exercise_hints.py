@@ -68,3 +68,10 @@ def test_a_wrong_answer_of_no_known_shape_gets_no_cause():
     result = quiet(5, module=wrong)
     assert result.status["forward"] == "failed", result.report
     assert "cause:" not in result.report, result.report
+
+
+def test_a_kernel_wrong_in_the_same_way_every_run_is_not_called_a_race():
+    # exercise 13 loads one weight too few: deterministic, so both one-thread-at-a-time runs agree
+    result = quiet(13, module=planted(13, "if t < K * K:", "if t < K * K - 1:"))
+    assert result.status["conv_tile_kernel"] == "failed", result.report
+    assert "a race" not in result.report, result.report

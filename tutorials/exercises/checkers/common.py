@@ -325,19 +325,16 @@ def channel_parts(algorithm):
         return body
 
     def partials(case, x, w, b, dy, want):
-        """``{tensor: [(what, per-rank arrays)]}``: the wrong answers a missing or doubled reduction gives."""
+        """``{tensor: [(what, per-rank arrays)]}``: the wrong answers a missing reduction gives (with the bias
+        or without)."""
         p, P = case.problem, case.ranks
         g = dict(stride=p.stride, padding=p.padding, dilation=p.dilation)
         held = [weight_blocks(algorithm, case, r) for r in range(P)]
         f_r, c_r = ([own(case, axis, r) for r in range(P)] for axis in "FC")
         y_part = [ref.conv2d_forward(x[:, c], w[:, c], **g)[:, f_r[r]] for r, (_, c) in enumerate(held)]
         dx_part = [ref.conv2d_backward_data(dy[:, f], w[f], x.shape, **g)[:, c_r[r]] for r, (f, _) in enumerate(held)]
-        times = f"the reference times {P}, the number of ranks: something is summed on every rank, e.g. added " \
-                f"before the sum"
-        return {"y": [(PARTIAL, y_part),
-                      (PARTIAL, [y + b[f_r[r]].reshape(1, -1, 1, 1) for r, y in enumerate(y_part)]),
-                      (times, [P * want["y"][:, f] for f in f_r])],
-                "dx": [(PARTIAL, dx_part), (times, [P * want["dx"][:, c] for c in c_r])]}
+        return {"y": [(PARTIAL, y_part), (PARTIAL, [y + b[f_r[r]].reshape(1, -1, 1, 1) for r, y in enumerate(y_part)])],
+                "dx": [(PARTIAL, dx_part)]}
 
     def run_forward(module, case):
         (x, w, b, dy), want = setup(case)
