@@ -418,11 +418,13 @@ def check_part(part, module, quiet, progress=_silent, earlier=None):
                       *("  " + line for line in lines)]
 
 
-def check(number, *, solution=False, skeleton=False, module=None, examples=None, out=None, progress=None):
+def check(number, *, solution=False, skeleton=False, module=None, examples=None, out=None, progress=None,
+          parts=None):
     """Check exercise ``number``: your file, the reference ``solution``, its pristine ``skeleton`` or
     ``module`` (any module with the skeleton's functions); print the report (``out``, default print, a line
     as soon as it is made) and return a :class:`Result`.  ``progress`` hears each stage as it starts
-    (default: to stderr; False: silent).  Only a check of your own file is recorded in your progress (:mod:`.state`)."""
+    (default: to stderr; False: silent).  ``parts``: the names of the only parts to check (no score then,
+    and nothing recorded).  Only a check of your own file is recorded in your progress (:mod:`.state`)."""
     from tutorials.exercises import state
 
     out = print if out is None else out
@@ -439,7 +441,7 @@ def check(number, *, solution=False, skeleton=False, module=None, examples=None,
         sys.stdout.flush()
 
     say(f"exercise {number}: {spec.TITLE}, checking {name}")
-    yours = module is None and not solution and not skeleton
+    yours = module is None and not solution and not skeleton and parts is None
     if module is None:
         progress("loading your file" if yours else f"loading {name}")
         try:
@@ -451,14 +453,22 @@ def check(number, *, solution=False, skeleton=False, module=None, examples=None,
             return Result(number, {"loading": "failed"}, "\n".join(lines))
     quiet = profile(examples)
     status = {}
+    unknown = set(parts or ()) - {part.name for part in spec.PARTS}
+    if unknown:
+        raise ValueError(f"parts: exercise {number} has no part {sorted(unknown)}; its parts: "
+                         f"{[part.name for part in spec.PARTS]}")
     for part in spec.PARTS:
+        if parts is not None and part.name not in parts:
+            continue
         status[part.name], part_lines = check_part(part, module, quiet, progress, earlier=dict(status))
         if part.bonus and status[part.name] == "not written":
             status[part.name] = "bonus not written"
         for line in part_lines:
             say(line)
     result = Result(number, status, "")
-    if result.passed:
+    if result.passed and parts is not None:
+        say(f"passes (only {', '.join(parts)} checked)")
+    elif result.passed:
         say("every part passes")
         if getattr(spec, "score", None):
             progress("scoring on the score's case")
