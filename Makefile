@@ -61,7 +61,8 @@ test-extended: setup
 #                  each detective bug planted back is caught (tests/docs_and_tutorials/test_exercises.py, a few examples a part)
 .PHONY: exercises
 exercises: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/docs_and_tutorials/test_exercises.py
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/docs_and_tutorials/test_exercises.py \
+		tests/docs_and_tutorials/test_exercise_hints.py tests/docs_and_tutorials/test_exercise_commands.py
 
 # make tutorials -- run the ten notebooks of tutorials/ headless (each ends with its own checks)
 # make docs      -- build the site into build/site with mkdocs build --strict (tutorials executed)

@@ -1,8 +1,9 @@
 """The exercises of the course, each with a checker: ``python -m tutorials.exercises check N``.
 
 Exercise ``N`` is four files here: its page ``NN_slug.md`` (the problem and hints), its
-skeleton ``NN_slug.py`` (yours: the parts to write call :func:`todo`), a reference solution
-in ``solutions/NN_slug.py``, and its checker in ``checkers/NN_slug.py``.  From a notebook::
+skeleton ``skeletons/NN_slug.py`` (the parts to write call :func:`todo`), a reference solution
+in ``solutions/NN_slug.py``, and its checker in ``checkers/NN_slug.py``.  Yours, ``NN_slug.py``
+here, is copied from the skeleton on first use (git ignores it).  From a notebook::
 
     from tutorials.exercises import check
     check(5)                       # your tutorials/exercises/05_stationary_x.py

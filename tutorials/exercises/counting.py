@@ -7,6 +7,11 @@ with its global ``cuda`` replaced by :class:`FakeCuda`: every thread of a block 
 holds the others, as on current GPUs), ``cuda.shared.array`` one array per block and call site, and
 every global and shared array a :class:`Counted` wrapper that counts, per thread, each element read
 (a load) and written (a store).  Blocks run one after another.
+
+With ``order="forward"`` (or ``"reverse"``) a block is a turnstile (:class:`_Turnstile`): its threads run
+one at a time, in that order of their index, each until it calls ``syncthreads()`` or returns.  Two
+such runs of a kernel that misses a ``syncthreads()`` read cells not yet written in one order or the
+other, so they differ: the checker's race hint.  A kernel with its barriers gives the same result.
 """
 
 import threading
@@ -75,6 +80,39 @@ class _Block:
         self.lock.notify_all()
 
 
+class _Turnstile(_Block):
+    """A block whose threads run one at a time: ``pending`` in order this round, ``later`` the next round."""
+
+    def __init__(self, order):
+        super().__init__(len(order))
+        self.pending, self.later = list(order), []
+
+    def _wait_turn(self):
+        if not self.lock.wait_for(lambda: self.pending and self.pending[0] == _ME.thread_idx_key, timeout=30):
+            raise RuntimeError("a turnstile block: the thread before this one never yielded")
+
+    def enter(self):
+        with self.lock:
+            self._wait_turn()
+
+    def _yield(self, again):
+        self.pending.pop(0)
+        if again:
+            self.later.append(_ME.thread_idx_key)
+        if not self.pending:
+            self.pending, self.later = self.later, []
+        self.lock.notify_all()
+
+    def sync(self):
+        with self.lock:
+            self._yield(again=True)
+            self._wait_turn()
+
+    def left(self):
+        with self.lock:
+            self._yield(again=False)
+
+
 class _Shared:
     def __init__(self, counts):
         self.counts = counts
@@ -111,10 +149,13 @@ class FakeCuda:
         return getattr(real_cuda, name)
 
 
-def run(kernel_fn, grid_dim, block_dim, *arrays):
+def run(kernel_fn, grid_dim, block_dim, *arrays, order=None):
     """Run ``kernel_fn(*arrays)`` (its Python function) on the fake; returns ``counts[(block, thread)] =
     {(space, "loads" or "stores"): n}``, every thread of the launch listed.  Raises the first exception a
-    thread raised (yours: a todo not written, an index out of range)."""
+    thread raised (yours: a todo not written, an index out of range).  ``order``: None (threads run
+    together), "forward" or "reverse" (one at a time, see the module's docstring)."""
+    if order not in (None, "forward", "reverse"):
+        raise ValueError(f"order: expected None, 'forward' or 'reverse', got {order!r}")
     grid_dim, block_dim = tuple(grid_dim) + (1,) * (3 - len(grid_dim)), tuple(block_dim) + (1,) * (3 - len(block_dim))
     counts = {}
     fake = FakeCuda(counts, grid_dim, block_dim)
@@ -125,13 +166,16 @@ def run(kernel_fn, grid_dim, block_dim, *arrays):
     for b in numpy.ndindex(*grid_dim[::-1]):
         block_idx = Dim3(*b[::-1])
         threads = list(numpy.ndindex(*block_dim[::-1]))
-        block = _Block(len(threads))
+        block = _Block(len(threads)) if order is None else \
+            _Turnstile(threads if order == "forward" else threads[::-1])
 
         def thread(t, block_idx=block_idx, block=block, b=b):
             _ME.thread, _ME.thread_idx, _ME.block_idx = (b[::-1], t[::-1]), Dim3(*t[::-1]), block_idx
-            _ME.block, _ME.shared_calls = block, 0
+            _ME.block, _ME.shared_calls, _ME.thread_idx_key = block, 0, t
             counts[_ME.thread] = {}
             try:
+                if order is not None:
+                    block.enter()
                 fn(*wrapped)
             except BaseException as exc:  # noqa: B036 -- reported to the launch, as the simulator does
                 errors.append(exc)

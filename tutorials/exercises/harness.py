@@ -8,9 +8,17 @@ A checker (``checkers/NN_slug.py``) lists its :class:`Part` s.  For each part, i
    ``hypothesis.find`` looks for one where your result differs from the reference, then
    shrinks it to the smallest it can;
 3. on a mismatch the report gives that smallest case, the tensor, the first elements that
-   differ (rank, local index, yours, the reference's), and a picture of the differing cells
-   per rank; a crash gives your code's own frames, a deadlock each rank's pending call.
-   Nothing of this package's own traceback is shown.
+   differ (rank, local index, yours, the reference's), the likely cause where the difference has
+   a known shape (:mod:`.causes`: a partial sum, the halo, a race, a missing dict entry), and a
+   picture of the differing cells per rank; a crash gives your code's own frames, a deadlock each
+   rank's pending call, a time-out the fewest ranks that also run past it.  Nothing of this
+   package's own traceback is shown.
+
+A part with ``after=True`` (the detective's suspects) runs once, after the others, with their
+statuses; it raises :class:`Wrong` with its own lines rather than comparing tensors.  The header is
+printed at once and each report line as it is made; each stage (loading, each world size drawn,
+shrinking, scoring) is said on stderr as it starts.  Your own file, ``NN_slug.py``, is copied
+from ``skeletons/`` on first use; a check of it is recorded in ``.progress.json`` (:mod:`.state`).
 
 When every part passes, the checker's score (if it has one) runs your code and the reference
 solution on one stated case and prints both side by side (:mod:`.score`).
@@ -19,6 +27,7 @@ Every run on ranks has a time limit (:data:`TIMEOUT_S`); a deadlock is reported 
 :mod:`refconv.simulated`, so a check never hangs.
 """
 
+import ast
 import dataclasses
 import importlib.util
 import os
@@ -82,6 +91,19 @@ class Compared:
     exact: bool = False
     label: str = "rank"  # what the entries of ``actual`` are: ranks, or a kernel's blocks
     note: str = ""  # how to read it, said once
+    kind: str = "array"  # "dict": each entry a dict, compared key by key (causes.mismatch_dict)
+    hints: bool = True  # whether a mismatch may name its likely cause (causes.explain); the detective's may not
+    lookalikes: object = None  # () -> [(what, per-rank arrays)]: wrong answers a cause hint recognises
+    edges: tuple = None  # per trailing spatial axis, the halo's width: a difference only there is the halo
+    reruns: object = None  # () -> more ``actual`` of the same case: a difference between them is a race
+
+
+class Wrong(Exception):
+    """A part's verdict that is not a tensor to compare: ``lines`` are the report's lines."""
+
+    def __init__(self, lines):
+        self.lines = list(lines)
+        super().__init__("\n".join(self.lines))
 
 
 @dataclasses.dataclass
@@ -94,6 +116,7 @@ class Part:
     run: object
     describe: object = repr
     bonus: bool = False  # a bonus part left unwritten does not keep the exercise from passing
+    after: bool = False  # runs once, with ``run(module, case, earlier)``: the statuses of the parts before it
 
 
 @dataclasses.dataclass
@@ -123,22 +146,43 @@ def slug(number):
     return EXERCISES[number - 1]
 
 
-def path_of(number, solution=False):
-    return HERE / ("solutions" if solution else "") / f"{slug(number)}.py"
+def path_of(number, solution=False, skeleton=False):
+    """Your file of exercise ``number`` (git-ignored, made from its skeleton), its reference ``solution``
+    or its pristine ``skeleton``."""
+    folder = HERE / "solutions" if solution else HERE / "skeletons" if skeleton else HERE
+    return folder / f"{slug(number)}.py"
 
 
-def load(number, solution=False):
-    """Your file for exercise ``number`` (or the solution), read afresh: edits show at once."""
-    path = path_of(number, solution)
-    return module_from_source(path.read_text(), str(path), f"exercise_{number:02d}{'_solution' if solution else ''}")
+def your_file(number, say=print):
+    """Your file of exercise ``number``; on first use it is copied from the skeleton, and ``say`` says so."""
+    path = path_of(number)
+    if not path.exists():
+        path.write_text(path_of(number, skeleton=True).read_text())
+        say(f"made tutorials/exercises/{path.name} from its skeleton: edit it there")
+    return path
+
+
+def load(number, solution=False, skeleton=False, say=print):
+    """Your file for exercise ``number`` (or the solution, or the skeleton), read afresh: edits show at once;
+    ``say`` tells that your file was made from its skeleton."""
+    path = path_of(number, solution, skeleton) if solution or skeleton else your_file(number, say)
+    tag = "_solution" if solution else "_skeleton" if skeleton else ""
+    return module_from_source(path.read_text(), str(path), f"exercise_{number:02d}{tag}")
 
 
 def module_from_source(source, filename, name):
-    """A module run from ``source``; its frames carry ``filename`` (tests plant bugs this way)."""
+    """A module run from ``source`` (kept as ``__source__``); its frames carry ``filename`` (tests plant
+    bugs this way)."""
     module = types.ModuleType(name)
-    module.__file__ = filename
+    module.__file__, module.__source__ = filename, source
     exec(compile(source, filename, "exec"), module.__dict__)
     return module
+
+
+def functions(source):
+    """``{name: its AST dumped}`` of the top-level functions of ``source``: equal dumps are the same code,
+    whatever the comments and spacing."""
+    return {node.name: ast.dump(node) for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
 
 
 def checker(number):
@@ -159,6 +203,10 @@ def on_ranks(fn, ranks, *args):
 # -- comparing --------------------------------------------------------------------------------------
 def mismatch(c):
     """None when every rank's ``c.actual`` matches ``c.expected``; else the report's lines."""
+    from tutorials.exercises import causes
+
+    if c.kind == "dict":
+        return causes.mismatch_dict(c)
     if len(c.actual) != len(c.expected):
         return [f"{c.name}: {len(c.actual)} results for {len(c.expected)} {c.label}s"]
     masks, first, shapes = [], [], []
@@ -192,6 +240,8 @@ def mismatch(c):
     lines = [f"{c.name} differs on {c.label}{'s' if len(bad_ranks) > 1 else ''} {', '.join(map(str, bad_ranks))}: "
              f"{total} of {cells} elements; first:"] + note
     lines += [f"  {c.label} {r} {c.name}{list(i)}: yours {_num(a)}, reference {_num(e)}" for r, i, a, e in first[:5]]
+    if c.hints:
+        lines += causes.explain(c, masks)
     return lines + picture(c.name, masks, c.label)
 
 
@@ -224,12 +274,14 @@ def picture(name, masks, label="rank"):
 TIMED_OUT = "your code ran past the time limit"
 
 
-def _attempt(part, module, case):
+def attempt(part, module, case):
     """None when the part passes on ``case``; else the failure's lines.  NotWritten propagates."""
     try:
         compared = part.run(module, case)
     except NotWritten:
         raise
+    except Wrong as exc:
+        return exc.lines
     except simulated.Deadlock as exc:
         return ["your code deadlocked: every rank waits for a call no other rank makes",
                 *without_our_frames(str(exc), module)]
@@ -280,28 +332,75 @@ def profile(examples=None):
     return chosen if examples is None else settings(chosen, max_examples=examples)
 
 
-def check_part(part, module, quiet):
-    """``(status, lines)`` of one part, its cases drawn with the settings ``quiet``."""
+def _silent(text):
+    pass
+
+
+def _to_stderr(text):
+    print("  ... " + text, file=sys.stderr, flush=True)
+
+
+def fewer_ranks(case):
+    """The same case on fewer ranks, fewest first (none where a case's ranks are not a field of its own)."""
+    ranks = getattr(case, "ranks", None)
+    fields = {f.name for f in dataclasses.fields(case)} if dataclasses.is_dataclass(case) else ()
+    if not isinstance(ranks, int) or "ranks" not in fields:
+        return []
+    return [dataclasses.replace(case, ranks=k) for k in range(1, ranks)]
+
+
+def _smaller_timeout(part, module, case):
+    """The fewest ranks of ``case`` that also run past the time limit: ``(case, lines)``, or None."""
+    for smaller in fewer_ranks(case):
+        try:
+            lines = attempt(part, module, smaller)
+        except NotWritten:
+            return None
+        if lines and lines[0].startswith(TIMED_OUT):
+            return smaller, lines
+    return None
+
+
+def check_part(part, module, quiet, progress=_silent, earlier=None):
+    """``(status, lines)`` of one part, its cases drawn with the settings ``quiet``; ``progress`` hears of
+    each stage; an ``after`` part runs once with the statuses of the ``earlier`` parts."""
+    if part.after:
+        progress(f"{part.name}: checking")
+        try:
+            lines = attempt(dataclasses.replace(part, run=lambda m, case: part.run(m, case, earlier or {})),
+                             module, None)
+        except NotWritten as exc:
+            return "not written", [f"{part.name}: {exc}"]
+        return ("failed", [f"{part.name}: FAILED", *("  " + line for line in lines)]) if lines else \
+            ("passed", [f"{part.name}: passed"])
+    progress(f"{part.name}: its simplest case")
     simplest = find(part.cases, lambda case: True, settings=quiet)
-    found, tried = {}, []
+    found, tried, sizes = {}, [], set()
 
     def fails(case):
         if case in found:
             return True  # Hypothesis replays its final case: the same verdict, not run again
         if any(lines[0].startswith(TIMED_OUT) for lines in found.values() if isinstance(lines, list)):
-            return False  # no shrinking past a time-out: each try would cost TIMEOUT_S more
+            return False  # no shrinking past a time-out: each try would cost TIMEOUT_S more (fewer ranks: below)
+        ranks = getattr(case, "ranks", None)
+        if ranks not in sizes:
+            sizes.add(ranks)
+            if ranks is not None:
+                progress(f"{part.name}: drawing cases on {ranks} rank{'s' if ranks != 1 else ''}")
         tried.append(case)
         try:
-            lines = _attempt(part, module, case)
+            lines = attempt(part, module, case)
         except NotWritten as exc:
             found["not written"] = exc
             return True
         if lines:
+            if not found:
+                progress(f"{part.name}: a case fails; shrinking it")
             found[case] = lines
         return bool(lines)
 
     try:
-        _attempt(part, module, simplest)  # a todo left in the part shows here, before any search
+        attempt(part, module, simplest)  # a todo left in the part shows here, before any search
     except NotWritten as exc:
         return "not written", [f"{part.name}: {exc}"]
     try:
@@ -311,45 +410,78 @@ def check_part(part, module, quiet):
         return "passed", [f"{part.name}: passed ({n} drawn case{'s' if n > 1 else ''})"]
     if "not written" in found:
         return "not written", [f"{part.name}: {found['not written']}"]
-    lines = found.get(case) or _attempt(part, module, case)
+    lines = found.get(case) or attempt(part, module, case)
+    if lines and lines[0].startswith(TIMED_OUT):
+        progress(f"{part.name}: a time-out; trying fewer ranks")
+        case, lines = _smaller_timeout(part, module, case) or (case, lines)
     return "failed", [f"{part.name}: FAILED on the smallest case found: {part.describe(case)}",
                       *("  " + line for line in lines)]
 
 
-def check(number, *, solution=False, module=None, examples=None, out=None):
-    """Check exercise ``number``: your file, the reference ``solution``, or ``module`` (any module
-    with the skeleton's functions); print the report (``out``, default print) and return a
-    :class:`Result`."""
+def check(number, *, solution=False, skeleton=False, module=None, examples=None, out=None, progress=None,
+          parts=None):
+    """Check exercise ``number``: your file, the reference ``solution``, its pristine ``skeleton`` or
+    ``module`` (any module with the skeleton's functions); print the report (``out``, default print, a line
+    as soon as it is made) and return a :class:`Result`.  ``progress`` hears each stage as it starts
+    (default: to stderr; False: silent).  ``parts``: the names of the only parts to check (no score then,
+    and nothing recorded).  Only a check of your own file is recorded in your progress (:mod:`.state`)."""
+    from tutorials.exercises import state
+
     out = print if out is None else out
+    progress = _to_stderr if progress is None else progress or _silent
     spec = checker(number)
     name = "the reference solution" if solution else "a module given" if module is not None else \
+        f"the skeleton, tutorials/exercises/skeletons/{slug(number)}.py" if skeleton else \
         f"tutorials/exercises/{slug(number)}.py"
+    lines = []
+
+    def say(line):
+        lines.append(line)
+        out(line)
+        sys.stdout.flush()
+
+    say(f"exercise {number}: {spec.TITLE}, checking {name}")
+    yours = module is None and not solution and not skeleton and parts is None
     if module is None:
+        progress("loading your file" if yours else f"loading {name}")
         try:
-            module = load(number, solution)
+            module = load(number, solution, skeleton, say=progress)
         except Exception as exc:  # a syntax error, an import that fails: the learner's file, not a check
-            report = "\n".join([f"exercise {number}: {spec.TITLE}, checking {name}",
-                                 f"your file does not load: {type(exc).__name__}: {exc}"])
-            out(report)
-            return Result(number, {"loading": "failed"}, report)
+            say(f"your file does not load: {type(exc).__name__}: {exc}")
+            if yours:
+                state.record(number, "not yet")
+            return Result(number, {"loading": "failed"}, "\n".join(lines))
     quiet = profile(examples)
-    lines = [f"exercise {number}: {spec.TITLE}, checking {name}"]
     status = {}
+    unknown = set(parts or ()) - {part.name for part in spec.PARTS}
+    if unknown:
+        raise ValueError(f"parts: exercise {number} has no part {sorted(unknown)}; its parts: "
+                         f"{[part.name for part in spec.PARTS]}")
     for part in spec.PARTS:
-        status[part.name], part_lines = check_part(part, module, quiet)
+        if parts is not None and part.name not in parts:
+            continue
+        status[part.name], part_lines = check_part(part, module, quiet, progress, earlier=dict(status))
         if part.bonus and status[part.name] == "not written":
             status[part.name] = "bonus not written"
-        lines += part_lines
-    if status and all(s in ("passed", "bonus not written") for s in status.values()):
-        lines.append("every part passes")
+        for line in part_lines:
+            say(line)
+    result = Result(number, status, "")
+    if result.passed and parts is not None:
+        say(f"passes (only {', '.join(parts)} checked)")
+    elif result.passed:
+        say("every part passes")
         if getattr(spec, "score", None):
-            lines += spec.score(module, load(number, solution=True))
+            progress("scoring on the score's case")
+            for line in spec.score(module, load(number, solution=True)):
+                say(line)
         else:
-            lines.append(f"no score: {spec.NO_SCORE}")
+            say(f"no score: {spec.NO_SCORE}")
     elif status:
         todo_parts = [p for p, s in status.items() if s not in ("passed", "bonus not written")]
-        lines.append(f"not yet: {', '.join(todo_parts)}")
-    report = "\n".join(lines)
-    out(report)
-    sys.stdout.flush()
-    return Result(number, status, report)
+        say(f"not yet: {', '.join(todo_parts)}")
+    if yours:
+        written = any(s not in ("not written", "bonus not written") for s in status.values())
+        state.record(number, "passed" if result.passed else "not yet" if written else "not written")
+    result.report = "\n".join(lines)
+    return result
+

@@ -123,14 +123,19 @@ def table(case, yours, reference):
     for r, (a, b) in enumerate(zip(yours, reference)):
         lines.append(f"  {r:<6} {_pair(a['bytes'], b['bytes'], 'B'):22} {_pair(a['memory'], b['memory'], 'B'):22} "
                      f"{a['seconds'] * 1e6:.1f} us ({b['seconds'] * 1e6:.1f} us)")
-    verdict = []
-    for key, what in (("bytes", "moves"), ("memory", "holds"), ("seconds", "takes")):
-        mine, ref = max(a[key] for a in yours), max(b[key] for b in reference)
-        if mine > ref * 1.001:
-            verdict.append(f"yours {what} {mine / ref:.2f}x the reference's at the busiest rank" if ref else
-                           f"yours {what} {mine:.3g} where the reference's {what} nothing")
-    lines.append("  " + ("; ".join(verdict) if verdict else "as good as the reference on all three"))
-    return lines
+    pairs = [(what, max(a[key] for a in yours), max(b[key] for b in reference), " at the busiest rank")
+             for key, what in (("bytes", "moves"), ("memory", "holds"), ("seconds", "takes"))]
+    return lines + ["  " + verdict(pairs)]
+
+
+def verdict(pairs):
+    """The score's last line.  ``pairs``: ``(verb, yours, the reference's, where)``, smaller better; each of
+    yours past the reference's is said as a ratio, ``where`` saying what it is of."""
+    worse = [f"yours {verb} {mine / ref:.2f}x the reference's{where}" if ref else
+             f"yours {verb} {mine:.3g} where the reference's {verb} nothing"
+             for verb, mine, ref, where in pairs if mine > ref * 1.001]
+    everything = {2: "both", 3: "all three", 4: "all four"}.get(len(pairs), f"all {len(pairs)}")
+    return "; ".join(worse) if worse else f"as good as the reference on {everything}"
 
 
 def _pair(a, b, unit):

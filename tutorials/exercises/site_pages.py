@@ -15,7 +15,8 @@ ROOT = HERE.parent.parent
 
 def on_files(files, config):
     pages = [HERE / "README.md", *sorted(HERE.glob("[0-9][0-9]_*.md"))]
-    code = [*sorted(HERE.glob("[0-9][0-9]_*.py")), HERE / "score.py", HERE / "counting.py", HERE / "kit.py",
+    code = [*sorted((HERE / "skeletons").glob("[0-9][0-9]_*.py")), HERE / "score.py", HERE / "counting.py",
+            HERE / "kit.py",
             *sorted((HERE / "solutions").glob("[0-9][0-9]_*.py"))]
     for path in pages + code:
         files.append(File(str(path.relative_to(ROOT)), str(ROOT), config["site_dir"], config["use_directory_urls"]))

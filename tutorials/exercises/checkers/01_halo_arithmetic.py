@@ -2,7 +2,6 @@
 
 import dataclasses
 
-import numpy
 from hypothesis import strategies as st
 
 from refconv.testing.strategies import spatial_dim
@@ -10,6 +9,7 @@ from tutorials.exercises.checkers.common import blocks
 from tutorials.exercises.harness import Compared, Part, on_ranks
 
 TITLE = "output and halo arithmetic"
+LEVEL, MINUTES = 1, 20  # difficulty 1 to 3, and a learner's time
 NO_SCORE = "arithmetic only, nothing moves: an answer is right or wrong"
 
 
@@ -45,25 +45,22 @@ def loops_output_length(c):
 
 
 def loops_rows_needed(c, r):
-    """``(ranks, 2)``: per other rank q, the rows ``[lo, hi)`` of q's block that rank r's output
-    rows read (the hull of the rows they read, cut by q's block); ``(-1, -1)`` where none."""
+    """``{q: (lo, hi)}``: per other rank q, the rows ``[lo, hi)`` of q's block that rank r's output
+    rows read (the hull of the rows they read, cut by q's block); no entry where none."""
     Ho = loops_output_length(c)
     o0, o1 = blocks(Ho, c.ranks)[r]
     read = [o * c.s - c.p + c.d * k for o in range(o0, o1) for k in range(c.K)]
     lo, hi = min(read), max(read) + 1
-    out = numpy.full((c.ranks, 2), -1)
-    for q, (h0, h1) in enumerate(blocks(c.H, c.ranks)):
-        if q != r and max(lo, h0) < min(hi, h1):
-            out[q] = max(lo, h0), min(hi, h1)
-    return out
+    return {q: (max(lo, h0), min(hi, h1)) for q, (h0, h1) in enumerate(blocks(c.H, c.ranks))
+            if q != r and max(lo, h0) < min(hi, h1)}
 
 
-def as_table(needed, ranks):
-    """The learner's ``{q: (lo, hi)}`` as the oracle's ``(ranks, 2)`` table."""
-    out = numpy.full((ranks, 2), -1)
-    for q, (lo, hi) in dict(needed).items():
-        out[q] = lo, hi
-    return out
+def as_dict(needed):
+    """The learner's answer with plain ints, as the oracle's; anything but a dict of pairs as it is."""
+    try:
+        return {int(q): tuple(int(v) for v in pair) for q, pair in dict(needed).items()}
+    except (TypeError, ValueError):
+        return needed
 
 
 def _per_rank(fn, c):
@@ -82,9 +79,9 @@ def run_block(module, c):
 
 
 def run_needed(module, c):
-    got = _per_rank(lambda comm: as_table(module.rows_needed(c.H, comm.size, comm.rank, c.K, c.s, c.p, c.d),
-                                          comm.size), c)
-    return [Compared("rows_needed", got, [loops_rows_needed(c, r) for r in range(c.ranks)], exact=True)]
+    got = _per_rank(lambda comm: as_dict(module.rows_needed(c.H, comm.size, comm.rank, c.K, c.s, c.p, c.d)), c)
+    return [Compared("rows_needed", got, [loops_rows_needed(c, r) for r in range(c.ranks)], kind="dict",
+                     note="{q: (lo, hi)}")]
 
 
 PARTS = [Part("output_length", rows_cases(), run_length, str),

@@ -8,6 +8,8 @@ from tutorials.exercises.checkers.common import LayerCase, blocks, channel_cases
 from tutorials.exercises.harness import Compared, Part, on_ranks
 
 TITLE = "sample parallelism's backward"
+LEVEL, MINUTES = 1, 30  # difficulty 1 to 3, and a learner's time
+OWN = "the gradient of one rank's own samples: a reduction over the samples is missing"
 
 
 def cases():
@@ -63,8 +65,14 @@ def run_filter(module, case):
     dw = ref.conv2d_backward_filter(x, dy, w.shape, **_geometry(p))
     db = ref.conv2d_backward_bias(dy)
     cells = p.N * p.y_shape[2] * p.y_shape[3]
-    return [Compared("dw", [g[0] for g in got], [dw] * case.ranks, reduction=cells),
-            Compared("db", [g[1] for g in got], [db] * case.ranks, reduction=cells)]
+    mine = blocks(p.N, case.ranks)
+
+    def own_samples(grad):
+        return lambda: [(OWN, [grad(n0, n1) for n0, n1 in mine])]
+    return [Compared("dw", [g[0] for g in got], [dw] * case.ranks, reduction=cells, lookalikes=own_samples(
+                lambda n0, n1: ref.conv2d_backward_filter(x[n0:n1], dy[n0:n1], w.shape, **_geometry(p)))),
+            Compared("db", [g[1] for g in got], [db] * case.ranks, reduction=cells,
+                     lookalikes=own_samples(lambda n0, n1: ref.conv2d_backward_bias(dy[n0:n1])))]
 
 
 PARTS = [Part("backward_data", cases(), run_data, str), Part("backward_filter", cases(), run_filter, str)]

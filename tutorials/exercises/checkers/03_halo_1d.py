@@ -4,6 +4,7 @@ from tutorials.exercises.checkers.common import HaloCase, halo_cases, halo_parts
 from tutorials.exercises.harness import Part
 
 TITLE = "a 1-D halo exchange with uneven shards"
+LEVEL, MINUTES = 2, 40  # difficulty 1 to 3, and a learner's time
 
 run_exchange, run_return = halo_parts("halo_exchange", "halo_return")
 PARTS = [Part("halo_exchange", halo_cases(1, ranks=(1, 2, 3, 4, 5)), run_exchange, str),

@@ -4,6 +4,7 @@ from tutorials.exercises.checkers.common import HaloCase, halo_cases, halo_parts
 from tutorials.exercises.harness import Part
 
 TITLE = "a 2-D halo with corners (bonus: 3-D)"
+LEVEL, MINUTES = 2, 60  # difficulty 1 to 3, and a learner's time
 
 run_exchange, run_return = halo_parts("halo_exchange", "halo_return")
 run_exchange_3d, run_return_3d = halo_parts("halo_exchange_3d", "halo_return_3d")

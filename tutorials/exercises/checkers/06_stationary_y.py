@@ -5,6 +5,7 @@ from tutorials.exercises.checkers.common import ChannelCase, channel_cases, chan
 from tutorials.exercises.harness import Part
 
 TITLE = "Stationary-Y forward and backward"
+LEVEL, MINUTES = 2, 40  # difficulty 1 to 3, and a learner's time
 
 run_forward, run_backward, score_of = channel_parts("y")
 PARTS = [Part("forward", channel_cases(), run_forward, str), Part("backward", channel_cases(), run_backward, str)]

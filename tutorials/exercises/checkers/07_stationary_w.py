@@ -5,6 +5,7 @@ from tutorials.exercises.checkers.common import ChannelCase, channel_parts, w_ca
 from tutorials.exercises.harness import Part
 
 TITLE = "Stationary-W forward and backward"
+LEVEL, MINUTES = 3, 60  # difficulty 1 to 3, and a learner's time
 
 run_forward, run_backward, score_of = channel_parts("w")
 PARTS = [Part("forward", w_cases(), run_forward, str), Part("backward", w_cases(), run_backward, str)]

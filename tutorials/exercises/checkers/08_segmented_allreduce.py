@@ -10,6 +10,7 @@ from tutorials.exercises.checkers.common import blocks, grids
 from tutorials.exercises.harness import Compared, Part, on_ranks
 
 TITLE = "the segmented allreduce"
+LEVEL, MINUTES = 2, 45  # difficulty 1 to 3, and a learner's time
 F, C, K = 5, 3, 3  # the layer whose weight gradient is sharded: w (F, C, K, K), F split over the channel ranks
 
 

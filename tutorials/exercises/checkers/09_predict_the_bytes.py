@@ -13,6 +13,7 @@ from refconv.testing.strategies import conv_problems
 from tutorials.exercises.harness import Compared, Part, on_ranks
 
 TITLE = "predict the bytes"
+LEVEL, MINUTES = 2, 30  # difficulty 1 to 3, and a learner's time
 NO_SCORE = "a prediction is exact or wrong, call for call"
 
 

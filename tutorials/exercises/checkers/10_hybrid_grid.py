@@ -14,6 +14,7 @@ from tutorials.exercises.harness import Compared, Part, on_ranks
 from tutorials.exercises.kit import HybridLayer
 
 TITLE = "a hybrid grid (sample x channel x height)"
+LEVEL, MINUTES = 3, 60  # difficulty 1 to 3, and a learner's time
 
 
 @dataclasses.dataclass(frozen=True)

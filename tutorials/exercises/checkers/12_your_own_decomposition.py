@@ -13,6 +13,7 @@ from tutorials.exercises import score as scoring
 from tutorials.exercises.harness import Compared, Part, not_written_in, on_ranks
 
 TITLE = "your own decomposition: SUMMA-style Stationary-Y"
+LEVEL, MINUTES = 3, 90  # difficulty 1 to 3, and a learner's time
 NAME = "summa-y"
 
 

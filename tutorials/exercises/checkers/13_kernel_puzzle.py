@@ -9,9 +9,11 @@ from numba import cuda
 
 from refconv import reference as ref
 from tutorials.exercises import counting
+from tutorials.exercises import score as scoring
 from tutorials.exercises.harness import Compared, Part
 
 TITLE = "a kernel puzzle: a tiled convolution, scored by loads per thread"
+LEVEL, MINUTES = 3, 60  # difficulty 1 to 3, and a learner's time
 GLOBAL_LOADS = 3  # per thread: its share of the input tile (at most 2 cells of 10 x 10 for 64 threads) and 1 weight
 SHARED_LOADS_PER_TAP = 2  # per thread and tap a, b: x_tile and w_tile
 
@@ -62,8 +64,17 @@ def run_kernel(module, case):
     y = numpy.zeros(case.out, numpy.float32)
     cuda.jit(module.conv_tile_kernel)[blocks, threads](x, w, y)
     want = ref.conv2d_forward(x[None, None].astype(numpy.float64), w[None, None].astype(numpy.float64))[0, 0]
+
+    def one_at_a_time():  # the threads of a block in turn, in two orders: a missing barrier shows
+        out = []
+        for order in ("forward", "reverse"):
+            y_run = numpy.zeros(case.out, numpy.float32)
+            counting.run(module.conv_tile_kernel, blocks, threads, x, w, y_run, order=order)
+            out.append([y_run])
+        return out
     # float32 against the float64 reference rounded to float32: the tolerance is float32's
-    return [Compared("y", [y], [want.astype(numpy.float32)], reduction=case.K * case.K, label="launch")]
+    return [Compared("y", [y], [want.astype(numpy.float32)], reduction=case.K * case.K, label="launch",
+                     reruns=one_at_a_time)]
 
 
 def per_block(counts, blocks, threads, space, what):
@@ -99,9 +110,11 @@ def score(module, solution):
     blocks, threads = _launch(SCORE_CASE)
     counted = [counting.run(m.conv_tile_kernel, blocks, threads, x, w, numpy.zeros(SCORE_CASE.out, numpy.float32))
                for m in (module, solution)]
+    pairs = []
     for space in ("global", "shared"):
         for what in ("loads", "stores"):
             a, b = ([c.get((space, what), 0) for c in counts.values()] for counts in counted)
             lines.append(f"  {space} {what:6}  most {max(a)} ({max(b)}), "
                          f"mean {numpy.mean(a):.2f} ({numpy.mean(b):.2f})")
-    return lines
+            pairs.append((what, max(a), max(b), f" ({space} {what}, the busiest thread)"))
+    return lines + ["  " + scoring.verdict(pairs)]

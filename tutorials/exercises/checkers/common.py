@@ -15,6 +15,7 @@ from refconv.testing.strategies import conv_problems, spatial_dim
 from tutorials.exercises.score import checkpoint, given
 
 WORLD_SIZES = (1, 2, 3, 4)
+PARTIAL = "one rank's partial sum: a reduction over the channel group is missing"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +168,8 @@ def halo_parts(exchange_name, return_name):
             given(x_loc)
             return getattr(module, exchange_name)(comm, x_loc, case.layer)
         got = on_ranks(body, case.ranks)
-        return [Compared("x_win", got, [window_of(x, case.window(r)) for r in range(case.ranks)])]
+        return [Compared("x_win", got, [window_of(x, case.window(r)) for r in range(case.ranks)],
+                         edges=halo_widths(case))]
 
     def run_return(module, case):
         x, wins = arrays(case)
@@ -180,8 +182,14 @@ def halo_parts(exchange_name, return_name):
             given(dx_win)
             return getattr(module, return_name)(comm, dx_win, case.layer)
         got = on_ranks(body, case.ranks)
-        return [Compared("dx_loc", got, [local(dx, case.owned(r)) for r in range(case.ranks)], reduction=case.ranks)]
+        return [Compared("dx_loc", got, [local(dx, case.owned(r)) for r in range(case.ranks)], reduction=case.ranks,
+                         edges=halo_widths(case))]
     return run_exchange, run_return
+
+
+def halo_widths(case):
+    """Per spatial axis, how far from a block's edge the halo reaches: the padding, or the kernel's reach."""
+    return tuple(max(p, d * (k - 1)) for k, p, d in zip(case.kernel, case.padding, case.dilation))
 
 
 def halo_score(exchange_name, return_name, case):
@@ -218,9 +226,34 @@ class ChannelCase(LayerCase):
     """A layer on a channel group of ``ranks``; ``p_f``: Stationary-W's factor (None for X and Y)."""
 
     p_f: int = None
+    counts: tuple = None  # (c_counts, f_counts) as drawn; None: numpy.array_split's
 
     def __str__(self):
-        return super().__str__() + (f", p_f = {self.p_f}" if self.p_f else "")
+        drawn = f", c_counts {list(self.counts[0])}, f_counts {list(self.counts[1])}" if self.counts else ""
+        return super().__str__() + (f", p_f = {self.p_f}" if self.p_f else "") + drawn
+
+
+def counts_of(case, axis):
+    """The sizes of the ranks' blocks of ``axis`` ("C" or "F") in rank order: the case's own, if it drew
+    them, else ``numpy.array_split``'s."""
+    drawn = getattr(case, "counts", None)
+    length = case.problem.C if axis == "C" else case.problem.F
+    if drawn:
+        return list(drawn[0] if axis == "C" else drawn[1])
+    return [b - a for a, b in blocks(length, case.ranks)]
+
+
+@st.composite
+def composition_cases(draw, sizes=WORLD_SIZES):
+    """A channel case whose blocks of C and F are any sizes of at least 1 (not array_split's): each split
+    drawn as its cut points."""
+    case = draw(channel_cases(sizes))
+
+    def composition(length):
+        cuts = sorted(draw(st.lists(st.integers(1, length - 1), unique=True, min_size=case.ranks - 1,
+                                    max_size=case.ranks - 1))) if case.ranks > 1 else []
+        return tuple(b - a for a, b in zip([0, *cuts], [*cuts, length]))
+    return ChannelCase(case.problem, case.ranks, counts=(composition(case.problem.C), composition(case.problem.F)))
 
 
 @st.composite
@@ -230,9 +263,12 @@ def w_cases(draw, sizes=(1, 2, 3, 4, 6)):
         [q for q in range(1, case.ranks + 1) if case.ranks % q == 0])))
 
 
-def indices(length, parts, which):
-    """The indices of blocks ``which`` (in that order) of ``length`` split ``parts`` ways."""
-    return numpy.concatenate([numpy.arange(*blocks(length, parts)[k]) for k in which]).astype(int)
+def indices(length, parts, which, counts=None):
+    """The indices of blocks ``which`` (in that order) of ``length`` split ``parts`` ways (into blocks of
+    ``counts``, if given, else numpy.array_split's)."""
+    ends = numpy.cumsum([0, *counts]) if counts is not None else None
+    bounds = blocks(length, parts) if counts is None else list(zip(ends[:-1], ends[1:]))
+    return numpy.concatenate([numpy.arange(*bounds[k]) for k in which]).astype(int)
 
 
 def weight_blocks(algorithm, case, rank):
@@ -240,12 +276,18 @@ def weight_blocks(algorithm, case, rank):
     p, P = case.problem, case.ranks
     everything_f, everything_c = numpy.arange(p.F), numpy.arange(p.C)
     if algorithm == "x":
-        return everything_f, indices(p.C, P, [rank])
+        return everything_f, indices(p.C, P, [rank], counts_of(case, "C"))
     if algorithm == "y":
-        return indices(p.F, P, [rank]), everything_c
+        return indices(p.F, P, [rank], counts_of(case, "F")), everything_c
     p_c = P // case.p_f  # W: rank i = a p_c' + b holds w[F_a, C_b]
     a, b = divmod(rank, p_c)
     return indices(p.F, P, [a * p_c + j for j in range(p_c)]), indices(p.C, P, [k * p_c + b for k in range(case.p_f)])
+
+
+def own(case, axis, rank):
+    """The indices of ``axis`` ("C" or "F") that ``rank`` owns in ``case``."""
+    length = case.problem.C if axis == "C" else case.problem.F
+    return indices(length, case.ranks, [rank], counts_of(case, axis))
 
 
 def channel_parts(algorithm):
@@ -265,10 +307,9 @@ def channel_parts(algorithm):
     def body_of(module, backward):
         def body(comm, case, x, w, b, dy):
             p, r = case.problem, comm.rank
-            c_i, f_i = indices(p.C, comm.size, [r]), indices(p.F, comm.size, [r])
+            c_i, f_i = own(case, "C", r), own(case, "F", r)
             f_w, c_w = weight_blocks(algorithm, case, r)
-            layer = Layer(p.C, p.F, [len(i) for i in numpy.array_split(range(p.C), comm.size)],
-                          [len(i) for i in numpy.array_split(range(p.F), comm.size)], p.stride, p.padding,
+            layer = Layer(p.C, p.F, counts_of(case, "C"), counts_of(case, "F"), p.stride, p.padding,
                           p.dilation, getattr(case, "p_f", None))
             # x_loc (n, C_i, H, W), the weight shard, b_loc (F_i,), dy_loc (n, F_i, H', W'): the rank's inputs
             x_loc, w_loc = numpy.ascontiguousarray(x[:, c_i]), numpy.ascontiguousarray(w[f_w][:, c_w])
@@ -283,12 +324,24 @@ def channel_parts(algorithm):
             return grads
         return body
 
+    def partials(case, x, w, b, dy, want):
+        """``{tensor: [(what, per-rank arrays)]}``: the wrong answers a missing reduction gives (with the bias
+        or without)."""
+        p, P = case.problem, case.ranks
+        g = dict(stride=p.stride, padding=p.padding, dilation=p.dilation)
+        held = [weight_blocks(algorithm, case, r) for r in range(P)]
+        f_r, c_r = ([own(case, axis, r) for r in range(P)] for axis in "FC")
+        y_part = [ref.conv2d_forward(x[:, c], w[:, c], **g)[:, f_r[r]] for r, (_, c) in enumerate(held)]
+        dx_part = [ref.conv2d_backward_data(dy[:, f], w[f], x.shape, **g)[:, c_r[r]] for r, (f, _) in enumerate(held)]
+        return {"y": [(PARTIAL, y_part), (PARTIAL, [y + b[f_r[r]].reshape(1, -1, 1, 1) for r, y in enumerate(y_part)])],
+                "dx": [(PARTIAL, dx_part)]}
+
     def run_forward(module, case):
         (x, w, b, dy), want = setup(case)
         got = on_ranks(body_of(module, False), case.ranks, case, x, w, b, dy)
         p = case.problem
-        return [Compared("y_loc", got, [want["y"][:, indices(p.F, case.ranks, [r])] for r in range(case.ranks)],
-                         reduction=p.C * p.Kh * p.Kw)]
+        return [Compared("y_loc", got, [want["y"][:, own(case, "F", r)] for r in range(case.ranks)],
+                         reduction=p.C * p.Kh * p.Kw, lookalikes=lambda: partials(case, x, w, b, dy, want)["y"])]
 
     def run_backward(module, case):
         (x, w, b, dy), want = setup(case)
@@ -296,10 +349,10 @@ def channel_parts(algorithm):
         p, P = case.problem, case.ranks
         cells = p.N * p.y_shape[2] * p.y_shape[3]
         mine = [weight_blocks(algorithm, case, r) for r in range(P)]
-        return [Compared("dx_loc", [g[0] for g in got], [want["dx"][:, indices(p.C, P, [r])] for r in range(P)],
-                         reduction=p.F * p.Kh * p.Kw),
+        return [Compared("dx_loc", [g[0] for g in got], [want["dx"][:, own(case, "C", r)] for r in range(P)],
+                         reduction=p.F * p.Kh * p.Kw, lookalikes=lambda: partials(case, x, w, b, dy, want)["dx"]),
                 Compared("dw_loc", [g[1] for g in got], [want["dw"][f][:, c] for f, c in mine], reduction=cells),
-                Compared("db_loc", [g[2] for g in got], [want["db"][indices(p.F, P, [r])] for r in range(P)],
+                Compared("db_loc", [g[2] for g in got], [want["db"][own(case, "F", r)] for r in range(P)],
                          reduction=cells)]
 
     def score_of(case):

@@ -1,7 +1,7 @@
 """Exercise 11, a reference solution: the detective's code with its three bugs fixed.
 
-tutorials/exercises/checkers/11_detective.py lists each bug (``BUGS``): the line fixed here and the
-line the skeleton had; tests/docs_and_tutorials/test_exercises.py plants each back and checks that it is caught.
+tests/docs_and_tutorials/test_exercises.py lists each bug (``BUGS``): the line fixed here and the line the
+skeleton had; it plants each back and checks that it is caught.
 """
 
 import itertools
@@ -116,5 +116,4 @@ def forward(comm, x_loc, w_loc, b, layer):
 
 # -- what you found ------------------------------------------------------------------------------------------
 def suspects():
-    return {"stride 2, uneven shards": "halo_window", "a corner in 3-D": "halo_pieces",
-            "the bias": "forward"}
+    return {1: "halo_window", 2: "halo_pieces", 3: "forward"}

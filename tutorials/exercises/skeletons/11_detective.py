@@ -1,7 +1,8 @@
 """Exercise 11: the detective.  The problem: 11_detective.md.
 
-This code has three bugs.  Check it with ``python -m tutorials.exercises check 11``, find each bug
-from what the checker shows, fix it here, and say in ``suspects()`` which function held it.
+This code has three bugs, reported as case 1, 2 and 3.  Check it with ``python -m tutorials.exercises
+check 11``, find each bug from what the checker shows, fix it here, and say in ``suspects()`` which
+function you changed to fix each case.
 """
 
 import itertools
@@ -115,6 +116,6 @@ def forward(comm, x_loc, w_loc, b, layer):
 
 # -- what you found ------------------------------------------------------------------------------------------
 def suspects():
-    """``{"stride 2, uneven shards": ..., "a corner in 3-D": ..., "the bias": ...}``: for each bug, the
-    name of the function you fixed."""
+    """``{1: "name", 2: "name", 3: "name"}``: for each case the checker reports (case 1, 2, 3), the name of
+    the function you changed to fix it; any function whose change alone fixes that case is accepted."""
     todo("suspects")
