@@ -2,13 +2,10 @@
 collected, and a solution with a mistake planted in it."""
 
 import pathlib
-import sys
+
+from tutorials.exercises import harness  # the course is installed with refconv (pyproject.toml)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # tutorials/ is a folder of the checkout, not an installed package
-    sys.path.insert(0, str(ROOT))
-
-from tutorials.exercises import harness  # noqa: E402
 
 CI = "exercises-ci"  # the Hypothesis profile the tests draw with (their files set it, autouse)
 

@@ -279,9 +279,8 @@ print("tutorial 9: all checks passed")
 #
 # Exercises with a checker (`tutorials/exercises/`):
 #
-# - Three planted bugs to find and fix with the kit of this tutorial: a halo
-#   offset wrong only under stride 2 on uneven shards, a missing corner in 3-D,
-#   a bias added on every channel rank: [detective](exercises/11_detective.md).
+# - Three planted bugs to find and fix with the kit of this tutorial, with
+#   nothing said of where they are: [detective](exercises/11_detective.md).
 # - Write a decomposition of your own, a broadcast variant of Stationary-Y,
 #   until `check_layer` and `check_records` pass at 2 to 5 ranks: [your own
 #   decomposition](exercises/12_your_own_decomposition.md).
