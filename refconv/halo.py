@@ -41,6 +41,7 @@ is row-major over the spatial grid (``h * P_W + w``; ``(d * P_H + h) * P_W + w``
 """
 
 import dataclasses
+import functools
 import itertools
 
 import numpy
@@ -227,7 +228,14 @@ def halo_pieces_of(me, grid_hw, in_hw, out_hw, kernel, stride, padding, dilation
     """The entries of :func:`halo_plan`'s ``pieces`` that involve spatial rank ``me`` (as owner or as
     reader), in the same order, without the all-pairs loop: per axis, the owners meeting ``me``'s
     window and the coordinates whose window meets ``me``'s block, so O(sum of the axes' sizes), not
-    O(spatial ranks squared).  ``exchanges`` of either gives the same sends and receives."""
+    O(spatial ranks squared).  ``exchanges`` of either gives the same sends and receives.  Cached (the
+    planner asks for the same geometry for every algorithm of a grid): a new dict of shared Pieces."""
+    return dict(_pieces_of(int(me), *(tuple(int(v) for v in a) for a in (grid_hw, in_hw, out_hw, kernel, stride, padding,
+                                                                        dilation)), padding_mode))
+
+
+@functools.lru_cache(maxsize=4096)
+def _pieces_of(me, grid_hw, in_hw, out_hw, kernel, stride, padding, dilation, padding_mode):
     coords = numpy.unravel_index(me, grid_hw)
     mine = []      # per axis [(owner coordinate, axis piece)] of me's window
     readers = []   # per axis [(reader coordinate, axis piece)] of me's block in their windows
