@@ -250,16 +250,45 @@ class World:
 
     def _report_deadlock(self, me):
         frames = sys._current_frames()
-        lines = [f"deadlock on {self.size} simulated ranks: every live rank waits for a call no rank can complete"]
+        entries = []
         for r in self.ranks:
             if r.status != "running":
-                lines.append(f"rank {r.rank}: {r.status}")
+                entries.append((r.rank, r.status, ()))
                 continue
-            lines.append(f"rank {r.rank}: waits in {r.waiting[1]()}")
             frame = sys._getframe() if r is me else frames.get(r.thread.ident)
-            lines.extend("    " + line for line in user_stack(frame))
-        self.deadlock = "\n".join(lines)
+            entries.append((r.rank, f"waits in {r.waiting[1]()}", tuple("    " + line for line in user_stack(frame))))
+        lines = [f"deadlock on {self.size} simulated ranks: every live rank waits for a call no rank can complete"]
+        self.deadlock = "\n".join(lines + by_rank(entries))
         self._wake_all()
+
+
+GROUPED = 16  # a report on more ranks than this gives each distinct line once, with the ranks it is true of
+
+
+def by_rank(entries):
+    """Report lines from ``[(rank, text, detail lines)]``: ``rank r: text`` and its detail for each rank; on
+    more than GROUPED ranks, each distinct (text, detail) once, as ``ranks 0-253, 255: text``, in the order
+    of its first rank (a 1024-rank deadlock is then a few lines, not a thousand stacks)."""
+    if len(entries) <= GROUPED:
+        return [line for rank, text, detail in entries for line in (f"rank {rank}: {text}", *detail)]
+    groups = {}
+    for rank, text, detail in entries:
+        groups.setdefault((text, detail), []).append(rank)
+    lines = []
+    for (text, detail), ranks in groups.items():
+        lines.append(f"{'rank' if len(ranks) == 1 else 'ranks'} {_spans(ranks)}: {text}")
+        lines.extend(detail)
+    return lines
+
+
+def _spans(ranks):
+    """``0-253, 255`` for the sorted ranks 0, 1, ..., 253, 255."""
+    spans, start = [], ranks[0]
+    for prev, r in zip(ranks, ranks[1:] + [None]):
+        if r is None or r != prev + 1:
+            spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = r
+    return ", ".join(spans)
 
 
 def user_stack(frame):

@@ -150,3 +150,28 @@ def test_the_stepped_turn_goes_where_the_linear_scan_sent_it(monkeypatch):
     simulated.run(mixed, 11, stepped=True, timeout=120)
     assert len(passes) > 100
     assert all(old == new for old, new in passes), [p for p in passes if p[0] != p[1]][:5]
+
+
+def test_a_deadlock_on_many_ranks_is_reported_once_per_distinct_wait():
+    def unmatched(comm):
+        if comm.rank == 3:
+            comm.Recv(numpy.zeros(1), source=0, tag=1)
+        allreduces(comm, 1)
+    with pytest.raises(Deadlock) as caught:
+        simulated.run(unmatched, 64, timeout=120)
+    heads = [line for line in str(caught.value).splitlines() if not line.startswith(" ")]
+    assert heads[1:] == ["ranks 0-2, 4-63: waits in Allreduce (collective 0) on communicator 'world'",
+                         "rank 3: waits in Irecv from rank 0 tag 1 on communicator 'world'"], heads
+
+
+def test_a_failure_on_many_ranks_is_summarized_once_per_distinct_outcome():
+    def body(comm):
+        if comm.rank == 7:
+            raise ValueError("planted")
+        allreduces(comm, 1)
+    with pytest.raises(ValueError) as caught:
+        simulated.run(body, 32, timeout=120)
+    note = caught.value.__notes__[0].splitlines()
+    assert note[0] == "on 32 simulated ranks:" and len(note) == 3, note
+    assert note[1].startswith("  ranks 0-6, 8-31: released from Allreduce (collective 0)") and "because rank 7 failed" in note[1]
+    assert note[2] == "  rank 7: raised ValueError: planted"
