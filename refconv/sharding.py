@@ -30,7 +30,7 @@ import numpy
 
 from refconv import collectives
 from refconv.arrays import array_module, as_array
-from refconv.distribution import block_range
+from refconv.distribution import Distribution, block_range
 
 
 def _segments(dist, coords, dim):
@@ -54,10 +54,16 @@ def block_of(length, parts, x):
     return x // (base + 1) if x < boundary else extra + (x - boundary) // base
 
 
-@functools.lru_cache(maxsize=1024)
 def _holders(dist):
     """Per dim (None where replicated) ``{block j: frozenset of the coordinates holding it}`` on the
-    dim's axis: the inverse of ``dist.blocks(d)[1]``, made once per layout and shared by every rank."""
+    dim's axis: the inverse of ``dist.blocks(d)[1]``, made once per layout and shared by every rank
+    (cached by the layout's arguments: hashing the Distribution hashes its tables, O(ranks))."""
+    return _holders_of(dist.grid_shape, dist.global_shape, dist.dims, dist.names)
+
+
+@functools.lru_cache(maxsize=1024)
+def _holders_of(grid_shape, global_shape, dims, names):
+    dist = Distribution(grid_shape, global_shape, dims, names)   # the cached layout (distribution._layout)
     out = []
     for d in range(len(dist.global_shape)):
         if dist.blocks(d) is None:
