@@ -225,11 +225,10 @@ def halo_plan(grid_hw, in_hw, out_hw, kernel, stride, padding, dilation, padding
 
 
 def halo_pieces_of(me, grid_hw, in_hw, out_hw, kernel, stride, padding, dilation, padding_mode="zeros"):
-    """The entries of :func:`halo_plan`'s ``pieces`` that involve spatial rank ``me`` (as owner or as
-    reader), in the same order, without the all-pairs loop: per axis, the owners meeting ``me``'s
-    window and the coordinates whose window meets ``me``'s block, so O(sum of the axes' sizes), not
-    O(spatial ranks squared).  ``exchanges`` of either gives the same sends and receives.  Cached (the
-    planner asks for the same geometry for every algorithm of a grid): a new dict of shared Pieces."""
+    """The entries of :func:`halo_plan`'s ``pieces`` that involve spatial rank ``me`` (as owner or reader), in
+    its order, without the all-pairs loop: per axis, the owners meeting ``me``'s window and the coordinates
+    whose window meets ``me``'s block: O(sum of the axes' sizes), not O(spatial ranks squared).  Cached (the
+    planner asks the same for every algorithm of a grid): a new dict of shared Pieces."""
     return dict(_pieces_of(int(me), *(tuple(int(v) for v in a) for a in (grid_hw, in_hw, out_hw, kernel, stride, padding,
                                                                         dilation)), padding_mode))
 
@@ -237,8 +236,7 @@ def halo_pieces_of(me, grid_hw, in_hw, out_hw, kernel, stride, padding, dilation
 @functools.lru_cache(maxsize=4096)
 def _pieces_of(me, grid_hw, in_hw, out_hw, kernel, stride, padding, dilation, padding_mode):
     coords = numpy.unravel_index(me, grid_hw)
-    mine = []      # per axis [(owner coordinate, axis piece)] of me's window
-    readers = []   # per axis [(reader coordinate, axis piece)] of me's block in their windows
+    mine, readers = [], []   # per axis [(coordinate, axis piece)]: the owners in my window, the readers of my block
     for size, out, p, k, geometry in zip(in_hw, out_hw, grid_hw, coords, zip(kernel, stride, padding, dilation)):
         windows = [input_window(*block_range(out, p, c), *geometry) for c in range(p)]   # per coordinate [lo, hi)
         sources = [None if padding_mode == "zeros" else source_index(lo, hi, size, padding_mode) for lo, hi in windows]
