@@ -363,8 +363,8 @@ def redistribute(local, src_dist, dst_dist, grid, *, shuffle=None):
         raise ValueError(f"redistribute: shuffle was planned for rank {shuffle.rank} from {shuffle.src} "
                          f"to {shuffle.dst}, not rank {grid.rank} from {src_dist} to {dst_dist}")
     xp = array_module(local)
-    sends = [xp.concatenate([xp.ravel(local[s]) for s, _ in plan]) if plan else xp.empty(0, local.dtype)
-             for plan in shuffle.sends]
+    nothing = xp.empty(0, local.dtype)      # one for every rank this one sends nothing to (most, at scale)
+    sends = [xp.concatenate([xp.ravel(local[s]) for s, _ in plan]) if plan else nothing for plan in shuffle.sends]
     received = collectives.alltoallv(grid.comm, sends, [(_plan_size(p),) for p in shuffle.receives],
                                      dtype=local.dtype)
     out = xp.empty(dst_dist.local_shape(grid.rank), local.dtype)
