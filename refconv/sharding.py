@@ -23,13 +23,14 @@ element's blocks.  Only owners send in gather, allgather and redistribute.
 """
 
 import dataclasses
+import functools
 import itertools
 
 import numpy
 
 from refconv import collectives
 from refconv.arrays import array_module, as_array
-from refconv.distribution import block_range
+from refconv.distribution import Distribution, block_range
 
 
 def _segments(dist, coords, dim):
@@ -46,14 +47,57 @@ def _segments(dist, coords, dim):
     return out
 
 
+def block_of(length, parts, x):
+    """The index of the ``block_range(length, parts, ·)`` block holding element ``x``: its inverse, in O(1)."""
+    base, extra = divmod(length, parts)
+    boundary = extra * (base + 1)
+    return x // (base + 1) if x < boundary else extra + (x - boundary) // base
+
+
+def _holders(dist):
+    """Per dim (None where replicated) ``{block j: frozenset of the coordinates holding it}`` on the
+    dim's axis: the inverse of ``dist.blocks(d)[1]``, made once per layout and shared by every rank
+    (cached by the layout's arguments: hashing the Distribution hashes its tables, O(ranks))."""
+    return _holders_of(dist.grid_shape, dist.global_shape, dist.dims, dist.names)
+
+
+@functools.lru_cache(maxsize=1024)
+def _holders_of(grid_shape, global_shape, dims, names):
+    dist = Distribution(grid_shape, global_shape, dims, names)   # the cached layout (distribution._layout)
+    out = []
+    for d in range(len(dist.global_shape)):
+        if dist.blocks(d) is None:
+            out.append(None)
+            continue
+        held = {}
+        for c, js in enumerate(dist.blocks(d)[1]):
+            for j in js:
+                held.setdefault(j, set()).add(c)
+        out.append({j: frozenset(cs) for j, cs in held.items()})
+    return tuple(out)
+
+
+def _dims_by_axis(dist):
+    """Per grid axis, the tensor dims split over it (in dim order)."""
+    return [[d for d in range(len(dist.global_shape)) if dist.axis_of(d) == a] for a in range(len(dist.grid_shape))]
+
+
+def _rank_of(dist, coords):
+    rank = 0
+    for c, p in zip(coords, dist.grid_shape):
+        rank = rank * p + c
+    return rank
+
+
 def owned_boxes(dist, rank):
     """Boxes of global elements ``rank`` owns: a list of 4-tuples (5-tuples for a volume) of
-    (global start, global stop, local start), one per dim."""
+    (global start, global stop, local start), one per dim.  O(this rank's blocks x their
+    replication), not O(ranks): a cell's owner is the lowest coordinate in ``_holders``."""
     coords = dist.coords_of(rank)
     ndim = len(dist.global_shape)
+    holders = _holders(dist)
     per_axis = []          # per grid axis: list of {dim: segment} cells owned
-    for a in range(len(dist.grid_shape)):
-        dims = [d for d in range(ndim) if dist.axis_of(d) == a]
+    for a, dims in enumerate(_dims_by_axis(dist)):
         if not dims:
             if coords[a] != 0:
                 return []
@@ -61,8 +105,7 @@ def owned_boxes(dist, rank):
         tables = {d: dist.blocks(d)[1] for d in dims}
         cells = []
         for combo in itertools.product(*[tables[d][coords[a]] for d in dims]):
-            owner = min(c for c in range(dist.grid_shape[a])
-                        if all(j in tables[d][c] for d, j in zip(dims, combo)))
+            owner = min(frozenset.intersection(*[holders[d][j] for d, j in zip(dims, combo)]))
             if owner == coords[a]:
                 cells.append(dict(zip(dims, combo)))
         per_axis.append((dims, cells))
@@ -211,11 +254,67 @@ def _plan_size(plan):
     return sum(int(numpy.prod([sl.stop - sl.start for sl in src])) for src, _ in plan)
 
 
+def _blocks_meeting(dist, d, start, stop):
+    """The blocks of dim ``d`` under ``dist`` that meet the global range [start, stop)."""
+    nblocks = dist.blocks(d)[0]
+    length = dist.global_shape[d]
+    return range(block_of(length, nblocks, start), block_of(length, nblocks, stop - 1) + 1)
+
+
+def _receivers(dst, boxes):
+    """The ranks whose ``dst`` block may meet one of ``boxes`` (a superset, sorted): per grid axis the
+    coordinates holding a block each box meets, in every dim on that axis (every coordinate where
+    ``dst`` replicates over the axis)."""
+    holders, found = _holders(dst), set()
+    for box in boxes:
+        per_axis = []
+        for a, dims in enumerate(_dims_by_axis(dst)):
+            if not dims:
+                per_axis.append(range(dst.grid_shape[a]))
+                continue
+            coords = None
+            for d in dims:
+                held = set().union(*[holders[d][j] for j in _blocks_meeting(dst, d, box[d][0], box[d][1])
+                                     if j in holders[d]])
+                coords = held if coords is None else coords & held
+            per_axis.append(sorted(coords))
+        found.update(_rank_of(dst, c) for c in itertools.product(*per_axis))
+    return sorted(found)
+
+
+def _senders(src, dst, rank):
+    """The ranks whose owned ``src`` boxes may meet ``rank``'s ``dst`` block (a superset, sorted): per grid
+    axis of ``src`` the owners of the blocks ``rank``'s block meets (coordinate 0 where ``src`` does not use it)."""
+    holders, coords = _holders(src), dst.coords_of(rank)
+    per_axis = []
+    for a, dims in enumerate(_dims_by_axis(src)):
+        if not dims:
+            per_axis.append((0,))
+            continue
+        met = [sorted({j for s, e, _ in _segments(dst, coords, d) for j in _blocks_meeting(src, d, s, e)})
+               for d in dims]
+        owners = set()
+        for combo in itertools.product(*met):
+            holding = frozenset.intersection(*[holders[d].get(j, frozenset()) for d, j in zip(dims, combo)])
+            if holding:
+                owners.add(min(holding))
+        per_axis.append(sorted(owners))
+    return sorted(_rank_of(src, c) for c in itertools.product(*per_axis))
+
+
+def _sends(mine, dst, size):
+    """sends[q] for q < size: the pieces of ``mine`` (owned boxes) each rank q receives; O(the receivers)."""
+    sends = [[] for _ in range(size)]
+    for q in _receivers(dst, mine):
+        sends[q] = _plan(mine, dst, q)
+    return sends
+
+
 def send_counts(src_dist, dst_dist, rank):
     """Elements ``rank`` sends to each rank (itself included) in :func:`redistribute` from
     ``src_dist`` to ``dst_dist``: pure geometry, no communication (the planner prices it)."""
-    mine = owned_boxes(src_dist, rank)
-    return [_plan_size(_plan(mine, dst_dist, q)) for q in range(int(numpy.prod(dst_dist.grid_shape)))]
+    size = int(numpy.prod(dst_dist.grid_shape))
+    return [_plan_size(plan) for plan in _sends(owned_boxes(src_dist, rank), dst_dist, size)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,15 +332,18 @@ class Shuffle:
 def plan_shuffle(src_dist, dst_dist, rank):
     """The :class:`Shuffle` of ``rank`` from ``src_dist`` to ``dst_dist`` (same global shape).
 
-    It costs milliseconds of Python at 64 ranks (every rank's owned boxes are intersected
-    with this rank's), which is why a layer makes it once."""
+    Its cost depends on this rank's part, not on the number of ranks: only the ranks whose blocks
+    can meet this rank's are intersected with it (``_receivers``, ``_senders``), and the rest of
+    the K-long lists are empty."""
     if src_dist.global_shape != dst_dist.global_shape:
         raise ValueError(f"redistribute: global shapes differ: {src_dist.global_shape} "
                          f"vs {dst_dist.global_shape}")
     size = int(numpy.prod(src_dist.grid_shape))
-    mine = owned_boxes(src_dist, rank)
-    return Shuffle(src_dist, dst_dist, rank, sends=[_plan(mine, dst_dist, q) for q in range(size)],
-                   receives=[_plan(owned_boxes(src_dist, r), dst_dist, rank) for r in range(size)])
+    receives = [[] for _ in range(size)]
+    for r in _senders(src_dist, dst_dist, rank):
+        receives[r] = _plan(owned_boxes(src_dist, r), dst_dist, rank)
+    return Shuffle(src_dist, dst_dist, rank, sends=_sends(owned_boxes(src_dist, rank), dst_dist, size),
+                   receives=receives)
 
 
 def redistribute(local, src_dist, dst_dist, grid, *, shuffle=None):
@@ -261,8 +363,8 @@ def redistribute(local, src_dist, dst_dist, grid, *, shuffle=None):
         raise ValueError(f"redistribute: shuffle was planned for rank {shuffle.rank} from {shuffle.src} "
                          f"to {shuffle.dst}, not rank {grid.rank} from {src_dist} to {dst_dist}")
     xp = array_module(local)
-    sends = [xp.concatenate([xp.ravel(local[s]) for s, _ in plan]) if plan else xp.empty(0, local.dtype)
-             for plan in shuffle.sends]
+    nothing = xp.empty(0, local.dtype)      # one for every rank this one sends nothing to (most, at scale)
+    sends = [xp.concatenate([xp.ravel(local[s]) for s, _ in plan]) if plan else nothing for plan in shuffle.sends]
     received = collectives.alltoallv(grid.comm, sends, [(_plan_size(p),) for p in shuffle.receives],
                                      dtype=local.dtype)
     out = xp.empty(dst_dist.local_shape(grid.rank), local.dtype)

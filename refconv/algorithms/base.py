@@ -23,7 +23,7 @@ import numpy
 
 from refconv import checks, collectives
 from refconv.distribution import block_size, block_sizes
-from refconv.halo import Box, Halo, exchanges, halo_plan
+from refconv.halo import Box, Halo, exchanges, halo_pieces_of
 
 ALPHA = 2e-6  # default seconds per message step (a typical inter-node latency)
 BETA = 1 / 10e9  # default seconds per byte (10 GB/s)
@@ -178,9 +178,9 @@ def halo_records(geom, grid_shape, coords, channels):
     spatial = tuple(grid_shape[2:])  # (P_H, P_W), or (P_D, P_H, P_W)
     if math.prod(spatial) == 1:
         return [], []
-    _, _, pieces = halo_plan(spatial, geom.in_shape[2:], geom.out_shape[2:], geom.kernel, geom.stride,
-                             geom.padding, geom.dilation, geom.padding_mode)
     me = int(numpy.ravel_multi_index(coords[2:], spatial))  # the spatial rank: h P_W + w, (d P_H + h) P_W + w
+    pieces = halo_pieces_of(me, spatial, geom.in_shape[2:], geom.out_shape[2:], geom.kernel, geom.stride,
+                            geom.padding, geom.dilation, geom.padding_mode)
     sends, receives = exchanges(pieces, me)  # my cells others read; theirs I read
     pixels = lambda ps: sum(math.prod(p.shape) for p in ps.values())  # noqa: E731
     per_pixel = local_blocks(geom, grid_shape, coords).n * channels * geom.itemsize

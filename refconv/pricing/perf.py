@@ -37,7 +37,7 @@ import numpy
 
 from refconv import algorithms, checks
 from refconv.algorithms import REGISTRY, ConvGeometry, SampleSpatial, candidates
-from refconv.distribution import Distribution
+from refconv.distribution import Split, block_size
 from refconv.grid import AXES, SPATIAL, axes_of
 from refconv.halo import Halo
 from refconv.pricing.graph import spatial_tuple
@@ -151,9 +151,23 @@ def local_weight_shape(layer, grid, algorithm, filter_groups):
 
 @functools.lru_cache(maxsize=None)
 def _weight_block(F, C, P_c, name, filter_groups, groups):
-    # Only the channel axis splits a weight: a grid (1, P_c, 1, 1) gives the same block.
+    # Only the channel axis splits a weight: a grid (1, P_c, 1, 1) gives the same block.  Rank 0's block in
+    # closed form, from coordinate 0's blocks alone: a Distribution would tabulate all P_c coordinates
+    # (the planner asks for hundreds of combinations; the layer's own Distribution still validates it).
     dims = algorithms.REGISTRY[name].weight_dims(P_c, filter_groups, groups)
-    return Distribution((1, P_c, 1, 1), (F, C, 1, 1), dims, names=("F", "C", "Kh", "Kw")).local_shape(0)[:2]
+    return tuple(_first_block_length(length, spec, (1, P_c, 1, 1)) for length, spec in zip((F, C), dims[:2]))
+
+
+def _first_block_length(length, spec, grid_shape):
+    """The length of coordinate 0's part of a dim of ``length`` laid out by ``spec`` (None, an axis name,
+    or a Split): what ``Distribution(...).local_shape(0)`` gives for that dim."""
+    if spec is None:
+        return length
+    split = Split.block(spec) if isinstance(spec, str) else spec
+    nblocks = grid_shape[axes_of(grid_shape).index(split.axis)] if split.nblocks is None else split.nblocks
+    blocks = ((0,) if split.blocks_of is None else split.blocks_of(0) if callable(split.blocks_of)
+              else split.blocks_of[0])
+    return sum(block_size(length, nblocks, j) for j in blocks)
 
 
 def conv_geometry(layer):

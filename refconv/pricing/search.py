@@ -42,7 +42,9 @@ from refconv.pricing.graph import Block, Stage
 
 
 MAX_RANKS = 65536  # the planner tabulates layouts per rank: beyond this it would run for many minutes
-MAX_GRIDS = 400    # factorisations searched: 1024 ranks (286) took 50-140 s on the shared 2-core dev-cpu machine
+SEARCH_BUDGET_S = 300.0   # the planner refuses a search estimated longer than this (work_estimate)
+OPTION_S = 4e-3           # estimated seconds to price one stage on one grid (all its options: 3.7 ms measured, 2 loaded cores)
+MINPLUS_TERM_S = 3e-9     # estimated seconds per term a + b of a min-plus product (numpy, in blocks)
 PROGRESS_S = 5.0   # seconds between progress reports (the first after this long: a quick plan says nothing)
 
 
@@ -55,18 +57,49 @@ class TooLarge(ValueError):
 
 
 def check_ranks(P, ndim=len(AXES)):
-    """Refuse (TooLarge, naming --ranks) a rank count whose search would run for many minutes: the
-    work grows with the number of grids (ordered factorisations of P into ``ndim`` axes: 5 for a
-    model of volumes), cubed in the min-plus products."""
+    """Refuse (TooLarge, naming --ranks) a rank count whose search would run for many minutes whatever
+    the model: more than MAX_RANKS, or so many grids (ordered factorisations of P into ``ndim`` axes: 5
+    for a model of volumes) that pricing a single stage on each would exceed the budget.  The planner
+    checks the model's own estimate again (:func:`work_estimate`)."""
     if P > MAX_RANKS:
         raise TooLarge(f"--ranks: {P} is more than the {MAX_RANKS} ranks the planner searches; plan for at most "
                        f"{MAX_RANKS}")
     count = len(perf.grids(P, ndim))
-    if count > MAX_GRIDS:
-        fits = max(p for p in range(1, P + 1) if p & (p - 1) == 0 and len(perf.grids(p, ndim)) <= MAX_GRIDS)
-        raise TooLarge(f"--ranks: {P} ranks factor into {count} grids ({' x '.join(axes_of(ndim))}), more "
-                       f"than the {MAX_GRIDS} the planner searches in minutes; choose a rank count with fewer "
-                       f"factors (e.g. {fits}: {len(perf.grids(fits, ndim))} grids)")
+    if count * OPTION_S > SEARCH_BUDGET_S:
+        _refuse(P, ndim, count * OPTION_S, lambda G: G * OPTION_S)
+
+
+def work_estimate(elements, G):
+    """Estimated seconds of one search of the chain ``elements`` over ``G`` grids: pricing each stage on
+    each grid (``OPTION_S``), and the min-plus products: ``1 x G x G`` along the top-level chain,
+    ``G x G x G`` inside a residual block (its body, its shortcut and their join).  A plain chain (cosmoflow)
+    costs O(G) per stage; a residual network O(G^3) per block: the number of grids alone does not tell."""
+    n_stages = sum(1 for _ in graph.stages(elements))
+    squares, cubes = _products(elements, top=True)
+    return n_stages * G * OPTION_S + (squares * G ** 2 + cubes * G ** 3) * MINPLUS_TERM_S
+
+
+def _products(elements, top):
+    """``(squares, cubes)``: the (1, G) x (G, G) and (G, G) x (G, G) min-plus products of one search of
+    a chain (``Planner.chain``: the top-level chain starts from a row, a block's from nothing)."""
+    squares = cubes = 0
+    for i, e in enumerate(elements):
+        if i > 0 or top:
+            squares, cubes = (squares + 1, cubes) if top else (squares, cubes + 1)
+        if isinstance(e, Block):
+            _, body = _products(e.body, top=False)
+            _, short = _products(e.shortcut, top=False)
+            cubes += body + short + (1 if e.shortcut else 0)
+    return squares, cubes
+
+
+def _refuse(P, ndim, seconds, estimate):
+    """TooLarge: a search of ``P`` ranks estimated at ``seconds``; ``estimate(G)``: the same for G grids."""
+    fits = [p for p in range(1, P) if p & (p - 1) == 0 and estimate(len(perf.grids(p, ndim))) <= SEARCH_BUDGET_S]
+    hint = f" (e.g. {fits[-1]}: {len(perf.grids(fits[-1], ndim))} grids)" if fits else ""
+    raise TooLarge(f"--ranks: {P} ranks factor into {len(perf.grids(P, ndim))} grids ({' x '.join(axes_of(ndim))}), "
+                   f"a search estimated at {seconds:.0f} s, more than the {SEARCH_BUDGET_S:.0f} s the planner "
+                   f"allows; choose a rank count with fewer factors{hint}")
 
 
 def minplus(A, B):
@@ -149,6 +182,9 @@ class Planner:
         self.spec, self.input_shape, self.P, self.machine = spec, tuple(input_shape), ranks, machine
         self.elements = graph.bind(spec, self.input_shape)
         self.grids = perf.grids(ranks, self.ndim)
+        seconds = work_estimate(self.elements, len(self.grids))
+        if seconds > SEARCH_BUDGET_S:
+            _refuse(ranks, self.ndim, seconds, lambda G: work_estimate(self.elements, G))
         self._options, self._shuffles = {}, {}
         # progress(text) every every_s seconds while searching (None: silent)
         self._say, self._every, self._started = progress, every_s, time.monotonic()

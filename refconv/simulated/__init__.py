@@ -38,8 +38,8 @@ from threadpoolctl import threadpool_limits
 from refconv.collectives import local
 from refconv.simulated.comm import Comm, Group
 from refconv.simulated.engine import Calls
-from refconv.simulated.world import (MAX_RANKS, BufferReused, CollectiveMismatch, Deadlock, PeerFailed,
-                                     RankStopped, SimulatedError, World, current_rank, user_stack)
+from refconv.simulated.world import (MAX_RANKS, BufferReused, CollectiveMismatch, Deadlock, PeerFailed, RankStopped,
+                                     SimulatedError, World, by_rank, current_rank, user_stack)
 
 __all__ = ["run", "comm_world", "MAX_RANKS", "SimulatedError", "PeerFailed", "Deadlock", "CollectiveMismatch",
            "BufferReused", "RankStopped"]
@@ -166,12 +166,12 @@ def _outcome(world):
 
 def _summary(world):
     """One line per rank: what it returned or raised."""
-    lines = [f"on {world.size} simulated ranks:"]
+    entries = []
     for r in world.ranks:
         if r.status == "done":
-            lines.append(f"  rank {r.rank}: returned")
-        elif isinstance(r.error, PeerFailed):   # its message names the rank already
-            lines.append(f"  {str(r.error).splitlines()[0]}")
+            entries.append((r.rank, "returned", ()))
+        elif isinstance(r.error, PeerFailed):   # its message names the rank already: "rank 3: released from ..."
+            entries.append((r.rank, str(r.error).splitlines()[0].split(": ", 1)[-1], ()))
         else:
-            lines.append(f"  rank {r.rank}: raised {type(r.error).__name__}: {str(r.error).splitlines()[0] if str(r.error) else ''}")
-    return "\n".join(lines)
+            entries.append((r.rank, f"raised {type(r.error).__name__}: {str(r.error).splitlines()[0] if str(r.error) else ''}", ()))
+    return "\n".join([f"on {world.size} simulated ranks:"] + ["  " + line for line in by_rank(entries)])

@@ -106,7 +106,7 @@ class Clock:
             return
         self._priced = record
         rpn = self.machine.ranks_per_node
-        intra = len({m // rpn for m in comm.group.members}) == 1
+        intra = _on_one_node(comm.group, rpn)
         post.cost = self.machine.call_seconds(record.kind, record.comm_size, record.bytes, record.messages,
                                               intra=intra)
 
@@ -138,6 +138,15 @@ def current():
         raise RuntimeError("refconv.simulated.clock.current: not on a rank of a priced run "
                            "(refconv.simulated.run(..., machine=...))")
     return clock
+
+
+def _on_one_node(group, rpn):
+    """Whether every member of ``group`` sits on one node of ``rpn`` ranks: computed once per group
+    (O(members)), not at every post of every member (O(members^2) per collective)."""
+    cached = getattr(group, "_one_node", None)
+    if cached is None or cached[0] != rpn:
+        cached = group._one_node = (rpn, len({m // rpn for m in group.members}) == 1)
+    return cached[1]
 
 
 def clocks_for(machine, world):

@@ -121,7 +121,7 @@ class Group:
         self.id = world.next_id()
         self.posted = [0] * len(members)  # collectives posted so far, per member
         self.slots = {}                   # n -> {rank: Post}: the n-th collective of each member
-        self.sends, self.recvs = [], []   # point-to-point calls not yet matched, in posting order
+        self.sends, self.recvs = {}, {}   # destination rank -> point-to-point calls not yet matched, in posting order
 
 
 class Post:

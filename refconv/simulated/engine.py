@@ -56,7 +56,7 @@ class Calls:
                     self.me.clock.collective_done(group, posts)
                 for p in posts:
                     p.request.delivered()
-                self.world.notify()
+                self.world.notify([p.request.owner for p in posts])
         self.world.switch(self.me)
         return request
 
@@ -64,7 +64,7 @@ class Calls:
         request = Request(self.me, f"Isend to rank {dest} tag {tag} on communicator {comm.group.name!r}")
         message = Post(comm.rank, "send", (), request, dict(array=array, peer=dest, tag=tag))
         request.watch(array, "send")
-        self._point_to_point(comm, message, comm.group.recvs, comm.group.sends, _matches_send)
+        self._point_to_point(comm, message, comm.group.recvs, comm.group.sends, dest, _matches_send)
         return request
 
     def recv(self, comm, array, source, tag):
@@ -73,19 +73,22 @@ class Calls:
         request = Request(self.me, f"Irecv from {peer} {label} on communicator {comm.group.name!r}")
         message = Post(comm.rank, "recv", (), request, dict(array=array, peer=source, tag=tag))
         request.watch(array, "receive")
-        self._point_to_point(comm, message, comm.group.sends, comm.group.recvs, _matches_recv)
+        self._point_to_point(comm, message, comm.group.sends, comm.group.recvs, comm.rank, _matches_recv)
         return request
 
-    def _point_to_point(self, comm, mine, theirs, queue, matches):
+    def _point_to_point(self, comm, mine, theirs, queue, dest, matches):
+        """Match ``mine`` against the calls pending for its message's destination ``dest`` only (a
+        send: ``dest``'s receives; a receive: the sends to this rank), oldest first: O(those calls), not O(K)."""
         with self.world.lock:
             self.world.check(self.me, mine.request.what)
             if self.me.clock is not None:
                 self.me.clock.posted(mine, comm)
-            other = next((o for o in theirs if matches(mine, o)), None)
+            pending = theirs.get(dest, ())
+            other = next((o for o in pending if matches(mine, o)), None)
             if other is None:
-                queue.append(mine)
+                queue.setdefault(dest, []).append(mine)
             else:
-                theirs.remove(other)
+                pending.remove(other)
                 send, recv = (mine, other) if mine.call == "send" else (other, mine)
                 send.request.moving()
                 recv.request.moving()
@@ -94,7 +97,7 @@ class Calls:
                     self.me.clock.message_done(comm.group, send, recv)
                 send.request.delivered()
                 recv.request.delivered()
-                self.world.notify()
+                self.world.notify([send.request.owner, recv.request.owner])
         self.world.switch(self.me)
 
     # -- completing ----------------------------------------------------------------------------------------

@@ -2,10 +2,16 @@
 
 Every rank is a thread running the same function with its own communicator
 (:class:`refconv.simulated.comm.Comm`) and its own state in refconv.collectives
-(:mod:`refconv.collectives.local`).  One lock (a ``threading.Condition``) guards everything the
+(:mod:`refconv.collectives.local`).  One lock (``World.lock``) guards everything the
 ranks share: the calls posted on each communicator, the messages not yet received, each rank's
 status.  A call that completes other ranks' calls (the last rank entering a collective, a send
 meeting its receive) moves the data in the caller's thread and wakes the others.
+
+The cost of one collective to the simulator is linear in its members, not quadratic in the world:
+each rank parks on its own condition (``Rank.cond``, on the world's lock) and a completion wakes only
+the ranks it completes; a counter of blocked ranks gates the deadlock scan (it runs only when every
+live rank is blocked); in stepped mode the turn passes to one rank, found in a bitmask of the runnable
+ranks.  tests/simulator/test_scheduler_counts.py counts the wakeups and scans.
 
 Two schedules:
 
@@ -32,7 +38,9 @@ import traceback
 
 from refconv.collectives import local
 
-MAX_RANKS = 256  # threads of one process; a larger world belongs under mpiexec
+MAX_RANKS = 1024  # threads of one process; a larger world belongs under mpiexec
+BIG_WORLD = 256   # above this many ranks each rank thread gets a STACK_BYTES stack, not the default (often 8 MiB)
+STACK_BYTES = 1 << 20  # virtual memory only (9.6 -> 2.2 GB at 1024 ranks); Python-to-Python calls use no C stack
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -66,6 +74,8 @@ class Rank:
     def __init__(self, world, rank):
         self.world, self.rank = world, rank
         self.status = "new"        # running, done, failed
+        self.blocked = False       # counted in world.blocked: waiting and not done
+        self.cond = None           # this rank's own condition on the world's mutex
         self.waiting = None        # while blocked: (done, describe), two callables
         self.thread = None
         self.result = self.error = None
@@ -88,8 +98,13 @@ class World:
 
     def __init__(self, size, *, stepped=False):
         self.size, self.stepped = size, stepped
-        self.lock = threading.Condition()
+        self._mutex = threading.Lock()
+        self.lock = threading.Condition(self._mutex)
         self.ranks = [Rank(self, r) for r in range(size)]
+        for r in self.ranks:
+            r.cond = threading.Condition(self._mutex)
+        self.live, self.blocked = size, 0
+        self.runnable = (1 << size) - 1   # bit r: rank r is running and not blocked
         self.failure = None        # the first rank that failed by itself (not released)
         self.deadlock = None       # the Deadlock report, once found
         self.turn = 0              # stepped: the rank that may run
@@ -106,8 +121,13 @@ class World:
             r.status = "running"
             r.thread = threading.Thread(target=self._main, args=(r, body), name=f"simulated rank {r.rank}",
                                         daemon=True)
-        for r in self.ranks:
-            r.thread.start()
+        old = threading.stack_size(STACK_BYTES) if self.size > BIG_WORLD else None
+        try:
+            for r in self.ranks:
+                r.thread.start()
+        finally:
+            if old is not None:
+                threading.stack_size(old)
 
     def _main(self, me, body):
         try:
@@ -128,11 +148,14 @@ class World:
 
     def _rank_left(self, me):
         """A rank ended: the others may now be deadlocked; in stepped mode the turn moves on."""
-        if self.failure is None and self.deadlock is None and self._deadlocked():
+        self.live -= 1
+        self.runnable &= ~(1 << me.rank)
+        if self.failure is None and self.deadlock is None and self.live and self.blocked == self.live and self._deadlocked():
             self._report_deadlock(None)
-        if self.stepped:
+        if self.ended():
+            self._wake_all()
+        elif self.stepped:
             self._pass_turn(me)
-        self.lock.notify_all()
 
     def ended(self):
         return self.failure is not None or self.deadlock is not None
@@ -163,39 +186,62 @@ class World:
         with self.lock:
             while True:
                 if done():              # a call that completed is not released: its rank goes on
+                    if me.blocked:
+                        me.blocked = False
+                        self.blocked -= 1
+                        self.runnable |= 1 << me.rank
                     me.waiting = None
                     return
                 self.check(me, describe())
                 me.waiting = (done, describe)
-                if self._deadlocked():
+                if not me.blocked:
+                    me.blocked = True
+                    self.blocked += 1
+                    self.runnable &= ~(1 << me.rank)
+                if self.blocked == self.live and self._deadlocked():
                     self._report_deadlock(me)
                     raise Deadlock(self.deadlock)
                 if self.stepped:
                     self._pass_turn(me)
                     self._await_turn(me)
                 else:
-                    self.lock.wait()
+                    me.cond.wait()
 
-    def notify(self):
-        """Something completed: wake the blocked ranks (under the lock)."""
+    def notify(self, owners=None):
+        """Something completed: wake the ranks it completes (under the lock); None: every rank."""
+        if owners is None:
+            self._wake_all()
+            return
+        for o in owners:
+            if o.blocked and o.waiting is not None and o.waiting[0]():
+                o.blocked = False
+                self.blocked -= 1
+                self.runnable |= 1 << o.rank
+                if not self.stepped:
+                    o.cond.notify()
+
+    def _wake_all(self):
+        for r in self.ranks:
+            r.cond.notify()
         self.lock.notify_all()
 
     # -- stepped turns -----------------------------------------------------------------------------
-    def _runnable(self, r):
-        return r.status == "running" and (r.waiting is None or r.waiting[0]())
-
     def _pass_turn(self, me):
-        for k in range(1, self.size + 1):
-            r = self.ranks[(me.rank + k) % self.size]
-            if self._runnable(r):
-                self.turn = r.rank
-                break
-        self.lock.notify_all()
+        """The turn goes to the next runnable rank after ``me`` in rank order, cyclically (``me`` again if
+        it is the only one): the lowest set bit of ``runnable`` above ``me``, else the lowest."""
+        mask = self.runnable
+        if not mask:
+            return
+        above = mask >> (me.rank + 1)
+        nxt = me.rank + 1 + ((above & -above).bit_length() - 1) if above else (mask & -mask).bit_length() - 1
+        self.turn = nxt
+        if nxt != me.rank:
+            self.ranks[nxt].cond.notify()
 
     def _await_turn(self, me):
         """Park until it is ``me``'s turn; once the world has ended every rank runs on to its next call."""
         while self.turn != me.rank and not self.ended():
-            self.lock.wait()
+            me.cond.wait()
 
     # -- deadlock ------------------------------------------------------------------------------------
     def _deadlocked(self):
@@ -204,16 +250,45 @@ class World:
 
     def _report_deadlock(self, me):
         frames = sys._current_frames()
-        lines = [f"deadlock on {self.size} simulated ranks: every live rank waits for a call no rank can complete"]
+        entries = []
         for r in self.ranks:
             if r.status != "running":
-                lines.append(f"rank {r.rank}: {r.status}")
+                entries.append((r.rank, r.status, ()))
                 continue
-            lines.append(f"rank {r.rank}: waits in {r.waiting[1]()}")
             frame = sys._getframe() if r is me else frames.get(r.thread.ident)
-            lines.extend("    " + line for line in user_stack(frame))
-        self.deadlock = "\n".join(lines)
-        self.lock.notify_all()
+            entries.append((r.rank, f"waits in {r.waiting[1]()}", tuple("    " + line for line in user_stack(frame))))
+        lines = [f"deadlock on {self.size} simulated ranks: every live rank waits for a call no rank can complete"]
+        self.deadlock = "\n".join(lines + by_rank(entries))
+        self._wake_all()
+
+
+GROUPED = 16  # a report on more ranks than this gives each distinct line once, with the ranks it is true of
+
+
+def by_rank(entries):
+    """Report lines from ``[(rank, text, detail lines)]``: ``rank r: text`` and its detail for each rank; on
+    more than GROUPED ranks, each distinct (text, detail) once, as ``ranks 0-253, 255: text``, in the order
+    of its first rank (a 1024-rank deadlock is then a few lines, not a thousand stacks)."""
+    if len(entries) <= GROUPED:
+        return [line for rank, text, detail in entries for line in (f"rank {rank}: {text}", *detail)]
+    groups = {}
+    for rank, text, detail in entries:
+        groups.setdefault((text, detail), []).append(rank)
+    lines = []
+    for (text, detail), ranks in groups.items():
+        lines.append(f"{'rank' if len(ranks) == 1 else 'ranks'} {_spans(ranks)}: {text}")
+        lines.extend(detail)
+    return lines
+
+
+def _spans(ranks):
+    """``0-253, 255`` for the sorted ranks 0, 1, ..., 253, 255."""
+    spans, start = [], ranks[0]
+    for prev, r in zip(ranks, ranks[1:] + [None]):
+        if r is None or r != prev + 1:
+            spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = r
+    return ", ".join(spans)
 
 
 def user_stack(frame):

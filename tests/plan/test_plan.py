@@ -389,8 +389,9 @@ def test_the_command_plan_prints_trains_every_preset(tmp_path, preset):
 
 @pytest.mark.parametrize("ranks, needle", [
     (1_000_000, "--ranks: 1000000 is more than the 65536 ranks the planner searches; plan for at most 65536"),
-    (13824, "--ranks: 13824 ranks factor into 4400 grids (sample x channel x height x width), more than the 400 "
-            "the planner searches in minutes; choose a rank count with fewer factors (e.g. 2048: 364 grids)"),
+    (13824, "--ranks: 13824 ranks factor into 4400 grids (sample x channel x height x width), a search estimated "
+            "at 10169 s, more than the 300 s the planner allows; choose a rank count with fewer factors (e.g. 8192: "
+            "560 grids)"),
 ])
 def test_plan_refuses_a_rank_count_it_cannot_search_in_minutes(ranks, needle):
     r = _refconv("plan", "--model", "resnet50", "--ranks", str(ranks), "--batch", "8")

@@ -13,7 +13,7 @@ from test_plan import RESIDUAL_FIRST, SMALL, brute_force, machine_doc
 from refconv import ProcessGrid, cost_model
 from refconv.backend import get_backend
 from refconv.layers import DistConv3d
-from refconv.model_spec import load_spec
+from refconv.model_spec import PRESETS, load_spec
 from refconv.plan import calibrate, measure
 from refconv.pricing import choose_for_layer, graph, machine, perf, search
 from refconv.testing.commands import run_command
@@ -153,13 +153,21 @@ def test_the_command_plans_cosmoflow(capsys):
     assert len(strategies) == 3 and any(s[1] in ("x", "y") or s[1].startswith("w(") for s in strategies), out
 
 
-def test_the_command_refuses_more_grids_of_five_axes_than_it_searches_in_one_line(capsys):
-    status, _, err = run_command(capsys, "plan", "--model", "cosmoflow", "--ranks", "256", "--batch", "2",
-                                 "--machine", "v100-edr")
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert status == 2 and len(lines) == 1, err
-    assert lines[0].startswith("refconv plan: error: --ranks: 256 ranks factor into 495 grids (sample x channel x "
-                               "depth x height x width), more than the 400"), err
+def test_the_planner_takes_cosmoflow_at_the_papers_scale_and_refuses_a_search_estimated_too_long():
+    """A plain chain of volumes costs O(grids) per stage: cosmoflow at 256-1024 ranks (495-1001 grids of five
+    axes) is searched (issue 39); a deep residual model on as many grids, O(grids^3) per block, is refused."""
+    spec = PRESETS["cosmoflow"]()
+    for ranks in (256, 512, 1024):
+        search.check_ranks(ranks, 5)
+        planner = search.Planner(spec, (ranks, 4, 128, 128, 128), ranks, machine.load("v100-edr"))
+        assert search.work_estimate(planner.elements, len(planner.grids)) < search.SEARCH_BUDGET_S
+    conv = {"type": "conv", "out": 8, "kernel": 3, "padding": 1}
+    deep = {"dims": 3, "in_channels": 8, "layers": [{"type": "residual", "layers": [conv] * 3}] * 40
+            + [{"type": "gap"}, {"type": "linear", "out": 2}]}
+    with pytest.raises(search.TooLarge, match=r"--ranks: 1024 ranks factor into 1001 grids \(sample x channel x "
+                                               r"depth x height x width\), a search estimated at \d+ s, more than "
+                                               r"the 300 s the planner allows; choose a rank count with fewer factors"):
+        search.Planner(deep, (1024, 8, 64, 64, 64), 1024, machine.load("v100-edr"))
 
 
 def test_cost_model_prices_a_3d_layer_and_refuses_depth_on_images(capsys):

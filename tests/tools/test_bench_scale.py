@@ -1,0 +1,21 @@
+"""``python -m refconv.bench.scale``: both tables and their ratios in one run, and one line for bad input."""
+
+import pytest
+
+from refconv.bench import scale
+
+
+def test_scale_prints_the_simulator_and_binding_tables_with_ratios(capsys):
+    assert scale.main(["--ranks", "16,64", "--allreduces", "2", "--sample", "2", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0].isdigit()]
+    assert [r[0] for r in rows] == ["16", "64", "64"]                    # simulator 16, 64; binding 64
+    assert all(float(x) >= 0 for r in rows[:2] for x in r[1:3]) and float(rows[2][1]) > 0
+    assert "free     ratios 64/16:" in out and "stepped  ratios 64/16:" in out
+
+
+@pytest.mark.parametrize("ranks", ["12", "16,x", "2048"])
+def test_bad_ranks_are_refused_with_status_2(ranks, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        scale.main(["--ranks", ranks])
+    assert exit_.value.code == 2 and "--ranks" in capsys.readouterr().err
