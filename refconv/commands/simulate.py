@@ -169,18 +169,24 @@ def planned(args, machine):
     return label, runs, shape
 
 
-def run(args):
-    if not hasattr(args, "traced"):   # called without cli.main (a test, a script)
+def execute(args, say=None):
+    """``(label, runs, shape, machine, results)``: the plan (and ``--compare``'s sample parallelism)
+    and each one's :func:`run_steps` per rank (None where sample parallelism cannot run)."""
+    if not hasattr(args, "traced"):   # called without cli.main (a script)
         check(args)
     machine = machine_mod.load(args.machine)
     label, runs, shape = planned(args, machine)
-    say = (lambda text: print(text, file=sys.stderr, flush=True))
     results = {}
     for name, entry in runs.items():
         if entry is not None:
             results[name] = run_steps(entry[0], args.ranks, shape, machine, args.steps, backend=args.backend,
                                       overlap=args.overlap, traced=args.traced if name == "plan" else (),
-                                      progress=Progress(args.steps, say))
+                                      progress=Progress(args.steps, say) if say else None)
+    return label, runs, shape, machine, results
+
+
+def run(args):
+    label, runs, shape, machine, results = execute(args, lambda text: print(text, file=sys.stderr, flush=True))
     print(f"{args.model} on {args.ranks} simulated ranks, {label}, machine {machine.name}, input {shape}, "
           f"backend {args.backend}, {args.steps} steps{'' if args.overlap else ', no overlap'}")
     for line in report(results["plan"], runs["plan"][1], args.overlap, args.backend):

@@ -27,6 +27,7 @@ import time
 import numpy
 
 from refconv import simulated
+from refconv.backend import get_backend
 from refconv.collectives import local
 from refconv.model import Model
 from refconv.optim import SGD
@@ -132,20 +133,19 @@ def inputs(spec, shape, backend):
     else:
         y = rng.integers(0, 10, shape[0])
     if backend == "shapes":
-        from refconv.backend import get_backend
         xp = get_backend("shapes").xp
         return xp.empty(shape, dtype=numpy.float32), y
     return rng.standard_normal(shape, dtype=numpy.float32), y
 
 
 def _head_width(spec):
-    """The out_features of the last linear layer of ``spec``."""
+    """The width (``out``) of the last linear layer of ``spec``."""
     found = []
 
     def walk(node):
         if isinstance(node, dict):
-            if "out_features" in node:
-                found.append(node["out_features"])
+            if node.get("type") == "linear":
+                found.append(node["out"])
             for value in node.values():
                 walk(value)
         elif isinstance(node, list):
