@@ -168,12 +168,12 @@ def run_steps(spec, ranks, shape, machine, steps, *, backend="numpy", overlap=Tr
     traced = set(traced)
 
     def body(comm):
-        model = Model.from_spec(spec, comm=comm, backend=backend, dtype=numpy.float32, seed=0)
-        model.set_overlap(overlap)
-        optimizer, clock = SGD(model, 0.01, momentum=0.9), clock_mod.current()
-        stats, ledger, out = local.current().stats, Ledger(model, clock), []
-        wall = time.perf_counter()
-        with memory_tracking(backend) as tracker:
+        with memory_tracking(backend) as tracker:     # from the parameters' allocation on
+            model = Model.from_spec(spec, comm=comm, backend=backend, dtype=numpy.float32, seed=0)
+            model.set_overlap(overlap)
+            optimizer, clock = SGD(model, 0.01, momentum=0.9), clock_mod.current()
+            stats, ledger, out = local.current().stats, Ledger(model, clock), []
+            wall = time.perf_counter()
             for i in range(steps):
                 start, first, compute = clock.t, len(clock.events), ledger.computed()
                 with stats.recording() as region:
