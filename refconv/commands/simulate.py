@@ -67,8 +67,8 @@ def add_arguments(p):
     p.add_argument("--image-size", type=int, default=None,
                    help="height and width (depth too for volumes; default: a planned file's, else 32)")
     train_config.add_option(p, "backend", default=default_backend(), choices=backends(),
-                            purpose="shapes (arrays of shapes and no values, memory measured; the default once refconv.shapes "
-                                    "is in the tree) or numpy (real values, small sizes)")
+                            purpose="shapes (arrays of shapes and no values, memory measured; the default "
+                                    "once refconv.shapes is in the tree) or numpy (real values, small sizes)")
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="wait for every call at once, as refconv train --no-overlap (default: overlap)")
     p.add_argument("--compare", action="store_true", help="also run sample parallelism the same way, beside the plan")
@@ -245,7 +245,8 @@ def layer_lines(ranks):
     kind_width = max([len(k) for k in kinds.values()] + [4])
     out = [f"per layer, {which}, per rank and step (mean over ranks): compute, communication exposed and hidden, "
            f"bytes its calls carry, memory peak (largest rank)",
-           f"  {'layer':{width}s} {'kind':{kind_width}s} {'compute ms':>11s} {'exposed ms':>11s} {'hidden ms':>10s} {'calls':>6s} "
+           f"  {'layer':{width}s} {'kind':{kind_width}s} {'compute ms':>11s} {'exposed ms':>11s} {'hidden ms':>10s} "
+           f"{'calls':>6s} "
            f"{'MiB':>9s} {'peak MiB':>9s}"]
     for name in names + ["total"]:
         rows = [s["layers"][name] if name != "total" else s for s in steps]
