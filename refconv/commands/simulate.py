@@ -293,16 +293,19 @@ def comparison(results, runs, args, shape):
 
 
 def write_trace(path, ranks, traced, title):
-    """The Chrome trace (two tracks a traced rank: its layers' passes, its calls; and one track of
-    every rank's mean time per layer in the later steps) and the PNG of the traced ranks' calls."""
+    """The Chrome trace and the PNG of the traced ranks' calls.  The trace has, per traced rank, a track
+    of its layers' passes and as many tracks of its calls as it had calls in flight at once; and one
+    track of every rank's mean time per layer in the later steps."""
     tracks = {}
     for r in traced:
         steps = ranks[r]["steps"]
         tracks[f"rank {r}"] = [{"name": name, "start": t0, "end": t1, "args": {"pass": direction, "step": i + 1}}
                                for i, s in enumerate(steps) for t0, t1, name, direction in s["spans"]]
-        tracks[f"rank {r} calls"] = [{"name": e["kind"], "start": e["started"], "end": e["ended"],
-                                      "args": {"overlap": e["overlap"], "waited_from": e["waited"], "step": i + 1}}
-                                     for i, s in enumerate(steps) for e in s["events"]]
+        calls = [{"name": e["kind"], "start": e["started"], "end": e["ended"],
+                  "args": {"overlap": e["overlap"], "waited_from": e["waited"], "step": i + 1}}
+                 for i, s in enumerate(steps) for e in s["events"]]
+        for lane, spans in enumerate(lanes(calls)):
+            tracks[f"rank {r} calls" + (f" ({lane + 1})" if lane else "")] = spans
     steps = [s for r in ranks for s in later(r["steps"])]
     t, mean = 0.0, []
     for name in steps[0]["layers"]:
@@ -322,6 +325,20 @@ def write_trace(path, ranks, traced, title):
         if os.path.exists(tmp):
             os.remove(tmp)
     return [f"wrote {path} (ranks {', '.join(map(str, traced))}) and {figure}"]
+
+
+def lanes(spans):
+    """``spans`` in as few lists as keep each list's spans apart (calls in flight together overlap,
+    and a trace's track shows only nested spans), each list in order of start."""
+    out, ends = [], []
+    for span in sorted(spans, key=lambda e: e["start"]):
+        lane = next((i for i, end in enumerate(ends) if end <= span["start"]), len(out))
+        if lane == len(out):
+            out.append([])
+            ends.append(0.0)
+        out[lane].append(span)
+        ends[lane] = span["end"]
+    return out
 
 
 def _from(step):

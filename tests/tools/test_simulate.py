@@ -100,9 +100,13 @@ def test_the_trace_is_whole_and_names_its_ranks(capsys, tmp_path):
                                    "--steps", "2", "--trace", str(path), "--trace-ranks", "1,3")
     assert status == 0, err
     trace = json.loads(path.read_text())
-    names = [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"]
-    assert names == ["rank 1", "rank 1 calls", "rank 3", "rank 3 calls", "all 4 ranks: mean per layer"]
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    ranks = [name.split(" calls")[0] for name in names.values()]
+    assert list(dict.fromkeys(ranks)) == ["rank 1", "rank 3", "all 4 ranks: mean per layer"], names
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    for tid in names:   # a track's spans never overlap (calls in flight together go to tracks of their own)
+        track = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans if e["tid"] == tid)
+        assert all(end <= start + 1e-6 for (_, end), (start, _) in zip(track, track[1:])), names[tid]
     assert {e["args"]["step"] for e in spans if "step" in e["args"]} == {1, 2}
     assert any(e["name"] == "allgather" or e["name"] == "allreduce" for e in spans)
     assert (tmp_path / "run.png").stat().st_size > 0
