@@ -73,5 +73,13 @@ tutorials: setup
 docs: setup
 	OMP_NUM_THREADS=1 $(VENV)/bin/mkdocs build --strict
 
+# make paper -- docs/paper-scale.md at the paper's sizes (ResNet-50 and 2x/4x wide at 16..1024 ranks, batch 512,
+#               224x224; cosmoflow at 64..512; v100-edr and h200-node), through refconv simulate
+#               (scripts/paper_scale.py; needs the shapes-only backend).  The page in the tree and its CI test
+#               (tests/docs_and_tutorials/test_paper_scale.py) use the reduced sizes: paper_scale.py --quick.
+.PHONY: paper
+paper: setup
+	OMP_NUM_THREADS=1 $(PY) scripts/paper_scale.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

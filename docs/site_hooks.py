@@ -51,7 +51,7 @@ API = {
                                     "refconv.testing.commands"]),
     "simulated": ("Simulated ranks", ["refconv.simulated", "refconv.simulated.comm", "refconv.simulated.world",
                                       "refconv.simulated.engine", "refconv.simulated.clock",
-                                      "refconv.commands.against_plan"]),
+                                      "refconv.commands.simulate", "refconv.commands.simulate_steps"]),
 }
 
 REEXPORTS = {"refconv", "refconv.reference"}  # packages whose API is the names they import

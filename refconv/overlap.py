@@ -123,17 +123,18 @@ def write_timeline(path, ranks, title):
     return figure
 
 
-def draw_timeline(ranks, title, path):
+def draw_timeline(ranks, title, path, labels=None):
     """Per rank, one row per entry of ``ranks[r]`` (a contender, or a step): each call from its
     start to its end (light), the part the rank waited for it (dark), over the row's time
     (grey); a call finished while the rank computed has no dark part.  The legend lists the
-    kinds of collective that occur, and only those; returns the legend's labels as drawn."""
+    kinds of collective that occur, and only those; returns the legend's labels as drawn.  ``labels``
+    names each entry of ``ranks`` (default ``rank 0``, ``rank 1``, ...: a subset's own numbers)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = list(ranks[0])
     fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * len(ranks) * len(names)))
-    row, labels, seen = 0, [], []
+    row, rows, seen = 0, [], []
     for r, steps in enumerate(ranks):
         for name in names:
             ax.barh(row, steps[name]["seconds"] * 1e3, color="0.9", height=0.8)
@@ -144,9 +145,9 @@ def draw_timeline(ranks, title, path):
                 ax.barh(row, (c["ended"] - c["started"]) * 1e3, left=c["started"] * 1e3, color=colour, alpha=0.35,
                         height=0.5)
                 ax.barh(row, (c["ended"] - c["waited"]) * 1e3, left=c["waited"] * 1e3, color=colour, height=0.5)
-            labels.append(f"rank {r} {name}")
+            rows.append(f"{labels[r] if labels else f'rank {r}'} {name}")
             row += 1
-    ax.set_yticks(range(row), labels)
+    ax.set_yticks(range(row), rows)
     ax.invert_yaxis()
     ax.set_xlabel("ms from the row's start (light: in flight; dark: the rank waits; grey: the step)")
     ax.set_title(title)

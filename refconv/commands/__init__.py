@@ -7,8 +7,8 @@ the library packages so that no library module imports one.
 - :mod:`refconv.commands.sweep` and :mod:`refconv.commands.plot`: ``refconv sweep`` and ``refconv plot``;
 - :mod:`refconv.commands.data`: ``refconv data convert`` and ``refconv data synth`` (the writers:
   :mod:`refconv.datastore.convert`);
-- :mod:`refconv.commands.against_plan`: ``python -m refconv.commands.against_plan``, a plan's step on
-  simulated ranks priced on the logical clock, beside the plan.
+- :mod:`refconv.commands.simulate`: ``refconv simulate``, a plan's training steps on simulated ranks
+  priced on the logical clock, beside the plan (the per-rank steps: :mod:`refconv.commands.simulate_steps`).
 
 ``refconv plan``, ``calibrate`` and ``bench`` live with their tools (:mod:`refconv.plan`,
 :mod:`refconv.bench`).  The command line itself, and its table of commands, is :mod:`refconv.cli`.

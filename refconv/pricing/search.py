@@ -355,6 +355,31 @@ class Planner:
                 grid = out
         return grid
 
+    def of_spec(self, planned):
+        """The Plan of a planned model file's own strategy (:func:`to_spec`'s dict: each stage's
+        ``grid`` and conv ``algorithm``), each stage priced as the search prices that choice, so
+        ``refconv simulate`` can set a planned file's clocked step beside its prediction.  A
+        ValueError names the stage whose grid or algorithm this world cannot run."""
+        axes, choices = axes_of(self.ndim), {}
+        for stage in graph.stages(self.elements):
+            node = planned
+            for p in stage.main.path:
+                node = node[p]
+            grid = tuple((node.get("grid") or {}).get(a, 1) for a in axes)
+            if grid not in self.grids:
+                raise ValueError(f"model: stage {stage.name}'s grid {grid_dict(grid)} does not multiply to "
+                                 f"{self.P} ranks (a file planned for another rank count?)")
+            opts = self.options(stage)[self.grids.index(grid)]
+            asked = node.get("algorithm")
+            match = [c for c in opts if asked is None or _runs(c, asked, node.get("filter_groups"), grid)]
+            if not match:
+                raise ValueError(f"model: stage {stage.name} cannot run {asked or 'any algorithm'} on "
+                                 f"{grid_dict(grid)}")
+            choices[stage.main.path] = match[0]
+        default = (planned.get("defaults") or {}).get("grid") or {}
+        input_grid = tuple(default.get(a, 1) for a in axes)
+        return self.evaluate(choices, input_grid if input_grid in self.grids else None)
+
     def uniform(self, grid, algorithm=None, filter_groups=None):
         """Every stage on ``grid`` (a stage that cannot split channels on ``grid`` folds the
         channel ranks into the sample axis, as the presets' "no-channel" stems do); None if
