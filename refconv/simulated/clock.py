@@ -28,7 +28,7 @@ which calls take a link is the same on every run.
 
 The clock's events (:attr:`Clock.events`) are those ``collectives.stats.timeline()`` records,
 in logical seconds: :func:`report` sums what was hidden and exposed per kind with training's own
-:func:`refconv.overlap.hidden_by_kind`, and ``python -m refconv.commands.against_plan --timeline``
+:func:`refconv.overlap.hidden_by_kind`, and ``refconv simulate --trace``
 draws them with :func:`refconv.overlap.draw_timeline`, as ``refconv train --timeline`` does.
 """
 
