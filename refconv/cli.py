@@ -54,6 +54,7 @@ COMMANDS = (
     ("sweep", "refconv.commands.sweep"),
     ("plot", "refconv.commands.plot"),
     ("data", "refconv.commands.data"),
+    ("diagnose", "refconv.commands.diagnose"),
 )
 
 

@@ -29,7 +29,7 @@ from refconv.collectives.local import check_comm, comm_self, priced, stats
 from refconv.collectives.recording import KINDS, CommStats, Record, Region
 from refconv.collectives.requests import Request, progress
 from refconv.collectives.staging import cuda_aware
-from refconv.collectives.watchdog import EXIT_TIMEOUT, TRAINING_TIMEOUT_S, env_timeout, get_timeout, \
+from refconv.collectives.watchdog import EXIT_TIMEOUT, DEFAULT_TIMEOUT_S, env_timeout, get_timeout, \
     set_timeout, timeout
 
 __all__ = ["allgather", "allgather_object", "allreduce", "allreduce_", "alltoallv", "barrier", "bcast",
@@ -37,4 +37,4 @@ __all__ = ["allgather", "allgather_object", "allreduce", "allreduce_", "alltoall
            "fault_point", "FaultInjected", "gather", "get_timeout", "iallgather", "iallreduce_", "iexchange",
            "ireduce_scatter", "KINDS", "library_version", "node_comm", "priced", "progress", "Record", "Request",
            "reduce_scatter", "Region", "scatter", "set_fault", "set_timeout", "split", "stats", "timeout",
-           "TRAINING_TIMEOUT_S"]
+           "DEFAULT_TIMEOUT_S"]

@@ -7,6 +7,8 @@ the library packages so that no library module imports one.
 - :mod:`refconv.commands.sweep` and :mod:`refconv.commands.plot`: ``refconv sweep`` and ``refconv plot``;
 - :mod:`refconv.commands.data`: ``refconv data convert`` and ``refconv data synth`` (the writers:
   :mod:`refconv.datastore.convert`);
+- :mod:`refconv.commands.diagnose`: ``refconv diagnose DIR``, the first call where the ranks of a hung
+  MPI job differ (from their call records: :mod:`refconv.collectives.flight`);
 - :mod:`refconv.commands.against_plan`: ``python -m refconv.commands.against_plan``, a plan's step on
   simulated ranks priced on the logical clock, beside the plan.
 
