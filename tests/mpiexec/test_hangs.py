@@ -21,7 +21,7 @@ HANGS = pathlib.Path(__file__).parent / "hangs"
 HANG_GUARD_S = 60       # a job that runs longer has hung: the test fails (not a timing assertion)
 
 
-def _env(record_dir, timeout="3"):
+def _env(record_dir, timeout="2"):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", REFCONV_RECORD_DIR=str(record_dir))
     env.pop("REFCONV_FAULT", None)
     env.pop("REFCONV_RUN_ID", None)
