@@ -46,6 +46,10 @@ import sys
 import threading
 import time
 
+from mpi4py import MPI
+
+from refconv import failure
+
 FORMAT = "refconv-calls/1"
 DEFAULT_CALLS = 1000
 SNAPSHOT_S = 0.5        # a call waited this long: write a snapshot (below failure.GRACE_S)
@@ -117,7 +121,6 @@ class FlightRecord:
         if hasattr(comm, "world_rank"):         # simulated
             members = [comm.world_rank(r) for r in range(size)]
         else:
-            from mpi4py import MPI
             members = list(comm.Get_group().Translate_ranks(list(range(size)), MPI.COMM_WORLD.Get_group()))
         name = comm.Get_name()
         self.instances[(name, tuple(members))] += 1
@@ -228,6 +231,7 @@ class _Writer:
         self.final = False          # a final record (timeout, exception, signal) is on disk: snapshot no more
         self.thread = None
         self.wakeup = None
+        self.record = None          # this process's FlightRecord (install)
 
 
 _writer = _Writer()
@@ -245,19 +249,14 @@ def directory():
     return os.environ.get("REFCONV_RECORD_DIR") or _directory or _default_directory
 
 
-def _process_record():
-    from refconv.collectives import local
-    return local.process_state().flight
-
-
 def path_of(rank, folder=None):
     return os.path.join(folder or directory(), f"calls.{run_id()}.rank{rank}.json")
 
 
-def write(reason, detail=""):
-    """Write this process's record (see the module's docstring): at most once per reason but
-    ``"blocked"``, atomically, waiting at most ``WRITE_GRACE_S``.  Returns the path, or None."""
-    record = _process_record()
+def write(reason, detail="", record=None):
+    """Write this process's record (or ``record``; see the module's docstring): at most once per reason
+    but ``"blocked"``, atomically, waiting at most ``WRITE_GRACE_S``.  Returns the path, or None."""
+    record = record or _writer.record
     if record is None or (reason != "blocked" and reason in _writer.written) or \
             (reason == "blocked" and _writer.final):
         return None
@@ -303,7 +302,7 @@ def _write_file(data):
 def _watch(wakeup_fd):
     """Daemon thread: writes a snapshot when a call has waited SNAPSHOT_S, and the record on
     SIGTERM/SIGINT (even while the main thread is inside MPI), then ends the process."""
-    record = _process_record()
+    record = _writer.record
     while True:
         ready = select.select([wakeup_fd], [], [], 0.1)[0] if wakeup_fd is not None else time.sleep(0.1)
         if ready:
@@ -323,11 +322,12 @@ def _ignore_signal(signum, frame):
     """The Python-level handler: the watcher thread, woken by the wakeup fd, does the work."""
 
 
-def install(rank, size):
-    """Under more than one MPI rank: the watcher thread, the signal handlers, the exit hooks."""
-    if _writer.thread is not None or _process_record() is None:
+def install(record, rank, size):
+    """Under more than one MPI rank, for the process's ``record``: the watcher thread, the signal
+    handlers, the exit hooks."""
+    if _writer.thread is not None or record is None:
         return
-    _writer.rank, _writer.size = rank, size
+    _writer.record, _writer.rank, _writer.size = record, rank, size
     wakeup = None
     if threading.current_thread() is threading.main_thread():
         try:
@@ -346,7 +346,6 @@ def install(rank, size):
     _writer.wakeup = wakeup
     _writer.thread = threading.Thread(target=_watch, args=(wakeup,), name="refconv-record", daemon=True)
     _writer.thread.start()
-    from refconv import failure
     failure.before_abort.append(lambda line: write("exception", line))
     failure.at_exit.append(lambda: write("exit"))
     failure.after_finalize.append(_remove_exit_record)

@@ -165,7 +165,7 @@ def _describe(buffers):
 guard = Watchdog()
 guard.set(env_timeout(DEFAULT_TIMEOUT_S if MPI.COMM_WORLD.Get_size() > 1 else None))
 if MPI.COMM_WORLD.Get_size() > 1:
-    flight.install(MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
+    flight.install(local.process_state().flight, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
 
 
 def set_timeout(seconds):

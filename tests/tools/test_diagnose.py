@@ -192,7 +192,7 @@ def test_the_record_holds_the_callers_line_and_keeps_n_calls():
 def test_a_write_is_atomic_and_loads_back(tmp_path, monkeypatch):
     monkeypatch.setenv("REFCONV_RECORD_DIR", str(tmp_path))
     monkeypatch.setattr(flight._writer, "written", set())
-    path = flight.write("exception", "a line")
+    path = flight.write("exception", "a line", local.current().flight)
     assert os.listdir(tmp_path) == [os.path.basename(path)]
     loaded = flight.load(path)
     assert loaded["reason"] == "exception" and loaded["calls"] and loaded["calls"][-1]["site"]
