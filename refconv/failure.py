@@ -38,8 +38,7 @@ A third path covers a rank that **leaves early** while the others train
   at their end, 1 run in 3).
 
 What no hook sees: a rank that returns from a script of its own (not ``refconv
-train``) while the others train, which the collective timeout ends (its call record, written at
-its exit by the ``at_exit`` hooks at the end of this module, shows ``refconv diagnose`` where it left); ``os._exit(0)``
+train``) while the others train, which the collective timeout ends; ``os._exit(0)``
 outside training, or a C library's ``_exit(0)``, after which MPICH's launcher ends
 the job at once (under a second) but with status 0.
 
