@@ -24,8 +24,8 @@ from refconv.optim import SGD
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m refconv.bench.call_record")
-    parser.add_argument("--model", default="digits-cnn")
-    parser.add_argument("--grid", default="channel=2", type=train_config.parse_grid)
+    train_config.add_option(parser, "model", default="digits-cnn")
+    train_config.add_option(parser, "grid", default={"channel": 2})
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=31)
     parser.add_argument("--pause", type=float, default=0.05, help="seconds between contenders")
