@@ -198,21 +198,36 @@ def test_a_write_is_atomic_and_loads_back(tmp_path, monkeypatch):
     assert loaded["reason"] == "exception" and loaded["calls"] and loaded["calls"][-1]["site"]
 
 
-def test_simulated_ranks_keep_their_own_records_and_diagnose_reads_them():
+def test_simulated_ranks_keep_their_own_records_and_diagnose_reads_them(tmp_path):
+    """The root bug on simulated ranks: the world reports it at once, and each rank's own record,
+    written as a rank under mpiexec writes it, gives refconv diagnose the same line."""
+    kept = {}
+
     def rank_fn(comm):
+        kept[comm.Get_rank()] = local.current().flight     # this simulated rank's own record
         x = numpy.full(4, comm.Get_rank(), dtype=numpy.float32)
         collectives.allreduce(comm, x)
-        collectives.gather(comm, x, [(4,)] * comm.Get_size(), root=comm.Get_rank() % 2)  # root differs on rank 1
-    with pytest.raises(Exception):
+        root = comm.Get_rank() % 2
+        collectives.gather(comm, x, [(4,)] * comm.Get_size(), root=root)   # the bug: rank 1's root is 1
+    with pytest.raises(simulated.CollectiveMismatch, match="rank 0 called Gatherv .0,.; rank 1 called Gatherv"):
         simulated.run(rank_fn, 2)
-    # the same bug, analysed from records the simulated ranks kept (one per rank, as under mpiexec)
-    records = {}
+    assert kept[0] is not kept[1] and kept[0] is not local.process_state().flight
+    for rank, record in kept.items():
+        (tmp_path / f"calls.local.rank{rank}.json").write_text(json.dumps(flight.snapshot(record, rank, 2, "exception")))
+    status, report = run(tmp_path)
+    line = rank_fn.__code__.co_firstlineno + 5     # the gather
+    assert status == 1 and "call #1 on 'world' differs" in report, report
+    assert f"rank 0 Gatherv root 0 at test_diagnose.py:{line}" in first(report)
+    assert f"rank 1 Gatherv root 1 at test_diagnose.py:{line}" in first(report)
 
-    def record_fn(comm):
-        x = numpy.ones(4, dtype=numpy.float32)
-        collectives.allreduce(comm, x)
-        collectives.bcast(comm, x, root=0)
-        records[comm.Get_rank()] = flight.snapshot(local.current().flight, comm.Get_rank(), comm.Get_size())
-    simulated.run(record_fn, 2)
-    assert [[c[2] for c in records[r]["calls"]] for r in (0, 1)] == [["Allreduce", "bcast", "Bcast"]] * 2
-    assert records[0]["calls"][0][8] == records[1]["calls"][0][8]       # the same line on both ranks
+
+def test_an_unwritable_record_folder_warns_once(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    monkeypatch.setenv("REFCONV_RECORD_DIR", str(blocker / "calls"))
+    monkeypatch.setattr(flight._writer, "written", set())
+    monkeypatch.setattr(flight._writer, "warned", False)
+    assert flight.write("exception", "", local.current().flight) is None
+    assert flight.write("signal", "", local.current().flight) is None
+    warned = capsys.readouterr().err.splitlines()
+    assert len(warned) == 1 and "could not write the call record" in warned[0], warned
