@@ -3,20 +3,23 @@
 ``from refconv import collectives; collectives.allreduce(comm, x)``: the names below
 are the public API, each defined in one module.
 
-=============  ==========================================================================
-module         what it holds
-=============  ==========================================================================
-``ops``        the operations, one implementation each, with the table of what each moves
-``requests``   the calls in flight: ``Request`` (``wait``, ``test``) and ``progress``
-``control``    calls that move no recorded data: barrier, split, small objects, node layout
-``recording``  ``CommStats``: exact counts of the calls made (kind, ranks, elements, bytes)
-``local``      what is kept per rank (``stats``, the calls in flight, the fault): the process's,
-               or a simulated rank's (:mod:`refconv.simulated`)
-``watchdog``   the collective deadline (``set_timeout``, ``timeout``, ``REFCONV_TIMEOUT``)
-``faults``     fault injection for tests (``REFCONV_FAULT``, read when first needed)
-``staging``    host staging of device buffers, and the MPI datatypes of split blocks
-``buckets``    gradients packed into one allreduce up to a size threshold (DDP's buckets)
-=============  ==========================================================================
+==============  ==========================================================================
+module          what it holds
+==============  ==========================================================================
+``ops``         the operations, one implementation each, with the table of what each moves
+``requests``    the calls in flight: ``Request`` (``wait``, ``test``) and ``progress``
+``control``     calls that move no recorded data: barrier, split, small objects, node layout
+``recording``   ``CommStats``: exact counts of the calls made (kind, ranks, elements, bytes)
+``local``       what is kept per rank (``stats``, the calls in flight, the fault): the process's,
+                or a simulated rank's (:mod:`refconv.simulated`)
+``watchdog``    the collective deadline (``set_timeout``, ``timeout``, ``REFCONV_TIMEOUT``)
+``flight``      each rank's record of its last MPI calls, written when the job fails
+                (``REFCONV_RECORD_CALLS``, ``REFCONV_RECORD_DIR``)
+``divergence``  the first call where the ranks' records differ (``refconv diagnose``)
+``faults``      fault injection for tests (``REFCONV_FAULT``, read when first needed)
+``staging``     host staging of device buffers, and the MPI datatypes of split blocks
+``buckets``     gradients packed into one allreduce up to a size threshold (DDP's buckets)
+==============  ==========================================================================
 
 Only this package calls MPI to move data (tests/architecture/test_architecture.py checks it).
 """

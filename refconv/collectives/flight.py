@@ -309,7 +309,11 @@ def _watch(wakeup_fd):
             got = os.read(wakeup_fd, 64)
             if got:
                 sig = got[-1]
-                write("signal", signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig))
+                try:
+                    name = signal.Signals(sig).name
+                except ValueError:
+                    name = str(sig)
+                write("signal", name)
                 os._exit(128 + sig)
         entry = record.waiting
         if entry is not None and entry is not _writer.snapped and entry[END] is None and \
