@@ -54,6 +54,7 @@ FORMAT = "refconv-calls/1"
 DEFAULT_CALLS = 1000
 SNAPSHOT_S = 0.5        # a call waited this long: write a snapshot (below failure.GRACE_S)
 WRITE_GRACE_S = 1.0     # the longest a rank waits for its record's write (a dead file system)
+SIGNAL_GRACE_S = 1.0    # after SIGTERM/SIGINT, a rank that wrote its record waits this long before it exits
 FIELDS = ("seq", "kind", "call", "comm", "bytes", "root", "peers", "site", "line", "user_site", "user_line",
           "begin", "wait", "end", "error")
 # an entry in the ring is a list, for speed: these are its indices
@@ -314,6 +315,7 @@ def _watch(wakeup_fd):
                 except ValueError:
                     name = str(sig)
                 write("signal", name)
+                time.sleep(SIGNAL_GRACE_S)      # the first rank to exit gets the others killed: let them write
                 os._exit(128 + sig)
         entry = record.waiting
         if entry is not None and entry is not _writer.snapped and entry[END] is None and \
