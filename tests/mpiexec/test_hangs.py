@@ -7,6 +7,7 @@ import argparse
 import io
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -106,7 +107,7 @@ def test_a_run_that_ends_well_leaves_no_record(tmp_path):
     job = subprocess.run([find_mpiexec(), "-n", "3", sys.executable, "-c", code], env=_env(folder, timeout=None),
                          capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert job.returncode == 0, job.stderr
-    assert job.stdout.split() == ["300.0"] * 3        # the default deadline under several ranks
+    assert re.findall(r"300\.0|None", job.stdout) == ["300.0"] * 3   # the default deadline (ranks' lines may run together)
     assert not folder.exists(), list(folder.iterdir())
 
 
@@ -115,4 +116,4 @@ def test_refconv_timeout_0_or_none_opts_out_of_the_default_deadline(tmp_path):
     for value in ("0", "none"):
         job = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-c", code], env=_env(tmp_path, value),
                              capture_output=True, text=True, timeout=HANG_GUARD_S)
-        assert job.stdout.split() == ["None", "None"], (value, job.stderr)
+        assert re.findall(r"300\.0|None", job.stdout) == ["None", "None"], (value, job.stdout, job.stderr)
