@@ -16,7 +16,7 @@ import time
 import numpy
 from mpi4py import MPI
 
-from refconv import train, train_config
+from refconv import collectives, train, train_config
 from refconv.bench.common import time_ranks
 from refconv.collectives import flight, local
 from refconv.optim import SGD
@@ -63,8 +63,8 @@ def main(argv=None):
         entry[flight.END] = time.perf_counter()
     per_entry = (time.perf_counter() - t) / n
     record.ring.clear()
-    entries = max(comm.allgather(entries))
-    per_entry = max(comm.allgather(per_entry))
+    entries = max(collectives.allgather_object(comm, entries))
+    per_entry = max(collectives.allgather_object(comm, per_entry))
     if comm.Get_rank() == 0:
         off = statistics.median(times["record off"])
         print(f"{args.model} step, grid {args.grid}, {comm.Get_size()} ranks, median of {args.rounds} rounds:")
