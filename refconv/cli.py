@@ -55,6 +55,7 @@ COMMANDS = (
     ("plot", "refconv.commands.plot"),
     ("data", "refconv.commands.data"),
     ("simulate", "refconv.commands.simulate"),
+    ("diagnose", "refconv.commands.diagnose"),
 )
 
 

@@ -324,3 +324,46 @@ def training(comm):
 
 
 atexit.register(_notify_at_exit)
+
+
+# -- hooks of the call record (refconv.collectives.flight) -------------------------------------------------
+# before_abort: called with the rank's line before an uncaught exception aborts the job; at_exit: at
+# the rank's exit, before MPI's finalize (which waits for ranks that may be waiting for this one);
+# after_finalize: once every rank has finalized, the job ended well.  Each hook's own failure is ignored.
+before_abort = []
+at_exit = []
+after_finalize = []
+
+
+def _run_hooks(hooks, *args):
+    for hook in list(hooks):
+        try:
+            hook(*args)
+        except Exception:
+            pass
+
+
+_report_and_abort_only = _report_and_abort
+
+
+def _report_and_abort(exc_type, exc, tb):   # noqa: F811  (the hooks first, then the line and the abort)
+    where = _where(tb)
+    message = " ".join(str(exc).split()) if exc is not None else ""
+    _run_hooks(before_abort, f"uncaught {exc_type.__name__}: {message}" + (f" (raised at {where})" if where else ""))
+    _report_and_abort_only(exc_type, exc, tb)
+
+
+def _at_exit():
+    """atexit, in place of _notify_at_exit: the at_exit hooks, the notice of a rank that leaves,
+    then (when there are after_finalize hooks) MPI's finalize, and those hooks."""
+    if MPI.Is_finalized() or MPI.COMM_WORLD.Get_size() == 1:
+        return
+    _run_hooks(at_exit)
+    _notify_at_exit()
+    if after_finalize:
+        MPI.Finalize()      # waits for every rank: past it, the job ended well
+        _run_hooks(after_finalize)
+
+
+atexit.unregister(_notify_at_exit)
+atexit.register(_at_exit)

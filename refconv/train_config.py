@@ -21,7 +21,7 @@ import re
 
 from refconv import algorithms, checks, recipe
 from refconv.backend import BACKENDS
-from refconv.collectives import TRAINING_TIMEOUT_S, env_timeout
+from refconv.collectives import DEFAULT_TIMEOUT_S, env_timeout
 from refconv.collectives.buckets import BUCKET_BYTES
 from refconv.datastore.prefetch import READERS
 from refconv.grid import axes_of
@@ -233,7 +233,7 @@ OPTIONS = (
            "least this many KiB, as DDP does (0: each gradient its own allreduce, started the moment it is ready); "
            "the same buckets with --no-overlap, so the same bits (measured: docs/benchmarks.md)", parse=int,
            metavar="KIB"),
-    Option("timeout", env_timeout(TRAINING_TIMEOUT_S), _timeout, RUN,
+    Option("timeout", env_timeout(DEFAULT_TIMEOUT_S), _timeout, RUN,
            "seconds any one collective may wait before the job is ended (0: no deadline; the default is "
            "REFCONV_TIMEOUT's when set)", parse=float,
            metavar="SECONDS"),

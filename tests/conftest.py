@@ -10,6 +10,7 @@ a package because the files that tests/mpiexec/launched/ runs under mpiexec impo
 
 import os
 import re
+import tempfile
 
 
 def _real_gpu():
@@ -23,6 +24,9 @@ def _real_gpu():
 
 if "NUMBA_ENABLE_CUDASIM" not in os.environ:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if _real_gpu() else "1"
+# the call records of jobs that tests end on purpose (refconv.collectives.flight) go to a temporary
+# folder, not the checkout (a test that reads them sets its own REFCONV_RECORD_DIR)
+os.environ.setdefault("REFCONV_RECORD_DIR", tempfile.mkdtemp(prefix="refconv-calls-"))
 
 from hypothesis import settings  # noqa: E402
 

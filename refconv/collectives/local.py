@@ -2,8 +2,9 @@
 
 Under ``mpiexec`` a rank is a process, and its state is the process's.  On simulated ranks
 (:mod:`refconv.simulated`: K ranks as threads of one process) each rank thread binds its own
-:class:`RankState`, so that every rank counts its own calls (``stats``), keeps its own calls in
-flight (``requests.progress``) and meets its own injected fault, exactly as a process would.
+:class:`RankState`, so that every rank counts its own calls (``stats``), records its own last calls
+(``flight``), keeps its own calls in flight (``requests.progress``) and meets its own
+injected fault, exactly as a process would.
 
 ``stats`` is the calling rank's :class:`refconv.collectives.recording.CommStats`, looked up at each
 use: ``collectives.stats.recording()`` on a simulated rank records that rank's calls only.
@@ -14,6 +15,7 @@ import time
 
 from mpi4py import MPI
 
+from refconv.collectives.flight import FlightRecord, env_capacity
 from refconv.collectives.recording import CommStats
 
 UNREAD = object()  # a rank's fault before REFCONV_FAULT is read (refconv.collectives.faults)
@@ -34,6 +36,8 @@ class RankState:
         self.simulated = simulated
         self.clock = clock
         self.timeout = None      # a simulated rank's deadline setting (collectives.set_timeout); unused under MPI
+        capacity = env_capacity()
+        self.flight = FlightRecord(capacity) if capacity else None   # its last calls (collectives.flight)
 
     def now(self):
         """Seconds on this rank's clock: the logical clock of a priced run, else ``time.perf_counter()``."""
@@ -51,6 +55,11 @@ class _Thread(threading.local):
 
 _PROCESS = RankState()
 _THREAD = _Thread()
+
+
+def process_state():
+    """The process's own state (an MPI rank's), whichever thread asks."""
+    return _PROCESS
 
 
 def current():

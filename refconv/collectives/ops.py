@@ -104,7 +104,7 @@ def allreduce(comm, x, op="sum", *, out=None):
     direct = out is not None and out.flags.c_contiguous and \
         (not arrays.is_device_array(out) or cuda_aware())
     recv = out if direct else empty(send.shape, send.dtype, x)
-    with guard("allreduce", comm, {"send": send, "recv": recv}):
+    with guard("allreduce", comm, {"send": send, "recv": recv}, call="Allreduce", nbytes=send.nbytes):
         comm.Allreduce(spec(send), spec(recv), op=_OPS[op])
     result = from_mpi(recv, x)
     if out is not None and not direct:
@@ -125,7 +125,7 @@ def allreduce_(comm, x, op="sum"):
     stats.add("allreduce", comm.Get_size(), x.size, x.nbytes)
     if arrays.is_device_array(x):
         arrays.synchronize()
-    with guard("allreduce", comm, {"in place": x}):
+    with guard("allreduce", comm, {"in place": x}, call="Allreduce", nbytes=x.nbytes):
         comm.Allreduce(MPI.IN_PLACE, x, op=_OPS[op])
     return x
 
@@ -150,7 +150,7 @@ def iallreduce_(comm, x, op="sum", *, overlap=""):
             x[...] = from_mpi(buf, x)
         return x
     request = comm.Iallreduce(MPI.IN_PLACE, buf, op=_OPS[op])
-    return Request("allreduce", comm, [request], finish, {"in place": x}, overlap)
+    return Request("allreduce", comm, [request], finish, {"in place": x}, overlap, call="Iallreduce", nbytes=x.nbytes)
 
 
 def reduce_scatter(comm, x, counts, axis=0):
@@ -192,7 +192,8 @@ def ireduce_scatter(comm, x, counts, axis=0, *, overlap=""):
         for part in parts[1:]:
             summed += part
         return summed.reshape(x.shape[:axis] + (counts[me],) + x.shape[axis + 1:])
-    return Request("reduce_scatter", comm, [request], finish, {"x": x, "axis": axis, "counts": counts}, overlap)
+    return Request("reduce_scatter", comm, [request], finish, {"x": x, "axis": axis, "counts": counts}, overlap,
+                   call="Ialltoallw", nbytes=x.nbytes)
 
 
 def allgather(comm, x, counts, axis=0):
@@ -224,7 +225,7 @@ def iallgather(comm, x, counts, axis=0, *, overlap=""):
         request = comm.Ialltoallw([send, ([send.nbytes] * size, [0] * size), [MPI.BYTE] * size],
                                   [recv, ([1] * size, [d * inner * item for d in displs(counts)]), blocks])
     return Request("allgather", comm, [request], lambda: from_mpi(recv, x), {"x": x, "axis": axis, "counts": counts},
-                   overlap)
+                   overlap, call="Iallgather" if len(set(counts)) == 1 else "Ialltoallw", nbytes=recv.nbytes)
 
 
 def exchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None):
@@ -267,7 +268,10 @@ def iexchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None, overlap=""):
         if own is not None:
             out[me] = own
         return out
-    return Request("halo", comm, requests, finish, {"send": sends, "recv": staged}, overlap)
+    peers = (tag, tuple((dest, int(sends[dest].size) * dtype.itemsize) for dest in sorted(sends) if dest != me),
+             tuple((src, buf.nbytes) for src, buf in staged.items()))    # for the record: paired by peer and tag
+    return Request("halo", comm, requests, finish, {"send": sends, "recv": staged}, overlap, call="Isend/Irecv",
+                   peers=peers)
 
 
 def alltoallv(comm, send_blocks, recv_shapes, dtype=None):
@@ -289,7 +293,7 @@ def alltoallv(comm, send_blocks, recv_shapes, dtype=None):
         return [xp.array(send_blocks[0], dtype=dtype, copy=True).reshape(tuple(recv_shapes[0]))]
     send = to_mpi(xp.concatenate([xp.ravel(b).astype(dtype, copy=False) for b in send_blocks]))
     recv = empty(sum(rcounts), dtype, like)
-    with guard("alltoallv", comm, {"send": send_blocks, "recv": recv_shapes}):
+    with guard("alltoallv", comm, {"send": send_blocks, "recv": recv_shapes}, call="Alltoallv"):
         comm.Alltoallv(spec(send, scounts, displs(scounts)), spec(recv, rcounts, displs(rcounts)))
     recv, d = from_mpi(recv, like), displs(rcounts)
     return [recv[d[r]:d[r] + rcounts[r]].reshape(tuple(recv_shapes[r])) for r in range(size)]
@@ -303,7 +307,7 @@ def bcast(comm, x, root=0):
         stats.add("bcast", 1, x.size, x.nbytes)
         return arrays.array_module(x).array(x, copy=True)
     me = comm.Get_rank()
-    with guard("bcast", comm, {"metadata from root": root}):
+    with guard("bcast", comm, {"metadata from root": root}, call="bcast", root=root):
         shape, dt, dev = comm.bcast((tuple(x.shape), numpy.dtype(x.dtype).str, arrays.is_device_array(x))
                                     if me == root else None, root=root)
     dt = numpy.dtype(dt)
@@ -311,7 +315,7 @@ def bcast(comm, x, root=0):
     stats.add("bcast", comm.Get_size(), n, n * dt.itemsize)
     like = x if me == root else new((0,), dt, dev)
     buf = to_mpi(x) if me == root else empty(shape, dt, like)
-    with guard("bcast", comm, {"buffer": buf}):
+    with guard("bcast", comm, {"buffer": buf}, call="Bcast", nbytes=buf.nbytes, root=root):
         comm.Bcast(spec(buf), root=root)
     return from_mpi(buf, like)
 
@@ -323,7 +327,7 @@ def scatter(comm, blocks, shape, root=0):
     if comm.Get_size() == 1:
         meta = (blocks[0].dtype, arrays.is_device_array(blocks[0]))
     else:
-        with guard("scatter", comm, {"metadata from root": root}):
+        with guard("scatter", comm, {"metadata from root": root}, call="bcast", root=root):
             meta = comm.bcast((numpy.dtype(blocks[0].dtype).str, arrays.is_device_array(blocks[0]))
                               if me == root else None, root=root)
     dt, dev = numpy.dtype(meta[0]), meta[1]
@@ -337,10 +341,10 @@ def scatter(comm, blocks, shape, root=0):
         xp = arrays.array_module(like)
         counts = [int(b.size) for b in blocks]
         send = to_mpi(xp.concatenate([xp.ravel(b) for b in blocks]))
-        with guard("scatter", comm, {"send": blocks, "recv": recv}):
+        with guard("scatter", comm, {"send": blocks, "recv": recv}, call="Scatterv", root=root):
             comm.Scatterv(spec(send, counts, displs(counts)), spec(recv), root=root)
     else:
-        with guard("scatter", comm, {"recv": recv}):
+        with guard("scatter", comm, {"recv": recv}, call="Scatterv", root=root):
             comm.Scatterv(None, spec(recv), root=root)
     return from_mpi(recv, like)
 
@@ -355,11 +359,11 @@ def gather(comm, x, shapes, root=0):
     send = to_mpi(x)
     counts = [int(numpy.prod(s, dtype=numpy.int64)) for s in shapes]
     if comm.Get_rank() != root:
-        with guard("gather", comm, {"send": send}):
+        with guard("gather", comm, {"send": send}, call="Gatherv", root=root):
             comm.Gatherv(spec(send), None, root=root)
         return None
     recv = empty(sum(counts), send.dtype, x)
-    with guard("gather", comm, {"send": send, "recv": recv}):
+    with guard("gather", comm, {"send": send, "recv": recv}, call="Gatherv", root=root):
         comm.Gatherv(spec(send), spec(recv, counts, displs(counts)), root=root)
     recv, d = from_mpi(recv, x), displs(counts)
     return [recv[d[r]:d[r] + counts[r]].reshape(tuple(shapes[r])) for r in range(len(shapes))]

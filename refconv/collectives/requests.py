@@ -9,7 +9,9 @@ MPI calls unless ``MPICH_ASYNC_PROGRESS=1``, so work that overlaps calls in flig
 calls :func:`progress` between its chunks (docs/parallel.md, "Overlap").
 """
 
-from refconv.collectives import local
+import time
+
+from refconv.collectives import flight, local
 from refconv.collectives.faults import fault_point
 from refconv.collectives.local import stats
 from refconv.collectives.watchdog import guard
@@ -22,13 +24,17 @@ class Request:
     received buffers into the result once MPI is done with them.
     """
 
-    def __init__(self, kind, comm, requests, finish, buffers=None, overlap=""):
+    def __init__(self, kind, comm, requests, finish, buffers=None, overlap="", *, call=None, nbytes=None,
+                 root=None, peers=None):
         self.kind, self.comm, self._requests, self._finish, self._buffers = kind, comm, requests, finish, buffers
         self.overlap, self.started = overlap, local.now()
-        self._done, self._result = False, None
+        self._done, self._result, self.entry = False, None, None
         if requests:
             fault_point(kind, "collective")  # at the start: progress() may finish the call, and no wait come
-            local.current().in_flight.add(self)
+            state = local.current()
+            state.in_flight.add(self)
+            if state.flight is not None:    # its entry in the rank's record (call, nbytes, root, peers: see guard)
+                self.entry = state.flight.begin(kind, call, comm, nbytes, root, peers)
 
     def test(self):
         """True when MPI has finished the call (``wait()`` then returns without waiting)."""
@@ -37,6 +43,8 @@ class Request:
         if _request_class(self._requests).Testall(self._requests):
             local.current().in_flight.discard(self)
             self._requests = []
+            if self.entry is not None:
+                self.entry[flight.END] = time.perf_counter()
             stats.add_event(self.kind, self.overlap, self.started, local.now(), local.current().arrived())  # no wait
             return True
         return False
@@ -45,7 +53,8 @@ class Request:
         """The result, once MPI has finished (the time waited is the kind's, as a blocking call's)."""
         if not self._done:
             if self._requests:
-                with guard(self.kind, self.comm, self._buffers or {}, started=self.started, overlap=self.overlap):
+                with guard(self.kind, self.comm, self._buffers or {}, started=self.started, overlap=self.overlap,
+                           entry=self.entry):
                     _request_class(self._requests).Waitall(self._requests)
                 local.current().in_flight.discard(self)
             self._result, self._done = self._finish(), True

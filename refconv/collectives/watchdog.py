@@ -5,11 +5,15 @@ communicator's name, the shapes, how long this rank waited) and calls
 ``MPI.COMM_WORLD.Abort(EXIT_TIMEOUT)``, so a stopped or stuck peer ends the job
 instead of hanging it.  The timeout comes from ``set_timeout(seconds)`` or
 ``with timeout(seconds):``, else the environment variable ``REFCONV_TIMEOUT``
-(seconds; 0 or unset: none), read at import.  Plain API use has no deadline by
-default; ``refconv train`` uses ``--timeout`` (default ``TRAINING_TIMEOUT_S``).
+(seconds; 0, ``none`` or ``off``: none), read at import.  Under more than one MPI rank the
+default is ``DEFAULT_TIMEOUT_S`` (300 s), so a hang ends instead of busy-polling forever; a
+long run opts out with ``REFCONV_TIMEOUT=0``, ``set_timeout(None)``, or ``with timeout(None):``
+around one long wait.  One process has none (it makes no MPI call).  ``refconv train`` uses
+``--timeout`` (default ``DEFAULT_TIMEOUT_S``).  Before it aborts, the rank writes its call
+record (:mod:`refconv.collectives.flight`).
 
-A wrapper brackets its MPI call with ``with guard(kind, comm, buffers):``, which is
-also where a fault injected for tests strikes (``refconv.collectives.faults``) and
+A wrapper brackets its MPI call with ``with guard(kind, comm, buffers, call=...):``, which
+enters the call in the rank's record, and is also where a fault injected for tests strikes (``refconv.collectives.faults``) and
 where the time per kind is added up (``stats.add_seconds``).
 """
 
@@ -22,11 +26,11 @@ import time
 
 from mpi4py import MPI
 
-from refconv.collectives import local
+from refconv.collectives import flight, local
 from refconv.collectives.faults import fault_point
 from refconv.failure import LINE_GRACE_S
 
-TRAINING_TIMEOUT_S = 300.0      # refconv train's default --timeout
+DEFAULT_TIMEOUT_S = 300.0       # the deadline under several ranks, and refconv train's default --timeout
 EXIT_TIMEOUT = 124              # the abort code of a timed-out collective (as coreutils timeout)
 
 
@@ -45,6 +49,8 @@ def env_timeout(default=None):
     text = os.environ.get("REFCONV_TIMEOUT", "").strip()
     if not text:
         return _check_timeout(default)
+    if text.lower() in ("none", "off"):
+        return None
     try:
         value = float(text)
     except ValueError:
@@ -71,17 +77,27 @@ class Watchdog:
             self._thread = threading.Thread(target=self._watch, name="refconv-watchdog", daemon=True)
             self._thread.start()
 
-    def __call__(self, kind, comm, buffers, *, started=None, overlap=""):
+    def __call__(self, kind, comm, buffers, *, started=None, overlap="", call=None, nbytes=None, root=None,
+                 peers=None, entry=None):
         """``with guard(kind, comm, buffers): <one MPI call>``; also the fault hook.  For the wait
         of a started call, ``started`` is when it was started and ``overlap`` what it ran behind
-        (its fault point was its start: :class:`refconv.collectives.requests.Request`).  On a
-        simulated rank (refconv.simulated) there is no deadline: its world reports a hang itself."""
+        (its fault point was its start: :class:`refconv.collectives.requests.Request`), and
+        ``entry`` its entry in the rank's record.  ``call`` (MPI's name), ``nbytes`` (what every
+        rank must agree on), ``root`` and ``peers`` go into the record (refconv.collectives.flight).
+        On a simulated rank (refconv.simulated) there is no deadline: its world reports a hang itself."""
         if started is None:
             fault_point(kind, "collective")
         state = local.current()         # looked up once: this is on the path of every MPI call
+        record = state.flight
+        if record is not None:
+            if entry is None:
+                entry = record.begin(kind, call, comm, nbytes, root, peers)
+            else:
+                entry[flight.WAIT] = time.perf_counter()
+            record.waiting = entry
         if self.timeout is not None and state.simulated is None:
             self.current = (kind, comm, buffers, time.monotonic(), self.timeout)
-        return _Call(self, state, kind, started, overlap)
+        return _Call(self, state, kind, started, overlap, entry)
 
     def _watch(self):
         while True:
@@ -96,10 +112,10 @@ class _Call:
     """One guarded MPI call of the rank whose ``state`` (``local.RankState``) it is: its times go to
     that rank's ``stats`` when it ends."""
 
-    __slots__ = ("watchdog", "state", "kind", "overlap", "waited", "started")
+    __slots__ = ("watchdog", "state", "kind", "overlap", "waited", "started", "entry")
 
-    def __init__(self, watchdog, state, kind, started, overlap):
-        self.watchdog, self.state, self.kind, self.overlap = watchdog, state, kind, overlap
+    def __init__(self, watchdog, state, kind, started, overlap, entry):
+        self.watchdog, self.state, self.kind, self.overlap, self.entry = watchdog, state, kind, overlap, entry
         self.waited = state.now()
         self.started = started if started is not None else self.waited
 
@@ -110,6 +126,11 @@ class _Call:
         state = self.state
         if state.simulated is None:
             self.watchdog.current = None
+        if self.entry is not None:
+            self.entry[flight.END] = time.perf_counter()
+            if exc[0] is not None:
+                self.entry[flight.ERROR] = exc[0].__name__
+            state.flight.waiting = None
         ended = state.arrived()
         state.stats.add_seconds(self.kind, max(0.0, ended - self.waited))  # time per kind, for refconv bench
         state.stats.add_event(self.kind, self.overlap, self.started, self.waited, ended)  # for a timeline
@@ -118,10 +139,12 @@ class _Call:
 def _abort_timed_out(kind, comm, buffers, started, timeout):
     world = MPI.COMM_WORLD
     waited = time.monotonic() - started
-    sys.stderr.write(f"[rank {world.Get_rank()}] refconv: collective timeout: {kind} on communicator "
-                     f"{comm.Get_name()!r} ({comm.Get_size()} ranks) with {_describe(buffers)}: "
-                     f"this rank waited {waited:.1f} s (timeout {timeout:g} s); aborting the job\n")
+    line = (f"[rank {world.Get_rank()}] refconv: collective timeout: {kind} on communicator "
+            f"{comm.Get_name()!r} ({comm.Get_size()} ranks) with {_describe(buffers)}: "
+            f"this rank waited {waited:.1f} s (timeout {timeout:g} s); aborting the job")
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
+    flight.write("timeout", line)
     time.sleep(LINE_GRACE_S)         # mpiexec may drop output still in flight when the abort lands
     world.Abort(EXIT_TIMEOUT)
 
@@ -140,7 +163,9 @@ def _describe(buffers):
 
 
 guard = Watchdog()
-guard.set(env_timeout())
+guard.set(env_timeout(DEFAULT_TIMEOUT_S if MPI.COMM_WORLD.Get_size() > 1 else None))
+if MPI.COMM_WORLD.Get_size() > 1:
+    flight.install(local.process_state().flight, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
 
 
 def set_timeout(seconds):

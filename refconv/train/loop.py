@@ -47,7 +47,7 @@ import numpy
 from mpi4py import MPI
 
 from refconv import checkpoint, checks, collectives, datasets, datastore, device, failure, overlap, threads, train_config
-from refconv.collectives import KINDS
+from refconv.collectives import KINDS, flight
 from refconv.optim import SGD
 from refconv.train import checkpoints, progress
 from refconv.train.guards import check_finite, check_growth, check_loss
@@ -96,6 +96,8 @@ def _outputs(cfg, comm):
         if held is not None:
             os.close(held)
         raise OptionError(*errors[0])
+    if cfg.checkpoint_dir:      # the ranks' call records, should the run hang (refconv diagnose)
+        flight.set_directory(os.path.join(cfg.checkpoint_dir, "calls"))
     try:
         yield
     finally:

@@ -575,9 +575,10 @@ def test_refconv_timeout_sets_the_default_of_training_and_the_api():
     code = ("from refconv import collectives; from refconv.train_config import TrainConfig; "
             "print(collectives.get_timeout(), TrainConfig().timeout, TrainConfig(timeout=5).timeout)")
     out = {value: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                                 env=dict(os.environ, REFCONV_TIMEOUT=value)) for value in ("7", "0", "soon")}
+                                 env=dict(os.environ, REFCONV_TIMEOUT=value)) for value in ("7", "0", "none", "soon")}
     assert out["7"].stdout.split() == ["7.0", "7.0", "5.0"], out["7"].stderr
     assert out["0"].stdout.split() == ["None", "None", "5.0"], out["0"].stderr
+    assert out["none"].stdout.split() == ["None", "None", "5.0"], out["none"].stderr
     assert "REFCONV_TIMEOUT: expected seconds > 0" in out["soon"].stderr and out["soon"].returncode != 0
 
 

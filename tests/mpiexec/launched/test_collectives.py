@@ -104,7 +104,8 @@ def test_timeout_setting():
     the process's (refconv.collectives.watchdog), one for all the rank threads of a simulated
     world, where each rank's ``with timeout(...)`` would restore another's setting."""
     comm, r, p = _world()
-    assert_all_ranks(comm, coll.get_timeout() is None, "plain API use has no deadline")
+    default = coll.env_timeout(coll.DEFAULT_TIMEOUT_S)     # several ranks: 300 s unless REFCONV_TIMEOUT says
+    assert_all_ranks(comm, coll.get_timeout() == default, f"the default deadline is {coll.get_timeout()}")
     errors = []
     for bad in (-1, float("nan"), float("inf"), "5", True):
         try:
@@ -119,6 +120,6 @@ def test_timeout_setting():
         total = coll.allreduce(comm, numpy.ones(3))
         with coll.timeout(0):                        # 0: no deadline inside
             innermost = coll.get_timeout()
-    assert_all_ranks(comm, (inside, innermost, coll.get_timeout()) == (30.0, None, None),
+    assert_all_ranks(comm, (inside, innermost, coll.get_timeout()) == (30.0, None, default),
                      f"{inside}, {innermost}, {coll.get_timeout()}")
     collective_assert_close(comm, total, numpy.full(3, float(p)))
