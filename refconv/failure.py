@@ -109,6 +109,9 @@ def _report_and_abort(exc_type, exc, tb):
     rank = MPI.COMM_WORLD.Get_rank()
     where = _where(tb)
     message = " ".join(str(exc).split()) if exc is not None else ""
+    reporter = getattr(exc, "reporter", rank)   # a report every rank holds alike is printed by one of them
+    if reporter != rank:
+        message = f"{message.splitlines()[0][:200] if message else ''} ... (the same report as rank {reporter}'s)"
     line = f"[rank {rank}] uncaught {exc_type.__name__}: {message}" + (f" (raised at {where})" if where else "")
     if os.environ.get("REFCONV_TRACEBACK") == "1":
         text = "".join(traceback.format_exception(exc_type, exc, tb))
