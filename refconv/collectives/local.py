@@ -34,6 +34,7 @@ class RankState:
         self.simulated = simulated
         self.clock = clock
         self.timeout = None      # a simulated rank's deadline setting (collectives.set_timeout); unused under MPI
+        self.memory = None       # the rank's refconv.shapes.memory.Tracker while it tracks shapes-only arrays
 
     def now(self):
         """Seconds on this rank's clock: the logical clock of a priced run, else ``time.perf_counter()``."""

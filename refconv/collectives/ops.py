@@ -59,7 +59,7 @@ from refconv import arrays
 from refconv.collectives.local import check_comm, stats
 from refconv.collectives.requests import Request, finished
 from refconv.collectives.staging import (block_types, cuda_aware, displs, empty, from_mpi, new, spec,
-                                         split_axis, to_mpi)
+                                         split_axis, to_mpi, where)
 from refconv.collectives.watchdog import guard
 
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
@@ -304,7 +304,7 @@ def bcast(comm, x, root=0):
         return arrays.array_module(x).array(x, copy=True)
     me = comm.Get_rank()
     with guard("bcast", comm, {"metadata from root": root}):
-        shape, dt, dev = comm.bcast((tuple(x.shape), numpy.dtype(x.dtype).str, arrays.is_device_array(x))
+        shape, dt, dev = comm.bcast((tuple(x.shape), numpy.dtype(x.dtype).str, where(x))
                                     if me == root else None, root=root)
     dt = numpy.dtype(dt)
     n = int(numpy.prod(shape, dtype=numpy.int64))
@@ -321,10 +321,10 @@ def scatter(comm, blocks, shape, root=0):
     check_comm(comm, "scatter")
     me, shape = comm.Get_rank(), tuple(shape)
     if comm.Get_size() == 1:
-        meta = (blocks[0].dtype, arrays.is_device_array(blocks[0]))
+        meta = (blocks[0].dtype, where(blocks[0]))
     else:
         with guard("scatter", comm, {"metadata from root": root}):
-            meta = comm.bcast((numpy.dtype(blocks[0].dtype).str, arrays.is_device_array(blocks[0]))
+            meta = comm.bcast((numpy.dtype(blocks[0].dtype).str, where(blocks[0]))
                               if me == root else None, root=root)
     dt, dev = numpy.dtype(meta[0]), meta[1]
     n = int(numpy.prod(shape, dtype=numpy.int64))
