@@ -84,7 +84,9 @@ class ShapeArray:
     __array_priority__ = 100
 
     def __init__(self, shape, dtype, root=None, strides=None, offset=0):
-        self.shape = tuple(int(n) for n in shape)
+        self.tracker = None
+        self.shape = (operator.index(shape),) if isinstance(shape, (int, numpy.integer)) else \
+            tuple(operator.index(n) for n in shape)
         self.dtype = numpy.dtype(dtype)
         if root is None:
             self.root, self.strides_, self.offset = self, _c_strides(self.shape), 0
@@ -95,7 +97,6 @@ class ShapeArray:
                 tracker.alloc(self)
         else:
             self.root, self.strides_, self.offset = root, strides, offset
-            self.tracker = None
 
     def __del__(self):
         tracker = self.tracker

@@ -18,10 +18,14 @@ def learning_rate(cfg, step, total_steps):
 
 
 def step(model, optimizer, x_b, y_b):
-    """One training step on the global batch ``(x_b, y_b)``; returns the loss (same on every rank)."""
+    """One training step on the global batch ``(x_b, y_b)``; returns the loss (same on every rank), None
+    on a shapes-only backend (``x_b`` may then be anything with the batch's shape and dtype)."""
     model.bind(x_b.shape)
     backend = model.backend
-    x_loc = backend.asarray(datastore.local_block(x_b, model.input_distribution, model.in_grid.rank))
+    if backend.values:
+        x_loc = backend.asarray(datastore.local_block(x_b, model.input_distribution, model.in_grid.rank))
+    else:       # no values to cut: a block of this rank's shape
+        x_loc = backend.zeros(model.input_distribution.local_shape(model.in_grid.rank), x_b.dtype)
     y_loc = backend.asarray(model.label_block(numpy.asarray(y_b)))
     loss = model.loss(model.forward(x_loc), y_loc)
     model.backward()
