@@ -44,16 +44,16 @@ def _operand(x, operation, array):
     """``(shape, dtype-or-weak-type)`` of one operand; a NumPy array of more than one element is Mixed."""
     if isinstance(x, ShapeArray):
         return x.shape, x.dtype
+    if isinstance(x, (numpy.ndarray, numpy.generic)):     # before float: numpy.float64 is a float
+        if x.size > 1:
+            raise Mixed(operation, array, x)
+        return x.shape, x.dtype
     if isinstance(x, bool):
         return (), bool
     if isinstance(x, int):
         return (), int
     if isinstance(x, float):
         return (), float
-    if isinstance(x, (numpy.ndarray, numpy.generic)):
-        if x.size > 1:
-            raise Mixed(operation, array, x)
-        return x.shape, x.dtype
     raise NotSupported(f"{operation} on {type(x).__name__}", ("ShapeArray", "Python and NumPy scalars"))
 
 

@@ -57,8 +57,8 @@ def _two_steps(comm, backend, name, grid, kwargs, overlap):
     return first, second, list(stats.records), drawn
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-@pytest.mark.parametrize("name, grid, kwargs", CASES[:3])
+@pytest.mark.parametrize("name, grid, kwargs, overlap", [CASES[0] + (True,)] + [c + (o,) for c in CASES[1:3]
+                                                                              for o in (False, True)])
 def test_a_shapes_step_makes_the_calls_and_bytes_of_a_numpy_step(name, grid, kwargs, overlap):
     values = simulated.run(_two_steps, 4, args=("numpy", name, grid, kwargs, overlap))
     shapes = simulated.run(_two_steps, 4, args=("shapes", name, grid, kwargs, overlap))
