@@ -78,7 +78,7 @@ class Watch:
 class ShapeArray:
     """An array of ``shape`` and ``dtype`` with no values (see the module docstring)."""
 
-    __slots__ = ("shape", "dtype", "strides_", "offset", "root", "nbytes_owned", "tracker", "kind", "owner",
+    __slots__ = ("shape", "dtype", "strides_", "offset", "_root", "nbytes_owned", "tracker", "kind", "owner",
                  "version", "watches")
     shapes_only = True
     __array_priority__ = 100
@@ -89,21 +89,22 @@ class ShapeArray:
             tuple(operator.index(n) for n in shape)
         self.dtype = numpy.dtype(dtype)
         if root is None:
-            self.root, self.strides_, self.offset = self, _c_strides(self.shape), 0
+            self._root, self.strides_, self.offset = None, _c_strides(self.shape), 0   # no cycle: freed at once
             self.version, self.watches, self.owner = 0, None, None
             self.nbytes_owned = math.prod(self.shape) * self.dtype.itemsize
             self.tracker = tracker = memory.current()
             if tracker is not None:
                 tracker.alloc(self)
         else:
-            self.root, self.strides_, self.offset = root, strides, offset
+            self._root, self.strides_, self.offset = root, strides, offset
 
     def __del__(self):
         tracker = self.tracker
-        if tracker is not None and self.root is self:
+        if tracker is not None and self._root is None:
             tracker.free(self)
 
     # -- attributes
+    root = property(lambda self: self if self._root is None else self._root, doc="The array that owns the bytes (itself for a root).")
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: math.prod(self.shape))
     itemsize = property(lambda self: self.dtype.itemsize)
@@ -363,7 +364,7 @@ class ShapeArray:
     def __setitem__(self, index, value):
         shape, strides, offset, advanced = self._index(index)
         target = ShapeArray.__new__(ShapeArray)
-        target.shape, target.dtype, target.root = shape, self.dtype, self.root
+        target.shape, target.dtype, target._root = shape, self.dtype, self.root
         if advanced:
             target.strides_, target.offset = self.strides_, self.offset   # the whole array may be written
             lo, hi = self.interval()

@@ -154,6 +154,12 @@ def swept(layer, phase):
     if tracker is None:
         return
     kept, owner = KEPT[phase], id(layer)
+    if phase == "forward" and hasattr(layer, "parameters"):    # the weights and running statistics first
+        state = list(layer.parameters().values()) + list(layer.buffers().values())
+        for v in state:
+            root = getattr(v, "root", None)
+            if getattr(v, "shapes_only", False) and root.tracker is tracker and root.kind in _LOOSE:
+                tracker.retag(root, "weights", owner)
     for holder in (layer, getattr(layer, "_algo", None)):
         if holder is None or not hasattr(holder, "__dict__"):
             continue
