@@ -61,7 +61,9 @@ from refconv.collectives.requests import Request, finished
 from refconv.collectives.staging import (block_types, cuda_aware, displs, empty, from_mpi, new, spec,
                                          split_axis, to_mpi, where)
 from refconv.collectives.watchdog import guard
+from refconv.shapes.memory import kind
 
+comm_buffers = kind("comm")  # the arrays an operation stages and receives count as communication (shapes-only runs)
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 
 
@@ -84,6 +86,7 @@ def _check_axis(x, axis, what):
     return int(axis) % x.ndim
 
 
+@comm_buffers
 def allreduce(comm, x, op="sum", *, out=None):
     """The elementwise ``op`` ("sum", "prod", "max", "min") of every rank's x.
 
@@ -113,6 +116,7 @@ def allreduce(comm, x, op="sum", *, out=None):
     return result
 
 
+@comm_buffers
 def allreduce_(comm, x, op="sum"):
     """In-place allreduce (MPI.IN_PLACE, no new buffer) of a contiguous array; returns x."""
     check_comm(comm, "allreduce_")
@@ -130,6 +134,7 @@ def allreduce_(comm, x, op="sum"):
     return x
 
 
+@comm_buffers
 def iallreduce_(comm, x, op="sum", *, overlap=""):
     """Start the in-place allreduce of x; ``wait()`` returns x, summed (``op``) over the ranks.
 
@@ -153,6 +158,7 @@ def iallreduce_(comm, x, op="sum", *, overlap=""):
     return Request("allreduce", comm, [request], finish, {"in place": x}, overlap)
 
 
+@comm_buffers
 def reduce_scatter(comm, x, counts, axis=0):
     """Sum x (the full buffer) over ranks; return this rank's block along ``axis``.
 
@@ -161,6 +167,7 @@ def reduce_scatter(comm, x, counts, axis=0):
     return ireduce_scatter(comm, x, counts, axis).wait()
 
 
+@comm_buffers
 def ireduce_scatter(comm, x, counts, axis=0, *, overlap=""):
     """Start :func:`reduce_scatter`; ``wait()`` returns this rank's summed block.  x must stay
     untouched until then."""
@@ -195,11 +202,13 @@ def ireduce_scatter(comm, x, counts, axis=0, *, overlap=""):
     return Request("reduce_scatter", comm, [request], finish, {"x": x, "axis": axis, "counts": counts}, overlap)
 
 
+@comm_buffers
 def allgather(comm, x, counts, axis=0):
     """Concatenate every rank's x along ``axis``; counts[i] = rank i's length there."""
     return iallgather(comm, x, counts, axis).wait()
 
 
+@comm_buffers
 def iallgather(comm, x, counts, axis=0, *, overlap=""):
     """Start :func:`allgather`; ``wait()`` returns the concatenation."""
     check_comm(comm, "iallgather")
@@ -227,6 +236,7 @@ def iallgather(comm, x, counts, axis=0, *, overlap=""):
                    overlap)
 
 
+@comm_buffers
 def exchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None):
     """Many point-to-point messages at once (halos reaching past the nearest neighbour).
 
@@ -236,6 +246,7 @@ def exchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None):
     return iexchange(comm, sends, recv_shapes, dtype, tag=tag, like=like).wait()
 
 
+@comm_buffers
 def iexchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None, overlap=""):
     """Start :func:`exchange`; ``wait()`` returns {source rank: array}.  The arrays sent may be
     changed once this returns (they are copied, or staged, when not contiguous in ``dtype``;
@@ -270,6 +281,7 @@ def iexchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None, overlap=""):
     return Request("halo", comm, requests, finish, {"send": sends, "recv": staged}, overlap)
 
 
+@comm_buffers
 def alltoallv(comm, send_blocks, recv_shapes, dtype=None):
     """Uneven all-to-all: send_blocks[q] goes to rank q; returns the list of
     blocks received, block r from rank r with shape recv_shapes[r]."""
@@ -295,6 +307,7 @@ def alltoallv(comm, send_blocks, recv_shapes, dtype=None):
     return [recv[d[r]:d[r] + rcounts[r]].reshape(tuple(recv_shapes[r])) for r in range(size)]
 
 
+@comm_buffers
 def bcast(comm, x, root=0):
     """Root's x on every rank.  Non-roots pass None: shape, dtype and array module
     come from root in a small pickled message (not recorded)."""
@@ -316,6 +329,7 @@ def bcast(comm, x, root=0):
     return from_mpi(buf, like)
 
 
+@comm_buffers
 def scatter(comm, blocks, shape, root=0):
     """Root's blocks[r] to rank r (Scatterv).  ``shape``: this rank's block shape."""
     check_comm(comm, "scatter")
@@ -345,6 +359,7 @@ def scatter(comm, blocks, shape, root=0):
     return from_mpi(recv, like)
 
 
+@comm_buffers
 def gather(comm, x, shapes, root=0):
     """Every rank's x to root (Gatherv): a list, block r of shape shapes[r], on root;
     None elsewhere."""

@@ -142,6 +142,14 @@ class kind:
         return tagged
 
 
+def claim(array, kind_name, layer):
+    """Count ``array``'s root as ``kind_name``, kept by ``layer`` (on a tracking rank; else nothing)."""
+    tracker = current()
+    root = getattr(array, "root", None)
+    if tracker is not None and getattr(array, "shapes_only", False) and root.tracker is tracker:
+        tracker.retag(root, kind_name, id(layer))
+
+
 KEPT = {"forward": "activations", "backward": "gradients"}
 _LOOSE = ("workspace", "comm")
 

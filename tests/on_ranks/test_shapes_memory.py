@@ -49,6 +49,24 @@ def _tracked_step(comm):
 def test_a_training_step_has_peaks_of_every_kind_and_per_layer():
     for by_kind, peak, by_layer, params in simulated.run(_tracked_step, 2):
         assert by_kind["activations"] > 0 and by_kind["communication"] > 0
-        assert by_kind["parameters"] >= 2 * params                         # weights and their gradients
+        assert by_kind["parameters"] >= 3 * params                   # weights, their gradients and momentum
         assert max(by_kind.values()) <= peak <= sum(by_kind.values())
         assert by_layer and all(n > 0 for n in by_layer.values()) and "0" in by_layer
+
+
+def test_momentum_counts_with_the_parameters_and_a_halo_window_as_communication():
+    from refconv.halo import Halo
+
+    def body(comm):
+        with memory.tracking() as tracker:
+            model = Model.from_spec("digits-cnn", comm=comm, backend="shapes", seed=0)
+            optimizer = SGD(model.bind((8, 1, 16, 16)), 0.1, momentum=0.9)
+            momentum = sum(b.nbytes for b in optimizer.state().values())
+            assert momentum > 0 and tracker.live["optimizer"] == momentum
+            halo = Halo(comm, (2, 1), (16, 16), (16, 16), (3, 3), (1, 1), (1, 1), (1, 1))
+            before = tracker.live["comm"]
+            window = halo.start_extend(xp.zeros((8, 4, 8, 16), numpy.float32), xp).wait()
+            assert window.shape == (8, 4, 10, 18)
+            assert tracker.live["comm"] - before == window.nbytes  # the row sent and the row received are freed
+            return True
+    assert all(simulated.run(body, 2))
