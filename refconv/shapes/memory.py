@@ -166,7 +166,8 @@ def swept(layer, phase):
         state = list(layer.parameters().values()) + list(layer.buffers().values())
         for v in state:
             root = getattr(v, "root", None)
-            if getattr(v, "shapes_only", False) and root.tracker is tracker and root.kind in _LOOSE:
+            if getattr(v, "shapes_only", False) and root.tracker is tracker and \
+                    (root.kind in _LOOSE or root.owner is None):       # made as weights: now owned by the layer
                 tracker.retag(root, "weights", owner)
     for holder in (layer, getattr(layer, "_algo", None)):
         if holder is None or not hasattr(holder, "__dict__"):
