@@ -43,4 +43,6 @@ class NotSupported(TypeError):
 
 
 def _describe(array):
+    if isinstance(array, str):      # a description ("the model's outputs") where there is no one array
+        return array
     return f"shape {tuple(array.shape)} {array.dtype}" if hasattr(array, "shape") else type(array).__name__

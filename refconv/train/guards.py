@@ -53,7 +53,10 @@ def check_growth(cfg, losses, first_step):
 
 def check_finite(cfg, comm, model, optimizer, global_step, saved):
     """Collective: raise :class:`Diverged` on every rank if any rank holds a tensor with a
-    NaN or an infinity (named in the message) after step ``global_step``."""
+    NaN or an infinity (named in the message) after step ``global_step``.  A shapes-only model has no
+    values to check (every rank runs the same backend, so none calls the collective)."""
+    if not getattr(getattr(model, "backend", None), "values", True):    # a model without a backend has values
+        return
     bad = [b for b in collectives.allgather_object(comm, checkpoint.nonfinite(model, optimizer)) if b]
     if bad:
         raise Diverged(f"training diverged: after step {global_step}, {bad[0]} are not finite (NaN or "

@@ -7,6 +7,7 @@ import math
 import numpy
 
 from refconv import collectives, datastore
+from refconv.shapes.errors import NoValues
 from refconv.train.inputs import is_regression, smallest_batch
 
 
@@ -35,7 +36,10 @@ def step(model, optimizer, x_b, y_b):
 
 def evaluate(model, x, y, batch_size):
     """Accuracy on ``(x, y)`` with the running statistics (``model.eval()``), any number of samples
-    (the mean squared error, :func:`evaluate_mse`, for a regression).  The same value on any grid."""
+    (the mean squared error, :func:`evaluate_mse`, for a regression).  The same value on any grid.
+    A shapes-only model has no outputs to score: ``NoValues``."""
+    if not model.backend.values:
+        raise NoValues("evaluate (scoring a test set)", "the model's outputs")
     if is_regression(model):
         return evaluate_mse(model, x, y, batch_size)
     correct = sum(int(((out.reshape(len(out), -1).argmax(axis=1) == labels) & real).sum())

@@ -3,6 +3,8 @@ step with NumPy values, and on a priced run its logical clock ends at exactly th
 never drawn (no global weights) and the loss is None.  Mixing shapes-only and NumPy buffers in one call,
 and reusing a send buffer before its request completes, are refused as with values."""
 
+import json
+
 import numpy
 import pytest
 
@@ -10,10 +12,11 @@ from refconv import collectives, datasets, simulated
 from refconv.collectives import local
 from refconv.model import Model
 from refconv.optim import SGD
-from refconv.shapes import Mixed
+from refconv.shapes import Mixed, NoValues
 from refconv.shapes.namespace import xp
 from refconv.simulated.world import BufferReused
-from refconv.train import step
+from refconv.train import evaluate, format_summary, step, train
+from refconv.train_config import TrainConfig
 
 # 2-D (resnet50 small and a grid per layer) and 3-D (conv, batchnorm, pooling, a residual block, MSE)
 VOLUME = {"name": "volume", "dims": 3, "loss": "mse", "in_channels": 2, "layers": [
@@ -111,3 +114,26 @@ def test_writing_a_send_buffer_in_flight_is_refused_and_another_part_of_its_arra
     with pytest.raises(BufferReused, match="changed"):
         simulated.run(_reused, 2, args=("same",))
     assert simulated.run(_reused, 2, args=("other",)) == [2, 2]   # the write, and the allreduce's
+
+
+def _shapes_training(comm, cfg, metrics):
+    said = []
+    result = train(TrainConfig(**cfg, metrics_out=metrics if comm.rank == 0 else None), comm=comm, log=said.append)
+    with pytest.raises(NoValues, match=r"evaluate \(scoring a test set\) needs the values .*the model's outputs"):
+        evaluate(result["model"], numpy.zeros((8, 1, 16, 16), numpy.float32), numpy.zeros(8, numpy.int64), 8)
+    return result, said, format_summary(result)
+
+
+def test_a_shapes_only_training_run_says_it_has_no_loss_and_no_test_score(tmp_path):
+    path = tmp_path / "d.npz"
+    x, y, _, _ = datasets.load_digits(upsample=1)
+    numpy.savez(path, x=x[:24], y=y[:24])
+    cfg = dict(model="digits-cnn", data=str(path), batch_size=4, epochs=1, max_steps=2, backend="shapes",
+               progress=False, seed=0, grid={"sample": 2})
+    metrics = tmp_path / "metrics.jsonl"
+    for rank, (result, said, summary) in enumerate(simulated.run(_shapes_training, 2, args=(cfg, str(metrics)))):
+        assert result["losses"] == [None, None] and result["epochs"] == [{"epoch": 1, "loss": None, "accuracy": None}]
+        assert rank > 0 or any("no loss and no test accuracy (shapes-only run)" in line for line in said), said
+        assert "no test accuracy (shapes-only run)" in summary
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [line["loss"] for line in lines if "step" in line] == [None, None]
