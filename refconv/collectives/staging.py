@@ -25,6 +25,8 @@ from mpi4py import MPI
 
 from refconv import arrays
 from refconv.collectives import local
+from refconv.shapes import memory
+from refconv.shapes.array import ShapeArray
 
 
 # -- CUDA-aware detection and staging ----------------------------------------------------
@@ -96,8 +98,6 @@ def new(shape, dtype, on_device):
     on the device, after the stream's queued work, as :func:`empty`.  ``on_device="shapes"``: a
     shapes-only array (:func:`where`)."""
     if on_device == "shapes":                   # counted as a communication buffer on a tracking rank
-        from refconv.shapes import memory
-        from refconv.shapes.array import ShapeArray
         with memory.kind("comm"):
             return ShapeArray(shape, dtype)
     buf = (arrays.device_module() if on_device else numpy).empty(shape, dtype)

@@ -5,7 +5,7 @@ import math
 import numpy
 
 from refconv.shapes.array import ShapeArray, _dt, _operand, _resolve, broadcast
-from refconv.shapes.errors import NotSupported, NoValues
+from refconv.shapes.errors import Mixed, NotSupported, NoValues
 
 UFUNCS = {"add", "subtract", "multiply", "true_divide", "divide", "negative", "sqrt", "exp", "log", "maximum",
           "minimum", "power", "absolute", "square", "equal", "not_equal", "less", "less_equal", "greater",
@@ -31,7 +31,6 @@ def ufunc(array, uf, method, inputs, out, kwargs):
     if method == "at":
         target, index = inputs[0], inputs[1]
         if not isinstance(target, ShapeArray):
-            from refconv.shapes.errors import Mixed
             raise Mixed(name, first, target)
         shape, _, _, _ = target._index(index)
         if len(inputs) > 2:
@@ -49,8 +48,7 @@ def ufunc(array, uf, method, inputs, out, kwargs):
     else:
         for o, d in zip(out, dtypes):
             if not isinstance(o, ShapeArray):
-                from refconv.shapes.errors import Mixed
-                raise Mixed(name, first, o)
+                    raise Mixed(name, first, o)
             if broadcast(shape, o.shape) != o.shape:
                 raise ValueError(f"{name}: non-broadcastable output operand with shape {o.shape} doesn't match "
                                  f"the broadcast shape {shape}")

@@ -6,6 +6,7 @@ import pytest
 
 from refconv import simulated
 from refconv.bench import memory_check
+from refconv.halo import Halo
 from refconv.model import Model
 from refconv.optim import SGD
 from refconv.shapes import memory
@@ -57,8 +58,6 @@ def test_a_training_step_has_peaks_of_every_kind_and_per_layer():
 
 
 def test_momentum_counts_with_the_parameters_and_a_halo_window_as_communication():
-    from refconv.halo import Halo
-
     def body(comm):
         with memory.tracking() as tracker:
             model = Model.from_spec("digits-cnn", comm=comm, backend="shapes", seed=0)
