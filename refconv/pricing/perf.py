@@ -91,7 +91,7 @@ class StageCost:
     comm: dict = dataclasses.field(default_factory=dict)  # kind -> seconds (weight-gradient allreduce excluded)
     grad: float = 0.0  # weight-gradient allreduce seconds
     memory: int = 0  # bytes kept for the whole step: parameters x 3 and saved activations
-    workspace: int = 0  # the largest gathered or reduced buffer
+    workspace: int = 0  # bytes held beyond memory at the worst pass: buffers, gradients in and out (conv_transient)
     hidden_fwd: float = 0.0  # seconds of the halo exchange hidden behind compute when overlapped (halo_hidden)
     hidden_bwd: float = 0.0  # seconds of the halo return hidden likewise
 
