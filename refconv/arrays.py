@@ -34,7 +34,10 @@ def is_device_array(x):
 
 
 def array_module(x):
-    """``cupy`` for a device array, ``numpy`` otherwise (the array-API idiom)."""
+    """``cupy`` for a device array, the shapes namespace for a shapes-only array, ``numpy`` otherwise
+    (the array-API idiom)."""
+    if getattr(x, "shapes_only", False):
+        return x.__array_namespace__()
     if is_device_array(x):
         cp = _cupy()
         if cp is None:

@@ -26,7 +26,7 @@ from refconv import arrays, checks
 from refconv import reference as ref
 from refconv.reference import conv as ref_conv
 
-BACKENDS = ("auto", "numpy", "cuda")
+BACKENDS = ("auto", "numpy", "cuda", "shapes")
 
 
 def _per_channel(v, x):
@@ -50,6 +50,7 @@ class NumpyBackend:
 
     name = "numpy"
     xp = numpy
+    values = True       # arrays with values (False: refconv.shapes's shapes-only arrays)
 
     # -- data movement between host and this backend's arrays
     def asarray(self, x, dtype=None):
@@ -60,6 +61,10 @@ class NumpyBackend:
 
     def zeros(self, shape, dtype):
         return numpy.zeros(shape, dtype=dtype)
+
+    def scalar(self, x):
+        """The first value of ``x`` as a Python float (None on shapes-only arrays: they have none)."""
+        return float(self.to_host(x).reshape(-1)[0])
 
     # -- convolution
     def conv2d_forward(self, x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, cols=None):
@@ -268,7 +273,7 @@ def cuda_usable():
 
 @functools.lru_cache(maxsize=None)
 def get_backend(name="auto", version=3):
-    """The backend called ``name``: ``"numpy"``, ``"cuda"`` or ``"auto"``."""
+    """The backend called ``name``: ``"numpy"``, ``"cuda"``, ``"shapes"`` (no values) or ``"auto"``."""
     if isinstance(name, NumpyBackend):
         return name
     if name not in BACKENDS:
@@ -277,6 +282,9 @@ def get_backend(name="auto", version=3):
         name = "cuda" if arrays.gpu_available() else "numpy"
     if name == "numpy":
         return NumpyBackend()
+    if name == "shapes":
+        from refconv.shapes.backend import ShapesBackend  # imported lazily: it imports this module
+        return ShapesBackend()
     if not cuda_usable():
         raise ValueError(
             "backend: 'cuda' needs a real GPU with CuPy (pip install refconv[cuda12]) or "

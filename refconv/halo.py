@@ -48,6 +48,7 @@ import numpy
 
 from refconv import checks, collectives
 from refconv.distribution import block_range
+from refconv.shapes import memory
 
 
 def input_window(o0, o1, kernel, stride, padding, dilation):
@@ -325,6 +326,7 @@ class Halo:
         off), ``x_loc`` itself is returned: no copy; do not write into it."""
         return self.start_extend(x_loc, xp, fill).wait()
 
+    @memory.kind("comm")  # the window and its receive buffers (shapes-only runs: refconv.shapes.memory)
     def start_extend(self, x_loc, xp, fill=0.0, overlap=""):
         """Start :meth:`extend`: ``partial`` of the result is the window with every cell this rank
         holds already written (its own block's, and the zero padding), the halo cells in flight;

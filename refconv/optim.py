@@ -17,6 +17,7 @@ exactly like the parameter.  Buffers start at zero, which makes the first step
 import numbers
 
 from refconv.arrays import array_module
+from refconv.shapes import memory
 
 __all__ = ["SGD", "named_parameters"]
 
@@ -51,6 +52,7 @@ class SGD:
             for qname, layer, pname in self.entries:
                 p = layer.parameters()[pname]
                 self._buffers[qname] = array_module(p).zeros_like(p)   # buf: p's local shape
+                memory.claim(self._buffers[qname], "optimizer", layer)  # counted with the parameters
 
     def step(self):
         """Update every parameter shard in place from its layer's current gradient."""

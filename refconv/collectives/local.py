@@ -38,6 +38,7 @@ class RankState:
         self.timeout = None      # a simulated rank's deadline setting (collectives.set_timeout); unused under MPI
         capacity = env_capacity()
         self.flight = FlightRecord(capacity) if capacity else None   # its last calls (collectives.flight)
+        self.memory = None       # the rank's refconv.shapes.memory.Tracker while it tracks shapes-only arrays
 
     def now(self):
         """Seconds on this rank's clock: the logical clock of a priced run, else ``time.perf_counter()``."""

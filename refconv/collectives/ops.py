@@ -59,9 +59,11 @@ from refconv import arrays
 from refconv.collectives.local import check_comm, stats
 from refconv.collectives.requests import Request, finished
 from refconv.collectives.staging import (block_types, cuda_aware, displs, empty, from_mpi, new, spec,
-                                         split_axis, to_mpi)
+                                         split_axis, to_mpi, where)
 from refconv.collectives.watchdog import guard
+from refconv.shapes.memory import kind
 
+comm_buffers = kind("comm")  # the arrays an operation stages and receives count as communication (shapes-only runs)
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
 
 
@@ -84,6 +86,7 @@ def _check_axis(x, axis, what):
     return int(axis) % x.ndim
 
 
+@comm_buffers
 def allreduce(comm, x, op="sum", *, out=None):
     """The elementwise ``op`` ("sum", "prod", "max", "min") of every rank's x.
 
@@ -113,6 +116,7 @@ def allreduce(comm, x, op="sum", *, out=None):
     return result
 
 
+@comm_buffers
 def allreduce_(comm, x, op="sum"):
     """In-place allreduce (MPI.IN_PLACE, no new buffer) of a contiguous array; returns x."""
     check_comm(comm, "allreduce_")
@@ -130,6 +134,7 @@ def allreduce_(comm, x, op="sum"):
     return x
 
 
+@comm_buffers
 def iallreduce_(comm, x, op="sum", *, overlap=""):
     """Start the in-place allreduce of x; ``wait()`` returns x, summed (``op``) over the ranks.
 
@@ -153,6 +158,7 @@ def iallreduce_(comm, x, op="sum", *, overlap=""):
     return Request("allreduce", comm, [request], finish, {"in place": x}, overlap, call="Iallreduce", nbytes=x.nbytes)
 
 
+@comm_buffers
 def reduce_scatter(comm, x, counts, axis=0):
     """Sum x (the full buffer) over ranks; return this rank's block along ``axis``.
 
@@ -161,6 +167,7 @@ def reduce_scatter(comm, x, counts, axis=0):
     return ireduce_scatter(comm, x, counts, axis).wait()
 
 
+@comm_buffers
 def ireduce_scatter(comm, x, counts, axis=0, *, overlap=""):
     """Start :func:`reduce_scatter`; ``wait()`` returns this rank's summed block.  x must stay
     untouched until then."""
@@ -196,11 +203,13 @@ def ireduce_scatter(comm, x, counts, axis=0, *, overlap=""):
                    call="Ialltoallw", nbytes=x.nbytes)
 
 
+@comm_buffers
 def allgather(comm, x, counts, axis=0):
     """Concatenate every rank's x along ``axis``; counts[i] = rank i's length there."""
     return iallgather(comm, x, counts, axis).wait()
 
 
+@comm_buffers
 def iallgather(comm, x, counts, axis=0, *, overlap=""):
     """Start :func:`allgather`; ``wait()`` returns the concatenation."""
     check_comm(comm, "iallgather")
@@ -228,6 +237,7 @@ def iallgather(comm, x, counts, axis=0, *, overlap=""):
                    overlap, call="Iallgather" if len(set(counts)) == 1 else "Ialltoallw", nbytes=recv.nbytes)
 
 
+@comm_buffers
 def exchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None):
     """Many point-to-point messages at once (halos reaching past the nearest neighbour).
 
@@ -237,6 +247,7 @@ def exchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None):
     return iexchange(comm, sends, recv_shapes, dtype, tag=tag, like=like).wait()
 
 
+@comm_buffers
 def iexchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None, overlap=""):
     """Start :func:`exchange`; ``wait()`` returns {source rank: array}.  The arrays sent may be
     changed once this returns (they are copied, or staged, when not contiguous in ``dtype``;
@@ -274,6 +285,7 @@ def iexchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None, overlap=""):
                    peers=peers)
 
 
+@comm_buffers
 def alltoallv(comm, send_blocks, recv_shapes, dtype=None):
     """Uneven all-to-all: send_blocks[q] goes to rank q; returns the list of
     blocks received, block r from rank r with shape recv_shapes[r]."""
@@ -299,6 +311,7 @@ def alltoallv(comm, send_blocks, recv_shapes, dtype=None):
     return [recv[d[r]:d[r] + rcounts[r]].reshape(tuple(recv_shapes[r])) for r in range(size)]
 
 
+@comm_buffers
 def bcast(comm, x, root=0):
     """Root's x on every rank.  Non-roots pass None: shape, dtype and array module
     come from root in a small pickled message (not recorded)."""
@@ -308,7 +321,7 @@ def bcast(comm, x, root=0):
         return arrays.array_module(x).array(x, copy=True)
     me = comm.Get_rank()
     with guard("bcast", comm, {"metadata from root": root}, call="bcast", root=root):
-        shape, dt, dev = comm.bcast((tuple(x.shape), numpy.dtype(x.dtype).str, arrays.is_device_array(x))
+        shape, dt, dev = comm.bcast((tuple(x.shape), numpy.dtype(x.dtype).str, where(x))
                                     if me == root else None, root=root)
     dt = numpy.dtype(dt)
     n = int(numpy.prod(shape, dtype=numpy.int64))
@@ -320,15 +333,16 @@ def bcast(comm, x, root=0):
     return from_mpi(buf, like)
 
 
+@comm_buffers
 def scatter(comm, blocks, shape, root=0):
     """Root's blocks[r] to rank r (Scatterv).  ``shape``: this rank's block shape."""
     check_comm(comm, "scatter")
     me, shape = comm.Get_rank(), tuple(shape)
     if comm.Get_size() == 1:
-        meta = (blocks[0].dtype, arrays.is_device_array(blocks[0]))
+        meta = (blocks[0].dtype, where(blocks[0]))
     else:
         with guard("scatter", comm, {"metadata from root": root}, call="bcast", root=root):
-            meta = comm.bcast((numpy.dtype(blocks[0].dtype).str, arrays.is_device_array(blocks[0]))
+            meta = comm.bcast((numpy.dtype(blocks[0].dtype).str, where(blocks[0]))
                               if me == root else None, root=root)
     dt, dev = numpy.dtype(meta[0]), meta[1]
     n = int(numpy.prod(shape, dtype=numpy.int64))
@@ -349,6 +363,7 @@ def scatter(comm, blocks, shape, root=0):
     return from_mpi(recv, like)
 
 
+@comm_buffers
 def gather(comm, x, shapes, root=0):
     """Every rank's x to root (Gatherv): a list, block r of shape shapes[r], on root;
     None elsewhere."""

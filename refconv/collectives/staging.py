@@ -25,6 +25,8 @@ from mpi4py import MPI
 
 from refconv import arrays
 from refconv.collectives import local
+from refconv.shapes import memory
+from refconv.shapes.array import ShapeArray
 
 
 # -- CUDA-aware detection and staging ----------------------------------------------------
@@ -81,12 +83,23 @@ def empty(shape, dtype, like):
         buf = arrays.array_module(like).empty(shape, dtype)
         arrays.synchronize()
         return buf
+    if getattr(like, "shapes_only", False):
+        return new(shape, dtype, "shapes")
     return numpy.empty(shape, dtype)
+
+
+def where(x):
+    """Where x lives, as :func:`new` takes it: True on the device, "shapes" for a shapes-only array, else False."""
+    return "shapes" if getattr(x, "shapes_only", False) else arrays.is_device_array(x)
 
 
 def new(shape, dtype, on_device):
     """An empty array on the device or the host (for a rank that has no array to be ``like``);
-    on the device, after the stream's queued work, as :func:`empty`."""
+    on the device, after the stream's queued work, as :func:`empty`.  ``on_device="shapes"``: a
+    shapes-only array (:func:`where`)."""
+    if on_device == "shapes":                   # counted as a communication buffer on a tracking rank
+        with memory.kind("comm"):
+            return ShapeArray(shape, dtype)
     buf = (arrays.device_module() if on_device else numpy).empty(shape, dtype)
     if on_device:
         arrays.synchronize()

@@ -9,6 +9,7 @@ section 5).
 import numpy
 
 from refconv import checks, collectives
+from refconv.shapes import memory
 from refconv.layers.shuffle import Redistribute
 
 
@@ -111,6 +112,7 @@ class Sequential:
         for layer in self.layers:
             y_loc = layer.forward(x_loc)
             collectives.priced("layer", layer, x_loc.size, y_loc.size, "forward")  # a priced simulated run's clock
+            memory.swept(layer, "forward")     # what it keeps for backward counts as its activations
             x_loc = y_loc
         return x_loc
 
@@ -118,6 +120,7 @@ class Sequential:
         for layer in reversed(self.layers):
             dx_loc = layer.backward(dy_loc)
             collectives.priced("layer", layer, dx_loc.size, dy_loc.size, "backward")
+            memory.swept(layer, "backward")
             dy_loc = dx_loc
             collectives.progress()  # test the calls in flight (a layer's gradient allreduce), so MPI moves them on
         return dy_loc

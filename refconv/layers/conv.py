@@ -99,16 +99,18 @@ class DistConv2d(GradientsInFlight, Layer):
         self._bound = {}  # (H, W) (or (D, H, W)) -> algorithm object bound to that geometry
         self._geom = self._algo = None
 
-        # Parameters: the same global draw on every rank, then this rank's shard.
-        fan_in = math.prod(self.w_shape[1:])
-        rng = numpy.random.default_rng(seed)
-        limit = 1.0 / math.sqrt(fan_in)
-        w = rng.uniform(-limit, limit, self.w_shape).astype(self.dtype)
-        b = rng.uniform(-limit, limit, self.out_channels).astype(self.dtype) if bias else None
+        # Parameters: the same global draw on every rank, then this rank's shard (shapes-only: no draw).
         self.weight = self.bias = self.weight_grad = self.bias_grad = None
-        self._global_init = (w, b)
+        self._global_init = None
+        if self.backend.values:
+            fan_in = math.prod(self.w_shape[1:])
+            rng = numpy.random.default_rng(seed)
+            limit = 1.0 / math.sqrt(fan_in)
+            w = rng.uniform(-limit, limit, self.w_shape).astype(self.dtype)
+            b = rng.uniform(-limit, limit, self.out_channels).astype(self.dtype) if bias else None
+            self._global_init = (w, b)
         if self.algorithm is not None:
-            self.set_global_parameters(w, b)
+            self._init_parameters()
         if input_shape is not None:
             self.bind(input_shape)
 
@@ -166,7 +168,7 @@ class DistConv2d(GradientsInFlight, Layer):
                 padding=self.padding, dilation=geom.dilation, groups=geom.groups, bias=geom.bias,
                 padding_mode=geom.padding_mode, machine=self.machine)
         self.algorithm, self.filter_groups = algorithm, filter_groups
-        self.set_global_parameters(*self._global_init)
+        self._init_parameters()
 
     def scatter_input(self, x, root=0):
         """Bind the layer to the global ``x`` (given on ``root``; ignored elsewhere) and return
@@ -185,6 +187,16 @@ class DistConv2d(GradientsInFlight, Layer):
         self.bind((N, self.in_channels, *spatial))
 
     # -- parameters ---------------------------------------------------------------------------
+    def _init_parameters(self):
+        """This rank's shard of the initial draw; on a backend without values, arrays of its shape."""
+        if self._global_init is not None:
+            self.set_global_parameters(*self._global_init)
+            return
+        rank = self.grid.rank
+        self.weight = self.backend.zeros(self.weight_distribution.local_shape(rank), self.dtype)
+        self.bias = self.backend.zeros(self.bias_distribution.local_shape(rank)[:1], self.dtype) \
+            if self.has_bias else None
+
     def set_global_parameters(self, w, b=None):
         """Give this rank its shard of the global ``w (F, C/groups, Kh, Kw)`` and ``b (F,)``."""
         w = numpy.asarray(self.backend.to_host(w))

@@ -31,11 +31,15 @@ class Linear(GradientsInFlight, Layer):
         if self.in_features < grid.P_c:
             raise ValueError(f"in_features={in_features} cannot be split over channel={grid.P_c} ranks")
         self.has_bias = bool(bias)
-        rng = numpy.random.default_rng(seed)  # PyTorch's default init, the same draw on every rank
-        bound = 1.0 / math.sqrt(self.in_features)
-        w = rng.uniform(-bound, bound, (self.out_features, self.in_features)).astype(self.dtype)
-        b = rng.uniform(-bound, bound, self.out_features).astype(self.dtype) if bias else None
-        self.set_global_parameters(w, b)
+        if self.backend.values:
+            rng = numpy.random.default_rng(seed)  # PyTorch's default init, the same draw on every rank
+            bound = 1.0 / math.sqrt(self.in_features)
+            w = rng.uniform(-bound, bound, (self.out_features, self.in_features)).astype(self.dtype)
+            b = rng.uniform(-bound, bound, self.out_features).astype(self.dtype) if bias else None
+            self.set_global_parameters(w, b)
+        else:                                 # shapes-only: arrays of the parameters' shapes, no draw
+            self.weight = self.backend.zeros((self.out_features, self.in_features), self.dtype)
+            self.bias = self.backend.zeros((self.out_features,), self.dtype) if self.has_bias else None
         self.weight_grad = self.bias_grad = None
 
     def set_global_parameters(self, w, b=None):

@@ -30,7 +30,8 @@ class SoftmaxCrossEntropy:
         local_sum = -log_probs[xp.arange(n), labels].sum(keepdims=True)  # (1,)
         total = collectives.allreduce(self.grid.axis_comm("sample"), local_sum)
         self._probs, self._labels, self._N = xp.exp(log_probs), labels, global_batch
-        return float(self.backend.to_host(total)[0]) / global_batch
+        value = self.backend.scalar(total)    # None on a shapes-only backend: no loss to report
+        return None if value is None else value / global_batch
 
     def records(self, itemsize=4):
         """The call one forward and backward make on this rank, for logits of ``itemsize`` bytes."""
@@ -67,7 +68,8 @@ class MeanSquaredError:
         local_sum = (diff * diff).sum(keepdims=True).reshape(1)  # (1,)
         total = collectives.allreduce(self.grid.axis_comm("sample"), local_sum)
         self._diff, self._count = diff, global_batch * pred_loc.shape[1]
-        return float(self.backend.to_host(total)[0]) / self._count
+        value = self.backend.scalar(total)
+        return None if value is None else value / self._count
 
     def records(self, itemsize=4):
         """The call one forward and backward make on this rank, for predictions of ``itemsize`` bytes."""

@@ -39,8 +39,8 @@ def summary(plan, sample, uniform):
              f"weight-gradient allreduce {_ms(plan.grad_seconds)} ms, as --no-overlap trains); "
              f"{_ms(plan.overlapped_seconds)} ms overlapped (each allreduce behind the backward before it, "
              f"as refconv train runs, {plan.hidden:.0%} of it hidden: the machine file's overlap{halo})",
-             f"memory per rank: {plan.memory / 2**30:.3f} GiB (parameters x3, saved activations, largest "
-             f"gathered buffer)"]
+             f"memory per rank: {plan.memory / 2**30:.3f} GiB (parameters x3, saved activations, the largest "
+             f"working set of one layer)"]
     for label, other in (("pure sample parallelism", sample), ("best single strategy", uniform)):
         if other is None:
             lines.append(f"{label}: not possible here (the batch is smaller than the ranks or a layer "

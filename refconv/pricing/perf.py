@@ -91,7 +91,7 @@ class StageCost:
     comm: dict = dataclasses.field(default_factory=dict)  # kind -> seconds (weight-gradient allreduce excluded)
     grad: float = 0.0  # weight-gradient allreduce seconds
     memory: int = 0  # bytes kept for the whole step: parameters x 3 and saved activations
-    workspace: int = 0  # the largest gathered or reduced buffer
+    workspace: int = 0  # bytes held beyond memory at the worst pass: buffers, gradients in and out (conv_transient)
     hidden_fwd: float = 0.0  # seconds of the halo exchange hidden behind compute when overlapped (halo_hidden)
     hidden_bwd: float = 0.0  # seconds of the halo return hidden likewise
 
@@ -287,10 +287,21 @@ def halo_hidden(geom, grid, algorithm, passes, halos, share):
     return min(interior * fwd, share * exchange), min(behind_return, share * back)
 
 
+@functools.lru_cache(maxsize=4096)
+def window_share(spatial_grid, in_shape, out_shape, kernel, stride, padding, dilation, padding_mode):
+    """Cells of rank 0's halo window (padding included: ``Halo.window_shape``) per cell of its own
+    block: what a conv or pool keeps (the window) per byte of its local input."""
+    halo = Halo(_Rank0(math.prod(spatial_grid)), spatial_grid, in_shape, out_shape, kernel, stride, padding,
+                dilation, padding_mode)
+    return math.prod(halo.window_shape) / math.prod(halo.owned[0].shape)
+
+
 def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
     """StageCost of one layer on ``grid`` (a conv with the given algorithm)."""
     cost = StageCost(grid, algorithm, filter_groups)
     x_bytes = local_elements(layer.in_shape, grid) * ITEMSIZE
+    out_bytes = local_elements(layer.out_shape, grid) * ITEMSIZE
+    transient = 2 * max(x_bytes, out_bytes)  # the gradient in and the gradient out, live together in backward
     if layer.kind == "conv":
         calls = conv_calls(layer, grid, algorithm, filter_groups)
         area = math.prod(spatial_tuple(layer.spec["kernel"], _dims(layer)))  # Kh Kw, or Kd Kh Kw
@@ -310,8 +321,17 @@ def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
             cost.hidden_fwd, cost.hidden_bwd = halo_hidden(conv_geometry(layer), grid, algorithm, passes, halos,
                                                            machine.overlap)
         gathered = max([c.bytes for c in calls if c.kind == "allgather"] + [0])
+        # kept for backward: the window of the conv's input (x, or x gathered over channels), its
+        # zero padding included (the layers keep Halo.extend's window, not the block)
+        geom = conv_geometry(layer)
+        share = window_share(tuple(grid[SPATIAL:]), geom.in_shape[2:], geom.out_shape[2:], geom.kernel,
+                             geom.stride, geom.padding, geom.dilation, geom.padding_mode)
         cost.memory = 3 * (shard + (layer.out_shape[1] if layer.spec.get("bias", True) else 0)) * ITEMSIZE \
-            + max(x_bytes, gathered if algorithm != "stationary-x" else 0)
+            + round(share * max(x_bytes, gathered if algorithm != "stationary-x" else 0))
+        params = (shard + (layer.out_shape[1] if layer.spec.get("bias", True) else 0)) * ITEMSIZE
+        transient = max(conv_transient(algorithm if grid[1] > 1 else None, calls, x_bytes, out_bytes,
+                                       max(x_bytes, gathered if algorithm != "stationary-x" else 0), share),
+                        out_bytes + x_bytes + 2 * params)  # dw and the allreduce's receive buffer
     else:
         calls = layer_calls(layer, grid)
         op = {"batchnorm": "batchnorm", "maxpool": "pool", "avgpool": "pool"}.get(layer.kind, "elementwise")
@@ -323,16 +343,52 @@ def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
             cost.bwd = machine.conv_seconds("conv_bwd_data", 1, flops) + machine.conv_seconds("conv_bwd_filter", 1,
                                                                                                flops)
             cost.memory = 3 * (K * C + K) * ITEMSIZE + n * C * ITEMSIZE
+            transient = out_bytes + x_bytes + 2 * (K * C + K) * ITEMSIZE  # dw and the allreduce's receive buffer
         else:
             t = machine.local_seconds(op, x_bytes)
             cost.fwd, cost.bwd = t / 2, t / 2  # calibrated as forward + backward together
             params = 2 * _ceil(layer.in_shape[1], grid[1]) if layer.kind == "batchnorm" else 0
-            cost.memory = 3 * params * ITEMSIZE + x_bytes
-    overhead = machine.local_seconds("layer", x_bytes + local_elements(layer.out_shape, grid) * ITEMSIZE)
+            cost.memory = 3 * params * ITEMSIZE + kept_bytes(layer, grid, x_bytes)
+            if layer.kind == "maxpool" or layer.kind == "avgpool":  # the window of x and its gradient too
+                transient += 2 * x_bytes
+    overhead = machine.local_seconds("layer", x_bytes + out_bytes)
     cost.fwd += overhead / 2
     cost.bwd += overhead / 2
     price_calls(calls, grid, machine, cost)
+    cost.workspace = max(cost.workspace, transient)
     return cost
+
+
+def conv_transient(algorithm, calls, x_bytes, out_bytes, x_in, share):
+    """The bytes a conv holds beyond what it keeps, at the larger of its forward and its backward, on
+    rank 0 (as :mod:`refconv.shapes.memory` measures them).  ``x_in``: the conv's input (x, or x gathered
+    over channels), ``share``: its window's cells per input cell (:func:`window_share`).
+
+    - forward: y; with Stationary-X/-W the partial y over all filters and the reduce-scatter's receive
+      buffer of the same size; with Stationary-Y/-W the gathered x (the window kept is a copy);
+    - backward: dy, dx of the window and dx (x_in); with Stationary-X/-W the gathered dy; with
+      Stationary-Y/-W the reduce-scatter of dx: its receive buffer (x_in) and the sum (x)."""
+    gathers = [c.bytes for c in calls if c.kind == "allgather"]
+    reduces = [c.bytes for c in calls if c.kind == "reduce_scatter"]
+    forward = backward = out_bytes
+    backward += round(share * x_in) + x_in
+    if algorithm in ("stationary-x", "stationary-w"):
+        forward += 2 * reduces[0]
+        backward += gathers[-1]
+    if algorithm in ("stationary-y", "stationary-w"):
+        forward += x_in
+        backward += x_in + x_bytes
+    return max(forward, backward)
+
+
+def kept_bytes(layer, grid, x_bytes):
+    """What a layer other than conv and linear keeps for backward on rank 0: max pooling its argmax (int64,
+    one per output cell), average and global average pooling only shapes, the rest its input (x_bytes)."""
+    if layer.kind == "maxpool":
+        return local_elements(layer.out_shape, grid) * 8
+    if layer.kind in ("avgpool", "gap"):
+        return 0
+    return x_bytes
 
 
 def stage_options(stage, grid, machine):

@@ -20,8 +20,12 @@ runs of ``run`` bytes, ``stride`` bytes apart, extent ``run``): the layouts refc
 commit as MPI datatypes.  Data moves as bytes, so a sum (``Allreduce``) reads the array's dtype.
 
 A :class:`Region` is where a message's bytes lie in one buffer: :meth:`Region.read` copies
-them out, :meth:`Region.write` puts bytes in.  :func:`checksum` fingerprints a buffer, so that
+them out, :meth:`Region.write` puts bytes in.  :func:`fingerprint` fingerprints a buffer, so that
 a send buffer changed before its request completes is caught, not silently copied.
+
+A shapes-only array (:mod:`refconv.shapes`) is a buffer too: its regions are checked the same way and
+move nothing (:class:`Payload`, a size), and its fingerprint is a watch that counts the writes that
+meet it (there are no bytes to checksum).  A shapes payload meeting a real buffer is an error.
 """
 
 import zlib
@@ -34,7 +38,7 @@ from refconv.collectives.staging import BlockLayout
 
 def as_array(buf, what):
     """``buf`` as a C-contiguous NumPy array (MPI reads memory in place: a copy would hide writes)."""
-    if isinstance(buf, numpy.ndarray):
+    if isinstance(buf, numpy.ndarray) or getattr(buf, "shapes_only", False):
         if not buf.flags.c_contiguous:
             raise ValueError(f"{what}: the buffer must be C-contiguous, got an array of shape {buf.shape} "
                              f"with strides {buf.strides}")
@@ -48,9 +52,49 @@ def as_bytes(array):
     return array.reshape(-1).view(numpy.uint8)
 
 
-def checksum(array):
-    """A fingerprint of the array's bytes (CRC-32)."""
+def fingerprint(array):
+    """A fingerprint of the array's bytes (CRC-32), or for a shapes-only array a Watch on its elements
+    (:meth:`refconv.shapes.array.ShapeArray.watch`); compare with :func:`changed`."""
+    if getattr(array, "shapes_only", False):
+        return array.watch()
     return zlib.crc32(memoryview(as_bytes(array)))
+
+
+def changed(array, print_):
+    """Has ``array`` changed since its fingerprint ``print_`` was taken?"""
+    if getattr(array, "shapes_only", False):
+        return print_.count != print_.seen
+    return zlib.crc32(memoryview(as_bytes(array))) != print_
+
+
+def refreshed(array, print_):
+    """A new fingerprint of ``array`` (a watch's count is marked as seen instead)."""
+    if getattr(array, "shapes_only", False):
+        print_.seen = print_.count
+        return print_
+    return fingerprint(array)
+
+
+class Payload:
+    """The bytes a shapes-only region sends: only their number (``size``)."""
+    __slots__ = ("size",)
+    dtype = numpy.dtype(numpy.uint8)
+
+    def __init__(self, size):
+        self.size = size
+
+    @property
+    def shape(self):
+        return (self.size,)
+
+
+def _mixed(what, payload, region):
+    """A message between a shapes-only buffer and a NumPy one: refuse it, naming the call."""
+    from refconv.shapes.errors import Mixed
+    if region.shapes:
+        raise Mixed(f"{what}: a NumPy message into a shapes-only buffer", region.array, payload)
+    raise Mixed(f"{what}: a shapes-only message (its {payload.size} bytes) into a NumPy buffer", payload,
+                region.array)
 
 
 def extent(datatype):
@@ -69,7 +113,8 @@ class Region:
 
     def __init__(self, array, offset, count, datatype, what):
         self.array, self.what = array, what
-        data = as_bytes(array)
+        self.shapes = getattr(array, "shapes_only", False)
+        data = _Sized(array.nbytes) if self.shapes else as_bytes(array)
         if isinstance(datatype, BlockLayout):
             outer, run, stride = datatype.outer, datatype.run, datatype.stride
         else:
@@ -80,7 +125,9 @@ class Region:
         if offset < 0 or last > data.size:
             raise ValueError(f"{what}: the message reaches byte {last} of a buffer of {data.size} bytes "
                              f"(shape {array.shape} {array.dtype}): counts, displacements or the datatype are wrong")
-        if self.nbytes == 0:
+        if self.shapes:
+            self.view = None
+        elif self.nbytes == 0:
             self.view = data[:0]
         elif not isinstance(datatype, BlockLayout):
             self.view = data[offset:offset + count]
@@ -89,7 +136,9 @@ class Region:
                                                            strides=(extent(datatype), stride, 1), writeable=True)
 
     def read(self):
-        """A copy of the region's bytes, flat."""
+        """A copy of the region's bytes, flat (a Payload of their number, for a shapes-only array)."""
+        if self.shapes:
+            return Payload(self.nbytes)
         return numpy.array(self.view, copy=True).reshape(-1)
 
     def write(self, payload):
@@ -97,7 +146,20 @@ class Region:
         if payload.size != self.nbytes:
             raise ValueError(f"{self.what}: {payload.size} bytes arrive for a receive of {self.nbytes} bytes: "
                              f"the sender's and the receiver's counts differ")
+        if self.shapes != isinstance(payload, Payload):
+            _mixed(self.what, payload, self)
+        if self.shapes:
+            self.array.written()
+            return
         self.view[...] = payload.reshape(self.view.shape)
+
+
+class _Sized:
+    """What Region reads of a shapes-only array's bytes: their number."""
+    __slots__ = ("size",)
+
+    def __init__(self, size):
+        self.size = size
 
 
 def whole(buf, what):

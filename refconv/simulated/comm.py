@@ -66,12 +66,12 @@ class Request:
 
     def watch(self, array, role):
         """Remember ``array``'s bytes now: it must not change until the request completes."""
-        self._watched.append([array, buffers.checksum(array), role])
+        self._watched.append([array, buffers.fingerprint(array), role])
 
     def verify(self, when):
         """A BufferReused if a watched buffer changed; else None."""
         for array, crc, role in self._watched:
-            if buffers.checksum(array) != crc:
+            if buffers.changed(array, crc):
                 return BufferReused(f"rank {self.owner.rank}: the {role} buffer (shape {array.shape} {array.dtype}) of "
                                     f"{self.what} changed {when}: a real MPI could move either version; keep it "
                                     f"untouched until the request's Wait or Test returns")
@@ -84,7 +84,7 @@ class Request:
     def delivered(self):
         """The data moved: receive buffers are now watched with what arrived."""
         for entry in self._watched:
-            entry[1] = buffers.checksum(entry[0])
+            entry[1] = buffers.refreshed(*entry[:2])
         self.done = True
 
     # -- mpi4py's completion calls ----------------------------------------------------------------

@@ -155,11 +155,29 @@ def _deliver(send, recv):
     if data.nbytes > into.nbytes:
         raise ValueError(f"{recv.request.what}: the message of rank {send.rank} ({send.request.what}, {data.nbytes} bytes) "
                          f"is larger than the receive buffer ({into.nbytes} bytes): MPI truncates it, an error")
+    if _shapes(recv.request.what, data, into):
+        into.written()
+        return
     into.reshape(-1).view("u1")[:data.nbytes] = data.reshape(-1).view("u1")
+
+
+def _shapes(what, *arrays):
+    """True when every array is shapes-only (nothing to move), False when none is; Mixed otherwise."""
+    kinds = [getattr(a, "shapes_only", False) for a in arrays]
+    if not any(kinds):
+        return False
+    if not all(kinds):
+        from refconv.shapes.errors import Mixed
+        raise Mixed(f"{what}: buffers of one call", arrays[kinds.index(True)], arrays[kinds.index(False)])
+    return True
 
 
 # -- the collectives, once every member has posted: posts[i] is comm rank i's ----------------------------------
 def _allreduce(group, posts, world):
+    if _shapes(posts[0].request.what, *(a for p in posts for a in (p.args["send"], p.args["recv"]))):
+        for p in posts:                           # the sizes and dtypes agree (the posts' agreement)
+            p.args["recv"].written()
+        return
     ufunc = reduction(posts[0].args["op"])
     total = posts[0].args["send"].copy()
     for p in posts[1:]:                           # rank order: ((x_0 + x_1) + x_2) + ...
@@ -186,6 +204,11 @@ def _split(group, posts, world):
 
 def _bcast(group, posts, world):
     root = posts[posts[0].args["root"]].args["buf"]
+    if _shapes(posts[0].request.what, *(p.args["buf"] for p in posts)):
+        for p in posts:
+            if p.args["buf"] is not root:
+                p.args["buf"].written()
+        return
     for p in posts:
         if p.args["buf"] is not root:
             p.args["buf"].reshape(-1).view("u1")[...] = root.reshape(-1).view("u1")

@@ -23,8 +23,9 @@ def _kept(cfg, saved):
 
 
 def check_loss(cfg, loss, global_step, saved):
-    """Raise :class:`Diverged` if ``loss`` (the same on every rank) is not finite."""
-    if not math.isfinite(loss):
+    """Raise :class:`Diverged` if ``loss`` (the same on every rank) is not finite; a shapes-only run
+    (``loss`` None) has no loss to check."""
+    if loss is not None and not math.isfinite(loss):
         raise Diverged(f"training diverged: the loss of step {global_step} is {loss}; nothing of it is "
                        f"saved: {_kept(cfg, saved)}")
 
@@ -39,6 +40,8 @@ def check_growth(cfg, losses, first_step):
     fourth step) where its recipe's 0.003125 stays within 1.02 x (2026-12-04, --synthetic 32x32); a
     loss that falls has no reason to quadruple, and a noisy one of a small batch stays under it."""
     k = len(losses)
+    if None in losses:   # a shapes-only run: no loss
+        return
     if k > GROWTH_STEPS or k < 2 or losses[-1] <= GROWTH_FACTOR * losses[0] \
             or any(loss > GROWTH_FACTOR * losses[0] for loss in losses[1:-1]):
         return
@@ -50,7 +53,10 @@ def check_growth(cfg, losses, first_step):
 
 def check_finite(cfg, comm, model, optimizer, global_step, saved):
     """Collective: raise :class:`Diverged` on every rank if any rank holds a tensor with a
-    NaN or an infinity (named in the message) after step ``global_step``."""
+    NaN or an infinity (named in the message) after step ``global_step``.  A shapes-only model has no
+    values to check (every rank runs the same backend, so none calls the collective)."""
+    if not getattr(getattr(model, "backend", None), "values", True):    # a model without a backend has values
+        return
     bad = [b for b in collectives.allgather_object(comm, checkpoint.nonfinite(model, optimizer)) if b]
     if bad:
         raise Diverged(f"training diverged: after step {global_step}, {bad[0]} are not finite (NaN or "

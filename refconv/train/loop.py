@@ -192,9 +192,13 @@ def _train(cfg, comm, say, report):
             bar.end_epoch()
             check_finite(cfg, comm, model, optimizer, global_step, saved)
             metric = "mse" if is_regression(model) else "accuracy"
-            score = evaluate(model, x_test, y_test, cfg.batch_size)
-            epochs.append({"epoch": epoch + 1, "loss": float(numpy.mean(epoch_losses)), metric: score})
-            say(f"epoch {epoch + 1}/{cfg.epochs}: loss {epochs[-1]['loss']:.4f}, test {metric} {score:.4f}")
+            if model.backend.values:
+                score = evaluate(model, x_test, y_test, cfg.batch_size)
+                epochs.append({"epoch": epoch + 1, "loss": float(numpy.mean(epoch_losses)), metric: score})
+                say(f"epoch {epoch + 1}/{cfg.epochs}: loss {epochs[-1]['loss']:.4f}, test {metric} {score:.4f}")
+            else:       # shapes-only: no loss, no outputs to score
+                epochs.append({"epoch": epoch + 1, "loss": None, metric: None})
+                say(f"epoch {epoch + 1}/{cfg.epochs}: no loss and no test {metric} (shapes-only run)")
             if cfg.checkpoint_dir and not (cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0):
                 checkpoints.save(cfg, model, optimizer, global_step, per_epoch)
                 saved = global_step

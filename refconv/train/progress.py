@@ -186,7 +186,8 @@ class Progress:
         elapsed = time.perf_counter() - self.start
         rate = self.done / elapsed if elapsed > 0 else 0.0
         eta = (self.total - global_step) / rate if rate else 0.0
-        tail = (f"loss {loss:.4f} | {_duration(elapsed)} elapsed, ETA {_duration(eta)}, "
+        shown = "none (shapes-only run)" if loss is None else f"{loss:.4f}"
+        tail = (f"loss {shown} | {_duration(elapsed)} elapsed, ETA {_duration(eta)}, "
                 f"{rate * self.batch:,.0f} images/s")
         if self.terminal:
             width = 24

@@ -52,7 +52,8 @@ def predicted_overlap(cfg, model):
 def format_summary(result):
     """The end-of-run report: time per step and bytes per step by kind of collective."""
     lines = [f"trained {result['steps']} steps: {result['time_per_step'] * 1e3:.1f} ms per step, "
-             + next(f"final test {m} {result[m]:.4f}" for m in ("accuracy", "mse") if m in result),
+             + next((f"final test {m} {result[m]:.4f}" if result[m] is not None else f"no test {m} (shapes-only run)")
+                    for m in ("accuracy", "mse") if m in result),
              "communication per step and rank (mean over ranks):",
              f"  {'collective':<16}{'calls':>8}{'bytes':>14}"]
     total = 0

@@ -7,6 +7,7 @@ import math
 import numpy
 
 from refconv import collectives, datastore
+from refconv.shapes.errors import NoValues
 from refconv.train.inputs import is_regression, smallest_batch
 
 
@@ -18,10 +19,14 @@ def learning_rate(cfg, step, total_steps):
 
 
 def step(model, optimizer, x_b, y_b):
-    """One training step on the global batch ``(x_b, y_b)``; returns the loss (same on every rank)."""
+    """One training step on the global batch ``(x_b, y_b)``; returns the loss (same on every rank), None
+    on a shapes-only backend (``x_b`` may then be anything with the batch's shape and dtype)."""
     model.bind(x_b.shape)
     backend = model.backend
-    x_loc = backend.asarray(datastore.local_block(x_b, model.input_distribution, model.in_grid.rank))
+    if backend.values:
+        x_loc = backend.asarray(datastore.local_block(x_b, model.input_distribution, model.in_grid.rank))
+    else:       # no values to cut: a block of this rank's shape
+        x_loc = backend.zeros(model.input_distribution.local_shape(model.in_grid.rank), x_b.dtype)
     y_loc = backend.asarray(model.label_block(numpy.asarray(y_b)))
     loss = model.loss(model.forward(x_loc), y_loc)
     model.backward()
@@ -31,7 +36,10 @@ def step(model, optimizer, x_b, y_b):
 
 def evaluate(model, x, y, batch_size):
     """Accuracy on ``(x, y)`` with the running statistics (``model.eval()``), any number of samples
-    (the mean squared error, :func:`evaluate_mse`, for a regression).  The same value on any grid."""
+    (the mean squared error, :func:`evaluate_mse`, for a regression).  The same value on any grid.
+    A shapes-only model has no outputs to score: ``NoValues``."""
+    if not model.backend.values:
+        raise NoValues("evaluate (scoring a test set)", "the model's outputs")
     if is_regression(model):
         return evaluate_mse(model, x, y, batch_size)
     correct = sum(int(((out.reshape(len(out), -1).argmax(axis=1) == labels) & real).sum())

@@ -50,6 +50,9 @@ MPI_ALLOWED = {
 
 # (file, imported module prefix) allowed inside a function, and why
 LAZY_IMPORTS = {
+    ("refconv/shapes/array.py", "refconv.shapes"): "its namespace and dispatch import ShapeArray: a cycle, broken at the call",
+    ("refconv/simulated/buffers.py", "refconv.shapes"): "the simulator's core imports only refconv.collectives; the error of a mixed message, when raised",
+    ("refconv/simulated/engine.py", "refconv.shapes"): "the simulator's core imports only refconv.collectives; the error of a mixed post, when raised",
     ("refconv/arrays.py", "cupy"): "optional dependency; importing it proves nothing about a GPU",
     ("refconv/arrays.py", "numba"): "numba.cuda's streams need a context: only on a real GPU, after the device is chosen",
     ("kernels/resources.py", "numba"): "numba-cuda's compiler modules: absent under the simulator, which the proof refuses",
@@ -268,7 +271,7 @@ LAYERS = (
     ("reference", ("refconv.arrays", "refconv.checks", "refconv.failure", "refconv.reference", "refconv.kernels",
                    "refconv.backend", "refconv.spec_tree", "refconv.recipe", "refconv.overlap", "refconv.datasets",
                    "refconv.testing", "refconv.testing.mpirun", "refconv.testing.profiles")),
-    ("collectives", ("refconv.collectives",)),
+    ("collectives", ("refconv.collectives", "refconv.shapes")),   # shapes-only arrays: their memory is per rank
     ("simulated core", ("refconv.simulated",)),   # world, comm, engine, buffers and run(): the clock is lazy
     ("grid and distribution", ("refconv.grid", "refconv.distribution", "refconv.halo", "refconv.sharding",
                                "refconv.threads", "refconv.device", "refconv.testing.asserts",
