@@ -6,9 +6,8 @@ window
 
     [o0*s - p,  (o1 - 1)*s - p + d*(K - 1) + 1)
 
-which may start before row 0 or end past the image (zero padding), and may reach
-past the nearest neighbour.  :class:`Halo` computes those windows exactly for
-every rank of the spatial group and moves the pieces:
+which may start before row 0 or end past the image (zero padding), and may reach past the
+nearest neighbour.  :class:`Halo` computes those windows exactly and moves the pieces:
 
 - ``extend(x_loc)``: ``(n, c, h, w)`` -> ``(n, c, h_win, w_win)``, the window with
   pieces received from their owners and zeros outside the image; the local
@@ -27,10 +26,9 @@ are in flight: in forward, the interior of the output, which reads no halo cell
 (:attr:`Halo.kept_box`), once the cells sent back (:attr:`Halo.return_boxes`) are
 computed, and backward-filter.
 
-When the spatial group has one rank, no message is sent: the window is the
-padded local block, or the block itself (no copy) when nothing is padded or
-cut off.  Only the zero-padding cells are filled; every other cell of a
-window is written once, by its owner's piece.
+When the spatial group has one rank, no message is sent: the window is the padded local
+block, or the block itself (no copy) when nothing is padded or cut off.  Only the
+zero-padding cells are filled; every other cell of a window is written once, by its owner's piece.
 
 Everything here is per spatial axis, for any number of them: a volume split over
 depth, height and width (a 3-D convolution on ``ProcessGrid(..., depth=P_D)``) has

@@ -3,11 +3,12 @@ copy of tutorials/exercises/ in a temporary folder, so the checkout (and a learn
 touched: the learner's file made from its skeleton, reset with a backup, hints one at a time, the status
 that ``list`` shows, and one line for an exercise that does not exist."""
 
+import datetime
 import shutil
 
 import pytest
 
-from exercise_checks import CI, ROOT
+from exercise_checks import CI, ROOT, planted, quiet
 from tutorials.exercises import __main__ as command
 from tutorials.exercises import harness, state
 
@@ -53,7 +54,6 @@ def test_reset_keeps_the_learners_file_and_says_where(course, capsys):
 
 
 def test_a_backup_never_overwrites_another(course):
-    import datetime
     at = datetime.datetime(2026, 1, 2, 3, 4, 5)
     for k in range(2):
         (course / "03_halo_1d.py").write_text(f"# try {k}\n")
@@ -110,7 +110,6 @@ def test_the_kernel_puzzles_score_ends_with_a_verdict():
 
 def test_exercise_5_asks_for_the_counts_as_given():
     # tutorial 5's by-hand Stationary-X works its blocks out with block_range: exercise 5 draws other splits
-    from exercise_checks import planted, quiet
     by_hand = planted(5, "    y_loc = collectives.reduce_scatter(comm, y_part, layer.f_counts, axis=1)",
                       "    from refconv.distribution import block_range\n"
                       "    f_counts = [numpy.diff(block_range(layer.F, comm.size, j))[0] for j in range(comm.size)]\n"

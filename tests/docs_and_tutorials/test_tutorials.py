@@ -16,7 +16,10 @@ import re
 import subprocess
 import sys
 import time
+import types
 
+import matplotlib
+import matplotlib.figure
 import numpy
 import pytest
 
@@ -198,14 +201,11 @@ def test_under_mpiexec_refuses_a_global_it_cannot_rebuild(course):
 
 
 def test_show_saves_a_script_figure_where_refconv_figures_says(course, tmp_path, monkeypatch, capsys):
-    import matplotlib
     matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
     monkeypatch.setenv("REFCONV_FIGURES", str(tmp_path / "out"))
     monkeypatch.setattr(sys, "argv", ["05_stationary_x.py"])
     monkeypatch.delitem(sys.modules, "__main__")          # a script's name comes from argv then
-    fig = Figure()
+    fig = matplotlib.figure.Figure()
     fig.add_subplot().plot([0, 1], [1, 0])
     path = course.show(fig, "Bytes per rank")
     assert path == tmp_path / "out" / "05_stationary_x-bytes-per-rank.png" and path.is_file()
@@ -215,7 +215,6 @@ def test_show_saves_a_script_figure_where_refconv_figures_says(course, tmp_path,
 
 
 def test_show_leaves_a_jupyter_figure_inline(course, tmp_path, monkeypatch, capsys):
-    import types
     monkeypatch.chdir(tmp_path)
     monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: object()))
     assert course.show(object(), "anything") is None      # no savefig called on it
