@@ -66,9 +66,9 @@ def add_arguments(p):
     p.add_argument("--batch", type=int, default=None, help="global batch size (default: a planned file's, else 32)")
     p.add_argument("--image-size", type=int, default=None,
                    help="height and width (depth too for volumes; default: a planned file's, else 32)")
-    train_config.add_option(p, "backend", default=default_backend(), choices=backends(),
-                            purpose="shapes (arrays of shapes and no values, memory measured; the default "
-                                    "once refconv.shapes is in the tree) or numpy (real values, small sizes)")
+    train_config.add_option(p, "backend", default="shapes", choices=BACKENDS,
+                            purpose="shapes (arrays of shapes and no values, memory measured) or numpy (real "
+                                    "values, small sizes)")
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="wait for every call at once, as refconv train --no-overlap (default: overlap)")
     p.add_argument("--compare", action="store_true", help="also run sample parallelism the same way, beside the plan")
@@ -81,12 +81,7 @@ def add_arguments(p):
     return p
 
 
-def backends():
-    return ("shapes", "numpy") if simulate_steps.shapes_available() else ("numpy",)
-
-
-def default_backend():
-    return backends()[0]
+BACKENDS = ("shapes", "numpy")
 
 
 def check(args):

@@ -21,7 +21,6 @@ measured, and the figures are None: never zeros.
 
 import bisect
 import contextlib
-import importlib.util
 import time
 
 import numpy
@@ -32,6 +31,7 @@ from refconv.collectives import local
 from refconv.model import Model
 from refconv.optim import SGD
 from refconv.overlap import hidden_by_kind
+from refconv.shapes import memory
 from refconv.simulated import clock as clock_mod
 from refconv.train import step
 
@@ -39,19 +39,13 @@ OUTSIDE = "(between-layers)"   # shuffles between grids, the loss, the optimizer
 FIELDS = ("compute", "exposed", "hidden", "bytes", "calls")
 
 
-def shapes_available():
-    """Is the shapes-only backend (:mod:`refconv.shapes`) installed in this tree?"""
-    return importlib.util.find_spec("refconv.shapes") is not None
-
-
 @contextlib.contextmanager
 def memory_tracking(backend):
     """On a simulated rank: its memory tracker while the block runs (``refconv.shapes.memory``),
-    or None where memory is not measured (a backend with values, or no shapes backend)."""
-    if backend != "shapes" or not shapes_available():
+    or None where memory is not measured (a backend with values)."""
+    if backend != "shapes":
         yield None
         return
-    from refconv.shapes import memory
     with memory.tracking():
         yield memory.current()
 
@@ -170,6 +164,8 @@ def run_steps(spec, ranks, shape, machine, steps, *, backend="numpy", overlap=Tr
     def body(comm):
         with memory_tracking(backend) as tracker:     # from the parameters' allocation on
             model = Model.from_spec(spec, comm=comm, backend=backend, dtype=numpy.float32, seed=0)
+            if tracker is not None:
+                tracker.name_layers(model)              # peaks by Model.named_layers' names
             model.set_overlap(overlap)
             optimizer, clock = SGD(model, 0.01, momentum=0.9), clock_mod.current()
             stats, ledger, out = local.current().stats, Ledger(model, clock), []

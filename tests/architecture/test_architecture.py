@@ -63,8 +63,6 @@ LAZY_IMPORTS = {
                                                                  "pricing model: only for a run given machine=, so "
                                                                  "the simulator's core sits below them",
     ("refconv/device.py", "numba"): "numba.cuda initialises the driver: only after the GPU is chosen",
-    ("refconv/commands/simulate_steps.py", "refconv.shapes"): "the shapes-only backend's memory tracker, asked for "
-                                                              "only when the run's backend is shapes (issue 39)",
     ("refconv/bench/kernels.py", "torch"): "optional contender",
     ("refconv/bench/kernels.py", "cupy"): "optional contender (cuDNN through CuPy)",
     ("refconv/bench/kernels.py", "refconv"): "refconv.kernels imports numba.cuda: only when timing the GPU",

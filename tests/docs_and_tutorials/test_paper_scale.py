@@ -30,15 +30,6 @@ def test_the_page_at_one_reduced_configuration(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["figures", "paper-scale.md", "paper_scale.png"]
 
 
-def test_the_paper_sizes_say_what_they_need_without_the_shapes_backend(tmp_path, capsys):
-    module = paper_scale()
-    if module["simulate_steps"].shapes_available():
-        pytest.skip("refconv.shapes is in the tree: the paper's sizes run (make paper), too long for the suite")
-    assert module["main"](["--out", str(tmp_path)]) == 2
-    assert "need the shapes-only backend" in capsys.readouterr().err
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_the_page_in_the_tree_is_the_generators():
     """docs/paper-scale.md is generated: its tables are not edited by hand."""
     text = (ROOT / "docs" / "paper-scale.md").read_text()
