@@ -16,13 +16,17 @@ and is not measured; the second (forward, backward, optimizer) is, per rank thre
                   passing) and requests; "of which pricing": the logical clock's prices
     bookkeeping   the rest: layers, distributions, checks, the optimizer's loop
 
-Each row is the mean over ranks in ms per rank-step, with the busiest rank's and the share of the
-total, beside the budgets: must 469 ms (256 ranks in 120 s), goal 117 ms (256 ranks in 30 s).  The
+Each row is the mean over ranks in ms per rank-step, with the most any rank spent and the share of
+the total, beside the budgets: must 469 ms (256 ranks in 120 s), goal 117 ms (256 ranks in 30 s).  The
 wrappers' own cost (calls counted, times a calibrated cost per call) stays in the figures and is
-printed below them.  It prints, never asserts.
+printed below them, with the total less it.  ``--profile N`` instead profiles the measured step of
+every rank thread with cProfile on its CPU clock (no wrappers) and prints the N functions of most self time per
+rank-step: the next step of speed.  It prints, never asserts.
 """
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import time
 
@@ -64,9 +68,10 @@ def targets():
     }
 
 
-def measure(spec, ranks, shape, machine, overlap=True):
-    """Each rank's account of its second step (:func:`refconv.bench.thread_cpu.stop`), with the wall
-    and process CPU seconds of that step (rank 0's view: ranks take turns, so the world's)."""
+def measure(spec, ranks, shape, machine, overlap=True, profile=False):
+    """Each rank's account of its second step (:func:`refconv.bench.thread_cpu.stop`), or with
+    ``profile`` its ``cProfile.Profile`` of that step (nothing wrapped), and ``{"wall_run",
+    "cpu_run"}``: the whole run's wall and process CPU seconds."""
     x, y = inputs(spec, shape, "shapes")
 
     def body(comm):
@@ -76,11 +81,15 @@ def measure(spec, ranks, shape, machine, overlap=True):
             model.set_overlap(overlap)
             optimizer = SGD(model, 0.01, momentum=0.9)
             step(model, optimizer, x, y)                # binds the model: not measured
+            if profile:
+                profiler = cProfile.Profile(time.thread_time)   # CPU: not the turns waited for
+                profiler.runcall(step, model, optimizer, x, y)
+                return profiler
             thread_cpu.start()
             step(model, optimizer, x, y)
             return thread_cpu.stop()
 
-    with thread_cpu.wrapped(targets()):
+    with thread_cpu.wrapped({} if profile else targets()):
         wall, cpu = time.perf_counter(), time.process_time()
         results = [value for value, _ in simulated.run(body, ranks, machine=machine)]
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -105,7 +114,7 @@ def table(results, ranks, per_call, extra):
     f = rows(results)
     total = f["total"][0]
     lines = [f"CPU per rank-step (ms), {ranks} ranks, the second step (the first binds), mean and busiest rank",
-             f"{'':<26} {'mean':>9} {'busiest':>9} {'share':>7}"]
+             f"{'':<26} {'mean':>9} {'max':>9} {'share':>7}"]
     for name in CATEGORIES:
         mean, top = f[name]
         lines.append(f"{name:<26} {mean * 1e3:>9.2f} {top * 1e3:>9.2f} {mean / total:>7.1%}")
@@ -119,6 +128,11 @@ def table(results, ranks, per_call, extra):
     calls = f["calls"][0]
     lines.append(f"wrapped calls per rank-step: {calls:.0f} mean; their cost at {per_call * 1e6:.2f} us each: "
                  f"{calls * per_call * 1e3:.2f} ms (in the figures above)")
+    bare = total - calls * per_call
+    lines.append(f"total less the wrappers' cost: {bare * 1e3:.2f} ms, must {bare / MUST_S:.2f}, goal {bare / GOAL_S:.2f}")
+    busiest = max(range(len(results)), key=lambda r: results[r]["total"])
+    lines.append(f"the busiest rank: {busiest}, " + ", ".join(f"{c} {results[busiest]['seconds'].get(c, 0.0) * 1e3:.1f}"
+                                                          for c in (*CATEGORIES, PRICING)) + " ms")
     lines.append(f"the run (binding, both steps, threads): {extra['wall_run']:.1f} s wall, {extra['cpu_run']:.1f} s "
                  f"CPU; the measured step on all ranks: {total * ranks:.2f} s CPU")
     return lines
@@ -131,6 +145,8 @@ def add_arguments(p):
     p.add_argument("--image-size", type=int, default=224, help="height and width (default 224)")
     train_config.add_option(p, "grid", purpose="every layer's grid", unset="the planner's per-layer strategy")
     train_config.add_option(p, "machine", default=machine_mod.DEFAULT_MACHINE, unset=None)
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="instead of the categories, the N functions of most self time (cProfile of every rank)")
     p.add_argument("--no-overlap", dest="overlap", action="store_false", help="wait for every call at once")
     return p
 
@@ -151,9 +167,31 @@ def run(args, out=print):
     """Plan as ``refconv simulate`` does, measure, print; bad input raises ValueError (one line, status 2)."""
     label, spec, shape, machine = planned(args.model, args.ranks, args.batch, args.image_size, args.grid,
                                           args.machine)
+    if args.profile < 0:
+        raise ValueError(f"--profile: expected a count of functions >= 0, got {args.profile}")
     per_call = thread_cpu.overhead()
-    results, extra = measure(spec, args.ranks, shape, machine, args.overlap)
+    results, extra = measure(spec, args.ranks, shape, machine, args.overlap, profile=args.profile > 0)
     out(f"{args.model} on {args.ranks} simulated ranks, {label}, machine {machine.name}, input {shape}, shapes-only")
-    for line in table(results, args.ranks, per_call, extra):
+    for line in (profiled(results, args.profile) if args.profile else table(results, args.ranks, per_call, extra)):
         out(line)
     return 0
+
+
+def profiled(profiles, n):
+    """The ``n`` functions of most self time over every rank's profile, per rank-step (mean over ranks)."""
+    stats = pstats.Stats(profiles[0])
+    for p in profiles[1:]:
+        stats.add(p)
+    ranks = len(profiles)
+    total = sum(tt for _, _, tt, _, _ in stats.stats.values())
+    top = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:n]
+    lines = [f"cProfile of the second step on every rank: {total / ranks * 1e3:.1f} ms per rank-step (profiled); "
+             f"the {n} functions of most self time", f"{'self ms':>9} {'share':>7} {'calls':>9}  function"]
+    for (path, line, name), (_, calls, tt, _, _) in top:
+        lines.append(f"{tt / ranks * 1e3:>9.2f} {tt / total:>7.1%} {calls / ranks:>9.0f}  {name} ({_short(path)}:{line})")
+    return lines
+
+
+def _short(path):
+    """``refconv/simulated/world.py`` for a file of the package, the path as it is otherwise."""
+    return path[path.rindex("refconv/"):] if "refconv/" in path else path

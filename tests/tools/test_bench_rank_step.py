@@ -52,3 +52,12 @@ def test_the_printed_rows_add_up_to_the_printed_total(capsys):
     assert all(m >= 0 for m in means) and float(rows["of which pricing"][0]) <= float(rows["simulator"][0])
     assert abs(sum(means) - float(rows["total"][0])) <= 0.005 * len(means) + 1e-9, out   # each rounded to 0.01 ms
     assert rows["must budget"][0] == "468.75" and rows["goal budget"][0] == "117.19"
+
+
+def test_profile_prints_the_functions_of_most_self_time(capsys):
+    assert cli.main(["bench", "rank_step", "--model", "digits-cnn", "--ranks", "4", "--batch", "8",
+                     "--image-size", "16", "--profile", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "the 3 functions of most self time" in lines[1] and len(lines) == 6, lines
+    selfs = [float(line.split()[0]) for line in lines[3:]]
+    assert selfs == sorted(selfs, reverse=True) and selfs[-1] >= 0
