@@ -11,8 +11,8 @@ A wrapped function, called from a thread that has started and from outside its o
 reads ``time.thread_time`` on entry and on exit and gives the time between two readings to the
 category then running: time is exclusive (a collective's time inside the simulator is the
 simulator's), and what runs outside every wrapped function is :data:`REST`'s.  The readings
-telescope, so the categories add up to ``total`` exactly.  A call from inside its own category
-passes straight through, and a thread that has not started pays one attribute lookup per call.
+telescope, so the categories add up to ``total`` exactly.  A call from inside its own category,
+or from a ``bottom`` category (:func:`start`) to another, passes straight through, and a thread that has not started pays one attribute lookup per call.
 
 Why wrappers and not a per-thread profiler (``threading.setprofile``): a profiler runs a
 callback on every Python call and return and every C call, millions per rank-step, which
@@ -33,15 +33,18 @@ _thread_time = time.thread_time
 
 
 class _State:
-    __slots__ = ("current", "last", "start", "seconds", "calls")
+    __slots__ = ("current", "last", "start", "seconds", "calls", "bottom")
 
-    def __init__(self, now):
+    def __init__(self, now, bottom):
         self.current, self.last, self.start, self.seconds, self.calls = REST, now, now, {REST: 0.0}, 0
+        self.bottom = frozenset(bottom)
 
 
-def start():
-    """Start the calling thread's account (anew)."""
-    _local.state = _State(_thread_time())
+def start(bottom=()):
+    """Start the calling thread's account (anew).  ``bottom``: categories of the lowest layer, whose
+    calls into the others stay theirs (a simulator's work on the arrays it delivers is the
+    simulator's); a call from one of them to another still switches."""
+    _local.state = _State(_thread_time(), bottom)
 
 
 def stop():
@@ -60,7 +63,8 @@ def timed(fn, category):
     @functools.wraps(fn)
     def call(*args, **kwargs):
         state = getattr(_local, "state", None)
-        if state is None or state.current == category:
+        if state is None or state.current == category or (state.current in state.bottom
+                                                           and category not in state.bottom):
             return fn(*args, **kwargs)
         now = _thread_time()
         outer = state.current

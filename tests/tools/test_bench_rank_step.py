@@ -61,3 +61,20 @@ def test_profile_prints_the_functions_of_most_self_time(capsys):
     assert "the 3 functions of most self time" in lines[1] and len(lines) == 6, lines
     selfs = [float(line.split()[0]) for line in lines[3:]]
     assert selfs == sorted(selfs, reverse=True) and selfs[-1] >= 0
+
+
+def test_a_bottom_category_keeps_what_it_calls_but_not_another_bottom_one():
+    def leaf():
+        return 1
+
+    def under():
+        return wrapped.leaf() + wrapped.priced()
+
+    wrapped = types.SimpleNamespace(leaf=leaf, under=under, priced=leaf)
+    with thread_cpu.wrapped({"backend": [(wrapped, ["leaf"])], "simulator": [(wrapped, ["under"])],
+                             "pricing": [(wrapped, ["priced"])]}):
+        thread_cpu.start(bottom=("simulator", "pricing"))
+        wrapped.under()
+        figures = thread_cpu.stop()
+    assert figures["calls"] == 2 and "backend" not in figures["seconds"]     # under, then priced: leaf stays
+    assert set(figures["seconds"]) == {"simulator", "pricing", "bookkeeping"}
