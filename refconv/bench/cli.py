@@ -1,5 +1,6 @@
 """``refconv bench {kernels,collectives,layer,step,data}``: one command, the same flags, JSON lines out;
-``refconv bench overlap``: overlapped against blocking communication (its own flags, a table).
+``refconv bench overlap``: overlapped against blocking communication (its own flags, a table);
+``refconv bench rank_step``: a simulated rank's CPU per training step by category (a table).
 
     refconv bench kernels --quick
     mpiexec -n 2 refconv bench collectives --mb 16
@@ -20,7 +21,7 @@ import sys
 from mpi4py import MPI
 
 from refconv import checks, cli, device, threads
-from refconv.bench import collectives, common, data, kernels, layer, overlap, step
+from refconv.bench import collectives, common, data, kernels, layer, overlap, rank_step, step
 from refconv.commands import info
 
 NAME = "bench"
@@ -34,10 +35,11 @@ SUBCOMMANDS = {
 # Side-by-side comparisons with flags of their own (no --out, no common flags): run(args) does it all.
 STANDALONE = {
     "overlap": (overlap, "overlapped against blocking communication: progress, step (--timeline), halo, buckets"),
+    "rank_step": (rank_step, "where a simulated rank's CPU goes in one shapes-only training step, beside the budget"),
 }
 
 
-HELP = "benchmarks: kernels, collectives, layer, step, data (JSON lines with --out); overlap"
+HELP = "benchmarks: kernels, collectives, layer, step, data (JSON lines with --out); overlap, rank_step"
 DESCRIPTION = __doc__.split("\n\n")[0]
 
 
