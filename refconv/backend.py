@@ -26,7 +26,8 @@ from refconv import arrays, checks
 from refconv import reference as ref
 from refconv.reference import conv as ref_conv
 
-BACKENDS = ("auto", "numpy", "cuda", "shapes")
+RUN_BACKENDS = ("auto", "numpy", "cuda")   # what a run under MPI computes on (refconv train --backend, ...)
+BACKENDS = RUN_BACKENDS + ("shapes",)      # and shapes-only arrays, on simulated ranks (refconv simulate)
 
 
 def _per_channel(v, x):

@@ -30,7 +30,7 @@
 import matplotlib.pyplot as plt
 import numpy
 
-import course
+from tutorials import course
 from refconv import reference as ref
 from refconv.testing.asserts import assert_close
 

@@ -51,7 +51,7 @@ import matplotlib.pyplot as plt
 import numpy
 from numba import cuda
 
-import course
+from tutorials import course
 import refconv.kernels
 from refconv import reference as ref
 from refconv.arrays import to_host

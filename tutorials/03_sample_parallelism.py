@@ -37,7 +37,7 @@
 import matplotlib.pyplot as plt
 import numpy
 
-import course
+from tutorials import course
 import refconv
 from refconv import collectives, simulated
 from refconv import reference as ref

@@ -31,7 +31,7 @@
 import matplotlib.pyplot as plt
 import numpy
 
-import course
+from tutorials import course
 import refconv
 from refconv import reference as ref
 from refconv.distribution import block_range

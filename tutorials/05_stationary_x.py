@@ -29,7 +29,7 @@
 import matplotlib.pyplot as plt
 import numpy
 
-import course
+from tutorials import course
 import layer_job
 import refconv.algorithms.stationary_x
 from refconv import reference as ref

@@ -27,7 +27,7 @@
 import matplotlib.pyplot as plt
 import numpy
 
-import course
+from tutorials import course
 import layer_job
 import refconv.algorithms.stationary_w
 from refconv.cost_model import layer_records

@@ -32,7 +32,7 @@ import json
 import matplotlib.pyplot as plt
 import numpy
 
-import course
+from tutorials import course
 import layer_job
 from refconv import datasets, simulated
 from refconv.model import Model

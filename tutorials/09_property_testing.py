@@ -46,7 +46,7 @@ import dataclasses
 import matplotlib.pyplot as plt
 from hypothesis import given, settings
 
-import course
+from tutorials import course
 import refconv
 from refconv import collectives, simulated
 from refconv import reference as ref

@@ -42,7 +42,7 @@ import matplotlib.pyplot as plt
 import numpy
 import yaml
 
-import course
+from tutorials import course
 from refconv import simulated
 from refconv.cost_model import layer_records
 

@@ -13,7 +13,7 @@ dx, dw, db`` with the serial reference (raising on every rank on a mismatch).
 
 import numpy
 
-import course
+from tutorials import course
 import refconv
 from refconv import collectives, simulated
 from refconv.testing.check import check_layer

@@ -3,7 +3,7 @@ with shapes-only arrays under the planner's own per-layer strategy, beside ``ref
 
 ::
 
-    python -m refconv.bench.memory_check --ranks 64 [--batch 64] [--image-size 32] [--model resnet50 ...]
+    python -m refconv.bench.memory_check --ranks 64 [--batch 64] [--image-size 32] [--models resnet50 ...]
 
 Per preset: the plan (``plan_model``, machine v100-edr) is built on ``--ranks`` simulated ranks with
 backend "shapes" (:mod:`refconv.shapes`), the parameters made under kind "weights", SGD with momentum 0.9,
@@ -83,14 +83,14 @@ def main(argv=None):
     p.add_argument("--ranks", type=int, default=64, help="simulated ranks (default 64)")
     p.add_argument("--batch", type=int, default=64, help="global batch size (default 64)")
     p.add_argument("--image-size", type=int, default=32, help="height and width, depth too for volumes (default 32)")
-    p.add_argument("--model", nargs="*", default=list(PRESETS), help="presets (default: all)")
+    p.add_argument("--models", nargs="*", default=list(PRESETS), help="presets (default: all)")
     args = p.parse_args(argv)
     mib = 2 ** 20
     print(f"{args.ranks} simulated ranks, batch {args.batch}, image {args.image_size}, shapes-only, plan on v100-edr;"
           " MiB, the largest rank's peak")
     print(f"{'model':16s} {'measured':>9s} {'planned':>9s} {'ratio':>6s}   {'kept':>8s} {'planned':>8s}"
           f"   {'comm+ws':>8s} {'planned':>8s}")
-    for model in args.model:
+    for model in args.models:
         r = compare(model, args.ranks, args.batch, args.image_size)
         print(f"{model:16s} {r['measured'] / mib:9.2f} {r['planned'] / mib:9.2f} {r['ratio']:6.3f}   "
               f"{r['kept'] / mib:8.2f} {r['planned_kept'] / mib:8.2f}   {r['rest'] / mib:8.2f} "

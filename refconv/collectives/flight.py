@@ -62,6 +62,9 @@ COMM, SEQ, KIND, CALL, BYTES, ROOT, PEERS, CODE, LINE, CODE2, LINE2, BEGIN, WAIT
 
 _HERE = os.path.dirname(__file__) + os.sep                       # refconv/collectives/
 _PACKAGE = os.path.dirname(os.path.dirname(__file__)) + os.sep   # refconv/
+# frames that are the call's own machinery, not its caller: this package, and refconv.shapes.memory's
+# wrappers that count a collective's buffers as communication
+_MACHINERY = (_HERE, os.path.join(_PACKAGE, "shapes") + os.sep)
 
 
 def env_capacity():
@@ -89,10 +92,9 @@ class FlightRecord:
 
     def begin(self, kind, call, comm, nbytes=None, root=None, peers=None):
         """A new entry for an MPI call on ``comm``, made now by the nearest caller outside this package."""
-        try:
-            handle = comm.handle
-        except AttributeError:  # a simulated communicator: its group is its identity
-            handle = comm.group
+        handle = getattr(comm, "handle", None)
+        if handle is None:      # a simulated communicator: its group is its identity (a stand-in: itself)
+            handle = getattr(comm, "group", comm)
         info = self.comms.get(handle)
         if info is None:
             info = self._describe(handle, comm)
@@ -102,7 +104,7 @@ class FlightRecord:
         else:
             seq = None
         f = sys._getframe(1)
-        while f.f_code.co_filename.startswith(_HERE):
+        while f.f_code.co_filename.startswith(_MACHINERY):
             f = f.f_back
         code2 = line2 = None
         if f.f_code.co_filename.startswith(_PACKAGE):
@@ -121,8 +123,10 @@ class FlightRecord:
         size = comm.Get_size()
         if hasattr(comm, "world_rank"):         # simulated
             members = [comm.world_rank(r) for r in range(size)]
-        else:
+        elif hasattr(comm, "Get_group"):
             members = list(comm.Get_group().Translate_ranks(list(range(size)), MPI.COMM_WORLD.Get_group()))
+        else:                                   # a stand-in communicator (tests): its own ranks
+            members = list(range(size))
         name = comm.Get_name()
         self.instances[(name, tuple(members))] += 1
         info = [len(self.comms), name, size, members, 0, self.instances[(name, tuple(members))]]

@@ -60,8 +60,12 @@ class Namespace:
         raise NoValues("numpy.count_nonzero", x)
 
     def __getattr__(self, name):
-        raise AttributeError(f"refconv.shapes has no {name!r}: shapes-only arrays support "
-                             f"{', '.join(sorted(n for n in dir(self) if not n.startswith('_')))}")
+        # probed often (getattr(x, "root", None) on a layer's attributes): the list of names is made once
+        if name == "_supported":
+            raise AttributeError(name)
+        if "_supported" not in self.__dict__:
+            self._supported = ", ".join(sorted(n for n in dir(self) if not n.startswith("_")))
+        raise AttributeError(f"refconv.shapes has no {name!r}: shapes-only arrays support {self._supported}")
 
 
 xp = Namespace()

@@ -92,5 +92,5 @@ def test_bind_on_the_cpu_selects_nothing():
 
 def test_an_unknown_backend_is_named_with_the_choices():
     assert device.resolve_backend("numpy") == "numpy"
-    with pytest.raises(BindError, match=r"backend: expected one of \('auto', 'numpy', 'cuda'\), got 'tpu'"):
+    with pytest.raises(BindError, match=r"backend: expected one of \('auto', 'numpy', 'cuda', 'shapes'\), got 'tpu'"):
         device.resolve_backend("tpu")

@@ -103,9 +103,12 @@ def test_padding_modes_fill_from_the_ranks_that_own_the_copies(comm):
                                backend="numpy", dtype=numpy.float64)
             check_layer(layer, problem)
             if shape == (1, 1, 4, 1):
-                readers_of_last = {r for (s, r) in layer._algo.halo.pieces if s == 3 and r != 3}
+                # a rank's Halo keeps the pieces it sends or receives: rank 3's are every piece of its rows
+                halo = layer._algo.halo
+                readers_of_last = {r for (s, r) in halo.pieces if s == 3 and r != 3}
                 expected = {0, 1, 2} if mode == "circular" else {1, 2}  # rank 0 wraps round to rows 6-8
-                assert_all_ranks(comm, readers_of_last == expected, f"{mode}: rank 3 read by {readers_of_last}")
+                ok = readers_of_last == expected if halo.me == 3 else readers_of_last <= expected
+                assert_all_ranks(comm, ok, f"{mode}: rank 3 read by {readers_of_last} (on spatial rank {halo.me})")
             grid.free()
 
 
