@@ -20,7 +20,7 @@ import numbers
 import re
 
 from refconv import algorithms, checks, recipe
-from refconv.backend import RUN_BACKENDS
+from refconv.backend import BACKENDS, RUN_BACKENDS
 from refconv.collectives import DEFAULT_TIMEOUT_S, env_timeout
 from refconv.collectives.buckets import BUCKET_BYTES
 from refconv.datastore.prefetch import READERS
@@ -216,7 +216,7 @@ OPTIONS = (
     Option("seed", 0, _int(0), OPTIM, "parameters and data order: same seed, same run", parse=int),
     Option("max_steps", None, _int(1, optional=True), OPTIM, "stop after this many steps in all",
            parse=int),
-    Option("backend", "auto", _one_of(RUN_BACKENDS), RUN,
+    Option("backend", "auto", _one_of(BACKENDS), RUN,
            "numpy: the CPU path; cuda: the Numba kernels; auto: cuda when a GPU answers", parse=str,
            choices=RUN_BACKENDS),
     Option("dtype", "float32", _one_of(("float32", "float64")), RUN, "parameter and activation dtype",
