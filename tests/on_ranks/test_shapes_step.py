@@ -8,6 +8,7 @@ import json
 import numpy
 import pytest
 
+from on_ranks.test_records import MIXED   # a grid per layer, every algorithm: the records test's model
 from refconv import collectives, datasets, simulated
 from refconv.collectives import local
 from refconv.model import Model
@@ -24,16 +25,6 @@ VOLUME = {"name": "volume", "dims": 3, "loss": "mse", "in_channels": 2, "layers"
     {"type": "maxpool", "kernel": 2},
     {"type": "residual", "layers": [{"type": "conv", "out": 4, "kernel": 3, "padding": 1}, {"type": "relu"}]},
     {"type": "gap"}, {"type": "linear", "out": datasets.VOLUME_TARGETS}]}
-MIXED = {"name": "mixed", "in_channels": 1, "layers": [
-    {"type": "conv", "out": 8, "kernel": 3, "padding": 1, "grid": {"sample": 2, "height": 2}},
-    {"type": "batchnorm"}, {"type": "relu"},
-    {"type": "residual", "layers": [{"type": "conv", "out": 8, "kernel": 3, "padding": 1, "grid": {"channel": 4},
-                                     "algorithm": "stationary-y"}, {"type": "batchnorm"}]},
-    {"type": "relu"}, {"type": "avgpool", "kernel": 2},
-    {"type": "conv", "out": 16, "kernel": 3, "padding": 1, "grid": {"channel": 4}, "algorithm": "stationary-w",
-     "filter_groups": 2},
-    {"type": "conv", "out": 8, "kernel": 1, "grid": {"sample": 2, "channel": 2}, "algorithm": "stationary-x"},
-    {"type": "gap"}, {"type": "linear", "out": 10, "grid": {"sample": 2, "channel": 2}}]}
 CASES = [("resnet50", {"channel": 4}, dict(num_classes=10, in_channels=1)),
          ("digits-cnn", {"sample": 2, "height": 2}, {}),
          (MIXED, None, {}),
