@@ -57,6 +57,14 @@ explore: setup
 test-extended: setup
 	$(PY) -m pytest -q -m extended
 
+# make zoo -- the MPI zoo (tests/mpi_zoo/): incorrect MPI programs in the MPI Bugs Initiative's nine classes, each
+#            with its correct twin, on simulated ranks; prints what refconv.simulated catches, by class
+#            (ZOO_ARGS: e.g. --class "Message Race", -v, --write-baseline)
+.PHONY: zoo
+ZOO_ARGS ?=
+zoo: setup
+	OMP_NUM_THREADS=1 $(PY) tests/mpi_zoo/zoo.py $(ZOO_ARGS)
+
 # make exercises -- every exercise's checker: each skeleton says what is not written yet, each solution passes,
 #                  each detective bug planted back is caught (tests/docs_and_tutorials/test_exercises.py, a few examples a part)
 .PHONY: exercises

@@ -214,12 +214,32 @@ def details(verdicts, everything=False):
 
 
 def baseline_of(verdicts):
-    """What baseline.json keeps: the totals CI holds the zoo to, per class and overall, and the commit."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True)
-    keep = ("detected", "named", "missed", "hung", "crashed", "refused", "false positives", "programs")
+    """What baseline.json keeps: the totals CI holds the zoo to, per class and overall, and the last commit
+    that changed refconv/ (the checker measured)."""
+    commit = subprocess.run(["git", "log", "-1", "--format=%h", "--", "refconv"], cwd=HERE.parent.parent,
+                            capture_output=True, text=True)   # the last commit that changed the checker
+    keep = ("programs", "detected", "named", "missed", "hung", "crashed", "refused", "twins refused",
+            "false positives", "blamable")
     per_class = {c: {k: totals([v for v in verdicts if v.program.mbi_class == c])[k] for k in keep} for c in CLASSES}
-    return {"commit": commit.stdout.strip(), "totals": {k: totals(verdicts)[k] for k in keep}, "per class": per_class,
+    return {"refconv commit": commit.stdout.strip(), "totals": {k: totals(verdicts)[k] for k in keep}, "per class": per_class,
             "hung programs": sorted(v.program.name for v in verdicts if "hung" in (v.outcome, *(r.outcome for r in v.twin_runs)))}
+
+
+def markdown(baseline):
+    """The figures of ``baseline`` (baseline.json's dict) as the Markdown table docs/simulated-ranks.md shows."""
+    head = ["MBI class", "programs", "detected", "guilty rank named", "missed", "hung", "crashed", "refused",
+            "twins rejected", "recall", "specificity"]
+    lines = [f"Measured with `refconv/` as of commit {baseline['refconv commit']} (`tests/mpi_zoo/baseline.json`):", "",
+             "| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    for name, t in [*baseline["per class"].items(), ("total", baseline["totals"])]:
+        scored, twins = t["programs"] - t["refused"], t["programs"] - t["twins refused"]
+        recall = f"{_ratio(t['detected'], scored):.2f}" if scored else "-"
+        specificity = f"{_ratio(twins - t['false positives'], twins):.2f}" if twins else "-"
+        named = f"{t['named']} of {t['blamable']}" if t["blamable"] else "-"
+        cells = [t["programs"], t["detected"], named, t["missed"], t["hung"], t["crashed"], t["refused"],
+                 t["false positives"], recall, specificity]
+        lines.append("| " + " | ".join([f"**{name}**" if name == "total" else name, *map(str, cells)]) + " |")
+    return "\n".join(lines)
 
 
 def regressions(now, before):
@@ -242,7 +262,12 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds a run may take (default 10)")
     parser.add_argument("-v", "--verbose", action="store_true", help="a line for every program, not only the misses")
     parser.add_argument("--write-baseline", action="store_true", help=f"write the totals to {BASELINE.name}")
+    parser.add_argument("--markdown", action="store_true",
+                        help=f"print {BASELINE.name}'s figures as docs/simulated-ranks.md's table, and run nothing")
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(BASELINE.read_text())))
+        return
     programs = select(args.mbi_class, args.match)
     start = time.perf_counter()
     verdicts = run_zoo(programs, args.timeout)

@@ -25,14 +25,21 @@ def both_send_first(comm, z):
     return y
 
 
-@pattern("Buffering Hazard", ranks=(3, 8), via="raw", blame=False)
-def ring_every_rank_sends_first(comm, z):
+@pattern("Buffering Hazard", ranks=(3, 8), via="raw", blame=False,
+         variants={"twin receives first": {"cut": False}, "twin cut by PROC_NULL": {"cut": True}})
+def ring_every_rank_sends_first(comm, z, cut):
+    """Every rank sends right, then receives from the left: a cycle of blocking sends.  The twin breaks it at
+    the guilty rank: it receives first, or (``cut``) the chain ends there, MPI.PROC_NULL on both sides of the
+    cut, and the sends complete one after another from the chain's end, with no buffering."""
     right, left = ring(comm)
     x, y = full(2, float(comm.rank)), full(2, -1.0)
-    if z.wrong or comm.rank != z.guilty:
+    if not z.wrong and cut:
+        right = MPI.PROC_NULL if comm.rank == z.guilty else right
+        left = MPI.PROC_NULL if comm.rank == (z.guilty + 1) % comm.size else left
+    if z.wrong or cut or comm.rank != z.guilty:
         comm.Send(x, right, tag=1)
         comm.Recv(y, left, tag=1)
-    else:                                    # the twin: one rank receives first, and the ring unwinds
+    else:
         comm.Recv(y, left, tag=1)
         comm.Send(x, right, tag=1)
     return y

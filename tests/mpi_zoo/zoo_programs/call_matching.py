@@ -8,7 +8,7 @@ the others make."""
 from mpi4py import MPI
 
 from refconv import collectives
-from zoo_programs.common import full, pair
+from zoo_programs.common import full, one_message
 from zoo_registry import pattern
 
 COLLECTIVES = {
@@ -90,36 +90,22 @@ def dup_where_the_others_split(comm, z):
     new.Free()
 
 
-@pattern("Call Matching", ranks=(2, 4), via="raw")
-def one_send_more(comm, z):
-    guilty, other, role = pair(comm, z)
+@pattern("Call Matching", ranks=(2, 4), via="raw",
+         variants={"one send more": {"from_guilty": True, "extra": 1, "tag": 1},
+                   "one receive more": {"from_guilty": False, "extra": 1, "tag": 1},
+                   "a tag never sent": {"from_guilty": False, "extra": 0, "tag": 2}})
+def unmatched_messages(comm, z, from_guilty, extra, tag):
+    """The guilty rank makes ``extra`` calls more than its partner matches, or receives with ``tag``; the partner
+    sends or receives one message of tag 1."""
     x = full(2, 1.0)
-    if role == "guilty":
-        for _ in range(2 if z.wrong else 1):      # the partner receives one message
-            comm.Send(x, other, tag=1)
-    elif role == "partner":
-        comm.Recv(x, guilty, tag=1)
-    return x
+    ours = 1 + (extra if z.wrong else 0)
 
+    def send(peer):
+        for _ in range(ours if from_guilty else 1):
+            comm.Send(x, peer, tag=1)
 
-@pattern("Call Matching", ranks=(2, 3), via="raw")
-def one_receive_more(comm, z):
-    guilty, other, role = pair(comm, z)
-    x = full(2, 1.0)
-    if role == "guilty":
-        for _ in range(2 if z.wrong else 1):      # the partner sends one message
-            comm.Recv(x, other, tag=1)
-    elif role == "partner":
-        comm.Send(x, guilty, tag=1)
-    return x
-
-
-@pattern("Call Matching", ranks=(2, 4), via="raw")
-def receive_with_a_tag_never_sent(comm, z):
-    guilty, other, role = pair(comm, z)
-    x = full(2, 1.0)
-    if role == "guilty":
-        comm.Recv(x, other, tag=2 if z.wrong else 1)
-    elif role == "partner":
-        comm.Send(x, guilty, tag=1)
+    def receive(peer):
+        for _ in range(1 if from_guilty else ours):
+            comm.Recv(x, peer, tag=tag if z.wrong else 1)
+    one_message(comm, z, send, receive, from_guilty=from_guilty)
     return x

@@ -1,6 +1,7 @@
 """What several classes' programs share: small buffers and the guilty rank's partner."""
 
 import numpy
+from mpi4py import MPI
 
 
 def full(n, value, dtype=numpy.float64):
@@ -35,3 +36,26 @@ def trio(comm, z):
 def ring(comm):
     """``(right, left)``: the next and the previous rank around the ring."""
     return (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+
+
+def one_message(comm, z, send, receive, *, from_guilty=True):
+    """A message between the guilty rank and its partner (``from_guilty``: the guilty rank sends): the
+    sender calls ``send(receiver)``, the receiver ``receive(sender)``, the other ranks nothing."""
+    guilty, other, _ = pair(comm, z)
+    sender, receiver = (guilty, other) if from_guilty else (other, guilty)
+    if comm.rank == sender:
+        send(receiver)
+    elif comm.rank == receiver:
+        receive(sender)
+
+
+def fence_epoch(comm, access):
+    """An RMA window over 4 doubles of each rank (displacements in elements), one Fence epoch in which
+    ``access(window, memory)`` runs on every rank, then the window freed; returns this rank's memory."""
+    memory = full(4, 0.0)
+    window = MPI.Win.Create(memory, disp_unit=memory.itemsize, comm=comm)
+    window.Fence()
+    access(window, memory)
+    window.Fence()
+    window.Free()
+    return memory

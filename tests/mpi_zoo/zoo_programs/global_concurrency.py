@@ -10,14 +10,8 @@ The twin uses another location, an ordered epoch, or a second buffer."""
 
 from mpi4py import MPI
 
-from zoo_programs.common import full, pair, trio, waitall
+from zoo_programs.common import fence_epoch, full, pair, trio, waitall
 from zoo_registry import pattern
-
-
-def _window(comm):
-    """A window over 4 doubles of this rank, displacements in elements; its memory."""
-    memory = full(4, 0.0)
-    return MPI.Win.Create(memory, disp_unit=memory.itemsize, comm=comm), memory
 
 
 @pattern("Global Concurrency", ranks=(3, 4), via="raw", feature="RMA",
@@ -25,48 +19,41 @@ def _window(comm):
                    "Put and Accumulate": {"access": "Accumulate"}})
 def rma_conflict_in_a_fence_epoch(comm, z, access):
     guilty, a, b = trio(comm, z)
-    window, memory = _window(comm)
-    window.Fence()
-    if comm.rank == a:                       # a accumulates into b[0] (Put in the first two variants)
-        if access == "Accumulate":
-            window.Accumulate(full(1, 1.0), b, target=(0, 1, MPI.DOUBLE), op=MPI.SUM)
-        else:
-            window.Put(full(1, 1.0), b, target=(0, 1, MPI.DOUBLE))
-    if comm.rank == guilty:
-        where = 0 if z.wrong or access == "Accumulate" else 1
-        origin = full(1, 2.0)
-        if access == "Get":
-            window.Get(origin, b, target=(where, 1, MPI.DOUBLE))
-        elif access == "Accumulate" and not z.wrong:
-            window.Accumulate(origin, b, target=(0, 1, MPI.DOUBLE), op=MPI.SUM)   # one op: concurrent, allowed
-        else:
-            window.Put(origin, b, target=(where, 1, MPI.DOUBLE))
-    window.Fence()
-    window.Free()
-    return memory
+
+    def conflict(window, memory):
+        if comm.rank == a:                   # a accumulates into b[0], or puts there
+            if access == "Accumulate":
+                window.Accumulate(full(1, 1.0), b, target=(0, 1, MPI.DOUBLE), op=MPI.SUM)
+            else:
+                window.Put(full(1, 1.0), b, target=(0, 1, MPI.DOUBLE))
+        if comm.rank == guilty:
+            where, origin = (0 if z.wrong or access == "Accumulate" else 1), full(1, 2.0)
+            if access == "Get":
+                window.Get(origin, b, target=(where, 1, MPI.DOUBLE))
+            elif access == "Accumulate" and not z.wrong:
+                window.Accumulate(origin, b, target=(0, 1, MPI.DOUBLE), op=MPI.SUM)   # one op: allowed
+            else:
+                window.Put(origin, b, target=(where, 1, MPI.DOUBLE))
+    return fence_epoch(comm, conflict)
 
 
 @pattern("Global Concurrency", ranks=(2, 4), via="raw", feature="RMA")
 def rma_target_stores_during_the_epoch(comm, z):
-    guilty, other, role = pair(comm, z)
-    window, memory = _window(comm)
-    window.Fence()
-    if role == "partner":
-        window.Put(full(1, 3.0), guilty, target=(0, 1, MPI.DOUBLE))
-    if role == "guilty":
-        memory[0 if z.wrong else 2] = 4.0    # its own store, while the partner's Put may land
-    window.Fence()
-    window.Free()
-    return memory
+    def store(window, memory):
+        if comm.rank == (z.guilty + 1) % comm.size:
+            window.Put(full(1, 3.0), z.guilty, target=(0, 1, MPI.DOUBLE))
+        if comm.rank == z.guilty:
+            memory[0 if z.wrong else 2] = 4.0    # its own store, while the partner's Put may land
+    return fence_epoch(comm, store)
 
 
 @pattern("Global Concurrency", ranks=(3, 4), via="raw", feature="RMA")
 def rma_puts_under_shared_locks(comm, z):
     guilty, a, b = trio(comm, z)
-    window, memory = _window(comm)
+    memory = full(4, 0.0)
+    window = MPI.Win.Create(memory, disp_unit=memory.itemsize, comm=comm)
     if comm.rank in (guilty, a):
-        lock = MPI.LOCK_SHARED if z.wrong else MPI.LOCK_EXCLUSIVE
-        window.Lock(b, lock)
+        window.Lock(b, MPI.LOCK_SHARED if z.wrong else MPI.LOCK_EXCLUSIVE)
         window.Put(full(1, float(comm.rank)), b, target=(0, 1, MPI.DOUBLE))
         window.Unlock(b)
     comm.Barrier()

@@ -7,7 +7,7 @@ _TYPE, _OP or _COMM in MPI (MUST reports each at the guilty rank's call).  The t
 from mpi4py import MPI
 
 from refconv import collectives
-from zoo_programs.common import full, pair, waitall
+from zoo_programs.common import full, one_message, waitall
 from zoo_registry import expect, pattern
 
 BAD_ROOTS = {"past the end": {"bad": lambda n: n}, "negative": {"bad": lambda n: -3}}
@@ -41,46 +41,49 @@ def scatter_root(comm, z):
 
 @pattern("Invalid Parameter", ranks=(2, 4), via="raw", variants=BAD_PEERS)
 def send_dest(comm, z, bad):
-    guilty, other, role = pair(comm, z)
     x = full(2, 1.0)
-    if role == "guilty":
-        comm.Send(x, bad(comm.size) if z.wrong else other, tag=1)
-    elif role == "partner":
-        comm.Recv(x, guilty, tag=1)
+    one_message(comm, z, lambda peer: comm.Send(x, bad(comm.size) if z.wrong else peer, tag=1),
+                lambda peer: comm.Recv(x, peer, tag=1))
     return x
 
 
 @pattern("Invalid Parameter", ranks=(2, 3), via="raw")
 def recv_source_past_the_end(comm, z):
-    guilty, other, role = pair(comm, z)
     x = full(2, 1.0)
-    if role == "partner":
-        comm.Send(x, guilty, tag=1)
-    elif role == "guilty":
-        comm.Recv(x, comm.size + 2 if z.wrong else other, tag=1)
+    one_message(comm, z, lambda peer: comm.Send(x, peer, tag=1),
+                lambda peer: comm.Recv(x, comm.size + 2 if z.wrong else peer, tag=1), from_guilty=False)
     return x
 
 
 @pattern("Invalid Parameter", ranks=(2, 4), via="raw",
          variants={"negative": {"bad": -3}, "above TAG_UB": {"bad": NOT_AN_INT}})
 def send_tag(comm, z, bad):
-    guilty, other, role = pair(comm, z)
     x = full(2, 1.0)
-    if role == "guilty":
-        comm.Isend(x, other, tag=bad if z.wrong else 32767).Wait()   # 32767: every MPI's TAG_UB is at least that
-    elif role == "partner":
-        comm.Recv(x, guilty, tag=MPI.ANY_TAG)
+    one_message(comm, z, lambda peer: comm.Isend(x, peer, tag=bad if z.wrong else 32767).Wait(),  # 32767: every
+                lambda peer: comm.Recv(x, peer, tag=MPI.ANY_TAG))                                 # TAG_UB's least
     return x
 
 
 @pattern("Invalid Parameter", ranks=(2, 3), via="raw")
 def recv_tag_negative(comm, z):
-    guilty, other, role = pair(comm, z)
     x = full(2, 1.0)
-    if role == "partner":
-        comm.Send(x, guilty, tag=4)
-    elif role == "guilty":
-        comm.Irecv(x, other, tag=-4 if z.wrong else MPI.ANY_TAG).Wait()   # ANY_TAG is the one negative tag allowed
+    one_message(comm, z, lambda peer: comm.Send(x, peer, tag=4),        # ANY_TAG: the one negative tag allowed
+                lambda peer: comm.Irecv(x, peer, tag=-4 if z.wrong else MPI.ANY_TAG).Wait(), from_guilty=False)
+    return x
+
+
+@pattern("Invalid Parameter", ranks=(2, 4), via="raw")
+def any_source_as_a_destination(comm, z):
+    """MPI.ANY_SOURCE is no destination; the twin sends to MPI.PROC_NULL, which completes at once, and
+    receives from it: the buffer stays as it was, the Status says source PROC_NULL, count 0."""
+    x = full(2, 1.0)
+    if comm.rank == z.guilty:
+        comm.Send(x, MPI.ANY_SOURCE if z.wrong else MPI.PROC_NULL, tag=1)
+        status = MPI.Status()
+        comm.Recv(x, MPI.PROC_NULL, tag=1, status=status)
+        expect((x == 1.0).all() and (status.Get_source(), status.Get_count(MPI.DOUBLE)) == (MPI.PROC_NULL, 0),
+               f"rank {comm.rank}: a receive from PROC_NULL gave {x}, source {status.Get_source()}, "
+               f"count {status.Get_count(MPI.DOUBLE)}")
     return x
 
 
@@ -117,12 +120,9 @@ def allreduce_wrapper_op_unknown(comm, z):
          variants={"negative count": {"spec": lambda x: [x, -1, MPI.DOUBLE]},
                    "DATATYPE_NULL": {"spec": lambda x: [x, 2, MPI.DATATYPE_NULL]}})
 def send_buffer_spec(comm, z, spec):
-    guilty, other, role = pair(comm, z)
     x = full(2, 3.0)
-    if role == "guilty":
-        comm.Send(spec(x) if z.wrong else [x, 2, MPI.DOUBLE], other, tag=2)
-    elif role == "partner":
-        comm.Recv([x, 2, MPI.DOUBLE], guilty, tag=2)
+    one_message(comm, z, lambda peer: comm.Send(spec(x) if z.wrong else [x, 2, MPI.DOUBLE], peer, tag=2),
+                lambda peer: comm.Recv([x, 2, MPI.DOUBLE], peer, tag=2))
     return x
 
 

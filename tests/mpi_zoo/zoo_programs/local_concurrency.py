@@ -9,42 +9,44 @@ buffer and then waits for the request again (a null request), that is correct to
 from mpi4py import MPI
 
 from refconv import collectives
-from zoo_programs.common import full, pair, ring, waitall
+from zoo_programs.common import fence_epoch, full, one_message, pair, ring, waitall
 from zoo_registry import expect, pattern
 
 
 @pattern("Local Concurrency", ranks=(2, 4), via="raw")
 def isend_buffer_written_before_wait(comm, z):
-    guilty, other, role = pair(comm, z)
     x = full(2, 3.0)
-    if role == "guilty":
-        request = comm.Isend(x, other, tag=1)
+
+    def send(peer):
+        request = comm.Isend(x, peer, tag=1)
         if z.wrong:
             x[0] = -1.0
         request.Wait()
         x[1] = -1.0                 # after the Wait: the buffer is the program's again
         waitall([request])          # a request already completed: nothing to wait for
-    elif role == "partner":
-        comm.Recv(x, guilty, tag=1)
+
+    def receive(peer):
+        comm.Recv(x, peer, tag=1)
         expect((x == 3.0).all(), f"rank {comm.rank}: received {x}, sent 3.0")
+    one_message(comm, z, send, receive)
     return x
 
 
 @pattern("Local Concurrency", ranks=(2, 4), via="raw",
          variants={"read": {"touch": lambda y: y.copy()}, "written": {"touch": lambda y: y.fill(9.0)}})
 def irecv_buffer_touched_before_wait(comm, z, touch):
-    guilty, other, role = pair(comm, z)
     y = full(2, 0.0)
-    if role == "partner":
-        comm.Send(full(2, 5.0), guilty, tag=1)
-        return y
-    if role == "guilty":
-        request = comm.Irecv(y, other, tag=1)
-        early = touch(y) if z.wrong else None
+    seen = []                       # what the guilty rank saw in y: before the Wait, or (the twin) after it
+
+    def receive(peer):
+        request = comm.Irecv(y, peer, tag=1)
+        if z.wrong:
+            seen.append(touch(y))
         request.Wait()
-        seen = touch(y.copy()) if not z.wrong else early
-        return seen if seen is not None else y
-    return y
+        if not z.wrong:
+            seen.append(touch(y))
+    one_message(comm, z, lambda peer: comm.Send(full(2, 5.0), peer, tag=1), receive, from_guilty=False)
+    return seen[0] if seen and seen[0] is not None else y
 
 
 @pattern("Local Concurrency", ranks=(2, 3), via="raw",
@@ -105,14 +107,12 @@ def two_irecvs_into_one_buffer(comm, z):
 
 @pattern("Local Concurrency", ranks=(2, 4), via="raw", feature="RMA")
 def rma_get_read_before_fence(comm, z):
-    memory = full(2, float(comm.rank))
-    window = MPI.Win.Create(memory, comm=comm)
-    got = full(2, -1.0)
-    window.Fence()
-    seen = None
-    if comm.rank == z.guilty:
-        window.Get(got, (comm.rank + 1) % comm.size)
-        seen = got.copy() if z.wrong else None
-    window.Fence()
-    window.Free()
-    return seen if seen is not None else got
+    got, seen = full(2, -1.0), []
+
+    def access(window, memory):
+        if comm.rank == z.guilty:
+            window.Get(got, (comm.rank + 1) % comm.size, target=(0, 2, MPI.DOUBLE))
+            if z.wrong:
+                seen.append(got.copy())   # before the closing Fence: the Get may not have landed
+    fence_epoch(comm, access)
+    return seen[0] if seen else got

@@ -9,7 +9,7 @@ import numpy
 from mpi4py import MPI
 
 from refconv import collectives
-from zoo_programs.common import full, pair
+from zoo_programs.common import full, one_message
 from zoo_registry import expect, pattern
 
 
@@ -65,26 +65,24 @@ def bcast_datatype_differs(comm, z):
          variants={"float64 sent, int32 received": {"wrong_spec": lambda y: [y.view(numpy.int32), MPI.INT]},
                    "message longer than the receive": {"wrong_spec": lambda y: [y[:1], MPI.DOUBLE]}})
 def p2p_signature_differs(comm, z, wrong_spec):
-    guilty, other, role = pair(comm, z)
     y = full(2, 0.0)
-    if role == "partner":
-        comm.Send([full(2, 2.5), MPI.DOUBLE], guilty, tag=1)
-    elif role == "guilty":
-        comm.Recv(wrong_spec(y) if z.wrong else [y, MPI.DOUBLE], other, tag=1)
+
+    def receive(peer):
+        comm.Recv(wrong_spec(y) if z.wrong else [y, MPI.DOUBLE], peer, tag=1)
         expect((y == 2.5).all(), f"rank {comm.rank}: received {y}, sent 2.5")
+    one_message(comm, z, lambda peer: comm.Send([full(2, 2.5), MPI.DOUBLE], peer, tag=1), receive, from_guilty=False)
     return y
 
 
 @pattern("Parameter Matching", ranks=(2, 3), via="raw")
 def byte_counts_differ(comm, z):
-    guilty, other, role = pair(comm, z)
     x, y = numpy.arange(4, dtype=numpy.float64), full(4, -1.0)
-    if role == "guilty":
-        comm.Send([x, 32 if z.wrong else 16, MPI.BYTE], other, tag=1)    # the twin sends its first two doubles
-    elif role == "partner":
-        comm.Recv([y, 16, MPI.BYTE], guilty, tag=1)
+
+    def receive(peer):
+        comm.Recv([y, 16, MPI.BYTE], peer, tag=1)
         expect((y == [0, 1, -1, -1]).all(), f"rank {comm.rank}: 16 bytes of 0, 1 gave {y}")
-    return y
+    one_message(comm, z, lambda peer: comm.Send([x, 32 if z.wrong else 16, MPI.BYTE], peer, tag=1), receive)
+    return y   # the twin sends its first two doubles
 
 
 @pattern("Parameter Matching", ranks=(2, 4), via="collectives")

@@ -8,34 +8,32 @@ completed" at the end, with the call that made it).  The twin completes every re
 from mpi4py import MPI
 
 from refconv import collectives
-from zoo_programs.common import full, pair, ring, waitall
+from zoo_programs.common import full, one_message, pair, ring, waitall
 from zoo_registry import expect, pattern
 
 
 @pattern("Request Lifecycle", ranks=(2, 4), via="raw")
 def isend_never_waited(comm, z):
-    guilty, other, role = pair(comm, z)
     x = full(2, 4.0)
-    if role == "guilty":
-        request = comm.Isend(x, other, tag=1)
+
+    def send(peer):
+        request = comm.Isend(x, peer, tag=1)
         if not z.wrong:
             request.Wait()
-    elif role == "partner":
-        comm.Recv(x, guilty, tag=1)
+    one_message(comm, z, send, lambda peer: comm.Recv(x, peer, tag=1))
     return x
 
 
 @pattern("Request Lifecycle", ranks=(2, 3), via="raw")
 def irecv_never_waited(comm, z):
-    guilty, other, role = pair(comm, z)
     y = full(2, 0.0)
-    if role == "partner":
-        comm.Send(full(2, 4.0), guilty, tag=1)
-    elif role == "guilty":
-        request = comm.Irecv(y, other, tag=1)
+
+    def receive(peer):
+        request = comm.Irecv(y, peer, tag=1)
         if not z.wrong:
             request.Wait()
             expect((y == 4.0).all(), f"rank {comm.rank}: received {y}, sent 4.0")
+    one_message(comm, z, lambda peer: comm.Send(full(2, 4.0), peer, tag=1), receive, from_guilty=False)
     return y
 
 

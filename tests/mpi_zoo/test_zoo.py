@@ -1,0 +1,162 @@
+"""The MPI zoo in CI: the whole zoo against its baseline, the zoo's shape, and the runner's classifier
+on planted programs (so the zoo cannot pass by classifying everything one way)."""
+
+import collections
+import json
+import time
+import warnings
+
+import pytest
+
+from refconv.simulated import SimulatedError
+
+import zoo
+from zoo_registry import CLASSES, PROGRAMS, VIAS, Program, WrongAnswer
+
+HUNG_TIMEOUT = 2.0   # seconds for a program the baseline lists as hung: it is counted, not waited on for 10 s
+
+
+def test_the_zoo_holds_its_baseline():
+    """Fewer detected or named, or more false positives, crashes or hangs than baseline.json fails; the
+    table is printed either way (``pytest -rP`` shows it on a pass)."""
+    before = json.loads(zoo.BASELINE.read_text())
+    verdicts = zoo.run_zoo(zoo.select(), slow=set(before["hung programs"]), slow_timeout=HUNG_TIMEOUT)
+    report = f"{zoo.details(verdicts)}\n\n{zoo.table(verdicts)}\n(baseline: refconv/ as of commit {before['refconv commit']})"
+    print(report)
+    now = zoo.totals(verdicts)
+    assert before["totals"]["programs"] == now["programs"], \
+        f"the zoo has {now['programs']} programs, baseline.json {before['totals']['programs']}: rerun " \
+        f"tests/mpi_zoo/zoo.py --write-baseline\n{report}"
+    worse = zoo.regressions(now, before["totals"])
+    assert not worse, "the zoo got worse than baseline.json:\n" + "\n".join(worse) + "\n" + report
+
+
+def test_the_docs_show_the_baseline():
+    """docs/simulated-ranks.md's table is what ``zoo.py --markdown`` makes of baseline.json (STYLE.md, habit 13)."""
+    page = (zoo.HERE.parent.parent / "docs" / "simulated-ranks.md").read_text()
+    begin, end = page.index("<!-- mpi-zoo:begin"), page.index("<!-- mpi-zoo:end -->")
+    shown = page[page.index("\n", begin) + 1:end].strip()
+    assert shown == zoo.markdown(json.loads(zoo.BASELINE.read_text())), \
+        "docs/simulated-ranks.md shows other figures than baseline.json: paste tests/mpi_zoo/zoo.py --markdown there"
+
+
+def test_the_zoo_has_its_shape():
+    """At least 100 incorrect programs, 8 a class; each at two world sizes or more; both raw calls and the
+    wrappers in use; unique names."""
+    per_class = collections.Counter(p.mbi_class for p in PROGRAMS)
+    assert len(PROGRAMS) >= 100 and all(per_class[c] >= 8 for c in CLASSES), per_class
+    assert all(len(p.ranks) >= 2 for p in PROGRAMS), [p.name for p in PROGRAMS if len(p.ranks) < 2]
+    assert {p.via for p in PROGRAMS} == set(VIAS)
+    assert len({p.name for p in PROGRAMS}) == len(PROGRAMS)
+
+
+@pytest.mark.parametrize("n, guilty", [(2, [0, 1]), (3, [0, 1, 2]), (4, [0, 2, 3]), (8, [0, 4, 7])])
+def test_the_guilty_rank_is_first_middle_and_last(n, guilty):
+    assert PROGRAMS[0].guilty_ranks(n) == guilty
+
+
+# -- the classifier, on planted programs ----------------------------------------------------------------------
+class Unsupported(SimulatedError, NotImplementedError):
+    """A stand-in, by name, for the refusal refconv.simulated will raise (the runner matches class names)."""
+
+
+class ResourceLeak(UserWarning):
+    """A stand-in, by name, for the leak warning refconv.simulated will give."""
+
+
+def planted(body, ranks=(2, 3), **options):
+    return Program(f"planted.{body.__name__}", "Call Matching", body, {}, ranks, "raw", **options)
+
+
+def raises(error):
+    def body(comm, z):
+        if z.mine(comm):
+            raise error(z.guilty)
+    return body
+
+
+def detected_naming(g):
+    return SimulatedError(f"rank {g}: a planted error")
+
+
+def detected_anonymously(g):
+    return SimulatedError("a planted error that names no rank")
+
+
+def refused_window(g):
+    return Unsupported("simulated ranks: MPI.Win (one-sided communication) is not simulated")
+
+
+def crashed(g):
+    return IndexError("list index out of range")
+
+
+def wrong_answer(g):
+    return WrongAnswer(f"rank {g}: got 0.0, sent 1.0")
+
+
+def returns(comm, z):
+    return comm.rank
+
+
+def leaks(comm, z):
+    if z.mine(comm):
+        warnings.warn(f"rank {z.guilty}: communicator 'world/split 0' created at planted.py:1", ResourceLeak)
+
+
+def computes_forever(comm, z):
+    while z.mine(comm):
+        time.sleep(0.01)
+
+
+def warns_otherwise(comm, z):
+    warnings.warn("a warning of another kind", UserWarning)
+
+
+def errs_in_the_twin(comm, z):
+    if not z.wrong and comm.rank == z.guilty:
+        raise SimulatedError(f"rank {z.guilty}: a correct program rejected")
+
+
+def misses_at_three(comm, z):
+    if z.mine(comm) and comm.size == 2:
+        raise SimulatedError(f"rank {z.guilty}: caught at 2 ranks only")
+
+
+@pytest.mark.parametrize("body, options, outcome, named, twin", [
+    (raises(detected_naming), {}, "detected", True, "passed"),
+    (raises(detected_anonymously), {}, "detected", False, "passed"),
+    (raises(detected_naming), {"blame": False}, "detected", False, "passed"),
+    (raises(refused_window), {"feature": "RMA"}, "refused", False, "passed"),
+    (raises(refused_window), {}, "missed", False, "passed"),                   # a refusal not allowed is a miss
+    (raises(refused_window), {"feature": "persistent"}, "missed", False, "passed"),   # of another feature, too
+    (raises(crashed), {}, "crashed", False, "passed"),
+    (raises(wrong_answer), {}, "missed", False, "passed"),
+    (returns, {}, "missed", False, "passed"),
+    (leaks, {}, "detected", True, "passed"),
+    (computes_forever, {}, "hung", False, "passed"),
+    (warns_otherwise, {}, "missed", False, "false positive"),
+    (errs_in_the_twin, {}, "missed", False, "false positive"),
+    (misses_at_three, {}, "missed", False, "passed"),                          # a program is detected in every run
+], ids=lambda v: getattr(v, "__qualname__", None) if callable(v) else None)
+def test_the_classifier_on_a_planted_program(body, options, outcome, named, twin):
+    ranks = (2,) if body is computes_forever else (2, 3)     # a hang costs its timeout: two runs of it
+    verdict = zoo.judge(planted(body, ranks, **options), timeout=0.5)
+    assert (verdict.outcome, verdict.named, verdict.twin) == (outcome, named, twin), \
+        [(r.outcome, r.named, r.message) for r in verdict.runs + verdict.twin_runs]
+
+
+def test_a_twin_refused_for_its_feature_is_not_a_false_positive():
+    def refuses_always(comm, z):
+        raise refused_window(z.guilty)
+    verdict = zoo.judge(planted(refuses_always, feature="RMA"), timeout=0.5)
+    assert (verdict.outcome, verdict.twin) == ("refused", "refused")
+    totals = zoo.totals([verdict])
+    assert (totals["recall"], totals["specificity"]) == (None, None)   # nothing left to score
+
+
+def test_the_baseline_check_sees_each_regression():
+    before = {"detected": 5, "named": 4, "false positives": 1, "crashed": 2, "hung": 0}
+    assert zoo.regressions(dict(before), before) == []
+    worse = dict(before, detected=4, named=3, **{"false positives": 2}, crashed=3, hung=1)
+    assert len(zoo.regressions(worse, before)) == 5
