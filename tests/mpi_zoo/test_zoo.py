@@ -72,6 +72,7 @@ def raises(error):
     def body(comm, z):
         if z.mine(comm):
             raise error(z.guilty)
+    body.__name__ = body.__qualname__ = f"raises_{error.__name__}"
     return body
 
 
@@ -89,6 +90,13 @@ def refused_window(g):
 
 def crashed(g):
     return IndexError("list index out of range")
+
+
+def wrapped_on_python_310(g):
+    """What run raises for a rank's IndexError where exceptions have no notes: a SimulatedError from it."""
+    error = SimulatedError(f"IndexError: list index out of range\non 2 simulated ranks:\n  rank {g}: raised IndexError")
+    error.__cause__ = IndexError("list index out of range")
+    return error
 
 
 def wrong_answer(g):
@@ -131,6 +139,7 @@ def misses_at_three(comm, z):
     (raises(refused_window), {}, "missed", False, "passed"),                   # a refusal not allowed is a miss
     (raises(refused_window), {"feature": "persistent"}, "missed", False, "passed"),   # of another feature, too
     (raises(crashed), {}, "crashed", False, "passed"),
+    (raises(wrapped_on_python_310), {}, "crashed", False, "passed"),
     (raises(wrong_answer), {}, "missed", False, "passed"),
     (returns, {}, "missed", False, "passed"),
     (leaks, {}, "detected", True, "passed"),

@@ -91,7 +91,10 @@ def run_once(fn, ranks, guilty, *, feature=None, races=False, timeout=TIMEOUT):
     seconds = time.perf_counter() - start
     spoken = [w for w in caught if not issubclass(w.category, QUIET)]
     leaks = [str(w.message) for w in spoken if "ResourceLeak" in _names(w.category)]
-    poison = simulated.poisoned(results) if hasattr(simulated, "poisoned") else ""
+    try:
+        poison = simulated.poisoned(results) if hasattr(simulated, "poisoned") else ""
+    except Exception as err:   # noqa: BLE001  (the checker's own failure is a crash)
+        return Run("crashed", False, f"poisoned: {type(err).__name__}: {_first_line(err)}", seconds)
     if leaks or poison:
         text = "\n".join(leaks + ([poison] if poison else []))
         return Run("detected", _names_rank(text, guilty), _first_line(text), seconds)
@@ -101,6 +104,8 @@ def run_once(fn, ranks, guilty, *, feature=None, races=False, timeout=TIMEOUT):
 
 
 def _raised(err, guilty, feature, seconds):
+    if type(err).__name__ == "SimulatedError" and err.__cause__ is not None:
+        err = err.__cause__   # Python 3.10 (no notes): run wraps a rank's own exception in a SimulatedError
     names, text = _names(type(err)), str(err)
     if "Unsupported" in names:
         allowed = feature in REFUSABLE and REFUSABLE[feature].search(text)

@@ -68,7 +68,7 @@ def any_tag_assumed(comm, z):
 
 
 @pattern("Message Race", ranks=(3, 4), via="raw", races=True)
-def one_sender_any_tag_or_two_senders(comm, z):
+def any_tag_from_two_senders(comm, z):
     guilty, a, b = trio(comm, z)
     sender = b if z.wrong else a               # the twin: both messages from a, which MPI keeps in order
     if comm.rank == a:
