@@ -3,12 +3,15 @@ on planted programs (so the zoo cannot pass by classifying everything one way)."
 
 import collections
 import json
+import subprocess
+import sys
 import time
 import warnings
 
 import pytest
 
 from refconv.simulated import SimulatedError
+from refconv.testing import mpirun
 
 import zoo
 from zoo_registry import CLASSES, PROGRAMS, VIAS, Program, WrongAnswer
@@ -38,6 +41,16 @@ def test_the_docs_show_the_baseline():
     shown = page[page.index("\n", begin) + 1:end].strip()
     assert shown == zoo.markdown(json.loads(zoo.BASELINE.read_text())), \
         "docs/simulated-ranks.md shows other figures than baseline.json: paste tests/mpi_zoo/zoo.py --markdown there"
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("ranks", [2, 3, 4, 8])
+def test_every_twin_is_correct_under_mpiexec(ranks):
+    """The twins are correct MPI, not only what the simulated world accepts: each runs to its end under
+    mpiexec (about 45 s for the four sizes on 2 cores, so in the extended set)."""
+    command = [mpirun.find_mpiexec(), "-n", str(ranks), sys.executable, str(zoo.HERE / "twins_under_mpiexec.py")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=zoo.HERE)
+    assert done.returncode == 0 and f"-n {ranks} " in done.stdout, done.stdout + done.stderr
 
 
 def test_the_zoo_has_its_shape():
