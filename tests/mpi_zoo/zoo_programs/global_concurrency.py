@@ -10,6 +10,7 @@ The twin uses another location, an ordered epoch, or a second buffer."""
 
 from mpi4py import MPI
 
+from refconv import collectives
 from zoo_programs.common import fence_epoch, full, pair, trio, waitall
 from zoo_registry import pattern
 
@@ -90,3 +91,18 @@ def message_and_collective_into_one_buffer(comm, z, blocking):
         pending.append(comm.Iallreduce(x, y))
     waitall(pending)
     return y
+
+
+@pattern("Global Concurrency", ranks=(2, 4), via="collectives")
+def message_into_a_wrapper_collectives_buffer(comm, z):
+    """A message lands in the x of refconv.collectives.iallreduce_ while the allreduce writes its sum there."""
+    guilty, other, role = pair(comm, z)
+    x = full(2, 1.0)
+    pending = []
+    if role == "partner":
+        pending.append(comm.Isend(full(2, 9.0), guilty, tag=1))
+    if role == "guilty":
+        pending.append(comm.Irecv(x if z.wrong else full(2, 0.0), other, tag=1))
+    summed = collectives.iallreduce_(comm, x)
+    waitall(pending)
+    return summed.wait()

@@ -12,28 +12,24 @@ from zoo_programs.common import full, one_message, pair, ring, waitall
 from zoo_registry import expect, pattern
 
 
-@pattern("Request Lifecycle", ranks=(2, 4), via="raw")
-def isend_never_waited(comm, z):
-    x = full(2, 4.0)
+@pattern("Request Lifecycle", ranks=(2, 4), via="raw",
+         variants={"Isend": {"guilty_sends": True}, "Irecv": {"guilty_sends": False}})
+def p2p_never_waited(comm, z, guilty_sends):
+    """The guilty rank's Isend or Irecv is never waited; its partner's blocking Recv or Send completes."""
+    sent, y = full(2, 4.0), full(2, 0.0)
+
+    def nonblocking(start):
+        request = start()
+        if not z.wrong:
+            request.Wait()
 
     def send(peer):
-        request = comm.Isend(x, peer, tag=1)
-        if not z.wrong:
-            request.Wait()
-    one_message(comm, z, send, lambda peer: comm.Recv(x, peer, tag=1))
-    return x
-
-
-@pattern("Request Lifecycle", ranks=(2, 3), via="raw")
-def irecv_never_waited(comm, z):
-    y = full(2, 0.0)
+        nonblocking(lambda: comm.Isend(sent, peer, tag=1)) if guilty_sends else comm.Send(sent, peer, tag=1)
 
     def receive(peer):
-        request = comm.Irecv(y, peer, tag=1)
-        if not z.wrong:
-            request.Wait()
-            expect((y == 4.0).all(), f"rank {comm.rank}: received {y}, sent 4.0")
-    one_message(comm, z, lambda peer: comm.Send(full(2, 4.0), peer, tag=1), receive, from_guilty=False)
+        comm.Recv(y, peer, tag=1) if guilty_sends else nonblocking(lambda: comm.Irecv(y, peer, tag=1))
+        expect(z.wrong or (y == 4.0).all(), f"rank {comm.rank}: received {y}, sent 4.0")
+    one_message(comm, z, send, receive, from_guilty=guilty_sends)
     return y
 
 
