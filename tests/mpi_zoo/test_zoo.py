@@ -30,7 +30,7 @@ def test_the_zoo_holds_its_baseline():
     assert before["totals"]["programs"] == now["programs"], \
         f"the zoo has {now['programs']} programs, baseline.json {before['totals']['programs']}: rerun " \
         f"tests/mpi_zoo/zoo.py --write-baseline\n{report}"
-    worse = zoo.regressions(now, before["totals"])
+    worse = zoo.regressions_by_class(verdicts, before)
     assert not worse, "the zoo got worse than baseline.json:\n" + "\n".join(worse) + "\n" + report
 
 
@@ -182,3 +182,18 @@ def test_the_baseline_check_sees_each_regression():
     assert zoo.regressions(dict(before), before) == []
     worse = dict(before, detected=4, named=3, **{"false positives": 2}, crashed=3, hung=1)
     assert len(zoo.regressions(worse, before)) == 5
+
+
+def test_a_loss_in_one_class_is_not_hidden_by_a_gain_in_another():
+    verdicts = [zoo.judge(planted(raises(detected_naming)), timeout=0.5)]   # one Call Matching program, detected
+    baseline = zoo.baseline_of(verdicts)
+    assert zoo.regressions_by_class(verdicts, baseline) == []
+    baseline["per class"]["Call Matching"]["detected"] += 1        # as if it had caught one more there ...
+    baseline["per class"]["Message Race"]["detected"] -= 1         # ... and one fewer elsewhere: same total
+    assert zoo.regressions_by_class(verdicts, baseline) == ["Call Matching: detected 1 < baseline 2"]
+
+
+def test_programs_known_to_hang_run_last_with_their_own_timeout():
+    hangs, quick = planted(computes_forever, (2,)), planted(returns, (2,))
+    verdicts = zoo.run_zoo([hangs, quick], timeout=60, slow={hangs.name}, slow_timeout=0.3)
+    assert [(v.program.name, v.outcome) for v in verdicts] == [(quick.name, "missed"), (hangs.name, "hung")]

@@ -247,10 +247,19 @@ def markdown(baseline):
     return "\n".join(lines)
 
 
-def regressions(now, before):
-    """What got worse than ``before`` (a baseline): fewer detected or named, more FP, crashes or hangs."""
-    worse = [f"{k}: {now[k]} < baseline {before[k]}" for k in ("detected", "named") if now[k] < before[k]]
-    worse += [f"{k}: {now[k]} > baseline {before[k]}" for k in ("false positives", "crashed", "hung") if now[k] > before[k]]
+def regressions(now, before, where="total"):
+    """What got worse than ``before`` (a baseline's totals): fewer detected or named, more FP, crashes or hangs."""
+    worse = [f"{where}: {k} {now[k]} < baseline {before[k]}" for k in ("detected", "named") if now[k] < before[k]]
+    worse += [f"{where}: {k} {now[k]} > baseline {before[k]}" for k in ("false positives", "crashed", "hung")
+              if now[k] > before[k]]
+    return worse
+
+
+def regressions_by_class(verdicts, baseline):
+    """:func:`regressions` of the totals and of each class (a gain in one class cannot hide a loss in another)."""
+    worse = regressions(totals(verdicts), baseline["totals"])
+    for c in CLASSES:
+        worse += regressions(totals([v for v in verdicts if v.program.mbi_class == c]), baseline["per class"][c], c)
     return worse
 
 
