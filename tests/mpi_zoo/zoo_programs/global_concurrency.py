@@ -1,7 +1,7 @@
 """Global Concurrency: two ranks' accesses to one memory location, at least one a write, that MPI leaves
 unordered.  In MBI this class is one-sided communication (RMA): a Put and a Put, Get or Accumulate of
 another op to one target location in one epoch, or the target's own store during the epoch, or two Puts
-under shared locks (MPI-3 §11.7: "erroneous").  RMA may be refused by name (issue 42), so these run
+under shared locks (MPI-3.1 §11.7: "erroneous").  RMA may be refused by name (issue 42), so these run
 only where the simulated world offers MPI.Win.  The message-passing kind is here too: two messages,
 from two ranks, or a message and a collective's result, written into one receive buffer (or overlapping
 slices of it) while both are in flight; MPI does not say which write lands last (MBI would file it under

@@ -10,8 +10,9 @@ from refconv import collectives
 from zoo_programs.common import full, one_message, waitall
 from zoo_registry import expect, pattern
 
-BAD_ROOTS = {"past the end": {"bad": lambda n: n}, "negative": {"bad": lambda n: -3}}
-BAD_PEERS = {"past the end": {"bad": lambda n: n + 1}, "negative": {"bad": lambda n: -7}}   # -7: no special value
+NO_SPECIAL_VALUE = -7   # below 0 and none of PROC_NULL, ANY_SOURCE, ROOT (intercommunicators only), UNDEFINED
+BAD_ROOTS = {"past the end": {"bad": lambda n: n}, "negative": {"bad": lambda n: NO_SPECIAL_VALUE}}
+BAD_PEERS = {"past the end": {"bad": lambda n: n + 1}, "negative": {"bad": lambda n: NO_SPECIAL_VALUE}}
 NOT_AN_INT = 2 ** 31    # above MPI_TAG_UB on every MPI (an int's range; the standard guarantees only 32767)
 
 
@@ -59,8 +60,9 @@ def recv_source_past_the_end(comm, z):
          variants={"negative": {"bad": -3}, "above TAG_UB": {"bad": NOT_AN_INT}})
 def send_tag(comm, z, bad):
     x = full(2, 1.0)
-    one_message(comm, z, lambda peer: comm.Isend(x, peer, tag=bad if z.wrong else 32767).Wait(),  # 32767: every
-                lambda peer: comm.Recv(x, peer, tag=MPI.ANY_TAG))                                 # TAG_UB's least
+    good = 32767    # the least TAG_UB the standard allows: valid on every MPI
+    one_message(comm, z, lambda peer: comm.Isend(x, peer, tag=bad if z.wrong else good).Wait(),
+                lambda peer: comm.Recv(x, peer, tag=MPI.ANY_TAG))
     return x
 
 
