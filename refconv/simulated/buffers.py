@@ -145,7 +145,7 @@ def layout(datatype, what):
                                                 repr(datatype))
         return found
     if not isinstance(datatype, MPI.Datatype):
-        raise InvalidParameter(f"{what}: the datatype must be an MPI.Datatype, got {datatype!r}")
+        raise InvalidParameter(f"{what}: the datatype must be an MPI.Datatype, got {datatype!r:.80}")
     if datatype == MPI.DATATYPE_NULL:
         raise InvalidParameter(f"{what}: the datatype is MPI.DATATYPE_NULL")
     if datatype.is_predefined:
@@ -281,7 +281,7 @@ def whole(buf, what):
         if len(buf) in (2, 3):
             array = as_array(buf[0], what)
             if isinstance(buf[1], bool) or not isinstance(buf[1], (int, numpy.integer)):
-                raise InvalidParameter(f"{what}: the count must be an int, got {buf[1]!r}")
+                raise InvalidParameter(f"{what}: the count must be an int, got {buf[1]!r:.80}")
             kind = layout(buf[2], what) if len(buf) == 3 else dtype_layout(array.dtype)
             return array, Region(array, 0, int(buf[1]), kind, what)
         raise InvalidParameter(f"{what}: simulated ranks read the buffer forms array, [array, datatype], "

@@ -118,7 +118,7 @@ class Request:
             return
         if not isinstance(status, MPI.Status):
             raise InvalidParameter(f"{self.call or 'Wait'} on rank {self.owner.rank}: status must be an MPI.Status "
-                                   f"or None, got {status!r}")
+                                   f"or None, got a {type(status).__name__}")
         source, tag, nbytes = self.status or (MPI.ANY_SOURCE, MPI.ANY_TAG, 0)
         status.Set_source(source)
         status.Set_tag(tag)
@@ -166,16 +166,17 @@ class Request:
 
 def _requests(requests, call):
     """The simulated requests of a Waitall/Testall list; MPI.REQUEST_NULL entries are skipped, as MPI does."""
+    call = f"{call} on rank {current_rank(call).rank}"
     try:
         entries = list(requests)
     except TypeError:
-        raise InvalidParameter(f"{call}: requests must be a list of requests, got {requests!r}") from None
+        raise InvalidParameter(f"{call}: requests must be a list of requests, got {params.show(requests)}") from None
     kept = []
     for i, r in enumerate(entries):
         if isinstance(r, Request):
             kept.append(r)
         elif not (isinstance(r, MPI.Request) and r == MPI.REQUEST_NULL):
-            raise InvalidParameter(f"{call}: requests[{i}] must be a request of this simulated rank, got {r!r}")
+            raise InvalidParameter(f"{call}: requests[{i}] must be a request of this simulated rank, got {params.show(r)}")
     return kept
 
 
@@ -183,7 +184,7 @@ def _fill_all(requests, statuses):
     if statuses is None:
         return
     if not isinstance(statuses, list):
-        raise InvalidParameter(f"Request.Waitall: statuses must be a list of MPI.Status or None, got {statuses!r}")
+        raise InvalidParameter(f"Request.Waitall on rank {current_rank('Request.Waitall').rank}: statuses must be a list of MPI.Status or None, got {params.show(statuses)}")
     statuses.extend(MPI.Status() for _ in range(len(requests) - len(statuses)))   # as mpi4py: the list grows
     for r, status in zip(requests, statuses):
         r.fill(status)
@@ -240,9 +241,10 @@ class Comm:
     def Get_attr(self, keyval):
         """``MPI.TAG_UB``: the largest tag (:data:`refconv.simulated.params.TAG_UB`); other attributes are not simulated."""
         self._live("Get_attr")
-        if isinstance(keyval, int) and keyval == MPI.TAG_UB:
+        keyval = params.integer(keyval, self, "Get_attr", "keyval")
+        if keyval == MPI.TAG_UB:
             return params.TAG_UB
-        raise Unsupported(f"simulated ranks: Comm.Get_attr({keyval!r}) (only MPI.TAG_UB is simulated)")
+        raise Unsupported(f"simulated ranks: Comm.Get_attr({keyval}) (only MPI.TAG_UB is simulated)")
 
     def Free(self):
         self._live("Free")
@@ -304,7 +306,7 @@ class Comm:
         if split_type == MPI.UNDEFINED:
             return self._wait(self._collective("Split", (), color=MPI.UNDEFINED, key=key))
         if split_type != MPI.COMM_TYPE_SHARED:
-            raise Unsupported(f"simulated ranks: Comm.Split_type({split_type!r}) (only COMM_TYPE_SHARED and "
+            raise Unsupported(f"simulated ranks: Comm.Split_type({params.show(split_type)}) (only COMM_TYPE_SHARED and "
                               f"UNDEFINED)")
         return self._wait(self._collective("Split", (), color=0, key=key))   # one node: every rank shares it
 
@@ -355,12 +357,12 @@ class Comm:
     def bcast(self, obj, root=0):
         self._live("bcast")
         root = params.rank(root, self, "bcast", "root")
-        payload = pickle.dumps(obj) if self._rank == root else None
+        payload = _pickled(obj, self._what("bcast")) if self._rank == root else None
         return self._wait(self._collective("bcast", (root,), payload=payload, root=root))
 
     def allgather(self, obj):
         self._live("allgather")
-        return self._wait(self._collective("allgather", (), payload=pickle.dumps(obj)))
+        return self._wait(self._collective("allgather", (), payload=_pickled(obj, self._what("allgather"))))
 
     def Ialltoallw(self, sendbuf, recvbuf):
         return self._alltoallw("Ialltoallw", sendbuf, recvbuf, nonblocking=True)
@@ -478,6 +480,15 @@ class Comm:
         return request.result
 
 
+def _pickled(obj, what):
+    """``obj`` pickled, as mpi4py sends an object; one that cannot be is an InvalidParameter naming the call."""
+    try:
+        return pickle.dumps(obj)
+    except Exception as error:
+        raise InvalidParameter(f"{what}: the object cannot be pickled, as mpi4py sends it: "
+                               f"{type(error).__name__}: {error}") from error
+
+
 def _signature(region):
     """``4 x MPI_DOUBLE``: a region's type signature, in MPI's names (equal for equal signatures)."""
     return f"{region.items} x {_basic_name(region.basic)}"
@@ -512,13 +523,13 @@ def _blocks(comm, buf, what, typed=False):
         raise InvalidParameter(f"{what}: the buffer must be {form}, got {buffers._form(buf)}")
     for name, values in zip(("counts", "displacements"), buf[1]):
         if not isinstance(values, (list, tuple, numpy.ndarray)) or len(values) != size:
-            raise InvalidParameter(f"{what}: {name} must be a list of one int per rank ({size}), got {values!r}")
+            raise InvalidParameter(f"{what}: {name} must be a list of one int per rank ({size}), got {params.show(values)}")
         for v in values:
             if isinstance(v, bool) or not isinstance(v, (int, numpy.integer)) or (name == "counts" and v < 0):
                 raise InvalidParameter(f"{what}: {name} must be ints{' >= 0' if name == 'counts' else ''}, got "
-                                       f"{list(values)!r}")
+                                       f"{params.show(list(values))}")
     if typed and (not isinstance(buf[2], (list, tuple)) or len(buf[2]) != size):
-        raise InvalidParameter(f"{what}: types must be a list of one datatype per rank ({size}), got {buf[2]!r}")
+        raise InvalidParameter(f"{what}: types must be a list of one datatype per rank ({size}), got {params.show(buf[2])}")
     array, regions = buffers.blocks(buf, size, what)
     if not typed:
         for region in regions:

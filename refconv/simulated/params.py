@@ -81,6 +81,22 @@ def _user(op):
     return apply
 
 
+def show(value):
+    """``value`` as a message shows it: MPI's ops and datatypes by name (``SUM``, ``MPI_DOUBLE``), lists
+    item by item, anything else by its repr, cut short."""
+    if isinstance(value, MPI.Op):
+        return op_name(value)
+    if isinstance(value, MPI.Datatype):
+        return value.Get_name() or "a derived MPI.Datatype"
+    if isinstance(value, (MPI.Comm, MPI.Request, MPI.Status, MPI.Group, MPI.Info)):
+        return f"an {type(value).__name__}" if type(value).__name__[0] in "AEIOU" else f"a {type(value).__name__}"
+    if isinstance(value, (list, tuple)):
+        items = ", ".join(show(v) for v in value[:8]) + (", ..." if len(value) > 8 else "")
+        return f"[{items}]" if isinstance(value, list) else f"({items}{',' if len(value) == 1 else ''})"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def type_name(dtype):
     """``MPI_DOUBLE (float64)`` for a NumPy dtype: the MPI datatype mpi4py infers for it."""
     dtype = numpy.dtype(dtype)
@@ -96,7 +112,7 @@ def where(comm, call):
 def integer(value, comm, call, name):
     """``value`` as an int; an InvalidParameter for a float, a string, None, a bool."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidParameter(f"{where(comm, call)}: {name} must be an int, got {value!r}")
+        raise InvalidParameter(f"{where(comm, call)}: {name} must be an int, got {show(value)}")
     return int(value)
 
 
