@@ -3,31 +3,41 @@
 ========================================  ====================================================
 call                                      what the simulated world does
 ========================================  ====================================================
-``Get_rank``, ``Get_size``, ``rank``,     as mpi4py
+``Get_rank``, ``Get_size``, ``rank``,     as mpi4py; ``Get_attr(MPI.TAG_UB)``: the largest tag
 ``size``, ``Get_name``, ``Set_name``,
-``Free``
-``Split``, ``Split_type``, ``Dup``        collective; new communicators, ranked by (key, rank)
-``Allreduce``, ``Iallreduce``             sum (or max, min, prod) in rank order, in place too
-``Ialltoallw``, ``Iallgather``            blocks of bytes (``MPI.BYTE``, ``BlockLayout``)
+``Free``, ``Get_attr``
+``Split``, ``Split_type``, ``Dup``        collective; new communicators, ranked by (key, rank);
+                                          ``MPI.UNDEFINED``: ``MPI.COMM_NULL``
+``Allreduce``, ``Iallreduce``             MPI's reductions (and user-defined ops) in rank order,
+                                          in place too
+``Ialltoallw``, ``Alltoallw``,            blocks of bytes (``MPI.BYTE``, ``BlockLayout``) or of
+``Iallgather``, ``Allgather``             any datatype
 ``Alltoallv``, ``Scatterv``, ``Gatherv``  blocks in elements of the array's dtype
 ``Bcast``, ``Barrier``, ``barrier``       as MPI
 ``Compare`` (a static method)             IDENT, CONGRUENT, SIMILAR or UNEQUAL, as MPI
 ``bcast``, ``allgather``                  pickled objects: each rank gets its own copy
-``Isend``, ``Irecv``                      matched by communicator, source and tag, in order
-``Request.Wait``, ``Test``,               completion; ``Waitall``/``Testall`` are class methods
-``Waitall``, ``Testall``                  as mpi4py's
+``Isend``, ``Issend``, ``Irecv``,         matched by communicator, source and tag, in order;
+``Send``, ``Ssend``, ``Recv``,            ``MPI.PROC_NULL``, ``ANY_SOURCE``, ``ANY_TAG`` as MPI
+``Sendrecv``
+``Request.Wait``, ``Test``,               completion, the ``MPI.Status`` given filled;
+``Waitall``, ``Testall``                  ``Waitall``/``Testall`` are class methods as mpi4py's
 ========================================  ====================================================
 
-Any other mpi4py call raises NotImplementedError naming it.  MPI's rules are checked where
-breaking them is a bug a real run could hide:
+Any other mpi4py call raises :class:`refconv.simulated.world.Unsupported` naming it.  MPI's rules
+are checked where breaking them is a bug a real run could hide:
 
+- every parameter as MPI checks it (:mod:`refconv.simulated.params`): a bad one is an
+  ``InvalidParameter`` naming the call, the parameter, the rank and the allowed range;
 - every rank of a communicator must make the same collectives in the same order: the n-th
   collective of every rank is matched with the n-th of the others, and a different call there
   is a :class:`refconv.simulated.world.CollectiveMismatch` naming both;
 - a buffer handed to a nonblocking call must stay untouched until its request completes: a send
-  buffer changed before then, or a receive buffer written between the delivery and the wait, is
-  a :class:`refconv.simulated.world.BufferReused`, never a silent copy of either version;
-- a receive must be large enough for the message it matches; blocks must agree in size.
+  buffer changed before then, or a receive buffer written before the wait, is a
+  :class:`refconv.simulated.world.BufferReused`, never a silent copy of either version; a
+  nonblocking receive's buffer holds poison until then (:mod:`refconv.simulated.poison`);
+- every request must complete before the rank's function returns (``PendingRequests``);
+- the type signatures of a message's two sides must match, and a message fit its receive
+  (``TypeMismatch``, naming both ranks).
 
 Reductions run in rank order (``((x_0 + x_1) + x_2) + ...``), so a run gives the same bits
 every time.
