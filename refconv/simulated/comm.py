@@ -20,7 +20,8 @@ call                                      what the simulated world does
 ``Send``, ``Ssend``, ``Recv``,            ``MPI.PROC_NULL``, ``ANY_SOURCE``, ``ANY_TAG`` as MPI
 ``Sendrecv``
 ``Request.Wait``, ``Test``,               completion, the ``MPI.Status`` given filled;
-``Waitall``, ``Testall``                  ``Waitall``/``Testall`` are class methods as mpi4py's
+``Waitall``, ``Testall``, ``Waitany``,    ``Waitall``/``Testall``/``Waitany``/``Testany`` are
+``Testany``                               class methods as mpi4py's
 ========================================  ====================================================
 
 Any other mpi4py call raises :class:`refconv.simulated.world.Unsupported` naming it.  MPI's rules
@@ -163,6 +164,26 @@ class Request:
             _fill_all(requests, statuses)
         return done
 
+    @classmethod
+    def Waitany(cls, requests, status=None):
+        """The index of the request that completed (MPI.UNDEFINED when none was active); ``status`` filled."""
+        entries = _requests(requests, "Request.Waitany", nulls=True)
+        done = current_rank("Request.Waitany").world_calls.wait_any([r for r in entries if r is not None])
+        if done is None:
+            return MPI.UNDEFINED
+        done.fill(status)
+        return next(i for i, r in enumerate(entries) if r is done)
+
+    @classmethod
+    def Testany(cls, requests, status=None):
+        """``(index, flag)``: the request that completed now, or ``(MPI.UNDEFINED, flag)``."""
+        entries = _requests(requests, "Request.Testany", nulls=True)
+        done, flag = current_rank("Request.Testany").world_calls.test_any([r for r in entries if r is not None])
+        if done is None:
+            return MPI.UNDEFINED, flag
+        done.fill(status)
+        return next(i for i, r in enumerate(entries) if r is done), True
+
     def __getattr__(self, name):
         if name in PERSISTENT:
             raise Unsupported(f"simulated ranks: persistent requests (Request.{name}) are not simulated")
@@ -174,8 +195,9 @@ class Request:
         return f"<simulated request: {self.what}{' (done)' if self.done else ''}>"
 
 
-def _requests(requests, call):
-    """The simulated requests of a Waitall/Testall list; MPI.REQUEST_NULL entries are skipped, as MPI does."""
+def _requests(requests, call, nulls=False):
+    """The simulated requests of a Waitall/Testall list; MPI.REQUEST_NULL entries are skipped, as MPI does
+    (``nulls``: kept as None, so that indices stay those of ``requests``)."""
     call = f"{call} on rank {current_rank(call).rank}"
     try:
         entries = list(requests)
@@ -185,7 +207,10 @@ def _requests(requests, call):
     for i, r in enumerate(entries):
         if isinstance(r, Request):
             kept.append(r)
-        elif not (isinstance(r, MPI.Request) and r == MPI.REQUEST_NULL):
+        elif isinstance(r, MPI.Request) and r == MPI.REQUEST_NULL:
+            if nulls:
+                kept.append(None)
+        else:
             raise InvalidParameter(f"{call}: requests[{i}] must be a request of this simulated rank, got {params.show(r)}")
     return kept
 

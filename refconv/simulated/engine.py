@@ -135,6 +135,32 @@ class Calls:
         self._complete(requests)
         self.world.switch(self.me)
 
+    def wait_any(self, requests):
+        """Waitany: the first of the requests not yet completed to be done, completed; None if every one was."""
+        active = [r for r in requests if not r.completed]
+        if not active:
+            return None
+        self._check_owner(active, "Waitany")
+        self.world.block(self.me, lambda: any(r.done for r in active), lambda: _pending(active))
+        first = next(r for r in active if r.done)
+        self._complete([first])
+        self.world.switch(self.me)
+        return first
+
+    def test_any(self, requests):
+        """Testany: (a done request now completed, or None; whether none was active or one completed)."""
+        active = [r for r in requests if not r.completed]
+        if not active:
+            return None, True
+        self._check_owner(active, "Testany")
+        with self.world.lock:
+            self.world.check(self.me, active[0].what)
+            first = next((r for r in active if r.done and (self.me.clock is None or self.me.clock.arrived([r]))), None)
+        if first is not None:
+            self._complete([first])
+        self.world.switch(self.me)
+        return first, first is not None
+
     def test(self, requests):
         self._check_owner(requests, "Test")
         with self.world.lock:

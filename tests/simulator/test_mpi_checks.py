@@ -269,3 +269,21 @@ def test_buffer_reused_still_caught_for_a_write_before_the_wait():
         request.Wait()
     with pytest.raises(BufferReused, match="rank 1: the receive buffer"):
         run(body, 2)
+
+
+def test_waitany_completes_one_request_at_a_time_with_its_status():
+    def body(comm):
+        if comm.rank == 0:
+            got = [numpy.zeros(1) for _ in range(comm.size - 1)]
+            requests = [comm.Irecv(got[i], i + 1, tag=3) for i in range(comm.size - 1)]
+            order = []
+            for _ in requests:
+                status = MPI.Status()
+                index = simulated.comm.Request.Waitany(requests, status)
+                order.append((index, status.Get_source(), got[index][0]))
+            after = simulated.comm.Request.Waitany(requests)              # none active: UNDEFINED
+            return sorted(order), after, simulated.comm.Request.Testany(requests)
+        comm.Send(numpy.full(1, 10.0 * comm.rank), 0, tag=3)
+    order, after, tested = run(body, 3, stepped=True)[0]
+    assert order == [(0, 1, 10.0), (1, 2, 20.0)]
+    assert after == MPI.UNDEFINED and tested == (MPI.UNDEFINED, True)

@@ -72,6 +72,8 @@ P2P = {
     "Wait": (lambda c, status: c.Irecv(_buf(), 0, 0).Wait(status), dict(status=lambda: None)),
     "Waitall": (lambda c, requests: simulated.comm.Request.Waitall(requests(c)),
                 dict(requests=lambda: lambda c: [c.Irecv(_buf(), 0, 0)])),
+    "Waitany": (lambda c, requests, status: simulated.comm.Request.Waitany(requests(c), status),
+                dict(requests=lambda: lambda c: [c.Irecv(_buf(), 0, 0)], status=lambda: None)),
 }
 
 INTS = st.integers(min_value=-(2 ** 40), max_value=2 ** 40)
