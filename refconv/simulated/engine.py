@@ -18,7 +18,8 @@ import pickle
 from mpi4py import MPI
 
 from refconv.simulated import buffers
-from refconv.simulated.comm import Comm, Group, Post, Request, _basic_name, _signature, carried, mismatch
+from refconv.simulated.comm import Comm, Group, Post, _basic_name, _signature, carried, mismatch
+from refconv.simulated.request import Request
 from refconv.simulated.world import InvalidParameter, PendingRequests, TypeMismatch, call_site
 
 
