@@ -252,14 +252,14 @@ class Comm:
         send, send_blocks = _blocks(self, sendbuf, self._what(call, " send"), typed=True)
         recv, recv_blocks = _blocks(self, recvbuf, self._what(call, " receive"), typed=True)
         return self._collective("Alltoallw", (), send=send, recv=recv, send_blocks=send_blocks, recv_blocks=recv_blocks,
-                                poison=nonblocking, call=call)
+                                kinds=kinds(*send_blocks, *recv_blocks), poison=nonblocking, call=call)
 
     def Alltoallv(self, sendbuf, recvbuf):
         self._live("Alltoallv")
         send, send_blocks = _blocks(self, sendbuf, self._what("Alltoallv", " send"))
         recv, recv_blocks = _blocks(self, recvbuf, self._what("Alltoallv", " receive"))
         self._wait(self._collective("Alltoallv", (), send=send, recv=recv, send_blocks=send_blocks,
-                                    recv_blocks=recv_blocks))
+                                    recv_blocks=recv_blocks, kinds=kinds(*send_blocks, *recv_blocks)))
 
     def Iallgather(self, sendbuf, recvbuf):
         return self._allgather("Iallgather", sendbuf, recvbuf, nonblocking=True)
@@ -282,7 +282,8 @@ class Comm:
         step = count * kind.extent
         recv_blocks = [buffers.Region(recv, r * step, count, kind, f"{what} block {r}") for r in range(self.Get_size())]
         return self._collective("Allgather", (), send=send, recv=recv, send_blocks=[send_region] * self.Get_size(),
-                                recv_blocks=recv_blocks, poison=nonblocking, call=call)
+                                recv_blocks=recv_blocks, kinds=kinds(send_region, recv_blocks[0]), poison=nonblocking,
+                                call=call)
 
     def Scatterv(self, sendbuf, recvbuf, root=0):
         self._live("Scatterv")
@@ -291,7 +292,7 @@ class Comm:
         send, send_blocks = (_blocks(self, sendbuf, self._what("Scatterv", " send")) if self._rank == root
                              else (None, None))
         self._wait(self._collective("Scatterv", (root,), send=send, recv=recv, send_blocks=send_blocks,
-                                    recv_region=recv_region, root=root))
+                                    recv_region=recv_region, root=root, kinds=kinds(recv_region, *(send_blocks or ()))))
 
     def Gatherv(self, sendbuf, recvbuf, root=0):
         self._live("Gatherv")
@@ -300,7 +301,7 @@ class Comm:
         recv, recv_blocks = (_blocks(self, recvbuf, self._what("Gatherv", " receive")) if self._rank == root
                              else (None, None))
         self._wait(self._collective("Gatherv", (root,), send=send, recv=recv, send_region=send_region,
-                                    recv_blocks=recv_blocks, root=root))
+                                    recv_blocks=recv_blocks, root=root, kinds=kinds(send_region, *(recv_blocks or ()))))
 
     # -- point to point ------------------------------------------------------------------------------------
     def Isend(self, buf, dest, tag=0):
@@ -401,6 +402,8 @@ def _blocks(comm, buf, what, typed=False):
     for name, values in zip(("counts", "displacements"), buf[1]):
         if not isinstance(values, (list, tuple, numpy.ndarray)) or len(values) != size:
             raise InvalidParameter(f"{what}: {name} must be a list of one int per rank ({size}), got {params.show(values)}")
+        if all(type(v) is int for v in values) and (name != "counts" or min(values, default=0) >= 0):
+            continue                              # the common case, in one pass
         for v in values:
             if isinstance(v, bool) or not isinstance(v, (int, numpy.integer)) or (name == "counts" and v < 0):
                 raise InvalidParameter(f"{what}: {name} must be ints{' >= 0' if name == 'counts' else ''}, got "
@@ -409,10 +412,16 @@ def _blocks(comm, buf, what, typed=False):
         raise InvalidParameter(f"{what}: types must be a list of one datatype per rank ({size}), got {params.show(buf[2])}")
     array, regions = buffers.blocks(buf, size, what)
     if not typed:
+        basic, item = array.dtype.str, array.itemsize
         for region in regions:
-            region.basic = array.dtype.str       # blocks in elements of the array's dtype
-            region.items = region.nbytes // array.itemsize
+            region.basic = basic                 # blocks in elements of the array's dtype
+            region.items = region.nbytes // item
     return array, regions
+
+
+def kinds(*regions):
+    """The basic types of the regions that carry data: what a collective's type check compares first."""
+    return frozenset(r.basic for r in regions if r.nbytes)
 
 
 def mismatch(group, n, posts):

@@ -251,13 +251,14 @@ def _who(post, group):
 
 def _check_types(group, op, posts):
     """The type signatures of a collective's blocks: what rank q sends rank r must be of the type r
-    receives from q.  O(posts) when every block has one type, as refconv's calls have."""
+    receives from q.  O(posts) when every block has one type, as refconv's calls have; pair by pair
+    only when they have several."""
     if op in ("Allreduce", "Bcast", "Split", "Barrier", "bcast", "allgather"):
         return                       # the posts' agreement compares their signatures
-    sends, recvs = _block_lists(op, posts)
-    kinds = {region.basic for blocks in sends + recvs for region in blocks if region is not None and region.nbytes}
+    kinds = frozenset().union(*(p.args.get("kinds", ()) for p in posts))    # each post's, found as it posted
     if len(kinds) <= 1:
         return
+    sends, recvs = _block_lists(op, posts)
     for q, blocks in enumerate(sends):
         for r, region in enumerate(blocks):
             into = recvs[r][q]
