@@ -36,6 +36,7 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from refconv.collectives.staging import BlockLayout
+from refconv.simulated import params
 from refconv.simulated.world import InvalidParameter, Unsupported
 
 
@@ -315,3 +316,32 @@ def _form(buf):
     if isinstance(buf, (list, tuple)):
         return "[" + ", ".join(type(b).__name__ for b in buf) + "]"
     return type(buf).__name__
+
+
+def signature(region):
+    """``4 x MPI_DOUBLE``: a region's type signature, in MPI's names (equal for equal signatures)."""
+    return f"{region.items} x {basic_name(region.basic)}"
+
+
+def basic_name(basic):
+    """``MPI_DOUBLE (float64)`` for a basic type (a NumPy dtype's ``str``), ``MPI_BYTE`` for bytes."""
+    if basic == "byte":
+        return "MPI_BYTE"
+    try:
+        return params.type_name(numpy.dtype(basic))
+    except TypeError:
+        return basic
+
+
+def typed(array, region, what):
+    """The items of ``region`` as an array of their own dtype (the array itself when it is all of it)."""
+    if getattr(array, "shapes_only", False) or (region.nbytes == array.nbytes and region.basic == array.dtype.str):
+        return array
+    if not region.layout.contiguous:
+        raise Unsupported(f"{what}: simulated ranks reduce contiguous items only, got {region.layout.name}")
+    dtype = numpy.dtype("u1" if region.basic == "byte" else region.basic)
+    return region.view.view(dtype)
+
+def kinds(*regions):
+    """The basic types of the regions that carry data: what a collective's type check compares first."""
+    return frozenset(r.basic for r in regions if r.nbytes)

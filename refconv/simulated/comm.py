@@ -13,7 +13,8 @@ call                                      what the simulated world does
 ``Ialltoallw``, ``Alltoallw``,            blocks of bytes (``MPI.BYTE``, ``BlockLayout``) or of
 ``Iallgather``, ``Allgather``             any datatype
 ``Alltoallv``, ``Scatterv``, ``Gatherv``  blocks in elements of the array's dtype
-``Bcast``, ``Barrier``, ``barrier``       as MPI
+``Bcast``, ``Barrier``, ``barrier``       as MPI (and :mod:`refconv.simulated.rooted`'s Reduce, Gather,
+                                          Scatter, Alltoall, Ibarrier, Ibcast)
 ``Compare`` (a static method)             IDENT, CONGRUENT, SIMILAR or UNEQUAL, as MPI
 ``bcast``, ``allgather``                  pickled objects: each rank gets its own copy
 ``Isend``, ``Issend``, ``Irecv``,         matched by communicator, source and tag, in order;
@@ -52,6 +53,7 @@ from mpi4py import MPI
 from refconv.simulated import buffers, params
 from refconv.simulated.params import op_name
 from refconv.simulated.request import PERSISTENT, Request  # noqa: F401 -- Request: simulated.comm.Request, as before
+from refconv.simulated.rooted import Collectives
 from refconv.simulated.world import CollectiveMismatch, FreedComm, InvalidParameter, Unsupported, call_site
 
 PROC_NULL = (("PROC_NULL", MPI.PROC_NULL),)
@@ -82,8 +84,9 @@ class Post:
         self.rank, self.call, self.agree, self.request, self.args = rank, call, agree, request, args
 
 
-class Comm:
-    """One rank's communicator in a simulated world (see the module's table)."""
+class Comm(Collectives):
+    """One rank's communicator in a simulated world (see the module's table; :mod:`refconv.simulated.rooted`
+    adds Reduce, Gather, Scatter, Alltoall, Ibarrier and Ibcast)."""
 
     simulated = True
 
@@ -212,24 +215,24 @@ class Comm:
     def _allreduce(self, call, sendbuf, recvbuf, op, nonblocking):
         self._live(call)
         recv_array, recv_region = buffers.whole(recvbuf, self._what(call, " receive"))
-        recv = _typed(recv_array, recv_region, self._what(call, " receive"))
+        recv = buffers.typed(recv_array, recv_region, self._what(call, " receive"))
         if sendbuf is MPI.IN_PLACE:
             send, send_region = recv, recv_region
         else:
             send_array, send_region = buffers.whole(sendbuf, self._what(call, " send"))
-            send = _typed(send_array, send_region, self._what(call, " send"))
+            send = buffers.typed(send_array, send_region, self._what(call, " send"))
         if send_region.items != recv_region.items or send_region.basic != recv_region.basic:
-            raise InvalidParameter(f"{self._what(call)}: the send buffer ({_signature(send_region)}) and the receive "
-                                   f"buffer ({_signature(recv_region)}) must hold as many items of one type")
+            raise InvalidParameter(f"{self._what(call)}: the send buffer ({buffers.signature(send_region)}) and the receive "
+                                   f"buffer ({buffers.signature(recv_region)}) must hold as many items of one type")
         reduce = params.reduction(op, send.dtype, self._what(call))
-        return self._collective("Allreduce", (_signature(send_region), op_name(op)), send=send, recv=recv, op=op,
+        return self._collective("Allreduce", (buffers.signature(send_region), op_name(op)), send=send, recv=recv, op=op,
                                 reduce=reduce, poison=nonblocking, call=call)
 
     def Bcast(self, buf, root=0):
         self._live("Bcast")
         root = params.rank(root, self, "Bcast", "root")
         array, region = buffers.whole(buf, self._what("Bcast"))
-        self._wait(self._collective("Bcast", (root, _signature(region)), buf=array, region=region, root=root))
+        self._wait(self._collective("Bcast", (root, buffers.signature(region)), buf=array, region=region, root=root))
 
     def bcast(self, obj, root=0):
         self._live("bcast")
@@ -252,14 +255,14 @@ class Comm:
         send, send_blocks = _blocks(self, sendbuf, self._what(call, " send"), typed=True)
         recv, recv_blocks = _blocks(self, recvbuf, self._what(call, " receive"), typed=True)
         return self._collective("Alltoallw", (), send=send, recv=recv, send_blocks=send_blocks, recv_blocks=recv_blocks,
-                                kinds=kinds(*send_blocks, *recv_blocks), poison=nonblocking, call=call)
+                                kinds=buffers.kinds(*send_blocks, *recv_blocks), poison=nonblocking, call=call)
 
     def Alltoallv(self, sendbuf, recvbuf):
         self._live("Alltoallv")
         send, send_blocks = _blocks(self, sendbuf, self._what("Alltoallv", " send"))
         recv, recv_blocks = _blocks(self, recvbuf, self._what("Alltoallv", " receive"))
         self._wait(self._collective("Alltoallv", (), send=send, recv=recv, send_blocks=send_blocks,
-                                    recv_blocks=recv_blocks, kinds=kinds(*send_blocks, *recv_blocks)))
+                                    recv_blocks=recv_blocks, kinds=buffers.kinds(*send_blocks, *recv_blocks)))
 
     def Iallgather(self, sendbuf, recvbuf):
         return self._allgather("Iallgather", sendbuf, recvbuf, nonblocking=True)
@@ -282,7 +285,7 @@ class Comm:
         step = count * kind.extent
         recv_blocks = [buffers.Region(recv, r * step, count, kind, f"{what} block {r}") for r in range(self.Get_size())]
         return self._collective("Allgather", (), send=send, recv=recv, send_blocks=[send_region] * self.Get_size(),
-                                recv_blocks=recv_blocks, kinds=kinds(send_region, recv_blocks[0]), poison=nonblocking,
+                                recv_blocks=recv_blocks, kinds=buffers.kinds(send_region, recv_blocks[0]), poison=nonblocking,
                                 call=call)
 
     def Scatterv(self, sendbuf, recvbuf, root=0):
@@ -292,7 +295,7 @@ class Comm:
         send, send_blocks = (_blocks(self, sendbuf, self._what("Scatterv", " send")) if self._rank == root
                              else (None, None))
         self._wait(self._collective("Scatterv", (root,), send=send, recv=recv, send_blocks=send_blocks,
-                                    recv_region=recv_region, root=root, kinds=kinds(recv_region, *(send_blocks or ()))))
+                                    recv_region=recv_region, root=root, kinds=buffers.kinds(recv_region, *(send_blocks or ()))))
 
     def Gatherv(self, sendbuf, recvbuf, root=0):
         self._live("Gatherv")
@@ -301,7 +304,7 @@ class Comm:
         recv, recv_blocks = (_blocks(self, recvbuf, self._what("Gatherv", " receive")) if self._rank == root
                              else (None, None))
         self._wait(self._collective("Gatherv", (root,), send=send, recv=recv, send_region=send_region,
-                                    recv_blocks=recv_blocks, root=root, kinds=kinds(send_region, *(recv_blocks or ()))))
+                                    recv_blocks=recv_blocks, root=root, kinds=buffers.kinds(send_region, *(recv_blocks or ()))))
 
     # -- point to point ------------------------------------------------------------------------------------
     def Isend(self, buf, dest, tag=0):
@@ -367,30 +370,6 @@ def _pickled(obj, what):
                                f"{type(error).__name__}: {error}") from error
 
 
-def _signature(region):
-    """``4 x MPI_DOUBLE``: a region's type signature, in MPI's names (equal for equal signatures)."""
-    return f"{region.items} x {_basic_name(region.basic)}"
-
-
-def _basic_name(basic):
-    if basic == "byte":
-        return "MPI_BYTE"
-    try:
-        return params.type_name(numpy.dtype(basic))
-    except TypeError:
-        return basic
-
-
-def _typed(array, region, what):
-    """The items of ``region`` as an array of their own dtype (the array itself when it is all of it)."""
-    if getattr(array, "shapes_only", False) or (region.nbytes == array.nbytes and region.basic == array.dtype.str):
-        return array
-    if not region.layout.contiguous:
-        raise Unsupported(f"{what}: simulated ranks reduce contiguous items only, got {region.layout.name}")
-    dtype = numpy.dtype("u1" if region.basic == "byte" else region.basic)
-    return region.view.view(dtype)
-
-
 def _blocks(comm, buf, what, typed=False):
     """:func:`refconv.simulated.buffers.blocks` of a per-rank buffer, its counts, displacements and
     datatypes checked first (``typed``: ``[array, (counts, displs), types]``, as Alltoallw's)."""
@@ -418,10 +397,6 @@ def _blocks(comm, buf, what, typed=False):
             region.items = region.nbytes // item
     return array, regions
 
-
-def kinds(*regions):
-    """The basic types of the regions that carry data: what a collective's type check compares first."""
-    return frozenset(r.basic for r in regions if r.nbytes)
 
 
 def mismatch(group, n, posts):

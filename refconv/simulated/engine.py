@@ -18,7 +18,7 @@ import pickle
 from mpi4py import MPI
 
 from refconv.simulated import buffers
-from refconv.simulated.comm import Comm, Group, Post, _basic_name, _signature, carried, mismatch
+from refconv.simulated.comm import Comm, Group, Post, carried, mismatch
 from refconv.simulated.request import Request
 from refconv.simulated.world import InvalidParameter, PendingRequests, TypeMismatch, call_site
 
@@ -234,8 +234,8 @@ def _deliver(send, recv, group=None):
                            f"{data.nbytes} bytes) is larger than the receive buffer of {_who(recv, group)} "
                            f"({into.nbytes} bytes): MPI truncates it, an error (MPI_ERR_TRUNCATE)")
     if data.items and data.basic != into.basic:
-        raise TypeMismatch(f"{recv.request.what}: {_who(send, group)} sends {data.items} x {_basic_name(data.basic)} "
-                           f"({send.request.what}) but {_who(recv, group)} receives {_basic_name(into.basic)}: the "
+        raise TypeMismatch(f"{recv.request.what}: {_who(send, group)} sends {data.items} x {buffers.basic_name(data.basic)} "
+                           f"({send.request.what}) but {_who(recv, group)} receives {buffers.basic_name(into.basic)}: the "
                            f"type signatures of a send and its receive must match")
     _shapes(recv.request.what, data.array, into.array)
     into.write(data.read(), partial=True)
@@ -253,7 +253,7 @@ def _check_types(group, op, posts):
     """The type signatures of a collective's blocks: what rank q sends rank r must be of the type r
     receives from q.  O(posts) when every block has one type, as refconv's calls have; pair by pair
     only when they have several."""
-    if op in ("Allreduce", "Bcast", "Split", "Barrier", "bcast", "allgather"):
+    if op in ("Allreduce", "Reduce", "Bcast", "Ibcast", "Split", "Barrier", "Ibarrier", "bcast", "allgather"):
         return                       # the posts' agreement compares their signatures
     kinds = frozenset().union(*(p.args.get("kinds", ()) for p in posts))    # each post's, found as it posted
     if len(kinds) <= 1:
@@ -264,18 +264,18 @@ def _check_types(group, op, posts):
             into = recvs[r][q]
             if region is not None and into is not None and region.nbytes and region.basic != into.basic:
                 raise TypeMismatch(f"{op} (collective) on communicator {group.name!r}: {_who(posts[q], group)} sends "
-                                   f"{_signature(region)} to {_who(posts[r], group)}, which receives "
-                                   f"{_signature(into)} from it: the type signatures must match")
+                                   f"{buffers.signature(region)} to {_who(posts[r], group)}, which receives "
+                                   f"{buffers.signature(into)} from it: the type signatures must match")
 
 
 def _block_lists(op, posts):
     """``sends[q][r]``, ``recvs[r][q]``: the regions of the block rank q sends rank r (None where not sent)."""
     size = len(posts)
-    if op == "Scatterv":
+    if op in ("Scatterv", "Scatter"):
         root = posts[posts[0].args["root"]].args["send_blocks"]
         return [root if p.args["send_blocks"] is not None else [None] * size for p in posts], \
             [[p.args["recv_region"] if q == p.args["root"] else None for q in range(size)] for p in posts]
-    if op == "Gatherv":
+    if op in ("Gatherv", "Gather"):
         root = posts[0].args["root"]
         return [[p.args["send_region"] if r == root else None for r in range(size)] for p in posts], \
             [p.args["recv_blocks"] if p.args["recv_blocks"] is not None else [None] * size for p in posts]
@@ -290,8 +290,8 @@ def _size_mismatch(group, op, posts, error):
             into = recvs[r][q]
             if region is not None and into is not None and region.nbytes != into.nbytes:
                 return TypeMismatch(f"{op} (collective) on communicator {group.name!r}: {_who(posts[q], group)} sends "
-                                    f"{_signature(region)} ({region.nbytes} bytes) to {_who(posts[r], group)}, which "
-                                    f"receives {_signature(into)} ({into.nbytes} bytes) from it: the counts differ")
+                                    f"{buffers.signature(region)} ({region.nbytes} bytes) to {_who(posts[r], group)}, which "
+                                    f"receives {buffers.signature(into)} ({into.nbytes} bytes) from it: the counts differ")
     return TypeMismatch(f"{op} (collective) on communicator {group.name!r}: {error}")
 
 
@@ -318,6 +318,19 @@ def _allreduce(group, posts, world):
         reduce(total, p.args["send"], out=total)
     for p in posts:
         p.args["recv"][...] = total
+
+
+def _reduce(group, posts, world):
+    """Reduce: the reduction of every rank's send buffer, in rank order, into root's ``out``."""
+    out = posts[posts[0].args["root"]].args["out"]
+    if _shapes(posts[0].request.what, out, *(p.args["send"] for p in posts)):
+        out.written()
+        return
+    reduce = posts[0].args["reduce"]
+    total = posts[0].args["send"].copy()
+    for p in posts[1:]:
+        reduce(total, p.args["send"], out=total)
+    out[...] = total
 
 
 def _split(group, posts, world):
@@ -379,4 +392,5 @@ def _gatherv(group, posts, world):
 
 FIRE = {"Allreduce": _allreduce, "Split": _split, "Barrier": lambda group, posts, world: None, "Bcast": _bcast,
         "bcast": _bcast_object, "allgather": _allgather_object, "Alltoallw": _blocks, "Alltoallv": _blocks,
-        "Allgather": _blocks, "Scatterv": _scatterv, "Gatherv": _gatherv}
+        "Allgather": _blocks, "Scatterv": _scatterv, "Gatherv": _gatherv, "Reduce": _reduce, "Gather": _gatherv,
+        "Scatter": _scatterv, "Alltoall": _blocks, "Ibarrier": lambda group, posts, world: None, "Ibcast": _bcast}

@@ -287,3 +287,29 @@ def test_waitany_completes_one_request_at_a_time_with_its_status():
     order, after, tested = run(body, 3, stepped=True)[0]
     assert order == [(0, 1, 10.0), (1, 2, 20.0)]
     assert after == MPI.UNDEFINED and tested == (MPI.UNDEFINED, True)
+
+
+def test_reduce_gather_scatter_alltoall_and_the_nonblocking_barrier_and_bcast():
+    def body(comm):
+        n, x = comm.size, numpy.full(2, comm.rank + 1.0)
+        out = numpy.zeros(2) if comm.rank == 1 else None
+        comm.Reduce(x, out, op=MPI.MAX, root=1)
+        gathered = numpy.zeros(2 * n) if comm.rank == 0 else None
+        comm.Gather(x, gathered, root=0)
+        part = numpy.zeros(2)
+        comm.Scatter(numpy.arange(2.0 * n) if comm.rank == 0 else None, part, root=0)
+        swapped = numpy.zeros(n)
+        comm.Alltoall(numpy.arange(n, dtype=float) + 10 * comm.rank, swapped)
+        b = numpy.full(3, float(comm.rank))
+        request = comm.Ibcast(b, root=2)
+        early = b.copy()                                     # poison on the ranks that receive
+        comm.Ibarrier().Wait()
+        request.Wait()
+        return out, gathered, part.tolist(), swapped.tolist(), early, b.tolist()
+    results = run(body, 3)
+    assert results[1][0].tolist() == [3.0, 3.0] and results[0][1].tolist() == [1, 1, 2, 2, 3, 3]
+    assert [r[2] for r in results] == [[0, 1], [2, 3], [4, 5]]
+    assert [r[3] for r in results] == [[0, 10, 20], [1, 11, 21], [2, 12, 22]]
+    assert all(r[5] == [2.0] * 3 for r in results)
+    text = poisoned([r[4] for r in results])
+    assert "rank 0's result" in text and "rank 1's result" in text and "rank 2's result" not in text
