@@ -38,11 +38,14 @@ from threadpoolctl import threadpool_limits
 from refconv.collectives import local
 from refconv.simulated.comm import Comm, Group
 from refconv.simulated.engine import Calls
-from refconv.simulated.world import (MAX_RANKS, BufferReused, CollectiveMismatch, Deadlock, PeerFailed, RankStopped,
-                                     SimulatedError, World, by_rank, current_rank, user_stack)
+from refconv.simulated.poison import poisoned
+from refconv.simulated.world import (MAX_RANKS, BufferReused, CollectiveMismatch, Deadlock, FreedComm, InvalidParameter,
+                                     PeerFailed, PendingRequests, RankStopped, SimulatedError, TypeMismatch,
+                                     Unsupported, World, by_rank, current_rank, user_stack)
 
-__all__ = ["run", "comm_world", "MAX_RANKS", "SimulatedError", "PeerFailed", "Deadlock", "CollectiveMismatch",
-           "BufferReused", "RankStopped"]
+__all__ = ["run", "comm_world", "poisoned", "MAX_RANKS", "SimulatedError", "PeerFailed", "Deadlock",
+           "CollectiveMismatch", "BufferReused", "RankStopped", "InvalidParameter", "FreedComm", "TypeMismatch",
+           "PendingRequests", "Unsupported"]
 
 
 def run(fn, ranks, *, args=(), kwargs=None, stepped=False, machine=None, timeout=None):
@@ -75,9 +78,14 @@ def run(fn, ranks, *, args=(), kwargs=None, stepped=False, machine=None, timeout
         local.bind(state)
         try:
             if me.clock is None:
-                return fn(me.comm, *args, **kwargs)
-            with state.stats.timeline() as me.clock.events:
-                return fn(me.comm, *args, **kwargs), me.clock
+                result = fn(me.comm, *args, **kwargs)
+            else:
+                with state.stats.timeline() as me.clock.events:
+                    result = fn(me.comm, *args, **kwargs), me.clock
+            pending = me.world_calls.unfinished()
+            if pending is not None:
+                raise pending
+            return result
         finally:
             local.bind(None)
 

@@ -3,31 +3,43 @@
 ========================================  ====================================================
 call                                      what the simulated world does
 ========================================  ====================================================
-``Get_rank``, ``Get_size``, ``rank``,     as mpi4py
+``Get_rank``, ``Get_size``, ``rank``,     as mpi4py; ``Get_attr(MPI.TAG_UB)``: the largest tag
 ``size``, ``Get_name``, ``Set_name``,
-``Free``
-``Split``, ``Split_type``, ``Dup``        collective; new communicators, ranked by (key, rank)
-``Allreduce``, ``Iallreduce``             sum (or max, min, prod) in rank order, in place too
-``Ialltoallw``, ``Iallgather``            blocks of bytes (``MPI.BYTE``, ``BlockLayout``)
+``Free``, ``Get_attr``
+``Split``, ``Split_type``, ``Dup``        collective; new communicators, ranked by (key, rank);
+                                          ``MPI.UNDEFINED``: ``MPI.COMM_NULL``
+``Allreduce``, ``Iallreduce``             MPI's reductions (and user-defined ops) in rank order,
+                                          in place too
+``Ialltoallw``, ``Alltoallw``,            blocks of bytes (``MPI.BYTE``, ``BlockLayout``) or of
+``Iallgather``, ``Allgather``             any datatype
 ``Alltoallv``, ``Scatterv``, ``Gatherv``  blocks in elements of the array's dtype
-``Bcast``, ``Barrier``, ``barrier``       as MPI
+``Bcast``, ``Barrier``, ``barrier``       as MPI (and :mod:`refconv.simulated.rooted`'s Reduce, Gather,
+                                          Scatter, Alltoall, Ibarrier, Ibcast)
 ``Compare`` (a static method)             IDENT, CONGRUENT, SIMILAR or UNEQUAL, as MPI
 ``bcast``, ``allgather``                  pickled objects: each rank gets its own copy
-``Isend``, ``Irecv``                      matched by communicator, source and tag, in order
-``Request.Wait``, ``Test``,               completion; ``Waitall``/``Testall`` are class methods
-``Waitall``, ``Testall``                  as mpi4py's
+``Isend``, ``Issend``, ``Irecv``,         matched by communicator, source and tag, in order;
+``Send``, ``Ssend``, ``Recv``,            ``MPI.PROC_NULL``, ``ANY_SOURCE``, ``ANY_TAG`` as MPI
+``Sendrecv``
+``Request.Wait``, ``Test``,               completion, the ``MPI.Status`` given filled;
+``Waitall``, ``Testall``, ``Waitany``,    ``Waitall``/``Testall``/``Waitany``/``Testany`` are
+``Testany``                               class methods as mpi4py's
 ========================================  ====================================================
 
-Any other mpi4py call raises NotImplementedError naming it.  MPI's rules are checked where
-breaking them is a bug a real run could hide:
+Any other mpi4py call raises :class:`refconv.simulated.world.Unsupported` naming it.  MPI's rules
+are checked where breaking them is a bug a real run could hide:
 
+- every parameter as MPI checks it (:mod:`refconv.simulated.params`): a bad one is an
+  ``InvalidParameter`` naming the call, the parameter, the rank and the allowed range;
 - every rank of a communicator must make the same collectives in the same order: the n-th
   collective of every rank is matched with the n-th of the others, and a different call there
   is a :class:`refconv.simulated.world.CollectiveMismatch` naming both;
 - a buffer handed to a nonblocking call must stay untouched until its request completes: a send
-  buffer changed before then, or a receive buffer written between the delivery and the wait, is
-  a :class:`refconv.simulated.world.BufferReused`, never a silent copy of either version;
-- a receive must be large enough for the message it matches; blocks must agree in size.
+  buffer changed before then, or a receive buffer written before the wait, is a
+  :class:`refconv.simulated.world.BufferReused`, never a silent copy of either version; a
+  nonblocking receive's buffer holds poison until then (:mod:`refconv.simulated.poison`);
+- every request must complete before the rank's function returns (``PendingRequests``);
+- the type signatures of a message's two sides must match, and a message fit its receive
+  (``TypeMismatch``, naming both ranks).
 
 Reductions run in rank order (``((x_0 + x_1) + x_2) + ...``), so a run gives the same bits
 every time.
@@ -38,78 +50,19 @@ import pickle
 import numpy
 from mpi4py import MPI
 
-from refconv.simulated import buffers
-from refconv.simulated.world import BufferReused, CollectiveMismatch, current_rank
+from refconv.simulated import buffers, params
+from refconv.simulated.params import op_name
+from refconv.simulated.request import PERSISTENT, Request  # noqa: F401 -- Request: simulated.comm.Request, as before
+from refconv.simulated.rooted import Collectives
+from refconv.simulated.world import CollectiveMismatch, FreedComm, InvalidParameter, Unsupported, call_site
 
-_REDUCE = [(MPI.SUM, numpy.add), (MPI.PROD, numpy.multiply), (MPI.MAX, numpy.maximum), (MPI.MIN, numpy.minimum)]
-
-
-def reduction(op):
-    """The NumPy ufunc of an MPI reduction (mpi4py's Ops are not hashable: a list, not a dict)."""
-    for mpi_op, ufunc in _REDUCE:
-        if op == mpi_op:
-            return ufunc
-    raise NotImplementedError(f"simulated ranks: Allreduce with op {op!r} (SUM, PROD, MAX, MIN are)")
+PROC_NULL = (("PROC_NULL", MPI.PROC_NULL),)
+SOURCES = (("ANY_SOURCE", MPI.ANY_SOURCE), ("PROC_NULL", MPI.PROC_NULL))
 
 
-class Request:
-    """One nonblocking call of one rank; done once its data has moved."""
-
-    def __init__(self, owner, what):
-        self.owner, self.what = owner, what
-        self.done = False
-        self.result = None         # what a blocking call returns (a new communicator, an object)
-        self.payload = None        # what an object collective carries, pickled (for the reports)
-        self.error = None          # a BufferReused found while the data moved, raised at completion
-        self.ready = 0.0           # the logical time the call's data arrives (a priced run)
-        self._watched = []         # [(array, checksum, role)]: buffers that must not change
-
-    def watch(self, array, role):
-        """Remember ``array``'s bytes now: it must not change until the request completes."""
-        self._watched.append([array, buffers.fingerprint(array), role])
-
-    def verify(self, when):
-        """A BufferReused if a watched buffer changed; else None."""
-        for array, crc, role in self._watched:
-            if buffers.changed(array, crc):
-                return BufferReused(f"rank {self.owner.rank}: the {role} buffer (shape {array.shape} {array.dtype}) of "
-                                    f"{self.what} changed {when}: a real MPI could move either version; keep it "
-                                    f"untouched until the request's Wait or Test returns")
-        return None
-
-    def moving(self):
-        """The data is about to move: a buffer changed since the post is an error, kept for the owner."""
-        self.error = self.error or self.verify("before its data moved")
-
-    def delivered(self):
-        """The data moved: receive buffers are now watched with what arrived."""
-        for entry in self._watched:
-            entry[1] = buffers.refreshed(*entry[:2])
-        self.done = True
-
-    # -- mpi4py's completion calls ----------------------------------------------------------------
-    def Wait(self, status=None):
-        self.owner.world_calls.wait([self])
-
-    def Test(self, status=None):
-        return self.owner.world_calls.test([self])
-
-    @classmethod
-    def Waitall(cls, requests, statuses=None):
-        if requests:
-            current_rank("Request.Waitall").world_calls.wait(list(requests))
-
-    @classmethod
-    def Testall(cls, requests, statuses=None):
-        return not requests or current_rank("Request.Testall").world_calls.test(list(requests))
-
-    def __getattr__(self, name):
-        if name[:1].isupper():
-            raise NotImplementedError(f"simulated ranks: Request.{name} is not implemented")
-        raise AttributeError(name)
-
-    def __repr__(self):
-        return f"<simulated request: {self.what}{' (done)' if self.done else ''}>"
+def reduction(op, dtype=None):
+    """The reduction of an MPI op, ``f(a, b, out)`` (:func:`refconv.simulated.params.reduction`)."""
+    return params.reduction(op, dtype, "simulated ranks")
 
 
 class Group:
@@ -131,19 +84,25 @@ class Post:
         self.rank, self.call, self.agree, self.request, self.args = rank, call, agree, request, args
 
 
-class Comm:
-    """One rank's communicator in a simulated world (see the module's table)."""
+class Comm(Collectives):
+    """One rank's communicator in a simulated world (see the module's table; :mod:`refconv.simulated.rooted`
+    adds Reduce, Gather, Scatter, Alltoall, Ibarrier and Ibcast)."""
 
     simulated = True
 
     def __init__(self, group, rank, owner):
         self.group, self._rank, self.owner = group, rank, owner
+        self.freed = False
 
     # -- who -------------------------------------------------------------------------------------------
     def Get_rank(self):
+        if self.freed:
+            self._live("Get_rank")
         return self._rank
 
     def Get_size(self):
+        if self.freed:
+            self._live("Get_size")
         return len(self.group.members)
 
     rank = property(Get_rank)
@@ -155,13 +114,29 @@ class Comm:
     def Set_name(self, name):
         self.group.name = str(name)
 
+    def Get_attr(self, keyval):
+        """``MPI.TAG_UB``: the largest tag (:data:`refconv.simulated.params.TAG_UB`); other attributes are not simulated."""
+        self._live("Get_attr")
+        keyval = params.integer(keyval, self, "Get_attr", "keyval")
+        if keyval == MPI.TAG_UB:
+            return params.TAG_UB
+        raise Unsupported(f"simulated ranks: Comm.Get_attr({keyval}) (only MPI.TAG_UB is simulated)")
+
     def Free(self):
-        pass
+        self._live("Free")
+        if self is self.owner.comm:
+            raise InvalidParameter(f"Free on rank {self.owner.rank}: the world communicator may not be freed "
+                                   f"(MPI_COMM_WORLD, MPI_ERR_COMM)")
+        self.freed = True
 
     @staticmethod
     def Compare(a, b):
         """``MPI.IDENT`` for the same communicator, ``MPI.CONGRUENT`` for the same ranks in the same order
         (a Split that kept them), ``MPI.SIMILAR`` for the same ranks in another order, else ``MPI.UNEQUAL``."""
+        for name, c in (("first", a), ("second", b)):
+            if not isinstance(c, Comm):
+                raise InvalidParameter(f"Comm.Compare: the {name} communicator must be a simulated one, got "
+                                       f"{params.show(c)}")
         if a.group is b.group:
             return MPI.IDENT
         if a.group.members == b.group.members:
@@ -176,25 +151,47 @@ class Comm:
         return self.group.members[rank]
 
     def __repr__(self):
-        return f"<simulated communicator {self.group.name!r}: rank {self._rank} of {self.Get_size()}>"
+        return f"<simulated communicator {self.group.name!r}: rank {self._rank} of {len(self.group.members)}" \
+               f"{' (freed)' if self.freed else ''}>"
 
     def __getattr__(self, name):
+        if name in PERSISTENT:
+            raise Unsupported(f"simulated ranks: persistent requests (Comm.{name}) are not simulated; run this "
+                              f"under mpiexec")
         if name[:1].isupper() or name in ("reduce", "gather", "scatter", "send", "recv", "alltoall", "allreduce",
                                           "isend", "irecv", "sendrecv", "scan", "exscan"):
-            raise NotImplementedError(f"simulated ranks: Comm.{name} is not implemented (refconv.simulated.comm "
-                                      f"lists what is); run this under mpiexec")
+            raise Unsupported(f"simulated ranks: Comm.{name} is not implemented (refconv.simulated.comm "
+                              f"lists what is); run this under mpiexec")
         raise AttributeError(name)
+
+    def _live(self, call):
+        """Raise FreedComm for a call on this communicator after its Free()."""
+        if self.freed:
+            raise FreedComm(f"{call} on rank {self.owner.rank}: communicator {self.group.name!r} was freed "
+                            f"(Free()); a call on it is erroneous")
+
+    def _what(self, call, part=""):
+        """``"Isend on rank 2 of 'world'"``: how a buffer's errors name the call."""
+        return f"{call}{part} on rank {self.owner.rank} of {self.group.name!r}"
 
     # -- communicators -----------------------------------------------------------------------------------
     def Split(self, color=0, key=0):
+        self._live("Split")
+        color, key = params.colour(color, self, "Split"), params.integer(key, self, "Split", "key")
         return self._wait(self._collective("Split", (), color=color, key=key))
 
     def Split_type(self, split_type, key=0, info=None):
+        self._live("Split_type")
+        key = params.integer(key, self, "Split_type", "key")
+        if split_type == MPI.UNDEFINED:
+            return self._wait(self._collective("Split", (), color=MPI.UNDEFINED, key=key))
         if split_type != MPI.COMM_TYPE_SHARED:
-            raise NotImplementedError(f"simulated ranks: Comm.Split_type({split_type!r}) (only COMM_TYPE_SHARED)")
+            raise Unsupported(f"simulated ranks: Comm.Split_type({params.show(split_type)}) (only COMM_TYPE_SHARED and "
+                              f"UNDEFINED)")
         return self._wait(self._collective("Split", (), color=0, key=key))   # one node: every rank shares it
 
     def Dup(self):
+        self._live("Dup")
         return self.Split(0, self._rank)
 
     def self_comm(self):
@@ -206,102 +203,200 @@ class Comm:
 
     # -- collectives ---------------------------------------------------------------------------------------
     def Barrier(self):
+        self._live("Barrier")
         self._wait(self._collective("Barrier", ()))
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
-        self.Iallreduce(sendbuf, recvbuf, op).Wait()
+        self._wait(self._allreduce("Allreduce", sendbuf, recvbuf, op, nonblocking=False))
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
-        reduction(op)
-        recv, _ = buffers.whole(recvbuf, "Allreduce receive")
-        send = recv if sendbuf is MPI.IN_PLACE else buffers.whole(sendbuf, "Allreduce send")[0]
-        if send.shape != recv.shape or send.dtype != recv.dtype:
-            raise ValueError(f"Allreduce: send {send.shape} {send.dtype} and receive {recv.shape} {recv.dtype} differ")
-        return self._collective("Allreduce", (send.size, send.dtype.str, op), send=send, recv=recv, op=op)
+        return self._allreduce("Iallreduce", sendbuf, recvbuf, op, nonblocking=True)
+
+    def _allreduce(self, call, sendbuf, recvbuf, op, nonblocking):
+        self._live(call)
+        recv_array, recv_region = buffers.whole(recvbuf, self._what(call, " receive"))
+        recv = buffers.typed(recv_array, recv_region, self._what(call, " receive"))
+        if sendbuf is MPI.IN_PLACE:
+            send, send_region = recv, recv_region
+        else:
+            send_array, send_region = buffers.whole(sendbuf, self._what(call, " send"))
+            send = buffers.typed(send_array, send_region, self._what(call, " send"))
+        if send_region.items != recv_region.items or send_region.basic != recv_region.basic:
+            raise InvalidParameter(f"{self._what(call)}: the send buffer ({buffers.signature(send_region)}) and the receive "
+                                   f"buffer ({buffers.signature(recv_region)}) must hold as many items of one type")
+        reduce = params.reduction(op, send.dtype, self._what(call))
+        return self._collective("Allreduce", (buffers.signature(send_region), op_name(op)), send=send, recv=recv, op=op,
+                                reduce=reduce, poison=nonblocking, call=call)
 
     def Bcast(self, buf, root=0):
-        array, _ = buffers.whole(buf, "Bcast")
-        self._wait(self._collective("Bcast", (root, array.nbytes), buf=array, root=root))
+        self._live("Bcast")
+        root = params.rank(root, self, "Bcast", "root")
+        array, region = buffers.whole(buf, self._what("Bcast"))
+        self._wait(self._collective("Bcast", (root, buffers.signature(region)), buf=array, region=region, root=root))
 
     def bcast(self, obj, root=0):
-        payload = pickle.dumps(obj) if self._rank == root else None
+        self._live("bcast")
+        root = params.rank(root, self, "bcast", "root")
+        payload = _pickled(obj, self._what("bcast")) if self._rank == root else None
         return self._wait(self._collective("bcast", (root,), payload=payload, root=root))
 
     def allgather(self, obj):
-        return self._wait(self._collective("allgather", (), payload=pickle.dumps(obj)))
+        self._live("allgather")
+        return self._wait(self._collective("allgather", (), payload=_pickled(obj, self._what("allgather"))))
 
     def Ialltoallw(self, sendbuf, recvbuf):
-        send, send_blocks = buffers.blocks(sendbuf, self.Get_size(), "Alltoallw send")
-        recv, recv_blocks = buffers.blocks(recvbuf, self.Get_size(), "Alltoallw receive")
-        return self._collective("Alltoallw", (), send=send, recv=recv, send_blocks=send_blocks, recv_blocks=recv_blocks)
+        return self._alltoallw("Ialltoallw", sendbuf, recvbuf, nonblocking=True)
 
     def Alltoallw(self, sendbuf, recvbuf):
-        self.Ialltoallw(sendbuf, recvbuf).Wait()
+        self._wait(self._alltoallw("Alltoallw", sendbuf, recvbuf, nonblocking=False))
+
+    def _alltoallw(self, call, sendbuf, recvbuf, nonblocking):
+        self._live(call)
+        send, send_blocks = _blocks(self, sendbuf, self._what(call, " send"), typed=True)
+        recv, recv_blocks = _blocks(self, recvbuf, self._what(call, " receive"), typed=True)
+        return self._collective("Alltoallw", (), send=send, recv=recv, send_blocks=send_blocks, recv_blocks=recv_blocks,
+                                kinds=buffers.kinds(*send_blocks, *recv_blocks), poison=nonblocking, call=call)
 
     def Alltoallv(self, sendbuf, recvbuf):
-        send, send_blocks = buffers.blocks(sendbuf, self.Get_size(), "Alltoallv send")
-        recv, recv_blocks = buffers.blocks(recvbuf, self.Get_size(), "Alltoallv receive")
+        self._live("Alltoallv")
+        send, send_blocks = _blocks(self, sendbuf, self._what("Alltoallv", " send"))
+        recv, recv_blocks = _blocks(self, recvbuf, self._what("Alltoallv", " receive"))
         self._wait(self._collective("Alltoallv", (), send=send, recv=recv, send_blocks=send_blocks,
-                                    recv_blocks=recv_blocks))
+                                    recv_blocks=recv_blocks, kinds=buffers.kinds(*send_blocks, *recv_blocks)))
 
     def Iallgather(self, sendbuf, recvbuf):
-        send, send_region = buffers.whole(sendbuf, "Allgather send")
-        if not (isinstance(recvbuf, (list, tuple)) and len(recvbuf) == 3):
-            recvbuf = [buffers.as_array(recvbuf, "Allgather receive"), send_region.nbytes, MPI.BYTE]
-        recv = buffers.as_array(recvbuf[0], "Allgather receive")
-        count, datatype = int(recvbuf[1]), recvbuf[2]
-        step = count * buffers.extent(datatype)
-        recv_blocks = [buffers.Region(recv, r * step, count, datatype, f"Allgather receive block {r}")
-                       for r in range(self.Get_size())]
-        return self._collective("Allgather", (), send=send, recv=recv, send_blocks=[send_region] * self.Get_size(),
-                                recv_blocks=recv_blocks)
+        return self._allgather("Iallgather", sendbuf, recvbuf, nonblocking=True)
 
     def Allgather(self, sendbuf, recvbuf):
-        self.Iallgather(sendbuf, recvbuf).Wait()
+        self._wait(self._allgather("Allgather", sendbuf, recvbuf, nonblocking=False))
+
+    def _allgather(self, call, sendbuf, recvbuf, nonblocking):
+        self._live(call)
+        what = self._what(call, " receive")
+        send, send_region = buffers.whole(sendbuf, self._what(call, " send"))
+        if isinstance(recvbuf, (list, tuple)) and len(recvbuf) == 3:
+            recv = buffers.as_array(recvbuf[0], what)
+            count = params.count(recvbuf[1], self, call, "the receive count")
+            kind = buffers.layout(recvbuf[2], what)
+        else:       # every rank's block as the send buffer's type signature
+            recv = buffers.as_array(recvbuf[0] if isinstance(recvbuf, (list, tuple)) else recvbuf, what)
+            kind = send_region.layout
+            count = send_region.nbytes // (kind.outer * kind.run) if kind.run else 0
+        step = count * kind.extent
+        recv_blocks = [buffers.Region(recv, r * step, count, kind, f"{what} block {r}") for r in range(self.Get_size())]
+        return self._collective("Allgather", (), send=send, recv=recv, send_blocks=[send_region] * self.Get_size(),
+                                recv_blocks=recv_blocks, kinds=buffers.kinds(send_region, recv_blocks[0]), poison=nonblocking,
+                                call=call)
 
     def Scatterv(self, sendbuf, recvbuf, root=0):
-        recv, recv_region = buffers.whole(recvbuf, "Scatterv receive")
-        send, send_blocks = (buffers.blocks(sendbuf, self.Get_size(), "Scatterv send") if self._rank == root
+        self._live("Scatterv")
+        root = params.rank(root, self, "Scatterv", "root")
+        recv, recv_region = buffers.whole(recvbuf, self._what("Scatterv", " receive"))
+        send, send_blocks = (_blocks(self, sendbuf, self._what("Scatterv", " send")) if self._rank == root
                              else (None, None))
         self._wait(self._collective("Scatterv", (root,), send=send, recv=recv, send_blocks=send_blocks,
-                                    recv_region=recv_region, root=root))
+                                    recv_region=recv_region, root=root, kinds=buffers.kinds(recv_region, *(send_blocks or ()))))
 
     def Gatherv(self, sendbuf, recvbuf, root=0):
-        send, send_region = buffers.whole(sendbuf, "Gatherv send")
-        recv, recv_blocks = (buffers.blocks(recvbuf, self.Get_size(), "Gatherv receive") if self._rank == root
+        self._live("Gatherv")
+        root = params.rank(root, self, "Gatherv", "root")
+        send, send_region = buffers.whole(sendbuf, self._what("Gatherv", " send"))
+        recv, recv_blocks = (_blocks(self, recvbuf, self._what("Gatherv", " receive")) if self._rank == root
                              else (None, None))
         self._wait(self._collective("Gatherv", (root,), send=send, recv=recv, send_region=send_region,
-                                    recv_blocks=recv_blocks, root=root))
+                                    recv_blocks=recv_blocks, root=root, kinds=buffers.kinds(send_region, *(recv_blocks or ()))))
 
     # -- point to point ------------------------------------------------------------------------------------
     def Isend(self, buf, dest, tag=0):
-        array, _ = buffers.whole(buf, "Isend")
-        self._check_peer(dest, "Isend", "dest")
-        return self.owner.world_calls.send(self, array, dest, tag)
+        return self._send("Isend", buf, dest, tag, call_site())
 
-    def Irecv(self, buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG):
-        array, _ = buffers.whole(buf, "Irecv")
-        if source != MPI.ANY_SOURCE:
-            self._check_peer(source, "Irecv", "source")
-        return self.owner.world_calls.recv(self, array, source, tag)
+    def Issend(self, buf, dest, tag=0):
+        return self._send("Issend", buf, dest, tag, call_site())   # every simulated send is synchronous
 
     def Send(self, buf, dest, tag=0):
-        self.Isend(buf, dest, tag).Wait()
+        self._send("Send", buf, dest, tag, None).Wait()
+
+    Ssend = Send
+
+    def Irecv(self, buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG):
+        return self._recv("Irecv", buf, source, tag, call_site(), poisoned=True)
 
     def Recv(self, buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=None):
-        self.Irecv(buf, source, tag).Wait()
+        self._recv("Recv", buf, source, tag, None, poisoned=False).Wait(status)
 
-    def _check_peer(self, peer, call, name):
-        if not 0 <= peer < self.Get_size():
-            raise ValueError(f"{call}: {name} must be a rank in [0, {self.Get_size()}) of {self.group.name!r}, got {peer}")
+    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE, recvtag=MPI.ANY_TAG,
+                 status=None):
+        received = self._recv("Sendrecv", recvbuf, source, recvtag, None, poisoned=False)
+        sent = self._send("Sendrecv", sendbuf, dest, sendtag, None)
+        self.owner.world_calls.wait([received, sent])
+        received.fill(status)
+
+    def _send(self, call, buf, dest, tag, site):
+        self._live(call)
+        dest = params.rank(dest, self, call, "dest", special=PROC_NULL)
+        tag = params.tag(tag, self, call, wildcard=False)
+        array, region = buffers.whole(buf, self._what(call, " send"))
+        if dest == MPI.PROC_NULL:
+            return self.owner.world_calls.null(self, f"{call} to MPI.PROC_NULL", call, site)
+        return self.owner.world_calls.send(self, array, dest, tag, region=region, call=call, site=site)
+
+    def _recv(self, call, buf, source, tag, site, poisoned):
+        self._live(call)
+        source = params.rank(source, self, call, "source", special=SOURCES)
+        tag = params.tag(tag, self, call, wildcard=True)
+        array, region = buffers.whole(buf, self._what(call, " receive"))
+        if not getattr(array, "shapes_only", False) and not array.flags.writeable:
+            raise InvalidParameter(f"{self._what(call)}: the receive buffer is read-only")
+        if source == MPI.PROC_NULL:
+            return self.owner.world_calls.null(self, f"{call} from MPI.PROC_NULL", call, site)
+        return self.owner.world_calls.recv(self, array, source, tag, region=region, call=call, site=site,
+                                           poisoned=poisoned)
 
     # -- the engine's side ---------------------------------------------------------------------------------
-    def _collective(self, call, agree, **args):
-        return self.owner.world_calls.collective(self, call, agree, args)
+    def _collective(self, op, agree, /, **args):
+        return self.owner.world_calls.collective(self, op, agree, args)
 
     def _wait(self, request):
         request.Wait()
         return request.result
+
+
+def _pickled(obj, what):
+    """``obj`` pickled, as mpi4py sends an object; one that cannot be is an InvalidParameter naming the call."""
+    try:
+        return pickle.dumps(obj)
+    except Exception as error:
+        raise InvalidParameter(f"{what}: the object cannot be pickled, as mpi4py sends it: "
+                               f"{type(error).__name__}: {error}") from error
+
+
+def _blocks(comm, buf, what, typed=False):
+    """:func:`refconv.simulated.buffers.blocks` of a per-rank buffer, its counts, displacements and
+    datatypes checked first (``typed``: ``[array, (counts, displs), types]``, as Alltoallw's)."""
+    size = comm.Get_size()
+    form = "[array, (counts, displs), types]" if typed else "[array, (counts, displs)]"
+    if not (isinstance(buf, (list, tuple)) and len(buf) == (3 if typed else 2) and isinstance(buf[1], (list, tuple))
+            and len(buf[1]) == 2):
+        raise InvalidParameter(f"{what}: the buffer must be {form}, got {buffers._form(buf)}")
+    for name, values in zip(("counts", "displacements"), buf[1]):
+        if not isinstance(values, (list, tuple, numpy.ndarray)) or len(values) != size:
+            raise InvalidParameter(f"{what}: {name} must be a list of one int per rank ({size}), got {params.show(values)}")
+        if all(type(v) is int for v in values) and (name != "counts" or min(values, default=0) >= 0):
+            continue                              # the common case, in one pass
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, numpy.integer)) or (name == "counts" and v < 0):
+                raise InvalidParameter(f"{what}: {name} must be ints{' >= 0' if name == 'counts' else ''}, got "
+                                       f"{params.show(list(values))}")
+    if typed and (not isinstance(buf[2], (list, tuple)) or len(buf[2]) != size):
+        raise InvalidParameter(f"{what}: types must be a list of one datatype per rank ({size}), got {params.show(buf[2])}")
+    array, regions = buffers.blocks(buf, size, what)
+    if not typed:
+        basic, item = array.dtype.str, array.itemsize
+        for region in regions:
+            region.basic = basic                 # blocks in elements of the array's dtype
+            region.items = region.nbytes // item
+    return array, regions
+
 
 
 def mismatch(group, n, posts):

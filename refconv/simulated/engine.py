@@ -17,7 +17,10 @@ import pickle
 
 from mpi4py import MPI
 
-from refconv.simulated.comm import Comm, Group, Post, Request, carried, mismatch, reduction
+from refconv.simulated import buffers
+from refconv.simulated.comm import Comm, Group, Post, carried, mismatch
+from refconv.simulated.request import Request
+from refconv.simulated.world import InvalidParameter, PendingRequests, TypeMismatch, call_site
 
 
 class Calls:
@@ -25,17 +28,23 @@ class Calls:
 
     def __init__(self, world, me):
         self.world, self.me = world, me
+        self.pending = {}      # this rank's requests not yet completed (a dict: in posting order)
 
     # -- posting -----------------------------------------------------------------------------------------
     def collective(self, comm, op, agree, args):
         group, r = comm.group, comm.rank
+        call = args.pop("call", None)
+        nonblocking = args.pop("poison", False)
+        site = call_site() if nonblocking else None
         with self.world.lock:
             n = group.posted[r]
-            request = Request(self.me, f"{op} (collective {n}) on communicator {group.name!r}")
+            request = Request(self.me, f"{op} (collective {n}) on communicator {group.name!r}", call or op, site)
             self.world.check(self.me, request.what)
             group.posted[r] += 1
             post = Post(r, op, agree, request, args)
             request.payload = args.get("payload")
+            if nonblocking and args.get("recv") is not None:
+                request.poison(args["recv"])
             for role in ("send", "recv", "buf"):
                 if args.get(role) is not None and (role != "recv" or args["recv"] is not args.get("send")):
                     request.watch(args[role], "send" if role == "send" else "receive" if role == "recv" else "broadcast")
@@ -44,14 +53,19 @@ class Calls:
             if first is not None and (first.call != op or first.agree != agree):
                 raise mismatch(group, n, list(slot.values()) + [post])
             slot[r] = post
+            self.pending[request] = None
             if self.me.clock is not None:
                 self.me.clock.posted(post, comm)
             if len(slot) == len(group.members):
                 del group.slots[n]
                 posts = [slot[i] for i in range(len(group.members))]
+                _check_types(group, op, posts)
                 for p in posts:
                     p.request.moving()
-                FIRE[op](group, posts, self.world)
+                try:
+                    FIRE[op](group, posts, self.world)
+                except buffers.SizeMismatch as error:
+                    raise _size_mismatch(group, op, posts, error) from None
                 if self.me.clock is not None:
                     self.me.clock.collective_done(group, posts)
                 for p in posts:
@@ -60,20 +74,34 @@ class Calls:
         self.world.switch(self.me)
         return request
 
-    def send(self, comm, array, dest, tag):
-        request = Request(self.me, f"Isend to rank {dest} tag {tag} on communicator {comm.group.name!r}")
-        message = Post(comm.rank, "send", (), request, dict(array=array, peer=dest, tag=tag))
+    def send(self, comm, array, dest, tag, *, region=None, call="Isend", site=None):
+        request = Request(self.me, f"{call} to rank {dest} tag {tag} on communicator {comm.group.name!r}", call, site)
+        message = Post(comm.rank, "send", (), request, dict(array=array, peer=dest, tag=tag, region=region))
         request.watch(array, "send")
         self._point_to_point(comm, message, comm.group.recvs, comm.group.sends, dest, _matches_send)
         return request
 
-    def recv(self, comm, array, source, tag):
+    def recv(self, comm, array, source, tag, *, region=None, call="Irecv", site=None, poisoned=False):
         peer = "any rank" if source == MPI.ANY_SOURCE else f"rank {source}"
         label = "any tag" if tag == MPI.ANY_TAG else f"tag {tag}"
-        request = Request(self.me, f"Irecv from {peer} {label} on communicator {comm.group.name!r}")
-        message = Post(comm.rank, "recv", (), request, dict(array=array, peer=source, tag=tag))
+        request = Request(self.me, f"{call} from {peer} {label} on communicator {comm.group.name!r}", call, site)
+        message = Post(comm.rank, "recv", (), request, dict(array=array, peer=source, tag=tag, region=region))
+        if poisoned:
+            request.poison(array)
         request.watch(array, "receive")
         self._point_to_point(comm, message, comm.group.sends, comm.group.recvs, comm.rank, _matches_recv)
+        return request
+
+    def null(self, comm, what, call, site):
+        """A send to or receive from MPI.PROC_NULL: done at once, moving nothing; a receive's status says
+        source PROC_NULL, tag ANY_TAG, count 0."""
+        request = Request(self.me, f"{what} on communicator {comm.group.name!r}", call, site)
+        request.status = (MPI.PROC_NULL, MPI.ANY_TAG, 0)
+        request.done = True
+        with self.world.lock:
+            self.world.check(self.me, request.what)
+            self.pending[request] = None
+        self.world.switch(self.me)
         return request
 
     def _point_to_point(self, comm, mine, theirs, queue, dest, matches):
@@ -81,6 +109,7 @@ class Calls:
         send: ``dest``'s receives; a receive: the sends to this rank), oldest first: O(those calls), not O(K)."""
         with self.world.lock:
             self.world.check(self.me, mine.request.what)
+            self.pending[mine.request] = None
             if self.me.clock is not None:
                 self.me.clock.posted(mine, comm)
             pending = theirs.get(dest, ())
@@ -92,7 +121,7 @@ class Calls:
                 send, recv = (mine, other) if mine.call == "send" else (other, mine)
                 send.request.moving()
                 recv.request.moving()
-                _deliver(send, recv)
+                _deliver(send, recv, comm.group)
                 if self.me.clock is not None:
                     self.me.clock.message_done(comm.group, send, recv)
                 send.request.delivered()
@@ -107,6 +136,32 @@ class Calls:
         self._complete(requests)
         self.world.switch(self.me)
 
+    def wait_any(self, requests):
+        """Waitany: the first of the requests not yet completed to be done, completed; None if every one was."""
+        active = [r for r in requests if not r.completed]
+        if not active:
+            return None
+        self._check_owner(active, "Waitany")
+        self.world.block(self.me, lambda: any(r.done for r in active), lambda: _pending(active))
+        first = next(r for r in active if r.done)
+        self._complete([first])
+        self.world.switch(self.me)
+        return first
+
+    def test_any(self, requests):
+        """Testany: (a done request now completed, or None; whether none was active or one completed)."""
+        active = [r for r in requests if not r.completed]
+        if not active:
+            return None, True
+        self._check_owner(active, "Testany")
+        with self.world.lock:
+            self.world.check(self.me, active[0].what)
+            first = next((r for r in active if r.done and (self.me.clock is None or self.me.clock.arrived([r]))), None)
+        if first is not None:
+            self._complete([first])
+        self.world.switch(self.me)
+        return first, first is not None
+
     def test(self, requests):
         self._check_owner(requests, "Test")
         with self.world.lock:
@@ -120,17 +175,35 @@ class Calls:
         return done
 
     def _complete(self, requests):
-        for r in requests:
+        """The requests' Wait (or Test) returns: their buffers must be as posted (or as delivered); a request
+        completed before is not checked again (its buffers are the rank's once more)."""
+        fresh = [r for r in requests if not r.completed]
+        for r in fresh:
             error = r.error or r.verify("before its request completed")
             if error is not None:
                 raise error
+        for r in fresh:
+            r.complete()
+            self.pending.pop(r, None)
         if self.me.clock is not None:
             self.me.clock.waited(requests)
 
     def _check_owner(self, requests, call):
         for r in requests:
             if r.owner is not self.me:
-                raise RuntimeError(f"{call}: rank {self.me.rank} completes a request of rank {r.owner.rank} ({r.what})")
+                raise InvalidParameter(f"{call} on rank {self.me.rank}: completes a request of rank {r.owner.rank} "
+                                       f"({r.what}); a request belongs to the rank that started it")
+
+    def unfinished(self):
+        """A PendingRequests naming each request this rank never completed, or None."""
+        if not self.pending:
+            return None
+        lines = [f"  {r.what}: started by {r.call} at {r.site or 'an unknown line'}"
+                 + ("" if r.done else " (its data never moved)") for r in self.pending]
+        return PendingRequests(f"rank {self.me.rank}: its function returned with {len(lines)} request"
+                               f"{'s' if len(lines) > 1 else ''} never completed (no Wait, Test or Waitall returned "
+                               f"them); MPI requires each to complete before its buffers are reused or the rank "
+                               f"finalizes:\n" + "\n".join(lines))
 
 
 def _pending(requests):
@@ -150,15 +223,76 @@ def _matches_recv(recv, send):
     return _matches_send(send, recv)
 
 
-def _deliver(send, recv):
-    data, into = send.args["array"], recv.args["array"]
+def _deliver(send, recv, group=None):
+    """Move a matched message: the type signatures must agree and the message fit its receive (MPI's
+    type matching and MPI_ERR_TRUNCATE); a shorter message fills the start of the receive."""
+    into = recv.args.get("region") or buffers.Region(recv.args["array"], 0, recv.args["array"].nbytes, MPI.BYTE, "")
+    data = send.args.get("region") or buffers.Region(send.args["array"], 0, send.args["array"].nbytes, MPI.BYTE, "")
+    recv.request.status = (send.rank, send.args["tag"], data.nbytes)
     if data.nbytes > into.nbytes:
-        raise ValueError(f"{recv.request.what}: the message of rank {send.rank} ({send.request.what}, {data.nbytes} bytes) "
-                         f"is larger than the receive buffer ({into.nbytes} bytes): MPI truncates it, an error")
-    if _shapes(recv.request.what, data, into):
-        into.written()
+        raise TypeMismatch(f"{recv.request.what}: the message of {_who(send, group)} ({send.request.what}, "
+                           f"{data.nbytes} bytes) is larger than the receive buffer of {_who(recv, group)} "
+                           f"({into.nbytes} bytes): MPI truncates it, an error (MPI_ERR_TRUNCATE)")
+    if data.items and data.basic != into.basic:
+        raise TypeMismatch(f"{recv.request.what}: {_who(send, group)} sends {data.items} x {buffers.basic_name(data.basic)} "
+                           f"({send.request.what}) but {_who(recv, group)} receives {buffers.basic_name(into.basic)}: the "
+                           f"type signatures of a send and its receive must match")
+    _shapes(recv.request.what, data.array, into.array)
+    into.write(data.read(), partial=True)
+
+
+def _who(post, group):
+    """``rank 2`` (a world rank), with its rank in ``group`` where that differs."""
+    if group is None:
+        return f"rank {post.rank}"
+    world = group.members[post.rank]
+    return f"rank {world}" + ("" if world == post.rank else f" (rank {post.rank} of {group.name!r})")
+
+
+def _check_types(group, op, posts):
+    """The type signatures of a collective's blocks: what rank q sends rank r must be of the type r
+    receives from q.  O(posts) when every block has one type, as refconv's calls have; pair by pair
+    only when they have several."""
+    if op in ("Allreduce", "Reduce", "Bcast", "Ibcast", "Split", "Barrier", "Ibarrier", "bcast", "allgather"):
+        return                       # the posts' agreement compares their signatures
+    kinds = frozenset().union(*(p.args.get("kinds", ()) for p in posts))    # each post's, found as it posted
+    if len(kinds) <= 1:
         return
-    into.reshape(-1).view("u1")[:data.nbytes] = data.reshape(-1).view("u1")
+    sends, recvs = _block_lists(op, posts)
+    for q, blocks in enumerate(sends):
+        for r, region in enumerate(blocks):
+            into = recvs[r][q]
+            if region is not None and into is not None and region.nbytes and region.basic != into.basic:
+                raise TypeMismatch(f"{op} (collective) on communicator {group.name!r}: {_who(posts[q], group)} sends "
+                                   f"{buffers.signature(region)} to {_who(posts[r], group)}, which receives "
+                                   f"{buffers.signature(into)} from it: the type signatures must match")
+
+
+def _block_lists(op, posts):
+    """``sends[q][r]``, ``recvs[r][q]``: the regions of the block rank q sends rank r (None where not sent)."""
+    size = len(posts)
+    if op in ("Scatterv", "Scatter"):
+        root = posts[posts[0].args["root"]].args["send_blocks"]
+        return [root if p.args["send_blocks"] is not None else [None] * size for p in posts], \
+            [[p.args["recv_region"] if q == p.args["root"] else None for q in range(size)] for p in posts]
+    if op in ("Gatherv", "Gather"):
+        root = posts[0].args["root"]
+        return [[p.args["send_region"] if r == root else None for r in range(size)] for p in posts], \
+            [p.args["recv_blocks"] if p.args["recv_blocks"] is not None else [None] * size for p in posts]
+    return [p.args["send_blocks"] for p in posts], [p.args["recv_blocks"] for p in posts]
+
+
+def _size_mismatch(group, op, posts, error):
+    """The TypeMismatch naming the two ranks whose block sizes differ (found once a write refused one)."""
+    sends, recvs = _block_lists(op, posts)
+    for q, blocks in enumerate(sends):
+        for r, region in enumerate(blocks):
+            into = recvs[r][q]
+            if region is not None and into is not None and region.nbytes != into.nbytes:
+                return TypeMismatch(f"{op} (collective) on communicator {group.name!r}: {_who(posts[q], group)} sends "
+                                    f"{buffers.signature(region)} ({region.nbytes} bytes) to {_who(posts[r], group)}, which "
+                                    f"receives {buffers.signature(into)} ({into.nbytes} bytes) from it: the counts differ")
+    return TypeMismatch(f"{op} (collective) on communicator {group.name!r}: {error}")
 
 
 def _shapes(what, *arrays):
@@ -178,12 +312,25 @@ def _allreduce(group, posts, world):
         for p in posts:                           # the sizes and dtypes agree (the posts' agreement)
             p.args["recv"].written()
         return
-    ufunc = reduction(posts[0].args["op"])
+    reduce = posts[0].args["reduce"]
     total = posts[0].args["send"].copy()
     for p in posts[1:]:                           # rank order: ((x_0 + x_1) + x_2) + ...
-        ufunc(total, p.args["send"], out=total)
+        reduce(total, p.args["send"], out=total)
     for p in posts:
         p.args["recv"][...] = total
+
+
+def _reduce(group, posts, world):
+    """Reduce: the reduction of every rank's send buffer, in rank order, into root's ``out``."""
+    out = posts[posts[0].args["root"]].args["out"]
+    if _shapes(posts[0].request.what, out, *(p.args["send"] for p in posts)):
+        out.written()
+        return
+    reduce = posts[0].args["reduce"]
+    total = posts[0].args["send"].copy()
+    for p in posts[1:]:
+        reduce(total, p.args["send"], out=total)
+    out[...] = total
 
 
 def _split(group, posts, world):
@@ -203,15 +350,11 @@ def _split(group, posts, world):
 
 
 def _bcast(group, posts, world):
-    root = posts[posts[0].args["root"]].args["buf"]
-    if _shapes(posts[0].request.what, *(p.args["buf"] for p in posts)):
-        for p in posts:
-            if p.args["buf"] is not root:
-                p.args["buf"].written()
-        return
+    root = posts[posts[0].args["root"]]
+    payload = root.args["region"].read()
     for p in posts:
-        if p.args["buf"] is not root:
-            p.args["buf"].reshape(-1).view("u1")[...] = root.reshape(-1).view("u1")
+        if p is not root:
+            p.args["region"].write(payload)
 
 
 def _bcast_object(group, posts, world):
@@ -249,4 +392,5 @@ def _gatherv(group, posts, world):
 
 FIRE = {"Allreduce": _allreduce, "Split": _split, "Barrier": lambda group, posts, world: None, "Bcast": _bcast,
         "bcast": _bcast_object, "allgather": _allgather_object, "Alltoallw": _blocks, "Alltoallv": _blocks,
-        "Allgather": _blocks, "Scatterv": _scatterv, "Gatherv": _gatherv}
+        "Allgather": _blocks, "Scatterv": _scatterv, "Gatherv": _gatherv, "Reduce": _reduce, "Gather": _gatherv,
+        "Scatter": _scatterv, "Alltoall": _blocks, "Ibarrier": lambda group, posts, world: None, "Ibcast": _bcast}

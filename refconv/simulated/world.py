@@ -42,6 +42,8 @@ MAX_RANKS = 1024  # threads of one process; a larger world belongs under mpiexec
 BIG_WORLD = 256   # above this many ranks each rank thread gets a STACK_BYTES stack, not the default (often 8 MiB)
 STACK_BYTES = 1 << 20  # virtual memory only (9.6 -> 2.2 GB at 1024 ranks); Python-to-Python calls use no C stack
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(_HERE) + os.sep                       # refconv/
+_MACHINERY = (_HERE + os.sep, _PACKAGE + "collectives" + os.sep, _PACKAGE + "shapes" + os.sep)
 
 
 class SimulatedError(RuntimeError):
@@ -66,6 +68,29 @@ class RankStopped(SimulatedError):
 
 class BufferReused(SimulatedError):
     """A buffer handed to a nonblocking call was changed before its request completed."""
+
+
+class InvalidParameter(SimulatedError, ValueError):
+    """A parameter MPI would reject (a root, rank, peer, tag, colour, op, count or datatype out of its
+    range): the message names the call, the parameter, the rank and the allowed range."""
+
+
+class FreedComm(InvalidParameter):
+    """A call on a communicator after its ``Free()``."""
+
+
+class TypeMismatch(SimulatedError, ValueError):
+    """A sender's and a receiver's type signatures differ, or a message is longer than its receive
+    buffer (MPI_ERR_TRUNCATE); the message names both ranks."""
+
+
+class PendingRequests(SimulatedError):
+    """A rank's function returned with requests it never completed (each named, with the call and the
+    line that started it)."""
+
+
+class Unsupported(SimulatedError, NotImplementedError):
+    """A feature of MPI the simulated world does not simulate, by name."""
 
 
 class Rank:
@@ -298,6 +323,24 @@ def user_stack(frame):
     kept = [f for f in traceback.extract_stack(frame)
             if not f.filename.startswith(_HERE) and not f.filename.endswith(("threading.py",))]
     return "".join(traceback.format_list(kept)).rstrip("\n").split("\n")
+
+
+def call_site(skip=2):
+    """Where a call on a simulated rank was made: ``"file:line"`` of the nearest frame outside this
+    package and refconv.collectives/refconv.shapes (the call's own machinery), and, when that frame
+    is refconv's own code, ``" (from file:line)"`` of the nearest frame outside refconv: the user's line."""
+    f = sys._getframe(skip)
+    while f is not None and f.f_code.co_filename.startswith(_MACHINERY):
+        f = f.f_back
+    if f is None:
+        return "an unknown line"
+    site = f"{f.f_code.co_filename}:{f.f_lineno}"
+    if not f.f_code.co_filename.startswith(_PACKAGE):
+        return site
+    g = f.f_back
+    while g is not None and g.f_code.co_filename.startswith(_PACKAGE):
+        g = g.f_back
+    return site if g is None else f"{g.f_code.co_filename}:{g.f_lineno} (in {site})"
 
 
 def current_rank(what):

@@ -35,6 +35,7 @@ from refconv.layers import DistConv2d, DistConv3d
 from refconv.algorithms.base import Call
 from refconv.arrays import to_host
 from refconv.sharding import allgather
+from refconv.simulated.poison import poisoned
 from refconv.testing.asserts import (assert_all_ranks, caught, close_message, collective_assert_close, default_tolerance,
                                      rank_list, tolerance)
 
@@ -153,6 +154,15 @@ def _layouts(layer):
             "dw": params.get("weight"), "db": params.get("bias")}
 
 
+def _poison(ours, expected):
+    """On simulated ranks, where a nonblocking receive's buffer holds poison until its Wait
+    (:mod:`refconv.simulated.poison`): a line saying so when poison the reference lacks reached ``ours``."""
+    if collectives.local.simulated() is None or poisoned([expected]) or not poisoned([ours]):
+        return ""
+    return ("\n  it holds the poison of a simulated receive buffer (NaN, or an integer's extreme): a receive "
+            "buffer read before its Wait")
+
+
 def check_layer(layer, problem, *, seed=0, rtol=None, atol=None):
     """Assert, on every rank, that ``layer`` computes what the serial reference does.
 
@@ -182,7 +192,7 @@ def check_layer(layer, problem, *, seed=0, rtol=None, atol=None):
                                                            atol=kw.get("atol"), reduction_length=lengths[name])))
                 dist = _layouts(layer)[name]
                 owner = dist and blame(name, ours, expected[name], dist, **tol)
-                problems.append(msg + (f"\n  {owner}" if owner else ""))
+                problems.append(msg + (f"\n  {owner}" if owner else "") + _poison(ours, expected[name]))
         message = "\n".join(problems)
     except Exception as exc:  # report a crash on one rank on every rank instead of hanging
         caught(exc)

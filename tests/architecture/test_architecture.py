@@ -345,7 +345,7 @@ def test_the_readme_states_the_layer_order():
     assert order in readme, f"README.md should state the layer order of LAYERS: {order}"
 
 
-SIMULATOR_CORE = ("world", "comm", "engine", "buffers")
+SIMULATOR_CORE = ("world", "comm", "request", "engine", "buffers", "params", "poison")
 CORE_THIRD_PARTY = ("numpy", "mpi4py")   # mpi4py for MPI's constants and datatypes, which the simulated comm keeps
 
 
