@@ -36,13 +36,16 @@ import time
 from threadpoolctl import threadpool_limits
 
 from refconv.collectives import local
+from refconv.simulated import standins
 from refconv.simulated.comm import Comm, Group
 from refconv.simulated.engine import Calls
 from refconv.simulated.world import (MAX_RANKS, BufferReused, CollectiveMismatch, Deadlock, PeerFailed, RankStopped,
                                      SimulatedError, World, by_rank, current_rank, user_stack)
+from refconv.simulated.world import Unsupported
 
 __all__ = ["run", "comm_world", "MAX_RANKS", "SimulatedError", "PeerFailed", "Deadlock", "CollectiveMismatch",
            "BufferReused", "RankStopped"]
+__all__ += ["Unsupported"]
 
 
 def run(fn, ranks, *, args=(), kwargs=None, stepped=False, machine=None, timeout=None):
@@ -81,7 +84,7 @@ def run(fn, ranks, *, args=(), kwargs=None, stepped=False, machine=None, timeout
         finally:
             local.bind(None)
 
-    with threadpool_limits(limits=1):
+    with threadpool_limits(limits=1), standins.installed():   # MPI.COMM_WORLD on a rank: its world
         world.start(body)
         _join(world, timeout)
     return _outcome(world)

@@ -68,6 +68,10 @@ class BufferReused(SimulatedError):
     """A buffer handed to a nonblocking call was changed before its request completed."""
 
 
+class Unsupported(SimulatedError, NotImplementedError):
+    """A feature the simulated world does not simulate, by name (one-sided communication, persistent requests)."""
+
+
 class Rank:
     """The world's record of one rank, and the rank's handle (``local.simulated()``)."""
 
