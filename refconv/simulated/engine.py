@@ -25,6 +25,7 @@ class Calls:
 
     def __init__(self, world, me):
         self.world, self.me = world, me
+        self.schedule = getattr(world, "schedule", None)   # run(schedules="all"): refconv.simulated.schedules
 
     # -- posting -----------------------------------------------------------------------------------------
     def collective(self, comm, op, agree, args):
@@ -85,19 +86,14 @@ class Calls:
                 self.me.clock.posted(mine, comm)
             pending = theirs.get(dest, ())
             other = next((o for o in pending if matches(mine, o)), None)
+            if self.schedule is not None:    # a wildcard receive waits for the schedule's choice of its send
+                other = self.schedule.posted(comm.group, mine, other)
             if other is None:
                 queue.setdefault(dest, []).append(mine)
             else:
                 pending.remove(other)
                 send, recv = (mine, other) if mine.call == "send" else (other, mine)
-                send.request.moving()
-                recv.request.moving()
-                _deliver(send, recv)
-                if self.me.clock is not None:
-                    self.me.clock.message_done(comm.group, send, recv)
-                send.request.delivered()
-                recv.request.delivered()
-                self.world.notify([send.request.owner, recv.request.owner])
+                pair(self.world, comm.group, send, recv)
         self.world.switch(self.me)
 
     # -- completing ----------------------------------------------------------------------------------------
@@ -131,6 +127,18 @@ class Calls:
         for r in requests:
             if r.owner is not self.me:
                 raise RuntimeError(f"{call}: rank {self.me.rank} completes a request of rank {r.owner.rank} ({r.what})")
+
+
+def pair(world, group, send, recv):
+    """Move the matched ``send``'s message into ``recv`` and complete both (under the world's lock)."""
+    send.request.moving()
+    recv.request.moving()
+    _deliver(send, recv)
+    if send.request.owner.clock is not None:
+        send.request.owner.clock.message_done(group, send, recv)
+    send.request.delivered()
+    recv.request.delivered()
+    world.notify([send.request.owner, recv.request.owner])
 
 
 def _pending(requests):
