@@ -56,6 +56,24 @@ def test_mpi_comm_world_bound_before_the_run_is_named_by_refconvs_wrappers():
         run(lambda comm: collectives.allreduce(PROCESS_WORLD, numpy.ones(3)), 2)
 
 
+def test_what_the_lookup_cannot_reach_is_as_documented():
+    """docs/simulated-ranks.md: names bound before the run stay mpi4py's own, the process's one rank."""
+    process_waitall = MPI.Request.Waitall
+
+    def body(comm):
+        mine = numpy.empty(1)
+        PROCESS_WORLD.Allreduce(numpy.array([comm.rank + 1.0]), mine)     # one rank: its own value, no error
+        requests, _ = _ring(comm)
+        try:
+            process_waitall(requests)
+        except TypeError:
+            MPI.Request.Waitall(requests)
+            return mine[0], "TypeError"
+        return mine[0], None
+
+    assert run(body, 2) == [(1.0, "TypeError"), (2.0, "TypeError")]
+
+
 def test_other_threads_see_mpi4pys_own_names_while_a_world_runs_and_after_it():
     seen = {}
 
