@@ -39,7 +39,7 @@ import numpy
 from mpi4py import MPI
 
 from refconv.simulated import buffers
-from refconv.simulated.world import BufferReused, CollectiveMismatch, current_rank
+from refconv.simulated.world import BufferReused, CollectiveMismatch, current_rank, persistent
 
 _REDUCE = [(MPI.SUM, numpy.add), (MPI.PROD, numpy.multiply), (MPI.MAX, numpy.maximum), (MPI.MIN, numpy.minimum)]
 
@@ -179,8 +179,7 @@ class Comm:
         return f"<simulated communicator {self.group.name!r}: rank {self._rank} of {self.Get_size()}>"
 
     def __getattr__(self, name):
-        if name.endswith("_init"):      # Send_init, Recv_init, Allreduce_init, ...: refconv.simulated.standins
-            from refconv.simulated.standins import persistent
+        if name.endswith("_init"):      # Send_init, Recv_init, Allreduce_init, ...: refused by name
             raise persistent(f"Comm.{name}")
         if name[:1].isupper() or name in ("reduce", "gather", "scatter", "send", "recv", "alltoall", "allreduce",
                                           "isend", "irecv", "sendrecv", "scan", "exscan"):

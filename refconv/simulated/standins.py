@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from refconv.collectives import local
 from refconv.simulated.comm import Request as SimulatedRequest
-from refconv.simulated.world import SimulatedError, Unsupported, current_rank
+from refconv.simulated.world import SimulatedError, Unsupported, current_rank, persistent
 
 NAMES = ("COMM_WORLD", "Request", "Win")
 REAL = {name: getattr(MPI, name) for name in NAMES}   # mpi4py's own, read once, before any world runs
@@ -213,12 +213,6 @@ def _window(call, args, kwargs):
         raise Unsupported(f"MPI.Win.{call} on simulated rank {current_rank('MPI.Win').rank}: one-sided "
                           f"communication (MPI.Win) is not simulated; run it under mpiexec")
     return getattr(REAL["Win"], call)(*args, **kwargs)
-
-
-def persistent(call):
-    """The refusal of a persistent request (``Send_init``, ``Recv_init``, ``Start``, ...)."""
-    return Unsupported(f"{call}: persistent requests are not simulated; post Isend/Irecv each time, or run "
-                       f"it under mpiexec")
 
 
 ON_RANKS = {"Request": RankRequest, "Win": RankWin}
