@@ -179,7 +179,7 @@ class Comm:
         return f"<simulated communicator {self.group.name!r}: rank {self._rank} of {self.Get_size()}>"
 
     def __getattr__(self, name):
-        if name.endswith("_init"):      # Send_init, Recv_init, Allreduce_init, ...: refused by name
+        if name[:1].isupper() and name.endswith("_init"):   # Send_init, Recv_init, Allreduce_init: refused by name
             raise persistent(f"Comm.{name}")
         if name[:1].isupper() or name in ("reduce", "gather", "scatter", "send", "recv", "alltoall", "allreduce",
                                           "isend", "irecv", "sendrecv", "scan", "exscan"):

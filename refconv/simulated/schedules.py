@@ -75,8 +75,8 @@ def explore(run, fn, ranks, schedules, *, timeout=None, machine=None, **kw):
         schedule = Schedule(prefix, expected)
         _exploring.schedule = schedule
         try:
-            results = run(fn, ranks, stepped=True, timeout=None if deadline is None else deadline - time.monotonic(),
-                          **kw)
+            left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
+            results = run(fn, ranks, stepped=True, timeout=left, **kw)
         except BaseException as err:
             err.add_note(f"schedules='all': raised in schedule {count + 1} of those explored, where "
                          f"{describe(schedule.trail)}")

@@ -39,6 +39,7 @@ NAMES = ("COMM_WORLD", "Request", "Win")
 REAL = {name: getattr(MPI, name) for name in NAMES}   # mpi4py's own, read once, before any world runs
 _lock = threading.Lock()
 _worlds = 0          # worlds running now (several threads may each run one)
+_previous = [None]   # the module's own __getattr__ while ours stands in
 
 
 class installed:
@@ -48,6 +49,7 @@ class installed:
         global _worlds
         with _lock:
             if _worlds == 0:
+                _previous[0] = vars(MPI).get("__getattr__")   # none in mpi4py 4.1; kept should one come
                 MPI.__getattr__ = _lookup     # first, so that no thread ever finds the names missing
                 for name in NAMES:
                     delattr(MPI, name)
@@ -61,13 +63,18 @@ class installed:
             if _worlds == 0:
                 for name, obj in REAL.items():
                     setattr(MPI, name, obj)
-                del MPI.__getattr__
+                if _previous[0] is None:
+                    del MPI.__getattr__
+                else:
+                    MPI.__getattr__ = _previous[0]
 
 
 def _lookup(name):
     """``mpi4py.MPI``'s module ``__getattr__`` while a world runs: only the three names reach it."""
     obj = REAL.get(name)
     if obj is None:
+        if _previous[0] is not None:
+            return _previous[0](name)
         raise AttributeError(f"module 'mpi4py.MPI' has no attribute {name!r}")
     sim = local.simulated()
     if sim is None:

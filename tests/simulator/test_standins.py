@@ -90,6 +90,26 @@ def test_other_threads_see_mpi4pys_own_names_while_a_world_runs_and_after_it():
     assert MPI.Request.__module__ == "mpi4py.MPI" and MPI.Win.__module__ == "mpi4py.MPI"
 
 
+def test_the_names_stay_while_another_world_still_runs():
+    started, release, out = threading.Event(), threading.Event(), []
+
+    def slow(comm):
+        started.set()
+        release.wait(30)
+        return MPI.COMM_WORLD is comm
+
+    other = threading.Thread(target=lambda: out.append(simulated.run(slow, 2, timeout=60)))
+    other.start()
+    try:
+        assert started.wait(30)
+        assert run(lambda comm: MPI.COMM_WORLD is comm, 2) == [True, True]
+        assert "__getattr__" in vars(MPI) and "COMM_WORLD" not in vars(MPI)   # the other world still runs
+    finally:
+        release.set()
+        other.join(60)
+    assert out == [[True, True]] and MPI.COMM_WORLD is PROCESS_WORLD and "__getattr__" not in vars(MPI)
+
+
 def test_the_names_come_back_after_a_failed_run():
     with pytest.raises(ValueError, match="boom"):
         run(lambda comm: (_ for _ in ()).throw(ValueError("boom")), 2)
