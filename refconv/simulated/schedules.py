@@ -59,9 +59,9 @@ def explore(run, fn, ranks, schedules, *, timeout=None, machine=None, **kw):
     """Run ``fn`` on ``ranks`` ranks once per match order of its wildcard receives (see the module)."""
     if schedules != "all":
         raise ValueError(f"refconv.simulated.run: schedules must be None or 'all', got {schedules!r}")
-    if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > MAX_RANKS:
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS:
         raise ValueError(f"refconv.simulated.run: schedules='all' explores worlds of at most {MAX_RANKS} ranks "
-                         f"(the orders grow factorially), got ranks={ranks}")
+                         f"(the orders grow factorially): ranks must be an int in [1, {MAX_RANKS}], got {ranks!r}")
     if machine is not None:
         raise ValueError("refconv.simulated.run: schedules='all' runs unpriced (each schedule's clocks would "
                          "differ); leave machine=None, or price one schedule with stepped=True")

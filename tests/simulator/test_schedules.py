@@ -147,9 +147,11 @@ def test_a_wildcard_receive_on_a_split_communicator_is_explored():
 
 
 # -- limits --------------------------------------------------------------------------------------------------------
-def test_more_than_four_ranks_is_a_value_error_naming_the_limit():
-    with pytest.raises(ValueError, match=r"schedules='all' explores worlds of at most 4 ranks .* got ranks=5"):
-        explore(count_of_messages, 5)
+@pytest.mark.parametrize("ranks", [5, 8, 0, 2.0])
+def test_more_than_four_ranks_is_a_value_error_naming_the_limit(ranks):
+    with pytest.raises(ValueError, match=rf"schedules='all' explores worlds of at most 4 ranks .* must be an int in "
+                                         rf"\[1, 4\], got {ranks!r}"):
+        explore(count_of_messages, ranks)
 
 
 def test_an_unknown_schedules_value_is_named():
