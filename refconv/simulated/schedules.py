@@ -24,7 +24,7 @@ ever had a choice).  A receive from a named rank with ``MPI.ANY_TAG`` has no cho
 message from that rank), so it is matched at once.  Limits: worlds of at most :data:`MAX_RANKS`
 ranks and :data:`MAX_SCHEDULES` schedules; a receive is matched at a fence among the sends posted
 by then, so a send that only the match of another rank's wildcard receive lets be posted is a
-candidate of a later fence, not of this one (ISP's POE has the same order); a rank that polls a
+candidate of a later fence, not of this one; a rank that polls a
 wildcard receive with ``Test`` in a loop, never waiting, is never at a fence (the run times out).
 """
 

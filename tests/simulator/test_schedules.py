@@ -154,6 +154,20 @@ def test_more_than_four_ranks_is_a_value_error_naming_the_limit(ranks):
         explore(count_of_messages, ranks)
 
 
+def test_polling_a_wildcard_receive_without_waiting_ends_at_the_timeout_as_documented():
+    """docs/simulated-ranks.md's limit: a rank that only Tests never lets every rank wait (no fence)."""
+    def body(comm):
+        if comm.rank == 1:
+            comm.Send(numpy.ones(1), dest=0)
+        else:
+            request = comm.Irecv(numpy.empty(1), source=MPI.ANY_SOURCE)
+            while not request.Test():
+                pass
+
+    with pytest.raises(TimeoutError, match="schedules='all' explored 0 schedules|still running after"):
+        simulated.run(body, 2, schedules="all", timeout=1)
+
+
 def test_an_unknown_schedules_value_is_named():
     with pytest.raises(ValueError, match=r"schedules must be None or 'all', got 'some'"):
         simulated.run(count_of_messages, 2, schedules="some")
