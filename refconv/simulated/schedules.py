@@ -24,8 +24,8 @@ ever had a choice).  A receive from a named rank with ``MPI.ANY_TAG`` has no cho
 message from that rank), so it is matched at once.  Limits: worlds of at most :data:`MAX_RANKS`
 ranks and :data:`MAX_SCHEDULES` schedules; a receive is matched at a fence among the sends posted
 by then, so a send that only the match of another rank's wildcard receive lets be posted is a
-candidate of a later fence, not of this one; a rank that polls a
-wildcard receive with ``Test`` in a loop, never waiting, is never at a fence (the run times out).
+candidate of a later fence, not of this one.  A ``Test`` that finds its requests not done while
+every other live rank waits is a fence too: a rank polling a wildcard receive is answered.
 """
 
 import os
@@ -174,6 +174,13 @@ class Schedule:
                 self._settle(world, key)
                 return True
         return False
+
+    def polled(self, world):
+        """A Test found its requests not done: with every other live rank waiting, the poller cannot be
+        answered without a choice, so this is a fence too (one match per failed Test)."""
+        with world.lock:
+            if world.blocked == world.live - 1 and not world.ended():
+                self.resolve(world)
 
     def _settle(self, world, key):
         """The receives behind a matched wildcard that name their source: matched as the engine would."""

@@ -154,18 +154,23 @@ def test_more_than_four_ranks_is_a_value_error_naming_the_limit(ranks):
         explore(count_of_messages, ranks)
 
 
-def test_polling_a_wildcard_receive_without_waiting_ends_at_the_timeout_as_documented():
-    """docs/simulated-ranks.md's limit: a rank that only Tests never lets every rank wait (no fence)."""
+def test_a_rank_polling_wildcard_receives_with_test_is_answered_in_every_order():
+    """A Test that finds nothing while every other rank waits is a fence, as a Wait is."""
     def body(comm):
-        if comm.rank == 1:
-            comm.Send(numpy.ones(1), dest=0)
-        else:
-            request = comm.Irecv(numpy.empty(1), source=MPI.ANY_SOURCE)
+        if comm.rank != 0:
+            comm.Send(numpy.array([float(comm.rank)]), dest=0)
+            return None
+        got = []
+        for _ in range(comm.size - 1):
+            buf = numpy.empty(1)
+            request = comm.Irecv(buf, source=MPI.ANY_SOURCE)
             while not request.Test():
                 pass
+            got.append(int(buf[0]))
+        return sorted(got)
 
-    with pytest.raises(TimeoutError, match="schedules='all' explored 0 schedules|still running after"):
-        simulated.run(body, 2, schedules="all", timeout=1)
+    results = explore(body, 3)
+    assert results.schedules == 2 and results[0] == [1, 2]
 
 
 def test_an_unknown_schedules_value_is_named():
