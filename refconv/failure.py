@@ -302,8 +302,8 @@ def training(comm):
     """``with training(comm):`` marks this rank as training with the other ranks of
     ``comm`` (every rank of ``MPI.COMM_WORLD``): leaving early by any route inside ends
     the job, and a notice that another rank left ends it too."""
-    if comm.Get_size() == 1 or comm.Get_size() != MPI.COMM_WORLD.Get_size():
-        yield        # nobody to strand, or not every rank trains
+    if comm.Get_size() == 1 or getattr(comm, "simulated", False) or comm.Get_size() != MPI.COMM_WORLD.Get_size():
+        yield        # nobody to strand, not every rank trains, or simulated ranks (their world reports a rank that left)
         return
     if _leaving.thread is None and MPI.Query_thread() == MPI.THREAD_MULTIPLE:  # the watcher calls MPI too
         _leaving.request = MPI.COMM_WORLD.Irecv([_leaving.notice, MPI.BYTE], source=MPI.ANY_SOURCE,

@@ -103,13 +103,14 @@ class ProcessGrid:
     grid raises the same ValueError everywhere before any communication.
     """
 
-    def __init__(self, comm=MPI.COMM_WORLD, *, sample=1, channel=1, depth=1, height=1, width=1):
+    def __init__(self, comm=None, *, sample=1, channel=1, depth=1, height=1, width=1):
+        comm = MPI.COMM_WORLD if comm is None else comm   # read now: on a simulated rank, its world
         sizes = dict(zip(axes_of(5), (_check_size(n, v) for n, v in
                                       zip(axes_of(5), (sample, channel, depth, height, width)))))
         self.axes = axes_of(5 if sizes[DEPTH] > 1 else 4)
         shape = tuple(sizes[a] for a in self.axes)
         total = math.prod(shape)
-        collectives.check_comm(comm, "grid")   # MPI.COMM_WORLD on a simulated rank is one rank of the process
+        collectives.check_comm(comm, "grid")   # an MPI communicator bound before a simulated run is the process's
         if total != comm.Get_size():
             raise ValueError(
                 f"grid: {'*'.join(self.axes)} = {total} but the communicator "

@@ -114,25 +114,32 @@ stats = RankStats()
 
 def check_comm(comm, what):
     """``comm``, once it is known to belong to the calling rank's world: a simulated rank must
-    use its world's communicators (``MPI.COMM_WORLD`` there is the pytest process's one rank,
-    a silent wrong answer), and a simulated communicator works only on its own ranks."""
+    use its world's communicators (``MPI.COMM_WORLD`` read there is the rank's world, but one bound
+    before the run is the pytest process's one rank, a silent wrong answer), and a simulated
+    communicator works only on its own ranks."""
     on_simulated_rank = simulated() is not None
     if getattr(comm, "simulated", False) != on_simulated_rank:
         if on_simulated_rank:
             raise RuntimeError(f"{what}: {_mpi_name(comm)} used on simulated rank {simulated().rank}: inside "
                                f"refconv.simulated.run use the communicator the rank function was given "
-                               f"(or refconv.simulated.comm_world(); collectives.comm_self() for this rank "
-                               f"alone), never MPI.COMM_WORLD or MPI.COMM_SELF")
+                               f"(or MPI.COMM_WORLD read there, refconv.simulated.comm_world(); "
+                               f"collectives.comm_self() for this rank alone), never an MPI communicator "
+                               f"bound before the run")
         raise RuntimeError(f"{what}: the simulated communicator {comm!r} used outside its world's rank "
                            f"threads: call it only inside the function refconv.simulated.run runs")
     return comm
 
 
+_PROCESS_COMMS = {"COMM_WORLD": MPI.COMM_WORLD, "COMM_SELF": MPI.COMM_SELF}   # mpi4py's own: read before any
+# simulated world runs (while one does, MPI.COMM_WORLD read on a rank is that rank's world: refconv.simulated.standins)
+
+
 def _mpi_name(comm):
-    for name in ("COMM_WORLD", "COMM_SELF"):
+    for name, process_comm in _PROCESS_COMMS.items():
         try:
-            if comm == getattr(MPI, name):
-                return f"MPI.{name}"
+            if comm == process_comm:
+                return (f"MPI.{name} bound before the run (the process's, one rank: a default argument, a global, "
+                        f"a 'from mpi4py.MPI import {name}')" if name == "COMM_WORLD" else f"MPI.{name}")
         except Exception:       # not an MPI communicator at all
             break
     return f"the MPI communicator {comm!r}"

@@ -36,19 +36,21 @@ import time
 from threadpoolctl import threadpool_limits
 
 from refconv.collectives import local
+from refconv.simulated import standins
 from refconv.simulated.comm import Comm, Group
 from refconv.simulated.engine import Calls
 from refconv.simulated.poison import poisoned
+from refconv.simulated.schedules import MessageRace, explore, new_world
 from refconv.simulated.world import (MAX_RANKS, BufferReused, CollectiveMismatch, Deadlock, FreedComm, InvalidParameter,
                                      PeerFailed, PendingRequests, RankStopped, SimulatedError, TypeMismatch,
                                      Unsupported, World, by_rank, current_rank, user_stack)
 
 __all__ = ["run", "comm_world", "poisoned", "MAX_RANKS", "SimulatedError", "PeerFailed", "Deadlock",
            "CollectiveMismatch", "BufferReused", "RankStopped", "InvalidParameter", "FreedComm", "TypeMismatch",
-           "PendingRequests", "Unsupported"]
+           "PendingRequests", "Unsupported", "MessageRace"]
 
 
-def run(fn, ranks, *, args=(), kwargs=None, stepped=False, machine=None, timeout=None):
+def run(fn, ranks, *, args=(), kwargs=None, stepped=False, machine=None, timeout=None, schedules=None):
     """Run ``fn(comm, *args, **kwargs)`` on ``ranks`` simulated ranks; return their results as a list.
 
     ``comm`` is each rank's world communicator.  ``stepped``: one rank runs at a time, and the turn
@@ -59,15 +61,20 @@ def run(fn, ranks, *, args=(), kwargs=None, stepped=False, machine=None, timeout
     (:class:`refconv.simulated.clock.Clock`).  ``timeout``: seconds after which a run still going
     (a rank computing forever: no deadlock the world can see) raises TimeoutError with each rank's
     stack, and stops the ranks still running (:class:`RankStopped`).  BLAS runs one thread per rank
-    while the world runs.
+    while the world runs.  ``schedules="all"``: run once per match order of the wildcard receives
+    (stepped), up to 4 ranks; the results are then a list whose ``schedules`` attribute counts the
+    orders explored, and orders with different results raise :class:`MessageRace`
+    (:mod:`refconv.simulated.schedules`).
     """
+    if schedules is not None:   # every match order of the wildcard receives, one run each
+        return explore(run, fn, ranks, schedules, args=args, kwargs=kwargs, machine=machine, timeout=timeout)
     ranks = _check_ranks(ranks)
     if local.simulated() is not None:
         raise RuntimeError("refconv.simulated.run: called on a simulated rank; a world cannot run inside another")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"refconv.simulated.run: timeout must be seconds > 0 or None, got {timeout!r}")
     kwargs = kwargs or {}
-    world = World(ranks, stepped=stepped or machine is not None)
+    world = new_world(ranks, stepped=stepped or machine is not None)   # a ScheduledWorld while exploring
     clocks = _clocks(machine, world)
     group = Group(world, range(ranks), "world")
     for r in world.ranks:
@@ -89,7 +96,7 @@ def run(fn, ranks, *, args=(), kwargs=None, stepped=False, machine=None, timeout
         finally:
             local.bind(None)
 
-    with threadpool_limits(limits=1):
+    with threadpool_limits(limits=1), standins.installed():   # MPI.COMM_WORLD on a rank: its world
         world.start(body)
         _join(world, timeout)
     return _outcome(world)

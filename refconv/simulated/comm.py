@@ -54,7 +54,7 @@ from refconv.simulated import buffers, params
 from refconv.simulated.params import op_name
 from refconv.simulated.request import PERSISTENT, Request  # noqa: F401 -- Request: simulated.comm.Request, as before
 from refconv.simulated.rooted import Collectives
-from refconv.simulated.world import CollectiveMismatch, FreedComm, InvalidParameter, Unsupported, call_site
+from refconv.simulated.world import CollectiveMismatch, FreedComm, InvalidParameter, Unsupported, call_site, persistent
 
 PROC_NULL = (("PROC_NULL", MPI.PROC_NULL),)
 SOURCES = (("ANY_SOURCE", MPI.ANY_SOURCE), ("PROC_NULL", MPI.PROC_NULL))
@@ -156,8 +156,7 @@ class Comm(Collectives):
 
     def __getattr__(self, name):
         if name in PERSISTENT:
-            raise Unsupported(f"simulated ranks: persistent requests (Comm.{name}) are not simulated; run this "
-                              f"under mpiexec")
+            raise persistent(f"Comm.{name}")
         if name[:1].isupper() or name in ("reduce", "gather", "scatter", "send", "recv", "alltoall", "allreduce",
                                           "isend", "irecv", "sendrecv", "scan", "exscan"):
             raise Unsupported(f"simulated ranks: Comm.{name} is not implemented (refconv.simulated.comm "

@@ -29,6 +29,7 @@ class Calls:
     def __init__(self, world, me):
         self.world, self.me = world, me
         self.pending = {}      # this rank's requests not yet completed (a dict: in posting order)
+        self.schedule = getattr(world, "schedule", None)   # run(schedules="all"): refconv.simulated.schedules
 
     # -- posting -----------------------------------------------------------------------------------------
     def collective(self, comm, op, agree, args):
@@ -114,19 +115,14 @@ class Calls:
                 self.me.clock.posted(mine, comm)
             pending = theirs.get(dest, ())
             other = next((o for o in pending if matches(mine, o)), None)
+            if self.schedule is not None:    # a wildcard receive waits for the schedule's choice of its send
+                other = self.schedule.posted(comm.group, mine, other)
             if other is None:
                 queue.setdefault(dest, []).append(mine)
             else:
                 pending.remove(other)
                 send, recv = (mine, other) if mine.call == "send" else (other, mine)
-                send.request.moving()
-                recv.request.moving()
-                _deliver(send, recv, comm.group)
-                if self.me.clock is not None:
-                    self.me.clock.message_done(comm.group, send, recv)
-                send.request.delivered()
-                recv.request.delivered()
-                self.world.notify([send.request.owner, recv.request.owner])
+                pair(self.world, comm.group, send, recv)
         self.world.switch(self.me)
 
     # -- completing ----------------------------------------------------------------------------------------
@@ -171,6 +167,8 @@ class Calls:
                 done = self.me.clock.arrived(requests)
         if done:
             self._complete(requests)
+        elif self.schedule is not None:   # a rank that polls while every other waits: a fence, as a wait is
+            self.schedule.polled(self.world)
         self.world.switch(self.me)
         return done
 
@@ -204,6 +202,18 @@ class Calls:
                                f"{'s' if len(lines) > 1 else ''} never completed (no Wait, Test or Waitall returned "
                                f"them); MPI requires each to complete before its buffers are reused or the rank "
                                f"finalizes:\n" + "\n".join(lines))
+
+
+def pair(world, group, send, recv):
+    """Move the matched ``send``'s message into ``recv`` and complete both (under the world's lock)."""
+    send.request.moving()
+    recv.request.moving()
+    _deliver(send, recv, group)
+    if send.request.owner.clock is not None:
+        send.request.owner.clock.message_done(group, send, recv)
+    send.request.delivered()
+    recv.request.delivered()
+    world.notify([send.request.owner, recv.request.owner])
 
 
 def _pending(requests):

@@ -93,6 +93,12 @@ class Unsupported(SimulatedError, NotImplementedError):
     """A feature of MPI the simulated world does not simulate, by name."""
 
 
+def persistent(call):
+    """The refusal of a persistent request (``Comm.Send_init``, ``Recv_init``, ``MPI.Request.Startall``, ...)."""
+    return Unsupported(f"{call}: persistent requests are not simulated; post Isend/Irecv each time, or run "
+                       f"it under mpiexec")
+
+
 class Rank:
     """The world's record of one rank, and the rank's handle (``local.simulated()``)."""
 

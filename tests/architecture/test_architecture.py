@@ -80,6 +80,8 @@ LAZY_IMPORTS = {
     ("refconv/testing/mpirun.py", "refconv.testing.asserts"): "runs only inside a launched rank (it imports MPI)",
     ("tests/conftest.py", "cupy"): "optional; decides NUMBA_ENABLE_CUDASIM before numba is first imported",
     ("tests/conftest.py", "refconv"): "refconv may import numba: only after the simulator switch",
+    ("tests/simulator/test_standins.py", "mpi4py"): "a from-import of MPI.COMM_WORLD made on a simulated rank is "
+                                                    "what it tests",
     ("tests/docs_and_tutorials/test_site.py", "site_hooks"): "docs/site_hooks.py is imported from a path put on sys.path for the call",
     ("tests/docs_and_tutorials/test_tutorials.py", "course"): "tutorials/course.py is imported from a path put on sys.path for the test",
 }
@@ -345,13 +347,13 @@ def test_the_readme_states_the_layer_order():
     assert order in readme, f"README.md should state the layer order of LAYERS: {order}"
 
 
-SIMULATOR_CORE = ("world", "comm", "request", "engine", "buffers", "params", "poison")
+SIMULATOR_CORE = ("world", "comm", "request", "engine", "buffers", "params", "poison", "standins", "schedules")
 CORE_THIRD_PARTY = ("numpy", "mpi4py")   # mpi4py for MPI's constants and datatypes, which the simulated comm keeps
 
 
 @pytest.mark.parametrize("name", SIMULATOR_CORE)
 def test_the_simulator_core_imports_only_collectives(name):
-    """The simulator's core sits low: world, comm, engine and buffers import, at module level, only
+    """The simulator's core sits low: world, comm, engine, buffers, standins and schedules import, at module level, only
     refconv.collectives, each other, NumPy, mpi4py and the standard library."""
     path = ROOT / f"refconv/simulated/{name}.py"
     tree = ast.parse(path.read_text())

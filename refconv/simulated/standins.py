@@ -1,0 +1,225 @@
+"""mpi4py's own names on a simulated rank: ``MPI.COMM_WORLD``, ``MPI.Request`` and ``MPI.Win``.
+
+While a world runs (:func:`installed`, which :func:`refconv.simulated.run` enters), these three
+names leave the ``mpi4py.MPI`` module's dictionary and the module's ``__getattr__`` answers for
+them, thread by thread:
+
+==================  ==========================================  =================================
+name                on a simulated rank's thread                on any other thread
+==================  ==========================================  =================================
+``COMM_WORLD``      the rank's world communicator (what ``run``  mpi4py's own
+                    gave its function): every rank of the world
+``Request``         :class:`RankRequest`: ``Waitall``,           mpi4py's own
+                    ``Testall``, ``Waitany``, ``Testany``,
+                    ``Waitsome``, ``Testsome`` complete
+                    simulated requests (mpi4py's own take only
+                    its own)
+``Win``             :class:`RankWin`: a window on a simulated    mpi4py's own
+                    communicator is refused by name
+                    (:class:`refconv.simulated.world.Unsupported`)
+==================  ==========================================  =================================
+
+So ``MPI.COMM_WORLD.Allreduce(...)`` on a simulated rank reduces over every simulated rank, as
+it would under ``mpiexec``, and ``comm is MPI.COMM_WORLD`` holds there for the rank's world
+communicator.  The names come back when the last world running ends.  What a lookup cannot reach:
+an object bound before the run (``from mpi4py.MPI import COMM_WORLD`` at a module's top, a default
+argument ``comm=MPI.COMM_WORLD``) is mpi4py's own, the process's one rank.  refconv's collective
+wrappers refuse it by name (:func:`refconv.collectives.check_comm`); a raw call on it is not seen.
+"""
+
+import threading
+
+from mpi4py import MPI
+
+from refconv.collectives import local
+from refconv.simulated.comm import Request as SimulatedRequest
+from refconv.simulated.world import SimulatedError, Unsupported, current_rank, persistent
+
+NAMES = ("COMM_WORLD", "Request", "Win")
+REAL = {name: getattr(MPI, name) for name in NAMES}   # mpi4py's own, read once, before any world runs
+_lock = threading.Lock()
+_worlds = 0          # worlds running now (several threads may each run one)
+_previous = [None]   # the module's own __getattr__ while ours stands in
+
+
+class installed:
+    """``with installed():`` the module's three names answer by thread (see the module's table)."""
+
+    def __enter__(self):
+        global _worlds
+        with _lock:
+            if _worlds == 0:
+                _previous[0] = vars(MPI).get("__getattr__")   # none in mpi4py 4.1; kept should one come
+                MPI.__getattr__ = _lookup     # first, so that no thread ever finds the names missing
+                for name in NAMES:
+                    delattr(MPI, name)
+            _worlds += 1
+        return self
+
+    def __exit__(self, *exc):
+        global _worlds
+        with _lock:
+            _worlds -= 1
+            if _worlds == 0:
+                for name, obj in REAL.items():
+                    setattr(MPI, name, obj)
+                if _previous[0] is None:
+                    del MPI.__getattr__
+                else:
+                    MPI.__getattr__ = _previous[0]
+
+
+def _lookup(name):
+    """``mpi4py.MPI``'s module ``__getattr__`` while a world runs: only the three names reach it."""
+    obj = REAL.get(name)
+    if obj is None:
+        if _previous[0] is not None:
+            return _previous[0](name)
+        raise AttributeError(f"module 'mpi4py.MPI' has no attribute {name!r}")
+    sim = local.simulated()
+    if sim is None:
+        return obj
+    return sim.comm if name == "COMM_WORLD" else ON_RANKS[name]
+
+
+class _OnRanks(type):
+    """``isinstance(x, MPI.Request)`` on a rank: a request of mpi4py's or of the simulated world."""
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, cls.__mro__[1]) or isinstance(obj, cls.simulated)
+
+
+class RankRequest(REAL["Request"], metaclass=_OnRanks):
+    """``MPI.Request`` on a simulated rank: its class methods complete simulated requests in the
+    simulated world, and hand a list of mpi4py's own to mpi4py."""
+
+    simulated = SimulatedRequest
+
+    @classmethod
+    def Waitall(cls, requests, statuses=None):
+        sims = _simulated(requests, "Waitall")
+        if sims is None:
+            return REAL["Request"].Waitall(requests, statuses)
+        return SimulatedRequest.Waitall(sims, statuses)
+
+    @classmethod
+    def Testall(cls, requests, statuses=None):
+        sims = _simulated(requests, "Testall")
+        if sims is None:
+            return REAL["Request"].Testall(requests, statuses)
+        return SimulatedRequest.Testall(sims, statuses)
+
+    @classmethod
+    def Waitany(cls, requests, status=None):
+        """The index of a completed request (the lowest one done), MPI.UNDEFINED when none is active."""
+        sims = _simulated(requests, "Waitany")
+        if sims is None:
+            return REAL["Request"].Waitany(requests, status)
+        active = [i for i, r in enumerate(sims) if not getattr(r, "inactive", False)]
+        if not active:
+            return MPI.UNDEFINED
+        me = current_rank("MPI.Request.Waitany")
+        me.world.block(me, lambda: any(sims[i].done for i in active), lambda: "; ".join(sims[i].what for i in active))
+        index = next(i for i in active if sims[i].done)
+        _complete(sims[index], status)
+        return index
+
+    @classmethod
+    def Testany(cls, requests, status=None):
+        """``(index, True)`` for a request completed now, ``(MPI.UNDEFINED, False)`` when none is done."""
+        sims = _simulated(requests, "Testany")
+        if sims is None:
+            return REAL["Request"].Testany(requests, status)
+        for index, r in enumerate(sims):
+            if not getattr(r, "inactive", False) and r.Test(status):
+                r.inactive = True
+                return index, True
+        return MPI.UNDEFINED, not any(not getattr(r, "inactive", False) for r in sims)
+
+    @classmethod
+    def Waitsome(cls, requests, statuses=None):
+        """The indices of the requests done once at least one is (None when none is active)."""
+        sims = _simulated(requests, "Waitsome")
+        if sims is None:
+            return REAL["Request"].Waitsome(requests, statuses)
+        active = [i for i, r in enumerate(sims) if not getattr(r, "inactive", False)]
+        if not active:
+            return None
+        me = current_rank("MPI.Request.Waitsome")
+        me.world.block(me, lambda: any(sims[i].done for i in active), lambda: "; ".join(sims[i].what for i in active))
+        done = [i for i in active if sims[i].done]
+        for i in done:
+            _complete(sims[i], None)
+        return done
+
+    @classmethod
+    def Testsome(cls, requests, statuses=None):
+        sims = _simulated(requests, "Testsome")
+        if sims is None:
+            return REAL["Request"].Testsome(requests, statuses)
+        active = [i for i, r in enumerate(sims) if not getattr(r, "inactive", False)]
+        if not active:
+            return None
+        done = [i for i in active if sims[i].Test()]
+        for i in done:
+            sims[i].inactive = True
+        return done
+
+    @classmethod
+    def Startall(cls, requests):
+        if _simulated(requests, "Startall") is None:
+            return REAL["Request"].Startall(requests)
+        raise persistent("MPI.Request.Startall")
+
+
+def _complete(request, status):
+    """Complete a simulated request that is done through its own Wait (its checks, its status)."""
+    if status is None:
+        request.Wait()
+    else:
+        request.Wait(status)
+    request.inactive = True   # as mpi4py's Waitany leaves MPI.REQUEST_NULL in its place
+
+
+def _simulated(requests, call):
+    """The simulated requests in ``requests``; None when every one is mpi4py's own."""
+    requests = list(requests)
+    kinds = {isinstance(r, SimulatedRequest) for r in requests}
+    if kinds != {True}:
+        if True in kinds:
+            raise SimulatedError(f"MPI.Request.{call}: the list mixes simulated requests with mpi4py's own "
+                                 f"({', '.join(type(r).__name__ for r in requests)}); complete each kind apart")
+        return None
+    return requests
+
+
+class RankWin(REAL["Win"], metaclass=_OnRanks):
+    """``MPI.Win`` on a simulated rank: a window on a simulated communicator is refused by name."""
+
+    simulated = ()
+
+    @classmethod
+    def Create(cls, *args, **kwargs):
+        return _window("Create", args, kwargs)
+
+    @classmethod
+    def Allocate(cls, *args, **kwargs):
+        return _window("Allocate", args, kwargs)
+
+    @classmethod
+    def Allocate_shared(cls, *args, **kwargs):
+        return _window("Allocate_shared", args, kwargs)
+
+    @classmethod
+    def Create_dynamic(cls, *args, **kwargs):
+        return _window("Create_dynamic", args, kwargs)
+
+
+def _window(call, args, kwargs):
+    if any(getattr(a, "simulated", False) is True for a in (*args, *kwargs.values())):
+        raise Unsupported(f"MPI.Win.{call} on simulated rank {current_rank('MPI.Win').rank}: one-sided "
+                          f"communication (MPI.Win) is not simulated; run it under mpiexec")
+    return getattr(REAL["Win"], call)(*args, **kwargs)
+
+
+ON_RANKS = {"Request": RankRequest, "Win": RankWin}
