@@ -36,13 +36,15 @@ import time
 from threadpoolctl import threadpool_limits
 
 from refconv.collectives import local
+from refconv.simulated import leaks
 from refconv.simulated.comm import Comm, Group
 from refconv.simulated.engine import Calls
+from refconv.simulated.leaks import ResourceLeak
 from refconv.simulated.world import (MAX_RANKS, BufferReused, CollectiveMismatch, Deadlock, PeerFailed, RankStopped,
                                      SimulatedError, World, by_rank, current_rank, user_stack)
 
 __all__ = ["run", "comm_world", "MAX_RANKS", "SimulatedError", "PeerFailed", "Deadlock", "CollectiveMismatch",
-           "BufferReused", "RankStopped"]
+           "BufferReused", "RankStopped", "ResourceLeak"]
 
 
 def run(fn, ranks, *, args=(), kwargs=None, stepped=False, machine=None, timeout=None):
@@ -84,7 +86,9 @@ def run(fn, ranks, *, args=(), kwargs=None, stepped=False, machine=None, timeout
     with threadpool_limits(limits=1):
         world.start(body)
         _join(world, timeout)
-    return _outcome(world)
+    results = _outcome(world)
+    leaks.report(world)      # refconv.simulated.leaks: what the ranks made and did not free (a run that succeeded)
+    return results
 
 
 def comm_world():

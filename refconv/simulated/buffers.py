@@ -34,6 +34,7 @@ import numpy
 from mpi4py import MPI
 
 from refconv.collectives.staging import BlockLayout
+from refconv.simulated import leaks
 
 
 def as_array(buf, what):
@@ -112,6 +113,7 @@ class Region:
     (count, outer, run) with strides (extent, stride, 1)."""
 
     def __init__(self, array, offset, count, datatype, what):
+        leaks.datatype_used(datatype)             # refconv.simulated.leaks: a derived datatype, seen at first use
         self.array, self.what = array, what
         self.shapes = getattr(array, "shapes_only", False)
         data = _Sized(array.nbytes) if self.shapes else as_bytes(array)

@@ -38,7 +38,7 @@ import pickle
 import numpy
 from mpi4py import MPI
 
-from refconv.simulated import buffers
+from refconv.simulated import buffers, groups, leaks
 from refconv.simulated.world import BufferReused, CollectiveMismatch, current_rank
 
 _REDUCE = [(MPI.SUM, numpy.add), (MPI.PROD, numpy.multiply), (MPI.MAX, numpy.maximum), (MPI.MIN, numpy.minimum)]
@@ -155,6 +155,7 @@ class Comm:
     def Set_name(self, name):
         self.group.name = str(name)
 
+    @leaks.frees
     def Free(self):
         pass
 
@@ -186,16 +187,28 @@ class Comm:
         raise AttributeError(name)
 
     # -- communicators -----------------------------------------------------------------------------------
+    @leaks.makes("Split")
     def Split(self, color=0, key=0):
         return self._wait(self._collective("Split", (), color=color, key=key))
 
+    @leaks.makes("Split_type")
     def Split_type(self, split_type, key=0, info=None):
         if split_type != MPI.COMM_TYPE_SHARED:
             raise NotImplementedError(f"simulated ranks: Comm.Split_type({split_type!r}) (only COMM_TYPE_SHARED)")
         return self._wait(self._collective("Split", (), color=0, key=key))   # one node: every rank shares it
 
+    @leaks.makes("Dup")
     def Dup(self):
         return self.Split(0, self._rank)
+
+    def Get_group(self):
+        return groups.get_group(self)        # refconv.simulated.groups: groups, Create, Create_group
+
+    def Create(self, group):
+        return groups.create(self, group)
+
+    def Create_group(self, group, tag=0):
+        return groups.create_group(self, group, tag)
 
     def self_comm(self):
         """A new one-rank communicator of this rank alone (not collective: no other rank takes part)."""
