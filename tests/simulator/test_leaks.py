@@ -203,3 +203,20 @@ def test_a_model_in_a_with_block_frees_every_grid_it_built():
         step(refconv.Model.from_spec(SPEC, comm=comm, backend="numpy"))
 
     assert len(rank_lines(leak_report(forgotten, 2))) >= 2
+
+
+def test_the_block_type_cache_is_the_process_s_and_frees_on_request():
+    """Under MPI (COMM_SELF here) the block datatypes are cached for the process; simulated ranks never fill it."""
+    from refconv.collectives import staging
+
+    kept = staging.block_types(numpy.float32, 2, [1, 2], 3, 4)
+    assert all(t and not t.is_predefined for t in kept)
+    staging.free_block_types()
+    staging.free_block_types()
+    assert not staging._BLOCK_TYPES and not any(kept)
+
+    def on_a_rank(comm):
+        return staging.block_types(numpy.float32, 2, [1, 2], 3, 4)
+
+    assert clean(on_a_rank, 2)[0] == [staging.BlockLayout(2, 12, 16), staging.BlockLayout(2, 24, 16)]
+    assert not staging._BLOCK_TYPES
