@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 import refconv
 from refconv import simulated
+from refconv.collectives import staging
 from refconv.optim import SGD
 from refconv.simulated import ResourceLeak, leaks
 from refconv.train import stepping
@@ -207,8 +208,6 @@ def test_a_model_in_a_with_block_frees_every_grid_it_built():
 
 def test_the_block_type_cache_is_the_process_s_and_frees_on_request():
     """Under MPI (COMM_SELF here) the block datatypes are cached for the process; simulated ranks never fill it."""
-    from refconv.collectives import staging
-
     kept = staging.block_types(numpy.float32, 2, [1, 2], 3, 4)
     assert all(t and not t.is_predefined for t in kept)
     staging.free_block_types()
