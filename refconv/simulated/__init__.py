@@ -5,10 +5,10 @@
     from refconv import simulated
 
     def body(comm):                                   # runs on every rank, as under mpiexec
-        grid = refconv.ProcessGrid(comm, channel=comm.size)
-        layer = refconv.DistConv2d(8, 8, 3, padding=1, grid=grid, algorithm="stationary-x")
-        ...
-        return layer.weight_grad
+        with refconv.ProcessGrid(comm, channel=comm.size) as grid:     # frees its sub-communicators at the end
+            layer = refconv.DistConv2d(8, 8, 3, padding=1, grid=grid, algorithm="stationary-x")
+            ...
+            return layer.weight_grad
 
     grads = simulated.run(body, 4)                    # one result per rank, rank 0's first
 
@@ -25,8 +25,9 @@ a note that lists every rank's outcome.  A deadlock raises :class:`Deadlock` wit
 pending call and stack.  ``stepped=True`` runs one rank at a time, switching at communication
 calls only (a debugger stops one rank with the others parked); ``machine=`` prices the run on a
 logical clock (:mod:`refconv.simulated.clock`, imported only then: the simulator's core,
-world, comm, engine and buffers, imports only :mod:`refconv.collectives`).  docs/simulated-ranks.md says what is simulated
-and what is not.
+world, comm, engine and buffers, imports only :mod:`refconv.collectives`).  A run that returns warns once
+(:class:`ResourceLeak`) about every communicator, group and derived datatype a rank made and did not free
+(:mod:`refconv.simulated.leaks`).  docs/simulated-ranks.md says what is simulated and what is not.
 """
 
 import ctypes

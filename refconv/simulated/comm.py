@@ -7,6 +7,8 @@ call                                      what the simulated world does
 ``size``, ``Get_name``, ``Set_name``,
 ``Free``
 ``Split``, ``Split_type``, ``Dup``        collective; new communicators, ranked by (key, rank)
+``Get_group``, ``Create``,                groups and communicators made of them
+``Create_group``                          (:mod:`refconv.simulated.groups`)
 ``Allreduce``, ``Iallreduce``             sum (or max, min, prod) in rank order, in place too
 ``Ialltoallw``, ``Iallgather``            blocks of bytes (``MPI.BYTE``, ``BlockLayout``)
 ``Alltoallv``, ``Scatterv``, ``Gatherv``  blocks in elements of the array's dtype
