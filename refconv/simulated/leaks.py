@@ -75,35 +75,26 @@ class Entry:
         if self.kind == "communicator":
             return f"communicator {self.obj.group.name!r} ({self.call}), made at {self.where}"
         if self.kind == "group":
-            return f"group of {len(self.obj.members)} rank{'' if len(self.obj.members) == 1 else 's'} ({self.call}), made at {self.where}"
+            n = len(self.obj.members)
+            return f"group of {n} rank{'' if n == 1 else 's'} ({self.call}), made at {self.where}"
         return f"datatype {self.call}, first used at {self.where}"
 
 
-class Ledger:
-    """Every object the ranks of one world made, by ``id`` (each object is kept, so no id is reused)."""
-
-    def __init__(self):
-        self.entries = {}
-
-
 def ledger(world):
-    """The world's ledger, made at its first entry (a world that makes nothing never has one)."""
-    book = getattr(world, "leak_ledger", None)
-    if book is None:
-        book = world.leak_ledger = Ledger()
-    return book
+    """``{id(obj): Entry}``: every object the ranks of ``world`` made (each kept, so no id is reused), made at
+    the first entry; ``dict.setdefault`` is one step, so two ranks making the first objects at once share it."""
+    return world.__dict__.get("leak_ledger") or world.__dict__.setdefault("leak_ledger", {})
 
 
 def made(owner, obj, kind, call):
     """Rank ``owner`` (a :class:`refconv.simulated.world.Rank`) made ``obj`` of ``kind`` with ``call``: record
     it and where."""
-    ledger(owner.world).entries[id(obj)] = Entry(obj, owner.rank, kind, call, where(sys._getframe(1)))
+    ledger(owner.world)[id(obj)] = Entry(obj, owner.rank, kind, call, where(sys._getframe(1)))
 
 
 def freed(owner, obj):
     """``obj`` was freed (a second ``Free`` finds it crossed off already)."""
-    book = getattr(owner.world, "leak_ledger", None)
-    entry = book and book.entries.get(id(obj))
+    entry = ledger(owner.world).get(id(obj))
     if entry is not None and entry.obj is obj:
         entry.freed = True
 
@@ -126,7 +117,7 @@ def comm_made(owner, new, call):
 
 
 def frees(method):
-    """Decorate ``Comm.Free``: the communicator is crossed off, then freed."""
+    """Decorate ``Comm.Free``: once the communicator is freed, it is crossed off."""
     @functools.wraps(method)
     def freeing(comm, *args, **kwargs):
         result = method(comm, *args, **kwargs)
@@ -137,9 +128,9 @@ def frees(method):
 
 def datatype_used(datatype):
     """A simulated call was handed ``datatype``: a derived mpi4py datatype is recorded at its first use."""
-    if not getattr(datatype, "is_predefined", True):   # BlockLayouts, MPI.BYTE: nothing to free
+    if isinstance(datatype, MPI.Datatype) and datatype is not MPI.BYTE and not datatype.is_predefined:
         me = local.simulated()
-        if me is not None and id(datatype) not in ledger(me.world).entries:
+        if me is not None and id(datatype) not in ledger(me.world):
             made(me, datatype, "datatype", _datatype_label(datatype))
 
 
@@ -155,8 +146,7 @@ def _datatype_label(datatype):
 
 def report(world, stacklevel=3):
     """Warn once (:class:`ResourceLeak`) about every object of ``world`` still held, by rank."""
-    book = getattr(world, "leak_ledger", None)
-    held = sorted((e for e in book.entries.values() if e.held()), key=lambda e: e.rank) if book else []
+    held = sorted((e for e in world.__dict__.get("leak_ledger", {}).values() if e.held()), key=lambda e: e.rank)
     if not held:
         return
     lines = by_rank([(e.rank, e.line(), ()) for e in held])
