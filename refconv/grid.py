@@ -229,7 +229,10 @@ class ProcessGrid:
                 sub.Free()
         self._cache.clear()
 
-    close = free   # the name every refconv object that frees what it made uses (Model.close, ...)
+    def close(self):
+        """:meth:`free`, under the name every refconv object that frees what it made has
+        (:meth:`refconv.model.Model.close`, ``Sequential.close``): collective, safe twice."""
+        self.free()
 
     def __enter__(self):
         return self
