@@ -85,8 +85,10 @@ def score(module, solution):
         def body(comm):
             dw_loc, db_loc = partials(SCORE_CASE, comm.rank)
             scoring.given(dw_loc, db_loc)
-            out = m.finish_gradients(m.weight_peers(comm, SCORE_CASE.grid), dw_loc, db_loc)
+            peers = m.weight_peers(comm, SCORE_CASE.grid)
+            out = m.finish_gradients(peers, dw_loc, db_loc)
             scoring.checkpoint()
+            peers.Free()
             return out
         return body
     return scoring.compare(SCORE_CASE, body_of, module, solution, SCORE_CASE.ranks)

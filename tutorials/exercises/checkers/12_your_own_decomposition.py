@@ -84,6 +84,7 @@ def run_records_part(module, case):
         x_loc = layer.input_distribution.extract(x, comm.rank)
         dy_loc = layer.output_distribution.extract(dy, comm.rank)
         measured = measure_records(lambda: (layer.forward(x_loc), layer.backward(dy_loc)))
+        layer.grid.close()
         return _table(layer.records()), _table(measured)
     got = on_ranks(body, int(numpy.prod(case.grid_shape)))
     return [Compared("records(), against the calls measured", [g[0] for g in got], [g[1] for g in got], exact=True,
@@ -113,6 +114,7 @@ def score(module, solution):
             scoring.checkpoint()
             dx_loc = layer.backward(dy_loc)
             scoring.checkpoint()
+            layer.grid.close()
             return y_loc, dx_loc
         return body
     lines = []
