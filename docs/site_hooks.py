@@ -51,6 +51,7 @@ API = {
                                     "refconv.testing.commands"]),
     "simulated": ("Simulated ranks", ["refconv.simulated", "refconv.simulated.comm", "refconv.simulated.world",
                                       "refconv.simulated.engine", "refconv.simulated.clock",
+                                      "refconv.simulated.leaks", "refconv.simulated.groups",
                                       "refconv.commands.simulate", "refconv.commands.simulate_steps"]),
 }
 

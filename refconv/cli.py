@@ -182,7 +182,7 @@ class SharedErrors:
         if self.comm is not None and self._within(self._made, started) and self._within(self.comm.Ibarrier(), started):
             if MPI.COMM_WORLD.Get_rank() == 0:
                 failure.write_line(message)
-            self.comm.Free()
+            self.close()
             return status
         waited = time.monotonic() - started
         return failure.exit_on_shared_error(message, status, grace_s=max(failure.SHARED_GRACE_S - waited, 0.0))
@@ -195,10 +195,12 @@ class SharedErrors:
         return True
 
     def close(self):
-        """After a command that returned: every rank made the duplicate, so it completes."""
+        """After a command that returned (or an error every rank shared): every rank made the duplicate, so
+        it completes, and is freed.  Safe to call twice."""
         if self.comm is not None:
             self._made.Wait()
             self.comm.Free()
+            self.comm = None
 
 
 if __name__ == "__main__":

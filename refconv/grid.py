@@ -43,6 +43,10 @@ group of ``q = P_c / groups`` ranks of a grouped layer whose groups span ranks
 
 Every method that builds a communicator is collective over ``comm``: all ranks
 must call it, with the same arguments, in the same order.
+
+A grid owns the sub-communicators it built: ``grid.close()`` (or ``grid.free()``, or
+``with ProcessGrid(...) as grid:``) frees them, collectively, and is safe to call twice.  A grid
+left open is a leak that simulated ranks report (:mod:`refconv.simulated.leaks`).
 """
 
 import math
@@ -219,11 +223,17 @@ class ProcessGrid:
         return comm_f, comm_c
 
     def free(self):
-        """Free every cached sub-communicator (never ``comm``).  Safe to call twice."""
+        """Free every cached sub-communicator (never ``comm``).  Safe to call twice; a grid used again
+        after it builds its sub-communicators anew (collectively, as the first time)."""
         for sub in self._cache.values():
             if sub != MPI.COMM_NULL:
                 sub.Free()
         self._cache.clear()
+
+    def close(self):
+        """:meth:`free`, under the name every refconv object that frees what it made has
+        (:meth:`refconv.model.Model.close`, ``Sequential.close``): collective, safe twice."""
+        self.free()
 
     def __enter__(self):
         return self
@@ -235,6 +245,32 @@ class ProcessGrid:
     def __repr__(self):
         sizes = ", ".join(f"{a}={p}" for a, p in zip(self.axes, self.shape))
         return f"ProcessGrid({sizes}; rank {self.rank} at {self.coords})"
+
+
+def grids_in(*objects):
+    """Every :class:`ProcessGrid` that ``objects`` (models, containers, layers) hold, each once, in the order
+    found: through their attributes, lists, tuples and dicts, into refconv's layers and models only."""
+    found, seen, stack = {}, set(), list(reversed(objects))
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, ProcessGrid):
+            found[id(obj)] = obj
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(reversed(obj))
+        elif isinstance(obj, dict):
+            stack.extend(reversed(list(obj.values())))
+        elif type(obj).__module__.startswith(("refconv.layers", "refconv.model")) and hasattr(obj, "__dict__"):
+            stack.extend(reversed(list(vars(obj).values())))
+    return list(found.values())
+
+
+def close_grids(*objects):
+    """Close (:meth:`ProcessGrid.close`) every grid ``objects`` hold: collective, safe to call twice."""
+    for grid in grids_in(*objects):
+        grid.close()
 
 
 def _comm_name(key):

@@ -17,11 +17,15 @@ or from a spec (a dict, or a JSON/YAML file; see docs/models.md and
 
     model = Model.from_spec("digits-cnn", comm=comm)
 
+A model's grids hold sub-communicators: ``model.close()`` frees them (collective, safe twice), and
+``with Model.from_spec(...) as model:`` closes it at the end of the block.
+
 ``model.named_parameters()`` lists ``(qualified_name, layer, param_name)`` in a
 fixed order (what :class:`refconv.optim.SGD` and :mod:`refconv.checkpoint` take).
 """
 
 from refconv import checks, model_spec
+from refconv.grid import close_grids
 from refconv.collectives import buckets
 from refconv.collectives.buckets import Buckets
 from refconv.layers import LOSSES
@@ -65,6 +69,19 @@ class Model(Wrapper):
         model = cls(body, loss=spec.get("loss", "cross-entropy"))
         model.spec, model.in_channels = spec, in_channels
         return model
+
+    # -- lifetime ----------------------------------------------------------------------------------
+    def close(self):
+        """Free the sub-communicators of every grid the model's layers sit on (collective: every rank
+        calls it).  Safe to call twice; a model used again builds them anew."""
+        close_grids(self.body, self.head)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     # -- structure ------------------------------------------------------------------------------
     @property

@@ -332,5 +332,10 @@ def build(spec, *, comm=None, backend="auto", dtype=None, seed=0, serial=False, 
     dtype = numpy.dtype(dtype or numpy.float32)
     comm = collectives.comm_self() if serial else (comm or MPI.COMM_WORLD)
     b = _Builder(comm, backend, dtype, seed, serial, merged, dims=spec.get("dims", 2))
-    layers, names, _, _ = b.sequence(nodes, None, in_channels)
+    try:
+        layers, names, _, _ = b.sequence(nodes, None, in_channels)
+    except ValueError:          # a bad layer, alike on every rank: the grids made so far are freed alike
+        for grid in b.grids.values():
+            grid.close()
+        raise
     return Sequential(layers, names=names), spec, in_channels

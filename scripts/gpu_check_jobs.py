@@ -256,6 +256,7 @@ def job_train(args):
         # the parameters after the steps: the backward passes and the update, not only the forward
         params[backend] = [numpy.asarray(arrays.to_host(getattr(layer, name)))
                            for _, layer, name in model.named_parameters()]
+        model.close()
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses["cuda"], losses["numpy"]))
     moved = max(float(numpy.max(numpy.abs(a - b) / (numpy.abs(b) + 1e-12)))
                 for a, b in zip(params["cuda"], params["numpy"]))

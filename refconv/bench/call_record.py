@@ -56,6 +56,7 @@ def main(argv=None):
     before = record.count
     train.step(model, optimizer, x_b, y_b)
     entries = record.count - before                 # MPI calls a step makes on this rank
+    model.close()
     n = 20000
     t = time.perf_counter()
     for _ in range(n):                              # one entry and its end, as guard makes them

@@ -60,6 +60,7 @@ def measure(spec, ranks, shape, steps=2):
             optimizer = SGD(model.bind(shape), 0.01, momentum=0.9)
             for _ in range(steps):
                 step(model, optimizer, x, y)
+            model.close()
             return {"peak": tracker.peak(), "at_peak": dict(tracker.at_peak), "by_kind": tracker.peak_by_kind(),
                     "by_layer": tracker.peak_by_layer()}
     return simulated.run(body, ranks)

@@ -152,6 +152,7 @@ def run_step(args, comm):
     _report(comm, spans, waits, "blocking", lines)
     if args.timeline:
         write_timeline(comm, model, step, args.timeline, f"{args.model}, batch {batch}, sample={comm.Get_size()}")
+    model.close()
 
 
 def run_buckets(args, comm):
@@ -172,6 +173,7 @@ def run_buckets(args, comm):
              + f"; MPICH_ASYNC_PROGRESS={os.environ.get('MPICH_ASYNC_PROGRESS', 'unset')}; median (min-max) of "
              f"{args.rounds} rounds"]
     _report(comm, spans, waits, next(iter(names)), lines)
+    model.close()
 
 
 def write_timeline(comm, model, step, path, title):
@@ -233,6 +235,7 @@ def run_halo(args, comm):
     for name, (f, b) in waited.items():
         lines.append(f"  {name:<14} {f * 1e3:6.2f} / {b * 1e3:6.2f} ms   hidden: forward {share(f, f0)}, "
                      f"backward {share(b, b0)}, both {share(f + b, f0 + b0)}")
+    grid.close()
     _report(comm, spans, waits, "blocking", lines)
 
 

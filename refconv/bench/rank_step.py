@@ -86,10 +86,13 @@ def measure(spec, ranks, shape, machine, overlap=True, profile=False):
             if profile:
                 profiler = cProfile.Profile(time.thread_time)   # CPU: not the turns waited for
                 profiler.runcall(step, model, optimizer, x, y)
+                model.close()
                 return profiler
             thread_cpu.start(bottom=BOTTOM)
             step(model, optimizer, x, y)
-            return thread_cpu.stop()
+            account = thread_cpu.stop()
+            model.close()
+            return account
 
     with thread_cpu.wrapped({} if profile else targets()):
         wall, cpu = time.perf_counter(), time.process_time()

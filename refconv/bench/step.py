@@ -51,6 +51,7 @@ def run(args, comm, env):
               "batch": batch, "model": model_name, "image_size": size, "dtype": args.dtype, "repeat": repeat,
               "warmup": warmup, "backend": env["ranks"][0]["backend"], "sweep": args.sweep}
     extra = {"images_per_s": batch / float(numpy.median(times)), "parameters": model.num_parameters()}
+    model.close()
     versus = torch_comparison(model_name, batch, comm, repeat, warmup, pause_for(env))
     if versus:
         extra.update(versus)

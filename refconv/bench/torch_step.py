@@ -312,6 +312,7 @@ def run_memory(args, comm):
         _, passes_peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    grid.close()
     w_bytes = layer.weight.nbytes + (layer.bias.nbytes if layer.has_bias else 0)
     live = x_loc.nbytes + w_bytes  # held before the passes (tracemalloc did not see them)
     tensors = x_loc.nbytes + dy_loc.nbytes + 2 * w_bytes  # x, y, w, dw of this rank
@@ -343,6 +344,7 @@ def run_profile(args, comm):
         print(f"{name}: {per_step * 1e3:.1f} ms of CPU a step (mean of {args.rounds}); by part:")
         for part, seconds in parts.items():
             print(f"  {seconds / args.rounds * 1e3:7.2f} ms {seconds / args.rounds / per_step:6.1%}  {part}")
+        model.close()
         profile = cProfile.Profile(time.process_time)
         profile.runcall(lambda: [step() for _ in range(args.rounds)])
         stats = pstats.Stats(profile)

@@ -123,8 +123,11 @@ class FlightRecord:
         size = comm.Get_size()
         if hasattr(comm, "world_rank"):         # simulated
             members = [comm.world_rank(r) for r in range(size)]
-        elif hasattr(comm, "Get_group"):
-            members = list(comm.Get_group().Translate_ranks(list(range(size)), MPI.COMM_WORLD.Get_group()))
+        elif hasattr(comm, "Get_group"):        # two groups, freed at once: a record must not leak MPI objects
+            mine, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+            members = list(mine.Translate_ranks(list(range(size)), world))
+            mine.Free()
+            world.Free()
         else:                                   # a stand-in communicator (tests): its own ranks
             members = list(range(size))
         name = comm.Get_name()

@@ -150,7 +150,10 @@ def split_axis(shape, axis):
     return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
 
 
-_BLOCK_TYPES = collections.OrderedDict()  # BlockLayout -> committed MPI datatype
+# BlockLayout -> committed MPI datatype.  The cache belongs to the process, not to a rank or a run: a
+# layout's type is made once and reused by every later call (MPI_Finalize frees what is left, or
+# free_block_types()).  Simulated ranks never fill it: they move BlockLayouts as they are.
+_BLOCK_TYPES = collections.OrderedDict()
 BLOCK_TYPES_KEPT = 64                     # past this many the least recently used are freed
 
 
@@ -179,6 +182,12 @@ def block_types(dtype, outer, counts, inner, stride):
     while len(_BLOCK_TYPES) > max(BLOCK_TYPES_KEPT, len(set(counts))):
         _BLOCK_TYPES.popitem(last=False)[1].Free()     # the least recently used: not this call's
     return blocks
+
+
+def free_block_types():
+    """Free every cached block datatype (:func:`block_type`'s); the next call commits anew.  Safe twice."""
+    while _BLOCK_TYPES:
+        _BLOCK_TYPES.popitem()[1].Free()
 
 
 def block_type(layout):

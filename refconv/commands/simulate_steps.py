@@ -190,6 +190,7 @@ def run_steps(spec, ranks, shape, machine, steps, *, backend="numpy", overlap=Tr
                 if progress is not None and comm.rank == 0:
                     progress(i + 1)
             memory = memory_figures(tracker)
+        model.close()
         return {"steps": out, "memory": memory, "kinds": ledger.kinds}
     return [value for value, _ in simulated.run(body, ranks, machine=machine)]
 

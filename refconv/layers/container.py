@@ -9,6 +9,7 @@ section 5).
 import numpy
 
 from refconv import checks, collectives
+from refconv.grid import close_grids
 from refconv.shapes import memory
 from refconv.layers.shuffle import Redistribute
 
@@ -62,6 +63,7 @@ class Sequential:
     ``start_grid``/``end_grid`` (optional) add a Redistribute before the first layer or
     after the last when the tensor arrives on, or must leave on, another grid; ``dtype``
     is what such a Redistribute moves when there is no layer (an identity shortcut).
+    ``close()`` (or ``with``) frees the sub-communicators of the grids its layers sit on.
     """
 
     def __init__(self, layers, *, start_grid=None, end_grid=None, names=None, kind="activations",
@@ -149,6 +151,17 @@ class Sequential:
 
     def __len__(self):
         return len(self.layers)
+
+    def close(self):
+        """Free the sub-communicators of every grid the layers sit on (collective; safe twice)."""
+        close_grids(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
 
 class Wrapper:

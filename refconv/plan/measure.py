@@ -129,7 +129,7 @@ def measure_collectives(comm, quick):
         notes.append(f"{kind} q={q}: fit median relative error {fit_error(xs, ys, a, b):.0%}{_again(tries, xs)}")
         out[kind][q] = [a / (q - 1) if kind == "alltoallv" else a, b]  # alltoallv: alpha per message
     for grid in grids.values():
-        grid.free()
+        grid.close()
     return out, notes, [(f"{kind} q={q}", f"buffers of {_bytes(min(xs))} to {_bytes(max(xs))}")
                         for (kind, q), (xs, _) in failed.items()]
 
@@ -309,6 +309,7 @@ def measure_layer_overhead(comm, backend, shapes, repeats):
         dy = rng.standard_normal((N, F, H, H)).astype(numpy.float32)
         contenders[i, "layer"] = lambda layer=layer, x=x, dy=dy: (layer.forward(x), layer.backward(dy))
     rounds = time_ranks(comm, contenders, repeats, 0, 0.0, window=COMPUTE_WINDOW_S)  # first call: warm-up
+    grid.close()
     xs, ys = [], []
     for i, (N, C, F, H, K) in enumerate(shapes):
         beyond = [t - sum(k) for t, *k in zip(rounds[i, "layer"], *(rounds[i, op] for op in CONV_OPS))]

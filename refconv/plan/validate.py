@@ -187,7 +187,8 @@ def layer_rows(world, machine, repeats, layers=LAYERS, dims=2):
                 cost = perf.layer_cost(layer, grid_shape, machine, algorithm, p_f)
                 rows.append(Row(name, P, label, cost, Span(tuple(measured[label]))))
             for grid, _ in built.values():
-                grid.free()
+                grid.close()
+        groups.close()
         groups.free()
     return rows
 
@@ -282,6 +283,8 @@ def model_rows(world, machine, steps, tabled=None, spec=MODEL):
     opts = {k: SGD(m, 0.01) for k, m in models.items()}
     runs = {k: (lambda m=m, k=k: step(m, opts[k], x, y)) for k, m in models.items()}
     measured = time_ranks(world, runs, steps, 1, PAUSE_S, settle=SETTLE_S)
+    for m in models.values():
+        m.close()
     return predicted, {k: Span(tuple(v)) for k, v in measured.items()}
 
 

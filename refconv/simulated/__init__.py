@@ -5,10 +5,10 @@
     from refconv import simulated
 
     def body(comm):                                   # runs on every rank, as under mpiexec
-        grid = refconv.ProcessGrid(comm, channel=comm.size)
-        layer = refconv.DistConv2d(8, 8, 3, padding=1, grid=grid, algorithm="stationary-x")
-        ...
-        return layer.weight_grad
+        with refconv.ProcessGrid(comm, channel=comm.size) as grid:     # frees its sub-communicators at the end
+            layer = refconv.DistConv2d(8, 8, 3, padding=1, grid=grid, algorithm="stationary-x")
+            ...
+            return layer.weight_grad
 
     grads = simulated.run(body, 4)                    # one result per rank, rank 0's first
 
@@ -25,8 +25,9 @@ a note that lists every rank's outcome.  A deadlock raises :class:`Deadlock` wit
 pending call and stack.  ``stepped=True`` runs one rank at a time, switching at communication
 calls only (a debugger stops one rank with the others parked); ``machine=`` prices the run on a
 logical clock (:mod:`refconv.simulated.clock`, imported only then: the simulator's core,
-world, comm, engine and buffers, imports only :mod:`refconv.collectives`).  docs/simulated-ranks.md says what is simulated
-and what is not.
+world, comm, engine and buffers, imports only :mod:`refconv.collectives`).  A run that returns warns once
+(:class:`ResourceLeak`) about every communicator, group and derived datatype a rank made and did not free
+(:mod:`refconv.simulated.leaks`).  docs/simulated-ranks.md says what is simulated and what is not.
 """
 
 import ctypes
@@ -36,9 +37,10 @@ import time
 from threadpoolctl import threadpool_limits
 
 from refconv.collectives import local
-from refconv.simulated import standins
+from refconv.simulated import leaks, standins
 from refconv.simulated.comm import Comm, Group
 from refconv.simulated.engine import Calls
+from refconv.simulated.leaks import ResourceLeak
 from refconv.simulated.poison import poisoned
 from refconv.simulated.schedules import MessageRace, explore, new_world
 from refconv.simulated.world import (MAX_RANKS, BufferReused, CollectiveMismatch, Deadlock, FreedComm, InvalidParameter,
@@ -47,7 +49,7 @@ from refconv.simulated.world import (MAX_RANKS, BufferReused, CollectiveMismatch
 
 __all__ = ["run", "comm_world", "poisoned", "MAX_RANKS", "SimulatedError", "PeerFailed", "Deadlock",
            "CollectiveMismatch", "BufferReused", "RankStopped", "InvalidParameter", "FreedComm", "TypeMismatch",
-           "PendingRequests", "Unsupported", "MessageRace"]
+           "PendingRequests", "Unsupported", "MessageRace", "ResourceLeak"]
 
 
 def run(fn, ranks, *, args=(), kwargs=None, stepped=False, machine=None, timeout=None, schedules=None):
@@ -99,7 +101,9 @@ def run(fn, ranks, *, args=(), kwargs=None, stepped=False, machine=None, timeout
     with threadpool_limits(limits=1), standins.installed():   # MPI.COMM_WORLD on a rank: its world
         world.start(body)
         _join(world, timeout)
-    return _outcome(world)
+    results = _outcome(world)
+    leaks.report(world)      # refconv.simulated.leaks: what the ranks made and did not free (a run that succeeded)
+    return results
 
 
 def comm_world():

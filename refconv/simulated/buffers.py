@@ -36,7 +36,7 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from refconv.collectives.staging import BlockLayout
-from refconv.simulated import params
+from refconv.simulated import leaks, params
 from refconv.simulated.world import InvalidParameter, Unsupported
 
 
@@ -199,6 +199,7 @@ class Region:
     ``basic``, ``items``: its type signature (``items`` elements of ``basic``)."""
 
     def __init__(self, array, offset, count, datatype, what):
+        leaks.datatype_used(datatype)             # refconv.simulated.leaks: a derived datatype, seen at first use
         self.array, self.what = array, what
         self.shapes = getattr(array, "shapes_only", False)
         data = _Sized(array.nbytes) if self.shapes else as_bytes(array)

@@ -8,6 +8,8 @@ call                                      what the simulated world does
 ``Free``, ``Get_attr``
 ``Split``, ``Split_type``, ``Dup``        collective; new communicators, ranked by (key, rank);
                                           ``MPI.UNDEFINED``: ``MPI.COMM_NULL``
+``Get_group``, ``Create``,                groups and communicators made of them
+``Create_group``                          (:mod:`refconv.simulated.groups`)
 ``Allreduce``, ``Iallreduce``             MPI's reductions (and user-defined ops) in rank order,
                                           in place too
 ``Ialltoallw``, ``Alltoallw``,            blocks of bytes (``MPI.BYTE``, ``BlockLayout``) or of
@@ -50,7 +52,7 @@ import pickle
 import numpy
 from mpi4py import MPI
 
-from refconv.simulated import buffers, params
+from refconv.simulated import buffers, groups, leaks, params
 from refconv.simulated.params import op_name
 from refconv.simulated.request import PERSISTENT, Request  # noqa: F401 -- Request: simulated.comm.Request, as before
 from refconv.simulated.rooted import Collectives
@@ -122,6 +124,7 @@ class Comm(Collectives):
             return params.TAG_UB
         raise Unsupported(f"simulated ranks: Comm.Get_attr({keyval}) (only MPI.TAG_UB is simulated)")
 
+    @leaks.frees
     def Free(self):
         self._live("Free")
         if self is self.owner.comm:
@@ -174,11 +177,13 @@ class Comm(Collectives):
         return f"{call}{part} on rank {self.owner.rank} of {self.group.name!r}"
 
     # -- communicators -----------------------------------------------------------------------------------
+    @leaks.makes("Split")
     def Split(self, color=0, key=0):
         self._live("Split")
         color, key = params.colour(color, self, "Split"), params.integer(key, self, "Split", "key")
         return self._wait(self._collective("Split", (), color=color, key=key))
 
+    @leaks.makes("Split_type")
     def Split_type(self, split_type, key=0, info=None):
         self._live("Split_type")
         key = params.integer(key, self, "Split_type", "key")
@@ -189,9 +194,19 @@ class Comm(Collectives):
                               f"UNDEFINED)")
         return self._wait(self._collective("Split", (), color=0, key=key))   # one node: every rank shares it
 
+    @leaks.makes("Dup")
     def Dup(self):
         self._live("Dup")
         return self.Split(0, self._rank)
+
+    def Get_group(self):
+        return groups.get_group(self)        # refconv.simulated.groups: groups, Create, Create_group
+
+    def Create(self, group):
+        return groups.create(self, group)
+
+    def Create_group(self, group, tag=0):
+        return groups.create_group(self, group, tag)
 
     def self_comm(self):
         """A new one-rank communicator of this rank alone (not collective: no other rank takes part)."""

@@ -36,6 +36,7 @@ def check_serial(cfg, losses, comm, x_train, y_train, num_classes, say):
     if comm.Get_rank() == 0:
         twin = build_model(cfg, serial=True, in_channels=x_train.shape[1], num_classes=num_classes)
         serial = serial_losses(cfg, twin, k, x_train, y_train)
+        twin.close()
         say(f"check-serial: the first {k} steps replayed on one rank (rtol {rtol:g})")
         say(f"  {'step':>4}  {'distributed':>14}  {'serial':>14}  {'rel. diff':>9}")
         for i, (a, b) in enumerate(zip(losses, serial)):

@@ -20,4 +20,5 @@ def serial_check(cfg, losses):
     x, y, _, _, num_classes = load_dataset(cfg, numpy.dtype(cfg.dtype))
     twin = build_model(cfg, serial=True, in_channels=x.shape[1], num_classes=num_classes)
     serial = serial_losses(cfg, twin, len(losses), x, y)
+    twin.close()
     return max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, serial))

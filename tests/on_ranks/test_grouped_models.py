@@ -44,10 +44,10 @@ def trains_as_on_one_rank(comm, serial):
     """On every rank: each preset on two grids, against ``serial``, its losses on one rank."""
     for name, kwargs in TINY.items():
         for grid in GRIDS[comm.size]:
-            model = Model.from_spec(name, comm=comm, defaults={"grid": grid, "algorithm": "stationary-x"},
-                                    **_build(kwargs))
-            grouped = [layer.algorithm for _, layer in model.named_layers() if getattr(layer, "groups", 1) > 1]
-            dist = _losses(model)
+            with Model.from_spec(name, comm=comm, defaults={"grid": grid, "algorithm": "stationary-x"},
+                                 **_build(kwargs)) as model:
+                grouped = [layer.algorithm for _, layer in model.named_layers() if getattr(layer, "groups", 1) > 1]
+                dist = _losses(model)
             rel = numpy.abs(dist - serial[name]) / numpy.abs(serial[name])
             assert_all_ranks(comm, grouped and set(grouped) == {"grouped"}, f"{name} {grid}: {grouped}")
             assert_all_ranks(comm, rel.max() < 1e-6, f"{name} {grid}: largest relative difference {rel.max():.2e}"

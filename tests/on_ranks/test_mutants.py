@@ -37,18 +37,23 @@ def layer(comm, cls, algorithm="stationary-x"):
 
 @on_ranks(1, 2, 3, 4)
 def test_a_mutant_on_every_rank_is_caught_on_every_rank(comm):
-    assert expect_mismatch(layer(comm, ForgetsBias), PROBLEM, tensors={"y"}) == {"y"}
+    mutant = layer(comm, ForgetsBias)
+    with mutant.grid:
+        assert expect_mismatch(mutant, PROBLEM, tensors={"y"}) == {"y"}
 
 
 @on_ranks(2, 3, 4)
 def test_a_mutant_of_one_rank_is_caught_on_every_rank(comm):
-    assert "y" in expect_mismatch(layer(comm, OneRankOff), PROBLEM, tensors={"y"})
+    mutant = layer(comm, OneRankOff)
+    with mutant.grid:
+        assert "y" in expect_mismatch(mutant, PROBLEM, tensors={"y"})
 
 
 @on_ranks(2, 4)
 def test_a_correct_layer_is_not_caught(comm):
-    with pytest.raises(AssertionError, match="found no mismatch; the planted bug went unseen"):
-        expect_mismatch(layer(comm, refconv.DistConv2d), PROBLEM)
+    correct = layer(comm, refconv.DistConv2d)
+    with correct.grid, pytest.raises(AssertionError, match="found no mismatch; the planted bug went unseen"):
+        expect_mismatch(correct, PROBLEM)
 
 
 @on_ranks(1, 2, 3, 4)
@@ -58,6 +63,7 @@ def test_check_records_holds_each_algorithm_to_its_records(comm):
         x_loc = numpy.ones(conv.input_distribution.local_shape(conv.grid.rank))
         dy_loc = numpy.ones(conv.output_distribution.local_shape(conv.grid.rank))
         check_records(comm, lambda: (conv.forward(x_loc), conv.backward(dy_loc)), conv.records(), algorithm)
+        conv.grid.close()
 
 
 def test_check_records_catches_a_call_the_records_leave_out():

@@ -155,6 +155,7 @@ def train_steps(comm, grid, algorithm, overlap, bucket=None):
     overlapped = sorted((c.kind, c.comm_size, c.bytes) for c in calls if c.overlap and c.kind == "allreduce")
     marked = sorted((c.kind, c.comm_size, c.bytes) for c in model.records() if c.grad) if overlap else []
     counts = [len(model.set_buckets(b).bucket_plan()[0]) for b in (0, bucket)] if bucket is not None else None
+    model.close()
     return losses + [loss], [layer.parameters()[p].copy() for _, layer, p in model.named_parameters()], \
         (overlapped, marked, counts)
 

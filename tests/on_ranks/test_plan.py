@@ -126,6 +126,7 @@ def test_a_models_machine_reaches_its_auto_convs(comm):
             _, _, expected = choose_for_layer(shape, 8, (3, 3), grid_shape=(1, 2, 1, 1), padding=(1, 1),
                                               machine=name)
         estimates[name] = conv.cost_estimates
+        model.close()
         assert_all_ranks(comm, conv.cost_estimates == expected, f"{name}: {conv.cost_estimates} != {expected}")
     assert_all_ranks(comm, estimates["v100-edr"] != estimates["dev-cpu"], f"{estimates}")
 

@@ -53,6 +53,7 @@ def _step_records(comm, name, grid, algorithm, filter_groups=None):
     step(model, optimizer, x, y)        # the first step may do one-off work; the second is measured
     check_records(comm, lambda: step(model, optimizer, x, y), model.records(), f"{name!s:.40} on {grid} ({algorithm})",
                   ordered=False)
+    model.close()
 
 
 def _runs(size):

@@ -35,11 +35,11 @@ def planned(preset, ranks, batch, image):
 def step_against_records(comm, spec, shape, backend):
     """One training step on this rank; asserts (on every rank alike) that its calls are the model's
     records, as a multiset (a model's records list each layer's forward and backward together)."""
-    model = Model.from_spec(spec, comm=comm, backend=backend, dtype=numpy.float32, seed=0)
-    model.bind(shape)
-    x, y = inputs(spec, shape, backend)
-    return len(check_records(comm, lambda: step(model, SGD(model, 0.01), x, y), model.records(),
-                             f"{spec['name']} on {comm.size} ranks", ordered=False))
+    with Model.from_spec(spec, comm=comm, backend=backend, dtype=numpy.float32, seed=0) as model:
+        model.bind(shape)
+        x, y = inputs(spec, shape, backend)
+        return len(check_records(comm, lambda: step(model, SGD(model, 0.01), x, y), model.records(),
+                                 f"{spec['name']} on {comm.size} ranks", ordered=False))
 
 
 @pytest.mark.parametrize("preset", sorted(SMALL))

@@ -46,6 +46,7 @@ def _tracked_step(comm):
         step(model, optimizer, x, numpy.zeros(8, numpy.int64))
         step(model, optimizer, x, numpy.zeros(8, numpy.int64))
         params = sum(v.nbytes for _, layer in model.named_layers() for v in layer.parameters().values())
+        model.close()
         return tracker.peak_by_kind(), tracker.peak(), tracker.peak_by_layer(), params
 
 
@@ -69,6 +70,7 @@ def test_momentum_counts_with_the_parameters_and_a_halo_window_as_communication(
             window = halo.start_extend(xp.zeros((8, 4, 8, 16), numpy.float32), xp).wait()
             assert window.shape == (8, 4, 10, 18)
             assert tracker.live["comm"] - before == window.nbytes  # the row sent and the row received are freed
+            model.close()
             return True
     assert all(simulated.run(body, 2))
 

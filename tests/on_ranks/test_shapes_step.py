@@ -48,6 +48,7 @@ def _two_steps(comm, backend, name, grid, kwargs, overlap):
     stats.reset()
     second = step(model, optimizer, x, y)
     drawn = [layer._global_init is not None for _, layer in model.named_layers() if hasattr(layer, "_global_init")]
+    model.close()
     return first, second, list(stats.records), drawn
 
 

@@ -61,8 +61,8 @@ def _whole_batch(comm, cfg):
     model = build_model(cfg, comm=comm, in_channels=x.shape[1], num_classes=k)
     model.set_overlap(cfg.overlap)
     model.set_buckets(cfg.bucket_kib * 1024)
-    losses = serial_losses(cfg, model, 3, x, y)
-    return losses, evaluate(model, xt, yt, cfg.batch_size)
+    with model:
+        return serial_losses(cfg, model, 3, x, y), evaluate(model, xt, yt, cfg.batch_size)
 
 
 @on_ranks(*GRIDS)
@@ -94,6 +94,7 @@ def test_a_rank_makes_only_its_block_of_each_batch(comm):
         block, batch = math.prod(d.local_shape(rank)), cfg.batch_size * math.prod(x.shape[1:])
         expected = {"samples": 3 * d.local_shape(rank)[0] * boxes, "cells": 3 * block}
         made = {key: x.store.made[key] for key in expected}
+        net.close()
         ok = made == expected and [b.size for b in blocks] == [block] * 3 and block < batch
         assert_all_ranks(comm, ok, f"{defaults}: rank {rank} made {made} of blocks of {block} cells, expected "
                                    f"{expected} (a batch: {batch} cells)")

@@ -65,7 +65,8 @@ def _serial_losses():
 
 
 def _distributed_losses(comm, defaults, spec):
-    return _losses(Model.from_spec(spec, comm=comm, backend="numpy", dtype=numpy.float64, seed=5, defaults=defaults))
+    with Model.from_spec(spec, comm=comm, backend="numpy", dtype=numpy.float64, seed=5, defaults=defaults) as model:
+        return _losses(model)
 
 
 def _check(ranks, defaults, spec=SPEC):
@@ -120,6 +121,7 @@ def _evaluated(comm, x, predicted):
             right = evaluate(model, x[:n], predicted[:n], 4)
             wrong = evaluate(model, x[:n], (predicted[:n] + 1) % 10, 4)
             assert_all_ranks(comm, (right, wrong) == (1.0, 0.0), f"{defaults}, {n} samples: {right}, {wrong}")
+        model.close()
 
 
 @on_ranks(4)

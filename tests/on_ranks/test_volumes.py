@@ -177,6 +177,7 @@ def _cosmoflow(comm, cfg, folder):
     x, optimizer = numpy.asarray(x), SGD(whole["model"], 0.01)
     check_records(comm, lambda: step(model, optimizer, x, y), model.records(), f"cosmoflow on {cfg['grid']}",
                   ordered=False)
+    model.close()   # train closed it; the step above used it again
     return whole["losses"]
 
 

@@ -43,7 +43,10 @@ def _check(cls):
         grid = refconv.ProcessGrid(comm, channel=comm.size)
         layer = cls(PROBLEM.C, PROBLEM.F, 3, padding=1, grid=grid, backend="numpy", dtype=numpy.float64,
                     algorithm="stationary-x")
-        return check_layer(layer, PROBLEM)
+        try:
+            return check_layer(layer, PROBLEM)
+        finally:
+            grid.close()
     return body
 
 

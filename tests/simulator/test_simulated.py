@@ -151,7 +151,9 @@ def test_each_rank_counts_only_its_own_calls():
 def test_split_orders_by_key_and_names_the_new_communicators():
     def body(comm):
         sub = collectives.split(comm, comm.rank % 2, -comm.rank)     # reversed order within each color
-        return sub.Get_size(), sub.Get_rank()
+        where = sub.Get_size(), sub.Get_rank()
+        sub.Free()
+        return where
     assert run(body, 5) == [(3, 2), (2, 1), (3, 1), (2, 0), (3, 0)]
 
 
@@ -330,7 +332,10 @@ def test_communicators_compare_as_mpi_compares_them():
         reordered = collectives.split(comm, 0, -comm.rank)
         half = collectives.split(comm, comm.rank % 2, comm.rank)
         compare = type(comm).Compare
-        return [compare(comm, comm), compare(comm, same), compare(comm, reordered), compare(comm, half)]
+        results = [compare(comm, comm), compare(comm, same), compare(comm, reordered), compare(comm, half)]
+        for sub in (same, reordered, half):
+            sub.Free()
+        return results
     expected = [MPI.IDENT, MPI.CONGRUENT, MPI.SIMILAR, MPI.UNEQUAL]
     assert run(body, 4) == [expected] * 4
 

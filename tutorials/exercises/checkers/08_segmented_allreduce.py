@@ -44,7 +44,9 @@ def partials(case, rank):
 def run_peers(module, case):
     def body(comm):
         peers = module.weight_peers(comm, case.grid)
-        return collectives.allgather_object(peers, comm.rank)  # the world ranks of the group, in its order
+        members = collectives.allgather_object(peers, comm.rank)  # the world ranks of the group, in its order
+        peers.Free()                                           # yours, now the checker's: freed, not leaked
+        return members
     got = on_ranks(body, case.ranks)
     want = [[q for q in range(case.ranks) if channel_of(case, q) == channel_of(case, r)] for r in range(case.ranks)]
     return [Compared("the world ranks of weight_peers, in its order", got, want, exact=True)]
@@ -57,7 +59,10 @@ def _reference_peers(comm, case):
 def run_sums(module, case):
     def body(comm):
         dw_loc, db_loc = partials(case, comm.rank)
-        return module.finish_gradients(_reference_peers(comm, case), dw_loc, db_loc)
+        peers = _reference_peers(comm, case)
+        sums = module.finish_gradients(peers, dw_loc, db_loc)
+        peers.Free()
+        return sums
     got = on_ranks(body, case.ranks)
     sums = {}
     for q in range(case.ranks):
@@ -80,8 +85,10 @@ def score(module, solution):
         def body(comm):
             dw_loc, db_loc = partials(SCORE_CASE, comm.rank)
             scoring.given(dw_loc, db_loc)
-            out = m.finish_gradients(m.weight_peers(comm, SCORE_CASE.grid), dw_loc, db_loc)
+            peers = m.weight_peers(comm, SCORE_CASE.grid)
+            out = m.finish_gradients(peers, dw_loc, db_loc)
             scoring.checkpoint()
+            peers.Free()
             return out
         return body
     return scoring.compare(SCORE_CASE, body_of, module, solution, SCORE_CASE.ranks)

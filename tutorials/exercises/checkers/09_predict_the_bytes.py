@@ -72,9 +72,11 @@ def run_predict(module, case):
         dy_loc = layer.output_distribution.extract(dy, layer.grid.rank)
         measured = measure_records(lambda: (layer.forward(x_loc), layer.backward(dy_loc)))
         coords = layer.grid.coords
-        return (table(module.predict(case.algorithm, p, case.grid, coords, case.p_f)),
+        rows = (table(module.predict(case.algorithm, p, case.grid, coords, case.p_f)),
                 table((c.kind, c.comm_size, c.bytes) for c in layer.records()),
                 table((c.kind, c.comm_size, c.bytes) for c in measured))
+        layer.grid.close()
+        return rows
     got = on_ranks(body, case.ranks)
     yours = [g[0] for g in got]
     note = f"rows: the calls in order; columns: kind (its index in {list(KINDS)}), ranks, bytes"

@@ -54,7 +54,9 @@ def peers_of(case, rank, axes):
 def run_comms(module, case):
     def body(comm):
         made = module.communicators(comm, case.grid)
-        return [collectives.allgather_object(c, comm.rank) for c in made]
+        members = [collectives.allgather_object(c, comm.rank) for c in made]
+        free(made)
+        return members
     got = on_ranks(body, case.ranks)
     want = {"channel_comm": (1,), "spatial_comm": (2,), "peers": (0, 2)}
     return [Compared(f"the world ranks of {name}", [g[k] for g in got],
@@ -85,11 +87,19 @@ def body_of(module, backward):
         y_loc = module.forward(comms, x_loc, w_loc, b_loc, layer)
         scoring.checkpoint()
         if not backward:
+            free(comms)
             return y_loc
         grads = module.backward(comms, dy_loc, w_loc, layer)
         scoring.checkpoint()
+        free(comms)
         return grads
     return body
+
+
+def free(comms):
+    """Free the communicators your ``communicators`` made (each once: two names may hold one)."""
+    for c in {id(c): c for c in comms}.values():
+        c.Free()
 
 
 def _want(case):

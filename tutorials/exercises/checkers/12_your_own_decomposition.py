@@ -46,13 +46,17 @@ def run_layer_part(module, case):
         mine = {"y": layer.output_distribution, "dx": layer.input_distribution}
         blocks = {k: (mine[k].extract(actual[k], comm.rank), mine[k].extract(expected[k], comm.rank)) if k in mine
                   else (actual[k], expected[k]) for k in ("y", "dx", "dw", "db")}
+        layer.grid.close()
+        fresh = _layer(comm, case)
         try:
-            check_layer(_layer(comm, case), case.problem)
+            check_layer(fresh, case.problem)
             verdict = "passes"
         except AssertionError as exc:
             verdict = str(exc).splitlines()[0]
             if not_written_in(str(exc)):
                 raise not_written_in(str(exc)) from None
+        finally:
+            fresh.grid.close()
         return blocks, verdict
     got = on_ranks(body, int(numpy.prod(case.grid_shape)))
     p = case.problem
@@ -80,6 +84,7 @@ def run_records_part(module, case):
         x_loc = layer.input_distribution.extract(x, comm.rank)
         dy_loc = layer.output_distribution.extract(dy, comm.rank)
         measured = measure_records(lambda: (layer.forward(x_loc), layer.backward(dy_loc)))
+        layer.grid.close()
         return _table(layer.records()), _table(measured)
     got = on_ranks(body, int(numpy.prod(case.grid_shape)))
     return [Compared("records(), against the calls measured", [g[0] for g in got], [g[1] for g in got], exact=True,
@@ -109,6 +114,7 @@ def score(module, solution):
             scoring.checkpoint()
             dx_loc = layer.backward(dy_loc)
             scoring.checkpoint()
+            layer.grid.close()
             return y_loc, dx_loc
         return body
     lines = []
