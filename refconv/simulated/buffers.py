@@ -154,6 +154,7 @@ def layout(datatype, what):
         if found is None:
             found = _LAYOUTS[datatype.handle] = _predefined(datatype)
         return found
+    leaks.datatype_used(datatype)             # refconv.simulated.leaks: a derived datatype, seen at first use
     return _derived(datatype, what)
 
 
@@ -199,7 +200,6 @@ class Region:
     ``basic``, ``items``: its type signature (``items`` elements of ``basic``)."""
 
     def __init__(self, array, offset, count, datatype, what):
-        leaks.datatype_used(datatype)             # refconv.simulated.leaks: a derived datatype, seen at first use
         self.array, self.what = array, what
         self.shapes = getattr(array, "shapes_only", False)
         data = _Sized(array.nbytes) if self.shapes else as_bytes(array)
