@@ -13,10 +13,13 @@ the same, never finds it.  With ``schedules="all"`` (stepped implied) the world 
   rank order, at every choice; each later run forces the choices of the one before up to its last
   choice with an alternative left, takes that alternative, and goes on with first candidates
   (depth first), until no choice has an alternative left;
-- the first schedule that raises ends the exploration with its error, with a note naming its
-  choices; schedules whose results differ (NumPy arrays compared by value) raise
-  :class:`MessageRace`, naming the wildcard receive (rank, file:line) whose choice made the
-  difference, both outcomes and the number of schedules explored.
+- a schedule in which the world finds an error (:class:`refconv.simulated.world.SimulatedError`:
+  a deadlock, a mismatch, ...) ends the exploration with it, with a note naming its choices;
+- schedules whose outcomes differ raise :class:`MessageRace`, naming the wildcard receive
+  (rank, file:line) whose choice made the difference, both outcomes and the number of schedules
+  explored.  An outcome is each rank's result (NumPy arrays compared by value), or the program's
+  own exception (its type and first line): an assert that fails in one order only is a race, and
+  one that fails in every order is raised as itself.
 
 A clean exploration returns the results (the same on every schedule) as an :class:`Explored`
 list, whose ``schedules`` attribute is the number of schedules explored (1: no wildcard receive
@@ -66,7 +69,7 @@ def explore(run, fn, ranks, schedules, *, timeout=None, machine=None, **kw):
         raise ValueError("refconv.simulated.run: schedules='all' runs unpriced (each schedule's clocks would "
                          "differ); leave machine=None, or price one schedule with stepped=True")
     deadline = None if timeout is None else time.monotonic() + timeout
-    first = first_trail = None
+    first = first_trail = None     # the first schedule's outcome: ("returned", results) or ("raised", error)
     prefix, expected, count = [], [], 0
     while True:
         if deadline is not None and time.monotonic() >= deadline:
@@ -76,11 +79,13 @@ def explore(run, fn, ranks, schedules, *, timeout=None, machine=None, **kw):
         _exploring.schedule = schedule
         try:
             left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
-            results = run(fn, ranks, stepped=True, timeout=left, **kw)
-        except BaseException as err:
+            outcome = ("returned", run(fn, ranks, stepped=True, timeout=left, **kw))
+        except Exception as err:
             err.add_note(f"schedules='all': raised in schedule {count + 1} of those explored, where "
                          f"{describe(schedule.trail)}")
-            raise
+            if isinstance(err, (SimulatedError, TimeoutError)):
+                raise                  # the world's own finding (a deadlock, a mismatch, ...): at once
+            outcome = ("raised", err)  # the program's own exception: an outcome to compare with the others'
         finally:
             _exploring.schedule = None
         count += 1
@@ -88,20 +93,32 @@ def explore(run, fn, ranks, schedules, *, timeout=None, machine=None, **kw):
             raise SimulatedError(f"schedules='all': schedule {count} {schedule.diverged}; the program must do the "
                                  f"same on every run but for its wildcard matches")
         if first is None:
-            first, first_trail = results, schedule.trail
-        else:
-            differ = [r for r in range(len(results)) if not same(first[r], results[r])]
-            if differ:
-                raise race(first_trail, first, schedule.trail, results, differ, count, ranks)
+            first, first_trail = outcome, schedule.trail
+        elif not _same_outcome(first, outcome):
+            raise race(first_trail, first, schedule.trail, outcome, count, ranks)
         prefix, expected = _next(schedule.trail)
         if prefix is None:
-            explored = Explored(first)
+            if first[0] == "raised":
+                raise first[1]         # every schedule raised it alike: the program's error, not a race
+            explored = Explored(first[1])
             explored.schedules = count
             return explored
         if count >= MAX_SCHEDULES:
             raise RuntimeError(f"refconv.simulated.run: schedules='all' explored {MAX_SCHEDULES} schedules "
-                               f"(refconv.simulated.schedules.MAX_SCHEDULES), all with the same results, and more "
+                               f"(refconv.simulated.schedules.MAX_SCHEDULES), all with the same outcome, and more "
                                f"remain: fewer wildcard receives or fewer ranks, or leave schedules=None")
+
+
+def _same_outcome(a, b):
+    if a[0] != b[0]:
+        return False
+    if a[0] == "raised":
+        return type(a[1]) is type(b[1]) and _line(a[1]) == _line(b[1])
+    return len(a[1]) == len(b[1]) and all(same(x, y) for x, y in zip(a[1], b[1]))
+
+
+def _line(error):
+    return str(error).split("\n", 1)[0]
 
 
 def new_world(size, stepped):
@@ -248,25 +265,34 @@ def describe(trail):
     return "; ".join(f"{c.receive()} took {c.taken()} (of ranks {c.senders})" for c in trail)
 
 
-def race(trail_a, results_a, trail_b, results_b, differ, count, ranks):
-    """The MessageRace between the first schedule and a later one with other results."""
+def race(trail_a, outcome_a, trail_b, outcome_b, count, ranks):
+    """The MessageRace between the first schedule and a later one with another outcome."""
     at = next((i for i, (a, b) in enumerate(zip(trail_a, trail_b)) if a.chosen != b.chosen), 0)
     choice_a, choice_b = trail_a[at], trail_b[at]
-    shown = differ[:4]
+    shown = None
+    if outcome_a[0] == outcome_b[0] == "returned":
+        shown = [r for r in range(len(outcome_a[1])) if not same(outcome_a[1][r], outcome_b[1][r])][:4]
 
-    def outcome(results):
-        return ", ".join(f"rank {r} returned {_short(results[r])}" for r in shown)
+    def told(outcome):
+        if outcome[0] == "raised":
+            return f"raised {type(outcome[1]).__name__}: {_clip(_line(outcome[1]))}"
+        return ", ".join(f"rank {r} returned {_short(outcome[1][r])}" for r in (shown or range(len(outcome[1]))))
 
-    return MessageRace(
-        f"message race: the match of {choice_a.receive()} changes the results (schedules='all' explored "
+    error = MessageRace(
+        f"message race: the match of {choice_a.receive()} changes the outcome (schedules='all' explored "
         f"{count} schedules on {ranks} ranks):\n"
-        f"  taking {choice_a.taken()}: {outcome(results_a)}\n"
-        f"  taking {choice_b.taken()}: {outcome(results_b)}\n"
+        f"  taking {choice_a.taken()}: {told(outcome_a)}\n"
+        f"  taking {choice_b.taken()}: {told(outcome_b)}\n"
         f"Name the source of the receive, or make the result independent of the order messages arrive in.")
+    error.__cause__ = next((o[1] for o in (outcome_b, outcome_a) if o[0] == "raised"), None)
+    return error
 
 
 def _short(value):
-    text = repr(value)
+    return _clip(repr(value))
+
+
+def _clip(text):
     return text if len(text) <= 200 else text[:200] + " ..."
 
 

@@ -45,11 +45,35 @@ def test_a_two_sender_race_is_found_on_every_run_naming_the_receive_and_both_out
             explore(gather_in_arrival_order, 3)
         text = str(caught.value)
         assert re.search(rf"the match of rank 0's Irecv from any rank tag 7 on communicator 'world' at "
-                         rf"test_schedules.py:{line} changes the results \(schedules='all' explored 2 schedules "
+                         rf"test_schedules.py:{line} changes the outcome \(schedules='all' explored 2 schedules "
                          rf"on 3 ranks\)", text), text
         assert "taking rank 1's message: rank 0 returned [1, 2]" in text
         assert "taking rank 2's message: rank 0 returned [2, 1]" in text
     assert isinstance(caught.value, simulated.SimulatedError)
+
+
+def test_an_assert_that_fails_in_one_order_only_is_a_race_with_the_assert_as_its_cause():
+    def body(comm):
+        got = gather_in_arrival_order(comm)
+        assert got is None or got == [1, 2], f"rank 0 assumed rank 1's message first, got {got}"
+
+    with pytest.raises(MessageRace) as caught:
+        explore(body, 3)
+    text = str(caught.value)
+    assert "taking rank 1's message: rank 0 returned None, rank 1 returned None, rank 2 returned None" in text
+    assert "taking rank 2's message: raised AssertionError: rank 0 assumed rank 1's message first, got [2, 1]" in text
+    assert isinstance(caught.value.__cause__, AssertionError)
+
+
+def test_an_error_in_every_order_is_raised_as_itself():
+    def body(comm):
+        got = gather_in_arrival_order(comm)
+        if got is not None:
+            raise ValueError("rank 0 fails whatever the order")
+
+    with pytest.raises(ValueError, match="whatever the order") as caught:
+        explore(body, 3)
+    assert "raised in schedule 1 of those explored" in caught.value.__notes__[-1]
 
 
 def test_without_schedules_a_stepped_run_hides_the_race():
@@ -181,7 +205,7 @@ def test_an_unknown_schedules_value_is_named():
 def test_the_exploration_is_bounded_with_a_clear_message(monkeypatch):
     monkeypatch.setattr(schedules, "MAX_SCHEDULES", 4)
     with pytest.raises(RuntimeError, match=r"schedules='all' explored 4 schedules .*MAX_SCHEDULES.*, all with the "
-                                           r"same results, and more remain"):
+                                           r"same outcome, and more remain"):
         explore(count_of_messages, 4)                                  # 6 orders
 
 
