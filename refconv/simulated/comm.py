@@ -158,7 +158,7 @@ class Comm(Collectives):
                f"{' (freed)' if self.freed else ''}>"
 
     def __getattr__(self, name):
-        if name in PERSISTENT:
+        if name in PERSISTENT or name[:1].isupper() and name.endswith("_init"):   # Allreduce_init too
             raise persistent(f"Comm.{name}")
         if name[:1].isupper() or name in ("reduce", "gather", "scatter", "send", "recv", "alltoall", "allreduce",
                                           "isend", "irecv", "sendrecv", "scan", "exscan"):

@@ -236,6 +236,8 @@ def test_undefined_colour_gives_comm_null_and_tag_ub_is_an_attribute():
     def body(comm):
         sub = comm.Split(MPI.UNDEFINED if comm.rank == 1 else 0, key=comm.rank)
         size = None if sub == MPI.COMM_NULL else sub.Get_size()
+        if sub != MPI.COMM_NULL:
+            sub.Free()
         return sub == MPI.COMM_NULL, size, comm.Get_attr(MPI.TAG_UB)
     got = run(body, 3)
     assert [g[:2] for g in got] == [(False, 2), (True, None), (False, 2)]

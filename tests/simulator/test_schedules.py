@@ -44,7 +44,7 @@ def test_a_two_sender_race_is_found_on_every_run_naming_the_receive_and_both_out
         with pytest.raises(MessageRace) as caught:
             explore(gather_in_arrival_order, 3)
         text = str(caught.value)
-        assert re.search(rf"the match of rank 0's Irecv from any rank tag 7 on communicator 'world' at "
+        assert re.search(rf"the match of rank 0's Recv from any rank tag 7 on communicator 'world' at "
                          rf"test_schedules.py:{line} changes the outcome \(schedules='all' explored 2 schedules "
                          rf"on 3 ranks\)", text), text
         assert "taking rank 1's message: rank 0 returned [1, 2]" in text
@@ -163,7 +163,9 @@ def test_a_wildcard_receive_on_a_split_communicator_is_explored():
             seen.append((comm.rank, buf[0]))
         else:
             half.Send(numpy.array([float(comm.rank)]), dest=0)
-        return half.size
+        size = half.size
+        half.Free()
+        return size
 
     seen = []
     results = explore(body, 4, args=(seen,))

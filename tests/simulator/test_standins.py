@@ -34,8 +34,10 @@ def test_mpi_comm_world_is_the_ranks_world_communicator_by_identity_and_equality
     def body(comm):
         from mpi4py.MPI import COMM_WORLD   # a from-import inside the rank's code reads it there too
         sub = comm.Split(comm.rank % 2, comm.rank)
-        return (comm is MPI.COMM_WORLD, COMM_WORLD is comm, comm == MPI.COMM_WORLD, sub is MPI.COMM_WORLD,
+        seen = (comm is MPI.COMM_WORLD, COMM_WORLD is comm, comm == MPI.COMM_WORLD, sub is MPI.COMM_WORLD,
                 MPI.COMM_WORLD is simulated.comm_world())
+        sub.Free()
+        return seen
 
     assert run(body, 4) == [(True, True, True, False, True)] * 4
 
