@@ -181,7 +181,10 @@ def whole(buf, what):
 def blocks(buf, size, what):
     """One region per rank of a buffer given per rank: ``[array, (counts, displs)]`` (elements of the
     array's dtype) or ``[array, (counts, displs), types]`` (items of each type, byte displacements).
-    Returns ``(array, [Region] * size)``."""
+    Returns ``(array, Blocks)``: a list of ``size`` regions whose ``nonempty`` maps each rank with a
+    non-empty block to its region.  At scale most blocks are empty (a shuffle between grids sends to a
+    few ranks of K): they cost a bounds check and a small :class:`EmptyBlock`, and the engine moves
+    only the non-empty ones (``engine._blocks``)."""
     if not (isinstance(buf, (list, tuple)) and len(buf) in (2, 3) and isinstance(buf[1], (list, tuple))
             and len(buf[1]) == 2):
         raise NotImplementedError(f"{what}: simulated ranks do not read the buffer form {_form(buf)}; they read "
@@ -191,12 +194,56 @@ def blocks(buf, size, what):
     if len(counts) != size or len(displs) != size:
         raise ValueError(f"{what}: counts and displacements need one entry per rank ({size}), got "
                          f"{len(counts)} and {len(displs)}")
-    if len(buf) == 2:
-        item = array.itemsize
-        return array, [Region(array, d * item, c * item, MPI.BYTE, f"{what} block {r}")
-                       for r, (c, d) in enumerate(zip(counts, displs))]
-    types = list(buf[2])
-    return array, [Region(array, d, c, t, f"{what} block {r}") for r, (c, d, t) in enumerate(zip(counts, displs, types))]
+    typed = len(buf) == 3
+    types = list(buf[2]) if typed else None
+    item, nbytes, out = 1 if typed else array.itemsize, array.nbytes, Blocks(array, what)
+    for r, (c, d) in enumerate(zip(counts, displs)):
+        if c:
+            region = out.nonempty[r] = Region(array, d * item, c * item, types[r] if typed else MPI.BYTE,
+                                              f"{what} block {r}")
+        else:
+            if typed:
+                extent(types[r])                  # refuses what it does not know, as a Region does
+            if not 0 <= d * item <= nbytes:
+                raise ValueError(f"{what} block {r}: the message reaches byte {d * item} of a buffer of {nbytes} "
+                                 f"bytes (shape {array.shape} {array.dtype}): counts, displacements or the datatype "
+                                 f"are wrong")
+            region = EmptyBlock(out, r)
+        out.append(region)
+    return array, out
+
+
+class Blocks(list):
+    """The regions of one buffer given per rank (:func:`blocks`), with ``nonempty``: ``{rank: Region}``
+    of the blocks that carry bytes."""
+
+    def __init__(self, array, what):
+        super().__init__()
+        self.array, self.what, self.nonempty = array, what, {}
+
+
+class EmptyBlock:
+    """An empty block of a :class:`Blocks` (rank ``r``'s): it reads as nothing, and takes nothing but
+    nothing (a message into it is the size mismatch a Region reports)."""
+    __slots__ = ("blocks", "r")
+    nbytes = 0
+
+    def __init__(self, blocks, r):
+        self.blocks, self.r = blocks, r
+
+    array = property(lambda self: self.blocks.array)
+    what = property(lambda self: f"{self.blocks.what} block {self.r}")
+    shapes = property(lambda self: getattr(self.blocks.array, "shapes_only", False))
+
+    def read(self):
+        return Payload(0) if self.shapes else numpy.empty(0, numpy.uint8)
+
+    def write(self, payload):
+        if payload.size:
+            raise ValueError(f"{self.what}: {payload.size} bytes arrive for a receive of 0 bytes: "
+                             f"the sender's and the receiver's counts differ")
+        if self.shapes != isinstance(payload, Payload):
+            _mixed(self.what, payload, self)
 
 
 def _form(buf):
