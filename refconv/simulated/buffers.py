@@ -196,11 +196,13 @@ def blocks(buf, size, what):
                          f"{len(counts)} and {len(displs)}")
     typed = len(buf) == 3
     types = list(buf[2]) if typed else None
-    item, nbytes, out = 1 if typed else array.itemsize, array.nbytes, Blocks(array, what)
+    item, nbytes, out = 1 if typed else array.itemsize, array.nbytes, Blocks()
+    buffer = _Buffer(array, what)
     for r, (c, d) in enumerate(zip(counts, displs)):
         if c:
-            region = out.nonempty[r] = Region(array, d * item, c * item, types[r] if typed else MPI.BYTE,
-                                              f"{what} block {r}")
+            region = Region(array, d * item, c * item, types[r] if typed else MPI.BYTE, f"{what} block {r}")
+            if region.nbytes:                     # (a count of a layout of no bytes carries none)
+                out.nonempty[r] = region
         else:
             if typed:
                 extent(types[r])                  # refuses what it does not know, as a Region does
@@ -208,7 +210,7 @@ def blocks(buf, size, what):
                 raise ValueError(f"{what} block {r}: the message reaches byte {d * item} of a buffer of {nbytes} "
                                  f"bytes (shape {array.shape} {array.dtype}): counts, displacements or the datatype "
                                  f"are wrong")
-            region = EmptyBlock(out, r)
+            region = EmptyBlock(buffer, r)
         out.append(region)
     return array, out
 
@@ -217,23 +219,32 @@ class Blocks(list):
     """The regions of one buffer given per rank (:func:`blocks`), with ``nonempty``: ``{rank: Region}``
     of the blocks that carry bytes."""
 
-    def __init__(self, array, what):
+    def __init__(self):
         super().__init__()
-        self.array, self.what, self.nonempty = array, what, {}
+        self.nonempty = {}
+
+
+class _Buffer:
+    """What the empty blocks of one buffer share: the array, and how the call names it."""
+    __slots__ = ("array", "what")
+
+    def __init__(self, array, what):
+        self.array, self.what = array, what
 
 
 class EmptyBlock:
-    """An empty block of a :class:`Blocks` (rank ``r``'s): it reads as nothing, and takes nothing but
-    nothing (a message into it is the size mismatch a Region reports)."""
-    __slots__ = ("blocks", "r")
+    """An empty block (rank ``r``'s) of a buffer given per rank: it reads as nothing, and takes nothing
+    but nothing (a message into it is the size mismatch a Region reports).  It holds no reference to
+    its :class:`Blocks`: no cycle, so a call's buffers are freed at once, not by the garbage collector."""
+    __slots__ = ("buffer", "r")
     nbytes = 0
 
-    def __init__(self, blocks, r):
-        self.blocks, self.r = blocks, r
+    def __init__(self, buffer, r):
+        self.buffer, self.r = buffer, r
 
-    array = property(lambda self: self.blocks.array)
-    what = property(lambda self: f"{self.blocks.what} block {self.r}")
-    shapes = property(lambda self: getattr(self.blocks.array, "shapes_only", False))
+    array = property(lambda self: self.buffer.array)
+    what = property(lambda self: f"{self.buffer.what} block {self.r}")
+    shapes = property(lambda self: getattr(self.buffer.array, "shapes_only", False))
 
     def read(self):
         return Payload(0) if self.shapes else numpy.empty(0, numpy.uint8)

@@ -6,6 +6,9 @@ timed), and that what the dense delivery caught is still caught: a block that ca
 empty one, an empty one into a block that expects bytes, a displacement past the buffer.
 """
 
+import gc
+import weakref
+
 import numpy
 import pytest
 
@@ -78,3 +81,26 @@ def test_an_empty_block_past_the_buffer_is_an_error():
         comm.Alltoallv([numpy.ones(3), (scounts, displs)], [numpy.zeros(3), (scounts[::-1], [0] * k)])
     with pytest.raises(ValueError, match=r"Alltoallv send block \d: the message reaches byte 80 of a buffer of 24"):
         run(body, 4)
+
+
+def test_a_calls_buffers_are_freed_at_once_not_by_the_garbage_collector():
+    """No reference cycle through a call's blocks: a rank's buffers go when it drops them (the memory
+    tracker of shapes-only runs counts a free when it happens, not at the next collection)."""
+    def body(comm):
+        k, r = comm.size, comm.rank
+        send, recv = numpy.ones(3), numpy.zeros(3)
+        counts = [0] * k
+        counts[(r + 1) % k] = 3
+        rcounts = [0] * k
+        rcounts[(r - 1) % k] = 3
+        comm.Alltoallv([send, (counts, [0] * k)], [recv, (rcounts, [0] * k)])
+        refs = weakref.ref(send), weakref.ref(recv)
+        del send, recv
+        return [ref() is None for ref in refs]
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        assert run(body, 8) == [[True, True]] * 8
+    finally:
+        if enabled:
+            gc.enable()
