@@ -54,9 +54,25 @@ def test_empty_blocks_make_no_region_and_are_not_delivered(ranks, monkeypatch):
             moved.append(1)
             super().write(payload)
     monkeypatch.setattr(buffers, "Region", Counted)
-    run(lambda comm: ring(comm, shapes_xp), ranks)
+    run(lambda comm: ring(comm, numpy), ranks)
     assert len(made) == 2 * ranks       # one send and one receive region a rank, whatever K
     assert len(moved) == ranks          # one block delivered a rank
+
+
+@pytest.mark.parametrize("ranks", [16, 64])
+def test_a_shapes_only_buffer_makes_no_region_and_delivers_its_blocks_only(ranks, monkeypatch):
+    made, moved = [], []
+
+    class Counted(buffers.Block):
+        __slots__ = ()
+
+        def write(self, payload):
+            moved.append(payload.size)
+            super().write(payload)
+    monkeypatch.setattr(buffers, "Region", lambda *args: made.append(1))
+    monkeypatch.setattr(buffers, "Block", Counted)
+    run(lambda comm: ring(comm, shapes_xp), ranks)
+    assert made == [] and moved == [3 * 8] * ranks    # float64 blocks of 3: one delivered a rank
 
 
 def test_bytes_into_an_empty_receive_block_are_an_error_naming_it():
