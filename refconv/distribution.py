@@ -67,7 +67,11 @@ class Split:
         """Contiguous blocks, one per coordinate of ``axis``."""
         return cls(axis)
 
+    # The Stationary-W splits tabulate every coordinate of the channel axis (P_c of them): made once
+    # per (P_c, p_f, groups) in a process and shared, not once per layer on every rank (at 1024 ranks,
+    # 52 convolutions of ResNet-50 on each of 1024 simulated ranks made them in 1.4 s a rank).
     @classmethod
+    @functools.lru_cache(maxsize=256)
     def stationary_w_filters(cls, P_c, p_f, groups=1):
         """F of Stationary-W: coordinate c = g q + a p_c' + b (``q = P_c/groups``, docs/grouped.md
         for ``groups > 1``) holds F blocks g q + a p_c' .. g q + a p_c' + p_c' - 1."""
@@ -75,6 +79,7 @@ class Split:
         return cls("channel", P_c, [[(c // p_cp) * p_cp + j for j in range(p_cp)] for c in range(P_c)])
 
     @classmethod
+    @functools.lru_cache(maxsize=256)
     def stationary_w_channels(cls, P_c, p_f, groups=1):
         """C of Stationary-W: coordinate c = g q + a p_c' + b holds C blocks b, p_c'+b, ...,
         (p_f-1)p_c'+b of ``q`` blocks; with ``groups > 1`` those are blocks of the group's

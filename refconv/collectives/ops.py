@@ -50,6 +50,7 @@ the gathered x for its backward) and write into them (``add_bias``), and a view
 of x would make either depend on the communicator's size.
 """
 
+import math
 import numbers
 
 import numpy
@@ -288,7 +289,11 @@ def iexchange(comm, sends, recv_shapes, dtype, *, tag=0, like=None, overlap=""):
 @comm_buffers
 def alltoallv(comm, send_blocks, recv_shapes, dtype=None):
     """Uneven all-to-all: send_blocks[q] goes to rank q; returns the list of
-    blocks received, block r from rank r with shape recv_shapes[r]."""
+    blocks received, block r from rank r with shape recv_shapes[r].
+
+    At scale most blocks are empty (a shuffle between grids sends to a few of K ranks): an
+    empty block costs its count and nothing else (it is not packed, and the blocks returned
+    for empty receives are one empty array per shape)."""
     check_comm(comm, "alltoallv")
     size, me = comm.Get_size(), comm.Get_rank()
     if len(send_blocks) != size or len(recv_shapes) != size:
@@ -298,17 +303,26 @@ def alltoallv(comm, send_blocks, recv_shapes, dtype=None):
     xp = arrays.array_module(like)
     dtype = numpy.dtype(dtype if dtype is not None else like.dtype)
     scounts = [int(b.size) for b in send_blocks]
-    nsent = sum(c for q, c in enumerate(scounts) if q != me)
-    stats.add("alltoallv", size, nsent, nsent * dtype.itemsize, sum(c > 0 for q, c in enumerate(scounts) if q != me))
-    rcounts = [int(numpy.prod(s, dtype=numpy.int64)) for s in recv_shapes]
+    nsent = sum(scounts) - scounts[me]
+    stats.add("alltoallv", size, nsent, nsent * dtype.itemsize, sum(1 for c in scounts if c) - (scounts[me] > 0))
+    rcounts = [int(math.prod(s)) for s in recv_shapes]
     if size == 1:
         return [xp.array(send_blocks[0], dtype=dtype, copy=True).reshape(tuple(recv_shapes[0]))]
-    send = to_mpi(xp.concatenate([xp.ravel(b).astype(dtype, copy=False) for b in send_blocks]))
+    packed = [xp.ravel(b).astype(dtype, copy=False) for b, c in zip(send_blocks, scounts) if c]
+    send = to_mpi(xp.concatenate(packed)) if packed else empty(0, dtype, like)
     recv = empty(sum(rcounts), dtype, like)
     with guard("alltoallv", comm, {"send": send_blocks, "recv": recv_shapes}, call="Alltoallv"):
         comm.Alltoallv(spec(send, scounts, displs(scounts)), spec(recv, rcounts, displs(rcounts)))
-    recv, d = from_mpi(recv, like), displs(rcounts)
-    return [recv[d[r]:d[r] + rcounts[r]].reshape(tuple(recv_shapes[r])) for r in range(size)]
+    recv, d, empties, out = from_mpi(recv, like), displs(rcounts), {}, []
+    for r, (n, shape) in enumerate(zip(rcounts, recv_shapes)):
+        shape = tuple(shape)
+        if n:
+            out.append(recv[d[r]:d[r] + n].reshape(shape))
+        else:
+            if shape not in empties:
+                empties[shape] = recv[:0].reshape(shape)
+            out.append(empties[shape])
+    return out
 
 
 @comm_buffers

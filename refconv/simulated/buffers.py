@@ -295,7 +295,10 @@ def whole(buf, what):
 def blocks(buf, size, what):
     """One region per rank of a buffer given per rank: ``[array, (counts, displs)]`` (elements of the
     array's dtype) or ``[array, (counts, displs), types]`` (items of each type, byte displacements).
-    Returns ``(array, [Region] * size)``."""
+    Returns ``(array, Blocks)``: a list of ``size`` regions whose ``nonempty`` maps each rank with a
+    non-empty block to its region.  At scale most blocks are empty (a shuffle between grids sends to a
+    few ranks of K): they cost a bounds check and a small :class:`Block`, and the engine moves
+    only the non-empty ones (``engine._blocks``).  A shapes-only array's blocks are Blocks too."""
     if not (isinstance(buf, (list, tuple)) and len(buf) in (2, 3) and isinstance(buf[1], (list, tuple))
             and len(buf[1]) == 2):
         raise NotImplementedError(f"{what}: simulated ranks do not read the buffer form {_form(buf)}; they read "
@@ -305,12 +308,82 @@ def blocks(buf, size, what):
     if len(counts) != size or len(displs) != size:
         raise ValueError(f"{what}: counts and displacements need one entry per rank ({size}), got "
                          f"{len(counts)} and {len(displs)}")
-    if len(buf) == 2:
-        item = array.itemsize
-        return array, [Region(array, d * item, c * item, MPI.BYTE, f"{what} block {r}")
-                       for r, (c, d) in enumerate(zip(counts, displs))]
-    types = list(buf[2])
-    return array, [Region(array, d, c, t, f"{what} block {r}") for r, (c, d, t) in enumerate(zip(counts, displs, types))]
+    typed = len(buf) == 3
+    types = list(buf[2]) if typed else None
+    item, out, buffer = 1 if typed else array.itemsize, Blocks(), _Buffer(array, what)
+    shapes = getattr(array, "shapes_only", False)
+    for r, (c, d) in enumerate(zip(counts, displs)):
+        datatype = types[r] if typed else MPI.BYTE
+        if c and not shapes:
+            region = Region(array, d * item, c * item, datatype, f"{what} block {r}")
+        else:
+            region = _block(buffer, r, d * item, c * item, datatype)
+        if region.nbytes:                     # (a count of a layout of no bytes carries none)
+            out.nonempty[r] = region
+        out.append(region)
+    return array, out
+
+
+class Blocks(list):
+    """The regions of one buffer given per rank (:func:`blocks`), with ``nonempty``: ``{rank: region}``
+    of the blocks that carry bytes."""
+
+    def __init__(self):
+        super().__init__()
+        self.nonempty = {}
+
+
+class _Buffer:
+    """What the :class:`Block` s of one buffer share: the array, and how the call names it."""
+    __slots__ = ("array", "what")
+
+    def __init__(self, array, what):
+        self.array, self.what = array, what
+
+
+def _block(buffer, r, offset, count, datatype):
+    """Rank ``r``'s :class:`Block` of ``buffer``: ``count`` items of ``datatype`` from byte ``offset``,
+    checked to lie in the buffer as a Region checks it."""
+    if isinstance(datatype, BlockLayout):
+        outer, run, stride = datatype.outer, datatype.run, datatype.stride
+    else:
+        outer, run, stride = 1, 1, 1
+    step = extent(datatype)                   # refuses what it does not know, as a Region does
+    nbytes = count * outer * run
+    last = offset + (count - 1) * step + (outer - 1) * stride + run if nbytes else offset
+    array = buffer.array
+    if offset < 0 or last > array.nbytes:
+        raise ValueError(f"{buffer.what} block {r}: the message reaches byte {last} of a buffer of {array.nbytes} "
+                         f"bytes (shape {array.shape} {array.dtype}): counts, displacements or the datatype are wrong")
+    return Block(buffer, r, nbytes)
+
+
+class Block:
+    """A block of a buffer given per rank with no byte view: an empty one, or one of a shapes-only
+    array (whose bytes do not exist).  It reads and writes as a Region does (a message of another
+    size is an error), in a few slots: at 1024 ranks an allgather over all of them makes a million
+    (a Region each took some 400 bytes, 4 GiB resident in all).  It holds no reference to its
+    :class:`Blocks`: no cycle, so a call's buffers are freed at once, not by the garbage collector."""
+    __slots__ = ("buffer", "r", "nbytes")
+
+    def __init__(self, buffer, r, nbytes):
+        self.buffer, self.r, self.nbytes = buffer, r, nbytes
+
+    array = property(lambda self: self.buffer.array)
+    what = property(lambda self: f"{self.buffer.what} block {self.r}")
+    shapes = property(lambda self: getattr(self.buffer.array, "shapes_only", False))
+
+    def read(self):
+        return Payload(self.nbytes) if self.shapes else numpy.empty(0, numpy.uint8)
+
+    def write(self, payload):
+        if payload.size != self.nbytes:
+            raise ValueError(f"{self.what}: {payload.size} bytes arrive for a receive of {self.nbytes} bytes: "
+                             f"the sender's and the receiver's counts differ")
+        if self.shapes != isinstance(payload, Payload):
+            _mixed(self.what, payload, self)
+        if self.nbytes:
+            self.buffer.array.written()
 
 
 def _form(buf):

@@ -379,11 +379,32 @@ def _allgather_object(group, posts, world):
 
 
 def _blocks(group, posts, world):
-    """Alltoallw, Alltoallv, Allgather: rank q's send block r goes to rank r's receive block q."""
-    payloads = [[region.read() for region in q.args["send_blocks"]] for q in posts]   # every read before a write
+    """Alltoallw, Alltoallv, Allgather: rank q's send block r goes to rank r's receive block q.  Only
+    the blocks that carry bytes are read and written (``buffers.Blocks.nonempty``): O(those), not
+    O(K^2) for K members, most of whose blocks are empty at scale.  A non-empty block meeting an
+    empty one is the size mismatch it always was."""
+    sends = [_nonempty(q.args["send_blocks"]) for q in posts]
+    payloads = [{r: region.read() for r, region in s.items()} for s in sends]   # every read before a write
     for r, p in enumerate(posts):
-        for q, region in enumerate(p.args["recv_blocks"]):
-            region.write(payloads[q][r])
+        for q, region in _nonempty(p.args["recv_blocks"]).items():
+            region.write(payloads[q].pop(r, _NOTHING))
+    for q, left in enumerate(payloads):
+        for r, payload in left.items():          # sent into an empty receive block: an error
+            posts[r].args["recv_blocks"][q].write(payload)
+
+
+class _Nothing:
+    """What an empty send block carries into a non-empty receive block: no bytes (its write says so)."""
+    size = 0
+
+
+_NOTHING = _Nothing()
+
+
+def _nonempty(regions):
+    """``{rank: region}`` of the blocks that carry bytes (a ``buffers.Blocks`` knows them)."""
+    known = getattr(regions, "nonempty", None)
+    return known if known is not None else {r: region for r, region in enumerate(regions) if region.nbytes}
 
 
 def _scatterv(group, posts, world):
