@@ -64,11 +64,37 @@ def launch_group(nodeid):
     return f"{launch[1]}-{launch[2]}" if launch else nodeid.split("::")[0]
 
 
+# The work units that take longest under ``make test``: about their seconds on one of two workers of a quiet
+# 2-core machine (docs/benchmarks.md).  xdist queues the units with the most tests first, so these few-test units
+# came last, and one worker ran a minute or two alone at the end while the other had finished: they go first
+# instead, longest first (:func:`long_units_first`).  A unit missing from this table only keeps xdist's place.
+LONG_UNITS = {
+    "tests/cuda_kernels/test_gpu_check.py": 150,
+    "tests/cuda_kernels/test_kernel_compile.py": 90,
+    "layers_cuda-2": 76,
+}
+
+
+def long_units_first(workqueue):
+    """Move the :data:`LONG_UNITS` of xdist's queue (an OrderedDict of unit -> its items) to its front, longest
+    first; the other units keep their order behind them."""
+    for unit in sorted(set(LONG_UNITS) & set(workqueue), key=LONG_UNITS.get):
+        workqueue.move_to_end(unit, last=False)
+
+
 class LaunchGroups(LoadGroupScheduling):
-    """xdist's ``loadgroup`` scheduling with the work units of :func:`launch_group`."""
+    """xdist's ``loadgroup`` scheduling with the work units of :func:`launch_group`, the long ones first."""
+
+    _ordered = False
 
     def _split_scope(self, nodeid):
         return launch_group(nodeid)
+
+    def _assign_work_unit(self, node):
+        if not self._ordered:      # the first assignment: xdist has just filled its queue
+            long_units_first(self.workqueue)
+            self._ordered = True
+        super()._assign_work_unit(node)
 
 
 @pytest.hookimpl(optionalhook=True)
