@@ -213,7 +213,9 @@ def step_tests(args):
     figures = {"collected": len(collected), "mpi_cuda_node_ids": cuda, "ran": chosen}
     if absent:
         return "failed", f"collected no test of {', '.join(absent)}", figures, seconds
-    workers = ["-n", str(min(args.jobs, 8)), "--dist", "loadgroup"] if args.jobs > 1 else []
+    # A dry run's few tests run in one process: xdist workers would each import and collect everything again
+    # for a handful of tests (make test runs these files on its own workers).
+    workers = ["-n", str(min(args.jobs, 8)), "--dist", "loadgroup"] if args.jobs > 1 and not args.dry_run else []
     status, more = run(pytest + ["-q", "-ra", *workers, *chosen], args, LIMITS_S["tests"] - seconds, log)
     seconds += more
     summary = tail(log, 1)
