@@ -5,7 +5,9 @@
 # make test-fast -- the editing loop, under 2 minutes on 2 cores: the reference, the algorithms and
 #                  layers on 1 to 4 simulated ranks, the simulated world, the exercises, the docs
 #                  and the architecture rules, with at most 10 Hypothesis examples a test
-# make test-extended -- the long set the default run leaves out (fault injection, executed site, ...)
+# make test-extended -- the long set the default run leaves out (fault injection, executed site, ...; the 3
+#                      training steps of the plans of resnet50's 2x and 4x wide presets, whose plans
+#                      make test checks are resnet50's, which it trains: tests/plan/test_plan.py)
 
 VENV   ?= .venv
 PYTHON ?= python3
