@@ -64,14 +64,25 @@ def launch_group(nodeid):
     return f"{launch[1]}-{launch[2]}" if launch else nodeid.split("::")[0]
 
 
-# The work units that take longest under ``make test``: about their seconds on one of two workers of a quiet
-# 2-core machine (docs/benchmarks.md).  xdist queues the units with the most tests first, so these few-test units
-# came last, and one worker ran a minute or two alone at the end while the other had finished: they go first
-# instead, longest first (:func:`long_units_first`).  A unit missing from this table only keeps xdist's place.
+# The work units that take longest under ``make test``, in about seconds of one core (CPU seconds measured
+# test by test, docs/benchmarks.md; the dry run's and the 2-rank CUDA layers' are their wall times in the
+# suite, which wait on children).  xdist queues the units with the most tests first, so few-test long units
+# came last, and one worker ran a minute or more alone at the end while the other had finished: these go
+# first instead, longest first (:func:`long_units_first`).  A unit missing here keeps xdist's place after them.
 LONG_UNITS = {
+    "tests/cuda_kernels/test_kernels.py": 250,
     "tests/cuda_kernels/test_gpu_check.py": 150,
-    "tests/cuda_kernels/test_kernel_compile.py": 90,
+    "tests/cuda_kernels/test_kernel_compile.py": 105,
+    "tests/cuda_kernels/test_kernels3d.py": 78,
     "layers_cuda-2": 76,
+    "tests/plan/test_plan.py": 60,
+    "tests/mpiexec/test_faults.py": 50,
+    "tests/training/test_model.py": 45,
+    "tests/on_ranks/test_datastore.py": 35,
+    "tests/on_ranks/test_scale_presets.py": 35,
+    "tests/on_ranks/test_layers.py": 30,
+    "tests/simulator/test_simulated_planted_bug.py": 27,
+    "tests/on_ranks/test_grouped_models.py": 26,
 }
 
 
