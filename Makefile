@@ -37,8 +37,11 @@ demo: setup
 # (one tests/mpiexec/launched file at one world size) on one worker.
 TEST_WORKERS ?= 2
 
+# One BLAS thread per worker (as mpiexec's ranks get, refconv.testing.mpirun): two workers with OpenBLAS's
+# default of a thread per core ran four spinning threads on two cores (refconv/threads.py measured 4.3x for
+# two ranks); one training test took 68 CPU seconds so on the loaded machine, 2.8 with one thread.
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The fast tier's files: `--max-ranks 4` (tests/conftest.py) leaves out their items on 5 to 8 simulated
 # ranks, and the `fast` Hypothesis profile (refconv/testing/profiles.py) draws fewer examples where a
@@ -54,10 +57,10 @@ test-fast: setup
 
 # make explore -- the suite with random Hypothesis draws (the default profile, ci, is derandomized)
 explore: setup
-	HYPOTHESIS_PROFILE=explore $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	HYPOTHESIS_PROFILE=explore OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-extended: setup
-	$(PY) -m pytest -q -m extended
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m extended
 
 # make exercises -- every exercise's checker: each skeleton says what is not written yet, each solution passes,
 #                  each detective bug planted back is caught (tests/docs_and_tutorials/test_exercises.py, a few examples a part)

@@ -77,12 +77,16 @@ LONG_UNITS = {
     "layers_cuda-2": 76,
     "tests/plan/test_plan.py": 60,
     "tests/mpiexec/test_faults.py": 50,
-    "tests/training/test_model.py": 45,
     "tests/on_ranks/test_datastore.py": 35,
     "tests/on_ranks/test_scale_presets.py": 35,
     "tests/on_ranks/test_layers.py": 30,
     "tests/simulator/test_simulated_planted_bug.py": 27,
     "tests/on_ranks/test_grouped_models.py": 26,
+    "tests/on_ranks/test_plan.py": 33,
+    "tests/on_ranks/test_overlap.py": 25,
+    "plan-2": 24,
+    "tests/training/test_model.py": 20,
+    "distconv_cuda-2": 20,
 }
 
 
