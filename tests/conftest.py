@@ -78,7 +78,9 @@ LONG_UNITS = {
     "tests/plan/test_plan.py": 60,
     "tests/mpiexec/test_faults.py": 50,
     "tests/on_ranks/test_datastore.py": 35,
-    "tests/on_ranks/test_scale_presets.py": 35,
+    "tests/on_ranks/test_scale_presets.py": 46,
+    "tests/mpiexec/test_torch_interop.py": 54,
+    "tests/on_ranks/test_records.py": 44,
     "tests/on_ranks/test_layers.py": 30,
     "tests/simulator/test_simulated_planted_bug.py": 27,
     "tests/on_ranks/test_grouped_models.py": 26,
@@ -93,7 +95,8 @@ LONG_UNITS = {
 def long_units_first(workqueue):
     """Move the :data:`LONG_UNITS` of xdist's queue (an OrderedDict of unit -> its items) to its front, longest
     first; the other units keep their order behind them."""
-    for unit in sorted(set(LONG_UNITS) & set(workqueue), key=LONG_UNITS.get):
+    first = sorted((unit for unit in LONG_UNITS if unit in workqueue), key=LONG_UNITS.get, reverse=True)
+    for unit in reversed(first):     # the last moved is the first in the queue
         workqueue.move_to_end(unit, last=False)
 
 
