@@ -5,7 +5,9 @@
 # make test-fast -- the editing loop, under 2 minutes on 2 cores: the reference, the algorithms and
 #                  layers on 1 to 4 simulated ranks, the simulated world, the exercises, the docs
 #                  and the architecture rules, with at most 10 Hypothesis examples a test
-# make test-extended -- the long set the default run leaves out (fault injection, executed site, ...)
+# make test-extended -- the long set the default run leaves out (fault injection, executed site, ...; the 3
+#                      training steps of the plans of resnet50's 2x and 4x wide presets, whose plans
+#                      make test checks are resnet50's, which it trains: tests/plan/test_plan.py)
 
 VENV   ?= .venv
 PYTHON ?= python3
@@ -35,8 +37,11 @@ demo: setup
 # (one tests/mpiexec/launched file at one world size) on one worker.
 TEST_WORKERS ?= 2
 
+# One BLAS thread per worker (as mpiexec's ranks get, refconv.testing.mpirun): two workers with OpenBLAS's
+# default of a thread per core ran four spinning threads on two cores (refconv/threads.py measured 4.3x for
+# two ranks); one training test took 68 CPU seconds so on the loaded machine, 2.8 with one thread.
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The fast tier's files: `--max-ranks 4` (tests/conftest.py) leaves out their items on 5 to 8 simulated
 # ranks, and the `fast` Hypothesis profile (refconv/testing/profiles.py) draws fewer examples where a
@@ -52,10 +57,10 @@ test-fast: setup
 
 # make explore -- the suite with random Hypothesis draws (the default profile, ci, is derandomized)
 explore: setup
-	HYPOTHESIS_PROFILE=explore $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	HYPOTHESIS_PROFILE=explore OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-extended: setup
-	$(PY) -m pytest -q -m extended
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m extended
 
 # make zoo -- the MPI zoo (tests/mpi_zoo/): incorrect MPI programs in the MPI Bugs Initiative's nine classes, each
 #            with its correct twin, on simulated ranks; prints what refconv.simulated catches, by class

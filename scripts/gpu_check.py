@@ -37,6 +37,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -83,15 +84,30 @@ def mpiexec():
 def run(command, args, limit, log, simulator=None):
     """Run a child; returns (exit status or 'timeout', seconds).  Its output goes to ``log``.
 
-    ``simulator``: whether the child runs kernels under Numba's simulator (default: in a dry run)."""
+    ``simulator``: whether the child runs kernels under Numba's simulator (default: in a dry run).
+    The child leads a process group of its own, and a timeout (or an interrupt of this check) kills
+    that whole group: the compile step's pool workers and mpiexec's ranks are its children, and a
+    kill of the child alone left them running, orphaned."""
     started = time.perf_counter()
     with open(log, "w") as out:
+        child = subprocess.Popen(command, cwd=ROOT, env=python_env(args.dry_run if simulator is None else simulator),
+                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            status = subprocess.run(command, cwd=ROOT, env=python_env(args.dry_run if simulator is None else simulator),
-                                    stdout=out, stderr=subprocess.STDOUT, timeout=limit, check=False).returncode
+            status = child.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             status = "timeout"
+        finally:
+            kill_group(child)
     return status, time.perf_counter() - started
+
+
+def kill_group(child):
+    """SIGKILL the process group that ``child`` leads (what is left of it), and reap the child."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group has ended: every member has exited
+        pass
+    child.wait()
 
 
 def tail(path, lines=15):
@@ -197,7 +213,9 @@ def step_tests(args):
     figures = {"collected": len(collected), "mpi_cuda_node_ids": cuda, "ran": chosen}
     if absent:
         return "failed", f"collected no test of {', '.join(absent)}", figures, seconds
-    workers = ["-n", str(min(args.jobs, 8)), "--dist", "loadgroup"] if args.jobs > 1 else []
+    # A dry run's few tests run in one process: xdist workers would each import and collect everything again
+    # for a handful of tests (make test runs these files on its own workers).
+    workers = ["-n", str(min(args.jobs, 8)), "--dist", "loadgroup"] if args.jobs > 1 and not args.dry_run else []
     status, more = run(pytest + ["-q", "-ra", *workers, *chosen], args, LIMITS_S["tests"] - seconds, log)
     seconds += more
     summary = tail(log, 1)
@@ -300,5 +318,11 @@ def main(argv=None):
     return 0 if all(s["status"] == "ok" for s in steps) else 1
 
 
+def end_on_sigterm(signum, frame):
+    """SIGTERM (a test's or a machine's limit) as an exit, so that the running step's group is killed too."""
+    sys.exit(128 + signum)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, end_on_sigterm)
     sys.exit(main())

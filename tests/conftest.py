@@ -64,11 +64,55 @@ def launch_group(nodeid):
     return f"{launch[1]}-{launch[2]}" if launch else nodeid.split("::")[0]
 
 
+# The work units that take longest under ``make test``, in about seconds of one core (CPU seconds measured
+# test by test, docs/benchmarks.md; the dry run's and the 2-rank CUDA layers' are their wall times in the
+# suite, which wait on children).  xdist queues the units with the most tests first, so few-test long units
+# came last, and one worker ran a minute or more alone at the end while the other had finished: these go
+# first instead, longest first (:func:`long_units_first`).  A unit missing here keeps xdist's place after them.
+LONG_UNITS = {
+    "tests/cuda_kernels/test_kernels.py": 250,
+    "tests/cuda_kernels/test_gpu_check.py": 150,
+    "tests/cuda_kernels/test_kernel_compile.py": 105,
+    "tests/cuda_kernels/test_kernels3d.py": 78,
+    "layers_cuda-2": 76,
+    "tests/plan/test_plan.py": 60,
+    "tests/mpiexec/test_faults.py": 50,
+    "tests/on_ranks/test_datastore.py": 35,
+    "tests/on_ranks/test_scale_presets.py": 46,
+    "tests/mpiexec/test_torch_interop.py": 54,
+    "tests/on_ranks/test_records.py": 44,
+    "tests/on_ranks/test_layers.py": 30,
+    "tests/simulator/test_simulated_planted_bug.py": 27,
+    "tests/on_ranks/test_grouped_models.py": 26,
+    "tests/on_ranks/test_plan.py": 33,
+    "tests/on_ranks/test_overlap.py": 25,
+    "plan-2": 24,
+    "tests/training/test_model.py": 20,
+    "distconv_cuda-2": 20,
+}
+
+
+def long_units_first(workqueue):
+    """Move the :data:`LONG_UNITS` of xdist's queue (an OrderedDict of unit -> its items) to its front, longest
+    first; the other units keep their order behind them."""
+    first = sorted((unit for unit in LONG_UNITS if unit in workqueue), key=LONG_UNITS.get, reverse=True)
+    for unit in reversed(first):     # the last moved is the first in the queue
+        workqueue.move_to_end(unit, last=False)
+
+
 class LaunchGroups(LoadGroupScheduling):
-    """xdist's ``loadgroup`` scheduling with the work units of :func:`launch_group`."""
+    """xdist's ``loadgroup`` scheduling with the work units of :func:`launch_group`, the long ones first."""
+
+    _ordered = False
 
     def _split_scope(self, nodeid):
         return launch_group(nodeid)
+
+    def _assign_work_unit(self, node):
+        if not self._ordered:      # the first assignment: xdist has just filled its queue
+            long_units_first(self.workqueue)
+            self._ordered = True
+        super()._assign_work_unit(node)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -45,7 +45,9 @@ rank: its ``reporter`` (the lowest failed rank) prints it, and the other ranks p
 prints ``rank r: TIMEOUT in test <name>``, the rank's Python stacks (``faulthandler``'s,
 dumped by its own thread, which needs no GIL) and the exceptions the collective checks
 caught on it (``refconv.testing.asserts.CAUGHT``: a rank that raised inside ``check_layer``
-and went on to report it while the others went on to their next collective), then exits.
+and went on to report it while the others went on to their next collective), then exits once
+every rank has filed its own TIMEOUT report (ranks that began the test seconds apart time out
+seconds apart; it waits ``REPORT_WAIT_S`` at most).
 Abort can kill the job before mpiexec has forwarded the failing rank's last
 lines, so a rank also writes each failure report to a file in the directory
 named by ``REFCONV_MPI_REPORTS`` (the launcher sets it) before it aborts; the
@@ -85,6 +87,8 @@ DEFAULT_SIZES = (1, 2, 3, 4)
 _MARKER = re.compile(re.escape(MARK) + r" (START|PASS|FAIL) (\S+)")
 REPORTS_ENV = "REFCONV_MPI_REPORTS"
 REPORT_GRACE_S = 1.0
+REPORT_WAIT_S = 10.0   # a rank that timed out waits this long at most for the other ranks' TIMEOUT reports
+DUMP_WAIT_S = 5.0      # and this long at most for faulthandler's dump of its own stacks
 
 
 def mpi_test(fn=None, *, sizes=DEFAULT_SIZES, timeout=60):
@@ -136,19 +140,57 @@ def _report(rank, text):
             os.fsync(f.fileno())
 
 
-def _watchdog(rank, name, timeout, done, stacks, caught):
+def _watchdog(rank, size, name, timeout, done, stacks, caught):
     """Past ``timeout``: report this rank's Python stacks (written by faulthandler's own thread,
     which needs no GIL, at the deadline) and the exceptions the collective checks caught on it,
-    then end the rank."""
+    wait for the other ranks' reports, then end the rank."""
     if not done.wait(timeout):
-        time.sleep(0.2)                       # faulthandler's dump, due at the same deadline
-        stacks.seek(0)
+        _await_dump(stacks)
         found = "".join(f"\n--- caught on rank {rank} during the test ---\n{text}" for text in caught)
-        _report(rank, f"rank {rank}: TIMEOUT in test {name} after {timeout:g} s\n"
+        _report(rank, f"{_timeout_line(rank, name)} after {timeout:g} s\n"
                       f"--- rank {rank}'s Python stacks ---\n{stacks.read().strip()}{found}")
         sys.stderr.flush()
-        time.sleep(REPORT_GRACE_S)            # the other ranks' watchdogs report too before this exit ends the job
+        _await_timeout_reports(size, name)     # this exit ends the job: every rank's report first
         os._exit(3)
+
+
+def _timeout_line(rank, name):
+    return f"rank {rank}: TIMEOUT in test {name}"
+
+
+def _await_dump(stacks, limit_s=DUMP_WAIT_S):
+    """Wait for faulthandler's dump into ``stacks`` (due at the same deadline as the watchdog, but a loaded
+    machine may run its thread later): until the file has stopped growing, or ``limit_s``; then rewind it."""
+    deadline, size = time.monotonic() + limit_s, -1
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        grown = os.fstat(stacks.fileno()).st_size
+        if grown and grown == size:
+            break
+        size = grown
+    stacks.seek(0)
+
+
+def _await_timeout_reports(size, name, limit_s=REPORT_WAIT_S):
+    """Before a rank that timed out ends the job: wait until every rank of ``size`` has filed its TIMEOUT
+    report of test ``name`` in ``REFCONV_MPI_REPORTS`` (their watchdogs fire at their own deadlines, and
+    ranks that began the test seconds apart on a loaded machine time out seconds apart), at most
+    ``limit_s``, then ``REPORT_GRACE_S`` for mpiexec to forward the lines.  Without that folder (a launch
+    by hand), ``REPORT_GRACE_S`` alone."""
+    directory = os.environ.get(REPORTS_ENV)
+    deadline = time.monotonic() + limit_s
+    while directory and time.monotonic() < deadline:
+        filed = set()
+        for entry in os.listdir(directory):
+            try:
+                with open(os.path.join(directory, entry)) as f:
+                    filed.add(f.readline())
+            except OSError:
+                continue
+        if all(any(line.startswith(_timeout_line(r, name) + " ") for line in filed) for r in range(size)):
+            break
+        time.sleep(0.05)
+    time.sleep(REPORT_GRACE_S)
 
 
 def run_rank(path, size, only=None):
@@ -180,7 +222,7 @@ def run_rank(path, size, only=None):
         done, stacks = threading.Event(), tempfile.TemporaryFile("w+")
         CAUGHT.clear()
         faulthandler.dump_traceback_later(fn.mpi_timeout, file=stacks)
-        threading.Thread(target=_watchdog, args=(rank, name, fn.mpi_timeout, done, stacks, CAUGHT),
+        threading.Thread(target=_watchdog, args=(rank, comm.Get_size(), name, fn.mpi_timeout, done, stacks, CAUGHT),
                          daemon=True).start()
         try:
             fn()

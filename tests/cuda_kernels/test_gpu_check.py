@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -43,9 +44,21 @@ jobs = load("gpu_check_jobs")
 def test_the_device_check_runs_end_to_end_as_a_dry_run(tmp_path):
     env = dict(os.environ, OUT=str(tmp_path))
     env.pop("NUMBA_ENABLE_CUDASIM", None)  # the check sets it per step
-    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900, check=False)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    # a session of its own: the check ends its running step's process group on SIGTERM, and whatever
+    # is left is killed, so a timeout here leaves no compile or mpiexec process running
+    check = subprocess.Popen(["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=ROOT, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        stdout, stderr = check.communicate(timeout=900)
+    finally:
+        if check.poll() is None:
+            check.terminate()
+            try:
+                check.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(check.pid, signal.SIGKILL)
+                check.wait()
+    assert check.returncode == 0, stdout[-4000:] + stderr[-4000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     steps = {s["step"]: s for s in summary["steps"]}
     assert list(steps) == ["env", "compile", "tests", "kernels", "ranks", "train"]

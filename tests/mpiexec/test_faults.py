@@ -48,8 +48,10 @@ HEIGHT = ("--grid", "height=2")        # allreduce and halo exchanges
 # the watchdog's one line: the collective, the communicator, the buffers' shapes, the wait
 TIMEOUT_LINE = re.compile(r"^\[rank \d\] refconv: collective timeout: \w+ on communicator '[^']+' "
                           r"\(2 ranks\) with .+: this rank waited \d+\.\d s \(timeout 2 s\); aborting the job$")
-TRAIN = ("train", "--max-steps", "4", "--lr-schedule", "constant", "--no-progress",
-         "--timeout", str(TIMEOUT_S))
+# A run that checks a refusal, not a fault, keeps the default collective deadline (300 s): on a loaded machine
+# ranks start seconds apart, and their first collective (the output-path check) overran TIMEOUT_S (status 124).
+UNFAULTED = ("train", "--max-steps", "4", "--lr-schedule", "constant", "--no-progress")
+TRAIN = (*UNFAULTED, "--timeout", str(TIMEOUT_S))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -406,7 +408,7 @@ def test_an_output_path_that_cannot_be_written_is_refused_at_the_start(command, 
     (tmp_path / "a_file").write_text("x")
     args = [a.format(missing=tmp_path / "missing", file=tmp_path / "a_file", tmp=tmp_path) for a in command]
     if command[0] == "train":
-        args = [*TRAIN, *CHANNEL, *args[1:]]
+        args = [*UNFAULTED, *CHANNEL, *args[1:]]
     ended = launch(args)
     name = " ".join(command[:2]) if command[0] == "bench" else command[0]      # "bench collectives": its own prefix
     errors = [line for line in ended.output.splitlines() if line.startswith(f"refconv {name}: error:")]
@@ -420,7 +422,7 @@ def test_a_second_run_on_a_checkpoint_folder_in_use_is_refused(tmp_path):
     directory, metrics = tmp_path / "ck", tmp_path / "first.jsonl"
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     env.pop("REFCONV_FAULT", None)
-    first = subprocess.Popen([find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", *TRAIN, *CHANNEL,
+    first = subprocess.Popen([find_mpiexec(), "-n", "2", sys.executable, "-m", "refconv.cli", *UNFAULTED, *CHANNEL,
                               "--max-steps", "200", "--checkpoint-every", "1", "--checkpoint-dir", str(directory),
                               "--metrics-out", str(metrics)],
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -429,7 +431,7 @@ def test_a_second_run_on_a_checkpoint_folder_in_use_is_refused(tmp_path):
         while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
             assert first.poll() is None and time.monotonic() < deadline, "the first run ended too soon"
             time.sleep(0.01)
-        second = launch([*TRAIN, *CHANNEL, "--checkpoint-dir", str(directory)])
+        second = launch([*UNFAULTED, *CHANNEL, "--checkpoint-dir", str(directory)])
         assert first.poll() is None, "the first run did not outlive the second's refusal"
     finally:
         os.killpg(first.pid, signal.SIGKILL)

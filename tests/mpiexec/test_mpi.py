@@ -5,6 +5,7 @@ The selected items of one (file, size) share one mpiexec launch, made when the
 first of them runs and cached for the rest.
 """
 
+import collections
 import os
 import pathlib
 import subprocess
@@ -84,6 +85,20 @@ def test_each_launch_is_one_xdist_work_unit(request):
                    "tests/docs_and_tutorials/test_docs.py::test_docs_have_pages"):
         assert scheduler._split_scope(nodeid) == launch_group(nodeid)
     assert scheduler._split_scope(launched) == "training-4"
+
+
+def test_the_long_work_units_are_sent_first(request):
+    """tests/conftest.py's table of the long units: each is a unit of ``make test`` (a test file, or one
+    launch of a tests/mpiexec/launched file), and they lead the queue, longest first, the rest in xdist's order."""
+    hook, = [h for h in request.config.hook.pytest_xdist_make_scheduler.get_hookimpls()
+             if h.plugin_name.endswith(os.path.join("tests", "conftest.py"))]
+    table, reorder, launch_group = hook.plugin.LONG_UNITS, hook.plugin.long_units_first, hook.plugin.launch_group
+    root = HERE.parents[1]
+    launches = {launch_group(f"tests/mpiexec/test_mpi.py::test_mpi[{case.id}]") for case in _cases()}
+    assert all((root / unit).is_file() or unit in launches for unit in table), sorted(set(table) - launches)
+    queue = collections.OrderedDict((unit, {}) for unit in ["tests/many_tests.py", *sorted(table), "other-2"])
+    reorder(queue)
+    assert list(queue) == [*sorted(table, key=table.get, reverse=True), "tests/many_tests.py", "other-2"]
 
 
 # -- the harness and failure behaviour themselves -------------------------------------------------

@@ -4,6 +4,8 @@ A wrong slot planted on rank 2 only: the gathered y differs on every rank, so ev
 the report says once that the wrong elements lie in rank 2's block.  A crash on every rank prints
 one traceback, not one per rank per rank."""
 
+import importlib.util
+import pathlib
 import traceback
 
 import numpy
@@ -13,19 +15,20 @@ import refconv
 from refconv import simulated
 from refconv.testing.asserts import CollectiveAssertionError, assert_all_ranks
 from refconv.testing.check import blame, check_layer
-from refconv.testing.strategies import ConvProblem
-
-PROBLEM = ConvProblem(N=2, C=6, F=6, H=5, W=4, Kh=3, Kw=3, padding=(1, 1))
 
 
-class WrongSlotOnRank2(refconv.DistConv2d):
-    """Stationary-X whose rank 2 adds 1 to its own y_loc[0, 0, 0, 0]."""
+def _harness_fixture(name):
+    """A module of tests/mpiexec/harness_fixtures/ (which pytest does not collect), by its path."""
+    path = pathlib.Path(__file__).parents[1] / "mpiexec" / "harness_fixtures" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"harness_fixture_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def forward(self, x_loc):
-        y_loc = super().forward(x_loc)
-        if self.grid.rank == 2:
-            y_loc[0, 0, 0, 0] += 1.0
-        return y_loc
+
+# the planted mistake and the problem of the same check under mpiexec (tests/mpiexec/test_mpi_blame.py), one definition
+_WRONG_SLOT = _harness_fixture("wrong_slot_on_rank2")
+WrongSlotOnRank2, PROBLEM = _WRONG_SLOT.WrongSlotOnRank2, _WRONG_SLOT.PROBLEM
 
 
 class Float32Forward(refconv.DistConv2d):

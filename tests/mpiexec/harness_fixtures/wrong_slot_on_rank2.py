@@ -13,6 +13,9 @@ PROBLEM = ConvProblem(N=2, C=6, F=6, H=5, W=4, Kh=3, Kw=3, padding=(1, 1))
 
 
 class WrongSlotOnRank2(refconv.DistConv2d):
+    """Stationary-X whose rank 2 adds 1 to its own y_loc[0, 0, 0, 0] (tests/simulator/test_check_layer_blame.py
+    checks the same mistake on simulated ranks)."""
+
     def forward(self, x_loc):
         y_loc = super().forward(x_loc)
         if self.grid.rank == 2:
