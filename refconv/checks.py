@@ -15,6 +15,11 @@ import numpy
 FLOAT_DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float64))
 
 
+class ArgumentError(ValueError):
+    """A bad argument to one of refconv's own functions (a ``ValueError``), caught before it reaches MPI:
+    the same mistake on any backend, real ranks or simulated ones (the MPI zoo counts it as detected)."""
+
+
 def integer(value, name, *, minimum=1):
     """An int (a bool is not one) of at least ``minimum``, returned as a Python int."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:

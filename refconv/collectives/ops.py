@@ -57,6 +57,7 @@ import numpy
 from mpi4py import MPI
 
 from refconv import arrays
+from refconv.checks import ArgumentError
 from refconv.collectives.local import check_comm, stats
 from refconv.collectives.requests import Request, finished
 from refconv.collectives.staging import (block_types, cuda_aware, displs, empty, from_mpi, new, spec,
@@ -66,6 +67,15 @@ from refconv.shapes.memory import kind
 
 comm_buffers = kind("comm")  # the arrays an operation stages and receives count as communication (shapes-only runs)
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}
+
+
+def _op(comm, op, what):
+    """The MPI op of ``op`` ("sum", "prod", "max" or "min"); another is an ArgumentError naming it and the rank,
+    raised before any MPI call."""
+    found = _OPS.get(op) if isinstance(op, str) else None
+    if found is None:
+        raise ArgumentError(f"{what} on rank {comm.Get_rank()}: op must be one of {tuple(_OPS)}, got {op!r}")
+    return found
 
 
 def _check_counts(comm, counts, length, what):
@@ -95,6 +105,7 @@ def allreduce(comm, x, op="sum", *, out=None):
     reusing a buffer saves the allocation, which matters for large ones.
     """
     check_comm(comm, "allreduce")
+    mpi_op = _op(comm, op, "allreduce")
     stats.add("allreduce", comm.Get_size(), x.size, x.nbytes)
     if out is not None and (tuple(out.shape) != tuple(x.shape) or out.dtype != x.dtype):
         raise ValueError(f"allreduce: out must have x's shape {tuple(x.shape)} and dtype {x.dtype}, "
@@ -109,7 +120,7 @@ def allreduce(comm, x, op="sum", *, out=None):
         (not arrays.is_device_array(out) or cuda_aware())
     recv = out if direct else empty(send.shape, send.dtype, x)
     with guard("allreduce", comm, {"send": send, "recv": recv}, call="Allreduce", nbytes=send.nbytes):
-        comm.Allreduce(spec(send), spec(recv), op=_OPS[op])
+        comm.Allreduce(spec(send), spec(recv), op=mpi_op)
     result = from_mpi(recv, x)
     if out is not None and not direct:
         out[...] = result
@@ -121,6 +132,7 @@ def allreduce(comm, x, op="sum", *, out=None):
 def allreduce_(comm, x, op="sum"):
     """In-place allreduce (MPI.IN_PLACE, no new buffer) of a contiguous array; returns x."""
     check_comm(comm, "allreduce_")
+    mpi_op = _op(comm, op, "allreduce_")
     if comm.Get_size() == 1:  # the sum of one rank's x is x: record the call, copy nothing
         stats.add("allreduce", 1, x.size, x.nbytes)
         return x
@@ -131,7 +143,7 @@ def allreduce_(comm, x, op="sum"):
     if arrays.is_device_array(x):
         arrays.synchronize()
     with guard("allreduce", comm, {"in place": x}, call="Allreduce", nbytes=x.nbytes):
-        comm.Allreduce(MPI.IN_PLACE, x, op=_OPS[op])
+        comm.Allreduce(MPI.IN_PLACE, x, op=mpi_op)
     return x
 
 
@@ -144,6 +156,7 @@ def iallreduce_(comm, x, op="sum", *, overlap=""):
     back into x by ``wait()``.
     """
     check_comm(comm, "iallreduce_")
+    mpi_op = _op(comm, op, "iallreduce_")
     stats.add("allreduce", comm.Get_size(), x.size, x.nbytes, overlap=overlap)
     if comm.Get_size() == 1:   # the sum of one rank's x is x
         return finished(x)
@@ -155,7 +168,7 @@ def iallreduce_(comm, x, op="sum", *, overlap=""):
         if buf is not x:
             x[...] = from_mpi(buf, x)
         return x
-    request = comm.Iallreduce(MPI.IN_PLACE, buf, op=_OPS[op])
+    request = comm.Iallreduce(MPI.IN_PLACE, buf, op=mpi_op)
     return Request("allreduce", comm, [request], finish, {"in place": x}, overlap, call="Iallreduce", nbytes=x.nbytes)
 
 

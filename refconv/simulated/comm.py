@@ -22,6 +22,8 @@ call                                      what the simulated world does
 ``Isend``, ``Issend``, ``Irecv``,         matched by communicator, source and tag, in order;
 ``Send``, ``Ssend``, ``Recv``,            ``MPI.PROC_NULL``, ``ANY_SOURCE``, ``ANY_TAG`` as MPI
 ``Sendrecv``
+``Probe``, ``Iprobe``                     the status of the oldest message a receive would take,
+                                          not received; a wildcard Probe is not a schedule choice
 ``Request.Wait``, ``Test``,               completion, the ``MPI.Status`` given filled;
 ``Waitall``, ``Testall``, ``Waitany``,    ``Waitall``/``Testall``/``Waitany``/``Testany`` are
 ``Testany``                               class methods as mpi4py's
@@ -80,10 +82,13 @@ class Group:
 
 
 class Post:
-    """One rank's part of a collective: the call's name, what must agree across ranks, its buffers."""
+    """One rank's part of a collective: the operation (``call``, what the engine runs), the name the rank
+    called it by (``name``: Iallreduce for a nonblocking Allreduce, Dup for a Split that keeps every rank;
+    MPI matches a collective only with the same call), what must agree across ranks, its buffers."""
 
-    def __init__(self, rank, call, agree, request, args):
+    def __init__(self, rank, call, agree, request, args, name=None):
         self.rank, self.call, self.agree, self.request, self.args = rank, call, agree, request, args
+        self.name = name or call
 
 
 class Comm(Collectives):
@@ -188,16 +193,18 @@ class Comm(Collectives):
         self._live("Split_type")
         key = params.integer(key, self, "Split_type", "key")
         if split_type == MPI.UNDEFINED:
-            return self._wait(self._collective("Split", (), color=MPI.UNDEFINED, key=key))
+            return self._wait(self._collective("Split", (), color=MPI.UNDEFINED, key=key, call="Split_type"))
         if split_type != MPI.COMM_TYPE_SHARED:
             raise Unsupported(f"simulated ranks: Comm.Split_type({params.show(split_type)}) (only COMM_TYPE_SHARED and "
                               f"UNDEFINED)")
-        return self._wait(self._collective("Split", (), color=0, key=key))   # one node: every rank shares it
+        return self._wait(self._collective("Split", (), color=0, key=key, call="Split_type"))   # one node: every rank shares it
 
     @leaks.makes("Dup")
     def Dup(self):
+        """A Split that keeps every rank in its place, but a collective of its own: a Dup on one rank never
+        matches a Split on another (MPI)."""
         self._live("Dup")
-        return self.Split(0, self._rank)
+        return self._wait(self._collective("Split", (), color=0, key=self._rank, call="Dup"))
 
     def Get_group(self):
         return groups.get_group(self)        # refconv.simulated.groups: groups, Create, Create_group
@@ -366,6 +373,29 @@ class Comm(Collectives):
         return self.owner.world_calls.recv(self, array, source, tag, region=region, call=call, site=site,
                                            poisoned=poisoned)
 
+    def Probe(self, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=None):
+        """Wait for a message that a receive from ``source`` with ``tag`` would take, and fill ``status``
+        (its source, tag and count) without receiving it; returns True, as mpi4py."""
+        self._probe("Probe", source, tag, status, blocking=True)
+        return True
+
+    def Iprobe(self, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=None):
+        """Probe without waiting: whether such a message has arrived (``status`` filled when it has)."""
+        return self._probe("Iprobe", source, tag, status, blocking=False)
+
+    def _probe(self, call, source, tag, status, blocking):
+        self._live(call)
+        source = params.rank(source, self, call, "source", special=SOURCES)
+        tag = params.tag(tag, self, call, wildcard=True)
+        found = (MPI.PROC_NULL, MPI.ANY_TAG, 0) if source == MPI.PROC_NULL else \
+            self.owner.world_calls.probe(self, source, tag, blocking)
+        if found is None:
+            return False
+        answer = Request(self.owner, f"{call} on communicator {self.group.name!r}", call)
+        answer.status = found
+        answer.fill(status)                 # the one place a Status is filled
+        return True
+
     # -- the engine's side ---------------------------------------------------------------------------------
     def _collective(self, op, agree, /, **args):
         return self.owner.world_calls.collective(self, op, agree, args)
@@ -415,7 +445,7 @@ def _blocks(comm, buf, what, typed=False):
 
 def mismatch(group, n, posts):
     """The error for collectives that differ at the n-th place of ``group``'s order."""
-    calls = "; ".join(f"rank {p.rank} called {p.call}{_agree(p)}" for p in sorted(posts, key=lambda p: p.rank))
+    calls = "; ".join(f"rank {p.rank} called {p.name}{_agree(p)}" for p in sorted(posts, key=lambda p: p.rank))
     return CollectiveMismatch(f"collective {n} on communicator {group.name!r} ({len(group.members)} ranks) differs "
                               f"between ranks: {calls}. Every rank must make the same collectives in the same "
                               f"order.{_payloads(posts)}")
@@ -427,7 +457,7 @@ def _agree(post):
 
 def _payloads(posts):
     """What the object collectives among ``posts`` carried, cut short."""
-    from_rank = [(p.rank, p.call, p.args.get("payload")) for p in sorted(posts, key=lambda p: p.rank)]
+    from_rank = [(p.rank, p.name, p.args.get("payload")) for p in sorted(posts, key=lambda p: p.rank)]
     return "".join(f"\n  rank {rank}'s {call}{carried(payload)}" for rank, call, payload in from_rank
                    if payload is not None)
 

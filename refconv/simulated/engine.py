@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from refconv.simulated import buffers
 from refconv.simulated.comm import Comm, Group, Post, carried, mismatch
-from refconv.simulated.request import Request
+from refconv.simulated.request import Request, overlap
 from refconv.simulated.world import InvalidParameter, PendingRequests, TypeMismatch, call_site
 
 
@@ -41,8 +41,10 @@ class Calls:
             n = group.posted[r]
             request = Request(self.me, f"{op} (collective {n}) on communicator {group.name!r}", call or op, site)
             self.world.check(self.me, request.what)
+            _claim(request, args, r)
+            self._disjoint(request)
             group.posted[r] += 1
-            post = Post(r, op, agree, request, args)
+            post = Post(r, op, agree, request, args, name=call)
             request.payload = args.get("payload")
             if nonblocking and args.get("recv") is not None:
                 request.poison(args["recv"])
@@ -51,7 +53,7 @@ class Calls:
                     request.watch(args[role], "send" if role == "send" else "receive" if role == "recv" else "broadcast")
             slot = group.slots.setdefault(n, {})
             first = next(iter(slot.values()), None)
-            if first is not None and (first.call != op or first.agree != agree):
+            if first is not None and (first.name != post.name or first.agree != agree):   # Iallreduce never matches Allreduce
                 raise mismatch(group, n, list(slot.values()) + [post])
             slot[r] = post
             self.pending[request] = None
@@ -79,6 +81,7 @@ class Calls:
         request = Request(self.me, f"{call} to rank {dest} tag {tag} on communicator {comm.group.name!r}", call, site)
         message = Post(comm.rank, "send", (), request, dict(array=array, peer=dest, tag=tag, region=region))
         request.watch(array, "send")
+        request.claim(array, False, getattr(region, "view", None))
         self._point_to_point(comm, message, comm.group.recvs, comm.group.sends, dest, _matches_send)
         return request
 
@@ -90,6 +93,7 @@ class Calls:
         if poisoned:
             request.poison(array)
         request.watch(array, "receive")
+        request.claim(array, True, getattr(region, "view", None))
         self._point_to_point(comm, message, comm.group.sends, comm.group.recvs, comm.rank, _matches_recv)
         return request
 
@@ -110,6 +114,7 @@ class Calls:
         send: ``dest``'s receives; a receive: the sends to this rank), oldest first: O(those calls), not O(K)."""
         with self.world.lock:
             self.world.check(self.me, mine.request.what)
+            self._disjoint(mine.request)
             self.pending[mine.request] = None
             if self.me.clock is not None:
                 self.me.clock.posted(mine, comm)
@@ -119,11 +124,47 @@ class Calls:
                 other = self.schedule.posted(comm.group, mine, other)
             if other is None:
                 queue.setdefault(dest, []).append(mine)
+                if mine.call == "send":      # a message waits: a Probe of its destination may see it now
+                    self.world.notify([self.world.ranks[comm.group.members[dest]]])
             else:
                 pending.remove(other)
                 send, recv = (mine, other) if mine.call == "send" else (other, mine)
                 pair(self.world, comm.group, send, recv)
         self.world.switch(self.me)
+
+    def _disjoint(self, request):
+        """Raise a BufferReused if ``request``'s memory meets that of a request of this rank still pending
+        (:func:`refconv.simulated.request.overlap`); nothing to compare when none is."""
+        if self.pending:
+            error = overlap(request, self.pending, call_site)
+            if error is not None:
+                raise error
+
+    def probe(self, comm, source, tag, blocking):
+        """Probe (``blocking``) or Iprobe: ``(source, tag, bytes)`` of the oldest message to this rank that a
+        receive from ``source`` with ``tag`` would take, without receiving it; None when Iprobe finds none.
+        Deterministic: a wildcard Probe sees the message that arrived first (not a choice of schedules='all':
+        the receive that follows it is)."""
+        want = Post(comm.rank, "recv", (), None, dict(peer=source, tag=tag))
+        sends = comm.group.sends
+
+        def found():
+            return next((s for s in sends.get(comm.rank, ()) if _matches_send(s, want)), None)
+        peer = "any rank" if source == MPI.ANY_SOURCE else f"rank {source}"
+        what = f"{'Probe' if blocking else 'Iprobe'} for a message from {peer} " \
+               f"{'any tag' if tag == MPI.ANY_TAG else f'tag {tag}'} on communicator {comm.group.name!r}"
+        if blocking:
+            self.world.block(self.me, lambda: found() is not None, lambda: what)
+        with self.world.lock:
+            self.world.check(self.me, what)
+            send = found()
+        if send is None and self.schedule is not None:
+            self.schedule.polled(self.world)
+        self.world.switch(self.me)
+        if send is None:
+            return None
+        data = send.args.get("region")
+        return send.rank, send.args["tag"], data.nbytes if data is not None else send.args["array"].nbytes
 
     # -- completing ----------------------------------------------------------------------------------------
     def wait(self, requests):
@@ -202,6 +243,19 @@ class Calls:
                                f"{'s' if len(lines) > 1 else ''} never completed (no Wait, Test or Waitall returned "
                                f"them); MPI requires each to complete before its buffers are reused or the rank "
                                f"finalizes:\n" + "\n".join(lines))
+
+
+def _claim(request, args, r):
+    """What a collective's post reads and writes (comm rank ``r``): its send buffer is read, its receive
+    buffer (``recv``, a Reduce's ``out``, in place too) written, a broadcast's buffer written but at its root."""
+    send, recv = args.get("send"), args.get("recv")
+    if send is not None and send is not recv:
+        request.claim(send, False)
+    for role in ("recv", "out"):
+        if args.get(role) is not None:
+            request.claim(args[role], True)
+    if args.get("buf") is not None and recv is None:
+        request.claim(args["buf"], r != args.get("root"))
 
 
 def pair(world, group, send, recv):

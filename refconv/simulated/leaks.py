@@ -19,6 +19,9 @@ communicator                 made by the simulated world (``Split``, ``Split_typ
                              at its ``Free()``
 group                        made by the simulated world (``Get_group``, ``Incl``, ``Excl``,
                              ``Union``, ``Intersection``, ``Difference``): the same
+user-defined op              a real mpi4py object made by ``MPI.Op.Create``, which answers on a
+                             rank's thread (:mod:`refconv.simulated.standins`): recorded where it
+                             is made, a leak if not freed (its handle not ``OP_NULL``) at the end
 derived datatype             a real mpi4py object, made by MPI itself (``Create_contiguous``,
                              ``Create_vector``, ``Create_indexed``, ``Create_struct``, ...), where
                              the simulator cannot see it: it is recorded when the rank first hands
@@ -54,7 +57,7 @@ _SKIPPED = (_SIMULATED, os.path.join(_REFCONV, "collectives"))   # the simulator
 
 
 class ResourceLeak(UserWarning):
-    """Communicators, groups or datatypes a simulated rank made and had not freed when its run ended."""
+    """Communicators, groups, datatypes or ops a simulated rank made and had not freed when its run ended."""
 
 
 class Entry:
@@ -67,8 +70,8 @@ class Entry:
         self.freed = False
 
     def held(self):
-        """Still held when the run ended? (A datatype is freed when mpi4py's handle is null.)"""
-        return not self.freed if self.kind != "datatype" else bool(self.obj)
+        """Still held when the run ended? (A datatype or an op is freed when mpi4py's handle is null.)"""
+        return bool(self.obj) if self.kind in ("datatype", "op") else not self.freed
 
     def line(self):
         """``communicator 'channel' (Split), made at test_x.py:12``: the name as it is at the report."""
@@ -77,6 +80,8 @@ class Entry:
         if self.kind == "group":
             n = len(self.obj.members)
             return f"group of {n} rank{'' if n == 1 else 's'} ({self.call}), made at {self.where}"
+        if self.kind == "op":
+            return f"op ({self.call}), made at {self.where}"
         return f"datatype {self.call}, first used at {self.where}"
 
 
@@ -153,7 +158,7 @@ def report(world, stacklevel=3):
     noun = "object" if len(held) == 1 else "objects"
     warnings.warn(ResourceLeak(
         f"refconv.simulated.run: {len(held)} {noun} made on simulated ranks and not freed when the run ended "
-        f"(MPI's Resource Leak): free each (comm.Free(), group.Free(), datatype.Free()), or close what made it "
+        f"(MPI's Resource Leak): free each (comm.Free(), group.Free(), datatype.Free(), op.Free()), or close what made it "
         f"(ProcessGrid.close(), Model.close(), or a with block)\n" + "\n".join(lines)), stacklevel=stacklevel)
 
 

@@ -9,6 +9,7 @@ nonblocking receive's buffer holds poison (:mod:`refconv.simulated.poison`); aft
 they are the rank's again, and nothing of the request is checked twice.
 """
 
+import numpy
 from mpi4py import MPI
 
 from refconv.simulated import buffers, params, poison
@@ -32,10 +33,17 @@ class Request:
         self.status = None         # a receive's (source, tag, bytes) once matched
         self._watched = []         # [(array, checksum, role)]: buffers that must not change
         self._poisoned = []        # [[array, what it holds once completed]]: receive buffers holding poison
+        self.memory = []           # [(array or byte view, writes)]: the memory the call reads or writes, until completed
 
     def watch(self, array, role):
         """Remember ``array``'s bytes now: it must not change until the request completes."""
         self._watched.append([array, buffers.fingerprint(array), role])
+
+    def claim(self, array, writes, view=None):
+        """The call reads (``writes`` False) or writes ``array`` (``view``: the bytes of it a datatype names)
+        until it completes: :func:`overlap` compares the next calls of this rank with it."""
+        if array is not None and not getattr(array, "shapes_only", False):
+            self.memory.append((array if view is None else view, writes))
 
     def poison(self, array):
         """Fill the receive buffer ``array`` with poison until completion (refconv.simulated.poison);
@@ -73,7 +81,7 @@ class Request:
         """A Wait or Test returned it: poisoned buffers get their data, and nothing is watched any more."""
         for array, data in self._poisoned:
             array[...] = data
-        self._poisoned = self._watched = ()
+        self._poisoned = self._watched = self.memory = ()
         self.completed = True
 
     def fill(self, status):
@@ -147,6 +155,31 @@ class Request:
 
     def __repr__(self):
         return f"<simulated request: {self.what}{' (done)' if self.done else ''}>"
+
+
+def overlap(new, pending, site):
+    """A BufferReused if ``new`` (a call just posted on this rank) writes memory that a request of
+    ``pending`` (this rank's requests not yet completed) reads or writes, or reads memory one writes: MPI
+    forbids touching the buffer of a pending call.  Byte ranges first (cheap), exact only where they meet;
+    O(this rank's pending requests), so a rank with none pays nothing.  ``site``: where ``new`` was called."""
+    for mine, writes in new.memory:
+        for other in pending:
+            for theirs, written in other.memory:
+                if (writes or written) and numpy.may_share_memory(mine, theirs) and _share(mine, theirs):
+                    return BufferReused(
+                        f"rank {new.owner.rank}: {new.call} at {new.site or site()} ({new.what}) "
+                        f"{'writes' if writes else 'reads'} memory that {other.call} at {other.site or 'an unknown line'} "
+                        f"({other.what}) {'writes' if written else 'reads'} and that request is still pending: the "
+                        f"buffer of a nonblocking call must not be touched until its Wait or Test returns (MPI); "
+                        f"use separate buffers, or wait first")
+    return None
+
+
+def _share(a, b):
+    try:
+        return numpy.shares_memory(a, b, max_work=10_000)
+    except numpy.exceptions.TooHardError:     # strided views too tangled to solve: they may meet
+        return True
 
 
 def _requests(requests, call, nulls=False):

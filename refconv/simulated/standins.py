@@ -1,6 +1,6 @@
-"""mpi4py's own names on a simulated rank: ``MPI.COMM_WORLD``, ``MPI.Request`` and ``MPI.Win``.
+"""mpi4py's own names on a simulated rank: ``MPI.COMM_WORLD``, ``MPI.Request``, ``MPI.Win`` and ``MPI.Op``.
 
-While a world runs (:func:`installed`, which :func:`refconv.simulated.run` enters), these three
+While a world runs (:func:`installed`, which :func:`refconv.simulated.run` enters), these four
 names leave the ``mpi4py.MPI`` module's dictionary and the module's ``__getattr__`` answers for
 them, thread by thread:
 
@@ -17,6 +17,10 @@ name                on a simulated rank's thread                on any other thr
 ``Win``             :class:`RankWin`: a window on a simulated    mpi4py's own
                     communicator is refused by name
                     (:class:`refconv.simulated.world.Unsupported`)
+``Op``              :class:`RankOp`: ``Op.Create`` makes         mpi4py's own
+                    mpi4py's own op and records it with its
+                    line, so that one never freed is a
+                    ``ResourceLeak`` (:mod:`refconv.simulated.leaks`)
 ==================  ==========================================  =================================
 
 So ``MPI.COMM_WORLD.Allreduce(...)`` on a simulated rank reduces over every simulated rank, as
@@ -32,10 +36,11 @@ import threading
 from mpi4py import MPI
 
 from refconv.collectives import local
+from refconv.simulated import leaks
 from refconv.simulated.comm import Request as SimulatedRequest
 from refconv.simulated.world import SimulatedError, Unsupported, current_rank, persistent
 
-NAMES = ("COMM_WORLD", "Request", "Win")
+NAMES = ("COMM_WORLD", "Request", "Win", "Op")
 REAL = {name: getattr(MPI, name) for name in NAMES}   # mpi4py's own, read once, before any world runs
 _lock = threading.Lock()
 _worlds = 0          # worlds running now (several threads may each run one)
@@ -43,7 +48,7 @@ _previous = [None]   # the module's own __getattr__ while ours stands in
 
 
 class installed:
-    """``with installed():`` the module's three names answer by thread (see the module's table)."""
+    """``with installed():`` the module's four names answer by thread (see the module's table)."""
 
     def __enter__(self):
         global _worlds
@@ -70,7 +75,7 @@ class installed:
 
 
 def _lookup(name):
-    """``mpi4py.MPI``'s module ``__getattr__`` while a world runs: only the three names reach it."""
+    """``mpi4py.MPI``'s module ``__getattr__`` while a world runs: only the four names reach it."""
     obj = REAL.get(name)
     if obj is None:
         if _previous[0] is not None:
@@ -222,4 +227,20 @@ def _window(call, args, kwargs):
     return getattr(REAL["Win"], call)(*args, **kwargs)
 
 
-ON_RANKS = {"Request": RankRequest, "Win": RankWin}
+class RankOp(REAL["Op"], metaclass=_OnRanks):
+    """``MPI.Op`` on a simulated rank: ``Create`` makes mpi4py's own user-defined op (a real ``MPI.Op``, so
+    ``isinstance`` and the reductions see no difference) and records it, with the line that made it, in the
+    world's leak ledger: one not freed (``op.Free()``) when the run ends is a ``ResourceLeak``."""
+
+    simulated = ()
+
+    @classmethod
+    def Create(cls, function, commute=False):
+        op = REAL["Op"].Create(function, commute)
+        me = local.simulated()
+        if me is not None:
+            leaks.made(me, op, "op", "Op.Create")
+        return op
+
+
+ON_RANKS = {"Request": RankRequest, "Win": RankWin, "Op": RankOp}

@@ -10,7 +10,8 @@ import warnings
 
 import pytest
 
-from refconv.simulated import SimulatedError
+from refconv.checks import ArgumentError
+from refconv.simulated import ResourceLeak, SimulatedError, Unsupported
 from refconv.testing import mpirun
 
 import zoo
@@ -69,14 +70,6 @@ def test_the_guilty_rank_is_first_middle_and_last(n, guilty):
 
 
 # -- the classifier, on planted programs ----------------------------------------------------------------------
-class Unsupported(SimulatedError, NotImplementedError):
-    """A stand-in, by name, for the refusal refconv.simulated will raise (the runner matches class names)."""
-
-
-class ResourceLeak(UserWarning):
-    """A stand-in, by name, for the leak warning refconv.simulated will give."""
-
-
 def planted(body, ranks=(2, 3), **options):
     return Program(f"planted.{body.__name__}", "Call Matching", body, {}, ranks, "raw", **options)
 
@@ -99,6 +92,10 @@ def detected_anonymously(g):
 
 def refused_window(g):
     return Unsupported("simulated ranks: MPI.Win (one-sided communication) is not simulated")
+
+
+def wrapper_refused_argument(g):
+    return ArgumentError(f"allreduce on rank {g}: op must be one of ('sum', 'prod', 'max', 'min'), got 'mean'")
 
 
 def crashed(g):
@@ -151,7 +148,9 @@ def misses_at_three(comm, z):
     (raises(refused_window), {"feature": "RMA"}, "refused", False, "passed"),
     (raises(refused_window), {}, "missed", False, "passed"),                   # a refusal not allowed is a miss
     (raises(refused_window), {"feature": "persistent"}, "missed", False, "passed"),   # of another feature, too
+    (raises(wrapper_refused_argument), {}, "detected", True, "passed"),   # refconv's own argument check
     (raises(crashed), {}, "crashed", False, "passed"),
+    (raises(lambda g: ValueError(f"rank {g}: a ValueError of no checker")), {}, "crashed", False, "passed"),
     (raises(wrapped_on_python_310), {}, "crashed", False, "passed"),
     (raises(wrong_answer), {}, "missed", False, "passed"),
     (returns, {}, "missed", False, "passed"),

@@ -8,8 +8,10 @@ test_zoo.py holds CI to.  How one run is classified (the contract of issue 42):
 ==============  ============================================================================================
 outcome         what the run did
 ==============  ============================================================================================
-detected        raised a ``SimulatedError`` (any subclass but ``Unsupported``), warned ``ResourceLeak``, or
-                its results hold receive-buffer poison (``simulated.poisoned``)
+detected        raised a ``SimulatedError`` (any subclass but ``Unsupported``) or an ``ArgumentError``
+                (:mod:`refconv.checks`: refconv's own wrappers refused an argument before any MPI call,
+                on any backend), warned ``ResourceLeak``, or its results hold receive-buffer poison
+                (``simulated.poisoned``)
 named           detected, and the error's own message (``str(err)``, not its notes) or the warning has
                 ``rank {guilty}`` as a word
 refused         raised ``Unsupported`` naming a feature the program uses that may be refused (one-sided
@@ -25,14 +27,10 @@ the guilty rank); otherwise it takes its worst run's outcome, in the order crash
 refused.  Recall is detected / (incorrect programs - refused); specificity is correct twins that pass /
 (twins - refused), as MBI counts, except that MBI leaves a tool's crashes and timeouts out of both,
 and the zoo counts them as misses.
-
-Exception classes are matched by name (``type(e).__mro__``), so that names other branches add to
-``refconv.simulated`` (Unsupported, ResourceLeak, MessageRace, ...) count before they land on main.
 """
 
 import argparse
 import dataclasses
-import inspect
 import json
 import pathlib
 import re
@@ -43,9 +41,11 @@ import time
 import warnings
 
 from refconv import simulated
+from refconv.checks import ArgumentError
+from refconv.simulated import ResourceLeak, SimulatedError, Unsupported
 
 import zoo_programs  # noqa: F401  (registers every program)
-from zoo_registry import CLASSES, PROGRAMS
+from zoo_registry import CLASSES, PROGRAMS, WrongAnswer
 
 HERE = pathlib.Path(__file__).resolve().parent
 BASELINE = HERE / "baseline.json"
@@ -68,17 +68,9 @@ class Run:
     seconds: float
 
 
-def _names(cls):
-    return {c.__name__ for c in cls.__mro__}
-
-
-def _schedules_supported():
-    return "schedules" in inspect.signature(simulated.run).parameters
-
-
 def run_once(fn, ranks, guilty, *, feature=None, races=False, timeout=TIMEOUT):
     """Run ``fn(comm, guilty)`` on ``ranks`` simulated ranks; the raw outcome, as if it were incorrect."""
-    extra = {"schedules": "all"} if races and ranks <= 4 and _schedules_supported() else {}
+    extra = {"schedules": "all"} if races and ranks <= 4 else {}
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -90,9 +82,9 @@ def run_once(fn, ranks, guilty, *, feature=None, races=False, timeout=TIMEOUT):
             return _raised(err, guilty, feature, time.perf_counter() - start)
     seconds = time.perf_counter() - start
     spoken = [w for w in caught if not issubclass(w.category, QUIET)]
-    leaks = [str(w.message) for w in spoken if "ResourceLeak" in _names(w.category)]
+    leaks = [str(w.message) for w in spoken if issubclass(w.category, ResourceLeak)]
     try:
-        poison = simulated.poisoned(results) if hasattr(simulated, "poisoned") else ""
+        poison = simulated.poisoned(results)
     except Exception as err:   # noqa: BLE001  (the checker's own failure is a crash)
         return Run("crashed", False, f"poisoned: {type(err).__name__}: {_first_line(err)}", seconds)
     if leaks or poison:
@@ -104,15 +96,15 @@ def run_once(fn, ranks, guilty, *, feature=None, races=False, timeout=TIMEOUT):
 
 
 def _raised(err, guilty, feature, seconds):
-    if type(err).__name__ == "SimulatedError" and err.__cause__ is not None:
+    if type(err) is SimulatedError and err.__cause__ is not None:
         err = err.__cause__   # Python 3.10 (no notes): run wraps a rank's own exception in a SimulatedError
-    names, text = _names(type(err)), str(err)
-    if "Unsupported" in names:
+    text = str(err)
+    if isinstance(err, Unsupported):
         allowed = feature in REFUSABLE and REFUSABLE[feature].search(text)
         return Run("refused" if allowed else "missed", False, f"refused: {_first_line(text)}", seconds)
-    if "SimulatedError" in names:
+    if isinstance(err, (SimulatedError, ArgumentError)):
         return Run("detected", _names_rank(text, guilty), f"{type(err).__name__}: {_first_line(text)}", seconds)
-    if "WrongAnswer" in names:
+    if isinstance(err, WrongAnswer):
         return Run("missed", False, f"wrong answer: {_first_line(text)}", seconds)
     return Run("crashed", False, f"{type(err).__name__}: {_first_line(text)}", seconds)
 
