@@ -73,7 +73,9 @@ class Model(Wrapper):
     # -- lifetime ----------------------------------------------------------------------------------
     def close(self):
         """Free the sub-communicators of every grid the model's layers sit on (collective: every rank
-        calls it).  Safe to call twice; a model used again builds them anew."""
+        calls it).  Safe to call twice.  A closed model is not for use again: its bound layers keep the
+        communicators they took (a call on a freed one is an error: ``FreedComm`` on simulated ranks, an MPI
+        error under mpiexec); build a new model."""
         close_grids(self.body, self.head)
 
     def __enter__(self):

@@ -344,18 +344,14 @@ class _Buffer:
 def _block(buffer, r, offset, count, datatype):
     """Rank ``r``'s :class:`Block` of ``buffer``: ``count`` items of ``datatype`` from byte ``offset``,
     checked to lie in the buffer as a Region checks it."""
-    if isinstance(datatype, BlockLayout):
-        outer, run, stride = datatype.outer, datatype.run, datatype.stride
-    else:
-        outer, run, stride = 1, 1, 1
-    step = extent(datatype)                   # refuses what it does not know, as a Region does
-    nbytes = count * outer * run
-    last = offset + (count - 1) * step + (outer - 1) * stride + run if nbytes else offset
+    kind = layout(datatype, buffer.what)      # refuses what it does not know, as a Region does
+    nbytes = count * kind.outer * kind.run
+    last = offset + (count - 1) * kind.extent + (kind.outer - 1) * kind.stride + kind.run if nbytes else offset
     array = buffer.array
     if offset < 0 or last > array.nbytes:
-        raise ValueError(f"{buffer.what} block {r}: the message reaches byte {last} of a buffer of {array.nbytes} "
+        raise InvalidParameter(f"{buffer.what} block {r}: the message reaches byte {last} of a buffer of {array.nbytes} "
                          f"bytes (shape {array.shape} {array.dtype}): counts, displacements or the datatype are wrong")
-    return Block(buffer, r, nbytes)
+    return Block(buffer, r, nbytes, kind.basic, nbytes // kind.basic_size)
 
 
 class Block:
@@ -364,10 +360,10 @@ class Block:
     size is an error), in a few slots: at 1024 ranks an allgather over all of them makes a million
     (a Region each took some 400 bytes, 4 GiB resident in all).  It holds no reference to its
     :class:`Blocks`: no cycle, so a call's buffers are freed at once, not by the garbage collector."""
-    __slots__ = ("buffer", "r", "nbytes")
+    __slots__ = ("buffer", "r", "nbytes", "basic", "items")   # basic, items: its type signature, as a Region's
 
-    def __init__(self, buffer, r, nbytes):
-        self.buffer, self.r, self.nbytes = buffer, r, nbytes
+    def __init__(self, buffer, r, nbytes, basic, items):
+        self.buffer, self.r, self.nbytes, self.basic, self.items = buffer, r, nbytes, basic, items
 
     array = property(lambda self: self.buffer.array)
     what = property(lambda self: f"{self.buffer.what} block {self.r}")
@@ -378,7 +374,7 @@ class Block:
 
     def write(self, payload):
         if payload.size != self.nbytes:
-            raise ValueError(f"{self.what}: {payload.size} bytes arrive for a receive of {self.nbytes} bytes: "
+            raise SizeMismatch(f"{self.what}: {payload.size} bytes arrive for a receive of {self.nbytes} bytes: "
                              f"the sender's and the receiver's counts differ")
         if self.shapes != isinstance(payload, Payload):
             _mixed(self.what, payload, self)

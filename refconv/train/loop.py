@@ -221,7 +221,7 @@ def _train(cfg, comm, say, report):
     }
     if cfg.check_serial:
         result["serial_check"] = check_serial(cfg, losses, comm, x_train, y_train, num_classes, say)
-    model.close()   # its grids' sub-communicators (collective); result["model"] used again builds them anew
+    model.close()   # its grids' sub-communicators (collective): result["model"] is for reading (weights, records), not for steps
     return result
 
 

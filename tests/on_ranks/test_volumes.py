@@ -33,6 +33,7 @@ from refconv.testing.check import check_batch_norm, check_records
 from refconv.testing.ranks import on_ranks
 from refconv.testing.strategies import grid_shapes
 from refconv.train import step, train
+from refconv.train.inputs import build_model
 from refconv.train_config import TrainConfig
 from refconv.train_config import OptionError
 
@@ -173,11 +174,13 @@ def _cosmoflow(comm, cfg, folder):
     assert_all_ranks(comm, first["losses"] == whole["losses"][:3] and rest["losses"] == whole["losses"][3:],
                      f"{cfg['grid']}: resumed {first['losses']} + {rest['losses']} != {whole['losses']}")
     assert_all_ranks(comm, rest["mse"] == whole["mse"], f"test mse {rest['mse']} != {whole['mse']}")
-    model, (x, y) = whole["model"], datasets.synthetic_volumes(4, 4, 8, dtype=numpy.float64)
-    x, optimizer = numpy.asarray(x), SGD(whole["model"], 0.01)
-    check_records(comm, lambda: step(model, optimizer, x, y), model.records(), f"cosmoflow on {cfg['grid']}",
-                  ordered=False)
-    model.close()   # train closed it; the step above used it again
+    x, y = datasets.synthetic_volumes(4, 4, 8, dtype=numpy.float64)
+    x = numpy.asarray(x)
+    with build_model(TrainConfig(**cfg), comm=comm) as model:   # train closed its own: a step needs a new one
+        model.bind(x.shape)
+        optimizer = SGD(model, 0.01)
+        check_records(comm, lambda: step(model, optimizer, x, y), model.records(), f"cosmoflow on {cfg['grid']}",
+                      ordered=False)
     return whole["losses"]
 
 
