@@ -70,7 +70,7 @@ def launch_group(nodeid):
 # came last, and one worker ran a minute or more alone at the end while the other had finished: these go
 # first instead, longest first (:func:`long_units_first`).  A unit missing here keeps xdist's place after them.
 LONG_UNITS = {
-    "tests/cuda_kernels/test_kernels.py": 250,
+    "tests/cuda_kernels/test_kernels.py": 170,   # 250 before simulated_examples (docs/benchmarks.md, 2026-12-06 10:48)
     "tests/cuda_kernels/test_kernel_compile.py": 105,
     "tests/cuda_kernels/test_kernels3d.py": 78,
     "layers_cuda-2": 76,
