@@ -7,13 +7,18 @@
 #                  and the architecture rules, with at most 10 Hypothesis examples a test
 # make test-extended -- the long set the default run leaves out (fault injection, executed site, ...; the 3
 #                      training steps of the plans of resnet50's 2x and 4x wide presets, whose plans
-#                      make test checks are resnet50's, which it trains: tests/plan/test_plan.py)
+#                      make test checks are resnet50's, which it trains: tests/plan/test_plan.py; and
+#                      make gpu-dry-run's rehearsal)
+# make gpu-dry-run -- the device check's whole rehearsal on the CPU (scripts/gpu_check.sh --dry-run: every step
+#                     under the CUDA simulator with tiny shapes, its summary checked; about 150 s of one core).
+#                     Run it before spending device time on scripts/gpu_check.sh.  make test checks the script's
+#                     pieces (steps, limits, refusals, the kill at a limit, the report) and its env and ranks steps.
 
 VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast test-extended explore clean
+.PHONY: setup demo test test-fast test-extended gpu-dry-run explore clean
 
 setup: $(VENV)/.installed
 
@@ -61,6 +66,9 @@ explore: setup
 
 test-extended: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m extended
+
+gpu-dry-run: setup
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -m gpu_dry_run tests/cuda_kernels/test_gpu_check.py
 
 # make zoo -- the MPI zoo (tests/mpi_zoo/): incorrect MPI programs in the MPI Bugs Initiative's nine classes, each
 #            with its correct twin, on simulated ranks; prints what refconv.simulated catches, by class

@@ -27,8 +27,8 @@ says so in one line, and the others still run:
 Writes DIR/summary.json (every figure) and DIR/summary.md after every step, so a run cut
 short still says what it found.  ``--dry-run`` rehearses every step on a CPU: the CUDA
 simulator, tiny shapes, wall-clock timers, no cuDNN or cuBLAS (each said in its line), and
-in the tests step every test collected but only a few run; CI runs it
-(tests/cuda_kernels/test_gpu_check.py).  Exit status: 0 when every step ran and passed.
+in the tests step every test collected but only a few run; ``make gpu-dry-run`` runs it
+and checks its summary (tests/cuda_kernels/test_gpu_check.py, whose other tests ``make test`` runs).  Exit status: 0 when every step ran and passed.
 """
 
 import argparse

@@ -2,7 +2,7 @@
 # The one-shot device check, one command: its step limits add up to 500 s on one H200
 # (under the 600 s a device machine allows one command):
 #   bash scripts/gpu_check.sh              # on a GPU machine; results in $OUT (default gpu_out/)
-#   bash scripts/gpu_check.sh --dry-run    # the rehearsal on a CPU: the simulator, tiny shapes (CI runs it)
+#   bash scripts/gpu_check.sh --dry-run    # the rehearsal on a CPU: the simulator, tiny shapes (make gpu-dry-run)
 #   bash scripts/gpu_check.sh --only env compile tests; bash scripts/gpu_check.sh --only kernels ranks train
 #                                          # the same in two calls, each under 300 s
 # It installs nothing and needs no network.  It uses, in this order: $PYTHON if set, this

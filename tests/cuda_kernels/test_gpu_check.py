@@ -1,10 +1,14 @@
-"""The one-shot device check, rehearsed on the CPU (``scripts/gpu_check.sh --dry-run``).
+"""The one-shot device check (scripts/gpu_check.py), on the CPU.
 
-No GPU is lent to CI, so the check runs with the simulator and tiny shapes: every
-step must run and pass, and the results must land where the device run puts them.
-The pieces that make it unable to hide a failure are checked one by one below: the
-multi-rank CUDA tests collected through their launcher, the preflight, the summary
-after every step, the step limits, the per-row kernel results.
+``make test`` checks the script itself, piece by piece and cheaply: its step list and limits, the
+order it runs the steps in and the report it writes after each (with stand-in steps), its refusals
+(no mpiexec, a missing module, a missing multi-rank CUDA file), the kill of a step's whole process
+group at its limit, the kernel table, and the real env and ranks steps end to end (a few seconds).
+
+The whole rehearsal (``scripts/gpu_check.sh --dry-run``: every step under the simulator with tiny
+shapes, about 150 s of one core, whose tests step re-runs tests that ``make test`` runs elsewhere) is
+``make gpu-dry-run`` (marked ``gpu_dry_run`` and ``extended``, so ``make test-extended`` runs it too):
+run it before spending device time.
 """
 
 import importlib.util
@@ -14,6 +18,8 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
+import types
 
 import numpy
 import pytest
@@ -41,6 +47,8 @@ jobs = load("gpu_check_jobs")
 
 
 @pytest.mark.mpi
+@pytest.mark.extended
+@pytest.mark.gpu_dry_run
 def test_the_device_check_runs_end_to_end_as_a_dry_run(tmp_path):
     env = dict(os.environ, OUT=str(tmp_path))
     env.pop("NUMBA_ENABLE_CUDASIM", None)  # the check sets it per step
@@ -189,3 +197,114 @@ def test_one_failing_kernel_row_does_not_stop_the_others(monkeypatch):
 def test_the_first_launch_runs_on_both_streams_and_checks_the_result():
     launches = jobs.first_launch()
     assert set(launches) == {"null stream", "side stream"} and all(v["ok"] for v in launches.values()), launches
+
+
+# ------------------------------------------------- the script's own pieces, cheaply (the rest: make gpu-dry-run)
+def stand_in(status, detail="", figures=None):
+    """A step function that returns at once what a step returns."""
+    def step(args):
+        return status, detail, dict(figures or {}), 0.5
+    return step
+
+
+def test_a_run_goes_through_every_step_in_order_and_reports_each(tmp_path, monkeypatch):
+    """Every step runs, in STEPS' order; a failing step, or one that raises (a bug in the step), is a finding
+    in its row and in the exit status, and the steps after it still run."""
+    def broken(args):
+        raise RuntimeError("the step's own bug")
+
+    fakes = {name: stand_in("ok", f"{name} fine") for name in gpu_check.STEPS}
+    fakes.update(kernels=broken, ranks=stand_in("failed", "allreduce | wrong"))
+    monkeypatch.setattr(gpu_check, "STEP_FUNCTIONS", fakes)
+    assert gpu_check.main(["--dry-run", "--out", str(tmp_path)]) == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [s["step"] for s in summary["steps"]] == list(gpu_check.STEPS) == \
+        ["env", "compile", "tests", "kernels", "ranks", "train"]
+    assert [s["status"] for s in summary["steps"]] == ["ok", "ok", "ok", "failed", "failed", "ok"]
+    assert summary["steps"][3]["detail"] == "RuntimeError: the step's own bug"
+    assert summary["dry_run"] is True and summary["still_to_run"] == []
+    page = (tmp_path / "summary.md").read_text()
+    assert page.startswith("# refconv device check, ") and "Dry run on a CPU (the simulator)" in page
+    assert "| step | status | seconds | detail |" in page and "| train | ok | 0.5 | train fine |" in page
+    assert "| ranks | failed | 0.5 | allreduce / wrong |" in page  # a bar in a detail cannot break the table
+    # every step passing: exit status 0; --only runs env and the steps named, in STEPS' order
+    monkeypatch.setattr(gpu_check, "STEP_FUNCTIONS", {name: stand_in("ok") for name in gpu_check.STEPS})
+    assert gpu_check.main(["--out", str(tmp_path), "--only", "train", "compile"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [s["step"] for s in summary["steps"]] == ["env", "compile", "train"] and summary["dry_run"] is False
+    assert "On the device" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_refusals_name_what_is_missing(tmp_path, monkeypatch):
+    """A step that cannot run says why in its line: no mpiexec; a module the preflight found missing; no test
+    collected of a multi-rank CUDA file."""
+    args = types.SimpleNamespace(dry_run=True, out=tmp_path, jobs=1)
+    monkeypatch.setattr(gpu_check, "mpiexec", lambda: None)
+    assert gpu_check.step_job(args, "ranks", 2) == (
+        "could not", "no mpiexec: install the MPI library (the mpich wheel: pip install mpich)", {}, 0.0)
+
+    def env(args):
+        args.missing = {"kernels": [("cupy", "cupy", "No module named 'cupy'")]}  # (module, missing, error)
+        return "failed", "cupy is missing", {}, 0.1
+
+    ran = []
+    monkeypatch.setattr(gpu_check, "STEP_FUNCTIONS", dict(
+        {name: (lambda a, name=name: ran.append(name) or ("ok", "", {}, 0.1)) for name in gpu_check.STEPS}, env=env))
+    assert gpu_check.main(["--dry-run", "--out", str(tmp_path), "--only", "kernels", "ranks"]) == 1
+    steps = json.loads((tmp_path / "summary.json").read_text())["steps"]
+    assert (steps[1]["step"], steps[1]["status"], steps[1]["detail"]) == (
+        "kernels", "could not", "cannot import cupy: see env's carry lines")
+    assert ran == ["ranks"]  # the step that can still run, runs
+    _, _, absent = gpu_check.selected_tests(["tests/mpiexec/test_mpi.py::test_mpi[device::test_w-2]"], dry_run=True)
+    assert absent == ["tests/mpiexec/launched/test_distconv_cuda.py", "tests/mpiexec/launched/test_layers_cuda.py"]
+
+
+def alive(pid):
+    """Whether process ``pid`` still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_a_step_past_its_limit_is_cut_with_its_whole_process_group(tmp_path):
+    """The step's child leads a process group, and at the limit the whole group is killed: a grandchild
+    (a compile worker, an mpiexec rank) does not outlive the step."""
+    pid_file = tmp_path / "grandchild.pid"
+    fake_step = [sys.executable, "-c",
+                 "import pathlib, subprocess, sys, time\n"
+                 "grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                 f"pathlib.Path({str(pid_file)!r}).write_text(str(grandchild.pid))\n"
+                 "time.sleep(120)\n"]
+    args = types.SimpleNamespace(dry_run=True)
+    status, seconds = gpu_check.run(fake_step, args, 3, tmp_path / "fake.log")
+    assert status == "timeout" and 3 <= seconds < 60, (status, seconds)
+    grandchild = int(pid_file.read_text())
+    for _ in range(100):  # SIGKILL is delivered at once; its reaping by init may lag a little
+        if not alive(grandchild):
+            break
+        time.sleep(0.05)
+    assert not alive(grandchild), f"the step's grandchild {grandchild} outlived the limit"
+    # a step that ends in time gives its exit status, and its output goes to the log
+    status, _ = gpu_check.run([sys.executable, "-c", "print('hello'); raise SystemExit(3)"], args, 60,
+                              tmp_path / "quick.log")
+    assert status == 3 and (tmp_path / "quick.log").read_text() == "hello\n"
+
+
+@pytest.mark.mpi
+def test_the_env_and_ranks_steps_run_for_real_in_a_dry_run(tmp_path):
+    """The real script, end to end on its cheap steps (seconds): the preflight and first launch, and 2 ranks'
+    collectives under mpiexec, with the summary they write."""
+    done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--dry-run", "--out", str(tmp_path), "--only", "ranks"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, start_new_session=True)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    steps = {s["step"]: s for s in summary["steps"]}
+    assert list(steps) == ["env", "ranks"] and all(s["status"] == "ok" for s in steps.values()), steps
+    assert steps["env"]["figures"]["missing"] == {}
+    assert all(v["ok"] for v in steps["env"]["figures"]["first_launch"].values())
+    calls = steps["ranks"]["figures"]["rows"]
+    assert {c["op"] for c in calls} == {"allreduce", "allgather", "reduce_scatter"}
+    assert all(c["calls"] == 1 and c["recorded_bytes"] > 0 for c in calls)
+    assert "| ranks | ok |" in (tmp_path / "summary.md").read_text()

@@ -14,7 +14,7 @@ import re
 
 import numpy
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from refconv import kernels, reference as ref
 from refconv.arrays import to_host
@@ -22,13 +22,30 @@ from refconv.backend import NumpyBackend, get_backend
 from refconv.kernels import batch_norm, conv_backward_data, conv_backward_filter, conv_forward, tiles_v3
 from refconv.kernels.geometry import TARGET_BLOCKS
 from refconv.testing.asserts import assert_close, default_tolerance
+from refconv.testing.profiles import simulated_examples
 from refconv.testing.strategies import ConvProblem, conv_problems
 
 DEVICE = get_backend("cuda")  # CuPy arrays on a GPU, NumPy arrays under the simulator
 HOST = NumpyBackend()  # the reference semantics of the non-conv pieces
 VERSIONS = kernels.VERSIONS
 DTYPES = ("float64", "float32")
-FAST = settings(max_examples=10, deadline=None)
+# 10 examples a property test on a GPU and in make explore; 3 under the simulator in make test (each thread a
+# Python call there), where the explicit @example rows of each test keep every code path: both dtypes, the
+# padding strings, groups.  The fixed EXAMPLES below cover several blocks, partial tiles and split-K.
+FAST = settings(max_examples=simulated_examples(10, reduced=3), deadline=None)
+
+
+def test_the_simulator_draws_fewer_examples_under_ci_and_fast_only(monkeypatch):
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    for profile, expected in (("ci", 3), ("fast", 3), ("explore", 10)):
+        monkeypatch.setenv("HYPOTHESIS_PROFILE", profile)
+        assert simulated_examples(10, reduced=3) == expected, profile
+    monkeypatch.delenv("HYPOTHESIS_PROFILE")
+    assert simulated_examples(10, reduced=3) == 3  # ci, the default
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "0")  # a GPU: every example
+    assert simulated_examples(10, reduced=3) == 10
+    with pytest.raises(ValueError, match=r"reduced: expected 1 <= reduced <= full = 10, got 11"):
+        simulated_examples(10, reduced=11)
 
 
 def dev(*arrays):
@@ -78,9 +95,25 @@ def as_run(problem, version):
     return dataclasses.replace(problem, dtype="float32") if version == 3 else problem
 
 
+# Run in every profile, before the drawn examples: each padding string, each dtype (version 3 runs float32),
+# stride and dilation (groups: the EXAMPLES below, in every version; under version 3 each group is a launch).
+PADDING_STRING_ROWS = (
+    ConvProblem(1, 2, 3, 5, 4, 3, 2, padding="same", dilation=(2, 1), dtype="float32"),
+    ConvProblem(2, 2, 3, 6, 5, 2, 3, stride=(2, 1), padding="valid"),
+)
+
+
+def padding_string_rows(test):
+    """``test`` with an ``@example`` for each of :data:`PADDING_STRING_ROWS`."""
+    for row in reversed(PADDING_STRING_ROWS):
+        test = example(problem=row)(test)
+    return test
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 @FAST
 @given(conv_problems(dtypes=DTYPES, padding_strings=True))
+@padding_string_rows
 def test_conv_forward(version, problem):
     check_conv(as_run(problem, version), version, ["forward"])
 
@@ -88,6 +121,7 @@ def test_conv_forward(version, problem):
 @pytest.mark.parametrize("version", VERSIONS)
 @FAST
 @given(conv_problems(dtypes=DTYPES, padding_strings=True))
+@padding_string_rows
 def test_conv_backward_data(version, problem):
     check_conv(as_run(problem, version), version, ["backward_data"])
 
@@ -95,6 +129,7 @@ def test_conv_backward_data(version, problem):
 @pytest.mark.parametrize("version", VERSIONS)
 @FAST
 @given(conv_problems(dtypes=DTYPES, padding_strings=True))
+@padding_string_rows
 def test_conv_backward_filter(version, problem):
     check_conv(as_run(problem, version), version, ["backward_filter"])
 
@@ -137,8 +172,9 @@ def test_conv_examples(name, version):
     check_conv(EXAMPLES[name], version)
 
 
-@pytest.mark.parametrize("version", [2, 3])
-@pytest.mark.parametrize("splits", [2, 3, 5])
+# Version 3 with 3 and 5 splits on this problem, against the reference: test_backward_filter_split_k_is_deterministic
+# (version 3 is conv2d_backward_filter's default), which also checks the bits; not run twice.
+@pytest.mark.parametrize("splits, version", [(2, 2), (3, 2), (5, 2), (2, 3)])
 def test_backward_filter_split_k(splits, version):
     # K = N*Ho*Wo = 2*7*5 = 70: 5 stages of 16 (version 3: 9 of 8, rounded to 10); the last split may be short
     # or empty of whole stages.
@@ -329,8 +365,14 @@ def arrays4(draw_shape, dtype, seed):
 shapes4 = st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 5), st.integers(1, 5))
 
 
+def each_dtype(test):
+    """``test`` with an ``@example`` in each dtype, run in every profile (the drawn examples may repeat one)."""
+    return example(shape=(2, 3, 4, 5), dtype="float64", seed=1)(example(shape=(1, 2, 5, 3), dtype="float32", seed=2)(test))
+
+
 @FAST
 @given(shapes4, st.sampled_from(DTYPES), st.integers(0, 2**16))
+@each_dtype
 def test_bias_and_relu(shape, dtype, seed):
     y, dy = arrays4(shape, dtype, seed), arrays4(shape, dtype, seed + 1)
     y[..., 0] = 0.0  # the subgradient at exactly 0
@@ -362,6 +404,7 @@ def test_relu_backward_shape_error_matches_reference():
 
 @FAST
 @given(shapes4, st.sampled_from(DTYPES), st.integers(0, 2**16))
+@each_dtype
 def test_batch_norm_pieces(shape, dtype, seed):
     N, C, H, W = shape
     rng = numpy.random.default_rng(seed)
@@ -495,6 +538,8 @@ def check_pooling(problem, dtype, seed, ties):
 
 @FAST
 @given(pool_problems(), st.sampled_from(DTYPES), st.integers(0, 2**16), st.booleans())
+@example(problem=((2, 3, 5, 4), (3, 2), None, (1, 1)), dtype="float32", seed=1, ties=True)  # stride = kernel
+@example(problem=((1, 2, 6, 5), (2, 3), (1, 2), (1, 0)), dtype="float64", seed=2, ties=False)  # overlapping
 def test_pooling(problem, dtype, seed, ties):
     check_pooling(problem, dtype, seed, ties)
 

@@ -24,6 +24,7 @@ from refconv import reference as ref
 from refconv.arrays import to_host
 from refconv.backend import CudaBackend, NumpyBackend, get_backend
 from refconv.layers import BatchNorm3d
+from refconv.testing.profiles import simulated_examples
 from refconv.testing.strategies import Conv3dProblem, conv3d_problems
 
 from test_kernels import DEVICE, assert_errors_match_reference, check, check_pooling, dev, pool_problems, reference_error
@@ -55,7 +56,10 @@ def check_conv3d(problem, version, passes=PASSES, splits=None):
 SMALL = conv3d_problems(max_channels=2, max_kernel=2, max_extra=1, dtypes=DTYPES, padding_strings=True)
 
 
-@settings(max_examples=8, deadline=None)
+# Fewer draws under the simulator in make test (refconv.testing.profiles.simulated_examples; the full number on
+# a GPU and in make explore): the named EXAMPLES below take every version through both dtypes, a padding
+# string, groups, stride and dilation per dim, and several blocks.
+@settings(max_examples=simulated_examples(8, reduced=3), deadline=None)
 @given(SMALL)
 def test_direct_kernels(problem):
     check_conv3d(problem, 1)
@@ -161,7 +165,7 @@ def test_both_backends_expose_the_3d_passes():
 # --------------------------------------------------------------------- pooling
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=simulated_examples(8, reduced=3), deadline=None)  # and POOL3D_EXAMPLES, in both dtypes
 @given(pool_problems(dims=3, max_kernel=2), st.sampled_from(DTYPES), st.integers(0, 2**16), st.booleans())
 def test_pooling3d(problem, dtype, seed, ties):
     """Max and average pooling of volumes, forward and backward: ``y`` and ``argmax`` exactly (first maximum,
