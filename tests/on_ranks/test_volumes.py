@@ -32,8 +32,7 @@ from refconv.testing.asserts import assert_all_ranks, collective_assert_close
 from refconv.testing.check import check_batch_norm, check_records
 from refconv.testing.ranks import on_ranks
 from refconv.testing.strategies import grid_shapes
-from refconv.train import step, train
-from refconv.train.inputs import build_model
+from refconv.train import build_model, step, train
 from refconv.train_config import TrainConfig
 from refconv.train_config import OptionError
 

@@ -744,7 +744,10 @@ def test_calibrate_writes_a_machine_file_with_and_without_mpiexec(tmp_path, laun
         command = [sys.executable, *args, "--ranks", "2"]
     else:
         command = [find_mpiexec(), "-n", "2", sys.executable, *args]
-    r = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    for attempt in range(2):   # calibrate refuses, by design, when a busy machine (xdist's other worker) flattens a sweep
+        r = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if "again on a quieter machine" not in r.stderr:
+            break                  # its own advice: run it again; a second refusal fails the test below
     assert r.returncode == 0, r.stderr
     assert f"wrote {out}" in r.stdout and "Abort" not in r.stderr
     assert not r.stderr.strip(), r.stderr  # no warning: every rate measured (retried at larger sizes if need be)
