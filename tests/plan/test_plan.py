@@ -744,7 +744,7 @@ def test_calibrate_writes_a_machine_file_with_and_without_mpiexec(tmp_path, laun
         command = [sys.executable, *args, "--ranks", "2"]
     else:
         command = [find_mpiexec(), "-n", "2", sys.executable, *args]
-    for attempt in range(2):   # calibrate refuses, by design, when a busy machine (xdist's other worker) flattens a sweep
+    for _ in range(2):   # calibrate refuses, by design, when a busy machine (xdist's other worker) flattens a sweep
         r = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
         if "again on a quieter machine" not in r.stderr:
             break                  # its own advice: run it again; a second refusal fails the test below
