@@ -49,7 +49,10 @@ def test_quick_calibration_gives_a_loadable_machine_file_with_the_models_table()
     conv_table holds exactly the local shapes the planner prices for SPEC here, each measured.
     Real MPI: calibrate times kernels on a grid of MPI.COMM_SELF, which a simulated rank cannot use."""
     shapes = calibrate.model_shapes(SPEC, (BATCH, 1, 16, 16), comm.size, machine.load("v100-edr"))
-    doc = calibrate.calibrate(comm, "numpy", quick=True, shapes=shapes)
+    try:
+        doc = calibrate.calibrate(comm, "numpy", quick=True, shapes=shapes)
+    except calibrate.Unmeasured:   # its own advice on a busy machine (the suite's other worker): run it again, once
+        doc = calibrate.calibrate(comm, "numpy", quick=True, shapes=shapes)
     m = machine.from_dict(doc)  # raises on a malformed file
     assert_all_ranks(comm, m.ranks_per_node == comm.size and m.comm_seconds("allreduce", 2, 1 << 20) > 0
                      and m.conv_seconds("conv_fwd", 9, 1e8) > 0, f"{doc}")
