@@ -45,7 +45,7 @@ from refconv.simulated.poison import poisoned
 from refconv.simulated.schedules import MessageRace, explore, new_world
 from refconv.simulated.world import (MAX_RANKS, BufferReused, CollectiveMismatch, Deadlock, FreedComm, InvalidParameter,
                                      PeerFailed, PendingRequests, RankStopped, SimulatedError, TypeMismatch,
-                                     Unsupported, World, by_rank, current_rank, user_stack)
+                                     Unsupported, by_rank, current_rank, user_stack)
 
 __all__ = ["run", "comm_world", "poisoned", "MAX_RANKS", "SimulatedError", "PeerFailed", "Deadlock",
            "CollectiveMismatch", "BufferReused", "RankStopped", "InvalidParameter", "FreedComm", "TypeMismatch",

@@ -100,46 +100,10 @@ class RankRequest(REAL["Request"], metaclass=_OnRanks):
 
     simulated = SimulatedRequest
 
-    @classmethod
-    def Waitall(cls, requests, statuses=None):
-        sims = _simulated(requests, "Waitall")
-        if sims is None:
-            return REAL["Request"].Waitall(requests, statuses)
-        return SimulatedRequest.Waitall(sims, statuses)
-
-    @classmethod
-    def Testall(cls, requests, statuses=None):
-        sims = _simulated(requests, "Testall")
-        if sims is None:
-            return REAL["Request"].Testall(requests, statuses)
-        return SimulatedRequest.Testall(sims, statuses)
-
-    @classmethod
-    def Waitany(cls, requests, status=None):
-        """The index of a completed request (the lowest one done), MPI.UNDEFINED when none is active."""
-        sims = _simulated(requests, "Waitany")
-        if sims is None:
-            return REAL["Request"].Waitany(requests, status)
-        active = [i for i, r in enumerate(sims) if not getattr(r, "inactive", False)]
-        if not active:
-            return MPI.UNDEFINED
-        me = current_rank("MPI.Request.Waitany")
-        me.world.block(me, lambda: any(sims[i].done for i in active), lambda: "; ".join(sims[i].what for i in active))
-        index = next(i for i in active if sims[i].done)
-        _complete(sims[index], status)
-        return index
-
-    @classmethod
-    def Testany(cls, requests, status=None):
-        """``(index, True)`` for a request completed now, ``(MPI.UNDEFINED, False)`` when none is done."""
-        sims = _simulated(requests, "Testany")
-        if sims is None:
-            return REAL["Request"].Testany(requests, status)
-        for index, r in enumerate(sims):
-            if not getattr(r, "inactive", False) and r.Test(status):
-                r.inactive = True
-                return index, True
-        return MPI.UNDEFINED, not any(not getattr(r, "inactive", False) for r in sims)
+    Waitall = classmethod(lambda cls, requests, statuses=None: _either("Waitall", requests, statuses))
+    Testall = classmethod(lambda cls, requests, statuses=None: _either("Testall", requests, statuses))
+    Waitany = classmethod(lambda cls, requests, status=None: _either("Waitany", requests, status))
+    Testany = classmethod(lambda cls, requests, status=None: _either("Testany", requests, status))
 
     @classmethod
     def Waitsome(cls, requests, statuses=None):
@@ -147,28 +111,18 @@ class RankRequest(REAL["Request"], metaclass=_OnRanks):
         sims = _simulated(requests, "Waitsome")
         if sims is None:
             return REAL["Request"].Waitsome(requests, statuses)
-        active = [i for i, r in enumerate(sims) if not getattr(r, "inactive", False)]
-        if not active:
+        first = SimulatedRequest.Waitany(sims)          # the simulated world's own completion: blocks for one
+        if first == MPI.UNDEFINED:
             return None
-        me = current_rank("MPI.Request.Waitsome")
-        me.world.block(me, lambda: any(sims[i].done for i in active), lambda: "; ".join(sims[i].what for i in active))
-        done = [i for i in active if sims[i].done]
-        for i in done:
-            _complete(sims[i], None)
-        return done
+        return [first] + [i for i, r in enumerate(sims) if i != first and not r.completed and r.Test()]
 
     @classmethod
     def Testsome(cls, requests, statuses=None):
         sims = _simulated(requests, "Testsome")
         if sims is None:
             return REAL["Request"].Testsome(requests, statuses)
-        active = [i for i, r in enumerate(sims) if not getattr(r, "inactive", False)]
-        if not active:
-            return None
-        done = [i for i in active if sims[i].Test()]
-        for i in done:
-            sims[i].inactive = True
-        return done
+        active = [i for i, r in enumerate(sims) if not r.completed]
+        return [i for i in active if sims[i].Test()] if active else None
 
     @classmethod
     def Startall(cls, requests):
@@ -177,13 +131,12 @@ class RankRequest(REAL["Request"], metaclass=_OnRanks):
         raise persistent("MPI.Request.Startall")
 
 
-def _complete(request, status):
-    """Complete a simulated request that is done through its own Wait (its checks, its status)."""
-    if status is None:
-        request.Wait()
-    else:
-        request.Wait(status)
-    request.inactive = True   # as mpi4py's Waitany leaves MPI.REQUEST_NULL in its place
+def _either(call, requests, status):
+    """``MPI.Request.<call>`` on a rank: simulated requests complete in the simulated world
+    (:class:`refconv.simulated.request.Request`'s own class method), a list of mpi4py's own in mpi4py."""
+    sims = _simulated(requests, call)
+    return getattr(REAL["Request"] if sims is None else SimulatedRequest, call)(requests if sims is None else sims,
+                                                                                 status)
 
 
 def _simulated(requests, call):
