@@ -97,8 +97,8 @@ def run_progress(args, comm):
         a @ a
 
     comm_alone = numpy.median(time_ranks(comm, {"comm": lambda: collectives.iallreduce_(comm, x).wait()},
-                                         5, 1, timing.PAUSE)["comm"])
-    chunk_s = numpy.median(time_ranks(comm, {"chunk": chunk}, 5, 1, timing.PAUSE)["chunk"])
+                                         5, 1, timing.spin_pause())["comm"])
+    chunk_s = numpy.median(time_ranks(comm, {"chunk": chunk}, 5, 1, timing.spin_pause())["chunk"])
     per_chunk = max(1, round(float(comm_alone / CHUNKS / chunk_s)))  # the compute takes about the allreduce's time
     chunk_s = collectives.allreduce(comm, numpy.array([chunk_s]), op="max")[0]
 
@@ -119,7 +119,7 @@ def run_progress(args, comm):
                   "blocking": lambda: (collectives.iallreduce_(comm, x).wait(), compute()),
                   "overlap": lambda: overlapped(False), "overlap+test": lambda: overlapped(True)}
     contenders = {name: _waited(fn, waits, name) for name, fn in contenders.items()}
-    times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
+    times = time_ranks(comm, contenders, args.rounds, 1, timing.spin_pause())
     spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
     async_progress = os.environ.get("MPICH_ASYNC_PROGRESS", "unset")
     lines = [f"progress: allreduce of {args.mb:g} MB on {comm.Get_size()} ranks behind {CHUNKS} x {per_chunk} "
@@ -145,7 +145,7 @@ def run_step(args, comm):
     waits = {}
     contenders = {name: _waited(_setting(model.set_overlap, on, step), waits, name)
                   for name, on in (("blocking", False), ("overlap", True))}
-    times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
+    times = time_ranks(comm, contenders, args.rounds, 1, timing.spin_pause())
     spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
     lines = [f"step: {args.model}, batch {batch}, sample={comm.Get_size()}; MPICH_ASYNC_PROGRESS="
              f"{os.environ.get('MPICH_ASYNC_PROGRESS', 'unset')}; median (min-max) of {args.rounds} rounds"]
@@ -162,7 +162,7 @@ def run_buckets(args, comm):
     waits = {}
     names = {f"{kib} KiB": kib * 1024 for kib in args.bucket_kib}
     contenders = {name: _waited(_setting(model.set_buckets, nbytes, step), waits, name) for name, nbytes in names.items()}
-    times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
+    times = time_ranks(comm, contenders, args.rounds, 1, timing.spin_pause())
     spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
     counts = {}
     for name, nbytes in names.items():
@@ -219,7 +219,7 @@ def run_halo(args, comm):
 
     waits = {}
     contenders = {name: _waited(run(name), waits, name) for name in settings}
-    times = time_ranks(comm, contenders, args.rounds, 1, timing.PAUSE)
+    times = time_ranks(comm, contenders, args.rounds, 1, timing.spin_pause())
     spans = {name: timing.Span(tuple(t)) for name, t in times.items()}
     waited = {name: collectives.allreduce(comm, numpy.median(numpy.array(w), axis=0), op="max")  # (forward, backward)
               for name, w in halo_waits.items()}

@@ -28,13 +28,26 @@ Why it is built this way:
 
 import dataclasses
 import statistics
+import sys
 import time
 
 import numpy
 
+from refconv import threads
 from refconv.testing.asserts import assert_close
 
 PAUSE = 0.25  # seconds: longer than the ~0.1 s that BLAS threads spin after a call
+
+
+def spin_pause():
+    """The pause before each timed call that this process needs: :data:`PAUSE` when one of its thread
+    pools (BLAS, OpenMP, and torch's if torch is imported) runs more than one thread, whose workers spin
+    after a call, else 0 (one thread a pool starts no workers, so nothing spins: ``OMP_NUM_THREADS=1``)."""
+    counts = list(threads.current().values())
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        counts.append(torch.get_num_threads())
+    return PAUSE if any(count > 1 for count in counts) else 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,13 +80,13 @@ class Span:
         return self.format()
 
 
-def compare(contenders, *, rounds=5, warmup=1, pause=PAUSE, calls=1, sync=None, settle=0, progress=None,
+def compare(contenders, *, rounds=5, warmup=1, pause=None, calls=1, sync=None, settle=0, progress=None,
             clock=time.perf_counter):
     """Time each of ``contenders`` (``{name: fn}``, ``fn()`` does one unit of work) in
     ``rounds`` interleaved rounds; returns ``{name: Span of seconds per call}``.
 
     Each timed sample is ``calls`` back-to-back calls divided by ``calls``, started
-    ``pause`` seconds after the previous contender finished, and after ``settle``
+    ``pause`` seconds after the previous contender finished (by default :func:`spin_pause`), and after ``settle``
     untimed calls (they bring the caches and the clock back to a busy core's after
     the pause).  ``calls`` and ``settle`` are an int or ``{name: int}``.  ``sync``, if
     given, is called before the clock is read at both ends (e.g. a device
@@ -85,6 +98,7 @@ def compare(contenders, *, rounds=5, warmup=1, pause=PAUSE, calls=1, sync=None, 
     if not contenders:
         raise ValueError("contenders: expected at least one {name: callable}")
     names = list(contenders)
+    pause = spin_pause() if pause is None else pause
     calls, settle = (v if isinstance(v, dict) else dict.fromkeys(names, v) for v in (calls, settle))
     if rounds < 1 or min(calls.values()) < 1 or warmup < 0 or pause < 0 or min(settle.values()) < 0:
         raise ValueError(f"compare: expected rounds >= 1, calls >= 1, warmup >= 0, pause >= 0, settle >= 0; "

@@ -4,7 +4,9 @@ import types
 
 import numpy
 import pytest
+from threadpoolctl import threadpool_limits
 
+from refconv import threads
 from refconv.bench import apart, timing, torch_step
 from refconv.reference import conv as ref_conv
 
@@ -120,3 +122,14 @@ def test_the_frameworks_apart_are_timed_each_in_its_own_process(capsys):
 def test_apart_refuses_an_unknown_shape_in_one_line():
     with pytest.raises(SystemExit, match=r"--shapes: unknown \['nope'\] for --dims 3"):
         apart.main(["--shapes", "nope"])
+
+
+def test_contenders_pause_only_when_a_thread_pool_of_the_process_can_spin():
+    """``compare``'s default pause: none with one thread a pool (``make test`` sets OMP_NUM_THREADS=1),
+    ``PAUSE`` when BLAS may keep a second thread spinning after a call."""
+    with threadpool_limits(1):
+        assert set(threads.current().values()) == {1}
+        assert timing.spin_pause() == 0.0
+    with threadpool_limits(2):
+        assert max(threads.current().values()) == 2
+        assert timing.spin_pause() == timing.PAUSE
