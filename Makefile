@@ -22,12 +22,14 @@ PY     := $(VENV)/bin/python
 
 setup: $(VENV)/.installed
 
+# --no-compile: pip writes no .pyc for the thousands of modules it installs (torch's alone took 22 s of 32 to
+# install); Python compiles each module the first time it is imported, and only those.
 # setuptools' build backend says "Editable installation." in a box of asterisks (a Python warning,
 # for information only, in the build's subprocess, which inherits PYTHONWARNINGS): filtered by its text.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e '.[test]'
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --no-compile -e '.[test]'
 	touch $@
 
 # Distributed training of the digits CNN on 4 ranks (sample=2 x channel=2, Stationary-X),

@@ -7,11 +7,16 @@ off before numba is first imported, and this process has it on).  The toolchain
 comes from the ``gpu-compile`` extra, which the ``test`` extra includes: without
 it these tests fail, they do not skip.
 
-The whole proof (a minute of NVVM, ptxas and nvdisasm) is a function of the sources the kernels can
-import, the page it checks and the toolchain, so a passing run is kept in ~/.cache/refconv (or
-$REFCONV_CACHE_DIR) under the hash of all three (:func:`proof_key`), and a run with the same key
-reads it back instead of compiling again.  Any change to refconv/, kernels/, docs/kernels.md or an
-installed package makes a new key; delete the folder to compile anyway.
+The whole proof (a minute of NVVM, ptxas and nvdisasm) is a function of the code it runs, the page it
+checks and the toolchain.  So a passing run is kept with the list of the repository's files it loaded
+(every module of refconv/ and kernels/ in its ``sys.modules`` when it ended) and a sha256 of those
+files, of every file of kernels/ (a new kernel module is a new file there), of docs/kernels.md and of the
+toolchain (:func:`proof_key`).  A run whose files and toolchain hash the same reads the kept run back
+instead of compiling again; any change to one of them compiles again.  The kept run goes to
+tests/cuda_kernels/compile_proof.json, which is committed, so a fresh clone (CI) whose kernels and
+toolchain are those of the last commit that proved them compiles nothing; commit that file when a run
+rewrites it.  It also goes to ~/.cache/refconv (or $REFCONV_CACHE_DIR), one file a key.  To compile
+anyway: REFCONV_PROVE_AGAIN=1.
 """
 
 import hashlib
@@ -29,24 +34,40 @@ from refconv.kernels import resources
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+CACHE = pathlib.Path(os.environ.get("REFCONV_CACHE_DIR") or pathlib.Path.home() / ".cache" / "refconv") / "compile-proof"
+KEPT = ROOT / "tests" / "cuda_kernels" / "compile_proof.json"
+PROOF_ARGS = ["--quiet", "--json", "{out}", "--check", "docs/kernels.md"]
+
+# runs the proof as `python -m refconv.kernels.resources` would, then lists the repository's files it loaded
+PROVE = """
+import json, pathlib, sys
+from refconv.kernels import resources
+root, loaded_to, args = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+status = resources.main(args)
+files = {pathlib.Path(m.__file__).resolve() for m in list(sys.modules.values()) if getattr(m, "__file__", None)}
+pathlib.Path(loaded_to).write_text(json.dumps(sorted(str(f.relative_to(root)) for f in files
+                                                     if f.is_relative_to(root) and ".venv" not in f.parts)))
+sys.exit(status)
+"""
+
+
 def run_compiler(*args, code=None, timeout=600):
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "refconv.kernels.resources", *args]
+    command = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "refconv.kernels.resources", *args]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-CACHE = pathlib.Path(os.environ.get("REFCONV_CACHE_DIR") or pathlib.Path.home() / ".cache" / "refconv") / "compile-proof"
-
-
-def proof_key(root, args):
-    """sha256 of what ``python -m refconv.kernels.resources *args`` depends on: every file of refconv/ and
-    kernels/ (the kernels import refconv.checks, .arrays, .reference, ...), docs/kernels.md (the page
-    --check compares), every installed distribution and its version (numba, numba-cuda, llvmlite and the
-    NVVM, ptxas and nvdisasm wheels among them), a ptxas on PATH, the Python, and the NUMBA_ and CUDA
-    environment variables."""
+def proof_key(root, args, loaded):
+    """sha256 of what ``python -m refconv.kernels.resources *args`` depends on: ``loaded`` (the files of
+    refconv/ and kernels/ it imported), every file of kernels/, docs/kernels.md (the page --check
+    compares), every installed distribution and its version (numba, numba-cuda, llvmlite and the NVVM,
+    ptxas and nvdisasm wheels among them), a ptxas on PATH, the Python, and the NUMBA_ and CUDA
+    environment variables.  None if a loaded file is gone."""
     digest = hashlib.sha256(json.dumps(args).encode())
-    files = [*root.glob("refconv/**/*"), *root.glob("kernels/**/*"), root / "docs" / "kernels.md"]
-    for path in sorted(f for f in files if f.is_file() and "__pycache__" not in f.parts):
+    files = {root / name for name in loaded} | {*root.glob("kernels/**/*")} | {root / "docs" / "kernels.md"}
+    for path in sorted(f for f in files if "__pycache__" not in f.parts and not f.is_dir()):
+        if not path.is_file():
+            return None
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     ptxas = shutil.which("ptxas")
     toolchain = {
@@ -59,38 +80,63 @@ def proof_key(root, args):
     return digest.hexdigest()
 
 
+def kept_runs():
+    """The passing runs kept: the committed one first, then ~/.cache's."""
+    paths = [KEPT, *sorted(CACHE.glob("*.json"))] if CACHE.is_dir() else [KEPT]
+    for path in paths:
+        try:
+            yield path, json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+
+
+def keep(path, record):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(partial, path)  # whole or absent, for a concurrent run
+
+
 def run_proof(out):
-    """The proof's (returncode, output), writing its JSON to ``out``: from the cache when a passing run had
-    the same :func:`proof_key`, else compiled (and kept when it passes)."""
-    args = ["--quiet", "--json", "{out}", "--check", "docs/kernels.md"]
-    kept = CACHE / f"{proof_key(ROOT, args)}.json"
-    if kept.is_file():
-        record = json.loads(kept.read_text())
-        out.write_text(record["result"])
-        return 0, f"(the passing run kept in {kept})\n" + record["output"]
-    done = run_compiler(*[a.format(out=out) for a in args])
+    """The proof's (returncode, output), writing its JSON to ``out``: from a kept run whose files and
+    toolchain hash the same (:func:`proof_key`), else compiled (and kept when it passes)."""
+    if os.environ.get("REFCONV_PROVE_AGAIN") != "1":
+        for path, record in kept_runs():
+            if record.get("key") and proof_key(ROOT, PROOF_ARGS, record["loaded"]) == record["key"]:
+                out.write_text(record["result"])
+                return 0, f"(the passing run kept in {path})\n" + record["output"]
+    loaded_to = out.with_name("loaded.json")
+    done = run_compiler(str(ROOT), str(loaded_to), *[a.format(out=out) for a in PROOF_ARGS], code=PROVE)
     if done.returncode == 0:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        partial = kept.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps({"output": done.stdout + done.stderr, "result": out.read_text()}))
-        os.replace(partial, kept)  # whole or absent, for a concurrent run
+        loaded = json.loads(loaded_to.read_text())
+        key = proof_key(ROOT, PROOF_ARGS, loaded)
+        record = {"key": key, "loaded": loaded, "output": done.stdout + done.stderr, "result": out.read_text()}
+        keep(KEPT, record)
+        keep(CACHE / f"{key}.json", record)
     return done.returncode, done.stdout + done.stderr
 
 
-def test_the_proof_key_changes_with_a_kernel_an_imported_module_or_the_page(tmp_path):
-    for name, text in [("kernels/conv.py", "a"), ("refconv/checks.py", "b"), ("docs/kernels.md", "c")]:
+def test_the_proof_key_changes_with_a_kernel_a_loaded_module_the_page_or_a_new_kernel_file(tmp_path):
+    for name, text in [("kernels/conv.py", "a"), ("refconv/checks.py", "b"), ("refconv/train.py", "t"),
+                       ("docs/kernels.md", "c")]:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    first = proof_key(tmp_path, ["--check"])
-    assert proof_key(tmp_path, ["--check"]) == first
-    assert proof_key(tmp_path, ["--write"]) != first
+    loaded = ["kernels/conv.py", "refconv/checks.py"]
+    first = proof_key(tmp_path, ["--check"], loaded)
+    assert proof_key(tmp_path, ["--check"], loaded) == first
+    assert proof_key(tmp_path, ["--write"], loaded) != first
     for name in ("kernels/conv.py", "refconv/checks.py", "docs/kernels.md"):
         before = (tmp_path / name).read_text()
         (tmp_path / name).write_text(before + " ")
-        assert proof_key(tmp_path, ["--check"]) != first, name
+        assert proof_key(tmp_path, ["--check"], loaded) != first, name
         (tmp_path / name).write_text(before)
-    (tmp_path / "kernels" / "v3.py").write_text("")  # a new file, even empty
-    assert proof_key(tmp_path, ["--check"]) != first
+    (tmp_path / "refconv" / "train.py").write_text("changed, but the proof never loaded it")
+    assert proof_key(tmp_path, ["--check"], loaded) == first
+    (tmp_path / "kernels" / "v3.py").write_text("")  # a new kernel file, even empty
+    assert proof_key(tmp_path, ["--check"], loaded) != first
+    (tmp_path / "kernels" / "v3.py").unlink()
+    (tmp_path / "refconv" / "checks.py").unlink()   # a loaded file gone: no key, so no kept run matches
+    assert proof_key(tmp_path, ["--check"], loaded) is None
 
 
 def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_and_the_docs_table_is_current(tmp_path):
@@ -138,6 +184,14 @@ def test_every_kernel_compiles_for_sm80_and_sm90_without_spills_and_the_docs_tab
     assert len(v3) == 6 and all(s["inner_share"] >= 0.78 and s["per_fma"] <= 1.28 for s in v3.values()), v3
     assert all(s["inner_share"] >= 0.75 for (k, _), s in v3.items() if k.startswith("conv_forward")), v3
     assert all(r["registers"] <= 128 and r["blocks_per_sm"] == 2 for r in tiled if r["kernel"] in fast), tiled
+
+
+def test_the_committed_proof_lists_the_modules_the_kernels_import():
+    """The kept run's list of loaded files is what the key covers: it must hold the kernels and the refconv
+    modules they import (a list that missed them would let a change to them read back a stale proof)."""
+    record = json.loads(KEPT.read_text())
+    assert {"kernels/conv_forward.py", "kernels/resources.py", "refconv/checks.py", "refconv/arrays.py",
+            "refconv/__init__.py"} <= set(record["loaded"])
 
 
 def test_the_atomic_counter_finds_atomics_where_they_are():
