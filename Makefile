@@ -104,5 +104,12 @@ docs: setup
 paper: setup
 	OMP_NUM_THREADS=1 $(PY) scripts/paper_scale.py
 
+# make sweep -- scale bugs, looked for: every preset, one shapes-only training step under its plan at 16, 64, 256
+#               and 1024 ranks, each in its own process (scripts/preset_sweep.py; rows to preset_sweep.jsonl as they
+#               end, the table at the end).  About 1.5 hours of one core, most of it at 1024 ranks.
+.PHONY: sweep
+sweep: setup
+	OMP_NUM_THREADS=1 $(PY) scripts/preset_sweep.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
