@@ -22,14 +22,15 @@ PY     := $(VENV)/bin/python
 
 setup: $(VENV)/.installed
 
-# --no-compile: pip writes no .pyc for the thousands of modules it installs (torch's alone took 22 s of 32 to
-# install); Python compiles each module the first time it is imported, and only those.
+# pip writes the .pyc of every module it installs (torch's take 22 s of its 32 s to install).  Left to the first
+# import instead (pip --no-compile), they were never written where PYTHONDONTWRITEBYTECODE=1 is set, as on our
+# machines, so every process compiled torch's modules again: the suite took longer than the 38 s saved.
 # setuptools' build backend says "Editable installation." in a box of asterisks (a Python warning,
 # for information only, in the build's subprocess, which inherits PYTHONWARNINGS): filtered by its text.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --no-compile -e '.[test]'
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
 # Distributed training of the digits CNN on 4 ranks (sample=2 x channel=2, Stationary-X),
