@@ -12,8 +12,11 @@ Pure functions from loaded records (``flight.load``) to findings; ``refconv diag
    i-th receive.  A stuck rank's receive with no send names the sender's sends that went elsewhere.
 4. **Missing calls.**  A stuck collective that a member, itself stuck elsewhere or exited, never made.
 
-Of the findings the one that began first in time is the first divergence.  Ranks one call apart, and
-messages still in flight, are a correct run interrupted: "no divergence".
+Of the findings the one that began first in time is the first divergence, but an effect follows its cause:
+a collective that a rank never made because that rank waits for a message that never came (finding 3) is
+ordered after the message's finding, whichever began first by the clock.  (Ranks start apart: under load a
+rank that starts late sends its stray message after the others already wait in the next collective.)  Ranks
+one call apart, and messages still in flight, are a correct run interrupted: "no divergence".
 """
 
 import collections
@@ -85,7 +88,9 @@ class Analysis:
         self.pending = {rank: (rec["calls"][rec["waiting"]] if rec.get("waiting") is not None else None)
                         for rank, rec in by_rank.items()}
         self.stuck = self._stuck()
-        self.findings = sorted(self._mismatches() + self._unmatched() + self._absent(), key=lambda f: f[0])
+        mismatches = self._mismatches()
+        unmatched = self._unmatched()      # first: it fills self.message_waits, which _absent reads
+        self.findings = sorted(mismatches + unmatched + self._absent(), key=lambda f: f[0])
 
     # -- messages -------------------------------------------------------------------------------------
     def _pair_messages(self):
@@ -171,6 +176,7 @@ class Analysis:
 
     def _unmatched(self):
         found = []
+        self.message_waits = {}     # rank -> the time of the finding of the message it waits for in vain
         for stream, c, nbytes in self.unmatched_recvs:
             _, src, dst, tag = stream
             if dst not in self.stuck or self.pending.get(dst) is not c or src in self.by_rank and \
@@ -188,6 +194,7 @@ class Analysis:
             title = "a message sent to a rank that never receives it" if len(lines) > 1 else \
                 "a receive with no matching send"
             found.append((min(times), title, lines))
+            self.message_waits[dst] = min(times)
         for stream, c, nbytes in self.unmatched_sends:
             _, src, dst, tag = stream
             if src in self.stuck and self.pending.get(src) is c and (dst in self.stuck or self.exited(dst)):
@@ -214,7 +221,10 @@ class Analysis:
                     line = f"rank {m}'s record does not reach back that far: set REFCONV_RECORD_CALLS higher"
                 else:
                     line = self._where_now(m)
-                found.append((call["begin"], f"a collective that a rank never made",
+                began = call["begin"]
+                if m in self.message_waits:      # m never came because it waits for a message: after that finding
+                    began = max(began, self.message_waits[m] + 1e-6)
+                found.append((began, f"a collective that a rank never made",
                               [f"rank {m} made no call #{call['seq']} on {comm_label(call['comm'])} (rank {rank} "
                                f"waits there in {call['call']} at {site(call)}); {line}"]))
         merged = {}

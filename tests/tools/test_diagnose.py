@@ -231,3 +231,26 @@ def test_an_unwritable_record_folder_warns_once(tmp_path, monkeypatch, capsys):
     assert flight.write("signal", "", local.current().flight) is None
     warned = capsys.readouterr().err.splitlines()
     assert len(warned) == 1 and "could not write the call record" in warned[0], warned
+
+
+def test_a_wrong_peer_is_named_first_even_when_its_sender_started_late(tmp_path):
+    """Under load ranks 1 and 2 start late: rank 1's stray send and rank 2's receive begin after ranks 0 and 3
+    already wait in the next collective, which rank 2 never makes because it waits for rank 1's message.  The message is the cause,
+    the missing collective its effect: the message comes first whatever the clocks say
+    (tests/mpiexec/hangs/wrong_peer.py at 4 ranks failed so once in the full suite)."""
+    world = dict(WORLD, size=4, ranks=[0, 1, 2, 3])
+    halo = lambda to, frm, line, end, begin: call(None, "halo", "Isend/Irecv", line=line, nbytes=None,  # noqa: E731
+                                                  peers=[0, [[to, 64]], [[frm, 64]]], end=end, begin=begin)
+    late = 2.0
+    recs = [record(0, [halo(1, 3, 16, True, 0.0), call(0, "reduce_scatter", "Ialltoallw", line=18, begin=0.5,
+                                                          end=False)], size=4, comms=(world,)),
+            record(1, [halo(0, 0, 14, True, late), call(0, "reduce_scatter", "Ialltoallw", line=18,
+                                                           begin=late + 0.5, end=False)], size=4, comms=(world,)),
+            record(2, [halo(3, 1, 16, False, late)], size=4, comms=(world,)),
+            record(3, [halo(0, 2, 16, True, 0.1), call(0, "reduce_scatter", "Ialltoallw", line=18, begin=0.6,
+                                                          end=False)], size=4, comms=(world,))]
+    write(tmp_path, recs)
+    status, report = run(tmp_path)
+    assert status == 1
+    assert "rank 1 sent to rank 0 (tag 0, 64 B) at train.py:14" in first(report), report
+    assert "also: a collective that a rank never made" in report
