@@ -42,7 +42,8 @@ from refconv.grid import AXES, SPATIAL, axes_of
 from refconv.halo import Halo
 from refconv.pricing.graph import spatial_tuple
 from refconv.pricing.machine import CONV_OPS, ConvShape
-from refconv.pricing.records import batch_norm_records, gap_records, linear_records, loss_records, pool_records
+from refconv.pricing.records import (POOL_GEOMETRY, batch_norm_records, gap_records, linear_records, loss_records,
+                                     pool_records)
 
 ITEMSIZE = 4  # float32
 
@@ -296,6 +297,20 @@ def window_share(spatial_grid, in_shape, out_shape, kernel, stride, padding, dil
     return math.prod(halo.window_shape) / math.prod(halo.owned[0].shape)
 
 
+def _hashable(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+@functools.lru_cache(maxsize=4096)
+def pool_window_is_block(spatial_grid, in_shape, kernel_size, stride, padding):
+    """Whether a pooling's window on rank 0 is its block itself (one rank spatially, nothing padded or cut
+    off: ``Halo.is_block``), so that ``Halo.extend`` and ``reduce`` return their argument and copy nothing."""
+    kernel, stride, padding, out = POOL_GEOMETRY[len(in_shape) - 2](in_shape, kernel_size, stride, padding)
+    halo = Halo(_Rank0(math.prod(spatial_grid)), spatial_grid, in_shape[2:], out, kernel, stride, padding,
+                (1,) * len(kernel), "zeros")
+    return halo.is_block
+
+
 def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
     """StageCost of one layer on ``grid`` (a conv with the given algorithm)."""
     cost = StageCost(grid, algorithm, filter_groups)
@@ -349,8 +364,10 @@ def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
             cost.fwd, cost.bwd = t / 2, t / 2  # calibrated as forward + backward together
             params = 2 * _ceil(layer.in_shape[1], grid[1]) if layer.kind == "batchnorm" else 0
             cost.memory = 3 * params * ITEMSIZE + kept_bytes(layer, grid, x_bytes)
-            if layer.kind == "maxpool" or layer.kind == "avgpool":  # the window of x and its gradient too
-                transient += 2 * x_bytes
+            if layer.kind in ("maxpool", "avgpool") and not pool_window_is_block(
+                    tuple(grid[SPATIAL:]), tuple(layer.in_shape), _hashable(layer.spec["kernel"]),
+                    _hashable(layer.spec.get("stride")), _hashable(layer.spec.get("padding", 0))):
+                transient += 2 * x_bytes  # the window of x and its gradient, copies unless the window is the block
     overhead = machine.local_seconds("layer", x_bytes + out_bytes)
     cost.fwd += overhead / 2
     cost.bwd += overhead / 2
