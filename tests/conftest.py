@@ -69,25 +69,27 @@ def launch_group(nodeid):
 # suite, which waits on children).  xdist queues the units with the most tests first, so few-test long units
 # came last, and one worker ran a minute or more alone at the end while the other had finished: these go
 # first instead, longest first (:func:`long_units_first`).  A unit missing here keeps xdist's place after them.
-LONG_UNITS = {
-    "tests/cuda_kernels/test_kernels.py": 170,   # 250 before simulated_examples (docs/benchmarks.md, 2026-12-06 10:48)
-    "tests/cuda_kernels/test_kernel_compile.py": 105,
-    "tests/cuda_kernels/test_kernels3d.py": 78,
-    "layers_cuda-2": 76,
-    "tests/plan/test_plan.py": 60,
-    "tests/mpiexec/test_faults.py": 50,
-    "tests/on_ranks/test_datastore.py": 35,
-    "tests/on_ranks/test_scale_presets.py": 46,
-    "tests/mpiexec/test_torch_interop.py": 54,
-    "tests/on_ranks/test_records.py": 44,
-    "tests/on_ranks/test_layers.py": 30,
-    "tests/simulator/test_simulated_planted_bug.py": 27,
-    "tests/on_ranks/test_grouped_models.py": 26,
+LONG_UNITS = {    # seconds of a worker in a fresh-clone make test, docs/benchmarks.md (2026-12-06, 14:20 UTC)
+    "tests/cuda_kernels/test_kernels.py": 87,
+    "tests/mpiexec/test_faults.py": 76,
+    "tests/cuda_kernels/test_kernel_compile.py": 66,   # when the kept proof misses and it compiles; else 12
+    "tests/docs_and_tutorials/test_tutorials.py": 66,
+    "tests/plan/test_plan.py": 63,
+    "tests/tools/test_bench.py": 48,
+    "tests/simulator/test_simulated_planted_bug.py": 47,
+    "tests/docs_and_tutorials/test_exercises.py": 42,
+    "tests/on_ranks/test_datastore.py": 42,
+    "tests/on_ranks/test_training.py": 38,
+    "tests/on_ranks/test_records.py": 38,
+    "tests/on_ranks/test_layers.py": 36,
+    "tests/on_ranks/test_grouped_models.py": 36,
+    "tests/mpiexec/test_torch_interop.py": 35,
+    "tests/on_ranks/test_volumes.py": 34,
     "tests/on_ranks/test_plan.py": 33,
-    "tests/on_ranks/test_overlap.py": 25,
+    "tests/cuda_kernels/test_kernels3d.py": 30,
+    "tests/on_ranks/test_overlap.py": 30,
     "plan-2": 24,
-    "tests/training/test_model.py": 20,
-    "distconv_cuda-2": 20,
+    "layers_cuda-2": 22,
 }
 
 
