@@ -31,6 +31,9 @@
 #
 # The simulator runs every CUDA thread as a Python thread: correct, and very
 # slow, so the shapes here are tiny (a few hundred threads per launch).
+# `refconv.kernels` runs a block's threads one at a time, in index order, each
+# handing over at `syncthreads` (kernels/simulator.py): a launch gives the same
+# result every run, and a missing barrier shows up every run too.
 # `NUMBA_ENABLE_CUDASIM=1` must be set **before numba is first imported**;
 # if you run this notebook in a kernel that already imported numba, restart it.
 

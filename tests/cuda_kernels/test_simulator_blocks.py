@@ -18,22 +18,14 @@ BLOCK = 64
 
 
 @cuda.jit
-def reverse_in_blocks(x, y):
+def reverse_in_blocks(x, y, barrier):
     """Each block reverses its 64 values through shared memory: correct only with the barrier."""
     tile = cuda.shared.array(BLOCK, numpy.float64)
     t = cuda.threadIdx.x
     i = cuda.blockIdx.x * BLOCK + t
     tile[t] = x[i]
-    cuda.syncthreads()
-    y[i] = tile[BLOCK - 1 - t]
-
-
-@cuda.jit
-def reverse_without_the_barrier(x, y):
-    tile = cuda.shared.array(BLOCK, numpy.float64)
-    t = cuda.threadIdx.x
-    i = cuda.blockIdx.x * BLOCK + t
-    tile[t] = x[i]
+    if barrier:             # the same for every thread of the block, so legal around syncthreads
+        cuda.syncthreads()
     y[i] = tile[BLOCK - 1 - t]
 
 
@@ -104,7 +96,7 @@ def test_the_kernels_package_runs_the_simulator_on_our_scheduler():
 def test_the_barrier_orders_shared_memory(scheduler):
     x = numpy.arange(3 * BLOCK, dtype=numpy.float64)
     y = numpy.zeros_like(x)
-    reverse_in_blocks[3, BLOCK](x, y)
+    reverse_in_blocks[3, BLOCK](x, y, True)
     assert (y == x.reshape(3, BLOCK)[:, ::-1].ravel()).all()
 
 
@@ -115,7 +107,7 @@ def test_a_missing_barrier_reads_before_the_write_on_every_run():
     for run in range(3):
         x = numpy.arange(BLOCK, dtype=numpy.float64) + 1000.0 * (run + 1)   # values no earlier memory holds
         y = numpy.zeros_like(x)
-        reverse_without_the_barrier[1, BLOCK](x, y)
+        reverse_in_blocks[1, BLOCK](x, y, False)
         assert y[0] != x[-1]
 
 
@@ -151,13 +143,13 @@ def test_a_failing_thread_ends_the_launch_with_its_indices_and_the_next_launch_r
     with pytest.raises(ValueError, match=r"tid=\[3, 0, 0\] ctaid=\[1, 0, 0\]: thread 3 of block 1 fails"):
         fails_on_one_thread[2, BLOCK](x)
     y = numpy.zeros(3 * BLOCK)
-    reverse_in_blocks[3, BLOCK](numpy.arange(3.0 * BLOCK), y)   # the pool is free and whole again
+    reverse_in_blocks[3, BLOCK](numpy.arange(3.0 * BLOCK), y, True)   # the pool is free and whole again
     assert y[0] == BLOCK - 1
 
 
 @simulator_only
 def test_the_pool_grows_to_the_largest_block():
-    reverse_in_blocks[1, BLOCK](numpy.arange(float(BLOCK)), numpy.zeros(BLOCK))
+    reverse_in_blocks[1, BLOCK](numpy.arange(float(BLOCK)), numpy.zeros(BLOCK), True)
     out = numpy.zeros((1024, 6), dtype=numpy.int64)
     indices[1, (32, 32, 1)](out)
     assert len(simulator._POOL) >= 1024
