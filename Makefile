@@ -101,9 +101,11 @@ docs: setup
 #               224x224; cosmoflow at 64..512; v100-edr and h200-node), through refconv simulate
 #               (scripts/paper_scale.py; needs the shapes-only backend).  The page in the tree and its CI test
 #               (tests/docs_and_tutorials/test_paper_scale.py) use the reduced sizes: paper_scale.py --quick.
+#               Each configuration's row goes to paper-scale.rows.jsonl as it ends, and the page is rewritten:
+#               a stopped make paper goes on where it stopped (delete the file to measure afresh).
 .PHONY: paper
 paper: setup
-	OMP_NUM_THREADS=1 $(PY) scripts/paper_scale.py
+	OMP_NUM_THREADS=1 $(PY) scripts/paper_scale.py --rows paper-scale.rows.jsonl
 
 # make sweep -- scale bugs, looked for: every preset, one shapes-only training step under its plan at 16, 64, 256
 #               and 1024 ranks, each in its own process (scripts/preset_sweep.py; rows to preset_sweep.jsonl as they

@@ -16,11 +16,17 @@ sample parallelism and for the plan.
     .venv/bin/python scripts/paper_scale.py --quick --models resnet50 --ranks 2 --machines v100-edr \\
         --out /tmp/page                                 # one configuration (the CI test)
 
-The page says which sizes ran.  Both files are written whole (a temporary file, then renamed).
+The page says which sizes ran.  Both files are written whole (a temporary file, then renamed), after
+every configuration, so a long run shows what has ended; configurations still to run are marked so.
+With ``--rows FILE`` (``make paper`` passes ``paper-scale.rows.jsonl``) each configuration's row is
+appended to FILE as it ends, and a run reuses the rows already there: a stopped run goes on where it
+stopped.  The configurations run from the fewest ranks to the most, so a partial page covers every model.
 """
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 
 from refconv import cli, simulated
@@ -89,6 +95,22 @@ def ms(seconds):
     return f"{seconds * 1e3:.3f}"
 
 
+def commit():
+    """The repository's commit, with ``+changes`` where its tracked files differ from it."""
+    def git(*cmd):
+        return subprocess.run(["git", "-C", ROOT, *cmd], capture_output=True, text=True, check=False)
+    head = git("rev-parse", "--short", "HEAD").stdout.strip() or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no").stdout.strip() else "")
+
+
+def load_rows(path):
+    """The rows an earlier run kept in ``path`` (JSON lines), by configuration; {} without the file."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {tuple(row["config"]): row for row in map(json.loads, filter(str.strip, f))}
+
+
 def table(rows):
     out = ["| model | ranks | machine | strategy | step ms (clock) | step ms (plan) | allreduce ms in flight "
            "(exposed) | speedup over sample (clock, plan) | memory per rank MiB (planned; measured) "
@@ -96,6 +118,9 @@ def table(rows):
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (model, k, batch, image, machine), row in rows:
         head = f"| {model} | {k} | {machine} "
+        if row is None:
+            out.append(head + "| not run yet | | | | | | | |")
+            continue
         if "error" in row:
             out.append(head + f"| cannot run: {row['error']} | | | | | | | |")
             continue
@@ -127,7 +152,7 @@ def draw(rows, path):
     series = {}
     for (model, k, _, _, machine), row in rows:
         for name in ("sample", "plan"):
-            if "error" not in row and row.get(name):
+            if row is not None and "error" not in row and row.get(name):
                 series.setdefault((model, machine, name), []).append((k, row[name]))
     for (model, machine, name), points in series.items():
         base = series.get((model, machine, "sample"), points)[0][1]["step"]
@@ -149,8 +174,9 @@ def draw(rows, path):
     os.replace(tmp, path)
 
 
-def page(rows, sizes_label, backend, figure):
+def page(rows, sizes_label, backend, figure, commits):
     measured_memory = backend == "shapes"
+    waiting = sum(row is None for _, row in rows)
     return "\n".join([
         "# The paper's scale, through refconv's own code",
         "",
@@ -164,7 +190,8 @@ def page(rows, sizes_label, backend, figure):
         "## What ran",
         "",
         f"{sizes_label}. Backend `{backend}`; two training steps each, the second reported (the first binds "
-        "the model).",
+        f"the model). Measured at commit {', '.join(sorted(commits)) or '(none yet)'}."
+        + (f" **{waiting} of {len(rows)} configurations have not run yet** (marked so below)." if waiting else ""),
         "",
         "## The paper's claims (the paper's, not measured here)",
         "",
@@ -214,15 +241,34 @@ def main(argv=None):
     p.add_argument("--ranks", nargs="*", type=int, help="only these rank counts")
     p.add_argument("--machines", nargs="*", default=list(MACHINES))
     p.add_argument("--out", default=os.path.join(ROOT, "docs"), help="the folder of paper-scale.md (figures/ in it)")
+    p.add_argument("--rows", metavar="JSONL", help="append each configuration's row here as it ends, and reuse "
+                                                   "the rows already here")
     args = p.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     backend = "numpy" if args.quick else "shapes"
     chosen = list(configurations(sizes, args.models, args.ranks, args.machines))
-    rows = []
-    for n, config in enumerate(chosen, 1):
-        print(f"paper_scale.py: {n} of {len(chosen)}: {config[0]} on {config[1]} ranks, {config[4]}", file=sys.stderr,
+    kept = {config: row for config, row in load_rows(args.rows).items() if config[:5] in chosen and config[5] == backend}
+    results = {config[:5]: row for config, row in kept.items()}
+    commits = {row["commit"] for row in kept.values()}
+    todo = sorted((c for c in chosen if c not in results), key=lambda c: (c[1], chosen.index(c)))
+    if kept:
+        print(f"paper_scale.py: {len(results)} of {len(chosen)} configurations kept from {args.rows}", file=sys.stderr)
+    for n, config in enumerate(todo, 1):
+        print(f"paper_scale.py: {n} of {len(todo)}: {config[0]} on {config[1]} ranks, {config[4]}", file=sys.stderr,
               flush=True)
-        rows.append((config, measure(*config, backend, steps=2)))
+        results[config] = measure(*config, backend, steps=2)
+        commits.add(commit())
+        if args.rows:
+            with open(args.rows, "a") as f:
+                f.write(json.dumps({"config": [*config, backend], "commit": commit(), **results[config]}) + "\n")
+        render(args, sizes, backend, [(c, results.get(c)) for c in chosen], commits)
+    if not todo:
+        render(args, sizes, backend, [(c, results.get(c)) for c in chosen], commits)
+    return 0
+
+
+def render(args, sizes, backend, rows, commits):
+    """Write the page and its figure for ``rows`` (a row of None: not run yet)."""
     label = "; ".join(f"{', '.join(m for m in names if not args.models or m in args.models)} at "
                       f"{', '.join(str(k) for k in counts if not args.ranks or k in args.ranks)} ranks, global batch "
                       f"{batch}, {image}x{image}{'x' + str(image) if names == ('cosmoflow',) else ''}"
@@ -232,9 +278,8 @@ def main(argv=None):
     os.makedirs(os.path.join(args.out, "figures"), exist_ok=True)
     figure = os.path.join(args.out, "figures", "paper_scale.png")
     draw(rows, figure)
-    write(os.path.join(args.out, "paper-scale.md"), page(rows, label, backend, figure))
+    write(os.path.join(args.out, "paper-scale.md"), page(rows, label, backend, figure, commits))
     print(f"wrote {os.path.join(args.out, 'paper-scale.md')} and {figure}", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":
