@@ -250,6 +250,7 @@ def main(argv=None):
     kept = {config: row for config, row in load_rows(args.rows).items() if config[:5] in chosen and config[5] == backend}
     results = {config[:5]: row for config, row in kept.items()}
     commits = {row["commit"] for row in kept.values()}
+    measured_at = commit()             # before the page (a tracked file) is rewritten
     todo = sorted((c for c in chosen if c not in results), key=lambda c: (c[1], chosen.index(c)))
     if kept:
         print(f"paper_scale.py: {len(results)} of {len(chosen)} configurations kept from {args.rows}", file=sys.stderr)
@@ -257,10 +258,10 @@ def main(argv=None):
         print(f"paper_scale.py: {n} of {len(todo)}: {config[0]} on {config[1]} ranks, {config[4]}", file=sys.stderr,
               flush=True)
         results[config] = measure(*config, backend, steps=2)
-        commits.add(commit())
+        commits.add(measured_at)
         if args.rows:
             with open(args.rows, "a") as f:
-                f.write(json.dumps({"config": [*config, backend], "commit": commit(), **results[config]}) + "\n")
+                f.write(json.dumps({"config": [*config, backend], "commit": measured_at, **results[config]}) + "\n")
         render(args, sizes, backend, [(c, results.get(c)) for c in chosen], commits)
     if not todo:
         render(args, sizes, backend, [(c, results.get(c)) for c in chosen], commits)
