@@ -335,17 +335,20 @@ def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
         if halos:
             cost.hidden_fwd, cost.hidden_bwd = halo_hidden(conv_geometry(layer), grid, algorithm, passes, halos,
                                                            machine.overlap)
-        gathered = max([c.bytes for c in calls if c.kind == "allgather"] + [0])
-        # kept for backward: the window of the conv's input (x, or x gathered over channels), its
-        # zero padding included (the layers keep Halo.extend's window, not the block)
+        # the conv's input: x, or x gathered over channels, Stationary-Y's and -W's first allgather (W's
+        # second gathers dy over other ranks, Stationary-X's only one too: neither is kept)
+        x_in = x_bytes
+        if algorithm in ("stationary-y", "stationary-w") and grid[1] > 1:
+            x_in = max(x_in, next((c.bytes for c in calls if c.kind == "allgather"), 0))
+        # kept for backward: the window of the conv's input, its zero padding included (the layers keep
+        # Halo.extend's window, not the block)
         geom = conv_geometry(layer)
         share = window_share(tuple(grid[SPATIAL:]), geom.in_shape[2:], geom.out_shape[2:], geom.kernel,
                              geom.stride, geom.padding, geom.dilation, geom.padding_mode)
         cost.memory = 3 * (shard + (layer.out_shape[1] if layer.spec.get("bias", True) else 0)) * ITEMSIZE \
-            + round(share * max(x_bytes, gathered if algorithm != "stationary-x" else 0))
+            + round(share * x_in)
         params = (shard + (layer.out_shape[1] if layer.spec.get("bias", True) else 0)) * ITEMSIZE
-        transient = max(conv_transient(algorithm if grid[1] > 1 else None, calls, x_bytes, out_bytes,
-                                       max(x_bytes, gathered if algorithm != "stationary-x" else 0), share),
+        transient = max(conv_transient(algorithm if grid[1] > 1 else None, calls, x_bytes, out_bytes, x_in, share),
                         out_bytes + x_bytes + 2 * params)  # dw and the allreduce's receive buffer
     else:
         calls = layer_calls(layer, grid)

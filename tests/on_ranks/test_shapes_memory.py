@@ -81,3 +81,24 @@ def test_the_measured_peak_per_rank_agrees_with_the_planners_memory_within_ten_p
     r = memory_check.compare(model, ranks=8, batch=16, image_size=16)
     assert 0.9 <= r["ratio"] <= 1.1, r
     assert abs(r["kept"] - r["planned_kept"]) <= 0.1 * r["planned_kept"], r   # activations and parameters alone
+    # and stage by stage: every planned stage that keeps bytes, within 10% of what its layers kept
+    assert sum(s["planned"] for s in r["stages"]) == r["planned_kept"]
+    off = [s for s in r["stages"] if s["planned"] and not 0.9 <= s["measured"] / s["planned"] <= 1.1]
+    assert not off and all(s["measured"] == 0 for s in r["stages"] if not s["planned"]), off
+
+
+def test_every_layer_of_a_residual_network_belongs_to_one_stage_of_the_plan():
+    """memory_check.stage_layers: the model's names ("4.body.0") of each plan row's layers; a block's
+    followers under its ".sum" row; every leaf layer of the model exactly once."""
+    spec, plan, shape = memory_check.planned("resnet50", 4, 8, 16)
+    groups = memory_check.stage_layers(spec, shape)
+    assert [name for name, _ in groups] == [row.name for row in plan.rows]
+    assert groups[0] == ("0", ["0", "1", "2"]) and ("4.shortcut.0", ["4.shortcut.0", "4.shortcut.1"]) in groups
+    assert ("4.sum", ["5"]) in groups
+    def names(comm):
+        with Model.from_spec(spec, comm=comm, backend="shapes") as model:
+            return [name for name, _ in model.named_layers()]
+    leaves = simulated.run(names, 4)[0]
+    assert sorted(sum((layers for _, layers in groups), [])) == sorted(leaves)
+    with pytest.raises(ValueError, match=r"no stage of the plan holds: \['99'\]"):
+        memory_check.by_stage(spec, shape, plan, {"0": 1, "99": 5})
