@@ -4,8 +4,11 @@
 
 The model runs on ``--ranks`` simulated ranks with shapes-only arrays, priced on ``--machine``'s
 logical clock, on the plan ``refconv simulate`` runs (the planner's per-layer strategy, or
-``--grid`` for every layer), with the memory tracker on as there.  The first step binds the model
-and is not measured; the second (forward, backward, optimizer) is, per rank thread, in CPU seconds
+``--grid`` for every layer), with the memory tracker on as there.  Building the model and binding it
+(``Model.bind``: grids, layouts, sub-communicators, shuffle plans) are timed apart, per rank, and
+printed last with their sum over ranks (the issue's budget: 60 s in all at 1024 ranks; ``--bind-only`` runs
+no step and prints only that).  The first step
+is not measured; the second (forward, backward, optimizer) is, per rank thread, in CPU seconds
 (``time.thread_time``), split by :mod:`refconv.bench.thread_cpu`'s wrappers into
 
     backend       ShapesBackend methods (its own and NumPy's it inherits), ShapeArray operations
@@ -53,6 +56,7 @@ CATEGORIES = ("backend", "collectives", "simulator", "bookkeeping")
 PRICING = "pricing"                      # the clock's part of the simulator
 BOTTOM = ("simulator", PRICING)          # what the simulator calls (ShapeArray copies of delivery) is its own
 MUST_S, GOAL_S = 120.0 / 256, 30.0 / 256  # per rank-step: 256 ranks in 120 s, in 30 s
+BIND_S = 60.0                            # building and binding the model at 1024 ranks, in all
 XP_FUNCTIONS = ["empty", "zeros", "ones", "full", "asarray", "array", "count_nonzero"]
 
 
@@ -70,35 +74,54 @@ def targets():
     }
 
 
-def measure(spec, ranks, shape, machine, overlap=True, profile=False):
+def measure(spec, ranks, shape, machine, overlap=True, profile=False, bind_only=False):
     """Each rank's account of its second step (:func:`refconv.bench.thread_cpu.stop`), or with
-    ``profile`` its ``cProfile.Profile`` of that step (nothing wrapped), and ``{"wall_run",
-    "cpu_run"}``: the whole run's wall and process CPU seconds."""
+    ``profile`` its ``cProfile.Profile`` of that step (nothing wrapped), or with ``bind_only`` None (no
+    step runs), and ``{"wall_run", "cpu_run", "build", "bind"}``: the whole run's wall and process CPU
+    seconds, and each rank's CPU seconds building and binding the model."""
     x, y = inputs(spec, shape, "shapes")
 
     def body(comm):
         with memory_tracking("shapes") as tracker:
+            start = time.thread_time()
             model = Model.from_spec(spec, comm=comm, backend="shapes", dtype=numpy.float32, seed=0)
+            built = time.thread_time()
+            model.bind(x.shape)                         # grids, layouts, sub-communicators, shuffle plans
+            binding = (built - start, time.thread_time() - built)
+            if bind_only:
+                model.close()
+                return None, binding
             tracker.name_layers(model)
             model.set_overlap(overlap)
             optimizer = SGD(model, 0.01, momentum=0.9)
-            step(model, optimizer, x, y)                # binds the model: not measured
+            step(model, optimizer, x, y)                # the first step: not measured
             if profile:
                 profiler = cProfile.Profile(time.thread_time)   # CPU: not the turns waited for
                 profiler.runcall(step, model, optimizer, x, y)
                 model.close()
-                return profiler
+                return profiler, binding
             thread_cpu.start(bottom=BOTTOM)
             step(model, optimizer, x, y)
             account = thread_cpu.stop()
             model.close()
-            return account
+            return account, binding
 
     with thread_cpu.wrapped({} if profile else targets()), few_collections():
         wall, cpu = time.perf_counter(), time.process_time()
         results = [value for value, _ in simulated.run(body, ranks, machine=machine)]
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return results, {"wall_run": wall, "cpu_run": cpu}
+    return [r for r, _ in results], {"wall_run": wall, "cpu_run": cpu, "build": [b[0] for _, b in results],
+                                     "bind": [b[1] for _, b in results]}
+
+
+def binding_line(extra, ranks):
+    """Building and binding the model, per rank and in all (the issue's budget: 60 s in all at 1024 ranks)."""
+    build, bind = extra["build"], extra["bind"]
+    total = sum(build) + sum(bind)
+    return (f"building and binding the model (CPU per rank, mean and max; before the first step): build "
+            f"{statistics.fmean(build) * 1e3:.1f} ms ({max(build) * 1e3:.1f}), bind {statistics.fmean(bind) * 1e3:.1f} "
+            f"ms ({max(bind) * 1e3:.1f}); all {ranks} ranks: {total:.1f} s CPU"
+            + (f", {total / BIND_S:.2f} of the 60-s budget at 1024 ranks" if ranks == 1024 else ""))
 
 
 def rows(results):
@@ -140,6 +163,7 @@ def table(results, ranks, per_call, extra):
                                                           for c in (*CATEGORIES, PRICING)) + " ms")
     lines.append(f"the run (binding, both steps, threads): {extra['wall_run']:.1f} s wall, {extra['cpu_run']:.1f} s "
                  f"CPU; the measured step on all ranks: {total * ranks:.2f} s CPU")
+    lines.append(binding_line(extra, ranks))
     return lines
 
 
@@ -153,6 +177,7 @@ def add_arguments(p):
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="instead of the categories, the N functions of most self time (cProfile of every rank)")
     p.add_argument("--no-overlap", dest="overlap", action="store_false", help="wait for every call at once")
+    p.add_argument("--bind-only", action="store_true", help="only build and bind the model (no step): binding's line")
     return p
 
 
@@ -175,9 +200,15 @@ def run(args, out=print):
     if args.profile < 0:
         raise ValueError(f"--profile: expected a count of functions >= 0, got {args.profile}")
     per_call = thread_cpu.overhead()
-    results, extra = measure(spec, args.ranks, shape, machine, args.overlap, profile=args.profile > 0)
+    results, extra = measure(spec, args.ranks, shape, machine, args.overlap, profile=args.profile > 0,
+                             bind_only=args.bind_only)
     out(f"{args.model} on {args.ranks} simulated ranks, {label}, machine {machine.name}, input {shape}, shapes-only")
-    for line in (profiled(results, args.profile) if args.profile else table(results, args.ranks, per_call, extra)):
+    if args.bind_only:
+        out(f"the run (building and binding, threads): {extra['wall_run']:.1f} s wall, {extra['cpu_run']:.1f} s CPU")
+        out(binding_line(extra, args.ranks))
+        return 0
+    for line in (profiled(results, args.profile) + [binding_line(extra, args.ranks)] if args.profile
+                 else table(results, args.ranks, per_call, extra)):
         out(line)
     return 0
 

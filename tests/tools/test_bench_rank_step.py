@@ -23,6 +23,8 @@ def test_each_ranks_categories_are_not_negative_and_add_up_to_its_total():
         assert abs(sum(seconds.values()) - r["total"]) < 1e-9, r
         assert all(seconds.get(c, 0) > 0 for c in ("backend", "collectives", "simulator")), seconds
         assert r["calls"] > 0
+    # building and binding, per rank apart from the steps
+    assert len(extra["build"]) == len(extra["bind"]) == 4 and all(t > 0 for t in extra["build"] + extra["bind"])
 
 
 def test_a_call_inside_its_own_category_is_not_counted_again_and_the_outer_one_resumes():
@@ -52,13 +54,17 @@ def test_the_printed_rows_add_up_to_the_printed_total(capsys):
     assert all(m >= 0 for m in means) and float(rows["of which pricing"][0]) <= float(rows["simulator"][0])
     assert abs(sum(means) - float(rows["total"][0])) <= 0.005 * len(means) + 1e-9, out   # each rounded to 0.01 ms
     assert rows["must budget"][0] == "468.75" and rows["goal budget"][0] == "117.19"
+    binding, = [line for line in out.splitlines() if line.startswith("building and binding the model")]
+    assert binding.endswith(" s CPU") and "all 4 ranks: " in binding, binding
 
 
 def test_profile_prints_the_functions_of_most_self_time(capsys):
     assert cli.main(["bench", "rank_step", "--model", "digits-cnn", "--ranks", "4", "--batch", "8",
                      "--image-size", "16", "--profile", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "the 3 functions of most self time" in lines[1] and len(lines) == 6, lines
+    assert "the 3 functions of most self time" in lines[1] and len(lines) == 7, lines
+    assert lines[-1].startswith("building and binding the model"), lines
+    lines = lines[:-1]
     selfs = [float(line.split()[0]) for line in lines[3:]]
     assert selfs == sorted(selfs, reverse=True) and selfs[-1] >= 0
 
@@ -78,3 +84,11 @@ def test_a_bottom_category_keeps_what_it_calls_but_not_another_bottom_one():
         figures = thread_cpu.stop()
     assert figures["calls"] == 2 and "backend" not in figures["seconds"]     # under, then priced: leaf stays
     assert set(figures["seconds"]) == {"simulator", "pricing", "bookkeeping"}
+
+
+def test_bind_only_builds_and_binds_and_runs_no_step(capsys):
+    assert cli.main(["bench", "rank_step", "--model", "digits-cnn", "--ranks", "4", "--batch", "8",
+                     "--image-size", "16", "--bind-only"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and lines[1].startswith("the run (building and binding, threads)"), lines
+    assert lines[2].startswith("building and binding the model") and "all 4 ranks: " in lines[2], lines
