@@ -302,13 +302,14 @@ def _hashable(value):
 
 
 @functools.lru_cache(maxsize=4096)
-def pool_window_is_block(spatial_grid, in_shape, kernel_size, stride, padding):
-    """Whether a pooling's window on rank 0 is its block itself (one rank spatially, nothing padded or cut
-    off: ``Halo.is_block``), so that ``Halo.extend`` and ``reduce`` return their argument and copy nothing."""
+def pool_window(spatial_grid, in_shape, kernel_size, stride, padding):
+    """``(is_block, share)`` of a pooling's window on rank 0: whether it is the block itself (one rank
+    spatially, nothing padded or cut off: ``Halo.is_block``, so that ``Halo.extend`` and ``reduce`` return
+    their argument and copy nothing), and its cells per cell of the block (:func:`window_share`)."""
     kernel, stride, padding, out = POOL_GEOMETRY[len(in_shape) - 2](in_shape, kernel_size, stride, padding)
     halo = Halo(_Rank0(math.prod(spatial_grid)), spatial_grid, in_shape[2:], out, kernel, stride, padding,
                 (1,) * len(kernel), "zeros")
-    return halo.is_block
+    return halo.is_block, math.prod(halo.window_shape) / math.prod(halo.owned[0].shape)
 
 
 def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
@@ -367,10 +368,13 @@ def layer_cost(layer, grid, machine, algorithm=None, filter_groups=None):
             cost.fwd, cost.bwd = t / 2, t / 2  # calibrated as forward + backward together
             params = 2 * _ceil(layer.in_shape[1], grid[1]) if layer.kind == "batchnorm" else 0
             cost.memory = 3 * params * ITEMSIZE + kept_bytes(layer, grid, x_bytes)
-            if layer.kind in ("maxpool", "avgpool") and not pool_window_is_block(
-                    tuple(grid[SPATIAL:]), tuple(layer.in_shape), _hashable(layer.spec["kernel"]),
-                    _hashable(layer.spec.get("stride")), _hashable(layer.spec.get("padding", 0))):
-                transient += 2 * x_bytes  # the window of x and its gradient, copies unless the window is the block
+            if layer.kind in ("maxpool", "avgpool"):
+                is_block, share = pool_window(tuple(grid[SPATIAL:]), tuple(layer.in_shape),
+                                              _hashable(layer.spec["kernel"]), _hashable(layer.spec.get("stride")),
+                                              _hashable(layer.spec.get("padding", 0)))
+                # backward holds dy, dx and, unless the window is the block, the window's gradient (a copy,
+                # halo included; forward's window of x and y are less)
+                transient = out_bytes + x_bytes + (0 if is_block else round(share * x_bytes))
     overhead = machine.local_seconds("layer", x_bytes + out_bytes)
     cost.fwd += overhead / 2
     cost.bwd += overhead / 2
