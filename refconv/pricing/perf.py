@@ -496,10 +496,18 @@ def overlapped_step(costs, hidden=1.0):
     the blocking step.  So each call costs max(compute, its hidden part) plus the part
     that cannot overlap: ``hidden=0`` gives the blocking step, 1 the full overlap.  The
     halo calls' hidden seconds (``hidden_fwd``, ``hidden_bwd``: :func:`halo_hidden`, priced
-    with the same share) come off the rank's own time."""
+    with the same share) come off the rank's own time.
+
+    A rank has one link (as on the logical clock, :mod:`refconv.simulated.clock`): a layer's other calls
+    in backward (a batch norm's allreduce, the gathers, reduce-scatters and halo return of a conv) start
+    once the allreduces queued before them have left it, and the rank waits for them."""
     t = sum(c.fwd + sum(v for k, v in c.comm.items()) / 2 - c.hidden_fwd for c in costs)  # forward half of the comm
     compute, stream = t, t
     for c in reversed(costs):
-        compute += c.bwd + sum(c.comm.values()) / 2 - c.hidden_bwd + (1 - hidden) * c.grad
+        compute += c.bwd
+        calls = sum(c.comm.values()) / 2 - c.hidden_bwd      # backward's half, less what hid behind compute
+        if calls > 0:
+            compute = stream = max(compute, stream) + calls  # behind the allreduces on the link
+        compute += (1 - hidden) * c.grad
         stream = max(stream, compute) + hidden * c.grad
     return max(compute, stream)

@@ -551,6 +551,16 @@ def test_overlapped_step_by_hand():
     assert perf.overlapped_step([a, b], hidden=0.5) == pytest.approx(9.5)
 
 
+def test_a_blocking_call_in_backward_waits_for_the_allreduces_on_the_link_by_hand():
+    """Forward 1 + 1 (half of a's 2-s batch-norm allreduce) + 1; backward of b (1), whose allreduce (5)
+    takes the link until 4 + 5 = 9; a's backward (1) ends at 5, but its allreduce (1) needs the link:
+    it starts at 9, and the rank waits for it (the logical clock's one link a rank)."""
+    a = perf.StageCost((1, 1, 1, 1), fwd=1.0, bwd=1.0, comm={"allreduce": 2.0})
+    b = perf.StageCost((1, 1, 1, 1), fwd=1.0, bwd=1.0, grad=5.0)
+    assert perf.overlapped_step([a, b]) == pytest.approx(10.0)
+    assert perf.overlapped_step([a, b], hidden=0.0) == pytest.approx(a.seconds + b.seconds)   # the blocking sum, 11
+
+
 def _halo_hidden(shape, grid, algorithm, halos, share=1.0):
     layer = _conv_layer({"out": 4, "kernel": 3, "padding": 1}, shape)
     return perf.halo_hidden(perf.conv_geometry(layer), grid, algorithm, (6.0, 14.0, 5.0), halos, share)
