@@ -21,6 +21,8 @@ every configuration, so a long run shows what has ended; configurations still to
 With ``--rows FILE`` (``make paper`` passes ``paper-scale.rows.jsonl``) each configuration's row is
 appended to FILE as it ends, and a run reuses the rows already there: a stopped run goes on where it
 stopped.  The configurations run from the fewest ranks to the most, so a partial page covers every model.
+Two processes on two cores may share the work: each with its own ``--machines`` and its own first
+``--rows`` file; ``--rows A B --no-run`` then writes the page of both without running anything.
 """
 
 import argparse
@@ -241,26 +243,31 @@ def main(argv=None):
     p.add_argument("--ranks", nargs="*", type=int, help="only these rank counts")
     p.add_argument("--machines", nargs="*", default=list(MACHINES))
     p.add_argument("--out", default=os.path.join(ROOT, "docs"), help="the folder of paper-scale.md (figures/ in it)")
-    p.add_argument("--rows", metavar="JSONL", help="append each configuration's row here as it ends, and reuse "
-                                                   "the rows already here")
+    p.add_argument("--rows", metavar="JSONL", nargs="+", help="append each configuration's row to the first file "
+                   "as it ends, and reuse the rows already in these files")
+    p.add_argument("--no-run", action="store_true", help="run nothing: write the page of the rows kept (--rows)")
     args = p.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     backend = "numpy" if args.quick else "shapes"
     chosen = list(configurations(sizes, args.models, args.ranks, args.machines))
-    kept = {config: row for config, row in load_rows(args.rows).items() if config[:5] in chosen and config[5] == backend}
+    loaded = {}
+    for path in args.rows or ():
+        loaded.update(load_rows(path))
+    kept = {config: row for config, row in loaded.items() if config[:5] in chosen and config[5] == backend}
     results = {config[:5]: row for config, row in kept.items()}
     commits = {row["commit"] for row in kept.values()}
     measured_at = commit()             # before the page (a tracked file) is rewritten
-    todo = sorted((c for c in chosen if c not in results), key=lambda c: (c[1], chosen.index(c)))
+    todo = [] if args.no_run else sorted((c for c in chosen if c not in results), key=lambda c: (c[1], chosen.index(c)))
     if kept:
-        print(f"paper_scale.py: {len(results)} of {len(chosen)} configurations kept from {args.rows}", file=sys.stderr)
+        print(f"paper_scale.py: {len(results)} of {len(chosen)} configurations kept from {', '.join(args.rows)}",
+              file=sys.stderr)
     for n, config in enumerate(todo, 1):
         print(f"paper_scale.py: {n} of {len(todo)}: {config[0]} on {config[1]} ranks, {config[4]}", file=sys.stderr,
               flush=True)
         results[config] = measure(*config, backend, steps=2)
         commits.add(measured_at)
         if args.rows:
-            with open(args.rows, "a") as f:
+            with open(args.rows[0], "a") as f:
                 f.write(json.dumps({"config": [*config, backend], "commit": measured_at, **results[config]}) + "\n")
         render(args, sizes, backend, [(c, results.get(c)) for c in chosen], commits)
     if not todo:

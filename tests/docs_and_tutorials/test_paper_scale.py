@@ -58,6 +58,18 @@ def test_a_stopped_run_goes_on_where_it_stopped(tmp_path, capsys):
     plan2, = [line for line in text.splitlines() if line.startswith("| cosmoflow | 2 | v100-edr | plan |")]
     assert plan2.split(" | ")[4] == "1000.000", plan2
     assert "not run yet" not in text and "Measured at commit" in text
+    # two files (two processes' rows: here one holds 2 ranks' row, the other nothing), and --no-run: the
+    # page of what they hold, the rest marked, nothing measured and nothing appended
+    other = tmp_path / "other.jsonl"
+    other.write_text(rows.read_text().splitlines()[0] + "\n")
+    rows.write_text("")
+    capsys.readouterr()
+    assert main(base[:-1] + [str(rows), str(other), "--ranks", "2", "4", "--no-run"]) == 0
+    assert "1 of 2 configurations kept" in capsys.readouterr().err
+    text = (tmp_path / "paper-scale.md").read_text()
+    assert "| cosmoflow | 4 | v100-edr | not run yet |" in text and "1 of 2 configurations have not run yet" in text
+    assert "| cosmoflow | 2 | v100-edr | plan |" in text
+    assert rows.read_text() == "" and len(other.read_text().splitlines()) == 1
 
 
 def test_a_partial_page_marks_what_has_not_run(tmp_path):
