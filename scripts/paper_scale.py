@@ -195,6 +195,11 @@ def page(rows, sizes_label, backend, figure, commits):
         f"the model). Measured at commit {', '.join(sorted(commits)) or '(none yet)'}."
         + (f" **{waiting} of {len(rows)} configurations have not run yet** (marked so below)." if waiting else ""),
         "",
+        "To make it: `make paper` (the paper's sizes, hours of one core: each configuration's row goes to",
+        "`paper-scale.rows.jsonl` as it ends and the page is rewritten, so a stopped run goes on where it",
+        "stopped), or `python scripts/paper_scale.py --quick` (reduced sizes with real values, a minute);",
+        "`scripts/paper_scale.py`'s docstring says how two processes share the work.",
+        "",
         "## The paper's claims (the paper's, not measured here)",
         "",
         "The paper reports, on a cluster whose nodes had four 16 GB V100 GPUs each:",
