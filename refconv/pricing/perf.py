@@ -14,7 +14,8 @@ there are) this module predicts, on the rank with the largest blocks (coordinate
 - memory: parameters x 3 (weight, gradient, SGD momentum), the activations each
   layer keeps for backward, and the largest buffer a collective gathers;
 - the shuffle (``refconv.sharding.redistribute``, an uneven all-to-all, forward and
-  reverse) between consecutive stages on different grids: :func:`shuffle_matrix`.
+  reverse) between consecutive stages on different grids:
+  :func:`refconv.pricing.shuffle.shuffle_matrix`.
 
 The weight-gradient allreduce (convolution ``dw``/``db``, classifier ``dW``/``db``)
 is kept apart in ``grad``.  ``refconv train`` starts it in each layer's backward and
@@ -32,8 +33,6 @@ import dataclasses
 import functools
 import itertools
 import math
-
-import numpy
 
 from refconv import algorithms, checks
 from refconv.algorithms import REGISTRY, ConvGeometry, SampleSpatial, candidates
@@ -437,53 +436,6 @@ def stage_options(stage, grid, machine):
 def add_seconds(shape, grid, machine):
     """The residual sum (forward) and the sum of the two gradients (backward), local."""
     return machine.local_seconds("elementwise", local_elements(shape, grid) * ITEMSIZE)
-
-
-# -- the shuffle between grids --------------------------------------------------------------------
-def _first_block_peers(L, p_src, p_dst):
-    """(rows of block 0 under p_src, blocks of p_dst that block 0 of p_src meets)."""
-    e = _ceil(L, p_src)
-    base, extra = divmod(L, p_dst)
-    meets = sum(1 for j in range(p_dst) if j * base + min(j, extra) < e)
-    return e, meets
-
-
-def shuffle_matrix(shape, grid_list, machine):
-    """``(G, G)`` seconds of moving an activation of global ``shape`` from grid i to grid j
-    and back (forward all-to-all, backward the reverse), on rank 0.
-
-    Rank 0 has coordinate 0 on both grids, so its source and destination blocks both
-    start at element 0 of every dim: it keeps ``prod(min(block_src, block_dst))``,
-    sends the rest of its block and receives the rest of its new one, to and from
-    the ranks whose destination blocks meet its source block.  (The exact per-rank
-    counts come from ``refconv.sharding``; tests check this against them.)
-    """
-    P = math.prod(grid_list[0])
-    g = numpy.array(grid_list)  # (G, 4)
-    size = numpy.ones((len(grid_list), 1))
-    keep = numpy.ones((len(grid_list), len(grid_list)))
-    peers = numpy.ones_like(keep)
-    for d, L in enumerate(shape):
-        parts = sorted(set(g[:, d]))
-        index = {p: i for i, p in enumerate(parts)}
-        rows = numpy.array([_ceil(L, p) for p in parts], float)
-        meets = numpy.array([[_first_block_peers(L, a, b)[1] for b in parts] for a in parts], float)
-        ia = numpy.array([index[p] for p in g[:, d]])
-        size = size * rows[ia][:, None]
-        keep = keep * numpy.minimum(rows[ia][:, None], rows[ia][None, :])
-        peers = peers * meets[ia][:, ia]
-    sent = (size - keep) * ITEMSIZE  # (G, G): rows are sources
-    received = (size.T - keep) * ITEMSIZE
-    peers = peers - 1
-    intra = P <= machine.ranks_per_node
-    a = machine.comm_seconds("alltoallv", P, 0, 1, intra=intra)
-    b = machine.comm_seconds("alltoallv", P, 1, 0, intra=intra)
-    pack = machine.compute["pack"]
-    moved = sent + received
-    one_way = peers * a + numpy.maximum(sent, received) * b + numpy.where(moved > 0, pack.t0 + moved / pack.rate, 0)
-    out = 2 * one_way
-    numpy.fill_diagonal(out, 0.0)
-    return out
 
 
 def overlapped_step(costs, hidden=1.0):

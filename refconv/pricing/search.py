@@ -39,6 +39,7 @@ from refconv import algorithms
 from refconv.grid import AXES, axes_of
 from refconv.pricing import graph, perf
 from refconv.pricing.graph import Block, Stage
+from refconv.pricing.shuffle import shuffle_matrix
 
 
 MAX_RANKS = 65536  # the planner tabulates layouts per rank: beyond this it would run for many minutes
@@ -211,7 +212,7 @@ class Planner:
 
     def shuffle(self, shape):
         if shape not in self._shuffles:
-            self._shuffles[shape] = perf.shuffle_matrix(shape, self.grids, self.machine)
+            self._shuffles[shape] = shuffle_matrix(shape, self.grids, self.machine)
         return self._shuffles[shape]
 
     def best(self, stage, lam):

@@ -25,7 +25,7 @@ from refconv.model_spec import PRESETS, load_spec
 from refconv.plan import calibrate, fits, measure, report
 from refconv.plan.fits import fit_line, fit_plane
 from refconv.plan.validate import Row, picks, relative_to_sample
-from refconv.pricing import choose_for_layer, graph, machine, perf, search
+from refconv.pricing import choose_for_layer, graph, machine, perf, search, shuffle
 from refconv.pricing.graph import Block, stages
 from refconv.sharding import send_counts
 from refconv.train.guards import GROWTH_FACTOR
@@ -141,7 +141,7 @@ def test_shuffle_matrix_prices_the_sharding_plan(shape, src, dst):
         doc = machine_doc(ranks_per_node=64)
         doc["collectives"]["intra"]["alltoallv"] = {"alpha": alpha, "beta": beta}
         doc["compute"]["pack"] = {"t0": 0.0, "rate": 1e30}
-        matrix = perf.shuffle_matrix(shape, [src, dst], machine.from_dict(doc))
+        matrix = shuffle.shuffle_matrix(shape, [src, dst], machine.from_dict(doc))
         assert matrix[0, 1] == pytest.approx(expected, rel=1e-9) and matrix[0, 0] == matrix[1, 1] == 0
 
 
