@@ -59,9 +59,12 @@ REEXPORTS = {"refconv", "refconv.reference"}  # packages whose API is the names 
 
 
 def public_names(module_name):
-    """The names a re-exporting package offers: its public attributes that are not modules."""
+    """The names a re-exporting package offers: its ``__all__`` (refconv's load on first use), else its public
+    attributes that are not modules."""
     module = importlib.import_module(module_name)
-    return [name for name, value in vars(module).items() if not name.startswith("_") and not inspect.ismodule(value)]
+    names = getattr(module, "__all__", None) or list(vars(module))
+    return [name for name in names if name.isidentifier() and not name.startswith("_")
+            and not inspect.ismodule(getattr(module, name))]
 
 
 def api_block(module_name):

@@ -9,6 +9,7 @@ first use (PEP 562), so a process that needs one corner of refconv (the kernels'
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,13 @@ _PUBLIC = {
     "Model": "refconv.model",
 }
 __all__ = sorted(_PUBLIC)
+
+if TYPE_CHECKING:  # the same names, for tools that read the source (type checkers, the API pages)
+    from refconv.distribution import Distribution, Split, block_range  # noqa: F401
+    from refconv.grid import ProcessGrid  # noqa: F401
+    from refconv.layers import DistConv2d, DistConv3d  # noqa: F401
+    from refconv.model import Model  # noqa: F401
+    from refconv.sharding import allgather, gather, redistribute, scatter  # noqa: F401
 
 
 def __getattr__(name):

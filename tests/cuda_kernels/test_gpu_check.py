@@ -153,11 +153,13 @@ def test_the_kernel_table_shows_version_3_against_sgemm_and_cudnn():
 
 
 def test_the_preflight_names_the_wheel_to_carry_for_a_missing_module(tmp_path):
-    """On an image without pyyaml (``import refconv`` needs it), every step says it could not run, the
-    exit status says the check failed, and the carry lines name the wheel with pyproject.toml's pin."""
+    """On an image without threadpoolctl (refconv.collectives, which both steps import, needs it), every step
+    says it could not run, the exit status says the check failed, and the carry lines name the wheel with
+    pyproject.toml's pin."""
     hidden = tmp_path / "hide"
-    (hidden / "yaml").mkdir(parents=True)
-    (hidden / "yaml" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'yaml'\", name='yaml')\n")
+    hidden.mkdir()
+    (hidden / "threadpoolctl.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'threadpoolctl'\", name='threadpoolctl')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hidden), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--dry-run", "--out", str(tmp_path / "out"),
                            "--only", "ranks"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -165,7 +167,8 @@ def test_the_preflight_names_the_wheel_to_carry_for_a_missing_module(tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [(s["step"], s["status"]) for s in summary["steps"]] == [("env", "could not"), ("ranks", "could not")]
     carry = summary["steps"][0]["figures"]["carry"]
-    assert carry[0].startswith("missing: pyyaml ") and '"pyyaml>=6"' in carry[1] and "--no-index" in carry[2]
+    assert carry[0].startswith("missing: threadpoolctl ") and '"threadpoolctl>=3.1"' in carry[1]
+    assert "--no-index" in carry[2], carry
 
 
 def test_the_wheel_pins_come_from_pyproject():
