@@ -146,7 +146,8 @@ def table(rows):
 
 def draw(rows, path):
     """Speedup (over sample parallelism at each model's smallest rank count) and memory per rank
-    against ranks, sample parallelism dashed and the plan solid, one line per model and machine."""
+    against ranks, sample parallelism dashed and the plan solid, a colour per model and a marker per
+    machine."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -156,13 +157,15 @@ def draw(rows, path):
         for name in ("sample", "plan"):
             if row is not None and "error" not in row and row.get(name):
                 series.setdefault((model, machine, name), []).append((k, row[name]))
+    models = sorted({model for model, _, _ in series})
+    machines = sorted({machine for _, machine, _ in series})
     for (model, machine, name), points in series.items():
         base = series.get((model, machine, "sample"), points)[0][1]["step"]
-        style = "--" if name == "sample" else "-"
-        label = f"{model} {machine} {name}"
-        left.plot([k for k, _ in points], [base / f["step"] for _, f in points], style, marker="o", label=label)
+        look = dict(linestyle="--" if name == "sample" else "-", color=f"C{models.index(model) % 10}",
+                    marker="os^v"[machines.index(machine) % 4], label=f"{model} {machine} {name}")
+        left.plot([k for k, _ in points], [base / f["step"] for _, f in points], **look)
         right.plot([k for k, _ in points], [(f["memory_measured"] or f["memory_planned"]) / MiB for _, f in points],
-                   style, marker="o", label=label)
+                   **look)
     for ax, what in ((left, "speedup over sample parallelism at the fewest ranks"), (right, "memory per rank, MiB")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("ranks")
@@ -229,7 +232,7 @@ def page(rows, sizes_label, backend, figure, commits):
         "",
         "The figure: speedup over sample parallelism at each model's fewest ranks (left) and memory per rank",
         "(right, the measured peak where measured, else the planner's figure), sample parallelism dashed,",
-        "the plan solid.",
+        "the plan solid, a colour per model and a marker per machine.",
         "",
     ])
 
