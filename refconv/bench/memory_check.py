@@ -88,8 +88,7 @@ def stage_layers(spec, shape):
             else:
                 walk(e.body)
                 walk(e.shortcut)
-                out.append((".".join(str(p) for p in e.path if p != "layers") + ".sum",
-                            [layer_name(layer.path) for layer in e.followers]))
+                out.append((e.name, [layer_name(layer.path) for layer in e.followers]))
     walk(graph.bind(spec, shape))
     return out
 

@@ -78,6 +78,11 @@ class Block:
     out_shape: tuple
     path: tuple
 
+    @property
+    def name(self):
+        """The plan's row of the block's sum (``"4.sum"``): its path as a stage's name, then ``.sum``."""
+        return ".".join(str(p) for p in self.path if p not in ("layers",)) + ".sum"
+
 
 def spatial_tuple(v, dims):
     """A spec's kernel, stride or dilation (an int or one int per spatial dim) as ``dims`` ints."""

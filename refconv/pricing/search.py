@@ -351,8 +351,7 @@ class Planner:
                     cost.comm["alltoallv"] = self.shuffle(e.out_shape)[self.grids.index(end), self.grids.index(out)]
                 for layer in e.followers:
                     cost.add(perf.stage_options(Stage(layer, []), out, self.machine)[0])
-                rows.append(Row(".".join(str(p) for p in e.path if p != "layers") + ".sum", "residual", cost,
-                                e.out_shape))
+                rows.append(Row(e.name, "residual", cost, e.out_shape))
                 grid = out
         return grid
 
