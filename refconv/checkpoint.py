@@ -50,7 +50,7 @@ import re
 
 import numpy
 
-from refconv import checks, collectives
+from refconv import checks, collectives, datasets
 from refconv.arrays import array_module, to_host
 from refconv.optim import named_parameters
 
@@ -433,7 +433,7 @@ def _read_blocks(directory, m, entries, rank, size):
             ix = _index(t["pieces"][r])
             if e.key not in shards[r].files:
                 raise CheckpointError(f"{m['shards'][r]['file']} lacks {e.key}")
-            block = shards[r][e.key]
+            block = datasets.archive_member(shards[r], e.key)
             if block.shape != global_[ix].shape:
                 raise CheckpointError(f"{m['shards'][r]['file']}: {e.key} has shape "
                                       f"{block.shape}, {MANIFEST} says {global_[ix].shape}")

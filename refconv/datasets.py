@@ -56,8 +56,9 @@ DIGITS_SHAPE = (1, 8 * DIGITS_UPSAMPLE, 8 * DIGITS_UPSAMPLE)  # (C, H, W) of loa
 def _digits_raw():
     """(x uint8 (1797, 1, 8, 8) in 0..16, y int64 (1797,)) from the installed package."""
     resource = importlib.resources.files("refconv").joinpath("data").joinpath("digits.npz")
-    with resource.open("rb") as f, numpy.load(io.BytesIO(f.read())) as z:
-        return z["x"], z["y"]
+    with resource.open("rb") as f:
+        z = load_arrays(io.BytesIO(f.read()))
+    return z["x"], z["y"]
 
 
 def load_digits(*, upsample=DIGITS_UPSAMPLE, test_fraction=0.2, seed=0, dtype=numpy.float32):
@@ -115,6 +116,45 @@ def held_out_mask(y, test_fraction=0.2, *, seed=0, stratify=True):
     return is_test
 
 
+# -- .npy and .npz files, read from rank threads -------------------------------------------------
+# numpy parses an .npy header (a dict literal) with ast.literal_eval.  CPython 3.11's AST builder keeps
+# its recursion count in state every thread shares, and a garbage collection inside it can switch
+# threads: two simulated ranks parsing at once can fail with "SystemError: AST constructor recursion
+# depth mismatch" (CI hit it in checkpoint.load; tests/data/test_npy_threads.py makes it certain).  So
+# every header refconv parses goes through one lock, never contended on real MPI (a thread a process).
+_PARSING = threading.Lock()
+_NPY_HEADER_READERS = {(1, 0): numpy.lib.format.read_array_header_1_0,
+                       (2, 0): numpy.lib.format.read_array_header_2_0}
+
+
+def load_arrays(source):
+    """``numpy.load(source, allow_pickle=False)`` read whole: an .npy's array, or an .npz's
+    ``{name: array}`` (the archive closed).  numpy's errors pass through."""
+    with _PARSING:
+        loaded = numpy.load(source, allow_pickle=False)
+    if not isinstance(loaded, numpy.lib.npyio.NpzFile):
+        return loaded
+    with loaded:
+        return {name: archive_member(loaded, name) for name in loaded.files}
+
+
+def archive_member(archive, name):
+    """``archive[name]`` of an open ``numpy.load`` .npz archive (numpy parses its header on access)."""
+    with _PARSING:
+        return archive[name]
+
+
+def read_npy_header(f):
+    """``(shape, fortran_order, dtype)`` of the .npy stream ``f`` from its start, leaving ``f`` at
+    the data; ValueError for a version numpy cannot read."""
+    version = numpy.lib.format.read_magic(f)
+    read = _NPY_HEADER_READERS.get(version)
+    if read is None:
+        raise ValueError(f"unsupported .npy version {version}; numpy.save writes 1.0 or 2.0")
+    with _PARSING:
+        return read(f)
+
+
 # -- a user's file -----------------------------------------------------------------------------
 def load_npz(path, *, dtype=numpy.float32, num_classes=None):
     """``(x, y)`` from an .npz with ``x`` (N x C x H x W images or N x C x D x H x W volumes,
@@ -148,7 +188,7 @@ def load_npz(path, *, dtype=numpy.float32, num_classes=None):
                              f"{sorted(z.files)}); save with numpy.savez(path, x=images, y=labels)")
         try:
             _check_claimed_sizes(path, ("x", "y"), where)
-            x, y = z["x"], z["y"]
+            x, y = archive_member(z, "x"), archive_member(z, "y")
         except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
             raise ValueError(f"{where}: cannot read x and y ({exc}); object arrays and "
                              f"damaged archives are refused") from None
@@ -163,12 +203,7 @@ def _check_claimed_sizes(path, keys, where):
         for key in keys:
             info = archive.getinfo(f"{key}.npy")
             with archive.open(info) as f:
-                version = numpy.lib.format.read_magic(f)
-                if version not in ((1, 0), (2, 0)):
-                    continue                                  # numpy itself refuses what it cannot read
-                read = numpy.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                    numpy.lib.format.read_array_header_2_0
-                shape, _, dtype = read(f)
+                shape, _, dtype = read_npy_header(f)
                 claimed = math.prod(shape) * dtype.itemsize
                 held = info.file_size - f.tell()
                 if claimed > held:

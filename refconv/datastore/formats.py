@@ -81,12 +81,7 @@ def _npy_header(path, where):
     """(shape, dtype, data offset) of an .npy file; a file shorter than its header claims is refused."""
     try:
         with open(path, "rb") as f:
-            version = numpy.lib.format.read_magic(f)
-            read = {(1, 0): numpy.lib.format.read_array_header_1_0,
-                    (2, 0): numpy.lib.format.read_array_header_2_0}.get(version)
-            if read is None:
-                raise ValueError(f"unsupported .npy version {version}")
-            shape, fortran, dtype = read(f)
+            shape, fortran, dtype = datasets.read_npy_header(f)
             offset = f.tell()
     except (ValueError, OSError, EOFError) as exc:
         raise ValueError(f"{where}: {os.path.basename(path)} is not a readable .npy file ({exc}); save it "
@@ -138,7 +133,7 @@ class NpyDirectory(Store):
         self.headers = headers
         y_path = os.path.join(path, "y.npy")
         _npy_header(y_path, where)
-        labels = numpy.load(y_path, allow_pickle=False)
+        labels = datasets.load_arrays(y_path)
         if labels.ndim in (1, 2) and len(labels) > self.starts[-1] and len(files) > 1:
             raise ValueError(f"{where}: the shards {files[0]} .. {files[-1]} hold {self.starts[-1]} samples but "
                              f"y.npy has {len(labels)} labels; is a shard after {files[-1]} missing?")

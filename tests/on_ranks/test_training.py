@@ -173,8 +173,7 @@ def test_a_resume_at_the_epoch_boundary_or_in_epoch_2_is_the_uninterrupted_run_b
 
     def final(directory):  # this rank's shard of the checkpoint at the last step: {tensor: bytes}
         (path,) = glob.glob(os.path.join(directory, f"shard-{comm.rank:05d}-of-*-step-00000024-*.npz"))
-        with numpy.load(path) as z:
-            return {k: z[k].tobytes() for k in z.files}
+        return {k: v.tobytes() for k, v in datasets.load_arrays(path).items()}
 
     straight = train(TrainConfig(**base, checkpoint_dir=str(tmp_path / "straight")), **quiet)["losses"]
     for stop in (8, 11):
