@@ -77,7 +77,7 @@ def test_each_launch_is_one_xdist_work_unit(request):
     assert all(len(names) == 1 for names in units.values()), units
     assert len(set.union(*units.values())) == len(units), units
     assert launch_group(request.node.nodeid) == "tests/mpiexec/test_mpi.py"
-    options = {"dist": "loadgroup", "tx": ["2*popen"]}  # what `-n 2 --dist loadgroup` sets
+    options = {"dist": "loadgroup", "tx": ["3*popen"]}  # what `-n 3 --dist loadgroup` sets
     config = type("Options", (), {"getvalue": lambda self, name: options[name]})()
     scheduler = hook.function(config=config, log=None)
     launched = "tests/mpiexec/test_mpi.py::test_mpi[training::test_training_runs_of_every_remainder_match_one_rank-4]"
