@@ -174,7 +174,8 @@ def load_npz(path, *, dtype=numpy.float32, num_classes=None):
         raise ValueError(f"{where} is not a regular file (a FIFO or a device would block every rank); expected "
                          f"an .npz file")
     try:
-        z = numpy.load(path, allow_pickle=False)
+        with _PARSING:                                # an .npy given here is parsed (and read) at once
+            z = numpy.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{where} is not a readable .npz archive ({exc}); save it with "
                          f"numpy.savez(path, x=images, y=labels)") from None
