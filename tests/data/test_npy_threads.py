@@ -13,6 +13,7 @@ datasets.read_npy_header, B waits for the lock, A's hand-over times out, and not
 
 import gc
 import io
+import queue
 import sys
 import threading
 
@@ -24,7 +25,8 @@ from refconv import datasets
 HEADER = io.BytesIO()
 numpy.save(HEADER, numpy.zeros((2, 3), dtype=numpy.float32))
 NPY = HEADER.getvalue()
-PARSES = 4
+PARSES = 3
+WAIT_S = 1.0       # far longer than B's parse; the locked case waits it out PARSES times
 
 
 def _unlocked_header(f):
@@ -38,12 +40,12 @@ def _deeper(levels, fn):
 
 
 class _HandOver:
-    """Thread A's side: garbage whose finalizer, run by a collection inside ast.parse, lets thread
-    B parse once before A's parse goes on (or after 0.2 s, if B cannot)."""
+    """Thread A's side: garbage whose finalizer, run by a collection inside ast.parse, asks thread B
+    to parse once and waits for it, at most WAIT_S (B cannot parse while A holds the lock)."""
 
     def __init__(self, read):
         self.read, self.armed, self.handed = read, False, 0
-        self.go, self.back, self.stop = threading.Event(), threading.Event(), threading.Event()
+        self.requests, self.stop = queue.Queue(), threading.Event()
         self.b_errors = []
 
     def garbage(self):
@@ -54,9 +56,9 @@ class _HandOver:
                 if hand_over.armed and sys._getframe(1).f_code.co_name == "parse":
                     hand_over.armed = False
                     hand_over.handed += 1
-                    hand_over.back.clear()
-                    hand_over.go.set()
-                    hand_over.back.wait(0.2)
+                    parsed = threading.Event()    # this hand-over's own: a late answer cannot end the next wait
+                    hand_over.requests.put(parsed)
+                    parsed.wait(WAIT_S)
                 elif hand_over.armed:
                     hand_over.garbage()       # collected before the parse: leave some for it
 
@@ -65,13 +67,15 @@ class _HandOver:
 
     def thread_b(self):
         while not self.stop.is_set():
-            if self.go.wait(0.01):
-                self.go.clear()
-                try:
-                    _deeper(30, lambda: self.read(io.BytesIO(NPY)))
-                except SystemError as exc:
-                    self.b_errors.append(exc)
-                self.back.set()
+            try:
+                parsed = self.requests.get(timeout=0.01)
+            except queue.Empty:
+                continue
+            try:
+                _deeper(30, lambda: self.read(io.BytesIO(NPY)))
+            except SystemError as exc:
+                self.b_errors.append(exc)
+            parsed.set()
 
 
 def _race(read):
