@@ -44,7 +44,8 @@ demo: setup
 # tests/conftest.py keeps a file's tests on one worker, and each mpiexec launch of tests/mpiexec/test_mpi.py
 # (one tests/mpiexec/launched file at one world size) on one worker.  Three workers on CI's two cores: for part
 # of the suite a worker waits (on mpiexec's children, on the timeouts of the hang and fault tests), and a third
-# fills that time.  Measured back to back, tests/mpiexec took 203 s on two workers and 157 s on three.
+# fills that time.  tests/mpiexec took 203 s on two workers and 157 s on three, back to back beside a nice-19
+# job; the whole suite gained little (docs/benchmarks.md, 2026-12-06 18:25).
 TEST_WORKERS ?= 3
 
 # One BLAS thread per worker (as mpiexec's ranks get, refconv.testing.mpirun): two workers with OpenBLAS's

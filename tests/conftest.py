@@ -27,12 +27,6 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
 # the call records of jobs that tests end on purpose (refconv.collectives.flight) go to a temporary
 # folder, not the checkout (a test that reads them sets its own REFCONV_RECORD_DIR)
 os.environ.setdefault("REFCONV_RECORD_DIR", tempfile.mkdtemp(prefix="refconv-calls-"))
-# MPICH waits by polling, and under MPI_THREAD_MULTIPLE (mpi4py's default) it hands its lock round
-# with sched_yield between polls: a waiting rank stays runnable and takes the core that the rank it
-# waits for needs.  The suite runs three workers' mpiexec jobs on 2 cores, so every job oversubscribes.
-# Heavy yield sleeps (nanosleep) instead.  Measured: tests/mpiexec/test_mpi.py 123 -> 108 s
-# (sys 45 -> 26 s); torch_cases.py at 4 ranks 24 -> 16 s.  Every mpiexec a test starts inherits it.
-os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
 
 from hypothesis import settings  # noqa: E402
 

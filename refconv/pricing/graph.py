@@ -81,7 +81,7 @@ class Block:
     @property
     def name(self):
         """The plan's row of the block's sum (``"4.sum"``): its path as a stage's name, then ``.sum``."""
-        return ".".join(str(p) for p in self.path if p not in ("layers",)) + ".sum"
+        return ".".join(str(p) for p in self.path if p != "layers") + ".sum"
 
 
 def spatial_tuple(v, dims):
