@@ -17,28 +17,36 @@
 VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
+UV     := $(VENV)/bin/uv
 
-.PHONY: setup demo test test-fast test-extended gpu-dry-run explore clean
+.PHONY: setup bytecode demo test test-fast test-extended gpu-dry-run explore clean
 
 setup: $(VENV)/.installed
 
-# pip writes the .pyc of every module it installs (torch's take 22 s of its 32 s to install).  Left to the first
-# import instead (pip --no-compile), they were never written where PYTHONDONTWRITEBYTECODE=1 is set, as on our
-# machines, so every process compiled torch's modules again: the suite took longer than the 38 s saved.
-# setuptools' build backend says "Editable installation." in a box of asterisks (a Python warning,
-# for information only, in the build's subprocess, which inherits PYTHONWARNINGS): filtered by its text.
+# uv installs the packages (pip installs only uv): on CI's two cores a new venv took 102 s with pip (venv 7 s,
+# the test extra 55 s, torch 37 s, most of it unpacking and compiling .pyc on one core) and 37 s with uv, the
+# same packages at the same versions (docs/benchmarks.md, 2026-12-06 21:40 UTC).  --compile-bytecode writes
+# the .pyc of every module it installs: left to the first import, they were never written where
+# PYTHONDONTWRITEBYTECODE=1 is set, as on our machines, so every process compiled torch's modules again.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet uv
+	$(UV) pip install --quiet --python $(PY) --compile-bytecode -e '.[test]'
 	touch $@
+
+# refconv's own .pyc, written before a run: where PYTHONDONTWRITEBYTECODE=1 is set (our machines and CI's) no
+# import writes them, and every process the tests start (mpiexec's ranks, the CLI, the tutorials) compiled
+# refconv from source again: tests/mpiexec/test_faults.py took 56.8 s without them, 43.3 s with (27 CPU seconds
+# against 43).  A .pyc whose source has changed since is not used (Python checks the source's time and size).
+bytecode: setup
+	$(PY) -m compileall -q -j 0 refconv kernels tests > /dev/null
 
 # Distributed training of the digits CNN on 4 ranks (sample=2 x channel=2, Stationary-X),
 # checked step by step against a one-rank replay of its first 5 steps.  `refconv demo`
 # (refconv/commands/demo.py) launches mpiexec -n 4 itself; DEMO_ARGS adds refconv train options.
 DEMO_ARGS ?=
 
-demo: setup
+demo: bytecode
 	OMP_NUM_THREADS=1 $(VENV)/bin/refconv demo $(DEMO_ARGS)
 
 # tests/conftest.py keeps a file's tests on one worker, and each mpiexec launch of tests/mpiexec/test_mpi.py
@@ -51,7 +59,7 @@ TEST_WORKERS ?= 3
 # One BLAS thread per worker (as mpiexec's ranks get, refconv.testing.mpirun): two workers with OpenBLAS's
 # default of a thread per core ran four spinning threads on two cores (refconv/threads.py measured 4.3x for
 # two ranks); one training test took 68 CPU seconds so on the loaded machine, 2.8 with one thread.
-test: setup
+test: bytecode
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The fast tier's files: `--max-ranks 4` (tests/conftest.py) leaves out their items on 5 to 8 simulated
@@ -62,18 +70,18 @@ FAST_TESTS := tests/reference tests/architecture tests/simulator/test_simulated.
 	$(foreach t,collectives distribution grid distconv distconv3d distconv_volume layers fifth_algorithm mutants,\
 	          tests/on_ranks/test_$(t).py)
 
-test-fast: setup
+test-fast: bytecode
 	HYPOTHESIS_PROFILE=fast OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --max-ranks 4 \
 		$(FAST_TESTS)
 
 # make explore -- the suite with random Hypothesis draws (the default profile, ci, is derandomized)
-explore: setup
+explore: bytecode
 	HYPOTHESIS_PROFILE=explore OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
-test-extended: setup
+test-extended: bytecode
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m extended
 
-gpu-dry-run: setup
+gpu-dry-run: bytecode
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider -m gpu_dry_run tests/cuda_kernels/test_gpu_check.py
 
 # make zoo -- the MPI zoo (tests/mpi_zoo/): incorrect MPI programs in the MPI Bugs Initiative's nine classes, each
@@ -81,23 +89,23 @@ gpu-dry-run: setup
 #            (ZOO_ARGS: e.g. --class "Message Race", -v, --write-baseline)
 .PHONY: zoo
 ZOO_ARGS ?=
-zoo: setup
+zoo: bytecode
 	OMP_NUM_THREADS=1 $(PY) tests/mpi_zoo/zoo.py $(ZOO_ARGS)
 
 # make exercises -- every exercise's checker: each skeleton says what is not written yet, each solution passes,
 #                  each detective bug planted back is caught (tests/docs_and_tutorials/test_exercises.py, a few examples a part)
 .PHONY: exercises
-exercises: setup
+exercises: bytecode
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider tests/docs_and_tutorials/test_exercises.py \
 		tests/docs_and_tutorials/test_exercise_hints.py tests/docs_and_tutorials/test_exercise_commands.py
 
 # make tutorials -- run the ten notebooks of tutorials/ headless (each ends with its own checks)
 # make docs      -- build the site into build/site with mkdocs build --strict (tutorials executed)
 .PHONY: tutorials docs
-tutorials: setup
+tutorials: bytecode
 	$(PY) -m pytest -q tests/docs_and_tutorials/test_tutorials.py
 
-docs: setup
+docs: bytecode
 	OMP_NUM_THREADS=1 $(VENV)/bin/mkdocs build --strict
 
 # make paper -- docs/paper-scale.md at the paper's sizes (ResNet-50 and 2x/4x wide at 16..1024 ranks, batch 512,
