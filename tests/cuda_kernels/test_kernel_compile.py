@@ -57,12 +57,17 @@ def run_compiler(*args, code=None, timeout=600):
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
+# The tools that install the venv's packages compile nothing the proof runs: a venv made by make setup (uv,
+# beside the pip of `python -m venv`) and one made by hand with an upgraded pip prove the same.
+INSTALLERS = {"pip", "uv"}
+
+
 def proof_key(root, args, loaded):
     """sha256 of what ``python -m refconv.kernels.resources *args`` depends on: ``loaded`` (the files of
     refconv/ and kernels/ it imported), every file of kernels/, docs/kernels.md (the page --check
     compares), every installed distribution and its version (numba, numba-cuda, llvmlite and the NVVM,
-    ptxas and nvdisasm wheels among them), a ptxas on PATH, the Python, and the NUMBA_ and CUDA
-    environment variables.  None if a loaded file is gone."""
+    ptxas and nvdisasm wheels among them) but the installers (:data:`INSTALLERS`), a ptxas on PATH, the
+    Python, and the NUMBA_ and CUDA environment variables.  None if a loaded file is gone."""
     digest = hashlib.sha256(json.dumps(args).encode())
     files = {root / name for name in loaded} | {*root.glob("kernels/**/*")} | {root / "docs" / "kernels.md"}
     for path in sorted(f for f in files if "__pycache__" not in f.parts and not f.is_dir()):
@@ -71,7 +76,8 @@ def proof_key(root, args, loaded):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     ptxas = shutil.which("ptxas")
     toolchain = {
-        "distributions": sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()),
+        "distributions": sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
+                                if d.metadata["Name"].lower() not in INSTALLERS),
         "ptxas on PATH": [ptxas, os.stat(ptxas).st_size, os.stat(ptxas).st_mtime_ns] if ptxas else None,
         "python": sys.version, "platform": sys.platform,
         "environment": sorted((k, v) for k, v in os.environ.items() if k.startswith(("NUMBA_", "CUDA"))),
