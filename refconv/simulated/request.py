@@ -31,7 +31,7 @@ class Request:
         self.error = None          # a BufferReused found while the data moved, raised at completion
         self.ready = 0.0           # the logical time the call's data arrives (a priced run)
         self.status = None         # a receive's (source, tag, bytes) once matched
-        self._watched = []         # [(array, checksum, role)]: buffers that must not change
+        self._watched = []         # [(array, fingerprint, role)]: buffers that must not change
         self._poisoned = []        # [[array, what it holds once completed]]: receive buffers holding poison
         self.memory = []           # [(array or byte view, writes)]: the memory the call reads or writes, until completed
 
@@ -54,8 +54,8 @@ class Request:
 
     def verify(self, when):
         """A BufferReused if a watched buffer changed; else None."""
-        for array, crc, role in self._watched:
-            if buffers.changed(array, crc):
+        for array, print_, role in self._watched:
+            if buffers.changed(array, print_):
                 return BufferReused(f"rank {self.owner.rank}: the {role} buffer (shape {array.shape} {array.dtype}) of "
                                     f"{self.what} changed {when}: a real MPI could move either version; keep it "
                                     f"untouched until the request's Wait or Test returns")

@@ -343,11 +343,14 @@ def kill_the_proxy(root, steps=12, *, data=EPOCHS_OF_4, every=1, kill_after=3, e
         for pid in _running(str(directory)):
             os.kill(pid, signal.SIGKILL)
     step, _, _ = committed(directory)
+    # the resume keeps --timeout 60 too, and a failed resume says why: once, on a loaded machine, this test said only
+    # "differs" (TRAIN's 2-s deadline, which the resume had then, is the likely cause; its output was not kept)
     resumed = launch([*TRAIN, *CHANNEL, *data, *extra, "--max-steps", str(steps - step), "--checkpoint-every",
-                      str(every), "--resume",
+                      str(every), "--resume", "--timeout", "60",
                       "--checkpoint-dir", str(directory), "--metrics-out", str(root / "resumed.jsonl")])
+    assert resumed.status == 0, f"the resume from step {step} failed: {resumed.output}"
     straight = losses(root / "straight.jsonl")
-    same = (resumed.status == 0 and losses(root / "resumed.jsonl") == {s: straight[s]
+    same = (losses(root / "resumed.jsonl") == {s: straight[s]
                                                                        for s in range(step + 1, steps + 1)}
             and tensors(root / "straight") == tensors(directory))
     return status, seconds, orphans, step, same
