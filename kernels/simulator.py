@@ -29,6 +29,14 @@ forward convolution tests (docs/benchmarks.md):
 
 :func:`install` puts it in place of Numba's (``kernels/__init__.py`` calls it when the simulator is on; on a
 GPU nothing changes).  The simulator runs one launch at a time, and so does the pool.
+
+:func:`install` also makes device functions cheaper to call.  Under the simulator a device function's module
+names ``cuda``, and Numba points that name at the launch's fake module around every call
+(``kernelapi.swapped_cuda_module``: two locks and, when no call of that module is under way, a scan of every
+global of the module, then the same undone).  Version 3's kernels call device functions of other modules in
+their inner loops, so that was 13% of a kernel test's time.  :func:`_call` swaps a module once, at the first
+call of one of its device functions in a launch, and puts ``cuda`` back when the launch ends: the same fake
+module, for the whole launch instead of each call (no host code runs during a launch).
 tests/cuda_kernels/test_simulator_blocks.py checks the barrier, the counts, the errors and the results
 against Numba's own manager.
 """
@@ -40,9 +48,10 @@ import threading
 
 import numpy
 from numba.cuda.simulator import kernel as _simulator
-from numba.cuda.simulator.kernelapi import Dim3
+from numba.cuda.simulator.kernelapi import Dim3, swapped_cuda_module
 
 NUMBA_BLOCK_MANAGER = _simulator.BlockManager
+NUMBA_CALL = _simulator.FakeCUDAKernel.__call__
 
 
 class PooledThread(_simulator.BlockThread):
@@ -166,10 +175,43 @@ class TurnsBlockManager(_simulator.BlockManager):
         return self._to_run.popleft() if self._to_run else None
 
 
+class _Swapped:
+    """During a launch: the modules whose ``cuda`` points at the launch's fake module until it ends."""
+
+    def __init__(self):
+        self.modules = set()                  # id() of each module's globals
+        self.undo = contextlib.ExitStack()
+
+
+_LAUNCH = None      # the launch under way (a _Swapped), else None
+
+
+def _call(kernel, *args):
+    """``FakeCUDAKernel.__call__``, with device functions called plainly once their module is swapped for the
+    launch (the module docstring says why)."""
+    global _LAUNCH
+    launch = _LAUNCH
+    if launch is not None and kernel._device:
+        where = kernel.fn.__globals__
+        if id(where) not in launch.modules:
+            launch.undo.enter_context(swapped_cuda_module(kernel.fn, _simulator._get_kernel_context()))
+            launch.modules.add(id(where))
+        return kernel.fn(*args)
+    if kernel._device or launch is not None or _simulator._kernel_context is not None:
+        return NUMBA_CALL(kernel, *args)     # a device function called from the host; a second launch (refused)
+    _LAUNCH = _Swapped()
+    try:
+        with _LAUNCH.undo:
+            return NUMBA_CALL(kernel, *args)
+    finally:
+        _LAUNCH = None
+
+
 def install(manager=TurnsBlockManager):
     """Run every simulated launch from now on with ``manager`` (:class:`TurnsBlockManager`, or
-    :data:`NUMBA_BLOCK_MANAGER` to go back to Numba's own)."""
+    :data:`NUMBA_BLOCK_MANAGER` to go back to Numba's own, and Numba's own calls of device functions)."""
     _simulator.BlockManager = manager
+    _simulator.FakeCUDAKernel.__call__ = _call if manager is TurnsBlockManager else NUMBA_CALL
 
 
 def installed():
