@@ -25,7 +25,7 @@ setup: $(VENV)/.installed
 
 # uv installs the packages (pip installs only uv): on CI's two cores a new venv took 102 s with pip (venv 7 s,
 # the test extra 55 s, torch 37 s, most of it unpacking and compiling .pyc on one core) and 37 s with uv, the
-# same packages at the same versions (docs/benchmarks.md, 2026-12-06 21:40 UTC).  --compile-bytecode writes
+# same packages at the same versions (docs/benchmarks.md, 2026-12-06, 21:11-23:27 UTC).  --compile-bytecode writes
 # the .pyc of every module it installs: left to the first import, they were never written where
 # PYTHONDONTWRITEBYTECODE=1 is set, as on our machines, so every process compiled torch's modules again.
 $(VENV)/.installed: pyproject.toml
@@ -36,8 +36,9 @@ $(VENV)/.installed: pyproject.toml
 
 # refconv's own .pyc, written before a run: where PYTHONDONTWRITEBYTECODE=1 is set (our machines and CI's) no
 # import writes them, and every process the tests start (mpiexec's ranks, the CLI, the tutorials) compiled
-# refconv from source again: tests/mpiexec/test_faults.py took 56.8 s without them, 43.3 s with (27 CPU seconds
-# against 43).  A .pyc whose source has changed since is not used (Python checks the source's time and size).
+# refconv from source again: tests/mpiexec/test_faults.py took 55.0 and 53.2 s without them, 41.5 and 42.0 s
+# with (47 CPU seconds against 32).  A .pyc whose source has changed since is not used (Python checks the
+# source's time and size).
 bytecode: setup
 	$(PY) -m compileall -q -j 0 refconv kernels tests > /dev/null
 
