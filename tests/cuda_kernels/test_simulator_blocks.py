@@ -6,6 +6,9 @@ indices, early returns, and the error a failing thread raises.  The kernel tests
 (they check CUDA semantics); the ones that compare the scheduler with Numba's own run under the simulator.
 """
 
+import textwrap
+import types
+
 import numpy
 import pytest
 from numba import config, cuda
@@ -75,6 +78,27 @@ def fails_on_one_thread(x):
         raise ValueError("thread 3 of block 1 fails")
     cuda.syncthreads()
     x[t] = 2.0
+
+
+# A device function in a module of its own, as version 3's kernels call theirs (kernels/loop_v3.py, ...): under the
+# simulator its module's `cuda` must point at the launch's fake module during the launch, and back after it.
+OTHER = types.ModuleType("device_functions_elsewhere")
+exec(textwrap.dedent("""
+    from numba import cuda
+
+    @cuda.jit(device=True)
+    def lane_times(x):
+        if x < 0:
+            raise ValueError("a negative value")
+        return cuda.threadIdx.x * x
+"""), OTHER.__dict__)
+lane_times = OTHER.lane_times
+
+
+@cuda.jit
+def calls_another_module(x, out):
+    t = cuda.threadIdx.x
+    out[t] = lane_times(x[t]) + lane_times(x[t])    # twice: the second call finds the module swapped
 
 
 @pytest.fixture(params=["refconv", "numba"] if SIMULATED else ["gpu"])
@@ -154,3 +178,16 @@ def test_the_pool_grows_to_the_largest_block():
     indices[1, (32, 32, 1)](out)
     assert len(simulator._POOL) >= 1024
     assert sorted(out[:, 0] + 32 * out[:, 1]) == list(range(1024))
+
+
+@simulator_only
+def test_a_device_function_of_another_module_sees_the_launch_and_its_module_gets_cuda_back(scheduler):
+    x, out = numpy.arange(1.0, 9.0), numpy.zeros(8)
+    calls_another_module[1, 8](x, out)
+    assert out.tolist() == [2 * t * v for t, v in enumerate(x)]
+    assert OTHER.cuda is cuda
+    with pytest.raises(ValueError, match="a negative value"):
+        calls_another_module[1, 8](-x, out)
+    assert OTHER.cuda is cuda
+    calls_another_module[1, 8](x, out)            # and the next launch runs
+    assert out[3] == 2 * 3 * 4.0
