@@ -27,6 +27,13 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
 # the call records of jobs that tests end on purpose (refconv.collectives.flight) go to a temporary
 # folder, not the checkout (a test that reads them sets its own REFCONV_RECORD_DIR)
 os.environ.setdefault("REFCONV_RECORD_DIR", tempfile.mkdtemp(prefix="refconv-calls-"))
+# MPICH waits by polling, and under MPI_THREAD_MULTIPLE (mpi4py's default) it hands its lock round with
+# sched_yield between polls: a waiting rank stays runnable.  Heavy yield sleeps (nanosleep) instead.  Alone on a
+# quiet machine test_mpi.py gained nothing from it (docs/benchmarks.md, 18:25 UTC), but inside the suite, where
+# three workers' jobs share 2 cores, the 2-rank plan launch took 16-20 CPU s and 25-36 s in three fresh-clone
+# runs with it and 23-32 CPU s and 49-63 s in five without; the 4-rank torch cases 23-24 against 29-31 CPU s
+# (docs/benchmarks.md, 21:11-23:27 UTC).  Every mpiexec a test starts inherits it.
+os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
 
 from hypothesis import settings  # noqa: E402
 
