@@ -25,7 +25,7 @@ setup: $(VENV)/.installed
 
 # uv installs the packages (pip installs only uv): on CI's two cores a new venv took 102 s with pip (venv 7 s,
 # the test extra 55 s, torch 37 s, most of it unpacking and compiling .pyc on one core) and 37 s with uv, the
-# same packages at the same versions (docs/benchmarks.md, 2026-12-06, 21:11-23:27 UTC).  --compile-bytecode writes
+# same packages at the same versions (docs/benchmarks.md, 2026-12-06, 21:11-23:41 UTC).  --compile-bytecode writes
 # the .pyc of every module it installs: left to the first import, they were never written where
 # PYTHONDONTWRITEBYTECODE=1 is set, as on our machines, so every process compiled torch's modules again.
 $(VENV)/.installed: pyproject.toml

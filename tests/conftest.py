@@ -29,10 +29,10 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
 os.environ.setdefault("REFCONV_RECORD_DIR", tempfile.mkdtemp(prefix="refconv-calls-"))
 # MPICH waits by polling, and under MPI_THREAD_MULTIPLE (mpi4py's default) it hands its lock round with
 # sched_yield between polls: a waiting rank stays runnable.  Heavy yield sleeps (nanosleep) instead.  Alone on a
-# quiet machine test_mpi.py gained nothing from it (docs/benchmarks.md, 18:25 UTC), but inside the suite, where
-# three workers' jobs share 2 cores, the 2-rank plan launch took 16-20 CPU s and 25-36 s in three fresh-clone
-# runs with it and 23-32 CPU s and 49-63 s in five without; the 4-rank torch cases 23-24 against 29-31 CPU s
-# (docs/benchmarks.md, 21:11-23:27 UTC).  Every mpiexec a test starts inherits it.
+# quiet machine test_mpi.py gained nothing from it (docs/benchmarks.md, 18:25-20:48 UTC); inside the whole suite, where
+# three workers' jobs share 2 cores, one fresh-clone run with it took tests/mpiexec 212 CPU s and the run 225 s
+# of system time, against 230-245 and 254-264 s in three runs without (docs/benchmarks.md, 21:11-23:41 UTC): thin
+# evidence, and no loss.  Every mpiexec a test starts inherits it.
 os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
 
 from hypothesis import settings  # noqa: E402
