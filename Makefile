@@ -2,6 +2,8 @@
 # make test  -- set up a virtual environment and run the whole test suite (what CI runs;
 #               the extended set is left out, by pyproject.toml's addopts), on TEST_WORKERS
 #               pytest-xdist workers (default 3 on CI's 2 cores; 0 runs it in this process)
+# make bytecode -- refconv's, kernels/' and tests/' .pyc written ahead (compileall): every test and demo target runs it
+#                 first, because with PYTHONDONTWRITEBYTECODE=1 no process writes them (see the target below)
 # make test-fast -- the editing loop, under 2 minutes on 2 cores: the reference, the algorithms and
 #                  layers on 1 to 4 simulated ranks, the simulated world, the exercises, the docs
 #                  and the architecture rules, with at most 10 Hypothesis examples a test
