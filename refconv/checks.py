@@ -76,13 +76,15 @@ def spatial(value, name, *, minimum, dims):
     """Normalise an int, or one int per spatial dim, to a tuple of ``dims`` ints >= minimum."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         value = (int(value),) * dims
-    what = f"{name}: expected an int or {SPATIAL_TUPLE[dims]} of ints, got {value!r}"
     try:
         values = tuple(value)
     except TypeError:
-        raise ValueError(what) from None
-    if len(values) != dims or any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in values):
-        raise ValueError(what)
+        values = None
+    # type(v) is int: the common case, without the slower check of the numbers.Integral ABC (checks run on
+    # every call of the reference and of every layer)
+    if values is None or len(values) != dims or \
+            any(type(v) is not int and (isinstance(v, bool) or not isinstance(v, numbers.Integral)) for v in values):
+        raise ValueError(f"{name}: expected an int or {SPATIAL_TUPLE[dims]} of ints, got {value!r}")
     if min(values) < minimum:
         kind = "positive" if minimum == 1 else "non-negative"
         raise ValueError(f"{name}: expected {kind} integers, got {tuple(int(v) for v in values)}")
@@ -103,7 +105,7 @@ def array(x, name, ndim):
 def same_dtype(**arrays):
     """All named arrays (None ignored) share one dtype; returns it."""
     named = {k: v for k, v in arrays.items() if v is not None}
-    dtypes = {str(v.dtype) for v in named.values()}
+    dtypes = {v.dtype for v in named.values()}       # dtype objects: str() of one takes microseconds
     if len(dtypes) > 1:
         listing = ", ".join(f"{k}={v.dtype}" for k, v in named.items())
         raise ValueError(f"mixed dtypes: expected one dtype for all arrays, got {listing}")

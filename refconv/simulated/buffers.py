@@ -66,14 +66,14 @@ def fingerprint(array):
     (:meth:`refconv.shapes.array.ShapeArray.watch`); compare with :func:`changed`."""
     if getattr(array, "shapes_only", False):
         return array.watch()
-    return bytes(memoryview(as_bytes(array)))
+    return array.tobytes()      # the memory's bytes: the array is C-contiguous (as_array)
 
 
 def changed(array, print_):
     """Has ``array`` changed since its fingerprint ``print_`` was taken?"""
     if getattr(array, "shapes_only", False):
         return print_.count != print_.seen
-    return bytes(memoryview(as_bytes(array))) != print_
+    return array.tobytes() != print_
 
 
 def refreshed(array, print_):
