@@ -15,9 +15,10 @@ element, in the data's dtype.  Semantics are ``refconv.backend.NumpyBackend``'s;
 """
 
 import numpy
-from numba import cuda, float64
+from numba import cuda
 
 from .geometry import BLOCK_1D, TARGET_BLOCKS, ceil_div, contiguous, grid_1d, kernel_jit, split2, split4, stream, xp
+from .scalars import float64
 from refconv import checks
 
 # Each thread of a channel_sums block sums at least about this many values, so that

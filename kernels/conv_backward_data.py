@@ -24,7 +24,7 @@ that without dividing per load: ``h + padding = qh*stride + rh`` once per thread
 
 import functools
 
-from numba import cuda, int32, int64, uint32
+from numba import cuda
 
 from . import tiles_v3 as v3
 from .geometry import (
@@ -33,6 +33,7 @@ from .geometry import (
 )
 from .loop_v3 import gemm_loop
 from .multiply_v2 import multiply_stage
+from .scalars import int32, int64, uint32
 from .tiles_v2 import A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, TILE_K, TILE_M, TILE_N, gemm_grid, tiled_jit, zero_fill
 # Version 3's array shapes, by name: Numba takes a shape only from a plain global (it reads v3.TILES
 # as a run-time int), and version 2's MICRO is 4

@@ -25,7 +25,7 @@ Checked against ``refconv.reference.conv2d_backward_filter`` and ``conv3d_backwa
 import functools
 import math
 
-from numba import cuda, int32, int64, uint32
+from numba import cuda
 
 from . import tiles_v3 as v3
 from .geometry import (
@@ -34,6 +34,7 @@ from .geometry import (
 )
 from .loop_v3 import gemm_loop
 from .multiply_v2 import multiply_stage
+from .scalars import int32, int64, uint32
 from .tiles_v2 import (
     A_STAGE, B_STAGE, LOADS_A, LOADS_B, MICRO, TILE_K, TILE_M, TILE_N, gemm_grid, store_flat_tile, tiled_jit,
     zero_fill,

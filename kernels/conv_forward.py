@@ -23,7 +23,7 @@ All three are checked against ``refconv.reference.conv2d_forward`` and ``conv3d_
 
 import functools
 
-from numba import cuda, int32, int64, uint32
+from numba import cuda
 
 from . import tiles_v3 as v3
 from .geometry import (
@@ -32,6 +32,7 @@ from .geometry import (
 )
 from .loop_v3 import gemm_loop
 from .multiply_v2 import multiply_stage
+from .scalars import int32, int64, uint32
 from .tiles_v2 import (
     A_STAGE, B_STAGE, LOADS_A, MICRO, TILE_K, TILE_M, TILE_N, gemm_grid, load_weight_stage, tiled_jit, zero_fill,
 )

@@ -3,10 +3,11 @@ half-stage multiply ``multiply_half`` (generated, ``multiply_v3.py``) and the lo
 ``tiles_v3.py``.
 """
 
-from numba import cuda, uint32
+from numba import cuda
 
 from .geometry import THREADS
 from .multiply_v3 import multiply_half
+from .scalars import uint32
 from .tiles_v3 import A_STEP, LOADS, ROW, RUN, TILE_K, gather_loads, padded_loads, store_stage
 
 

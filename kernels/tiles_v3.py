@@ -9,10 +9,11 @@ generated source checked in as ``multiply_v3.py`` (written by ``generate.py``). 
 import math
 
 import numpy
-from numba import config, cuda, uint32
+from numba import config, cuda
 
 from . import geometry
 from .geometry import THREADS, ceil_div, kernel_jit, split2, xp
+from .scalars import uint32
 
 # Version 3 computes a BLOCK x BLOCK tile of C per block of THREADS x THREADS threads; each thread owns
 # a MICRO x MICRO register micro-tile: rows ra + {0..3} and ra + HALF + {0..3} with ra = 4 tx, columns
