@@ -36,7 +36,8 @@ names ``cuda``, and Numba points that name at the launch's fake module around ev
 global of the module, then the same undone).  Version 3's kernels call device functions of other modules in
 their inner loops, so that was 13% of a kernel test's time.  :func:`_call` swaps a module once, at the first
 call of one of its device functions in a launch, and puts ``cuda`` back when the launch ends: the same fake
-module, for the whole launch instead of each call (no host code runs during a launch).
+module, for the whole launch instead of each call (no host code runs during a launch).  And it reads the line
+that makes a shared array from its caller's frame (:func:`_shared_array`) instead of from the whole stack.
 tests/cuda_kernels/test_simulator_blocks.py checks the barrier, the counts, the errors and the results
 against Numba's own manager.
 """
@@ -47,11 +48,14 @@ import sys
 import threading
 
 import numpy
+from numba.core import types
 from numba.cuda.simulator import kernel as _simulator
-from numba.cuda.simulator.kernelapi import Dim3, swapped_cuda_module
+from numba.cuda.simulator.kernelapi import Dim3, FakeCUDAShared, swapped_cuda_module
+from numba.np import numpy_support
 
 NUMBA_BLOCK_MANAGER = _simulator.BlockManager
 NUMBA_CALL = _simulator.FakeCUDAKernel.__call__
+NUMBA_SHARED_ARRAY = FakeCUDAShared.array
 
 
 class PooledThread(_simulator.BlockThread):
@@ -207,11 +211,30 @@ def _call(kernel, *args):
         _LAUNCH = None
 
 
+def _shared_array(shared, shape, dtype, alignment=None):
+    """``cuda.shared.array`` under the simulator: Numba's, which gives every thread of a block the one array
+    its caller's line made (keyed by file and line), with that line read from the caller's frame.  Numba's
+    extracted the whole stack, each frame's source line included, on every call of every thread: 4% of a
+    version-3 kernel test.  Dynamic shared memory (``shape`` 0) and alignment (refused) stay Numba's."""
+    if shape == 0 or alignment is not None:
+        return NUMBA_SHARED_ARRAY(shared, shape, dtype, alignment)
+    caller = sys._getframe(1)
+    where = (caller.f_code.co_filename, caller.f_lineno)
+    found = shared._allocations.get(where)
+    if found is None:
+        dtype = numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype
+        found = shared._allocations[where] = numpy.empty(shape, dtype)
+    return found
+
+
 def install(manager=TurnsBlockManager):
     """Run every simulated launch from now on with ``manager`` (:class:`TurnsBlockManager`, or
-    :data:`NUMBA_BLOCK_MANAGER` to go back to Numba's own, and Numba's own calls of device functions)."""
+    :data:`NUMBA_BLOCK_MANAGER` to go back to Numba's own, and Numba's own calls of device functions and
+    shared arrays)."""
+    ours = manager is TurnsBlockManager
     _simulator.BlockManager = manager
-    _simulator.FakeCUDAKernel.__call__ = _call if manager is TurnsBlockManager else NUMBA_CALL
+    _simulator.FakeCUDAKernel.__call__ = _call if ours else NUMBA_CALL
+    FakeCUDAShared.array = _shared_array if ours else NUMBA_SHARED_ARRAY
 
 
 def installed():

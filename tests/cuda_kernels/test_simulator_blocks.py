@@ -9,6 +9,7 @@ indices, early returns, and the error a failing thread raises.  The kernel tests
 import textwrap
 import types
 
+import numba
 import numpy
 import pytest
 from numba import config, cuda
@@ -30,6 +31,19 @@ def reverse_in_blocks(x, y, barrier):
     if barrier:             # the same for every thread of the block, so legal around syncthreads
         cuda.syncthreads()
     y[i] = tile[BLOCK - 1 - t]
+
+
+@cuda.jit
+def two_tiles(x, y):
+    """Two shared arrays, one line each (one typed with Numba's type, one with NumPy's): two arrays, each
+    shared by the block's threads."""
+    first = cuda.shared.array(BLOCK, numba.float64)
+    second = cuda.shared.array(BLOCK, numpy.float64)
+    t = cuda.threadIdx.x
+    first[t] = x[t]
+    second[t] = -10.0 * x[t]
+    cuda.syncthreads()
+    y[t] = first[BLOCK - 1 - t] + second[t]
 
 
 @cuda.jit
@@ -122,6 +136,13 @@ def test_the_barrier_orders_shared_memory(scheduler):
     y = numpy.zeros_like(x)
     reverse_in_blocks[3, BLOCK](x, y, True)
     assert (y == x.reshape(3, BLOCK)[:, ::-1].ravel()).all()
+
+
+def test_shared_arrays_of_two_lines_are_two_arrays_each_shared_by_the_block(scheduler):
+    x = numpy.arange(1.0, BLOCK + 1.0)
+    y = numpy.zeros_like(x)
+    two_tiles[1, BLOCK](x, y)
+    assert (y == x[::-1] - 10.0 * x).all()
 
 
 @simulator_only
