@@ -126,26 +126,14 @@ class Distribution:
 
     def __init__(self, grid_shape, global_shape, dims, names=None):
         grid_shape = tuple(getattr(grid_shape, "shape", grid_shape))
-        global_shape = tuple(int(n) for n in global_shape)
-        if len(grid_shape) not in (4, 5) or any(int(p) < 1 for p in grid_shape):
-            raise ValueError(f"Distribution: grid_shape must be 4 sizes >= 1 (5 with depth), got {grid_shape}")
-        ndim = 5 if len(global_shape) == 5 else 4
-        if names is None:
-            names = ("N", "C", "D", "H", "W") if ndim == 5 else ("N", "C", "H", "W")
-        if len(global_shape) != ndim or len(dims) != ndim or len(names) != ndim:
-            raise ValueError(f"Distribution: need {ndim} sizes, {ndim} dims and {ndim} names; got "
-                             f"{global_shape}, {dims}, {names}")
-        self.grid_shape = tuple(int(p) for p in grid_shape)
-        self.global_shape = global_shape
-        self.names = tuple(names)
-        self.dims = tuple(Split.block(d) if isinstance(d, str) else d for d in dims)
-        for d, spec in enumerate(self.dims):
-            if spec is not None and not isinstance(spec, Split):
-                raise ValueError(f"Distribution: dims[{d}] must be None, an axis name "
-                                 f"{axes_of(self.grid_shape)} or a Split, got {spec!r}")
-        # Layers rebuild their distributions on every call (a property per layer and step):
-        # the tables are computed once per distinct layout and shared.
-        layout = _layout(self.grid_shape, self.global_shape, self.dims, self.names)
+        # Layers rebuild their distributions on every call (a property per layer and step): the arguments
+        # are checked and tabulated once per distinct layout, and the results shared.
+        try:
+            checked = _checked(grid_shape, tuple(global_shape), tuple(dims), names)
+        except (TypeError, ValueError):     # an unhashable argument (a list of names), or a bad one: checked as
+            # given, and not kept, so that an error shows the arguments as they were passed
+            checked = _checked.__wrapped__(grid_shape, global_shape, dims, names)
+        self.grid_shape, self.global_shape, self.names, self.dims, layout = checked
         self._axis, self._tables, self._blocks, self._key, self._local_shapes = layout
 
     # -- convenience constructors ----------------------------------------------------------
@@ -234,6 +222,29 @@ class Distribution:
         dims = ", ".join(f"{n}:{d!r}" for n, d in zip(self.names, self.dims))
         return (f"Distribution(grid_shape={self.grid_shape}, "
                 f"global_shape={self.global_shape}, dims=({dims}))")
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked(grid_shape, global_shape, dims, names):
+    """:class:`Distribution`'s arguments checked and normalised: ``(grid_shape, global_shape, names, dims,
+    layout)`` with :func:`_layout`'s tables; a bad argument raises, naming it."""
+    global_shape = tuple(int(n) for n in global_shape)
+    if len(grid_shape) not in (4, 5) or any(int(p) < 1 for p in grid_shape):
+        raise ValueError(f"Distribution: grid_shape must be 4 sizes >= 1 (5 with depth), got {grid_shape}")
+    ndim = 5 if len(global_shape) == 5 else 4
+    if names is None:
+        names = ("N", "C", "D", "H", "W") if ndim == 5 else ("N", "C", "H", "W")
+    if len(global_shape) != ndim or len(dims) != ndim or len(names) != ndim:
+        raise ValueError(f"Distribution: need {ndim} sizes, {ndim} dims and {ndim} names; got "
+                         f"{global_shape}, {dims}, {names}")
+    grid_shape = tuple(int(p) for p in grid_shape)
+    names = tuple(names)
+    dims = tuple(Split.block(d) if isinstance(d, str) else d for d in dims)
+    for d, spec in enumerate(dims):
+        if spec is not None and not isinstance(spec, Split):
+            raise ValueError(f"Distribution: dims[{d}] must be None, an axis name "
+                             f"{axes_of(grid_shape)} or a Split, got {spec!r}")
+    return grid_shape, global_shape, names, dims, _layout(grid_shape, global_shape, dims, names)
 
 
 @functools.lru_cache(maxsize=1024)
